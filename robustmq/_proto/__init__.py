@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC code (scripts/gen_proto); never edit by hand."""

@@ -1,0 +1,180 @@
+"""The frame: one record batch with its header, as stored on disk and sent in fetches.
+
+Byte format (big-endian, 64-byte header, then the payload)::
+
+    offset  size  field
+    0       4     magic               b"RMQF"
+    4       1     version             1
+    5       1     flags               0 (reserved)
+    6       2     reserved            0
+    8       8     base_offset         i64, offset of the batch's first record
+    16      4     record_count        u32, >= 1
+    20      4     epoch               u32, segment epoch the leader wrote it in
+    24      8     first_timestamp_ms  i64, timestamp of the first record
+    32      8     max_timestamp_ms    i64, largest timestamp in the batch
+    40      8     producer_id         i64, -1 when the writer is not idempotent
+    48      8     producer_sequence   i64, -1 when the writer is not idempotent
+    56      4     payload_length      u32, bytes of the Arrow IPC stream that follows
+    60      4     crc32c              u32, CRC-32C (Castagnoli) of bytes 0..60 and the payload
+    64      n     payload             Arrow IPC stream of the record schema
+
+Invariants: a frame is written whole, then made durable; a reader checks
+magic, version, lengths and the CRC before it trusts a byte. The layout is
+fixed by ``tests/test_frame_golden.py``; change it only with a new version.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c as _crc32c
+
+from robustmq.errors import CorruptRecordBatch
+
+__all__ = [
+    "FRAME_HEADER_SIZE",
+    "FRAME_MAGIC",
+    "FRAME_VERSION",
+    "FrameHeader",
+    "crc32c",
+    "decode_header",
+    "encode_header",
+    "verify_payload",
+]
+
+FRAME_MAGIC = b"RMQF"
+FRAME_VERSION = 1
+_HEADER = struct.Struct(">4sBBHqIIqqqqII")
+FRAME_HEADER_SIZE = _HEADER.size
+_CRC_COVERED = FRAME_HEADER_SIZE - 4
+assert FRAME_HEADER_SIZE == 64
+
+
+def crc32c(data: Any, value: int = 0) -> int:
+    return int(_crc32c.crc32c(data, value=value))
+
+
+@dataclass(frozen=True, slots=True)
+class FrameHeader:
+    base_offset: int
+    record_count: int
+    epoch: int
+    first_timestamp_ms: int
+    max_timestamp_ms: int
+    producer_id: int
+    producer_sequence: int
+    payload_length: int
+    crc: int
+
+    @property
+    def next_offset(self) -> int:
+        """Offset of the record after this batch (``base_offset + record_count``)."""
+        return self.base_offset + self.record_count
+
+    @property
+    def frame_length(self) -> int:
+        return FRAME_HEADER_SIZE + self.payload_length
+
+
+def encode_header(
+    *,
+    base_offset: int,
+    record_count: int,
+    epoch: int,
+    first_timestamp_ms: int,
+    max_timestamp_ms: int,
+    producer_id: int,
+    producer_sequence: int,
+    payload: Any,
+) -> bytes:
+    """Return the 64-byte header for ``payload``, CRC included."""
+    length = memoryview(payload).nbytes
+    head = _HEADER.pack(
+        FRAME_MAGIC,
+        FRAME_VERSION,
+        0,
+        0,
+        base_offset,
+        record_count,
+        epoch,
+        first_timestamp_ms,
+        max_timestamp_ms,
+        producer_id,
+        producer_sequence,
+        length,
+        0,
+    )
+    crc = crc32c(payload, crc32c(head[:_CRC_COVERED]))
+    return head[:_CRC_COVERED] + crc.to_bytes(4, "big")
+
+
+def decode_header(data: Any, position: int = 0, *, where: str = "frame") -> FrameHeader:
+    """Parse and sanity-check a header at ``position`` of ``data``.
+
+    Raises :class:`CorruptRecordBatch` (with ``where`` and ``position``) for a
+    short header, a wrong magic or version, or impossible counts.
+    """
+    view = memoryview(data)
+    if view.nbytes - position < FRAME_HEADER_SIZE:
+        raise CorruptRecordBatch(
+            f"{where}: truncated frame header at position {position}",
+            where=where,
+            position=position,
+        )
+    (
+        magic,
+        version,
+        _flags,
+        _reserved,
+        base_offset,
+        record_count,
+        epoch,
+        first_ts,
+        max_ts,
+        producer_id,
+        producer_sequence,
+        length,
+        crc,
+    ) = _HEADER.unpack_from(view, position)
+    if magic != FRAME_MAGIC or version != FRAME_VERSION or record_count == 0 or base_offset < 0:
+        raise CorruptRecordBatch(
+            f"{where}: bad frame header at position {position} "
+            f"(magic={magic!r}, version={version}, count={record_count}, base={base_offset})",
+            where=where,
+            position=position,
+        )
+    return FrameHeader(
+        base_offset,
+        record_count,
+        epoch,
+        first_ts,
+        max_ts,
+        producer_id,
+        producer_sequence,
+        length,
+        crc,
+    )
+
+
+def verify_payload(
+    header: FrameHeader, header_bytes: Any, payload: Any, *, where: str, position: int
+) -> None:
+    """Check the CRC over the header's first 60 bytes and the payload."""
+    view = memoryview(payload)
+    if view.nbytes != header.payload_length:
+        raise CorruptRecordBatch(
+            f"{where}: frame at position {position} is truncated "
+            f"({view.nbytes} of {header.payload_length} payload bytes)",
+            where=where,
+            position=position,
+        )
+    computed = crc32c(view, crc32c(memoryview(header_bytes)[:_CRC_COVERED]))
+    if computed != header.crc:
+        raise CorruptRecordBatch(
+            f"{where}: CRC mismatch in frame at position {position} "
+            f"(stored {header.crc:#010x}, computed {computed:#010x})",
+            where=where,
+            position=position,
+        )

@@ -1,0 +1,203 @@
+"""Every error RobustMQ raises, in one hierarchy shared by all layers.
+
+The storage engines, the storage node, the Meta Service and the client raise
+the same classes: a node answers an error with its ``code`` and fields, and the
+client rebuilds the same class with :func:`error_from_code`, so a caller sees
+``OffsetOutOfRange(topic=..., partition=..., offset=...)`` whether the read ran
+in-process or over the network.
+
+::
+
+    RobustMQError                      code            retriable
+    +-- RetriableError
+    |   +-- Unavailable                UNAVAILABLE     yes  node/meta down or unreachable
+    |   +-- Busy                       BUSY            yes  bounded queue full: back off
+    |   +-- NotLeader                  NOT_LEADER      yes  refresh metadata, retry
+    |   +-- SegmentSealed              SEGMENT_SEALED  yes  refresh metadata, retry
+    |   +-- RequestTimeout             TIMEOUT         yes  no answer before the deadline
+    +-- TopicNotFound                  UNKNOWN_TOPIC
+    +-- ShardNotFound                  UNKNOWN_SHARD
+    +-- TopicAlreadyExists             TOPIC_EXISTS
+    +-- ShardAlreadyExists             SHARD_EXISTS
+    +-- OffsetOutOfRange               OFFSET_OUT_OF_RANGE
+    +-- CorruptRecordBatch             CORRUPT_BATCH   stored bytes failed their CRC
+    +-- StaleEpoch                     STALE_EPOCH     a fenced writer
+    +-- EngineClosed                   CLOSED
+    +-- InvalidRequest                 INVALID_REQUEST
+        +-- InvalidRecordBatch         INVALID_BATCH   not Arrow IPC, or the wrong schema
+        +-- RecordBatchTooLarge        BATCH_TOO_LARGE
+        +-- InvalidConfig              INVALID_CONFIG
+        +-- OutOfOrderSequence         OUT_OF_ORDER_SEQUENCE
+
+Errors carry fields (``topic``, ``partition``, ``shard``, ``offset``...) as
+attributes and in :attr:`RobustMQError.fields`, not only in their text.
+Foreign errors (ZeroMQ, gRPC, RocksDB, boto3) are translated into these at one
+place per boundary, with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "Busy",
+    "CorruptRecordBatch",
+    "EngineClosed",
+    "InvalidConfig",
+    "InvalidRecordBatch",
+    "InvalidRequest",
+    "NotLeader",
+    "OffsetOutOfRange",
+    "OutOfOrderSequence",
+    "RecordBatchTooLarge",
+    "RequestTimeout",
+    "RetriableError",
+    "RobustMQError",
+    "SegmentSealed",
+    "ShardAlreadyExists",
+    "ShardNotFound",
+    "StaleEpoch",
+    "TopicAlreadyExists",
+    "TopicNotFound",
+    "Unavailable",
+    "error_from_code",
+]
+
+
+class RobustMQError(Exception):
+    """Base class of every RobustMQ error.
+
+    Parameters
+    ----------
+    message
+        A sentence a user can act on.
+    **fields
+        Structured context (``topic``, ``partition``, ``shard``, ``offset``,
+        ...); each becomes an attribute and travels over the wire.
+    """
+
+    code: ClassVar[str] = "ERROR"
+    retriable: ClassVar[bool] = False
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields: dict[str, Any] = fields
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep fields when errors cross process boundaries (Spark pickles them).
+        return (_rebuild, (type(self), self.message, self.fields))
+
+
+def _rebuild(cls: type[RobustMQError], message: str, fields: dict[str, Any]) -> RobustMQError:
+    return cls(message, **fields)
+
+
+class RetriableError(RobustMQError):
+    """The request may succeed if sent again (after a refresh or a back-off)."""
+
+    code = "RETRIABLE"
+    retriable = True
+
+
+class Unavailable(RetriableError):
+    code = "UNAVAILABLE"
+
+
+class Busy(RetriableError):
+    """A bounded queue is full; the server pushes back instead of growing."""
+
+    code = "BUSY"
+
+
+class NotLeader(RetriableError):
+    code = "NOT_LEADER"
+
+
+class SegmentSealed(RetriableError):
+    code = "SEGMENT_SEALED"
+
+
+class RequestTimeout(RetriableError):
+    code = "TIMEOUT"
+
+
+class TopicNotFound(RobustMQError):
+    code = "UNKNOWN_TOPIC"
+
+
+class ShardNotFound(RobustMQError):
+    code = "UNKNOWN_SHARD"
+
+
+class TopicAlreadyExists(RobustMQError):
+    code = "TOPIC_EXISTS"
+
+
+class ShardAlreadyExists(RobustMQError):
+    code = "SHARD_EXISTS"
+
+
+class OffsetOutOfRange(RobustMQError):
+    """The offset is before the earliest retained record or past the log end."""
+
+    code = "OFFSET_OUT_OF_RANGE"
+
+
+class CorruptRecordBatch(RobustMQError):
+    """Stored or received bytes failed a CRC or framing check."""
+
+    code = "CORRUPT_BATCH"
+
+
+class StaleEpoch(RobustMQError):
+    """A writer addressed an older epoch than the shard's current one (fenced)."""
+
+    code = "STALE_EPOCH"
+
+
+class EngineClosed(RobustMQError):
+    code = "CLOSED"
+
+
+class InvalidRequest(RobustMQError):
+    """The request is malformed; sending it again will not help."""
+
+    code = "INVALID_REQUEST"
+
+
+class InvalidRecordBatch(InvalidRequest):
+    """The payload is not an Arrow IPC stream of the record schema."""
+
+    code = "INVALID_BATCH"
+
+
+class RecordBatchTooLarge(InvalidRequest):
+    code = "BATCH_TOO_LARGE"
+
+
+class InvalidConfig(InvalidRequest):
+    code = "INVALID_CONFIG"
+
+
+class OutOfOrderSequence(InvalidRequest):
+    code = "OUT_OF_ORDER_SEQUENCE"
+
+
+def _all_subclasses(cls: type[RobustMQError]) -> list[type[RobustMQError]]:
+    found: list[type[RobustMQError]] = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+_CLASSES: list[type[RobustMQError]] = [RobustMQError, *_all_subclasses(RobustMQError)]
+_BY_CODE: dict[str, type[RobustMQError]] = {cls.code: cls for cls in _CLASSES}
+
+
+def error_from_code(code: str, message: str, **fields: Any) -> RobustMQError:
+    """Rebuild the error class named by a wire ``code`` (unknown codes give the base class)."""
+    return _BY_CODE.get(code, RobustMQError)(message, **fields)

@@ -1,0 +1,109 @@
+"""The frame format is fixed: these bytes must never change by accident.
+
+If a test here fails, the on-disk and wire format changed. Old segment files
+would no longer read. Bump FRAME_VERSION and keep a reader for version 1
+instead of editing the expected bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from robustmq._frame import (
+    FRAME_HEADER_SIZE,
+    decode_header,
+    encode_header,
+    verify_payload,
+)
+from robustmq._records import RECORD_SCHEMA, decode_batch
+from robustmq.errors import CorruptRecordBatch
+
+EXPECTED_HEADER = bytes.fromhex(
+    "524d5146"  # magic "RMQF"
+    "01"
+    "00"
+    "0000"  # version 1, flags, reserved
+    "0102030405060708"  # base_offset
+    "00000003"  # record_count
+    "00000007"  # epoch
+    "0000018bcfe56800"  # first_timestamp_ms 1_700_000_000_000
+    "0000018bcfe569f4"  # max_timestamp_ms   1_700_000_000_500
+    "000000000000002a"  # producer_id 42
+    "0000000000000009"  # producer_sequence 9
+    "00000007"  # payload_length
+    "81488bc4"  # crc32c of bytes 0..60 + payload
+)
+
+
+def test_header_bytes_are_stable() -> None:
+    header = encode_header(
+        base_offset=0x0102030405060708,
+        record_count=3,
+        epoch=7,
+        first_timestamp_ms=1_700_000_000_000,
+        max_timestamp_ms=1_700_000_000_500,
+        producer_id=42,
+        producer_sequence=9,
+        payload=b"payload",
+    )
+    assert FRAME_HEADER_SIZE == 64
+    assert header == EXPECTED_HEADER
+
+
+def test_version_1_frame_fixture_still_decodes() -> None:
+    frame = bytes.fromhex(
+        (Path(__file__).parent / "fixtures" / "frame_v1.hex").read_text().replace("\n", "")
+    )
+    header = decode_header(frame)
+    assert (header.base_offset, header.record_count, header.epoch) == (1000, 3, 2)
+    assert (header.first_timestamp_ms, header.max_timestamp_ms) == (1, 3)
+    assert (header.producer_id, header.producer_sequence) == (-1, -1)
+    verify_payload(
+        header, frame[:FRAME_HEADER_SIZE], frame[FRAME_HEADER_SIZE:], where="fixture", position=0
+    )
+    records = decode_batch(frame[FRAME_HEADER_SIZE:])
+    assert records.schema.equals(RECORD_SCHEMA)
+    assert records.to_pylist() == [
+        {
+            "key": b"k1",
+            "value": b"v1",
+            "timestamp": records.column("timestamp")[0].as_py(),
+            "tags": ["a"],
+            "headers": [{"key": "h", "value": b"x"}],
+        },
+        {
+            "key": b"k2",
+            "value": None,
+            "timestamp": records.column("timestamp")[1].as_py(),
+            "tags": None,
+            "headers": None,
+        },
+        {
+            "key": None,
+            "value": b"v3",
+            "timestamp": records.column("timestamp")[2].as_py(),
+            "tags": ["b", "c"],
+            "headers": None,
+        },
+    ]
+    assert records.column("timestamp").cast("int64").to_pylist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("position", [0, 7, 20, 60, 63, 64, 100])
+def test_any_flipped_byte_is_detected(position: int) -> None:
+    frame = bytes.fromhex(
+        (Path(__file__).parent / "fixtures" / "frame_v1.hex").read_text().replace("\n", "")
+    )
+    damaged = bytearray(frame)
+    damaged[position] ^= 0x40
+    with pytest.raises(CorruptRecordBatch):
+        header = decode_header(damaged)
+        verify_payload(
+            header,
+            damaged[:FRAME_HEADER_SIZE],
+            damaged[FRAME_HEADER_SIZE:],
+            where="fixture",
+            position=0,
+        )

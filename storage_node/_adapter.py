@@ -1,0 +1,295 @@
+"""The StorageAdapter interface that every engine implements, and the values it exchanges.
+
+An engine stores shards: ordered logs of record batches whose offsets start at
+0 and are strictly contiguous. Writes are all-or-nothing per call: a request
+that fails validation raises before anything is written, and a group passed to
+:meth:`StorageAdapter.batch_write` is validated as a whole first. A write
+returns only once its records are as durable as the engine promises (the
+``segment`` and ``rocksdb`` engines: on disk after fsync; ``memory``: in RAM).
+
+Engines are thread-safe: writes to one shard are serialised by a per-shard
+lock, reads never block writes and see only fully written, durable batches.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from robustmq._records import READ_SCHEMA
+from robustmq.errors import InvalidConfig, InvalidRequest
+
+__all__ = [
+    "AppendRequest",
+    "AppendResult",
+    "FrameRead",
+    "ReadResult",
+    "SegmentInfo",
+    "ShardConfig",
+    "ShardOffsets",
+    "StorageAdapter",
+    "validate_shard_name",
+]
+
+MiB = 1024 * 1024
+_SHARD_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def validate_shard_name(shard: str) -> str:
+    """Shard names become directory names: allow only a safe alphabet."""
+    if not isinstance(shard, str) or not _SHARD_NAME.match(shard) or shard in (".", ".."):
+        raise InvalidRequest(
+            f"invalid shard name {shard!r}: use 1-249 characters of A-Z a-z 0-9 . _ -",
+            shard=shard,
+        )
+    return shard
+
+
+@dataclass(frozen=True, slots=True)
+class ShardConfig:
+    """Per-shard storage limits (a topic's settings, copied to each of its shards).
+
+    ``-1`` means unlimited. Retention is off by default: data is kept until an
+    operator sets ``retention_ms`` or ``retention_bytes``.
+    """
+
+    segment_bytes_max: int = 128 * MiB
+    roll_interval_ms: int = 7 * 24 * 3600 * 1000
+    retention_bytes: int = -1
+    retention_ms: int = -1
+    retention_records: int = -1
+    max_batch_bytes: int = 16 * MiB
+    index_interval_records: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.segment_bytes_max < 64 * 1024:
+            raise InvalidConfig(
+                "segment_bytes_max must be at least 65536", field="segment_bytes_max"
+            )
+        if self.roll_interval_ms <= 0:
+            raise InvalidConfig("roll_interval_ms must be positive", field="roll_interval_ms")
+        if not 1024 <= self.max_batch_bytes <= 1024 * MiB:
+            raise InvalidConfig(
+                "max_batch_bytes must be between 1 KiB and 1 GiB", field="max_batch_bytes"
+            )
+        if self.index_interval_records <= 0:
+            raise InvalidConfig(
+                "index_interval_records must be positive", field="index_interval_records"
+            )
+        for name in ("retention_bytes", "retention_ms", "retention_records"):
+            value = getattr(self, name)
+            if value < -1 or value == 0:
+                raise InvalidConfig(f"{name} must be -1 (unlimited) or positive", field=name)
+
+    def to_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ShardConfig:
+        known = {k: int(v) for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    """One batch for one shard inside a group commit.
+
+    ``records`` is a ``pyarrow.Table``/``RecordBatch`` of the record schema or
+    the bytes of an Arrow IPC stream of it (the wire form, kept zero-copy).
+    ``producer_id``/``producer_sequence`` (both >= 0) make the write
+    idempotent: a sequence at or below the producer's last one on this shard
+    is acknowledged as a duplicate and not written again.
+    """
+
+    shard: str
+    records: Any
+    epoch: int = 0
+    producer_id: int = -1
+    producer_sequence: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Where a batch landed. ``duplicate`` means an earlier identical send was kept.
+
+    For a duplicate older than the producer's remembered window the original
+    offsets are unknown and ``base_offset`` is -1.
+    """
+
+    shard: str
+    base_offset: int
+    record_count: int
+    duplicate: bool = False
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.record_count - 1
+
+
+@dataclass(frozen=True, slots=True)
+class ShardOffsets:
+    """``earliest_offset``: first retained record; ``log_end_offset``: next offset to assign."""
+
+    shard: str
+    earliest_offset: int
+    log_end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class FrameRead:
+    """Raw frames (header + payload bytes, CRC checked) as read from storage.
+
+    ``frames`` hold whole frames; the first may start before ``start_offset``
+    (frames are never split on disk). ``next_offset`` is where the next read
+    continues.
+    """
+
+    shard: str
+    start_offset: int
+    next_offset: int
+    log_end_offset: int
+    frames: list[bytes] = field(default_factory=list)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(len(frame) for frame in self.frames)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """Decoded records (``READ_SCHEMA``: offset + record columns) and where to read next."""
+
+    shard: str
+    records: pa.Table
+    next_offset: int
+    log_end_offset: int
+
+    @staticmethod
+    def empty(shard: str, next_offset: int, log_end_offset: int) -> ReadResult:
+        return ReadResult(shard, READ_SCHEMA.empty_table(), next_offset, log_end_offset)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """One segment of a shard's chain as the engine sees it."""
+
+    shard: str
+    base_offset: int
+    end_offset: int
+    size_bytes: int
+    max_timestamp_ms: int
+    sealed: bool
+    path: str = ""
+
+
+class StorageAdapter(ABC):
+    """The ten operations of the storage layer (DESIGN section 3), plus housekeeping."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def create_shard(self, shard: str, config: ShardConfig | None = None) -> None:
+        """Create an empty shard; raises ``ShardAlreadyExists``."""
+
+    @abstractmethod
+    def delete_shard(self, shard: str) -> None:
+        """Remove a shard, its records and its indexes; raises ``ShardNotFound``."""
+
+    def write(
+        self,
+        shard: str,
+        records: Any,
+        *,
+        epoch: int = 0,
+        producer_id: int = -1,
+        producer_sequence: int = -1,
+    ) -> AppendResult:
+        """Append one batch and return its base offset once it is durable."""
+        request = AppendRequest(shard, records, epoch, producer_id, producer_sequence)
+        return self.batch_write([request])[0]
+
+    @abstractmethod
+    def batch_write(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+        """Append many batches with one durability barrier (group commit)."""
+
+    @abstractmethod
+    def read_frames(
+        self,
+        shard: str,
+        offset: int,
+        *,
+        max_bytes: int = 8 * MiB,
+        max_records: int | None = None,
+        end_offset: int | None = None,
+    ) -> FrameRead:
+        """Raw frames from ``offset``; at least one frame if any record is available."""
+
+    @abstractmethod
+    def read_by_offset(
+        self,
+        shard: str,
+        offset: int,
+        *,
+        max_records: int = 10_000,
+        max_bytes: int = 8 * MiB,
+        end_offset: int | None = None,
+    ) -> ReadResult:
+        """Records from ``offset`` on; ``OffsetOutOfRange`` outside [earliest, log end]."""
+
+    @abstractmethod
+    def read_by_tag(
+        self, shard: str, tag: str, *, start_offset: int = 0, max_records: int = 10_000
+    ) -> ReadResult:
+        """Records carrying ``tag`` at or after ``start_offset``, in offset order."""
+
+    @abstractmethod
+    def read_by_key(self, shard: str, key: bytes) -> ReadResult:
+        """The latest record with ``key`` (zero or one row)."""
+
+    @abstractmethod
+    def get_offset_by_timestamp(self, shard: str, timestamp_ms: int) -> int | None:
+        """Offset of the first record with timestamp >= ``timestamp_ms``, or None."""
+
+    @abstractmethod
+    def get_offset_by_group(self, group: str, shard: str) -> int | None:
+        """The offset ``group`` committed for ``shard`` (next to read), or None."""
+
+    @abstractmethod
+    def commit_offset(self, group: str, shard: str, offset: int) -> None:
+        """Store ``offset`` (the next record to read) for ``group`` on ``shard``."""
+
+    @abstractmethod
+    def list_offsets(self, shard: str) -> ShardOffsets:
+        """Earliest retained offset and log end offset."""
+
+    @abstractmethod
+    def list_shards(self) -> list[str]:
+        """Names of the shards this engine holds."""
+
+    @abstractmethod
+    def shard_config(self, shard: str) -> ShardConfig:
+        """The limits a shard was created with."""
+
+    def list_segments(self, shard: str) -> list[SegmentInfo]:
+        """The shard's segments; engines without segments report one pseudo-segment."""
+        offsets = self.list_offsets(shard)
+        return [SegmentInfo(shard, offsets.earliest_offset, offsets.log_end_offset, 0, -1, False)]
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Apply retention limits; return how many records were removed."""
+        return 0
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release files and handles; later calls raise ``EngineClosed``."""
+
+    def __enter__(self) -> StorageAdapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,290 @@
+"""What the three engines share: frame decoding, index-driven reads, producer windows.
+
+Every engine stores frames (header + Arrow IPC payload) and can hand back the
+frames covering an offset range (:meth:`EngineBase.read_frames`). The reads by
+offset, key, tag and timestamp are built here on that one primitive plus three
+small index lookups each engine provides, so their semantics cannot drift
+apart between engines.
+
+Idempotent producers: an engine remembers, per (shard, producer id), the last
+:data:`PRODUCER_WINDOW` batches as ``(sequence, base_offset, count)``. A batch
+whose sequence is at or below the producer's last one is a duplicate: it is
+answered with the original offsets if still in the window (else with
+``base_offset=-1``) and never written twice. Sequences must increase but may
+skip values (the Spark sink derives them from batch ids).
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from robustmq._frame import FRAME_HEADER_SIZE, decode_header
+from robustmq._records import READ_SCHEMA, with_offsets
+from robustmq.errors import InvalidRequest, OffsetOutOfRange, StaleEpoch
+
+from ._adapter import AppendResult, MiB, ReadResult, ShardOffsets, StorageAdapter
+from ._batch import decode_payload
+
+__all__ = ["PRODUCER_WINDOW", "EngineBase", "ProducerWindows", "decode_frames", "stale_epoch"]
+
+PRODUCER_WINDOW = 16
+_ENTRY = struct.Struct(">qqI")
+
+
+def decode_frames(
+    frames: list[bytes], start_offset: int, end_offset: int, max_records: int | None = None
+) -> pa.Table:
+    """Decode frames into one ``READ_SCHEMA`` table covering ``[start_offset, end_offset)``."""
+    tables = []
+    remaining = max_records if max_records is not None else 1 << 62
+    for frame in frames:
+        header = decode_header(frame)
+        records = decode_payload(pa.py_buffer(memoryview(frame)[FRAME_HEADER_SIZE:]))
+        first = max(start_offset, header.base_offset)
+        last = min(end_offset, header.next_offset)
+        count = min(last - first, remaining)
+        if count <= 0:
+            continue
+        sliced = records.slice(first - header.base_offset, count)
+        tables.append(with_offsets(sliced, first))
+        remaining -= count
+        if remaining <= 0:
+            break
+    if not tables:
+        return READ_SCHEMA.empty_table()
+    return pa.concat_tables(tables).combine_chunks()
+
+
+class ProducerWindows:
+    """A bounded, thread-safe LRU of producer windows, optionally backed by a loader.
+
+    A window is a list of ``(sequence, base_offset, count)``, oldest first.
+    Callers treat windows as values: they compute a new one with
+    :meth:`extend` and store it with :meth:`put` only once the write is durable,
+    so a failed group commit never leaves a phantom entry behind.
+    """
+
+    def __init__(
+        self,
+        *,
+        capacity: int = 100_000,
+        load: Callable[[int, int], bytes | None] | None = None,
+    ) -> None:
+        self._capacity = capacity
+        self._load = load
+        self._lock = threading.Lock()
+        self._windows: OrderedDict[tuple[int, int], list[tuple[int, int, int]]] = OrderedDict()
+
+    def get(self, sid: int, producer_id: int) -> list[tuple[int, int, int]]:
+        key = (sid, producer_id)
+        with self._lock:
+            window = self._windows.get(key)
+            if window is not None:
+                self._windows.move_to_end(key)
+                return window
+        raw = self._load(sid, producer_id) if self._load else None
+        window = self.decode(raw) if raw else []
+        self.put(sid, producer_id, window)
+        return window
+
+    def put(self, sid: int, producer_id: int, window: list[tuple[int, int, int]]) -> None:
+        with self._lock:
+            self._windows[(sid, producer_id)] = window
+            self._windows.move_to_end((sid, producer_id))
+            if len(self._windows) > self._capacity:
+                self._windows.popitem(last=False)
+
+    def forget_shard(self, sid: int) -> None:
+        with self._lock:
+            for key in [key for key in self._windows if key[0] == sid]:
+                del self._windows[key]
+
+    @staticmethod
+    def find_duplicate(
+        window: list[tuple[int, int, int]], sequence: int, shard: str, count: int
+    ) -> AppendResult | None:
+        """The original result if ``sequence`` is a duplicate, else None."""
+        if not window or sequence > window[-1][0]:
+            return None
+        for seq, base, stored_count in window:
+            if seq == sequence:
+                return AppendResult(shard, base, stored_count, duplicate=True)
+        return AppendResult(shard, -1, count, duplicate=True)
+
+    @staticmethod
+    def extend(
+        window: list[tuple[int, int, int]], sequence: int, base: int, count: int
+    ) -> list[tuple[int, int, int]]:
+        if window and sequence <= window[-1][0]:  # already remembered (a recovery rescan)
+            return window
+        return [*window, (sequence, base, count)][-PRODUCER_WINDOW:]
+
+    @staticmethod
+    def encode(window: list[tuple[int, int, int]]) -> bytes:
+        return b"".join(_ENTRY.pack(*entry) for entry in window)
+
+    @staticmethod
+    def decode(raw: bytes) -> list[tuple[int, int, int]]:
+        return [(int(s), int(b), int(c)) for s, b, c in _ENTRY.iter_unpack(raw)]
+
+
+def stale_epoch(shard: str, current_epoch: int, epoch: int) -> StaleEpoch:
+    return StaleEpoch(
+        f"shard {shard} is at epoch {current_epoch}; a write for epoch {epoch} is fenced",
+        shard=shard,
+        epoch=epoch,
+        current_epoch=current_epoch,
+    )
+
+
+def check_producer(producer_id: int, producer_sequence: int) -> bool:
+    """True for an idempotent write; raises for a half-specified producer."""
+    if producer_id < 0 and producer_sequence < 0:
+        return False
+    if producer_id < 0 or producer_sequence < 0:
+        raise InvalidRequest(
+            "producer_id and producer_sequence must both be set (>= 0) or both be -1",
+            producer_id=producer_id,
+            producer_sequence=producer_sequence,
+        )
+    return True
+
+
+class EngineBase(StorageAdapter):
+    """Reads by offset, key, tag and timestamp built on ``read_frames`` and three lookups."""
+
+    # -- what an engine provides -------------------------------------------
+
+    def _lookup_key(self, shard: str, key: bytes) -> int | None:
+        raise NotImplementedError
+
+    def _tag_frames(self, shard: str, tag: str, start_offset: int) -> Iterator[int]:
+        raise NotImplementedError
+
+    def _lookup_time(self, shard: str, timestamp_ms: int) -> int | None:
+        raise NotImplementedError
+
+    # -- shared reads --------------------------------------------------------
+
+    def read_by_offset(
+        self,
+        shard: str,
+        offset: int,
+        *,
+        max_records: int = 10_000,
+        max_bytes: int = 8 * MiB,
+        end_offset: int | None = None,
+    ) -> ReadResult:
+        if max_records <= 0:
+            raise InvalidRequest("max_records must be positive", max_records=max_records)
+        read = self.read_frames(
+            shard, offset, max_bytes=max_bytes, max_records=max_records, end_offset=end_offset
+        )
+        records = decode_frames(read.frames, offset, read.next_offset, max_records)
+        next_offset = offset + records.num_rows
+        return ReadResult(shard, records, next_offset, read.log_end_offset)
+
+    def read_by_key(self, shard: str, key: bytes) -> ReadResult:
+        if not isinstance(key, bytes | bytearray):
+            raise InvalidRequest("a key must be bytes", shard=shard)
+        offsets = self.list_offsets(shard)
+        offset = self._lookup_key(shard, bytes(key))
+        if offset is None or not offsets.earliest_offset <= offset < offsets.log_end_offset:
+            return ReadResult.empty(shard, offsets.log_end_offset, offsets.log_end_offset)
+        try:
+            found = self.read_by_offset(shard, offset, max_records=1)
+        except OffsetOutOfRange:  # retention removed it between the lookup and the read
+            return ReadResult.empty(shard, offsets.log_end_offset, offsets.log_end_offset)
+        if found.records.column("key")[0].as_py() != key:
+            # A stale entry left by a recovery that truncated damaged data.
+            return ReadResult.empty(shard, offsets.log_end_offset, offsets.log_end_offset)
+        return found
+
+    def read_by_tag(
+        self, shard: str, tag: str, *, start_offset: int = 0, max_records: int = 10_000
+    ) -> ReadResult:
+        if not isinstance(tag, str):
+            raise InvalidRequest("a tag must be a string", shard=shard)
+        offsets = self.list_offsets(shard)
+        start = max(start_offset, offsets.earliest_offset)
+        tables: list[pa.Table] = []
+        found = 0
+        next_offset = start
+        for base in self._tag_frames(shard, tag, start):
+            if base >= offsets.log_end_offset or found >= max_records:
+                break
+            if base < offsets.earliest_offset:
+                continue
+            try:
+                frame = self.read_frames(shard, max(base, start), max_records=1, max_bytes=1)
+            except OffsetOutOfRange:
+                continue
+            records = decode_frames(frame.frames, max(base, start), frame.next_offset)
+            matching = _rows_with_tag(records, tag)
+            if matching.num_rows:
+                matching = matching.slice(0, max_records - found)
+                tables.append(matching)
+                found += matching.num_rows
+                next_offset = matching.column("offset")[-1].as_py() + 1
+            else:
+                next_offset = max(next_offset, frame.next_offset)
+        if found < max_records:
+            next_offset = offsets.log_end_offset
+        table = pa.concat_tables(tables) if tables else READ_SCHEMA.empty_table()
+        return ReadResult(shard, table, next_offset, offsets.log_end_offset)
+
+    def get_offset_by_timestamp(self, shard: str, timestamp_ms: int) -> int | None:
+        offsets = self.list_offsets(shard)
+        base = self._lookup_time(shard, timestamp_ms)
+        if base is None or base >= offsets.log_end_offset:
+            return None
+        position = max(base, offsets.earliest_offset)
+        while position < offsets.log_end_offset:
+            read = self.read_frames(shard, position, max_records=1, max_bytes=1)
+            records = decode_frames(read.frames, position, read.next_offset)
+            stamps = records.column("timestamp").cast(pa.int64())
+            hits = pc.indices_nonzero(pc.greater_equal(stamps, timestamp_ms))
+            if len(hits):
+                return int(records.column("offset")[hits[0].as_py()].as_py())
+            position = read.next_offset
+        return None
+
+    def _check_range(self, shard: str, offset: int, offsets: ShardOffsets) -> None:
+        if not offsets.earliest_offset <= offset <= offsets.log_end_offset:
+            raise OffsetOutOfRange(
+                f"offset {offset} of shard {shard} is outside "
+                f"[{offsets.earliest_offset}, {offsets.log_end_offset}]",
+                shard=shard,
+                offset=offset,
+                earliest_offset=offsets.earliest_offset,
+                log_end_offset=offsets.log_end_offset,
+            )
+
+
+def _rows_with_tag(records: pa.Table, tag: str) -> pa.Table:
+    tags = records.column("tags").combine_chunks()
+    if len(tags) == 0:
+        return records
+    flat = pc.list_flatten(tags)
+    parents = pc.list_parent_indices(tags)
+    rows = pc.unique(pc.filter(parents, pc.equal(flat, tag)))
+    rows = np.sort(rows.to_numpy(zero_copy_only=False))
+    return records.take(pa.array(rows, pa.int64()))
+
+
+def distinct_tags(records: pa.Table) -> list[str]:
+    """Distinct tags of a batch (vectorised; the per-frame tag index needs them)."""
+    tags = records.column("tags")
+    if tags.null_count == len(tags):
+        return []
+    flat = pc.list_flatten(tags)
+    if len(flat) == 0:
+        return []
+    return [tag for tag in pc.unique(flat).to_pylist() if tag is not None]

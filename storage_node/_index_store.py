@@ -1,0 +1,481 @@
+"""The RocksDB store behind the segment and rocksdb engines: indexes and shard metadata.
+
+One RocksDB (through ``rocksdict`` in raw mode) with these column families.
+``sid`` is a shard's 4-byte big-endian id; ``be64(x)`` is an 8-byte
+big-endian unsigned integer, so keys sort by shard, then by offset::
+
+    column family  key                                        value
+    offset_index   sid be64(base_offset)                      be64(file position)   sparse
+    time_index     sid be64(chunk) be64(running_max + 2**63)  be64(base_offset)
+    key_index      sid be32(crc32c(key)) key                  be64(offset)          latest wins
+    tag_index      sid be16(len) tag be64(base_offset)        (empty)               one per frame
+    records        sid be64(base_offset)                      whole frame           rocksdb engine
+    default        "N"                                        be32(next shard id)
+                   "S" name                                   JSON shard record
+                   "C" sid                                    checkpoint (see SegmentEngine)
+                   "E" sid be64(segment base)                 sealed segment record
+                   "T" sid be64(segment base) tag             (empty): tags seen in a segment
+                   "G" be16(len) group shard                  be64(committed offset)
+                   "P" sid be64(producer id)                  producer window
+
+The time index is kept per chunk (a segment for the segment engine, a fixed
+offset range for the rocksdb engine): one entry per frame that raises the
+chunk's running maximum timestamp, so within a chunk both keys and values
+ascend. The first record with timestamp >= ``t`` lies in the first chunk whose
+maximum (its last entry) is >= ``t``, in the frame its first entry >= ``t``
+names. Deleting a chunk (retention) leaves every other chunk's entries exact.
+The key index uses a hash-linked-list memtable keyed by its 8-byte prefix
+(sid + CRC of the key): random keys insert about 4x faster than into a skip
+list, and the full key in the entry keeps distinct keys distinct.
+
+Index writes go in the same WriteBatch as the engine's checkpoint, with the
+WAL on but not synced: the record data is fsynced first, and recovery
+re-indexes every frame past the checkpoint, so a lost index tail (power loss)
+is rebuilt, never served wrong. Metadata writes (shard records, group offsets)
+are synced. Thread-safe: RocksDB serialises writers itself.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import rocksdict
+from crc32c import crc32c as _crc32c_raw
+
+from robustmq._frame import crc32c
+from robustmq.errors import EngineClosed, RobustMQError, Unavailable
+
+__all__ = ["IndexStore", "ShardRecord"]
+
+_SID = struct.Struct(">I")
+_WINDOW = struct.Struct(">qqI")  # producer window entry: sequence, base offset, count
+_U64 = struct.Struct(">Q")
+_TS_BIAS = 1 << 63
+_MiB = 1024 * 1024
+
+
+def _tag_prefix(sid_prefix: bytes, tag: bytes) -> bytes:
+    return sid_prefix + struct.pack(">H", len(tag)) + tag
+
+
+def sid_bytes(sid: int) -> bytes:
+    return _SID.pack(sid)
+
+
+def be64(value: int) -> bytes:
+    return _U64.pack(value)
+
+
+def from_be64(data: bytes) -> int:
+    return int(_U64.unpack(data)[0])
+
+
+class ShardRecord:
+    """A shard's durable registration: its id and config (as a dict)."""
+
+    __slots__ = ("config", "created_ms", "name", "sid")
+
+    def __init__(self, name: str, sid: int, config: dict[str, Any], created_ms: int) -> None:
+        self.name = name
+        self.sid = sid
+        self.config = config
+        self.created_ms = created_ms
+
+
+def _options(*, memtable_mib: int, cache: rocksdict.Cache) -> rocksdict.Options:
+    options = rocksdict.Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    # The hash memtable of key_index cannot take concurrent inserts; one writer
+    # thread at a time is what the engines do anyway.
+    options.set_allow_concurrent_memtable_write(False)
+    options.set_write_buffer_size(memtable_mib * _MiB)
+    options.set_max_write_buffer_number(3)
+    options.set_max_background_jobs(2)
+    options.set_keep_log_file_num(3)
+    options.set_max_total_wal_size(256 * _MiB)
+    table = rocksdict.BlockBasedOptions()
+    table.set_block_cache(cache)
+    table.set_bloom_filter(10, False)
+    options.set_block_based_table_factory(table)
+    return options
+
+
+class IndexStore:
+    """The RocksDB holding a data directory's indexes and metadata.
+
+    Parameters
+    ----------
+    path
+        Directory of the RocksDB.
+    with_records
+        Also open the ``records`` column family (the rocksdb engine stores
+        its frames there).
+    cache_mib
+        Block cache shared by all column families (bounds read memory).
+    """
+
+    def __init__(self, path: Path, *, with_records: bool = False, cache_mib: int = 64) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        cache = rocksdict.Cache(cache_mib * _MiB)
+        keys = _options(memtable_mib=64, cache=cache)
+        keys.set_prefix_extractor(rocksdict.SliceTransform.create_fixed_prefix(8))
+        # rocksdict's stub omits the bucket-count argument the binding takes.
+        # 1M buckets (8 MiB per memtable) keep the per-bucket lists short.
+        keys.set_memtable_factory(rocksdict.MemtableFactory.hash_link_list(1 << 20))  # type: ignore[call-arg]
+        families = {
+            "offset_index": _options(memtable_mib=8, cache=cache),
+            "time_index": _options(memtable_mib=8, cache=cache),
+            "key_index": keys,
+            "tag_index": _options(memtable_mib=16, cache=cache),
+        }
+        if with_records:
+            families["records"] = _options(memtable_mib=64, cache=cache)
+        try:
+            self._db = rocksdict.Rdict(
+                str(path), _options(memtable_mib=8, cache=cache), column_families=families
+            )
+        except Exception as exc:  # rocksdict raises bare Exception for I/O and lock errors
+            raise Unavailable(
+                f"cannot open the index store at {path}: {exc}", path=str(path)
+            ) from exc
+        self._path = path
+        self._closed = False
+        self._id_lock = threading.Lock()
+        self.offsets = self._db.get_column_family("offset_index")
+        self.times = self._db.get_column_family("time_index")
+        self.keys = self._db.get_column_family("key_index")
+        self.tags = self._db.get_column_family("tag_index")
+        self.records = self._db.get_column_family("records") if with_records else None
+        self._h_offsets = self._db.get_column_family_handle("offset_index")
+        self._h_times = self._db.get_column_family_handle("time_index")
+        self._h_keys = self._db.get_column_family_handle("key_index")
+        self._h_tags = self._db.get_column_family_handle("tag_index")
+        self._h_records = self._db.get_column_family_handle("records") if with_records else None
+        self._sync = rocksdict.WriteOptions()
+        self._sync.sync = True
+        self._nosync = rocksdict.WriteOptions()
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Column-family handles keep the DB lock alive; drop them first.
+        for name in ("offsets", "times", "keys", "tags", "records"):
+            setattr(self, name, None)
+        for name in ("_h_offsets", "_h_times", "_h_keys", "_h_tags", "_h_records"):
+            setattr(self, name, None)
+        self._db.close()
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise EngineClosed("the storage engine is closed")
+
+    # -- writes ------------------------------------------------------------
+
+    @staticmethod
+    def new_batch() -> rocksdict.WriteBatch:
+        return rocksdict.WriteBatch(raw_mode=True)
+
+    def write(self, batch: rocksdict.WriteBatch, *, sync: bool = False) -> None:
+        self.check_open()
+        try:
+            self._db.write(batch, self._sync if sync else self._nosync)
+        except Exception as exc:
+            raise Unavailable(f"index store write failed: {exc}") from exc
+
+    def put_offset_entry(
+        self, wb: rocksdict.WriteBatch, sid: int, offset: int, position: int
+    ) -> None:
+        wb.put(sid_bytes(sid) + be64(offset), be64(position), self._h_offsets)
+
+    def put_record_frame(
+        self, wb: rocksdict.WriteBatch, sid: int, base_offset: int, frame: bytes
+    ) -> None:
+        assert self._h_records is not None
+        wb.put(sid_bytes(sid) + be64(base_offset), frame, self._h_records)
+
+    def put_time_entry(
+        self, wb: rocksdict.WriteBatch, sid: int, chunk: int, running_max_ts: int, base_offset: int
+    ) -> None:
+        wb.put(
+            sid_bytes(sid) + be64(chunk) + be64(running_max_ts + _TS_BIAS),
+            be64(base_offset),
+            self._h_times,
+        )
+
+    def put_key_entries(
+        self, wb: rocksdict.WriteBatch, sid: int, base_offset: int, keys: pa.ChunkedArray
+    ) -> None:
+        """One entry per keyed record; later records overwrite earlier ones (latest wins)."""
+        if keys.null_count == len(keys):
+            return
+        prefix = sid_bytes(sid)
+        put = wb.put
+        handle = self._h_keys
+        pack32, pack64, crc = _SID.pack, _U64.pack, _crc32c_raw
+        offset = base_offset
+        for key in keys.to_pylist():
+            if key is not None:
+                put(prefix + pack32(crc(key)) + key, pack64(offset), handle)
+            offset += 1
+
+    def put_tag_entries(
+        self,
+        wb: rocksdict.WriteBatch,
+        sid: int,
+        base_offset: int,
+        tags: list[str],
+        segment_base: int | None = None,
+    ) -> None:
+        """One entry per (tag, frame); with ``segment_base``, also note the tag on the segment."""
+        prefix = sid_bytes(sid)
+        for tag in tags:
+            encoded = tag.encode()
+            wb.put(_tag_prefix(prefix, encoded) + be64(base_offset), b"", self._h_tags)
+            if segment_base is not None:
+                wb.put(b"T" + prefix + be64(segment_base) + encoded, b"")
+
+    def put_meta(self, wb: rocksdict.WriteBatch, key: bytes, value: bytes) -> None:
+        wb.put(key, value)
+
+    # -- lookups -----------------------------------------------------------
+
+    def lookup_position(self, sid: int, offset: int) -> tuple[int, int] | None:
+        """The last sparse entry at or before ``offset``: (base_offset, position)."""
+        return self._seek_for_prev(self.offsets, sid, be64(offset))
+
+    def lookup_record_frame(self, sid: int, offset: int) -> tuple[int, bytes] | None:
+        """rocksdb engine: the frame whose base offset is the last at or before ``offset``."""
+        assert self.records is not None
+        self.check_open()
+        prefix = sid_bytes(sid)
+        it = self.records.iter()
+        it.seek_for_prev(prefix + be64(offset))
+        if not it.valid() or not it.key().startswith(prefix):
+            return None
+        return from_be64(it.key()[4:]), it.value()
+
+    def iter_record_frames(self, sid: int, base_offset: int) -> Iterator[tuple[int, bytes]]:
+        assert self.records is not None
+        self.check_open()
+        prefix = sid_bytes(sid)
+        it = self.records.iter()
+        it.seek(prefix + be64(base_offset))
+        while it.valid() and it.key().startswith(prefix):
+            yield from_be64(it.key()[4:]), it.value()
+            it.next()
+
+    def first_record_frame(self, sid: int) -> tuple[int, bytes] | None:
+        return next(self.iter_record_frames(sid, 0), None)
+
+    def lookup_time(self, sid: int, timestamp_ms: int) -> int | None:
+        """Base offset of the frame holding the first record with timestamp >= ``timestamp_ms``."""
+        self.check_open()
+        prefix = sid_bytes(sid)
+        target = be64(min(max(timestamp_ms, -_TS_BIAS), _TS_BIAS - 1) + _TS_BIAS)
+        chunks = self.times.iter()
+        last = self.times.iter()
+        chunks.seek(prefix)
+        while chunks.valid() and chunks.key().startswith(prefix):
+            chunk = chunks.key()[4:12]
+            last.seek_for_prev(prefix + chunk + b"\xff" * 8)
+            if last.key()[12:] >= target:  # this chunk's maximum reaches the target
+                chunks.seek(prefix + chunk + target)
+                return from_be64(chunks.value())
+            chunks.seek(prefix + be64(from_be64(chunk) + 1))
+        return None
+
+    def lookup_key(self, sid: int, key: bytes) -> int | None:
+        self.check_open()
+        value = self.keys.get(sid_bytes(sid) + _SID.pack(crc32c(key)) + key)
+        return None if value is None else from_be64(value)
+
+    def tag_frames(self, sid: int, tag: str, start_offset: int) -> Iterator[int]:
+        """Base offsets of frames with ``tag``, from the frame holding ``start_offset`` on."""
+        self.check_open()
+        prefix = _tag_prefix(sid_bytes(sid), tag.encode())
+        it = self.tags.iter()
+        it.seek_for_prev(prefix + be64(start_offset))
+        if not it.valid() or not it.key().startswith(prefix):
+            it.seek(prefix + be64(start_offset))
+        while it.valid() and it.key().startswith(prefix):
+            yield from_be64(it.key()[len(prefix) :])
+            it.next()
+
+    def _seek_for_prev(self, family: Any, sid: int, suffix: bytes) -> tuple[int, int] | None:
+        self.check_open()
+        prefix = sid_bytes(sid)
+        it = family.iter()
+        it.seek_for_prev(prefix + suffix)
+        if not it.valid() or not it.key().startswith(prefix):
+            return None
+        return from_be64(it.key()[4:]), from_be64(it.value())
+
+    # -- deletes -----------------------------------------------------------
+
+    def delete_shard_entries(self, sid: int) -> None:
+        """Remove every index entry and metadata record of a shard."""
+        self.check_open()
+        low, high = sid_bytes(sid), sid_bytes(sid + 1)
+        families = [self.offsets, self.times, self.keys, self.tags]
+        if self.records is not None:
+            families.append(self.records)
+        for family in families:
+            family.delete_range(low, high)
+        for tag in (b"C", b"E", b"T", b"P"):
+            self._db.delete_range(tag + low, tag + high)
+
+    def delete_segment_entries(
+        self, wb: rocksdict.WriteBatch, sid: int, base_offset: int, end_offset: int
+    ) -> None:
+        """Every index entry of the segment [base_offset, end_offset), tags included."""
+        prefix = sid_bytes(sid)
+        wb.delete_range(prefix + be64(base_offset), prefix + be64(end_offset), self._h_offsets)
+        self.delete_time_chunk(wb, sid, base_offset)
+        segment_prefix = b"T" + prefix + be64(base_offset)
+        for key, _ in self.scan_meta(segment_prefix):
+            tag_prefix = _tag_prefix(prefix, key[len(segment_prefix) :])
+            wb.delete_range(
+                tag_prefix + be64(base_offset), tag_prefix + be64(end_offset), self._h_tags
+            )
+        wb.delete_range(segment_prefix, b"T" + prefix + be64(base_offset + 1))
+        wb.delete(b"E" + prefix + be64(base_offset))
+
+    def forget_from(
+        self, wb: rocksdict.WriteBatch, sid: int, end_offset: int, chunks: list[int]
+    ) -> None:
+        """Drop entries for offsets >= ``end_offset`` (recovery truncated the log there).
+
+        ``chunks`` are the time-index chunks (segment bases) that may hold such
+        entries. Key-index entries cannot be enumerated; readers check that a
+        looked-up record really has the key. Producer windows lose the batches
+        that are gone, so a producer resending them is not mistaken for a duplicate.
+        """
+        prefix = sid_bytes(sid)
+        top = b"\xff" * 8
+        wb.delete_range(prefix + be64(end_offset), prefix + top, self._h_offsets)
+        for chunk in chunks:
+            chunk_prefix = prefix + be64(chunk)
+            it = self.times.iter()
+            it.seek(chunk_prefix)
+            while it.valid() and it.key().startswith(chunk_prefix):
+                if from_be64(it.value()) >= end_offset:
+                    wb.delete(bytes(it.key()), self._h_times)
+                it.next()
+            for key, _ in self.scan_meta(b"T" + chunk_prefix):
+                tag_prefix = _tag_prefix(prefix, key[len(chunk_prefix) + 1 :])
+                wb.delete_range(tag_prefix + be64(end_offset), tag_prefix + top, self._h_tags)
+        for key, value in self.scan_meta(b"P" + prefix):
+            entries = [entry for entry in _WINDOW.iter_unpack(value) if entry[1] < end_offset]
+            if len(entries) * _WINDOW.size != len(value):
+                wb.put(key, b"".join(_WINDOW.pack(*entry) for entry in entries))
+
+    def delete_time_chunk(self, wb: rocksdict.WriteBatch, sid: int, chunk: int) -> None:
+        prefix = sid_bytes(sid)
+        wb.delete_range(prefix + be64(chunk), prefix + be64(chunk + 1), self._h_times)
+
+    def delete_frames(
+        self, wb: rocksdict.WriteBatch, sid: int, start: int, end: int, tags: set[str]
+    ) -> None:
+        """rocksdb engine: the frames with base offsets in [start, end) and their tag entries."""
+        prefix = sid_bytes(sid)
+        wb.delete_range(prefix + be64(start), prefix + be64(end), self._h_records)
+        for tag in tags:
+            tag_prefix = _tag_prefix(prefix, tag.encode())
+            wb.delete_range(tag_prefix + be64(start), tag_prefix + be64(end), self._h_tags)
+
+    # -- shard registry ----------------------------------------------------
+
+    def allocate_shard_id(self) -> int:
+        with self._id_lock:
+            raw = self.get_meta(b"N")
+            sid = 1 if raw is None else int(_SID.unpack(raw)[0])
+            if sid >= 0xFFFF_FFFF:
+                raise RobustMQError("shard ids exhausted in this data directory")
+            self.put_meta_sync(b"N", _SID.pack(sid + 1))
+            return sid
+
+    def put_shard(self, record: ShardRecord) -> None:
+        body = {"sid": record.sid, "config": record.config, "created_ms": record.created_ms}
+        self.put_meta_sync(b"S" + record.name.encode(), json.dumps(body).encode())
+
+    def delete_shard_record(self, name: str) -> None:
+        self.check_open()
+        self._db.delete(b"S" + name.encode(), self._sync)
+
+    def load_shards(self) -> list[ShardRecord]:
+        return [
+            ShardRecord(key[1:].decode(), body["sid"], body["config"], body["created_ms"])
+            for key, body in ((k, json.loads(v)) for k, v in self.scan_meta(b"S"))
+        ]
+
+    # -- metadata ------------------------------------------------------------
+
+    def get_meta(self, key: bytes) -> bytes | None:
+        self.check_open()
+        value = self._db.get(key)
+        return None if value is None else bytes(value)
+
+    def put_meta_sync(self, key: bytes, value: bytes) -> None:
+        self.check_open()
+        try:
+            self._db.put(key, value, self._sync)
+        except Exception as exc:
+            raise Unavailable(f"metadata write failed: {exc}") from exc
+
+    def scan_meta(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        self.check_open()
+        it = self._db.iter()
+        it.seek(prefix)
+        while it.valid() and it.key().startswith(prefix):
+            yield bytes(it.key()), bytes(it.value())
+            it.next()
+
+    def delete_group_offsets(self, shard: str) -> None:
+        """Remove every group's committed offset for ``shard`` (when the shard is deleted)."""
+        encoded = shard.encode()
+        doomed = []
+        for key, _ in self.scan_meta(b"G"):
+            length = struct.unpack(">H", key[1:3])[0]
+            if key[3 + length :] == encoded:
+                doomed.append(key)
+        for key in doomed:
+            self._db.delete(key, self._sync)
+
+    def group_offsets(self, group: str) -> dict[str, int]:
+        """Every shard's committed offset for ``group``."""
+        encoded = group.encode()
+        prefix = b"G" + struct.pack(">H", len(encoded)) + encoded
+        return {
+            key[len(prefix) :].decode(): from_be64(value) for key, value in self.scan_meta(prefix)
+        }
+
+    @staticmethod
+    def group_key(group: str, shard: str) -> bytes:
+        encoded = group.encode()
+        return b"G" + struct.pack(">H", len(encoded)) + encoded + shard.encode()
+
+    def size_of(self, family_name: str, sid: int) -> int:
+        """Logical bytes (keys + values) a shard holds in one column family."""
+        # key_index is left out: its hash memtable cannot iterate in key order.
+        family = {"offset_index": self.offsets, "time_index": self.times, "tag_index": self.tags}[
+            family_name
+        ]
+        self.check_open()
+        prefix = sid_bytes(sid)
+        total = 0
+        it = family.iter()
+        it.seek(prefix)
+        while it.valid() and it.key().startswith(prefix):
+            total += len(it.key()) + len(it.value())
+            it.next()
+        return total

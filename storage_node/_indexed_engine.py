@@ -1,0 +1,177 @@
+"""The part of the ``segment`` and ``rocksdb`` engines that lives in the index store.
+
+Both engines keep their shard registry, consumer-group offsets, producer
+windows and key/tag/time indexes in an :class:`IndexStore`; they differ only
+in where frame bytes live (segment files vs. the ``records`` column family).
+This base class holds the shared half so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from rocksdict import WriteBatch
+
+from robustmq._records import now_ms
+from robustmq.errors import (
+    EngineClosed,
+    InvalidRequest,
+    ShardAlreadyExists,
+    ShardNotFound,
+    StaleEpoch,
+)
+
+from ._adapter import ShardConfig, validate_shard_name
+from ._engine_base import EngineBase, ProducerWindows, stale_epoch
+from ._index_store import IndexStore, ShardRecord, be64, sid_bytes
+
+__all__ = ["IndexedEngine", "PendingBase", "ShardBase"]
+
+
+class ShardBase:
+    """State every indexed engine keeps per shard; mutable fields are guarded by ``lock``."""
+
+    def __init__(self, name: str, sid: int, config: ShardConfig) -> None:
+        self.name = name
+        self.sid = sid
+        self.config = config
+        self.lock = threading.Lock()
+        self.epoch = 0
+        self.deleted = False
+
+    def stale(self, epoch: int) -> StaleEpoch:
+        return stale_epoch(self.name, self.epoch, epoch)
+
+
+@dataclass(slots=True)
+class PendingBase:
+    """Per-shard changes of an in-flight group commit, applied only once durable."""
+
+    shard: ShardBase
+    log_end: int
+    epoch: int
+    producers: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
+
+
+class IndexedEngine(EngineBase):
+    """Registry, group offsets, producer windows and index lookups over an IndexStore."""
+
+    _index: IndexStore
+
+    def _init_registry(self, index: IndexStore) -> None:
+        self._index = index
+        self._shards: dict[str, ShardBase] = {}
+        self._registry = threading.RLock()
+        self._producers = ProducerWindows(load=self._load_producer)
+        self._closed = False
+
+    # -- registry ------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosed(f"the {self.name} engine is closed")
+
+    def _shard(self, shard: str) -> ShardBase:
+        self._check_open()
+        try:
+            return self._shards[shard]
+        except KeyError:
+            raise ShardNotFound(f"shard {shard} does not exist", shard=shard) from None
+
+    def _register(self, shard: str, config: ShardConfig) -> ShardRecord:
+        """Validate, check for duplicates and persist a new shard record (registry lock held)."""
+        validate_shard_name(shard)
+        self._check_open()
+        if shard in self._shards:
+            raise ShardAlreadyExists(f"shard {shard} already exists", shard=shard)
+        record = ShardRecord(shard, self._index.allocate_shard_id(), config.to_dict(), now_ms())
+        return record
+
+    def _unregister(self, state: ShardBase) -> None:
+        """Forget a shard durably: record, index entries, producer windows, group offsets."""
+        state.deleted = True
+        self._index.delete_shard_record(state.name)
+        self._index.delete_shard_entries(state.sid)
+        self._index.delete_group_offsets(state.name)
+        self._producers.forget_shard(state.sid)
+        del self._shards[state.name]
+
+    def list_shards(self) -> list[str]:
+        with self._registry:
+            return sorted(self._shards)
+
+    def shard_config(self, shard: str) -> ShardConfig:
+        return self._shard(shard).config
+
+    def _lock_shards(self, names: set[str]) -> list[ShardBase]:
+        """Lock the named shards in id order (no deadlock between concurrent groups)."""
+        ordered = sorted((self._shard(name) for name in names), key=lambda state: state.sid)
+        for state in ordered:
+            state.lock.acquire()
+        for state in ordered:
+            if state.deleted:
+                self._unlock(ordered)
+                raise ShardNotFound(f"shard {state.name} was deleted", shard=state.name)
+        return ordered
+
+    @staticmethod
+    def _unlock(states: list[ShardBase]) -> None:
+        for state in reversed(states):
+            state.lock.release()
+
+    # -- consumer groups -------------------------------------------------------
+
+    def commit_offset(self, group: str, shard: str, offset: int) -> None:
+        self._shard(shard)
+        if not group or offset < 0:
+            raise InvalidRequest(
+                "a group name and an offset >= 0 are required", group=group, offset=offset
+            )
+        self._index.put_meta_sync(IndexStore.group_key(group, shard), be64(offset))
+
+    def get_offset_by_group(self, group: str, shard: str) -> int | None:
+        self._shard(shard)
+        raw = self._index.get_meta(IndexStore.group_key(group, shard))
+        return None if raw is None else int.from_bytes(raw, "big")
+
+    # -- index lookups ---------------------------------------------------------
+
+    def _lookup_key(self, shard: str, key: bytes) -> int | None:
+        return self._index.lookup_key(self._shard(shard).sid, key)
+
+    def _tag_frames(self, shard: str, tag: str, start_offset: int) -> Iterator[int]:
+        return self._index.tag_frames(self._shard(shard).sid, tag, start_offset)
+
+    def _lookup_time(self, shard: str, timestamp_ms: int) -> int | None:
+        return self._index.lookup_time(self._shard(shard).sid, timestamp_ms)
+
+    # -- producer windows ------------------------------------------------------
+
+    def _load_producer(self, sid: int, producer_id: int) -> bytes | None:
+        return self._index.get_meta(b"P" + sid_bytes(sid) + be64(producer_id))
+
+    def _window(self, pending: PendingBase, producer_id: int) -> list[tuple[int, int, int]]:
+        window = pending.producers.get(producer_id)
+        if window is None:
+            window = self._producers.get(pending.shard.sid, producer_id)
+        return window
+
+    def _remember(
+        self,
+        pending: PendingBase,
+        wb: WriteBatch,
+        producer_id: int,
+        sequence: int,
+        base: int,
+        count: int,
+    ) -> None:
+        window = ProducerWindows.extend(self._window(pending, producer_id), sequence, base, count)
+        pending.producers[producer_id] = window
+        key = b"P" + sid_bytes(pending.shard.sid) + be64(producer_id)
+        self._index.put_meta(wb, key, ProducerWindows.encode(window))
+
+    def _publish_producers(self, pending: PendingBase) -> None:
+        for producer_id, window in pending.producers.items():
+            self._producers.put(pending.shard.sid, producer_id, window)

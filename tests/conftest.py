@@ -1,0 +1,71 @@
+"""Shared fixtures: engines over temporary directories, reopenable."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from robustmq.storage_node import (
+    MemoryEngine,
+    RocksDBEngine,
+    SegmentEngine,
+    ShardConfig,
+    StorageAdapter,
+)
+
+ENGINE_NAMES = ["segment", "rocksdb", "memory"]
+
+
+class EngineFactory:
+    """Opens an engine of one kind over one directory; ``reopen`` simulates a restart."""
+
+    def __init__(self, kind: str, root: Path) -> None:
+        self.kind = kind
+        self.root = root
+        self.engine: StorageAdapter | None = None
+
+    @property
+    def persistent(self) -> bool:
+        return self.kind != "memory"
+
+    def open(self, config: ShardConfig | None = None) -> StorageAdapter:
+        if self.kind == "segment":
+            self.engine = SegmentEngine(self.root, default_config=config)
+        elif self.kind == "rocksdb":
+            self.engine = RocksDBEngine(self.root, default_config=config)
+        else:
+            self.engine = MemoryEngine(default_config=config)
+        return self.engine
+
+    def reopen(self) -> StorageAdapter:
+        assert self.engine is not None
+        if not self.persistent:
+            return self.engine
+        self.engine.close()
+        return self.open()
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+
+@pytest.fixture(params=ENGINE_NAMES)
+def factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EngineFactory]:
+    made = EngineFactory(request.param, tmp_path)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def engine(factory: EngineFactory) -> StorageAdapter:
+    return factory.open()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Spark workers must run the venv's interpreter.
+    import sys
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

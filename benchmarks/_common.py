@@ -1,0 +1,102 @@
+"""Helpers shared by the benchmark scripts: record generation, timing, output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from robustmq._records import HEADERS_TYPE, RECORD_SCHEMA, TAGS_TYPE, TIMESTAMP_TYPE, null_column
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def make_records(
+    count: int,
+    *,
+    value_bytes: int = 100,
+    keyed: bool = False,
+    seed: int = 0,
+    start_ms: int = 1_700_000_000_000,
+) -> pa.RecordBatch:
+    """``count`` records of ``value_bytes`` random bytes, built from buffers (no Python loop)."""
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, 256, size=count * value_bytes, dtype=np.uint8)
+    offsets = np.arange(0, (count + 1) * value_bytes, value_bytes, dtype=np.int32)
+    value = pa.Array.from_buffers(
+        pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(values)]
+    )
+    if keyed:
+        key_bytes = rng.integers(0, 256, size=count * 16, dtype=np.uint8)
+        key_offsets = np.arange(0, (count + 1) * 16, 16, dtype=np.int32)
+        key = pa.Array.from_buffers(
+            pa.binary(), count, [None, pa.py_buffer(key_offsets), pa.py_buffer(key_bytes)]
+        )
+    else:
+        key = null_column(count, pa.binary())
+    stamps = pa.array(start_ms + np.arange(count, dtype=np.int64) // 1000, pa.int64()).cast(
+        TIMESTAMP_TYPE
+    )
+    return pa.RecordBatch.from_arrays(
+        [key, value, stamps, null_column(count, TAGS_TYPE), null_column(count, HEADERS_TYPE)],
+        schema=RECORD_SCHEMA,
+    )
+
+
+def percentile_ms(samples_s: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(samples_s) * 1000.0, q))
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    started = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - started, result
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+
+
+def emit(name: str, parameters: dict[str, Any], results: dict[str, Any]) -> Path:
+    """Write benchmarks/results/{name}.json; print the results as the last line (JSON)."""
+    RESULTS_DIR.mkdir(exist_ok=True)
+    report = {"benchmark": name, "machine": machine(), "parameters": parameters, "results": results}
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(report, indent=2))
+    print(json.dumps(results), flush=True)
+    return path
+
+
+def bar_panels(path: Path, title: str, panels: list[tuple[str, dict[str, float], str]]) -> None:
+    """One bar chart per (subtitle, {label: value}, unit), side by side, headless."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
+    for ax, (subtitle, bars, unit) in zip(axes[0], panels, strict=True):
+        names = list(bars)
+        heights = [bars[name] for name in names]
+        colours = ["#2b6cb0" if i == 0 else "#a0aec0" for i in range(len(names))]
+        ax.bar(names, heights, color=colours)
+        for index, height in enumerate(heights):
+            ax.text(index, height, f"{height:,.3g}", ha="center", va="bottom", fontsize=8)
+        ax.set_title(subtitle, fontsize=10)
+        ax.set_ylabel(unit)
+        ax.tick_params(axis="x", labelrotation=15, labelsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -30,9 +30,7 @@ def make_records(
     rng = np.random.default_rng(seed)
     values = rng.integers(0, 256, size=count * value_bytes, dtype=np.uint8)
     offsets = np.arange(0, (count + 1) * value_bytes, value_bytes, dtype=np.int32)
-    value = pa.Array.from_buffers(
-        pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(values)]
-    )
+    value = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(values)])
     if keyed:
         key_bytes = rng.integers(0, 256, size=count * 16, dtype=np.uint8)
         key_offsets = np.arange(0, (count + 1) * 16, 16, dtype=np.int32)
@@ -41,9 +39,7 @@ def make_records(
         )
     else:
         key = null_column(count, pa.binary())
-    stamps = pa.array(start_ms + np.arange(count, dtype=np.int64) // 1000, pa.int64()).cast(
-        TIMESTAMP_TYPE
-    )
+    stamps = pa.array(start_ms + np.arange(count, dtype=np.int64) // 1000, pa.int64()).cast(TIMESTAMP_TYPE)
     return pa.RecordBatch.from_arrays(
         [key, value, stamps, null_column(count, TAGS_TYPE), null_column(count, HEADERS_TYPE)],
         schema=RECORD_SCHEMA,

@@ -39,10 +39,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS_DIR, bar_panels, emit, make_records, percentile_ms
-from robustmq.storage_node import AppendRequest, SegmentEngine, ShardConfig
 
 from robustmq._frame import encode_header
 from robustmq._records import encode_batch
+from robustmq.storage_node import AppendRequest, SegmentEngine, ShardConfig
 
 BATCH_RECORDS = 10_000
 
@@ -67,9 +67,7 @@ def append_run(root: Path, payloads: list, total_records: int, group: int) -> tu
         engine.close()
 
 
-def baseline_run(
-    root: Path, frames: list[tuple[bytes, object]], total_records: int, group: int
-) -> float:
+def baseline_run(root: Path, frames: list[tuple[bytes, object]], total_records: int, group: int) -> float:
     """Write the same frame bytes with writev + fdatasync every ``group`` frames."""
     root.mkdir(parents=True, exist_ok=True)
     fd = os.open(root / "baseline.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
@@ -109,9 +107,7 @@ def keyed_run(root: Path, total_records: int, group: int, seed: int) -> float:
         engine.create_shard("keyed_0")
         started = time.perf_counter()
         for first in range(0, len(payloads), group):
-            engine.batch_write(
-                [AppendRequest("keyed_0", p) for p in payloads[first : first + group]]
-            )
+            engine.batch_write([AppendRequest("keyed_0", p) for p in payloads[first : first + group]])
         elapsed = time.perf_counter() - started
         probe = make_records(BATCH_RECORDS, keyed=True, seed=seed).column("key")[123].as_py()
         assert engine.read_by_key("keyed_0", probe).records.num_rows == 1
@@ -137,19 +133,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="one round, fewer keyed records (< 1 minute)"
-    )
+    parser.add_argument("--quick", action="store_true", help="one round, fewer keyed records (< 1 minute)")
     parser.add_argument("--records", type=int, default=10_000_000, help="records per append round")
-    parser.add_argument(
-        "--group", type=int, default=8, help="batches per group commit (per fdatasync)"
-    )
+    parser.add_argument("--group", type=int, default=8, help="batches per group commit (per fdatasync)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--keyed-records", type=int, default=3_000_000)
     parser.add_argument("--read-samples", type=int, default=5_000)
-    parser.add_argument(
-        "--dir", default=None, help="where to write (default: a temporary directory)"
-    )
+    parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     if args.quick:
@@ -185,18 +175,14 @@ def main() -> None:
             sides = ("ours", "raw") if round_number % 2 == 0 else ("raw", "ours")
             for side in sides:
                 if side == "ours":
-                    seconds, disk_bytes = append_run(
-                        base / "seg", payloads, args.records, args.group
-                    )
+                    seconds, disk_bytes = append_run(base / "seg", payloads, args.records, args.group)
                     ours.append(seconds)
                     rate = args.records / seconds
                     print(f"round {round_number}: segment append {rate:,.0f} records/s", flush=True)
                     if round_number == args.rounds - 1:
                         engine = SegmentEngine(base / "seg")
                         try:
-                            read_samples = read_latencies(
-                                engine, "bench_0", args.read_samples, args.seed
-                            )
+                            read_samples = read_latencies(engine, "bench_0", args.read_samples, args.seed)
                         finally:
                             engine.close()
                     shutil.rmtree(base / "seg")

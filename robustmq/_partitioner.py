@@ -71,9 +71,7 @@ class Partitioner:
                 (
                     sticky
                     if key is None
-                    else partition_for_key(
-                        key if isinstance(key, bytes) else key.encode(), partitions
-                    )
+                    else partition_for_key(key if isinstance(key, bytes) else key.encode(), partitions)
                     for key in records.column("key").to_pylist()
                 ),
                 dtype=np.int64,

@@ -79,9 +79,7 @@ def null_column(count: int, type_: pa.DataType) -> pa.Array:
         return pa.Array.from_buffers(type_, count, buffers, null_count=count)
     if pa.types.is_list(type_):
         child = pa.array([], type_.value_type)
-        return pa.Array.from_buffers(
-            type_, count, [validity, offsets], null_count=count, children=[child]
-        )
+        return pa.Array.from_buffers(type_, count, [validity, offsets], null_count=count, children=[child])
     return pa.nulls(count, type_)
 
 
@@ -121,9 +119,7 @@ def _as_array(name: str, column: Any) -> pa.Array:
     if isinstance(column, pa.Array | pa.ChunkedArray):
         return column
     if name in ("key", "value"):
-        return pa.array(
-            [item.encode() if isinstance(item, str) else item for item in column], pa.binary()
-        )
+        return pa.array([item.encode() if isinstance(item, str) else item for item in column], pa.binary())
     return pa.array(column)
 
 

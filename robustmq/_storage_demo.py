@@ -26,9 +26,7 @@ def _orders(start: int, count: int, start_ms: int) -> pa.Table:
     values = pa.array([b'{"order":%d,"amount":%d}' % (i, (i * 37) % 500) for i in ids], pa.binary())
     tags = pa.array([[REGIONS[i % 3]] for i in ids], TAGS_TYPE)
     stamps = pa.array(start_ms + ids, pa.int64()).cast(TIMESTAMP_TYPE)
-    return coerce_records(
-        pa.table({"key": customers, "value": values, "timestamp": stamps, "tags": tags})
-    )
+    return coerce_records(pa.table({"key": customers, "value": values, "timestamp": stamps, "tags": tags}))
 
 
 def run_storage_demo(*, records: int = 2_000_000) -> int:
@@ -56,8 +54,7 @@ def run_storage_demo(*, records: int = 2_000_000) -> int:
             print(f"first record of partition 1 at or after the midpoint: offset {offset}")
         with StorageDriverManager(root) as manager:
             ends = [
-                manager.engine_for(f"orders_{p}").list_offsets(f"orders_{p}").log_end_offset
-                for p in range(4)
+                manager.engine_for(f"orders_{p}").list_offsets(f"orders_{p}").log_end_offset for p in range(4)
             ]
             print(f"after a restart the partitions hold {ends} records ({sum(ends):,} in all)")
         return 0 if sum(ends) == records else 1

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from robustmq.storage_node import (
     MemoryEngine,
     RocksDBEngine,

@@ -53,16 +53,12 @@ def test_header_bytes_are_stable() -> None:
 
 
 def test_version_1_frame_fixture_still_decodes() -> None:
-    frame = bytes.fromhex(
-        (Path(__file__).parent / "fixtures" / "frame_v1.hex").read_text().replace("\n", "")
-    )
+    frame = bytes.fromhex((Path(__file__).parent / "fixtures" / "frame_v1.hex").read_text().replace("\n", ""))
     header = decode_header(frame)
     assert (header.base_offset, header.record_count, header.epoch) == (1000, 3, 2)
     assert (header.first_timestamp_ms, header.max_timestamp_ms) == (1, 3)
     assert (header.producer_id, header.producer_sequence) == (-1, -1)
-    verify_payload(
-        header, frame[:FRAME_HEADER_SIZE], frame[FRAME_HEADER_SIZE:], where="fixture", position=0
-    )
+    verify_payload(header, frame[:FRAME_HEADER_SIZE], frame[FRAME_HEADER_SIZE:], where="fixture", position=0)
     records = decode_batch(frame[FRAME_HEADER_SIZE:])
     assert records.schema.equals(RECORD_SCHEMA)
     assert records.to_pylist() == [
@@ -93,9 +89,7 @@ def test_version_1_frame_fixture_still_decodes() -> None:
 
 @pytest.mark.parametrize("position", [0, 7, 20, 60, 63, 64, 100])
 def test_any_flipped_byte_is_detected(position: int) -> None:
-    frame = bytes.fromhex(
-        (Path(__file__).parent / "fixtures" / "frame_v1.hex").read_text().replace("\n", "")
-    )
+    frame = bytes.fromhex((Path(__file__).parent / "fixtures" / "frame_v1.hex").read_text().replace("\n", ""))
     damaged = bytearray(frame)
     damaged[position] ^= 0x40
     with pytest.raises(CorruptRecordBatch):

@@ -33,9 +33,7 @@ def test_build_records_round_trips_through_ipc() -> None:
 
 
 def test_coerce_accepts_strings_integers_and_missing_columns() -> None:
-    table = coerce_records(
-        pa.table({"value": ["a", "b"], "key": ["x", None], "timestamp": [10, 20]})
-    )
+    table = coerce_records(pa.table({"value": ["a", "b"], "key": ["x", None], "timestamp": [10, 20]}))
     assert table.schema.equals(RECORD_SCHEMA)
     assert table.column("timestamp").cast(pa.int64()).to_pylist() == [10, 20]
     assert table.column("tags").null_count == 2

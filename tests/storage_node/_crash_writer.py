@@ -10,9 +10,8 @@ from __future__ import annotations
 import random
 import sys
 
-from robustmq.storage_node import AppendRequest, RocksDBEngine, SegmentEngine, ShardConfig
-
 from robustmq._records import build_records
+from robustmq.storage_node import AppendRequest, RocksDBEngine, SegmentEngine, ShardConfig
 
 SHARDS = ("c_0", "c_1", "c_2")
 

@@ -7,7 +7,6 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from robustmq.storage_node import AppendRequest, ShardConfig, StorageAdapter
 
 from robustmq._records import build_records, encode_batch
 from robustmq.errors import (
@@ -20,6 +19,7 @@ from robustmq.errors import (
     ShardNotFound,
     StaleEpoch,
 )
+from robustmq.storage_node import AppendRequest, ShardConfig, StorageAdapter
 from tests._model import Model, rows_of
 from tests.conftest import ENGINE_NAMES, EngineFactory
 
@@ -83,9 +83,7 @@ def test_lookups_by_key_tag_and_timestamp(engine: StorageAdapter) -> None:
     assert engine.read_by_key("t_0", b"k2").records.column("offset").to_pylist() == [3]
     assert engine.read_by_key("t_0", b"nope").records.num_rows == 0
     assert engine.read_by_tag("t_0", "vip").records.column("offset").to_pylist() == [2, 3]
-    assert engine.read_by_tag("t_0", "eu", start_offset=1).records.column("offset").to_pylist() == [
-        2
-    ]
+    assert engine.read_by_tag("t_0", "eu", start_offset=1).records.column("offset").to_pylist() == [2]
     assert engine.read_by_tag("t_0", "none").records.num_rows == 0
     assert engine.get_offset_by_timestamp("t_0", 0) == 0
     assert engine.get_offset_by_timestamp("t_0", 150) == 1
@@ -164,9 +162,7 @@ def test_a_group_with_one_bad_batch_writes_nothing(engine: StorageAdapter) -> No
             ]
         )
     with pytest.raises(ShardNotFound):
-        engine.batch_write(
-            [AppendRequest("t_0", batch([b"a"])), AppendRequest("x_9", batch([b"b"]))]
-        )
+        engine.batch_write([AppendRequest("t_0", batch([b"a"])), AppendRequest("x_9", batch([b"b"]))])
     assert engine.list_offsets("t_0").log_end_offset == 0
     assert engine.list_offsets("t_1").log_end_offset == 0
     results = engine.batch_write(
@@ -262,12 +258,8 @@ def test_closed_engine_raises(engine: StorageAdapter) -> None:
 
 def test_missing_timestamps_take_the_write_time(engine: StorageAdapter) -> None:
     engine.create_shard("t_0")
-    engine.write(
-        "t_0", pa.table({"value": [b"a", b"b"], "timestamp": pa.array([5, None], pa.int64())})
-    )
-    stamps = (
-        engine.read_by_offset("t_0", 0).records.column("timestamp").cast(pa.int64()).to_pylist()
-    )
+    engine.write("t_0", pa.table({"value": [b"a", b"b"], "timestamp": pa.array([5, None], pa.int64())}))
+    stamps = engine.read_by_offset("t_0", 0).records.column("timestamp").cast(pa.int64()).to_pylist()
     assert stamps[0] == 5 and stamps[1] > 1_700_000_000_000
 
 
@@ -337,9 +329,7 @@ class EngineMachine(RuleBasedStateMachine):
         found = self.engine.read_by_tag(shard, tag, start_offset=start).records
         assert found.column("offset").to_pylist() == self.model.by_tag(shard, tag, start)
 
-    @rule(
-        shard=st.sampled_from(["s_0", "s_1"]), timestamp=st.integers(min_value=-5, max_value=10_005)
-    )
+    @rule(shard=st.sampled_from(["s_0", "s_1"]), timestamp=st.integers(min_value=-5, max_value=10_005))
     def by_timestamp(self, shard: str, timestamp: int) -> None:
         expected = self.model.offset_for_timestamp(shard, timestamp)
         assert self.engine.get_offset_by_timestamp(shard, timestamp) == expected

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from robustmq.storage_node import MemoryEngine, RocksDBEngine, ShardConfig
-from robustmq.storage_node._rocksdb_engine import CHUNK_RECORDS
 
 from robustmq._records import build_records
+from robustmq.storage_node import MemoryEngine, RocksDBEngine, ShardConfig
+from robustmq.storage_node._rocksdb_engine import CHUNK_RECORDS
 
 
 def test_memory_engine_keeps_at_most_its_bounds() -> None:
@@ -69,10 +69,7 @@ def test_rocksdb_retention_drops_whole_chunks(tmp_path: Path, limit: str) -> Non
     records = engine.read_by_offset("t_0", earliest, max_records=10).records
     assert records.column("value")[0].as_py() == b"%010d" % earliest
     assert engine.get_offset_by_timestamp("t_0", -1) == earliest
-    assert (
-        engine.read_by_tag("t_0", "a", max_records=1).records.column("offset")[0].as_py()
-        == earliest
-    )
+    assert engine.read_by_tag("t_0", "a", max_records=1).records.column("offset")[0].as_py() == earliest
     engine.close()
     reopened = RocksDBEngine(tmp_path)
     assert reopened.list_offsets("t_0").earliest_offset == earliest

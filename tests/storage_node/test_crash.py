@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from robustmq.storage_node import RocksDBEngine, SegmentEngine, StorageAdapter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,12 +57,8 @@ def _verify(engine: StorageAdapter, acked: list[tuple[str, int, int, str]]) -> i
         end = engine.list_offsets(shard).log_end_offset
         offset, seen = 0, set()
         while offset < end:  # reading everything checks every CRC and the offsets' continuity
-            records = engine.read_by_offset(
-                shard, offset, max_records=50_000, max_bytes=64 << 20
-            ).records
-            assert records.column("offset").to_pylist() == list(
-                range(offset, offset + records.num_rows)
-            )
+            records = engine.read_by_offset(shard, offset, max_records=50_000, max_bytes=64 << 20).records
+            assert records.column("offset").to_pylist() == list(range(offset, offset + records.num_rows))
             for value in records.column("value").to_pylist():
                 ident = value.split(b":x")[0].split(b":")[:3]
                 ident_tuple = tuple(ident)
@@ -73,9 +70,7 @@ def _verify(engine: StorageAdapter, acked: list[tuple[str, int, int, str]]) -> i
         records = engine.read_by_offset(shard, base, max_records=count).records
         assert records.num_rows == count, f"acknowledged batch {label} lost from {shard}@{base}"
         expected = [f"{label}:{i}:".encode() for i in range(count)]
-        got = [
-            v[: len(e)] for v, e in zip(records.column("value").to_pylist(), expected, strict=True)
-        ]
+        got = [v[: len(e)] for v, e in zip(records.column("value").to_pylist(), expected, strict=True)]
         assert got == expected, f"acknowledged batch {label} at {shard}@{base} holds other records"
     return total
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from robustmq.storage_node import SegmentEngine, StorageDriverManager, split_shard_name
 
 from robustmq._records import build_records
 from robustmq.errors import InvalidConfig, InvalidRequest, TopicAlreadyExists, TopicNotFound
+from robustmq.storage_node import SegmentEngine, StorageDriverManager, split_shard_name
 
 
 def test_topics_route_to_their_engine_and_survive_restart(tmp_path: Path) -> None:
@@ -20,9 +20,7 @@ def test_topics_route_to_their_engine_and_survive_restart(tmp_path: Path) -> Non
         assert isinstance(manager.engine_for("orders_3"), SegmentEngine)
         assert manager.engine_for("cache_1") is manager.driver("memory")
         assert manager.driver("segment") is manager.driver("segment")  # cached
-        results = manager.write(
-            "orders", build_records([b"a", b"b", b"c"], keys=[b"k1", b"k2", b"k1"])
-        )
+        results = manager.write("orders", build_records([b"a", b"b", b"c"], keys=[b"k1", b"k2", b"k1"]))
         assert sum(r.record_count for r in results) == 3
         manager.write("ledger", pa.table({"value": [b"x"], "partition": [0]}))
         with pytest.raises(TopicAlreadyExists):
@@ -30,8 +28,7 @@ def test_topics_route_to_their_engine_and_survive_restart(tmp_path: Path) -> Non
     with StorageDriverManager(tmp_path) as manager:
         assert manager.catalog.topic_names() == ["cache", "ledger", "orders"]
         total = sum(
-            manager.engine_for(f"orders_{p}").list_offsets(f"orders_{p}").log_end_offset
-            for p in range(4)
+            manager.engine_for(f"orders_{p}").list_offsets(f"orders_{p}").log_end_offset for p in range(4)
         )
         assert total == 3
         assert manager.engine_for("ledger_0").list_offsets("ledger_0").log_end_offset == 1
@@ -46,9 +43,7 @@ def test_keyed_records_land_on_their_hash_partition(tmp_path: Path) -> None:
         manager.create_topic("t", partitions=3)
         manager.write(
             "t",
-            build_records(
-                [b"v%d" % i for i in range(30)], keys=[b"k%d" % (i % 5) for i in range(30)]
-            ),
+            build_records([b"v%d" % i for i in range(30)], keys=[b"k%d" % (i % 5) for i in range(30)]),
         )
         for key in (b"k0", b"k3"):
             partition = manager.partition_for("t", key=key)

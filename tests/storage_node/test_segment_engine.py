@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from robustmq.storage_node import SegmentEngine, ShardConfig
-from robustmq.storage_node._index_store import IndexStore, sid_bytes
 
 from robustmq._records import build_records
 from robustmq.errors import CorruptRecordBatch, OffsetOutOfRange
+from robustmq.storage_node import SegmentEngine, ShardConfig
+from robustmq.storage_node._index_store import IndexStore, sid_bytes
 
 SMALL = ShardConfig(segment_bytes_max=64 * 1024, index_interval_records=10)
 
@@ -38,9 +38,7 @@ def fill(engine: SegmentEngine, shard: str, total: int, per_batch: int = 25) -> 
 def check_all(engine: SegmentEngine, shard: str, total: int) -> None:
     records = engine.read_by_offset(shard, 0, max_records=total + 10, max_bytes=1 << 30).records
     assert records.column("offset").to_pylist() == list(range(total))
-    assert [v[:8] for v in records.column("value").to_pylist()] == [
-        b"%08d" % i for i in range(total)
-    ]
+    assert [v[:8] for v in records.column("value").to_pylist()] == [b"%08d" % i for i in range(total)]
 
 
 def test_segments_roll_by_size_and_reads_cross_them(tmp_path: Path) -> None:
@@ -60,9 +58,7 @@ def test_segments_roll_by_size_and_reads_cross_them(tmp_path: Path) -> None:
     assert engine.read_by_key("t_0", b"key-3").records.column("offset").to_pylist() == [2_999]
     engine.close()
     reopened = SegmentEngine(tmp_path)
-    assert [s.base_offset for s in reopened.list_segments("t_0")] == [
-        s.base_offset for s in segments
-    ]
+    assert [s.base_offset for s in reopened.list_segments("t_0")] == [s.base_offset for s in segments]
     check_all(reopened, "t_0", 3_000)
     reopened.close()
 
@@ -111,13 +107,9 @@ def test_retention_by_bytes_records_and_age(tmp_path: Path) -> None:
         assert got.column("offset").to_pylist() == list(range(first, 4_000))
         # Lookups never point into removed data, and agree with what is left.
         assert engine.get_offset_by_timestamp(shard, 0) == first
-        tagged = (
-            engine.read_by_tag(shard, "even", max_records=5).records.column("offset").to_pylist()
-        )
+        tagged = engine.read_by_tag(shard, "even", max_records=5).records.column("offset").to_pylist()
         assert tagged[0] >= first
-    earliest = {
-        shard: engine.list_offsets(shard).earliest_offset for shard in ("b_0", "r_0", "a_0")
-    }
+    earliest = {shard: engine.list_offsets(shard).earliest_offset for shard in ("b_0", "r_0", "a_0")}
     engine.close()
     reopened = SegmentEngine(tmp_path)
     assert {shard: reopened.list_offsets(shard).earliest_offset for shard in earliest} == earliest

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import crc32c as _crc32c
+import pyarrow as pa
 
+from robustmq._records import READ_SCHEMA, with_offsets
 from robustmq.errors import CorruptRecordBatch
 
 __all__ = [
@@ -39,7 +41,9 @@ __all__ = [
     "FRAME_VERSION",
     "FrameHeader",
     "crc32c",
+    "decode_frames",
     "decode_header",
+    "decode_payload",
     "encode_header",
     "verify_payload",
 ]
@@ -178,3 +182,32 @@ def verify_payload(
             where=where,
             position=position,
         )
+
+
+def decode_payload(payload: Any) -> pa.Table:
+    """Decode a payload whose CRC was already checked (it was validated when written)."""
+    return pa.ipc.open_stream(payload).read_all()
+
+
+def decode_frames(
+    frames: list[bytes], start_offset: int, end_offset: int, max_records: int | None = None
+) -> pa.Table:
+    """Decode frames into one ``READ_SCHEMA`` table covering ``[start_offset, end_offset)``."""
+    tables = []
+    remaining = max_records if max_records is not None else 1 << 62
+    for frame in frames:
+        header = decode_header(frame)
+        records = decode_payload(pa.py_buffer(memoryview(frame)[FRAME_HEADER_SIZE:]))
+        first = max(start_offset, header.base_offset)
+        last = min(end_offset, header.next_offset)
+        count = min(last - first, remaining)
+        if count <= 0:
+            continue
+        sliced = records.slice(first - header.base_offset, count)
+        tables.append(with_offsets(sliced, first))
+        remaining -= count
+        if remaining <= 0:
+            break
+    if not tables:
+        return READ_SCHEMA.empty_table()
+    return pa.concat_tables(tables).combine_chunks()

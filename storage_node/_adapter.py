@@ -37,12 +37,12 @@ __all__ = [
 ]
 
 MiB = 1024 * 1024
-_SHARD_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_SHARD_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 def validate_shard_name(shard: str) -> str:
     """Shard names become directory names: allow only a safe alphabet."""
-    if not isinstance(shard, str) or not _SHARD_NAME.match(shard) or shard in (".", ".."):
+    if not isinstance(shard, str) or not _SHARD_NAME.fullmatch(shard) or shard in (".", ".."):
         raise InvalidRequest(
             f"invalid shard name {shard!r}: use 1-249 characters of A-Z a-z 0-9 . _ -",
             shard=shard,
@@ -68,19 +68,13 @@ class ShardConfig:
 
     def __post_init__(self) -> None:
         if self.segment_bytes_max < 64 * 1024:
-            raise InvalidConfig(
-                "segment_bytes_max must be at least 65536", field="segment_bytes_max"
-            )
+            raise InvalidConfig("segment_bytes_max must be at least 65536", field="segment_bytes_max")
         if self.roll_interval_ms <= 0:
             raise InvalidConfig("roll_interval_ms must be positive", field="roll_interval_ms")
         if not 1024 <= self.max_batch_bytes <= 1024 * MiB:
-            raise InvalidConfig(
-                "max_batch_bytes must be between 1 KiB and 1 GiB", field="max_batch_bytes"
-            )
+            raise InvalidConfig("max_batch_bytes must be between 1 KiB and 1 GiB", field="max_batch_bytes")
         if self.index_interval_records <= 0:
-            raise InvalidConfig(
-                "index_interval_records must be positive", field="index_interval_records"
-            )
+            raise InvalidConfig("index_interval_records must be positive", field="index_interval_records")
         for name in ("retention_bytes", "retention_ms", "retention_records"):
             value = getattr(self, name)
             if value < -1 or value == 0:

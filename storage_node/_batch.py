@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from robustmq._records import TIMESTAMP_TYPE, coerce_records, decode_batch, encode_batch, now_ms
 from robustmq.errors import InvalidRecordBatch, RecordBatchTooLarge
 
-__all__ = ["PreparedBatch", "decode_payload", "prepare_batch"]
+__all__ = ["PreparedBatch", "prepare_batch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +46,7 @@ def prepare_batch(data: Any, *, max_batch_bytes: int) -> PreparedBatch:
         records = decode_batch(payload, max_bytes=max_batch_bytes)
     else:
         raise InvalidRecordBatch(
-            f"records must be a pyarrow Table/RecordBatch or Arrow IPC bytes, "
-            f"not {type(data).__name__}"
+            f"records must be a pyarrow Table/RecordBatch or Arrow IPC bytes, not {type(data).__name__}"
         )
     count = records.num_rows
     if count == 0:
@@ -72,11 +71,6 @@ def prepare_batch(data: Any, *, max_batch_bytes: int) -> PreparedBatch:
         first_timestamp_ms=int(timestamps[0].value),
         max_timestamp_ms=int(bounds["max"].as_py()),
     )
-
-
-def decode_payload(payload: Any) -> pa.Table:
-    """Decode a payload whose CRC was already checked (it was validated when written)."""
-    return pa.ipc.open_stream(payload).read_all()
 
 
 def _raise_too_large(size: int, limit: int) -> None:

@@ -44,11 +44,12 @@ __all__ = [
 ]
 
 ENGINES = ("segment", "rocksdb", "memory")
-_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
+_SHARD_NAME = re.compile(r"(?P<topic>[A-Za-z0-9._-]{1,200})_(?P<partition>0|[1-9][0-9]{0,4})")
 
 
 def validate_topic_name(topic: str) -> str:
-    if not isinstance(topic, str) or not _TOPIC_NAME.match(topic) or topic in (".", ".."):
+    if not isinstance(topic, str) or not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
         raise InvalidRequest(
             f"invalid topic name {topic!r}: use 1-200 characters of A-Z a-z 0-9 . _ -",
             topic=topic,
@@ -62,12 +63,11 @@ def shard_name(topic: str, partition: int) -> str:
 
 
 def split_shard_name(shard: str) -> tuple[str, int]:
-    topic, _, partition = shard.rpartition("_")
-    if not topic or not partition.isdigit():
-        raise InvalidRequest(
-            f"{shard!r} is not a shard name ({{topic}}_{{partition}})", shard=shard
-        )
-    return topic, int(partition)
+    """``(topic, partition)`` of a ``{topic}_{partition}`` name; the inverse of :func:`shard_name`."""
+    match = _SHARD_NAME.fullmatch(shard) if isinstance(shard, str) else None
+    if match is None:
+        raise InvalidRequest(f"{shard!r} is not a shard name ({{topic}}_{{partition}})", shard=shard)
+    return match["topic"], int(match["partition"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +99,7 @@ class TopicInfo:
 
     @staticmethod
     def from_dict(name: str, data: dict[str, Any]) -> TopicInfo:
-        return TopicInfo(
-            name, data["partitions"], data["engine"], ShardConfig.from_dict(data["config"])
-        )
+        return TopicInfo(name, data["partitions"], data["engine"], ShardConfig.from_dict(data["config"]))
 
 
 class TopicCatalog(Protocol):
@@ -239,9 +237,7 @@ class StorageDriverManager:
 
     # -- routing -----------------------------------------------------------------
 
-    def partition_for(
-        self, topic: str, *, key: bytes | None = None, partition: int | None = None
-    ) -> int:
+    def partition_for(self, topic: str, *, key: bytes | None = None, partition: int | None = None) -> int:
         info = self._catalog.get_topic(topic)
         return self._partitioner.partition(topic, info.partitions, key=key, partition=partition)
 
@@ -258,8 +254,7 @@ class StorageDriverManager:
             table = table.append_column("partition", partition_column)
         parts = self._partitioner.split(topic, info.partitions, table)
         requests = [
-            AppendRequest(shard_name(topic, partition), part)
-            for partition, part in sorted(parts.items())
+            AppendRequest(shard_name(topic, partition), part) for partition, part in sorted(parts.items())
         ]
         return self.driver(info.engine).batch_write(requests)
 

@@ -25,41 +25,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from robustmq._frame import FRAME_HEADER_SIZE, decode_header
-from robustmq._records import READ_SCHEMA, with_offsets
+from robustmq._frame import decode_frames
+from robustmq._records import READ_SCHEMA
 from robustmq.errors import InvalidRequest, OffsetOutOfRange, StaleEpoch
 
 from ._adapter import AppendResult, MiB, ReadResult, ShardOffsets, StorageAdapter
-from ._batch import decode_payload
 
 __all__ = ["PRODUCER_WINDOW", "EngineBase", "ProducerWindows", "decode_frames", "stale_epoch"]
 
 PRODUCER_WINDOW = 16
 _ENTRY = struct.Struct(">qqI")
-
-
-def decode_frames(
-    frames: list[bytes], start_offset: int, end_offset: int, max_records: int | None = None
-) -> pa.Table:
-    """Decode frames into one ``READ_SCHEMA`` table covering ``[start_offset, end_offset)``."""
-    tables = []
-    remaining = max_records if max_records is not None else 1 << 62
-    for frame in frames:
-        header = decode_header(frame)
-        records = decode_payload(pa.py_buffer(memoryview(frame)[FRAME_HEADER_SIZE:]))
-        first = max(start_offset, header.base_offset)
-        last = min(end_offset, header.next_offset)
-        count = min(last - first, remaining)
-        if count <= 0:
-            continue
-        sliced = records.slice(first - header.base_offset, count)
-        tables.append(with_offsets(sliced, first))
-        remaining -= count
-        if remaining <= 0:
-            break
-    if not tables:
-        return READ_SCHEMA.empty_table()
-    return pa.concat_tables(tables).combine_chunks()
 
 
 class ProducerWindows:

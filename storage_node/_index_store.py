@@ -142,9 +142,7 @@ class IndexStore:
                 str(path), _options(memtable_mib=8, cache=cache), column_families=families
             )
         except Exception as exc:  # rocksdict raises bare Exception for I/O and lock errors
-            raise Unavailable(
-                f"cannot open the index store at {path}: {exc}", path=str(path)
-            ) from exc
+            raise Unavailable(f"cannot open the index store at {path}: {exc}", path=str(path)) from exc
         self._path = path
         self._closed = False
         self._id_lock = threading.Lock()
@@ -192,14 +190,10 @@ class IndexStore:
         except Exception as exc:
             raise Unavailable(f"index store write failed: {exc}") from exc
 
-    def put_offset_entry(
-        self, wb: rocksdict.WriteBatch, sid: int, offset: int, position: int
-    ) -> None:
+    def put_offset_entry(self, wb: rocksdict.WriteBatch, sid: int, offset: int, position: int) -> None:
         wb.put(sid_bytes(sid) + be64(offset), be64(position), self._h_offsets)
 
-    def put_record_frame(
-        self, wb: rocksdict.WriteBatch, sid: int, base_offset: int, frame: bytes
-    ) -> None:
+    def put_record_frame(self, wb: rocksdict.WriteBatch, sid: int, base_offset: int, frame: bytes) -> None:
         assert self._h_records is not None
         wb.put(sid_bytes(sid) + be64(base_offset), frame, self._h_records)
 
@@ -344,15 +338,11 @@ class IndexStore:
         segment_prefix = b"T" + prefix + be64(base_offset)
         for key, _ in self.scan_meta(segment_prefix):
             tag_prefix = _tag_prefix(prefix, key[len(segment_prefix) :])
-            wb.delete_range(
-                tag_prefix + be64(base_offset), tag_prefix + be64(end_offset), self._h_tags
-            )
+            wb.delete_range(tag_prefix + be64(base_offset), tag_prefix + be64(end_offset), self._h_tags)
         wb.delete_range(segment_prefix, b"T" + prefix + be64(base_offset + 1))
         wb.delete(b"E" + prefix + be64(base_offset))
 
-    def forget_from(
-        self, wb: rocksdict.WriteBatch, sid: int, end_offset: int, chunks: list[int]
-    ) -> None:
+    def forget_from(self, wb: rocksdict.WriteBatch, sid: int, end_offset: int, chunks: list[int]) -> None:
         """Drop entries for offsets >= ``end_offset`` (recovery truncated the log there).
 
         ``chunks`` are the time-index chunks (segment bases) that may hold such
@@ -383,9 +373,7 @@ class IndexStore:
         prefix = sid_bytes(sid)
         wb.delete_range(prefix + be64(chunk), prefix + be64(chunk + 1), self._h_times)
 
-    def delete_frames(
-        self, wb: rocksdict.WriteBatch, sid: int, start: int, end: int, tags: set[str]
-    ) -> None:
+    def delete_frames(self, wb: rocksdict.WriteBatch, sid: int, start: int, end: int, tags: set[str]) -> None:
         """rocksdb engine: the frames with base offsets in [start, end) and their tag entries."""
         prefix = sid_bytes(sid)
         wb.delete_range(prefix + be64(start), prefix + be64(end), self._h_records)
@@ -455,9 +443,7 @@ class IndexStore:
         """Every shard's committed offset for ``group``."""
         encoded = group.encode()
         prefix = b"G" + struct.pack(">H", len(encoded)) + encoded
-        return {
-            key[len(prefix) :].decode(): from_be64(value) for key, value in self.scan_meta(prefix)
-        }
+        return {key[len(prefix) :].decode(): from_be64(value) for key, value in self.scan_meta(prefix)}
 
     @staticmethod
     def group_key(group: str, shard: str) -> bytes:
@@ -467,9 +453,7 @@ class IndexStore:
     def size_of(self, family_name: str, sid: int) -> int:
         """Logical bytes (keys + values) a shard holds in one column family."""
         # key_index is left out: its hash memtable cannot iterate in key order.
-        family = {"offset_index": self.offsets, "time_index": self.times, "tag_index": self.tags}[
-            family_name
-        ]
+        family = {"offset_index": self.offsets, "time_index": self.times, "tag_index": self.tags}[family_name]
         self.check_open()
         prefix = sid_bytes(sid)
         total = 0

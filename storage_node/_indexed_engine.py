@@ -126,9 +126,7 @@ class IndexedEngine(EngineBase):
     def commit_offset(self, group: str, shard: str, offset: int) -> None:
         self._shard(shard)
         if not group or offset < 0:
-            raise InvalidRequest(
-                "a group name and an offset >= 0 are required", group=group, offset=offset
-            )
+            raise InvalidRequest("a group name and an offset >= 0 are required", group=group, offset=offset)
         self._index.put_meta_sync(IndexStore.group_key(group, shard), be64(offset))
 
     def get_offset_by_group(self, group: str, shard: str) -> int | None:

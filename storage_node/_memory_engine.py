@@ -215,9 +215,7 @@ class MemoryEngine(EngineBase):
 
     def _trim(self, state: _Shard, now: int) -> None:
         config = state.config
-        max_records = (
-            config.retention_records if config.retention_records > 0 else self._max_records
-        )
+        max_records = config.retention_records if config.retention_records > 0 else self._max_records
         max_bytes = config.retention_bytes if config.retention_bytes > 0 else self._max_bytes
         while len(state.frames) - state.first > 1:
             frame = state.frames[state.first]
@@ -318,9 +316,7 @@ class MemoryEngine(EngineBase):
     def commit_offset(self, group: str, shard: str, offset: int) -> None:
         self._shard(shard)
         if not group or offset < 0:
-            raise InvalidRequest(
-                "a group name and an offset >= 0 are required", group=group, offset=offset
-            )
+            raise InvalidRequest("a group name and an offset >= 0 are required", group=group, offset=offset)
         self._groups[(group, shard)] = offset
 
     def get_offset_by_group(self, group: str, shard: str) -> int | None:

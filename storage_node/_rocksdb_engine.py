@@ -25,12 +25,18 @@ from pathlib import Path
 
 from rocksdict import WriteBatch
 
-from robustmq._frame import FRAME_HEADER_SIZE, decode_header, encode_header, verify_payload
+from robustmq._frame import (
+    FRAME_HEADER_SIZE,
+    decode_header,
+    decode_payload,
+    encode_header,
+    verify_payload,
+)
 from robustmq._records import now_ms
 from robustmq.errors import OffsetOutOfRange
 
 from ._adapter import AppendRequest, AppendResult, FrameRead, MiB, ShardConfig, ShardOffsets
-from ._batch import PreparedBatch, decode_payload, prepare_batch
+from ._batch import PreparedBatch, prepare_batch
 from ._engine_base import ProducerWindows, check_producer, distinct_tags
 from ._index_store import IndexStore, ShardRecord, sid_bytes
 from ._indexed_engine import IndexedEngine, PendingBase, ShardBase
@@ -140,9 +146,7 @@ class RocksDBEngine(IndexedEngine):
                 assert isinstance(locked, _Shard)
                 pending[locked.name] = self._begin(locked)
             wb = self._index.new_batch()
-            results = [
-                self._append_one(request, pending[request.shard], wb) for request in prepared
-            ]
+            results = [self._append_one(request, pending[request.shard], wb) for request in prepared]
             for item in pending.values():
                 self._put_state(wb, item)
             self._index.write(wb, sync=True)
@@ -152,9 +156,7 @@ class RocksDBEngine(IndexedEngine):
         finally:
             self._unlock(states)
 
-    def _append_one(
-        self, request: AppendRequest, pending: _Pending, wb: WriteBatch
-    ) -> AppendResult:
+    def _append_one(self, request: AppendRequest, pending: _Pending, wb: WriteBatch) -> AppendResult:
         state = pending.shard
         batch = request.records
         assert isinstance(batch, PreparedBatch)
@@ -318,14 +320,8 @@ class RocksDBEngine(IndexedEngine):
             if _chunk(base) != _chunk(chunk_start):
                 # ``base`` starts the next chunk: decide on the one just read.
                 expired = config.retention_ms > 0 and chunk_max_ts < now - config.retention_ms
-                too_big = (
-                    config.retention_bytes > 0
-                    and total_bytes - chunk_bytes >= config.retention_bytes
-                )
-                too_many = (
-                    config.retention_records > 0
-                    and state.log_end - base >= config.retention_records
-                )
+                too_big = config.retention_bytes > 0 and total_bytes - chunk_bytes >= config.retention_bytes
+                too_many = config.retention_records > 0 and state.log_end - base >= config.retention_records
                 if not (expired or too_big or too_many):
                     break
                 self._index.delete_frames(wb, state.sid, chunk_start, base, chunk_tags)

@@ -92,9 +92,7 @@ def read_frame(fd: int, position: int, header: FrameHeader, *, where: str) -> by
     """Read one whole frame (header + payload) and check its CRC."""
     data = os.pread(fd, header.frame_length, position)
     view = memoryview(data)
-    verify_payload(
-        header, view[:FRAME_HEADER_SIZE], view[FRAME_HEADER_SIZE:], where=where, position=position
-    )
+    verify_payload(header, view[:FRAME_HEADER_SIZE], view[FRAME_HEADER_SIZE:], where=where, position=position)
     return data
 
 
@@ -134,9 +132,7 @@ def recover_frames(path: Path, position: int, expected_offset: int) -> Iterator[
                         where=where,
                         position=position,
                     )
-                payload = memoryview(
-                    os.pread(fd, header.payload_length, position + FRAME_HEADER_SIZE)
-                )
+                payload = memoryview(os.pread(fd, header.payload_length, position + FRAME_HEADER_SIZE))
                 verify_payload(header, head, payload, where=where, position=position)
             except CorruptRecordBatch as exc:
                 log.warning("recovery stops at %s position %d: %s", where, position, exc.message)

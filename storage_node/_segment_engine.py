@@ -60,7 +60,7 @@ from typing import Any
 import pyarrow as pa
 from rocksdict import WriteBatch
 
-from robustmq._frame import FRAME_HEADER_SIZE, encode_header
+from robustmq._frame import FRAME_HEADER_SIZE, decode_payload, encode_header
 from robustmq._records import now_ms
 from robustmq.errors import OffsetOutOfRange, Unavailable
 
@@ -73,7 +73,7 @@ from ._adapter import (
     ShardConfig,
     ShardOffsets,
 )
-from ._batch import PreparedBatch, decode_payload, prepare_batch
+from ._batch import PreparedBatch, prepare_batch
 from ._engine_base import ProducerWindows, check_producer, distinct_tags
 from ._index_store import IndexStore, ShardRecord, be64, sid_bytes
 from ._indexed_engine import IndexedEngine, PendingBase, ShardBase
@@ -374,10 +374,7 @@ class SegmentEngine(IndexedEngine):
         batch: PreparedBatch,
     ) -> None:
         sid = pending.shard.sid
-        if (
-            position == 0
-            or base - pending.last_index_offset >= pending.shard.config.index_interval_records
-        ):
+        if position == 0 or base - pending.last_index_offset >= pending.shard.config.index_interval_records:
             self._index.put_offset_entry(wb, sid, base, position)
             pending.last_index_offset = base
         if batch.max_timestamp_ms > segment.max_timestamp_ms:  # raises the segment's running max
@@ -550,16 +547,11 @@ class SegmentEngine(IndexedEngine):
         doomed: list[_Segment] = []
         for segment in segments[:-1]:
             records = segment.end_offset - segment.base_offset
-            expired = (
-                config.retention_ms > 0 and segment.max_timestamp_ms < now - config.retention_ms
-            )
+            expired = config.retention_ms > 0 and segment.max_timestamp_ms < now - config.retention_ms
             too_big = (
-                config.retention_bytes > 0
-                and total_bytes - segment.size_bytes >= config.retention_bytes
+                config.retention_bytes > 0 and total_bytes - segment.size_bytes >= config.retention_bytes
             )
-            too_many = (
-                config.retention_records > 0 and total_records - records >= config.retention_records
-            )
+            too_many = config.retention_records > 0 and total_records - records >= config.retention_records
             if not (expired or too_big or too_many):
                 break
             doomed.append(segment)
@@ -569,9 +561,7 @@ class SegmentEngine(IndexedEngine):
             return 0
         wb = self._index.new_batch()
         for segment in doomed:
-            self._index.delete_segment_entries(
-                wb, state.sid, segment.base_offset, segment.end_offset
-            )
+            self._index.delete_segment_entries(wb, state.sid, segment.base_offset, segment.end_offset)
         self._index.write(wb, sync=True)
         state.view = _View.of(segments[len(doomed) :], state.view.log_end)
         for segment in doomed:
@@ -619,9 +609,7 @@ class SegmentEngine(IndexedEngine):
         if start is None:
             self._index.delete_shard_entries(record.sid)
             sealed: dict[int, _Segment] = {}
-            start = _Checkpoint(
-                files[0][0], 0, files[0][0], _NOT_INDEXED, 0, now_ms(), _NO_TIMESTAMP
-            )
+            start = _Checkpoint(files[0][0], 0, files[0][0], _NOT_INDEXED, 0, now_ms(), _NO_TIMESTAMP)
         else:
             sealed = self._load_sealed(record.sid, directory)
         state.last_index_offset = start.last_index_offset
@@ -658,9 +646,7 @@ class SegmentEngine(IndexedEngine):
         for key, value in self._index.scan_meta(b"E" + sid_bytes(sid)):
             base = int.from_bytes(key[5:13], "big")
             end, size, max_ts, created = _SEALED.unpack(value)
-            found[base] = _Segment(
-                base, directory / segment_name(base), size, end, max_ts, created, True
-            )
+            found[base] = _Segment(base, directory / segment_name(base), size, end, max_ts, created, True)
         return found
 
     def _scan_tail(
@@ -801,8 +787,7 @@ class _FrameCollector:
             if header.base_offset >= self._limit or (
                 self.frames
                 and (
-                    self._bytes + header.frame_length > self._max_bytes
-                    or self._records >= self._max_records
+                    self._bytes + header.frame_length > self._max_bytes or self._records >= self._max_records
                 )
             ):
                 self.done = True

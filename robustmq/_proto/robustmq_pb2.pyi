@@ -1,0 +1,490 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SegmentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACTIVE: _ClassVar[SegmentState]
+    SEALED: _ClassVar[SegmentState]
+    TIERED: _ClassVar[SegmentState]
+
+class Acks(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACKS_LEADER: _ClassVar[Acks]
+    ACKS_ALL: _ClassVar[Acks]
+    ACKS_QUORUM: _ClassVar[Acks]
+ACTIVE: SegmentState
+SEALED: SegmentState
+TIERED: SegmentState
+ACKS_LEADER: Acks
+ACKS_ALL: Acks
+ACKS_QUORUM: Acks
+
+class ErrorInfo(_message.Message):
+    __slots__ = ("code", "message", "fields_json")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_JSON_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    fields_json: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., fields_json: _Optional[str] = ...) -> None: ...
+
+class TopicConfig(_message.Message):
+    __slots__ = ("partitions", "engine", "replication_factor", "segment_bytes_max", "roll_interval_ms", "retention_bytes", "retention_ms", "cleanup_policy", "max_batch_bytes", "retention_records")
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_BYTES_MAX_FIELD_NUMBER: _ClassVar[int]
+    ROLL_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
+    CLEANUP_POLICY_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    partitions: int
+    engine: str
+    replication_factor: int
+    segment_bytes_max: int
+    roll_interval_ms: int
+    retention_bytes: int
+    retention_ms: int
+    cleanup_policy: str
+    max_batch_bytes: int
+    retention_records: int
+    def __init__(self, partitions: _Optional[int] = ..., engine: _Optional[str] = ..., replication_factor: _Optional[int] = ..., segment_bytes_max: _Optional[int] = ..., roll_interval_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., retention_ms: _Optional[int] = ..., cleanup_policy: _Optional[str] = ..., max_batch_bytes: _Optional[int] = ..., retention_records: _Optional[int] = ...) -> None: ...
+
+class Topic(_message.Message):
+    __slots__ = ("name", "config", "created_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    config: TopicConfig
+    created_ms: int
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ..., created_ms: _Optional[int] = ...) -> None: ...
+
+class Segment(_message.Message):
+    __slots__ = ("shard", "epoch", "start_offset", "end_offset", "state", "replicas", "leader")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    epoch: int
+    start_offset: int
+    end_offset: int
+    state: SegmentState
+    replicas: _containers.RepeatedScalarFieldContainer[str]
+    leader: str
+    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., state: _Optional[_Union[SegmentState, str]] = ..., replicas: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ...) -> None: ...
+
+class ShardInfo(_message.Message):
+    __slots__ = ("topic", "partition", "shard", "segments", "leader_address", "high_watermark")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    shard: str
+    segments: _containers.RepeatedCompositeFieldContainer[Segment]
+    leader_address: str
+    high_watermark: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., leader_address: _Optional[str] = ..., high_watermark: _Optional[int] = ...) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("node_id", "address", "registered_ms", "last_heartbeat_ms", "alive", "active_segments")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    registered_ms: int
+    last_heartbeat_ms: int
+    alive: bool
+    active_segments: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., registered_ms: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., alive: _Optional[bool] = ..., active_segments: _Optional[int] = ...) -> None: ...
+
+class CreateTopicRequest(_message.Message):
+    __slots__ = ("name", "config")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    config: TopicConfig
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ...) -> None: ...
+
+class TopicRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class Empty(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTopicsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[Topic]
+    def __init__(self, topics: _Optional[_Iterable[_Union[Topic, _Mapping]]] = ...) -> None: ...
+
+class TopicDescription(_message.Message):
+    __slots__ = ("topic", "shards")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    topic: Topic
+    shards: _containers.RepeatedCompositeFieldContainer[ShardInfo]
+    def __init__(self, topic: _Optional[_Union[Topic, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ...) -> None: ...
+
+class ShardRequest(_message.Message):
+    __slots__ = ("shard",)
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    def __init__(self, shard: _Optional[str] = ...) -> None: ...
+
+class RegisterNodeRequest(_message.Message):
+    __slots__ = ("node_id", "address")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class ShardProgress(_message.Message):
+    __slots__ = ("shard", "high_watermark", "log_start_offset")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    high_watermark: int
+    log_start_offset: int
+    def __init__(self, shard: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "address", "progress", "shard_count")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    progress: _containers.RepeatedCompositeFieldContainer[ShardProgress]
+    shard_count: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ShardProgress, _Mapping]]] = ..., shard_count: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("delete_shards", "interval_ms")
+    DELETE_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    delete_shards: _containers.RepeatedScalarFieldContainer[str]
+    interval_ms: int
+    def __init__(self, delete_shards: _Optional[_Iterable[str]] = ..., interval_ms: _Optional[int] = ...) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
+
+class SealSegmentRequest(_message.Message):
+    __slots__ = ("shard", "epoch", "end_offset", "node_id")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    epoch: int
+    end_offset: int
+    node_id: str
+    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., end_offset: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
+
+class SealSegmentResponse(_message.Message):
+    __slots__ = ("sealed", "next")
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    sealed: Segment
+    next: Segment
+    def __init__(self, sealed: _Optional[_Union[Segment, _Mapping]] = ..., next: _Optional[_Union[Segment, _Mapping]] = ...) -> None: ...
+
+class CommitOffsetsRequest(_message.Message):
+    __slots__ = ("group", "topic", "offsets")
+    class OffsetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    offsets: _containers.ScalarMap[int, int]
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., offsets: _Optional[_Mapping[int, int]] = ...) -> None: ...
+
+class GroupTopicRequest(_message.Message):
+    __slots__ = ("group", "topic")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class PartitionLag(_message.Message):
+    __slots__ = ("topic", "partition", "committed", "high_watermark", "lag", "commit_time_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    committed: int
+    high_watermark: int
+    lag: int
+    commit_time_ms: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., committed: _Optional[int] = ..., high_watermark: _Optional[int] = ..., lag: _Optional[int] = ..., commit_time_ms: _Optional[int] = ...) -> None: ...
+
+class FetchOffsetsResponse(_message.Message):
+    __slots__ = ("offsets",)
+    class OffsetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.ScalarMap[int, int]
+    def __init__(self, offsets: _Optional[_Mapping[int, int]] = ...) -> None: ...
+
+class GroupLagResponse(_message.Message):
+    __slots__ = ("group", "partitions")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionLag]
+    def __init__(self, group: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionLag, _Mapping]]] = ...) -> None: ...
+
+class ListGroupsResponse(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, groups: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ProduceRequest(_message.Message):
+    __slots__ = ("shard", "epoch", "acks", "producer_id", "producer_sequence")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    epoch: int
+    acks: Acks
+    producer_id: int
+    producer_sequence: int
+    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., acks: _Optional[_Union[Acks, str]] = ..., producer_id: _Optional[int] = ..., producer_sequence: _Optional[int] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("shard", "offset", "max_bytes", "max_wait_ms", "max_records")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    offset: int
+    max_bytes: int
+    max_wait_ms: int
+    max_records: int
+    def __init__(self, shard: _Optional[str] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., max_records: _Optional[int] = ...) -> None: ...
+
+class ReadByKeyRequest(_message.Message):
+    __slots__ = ("shard", "key")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    key: bytes
+    def __init__(self, shard: _Optional[str] = ..., key: _Optional[bytes] = ...) -> None: ...
+
+class ReadByTagRequest(_message.Message):
+    __slots__ = ("shard", "tag", "start_offset", "max_records")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    tag: str
+    start_offset: int
+    max_records: int
+    def __init__(self, shard: _Optional[str] = ..., tag: _Optional[str] = ..., start_offset: _Optional[int] = ..., max_records: _Optional[int] = ...) -> None: ...
+
+class OffsetForTimestampRequest(_message.Message):
+    __slots__ = ("shard", "timestamp_ms")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    timestamp_ms: int
+    def __init__(self, shard: _Optional[str] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class ListOffsetsRequest(_message.Message):
+    __slots__ = ("shards",)
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    shards: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, shards: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SealRequest(_message.Message):
+    __slots__ = ("shard",)
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    def __init__(self, shard: _Optional[str] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeRequest(_message.Message):
+    __slots__ = ("correlation_id", "produce", "fetch", "read_by_key", "read_by_tag", "offset_for_timestamp", "list_offsets", "seal", "status")
+    CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCE_FIELD_NUMBER: _ClassVar[int]
+    FETCH_FIELD_NUMBER: _ClassVar[int]
+    READ_BY_KEY_FIELD_NUMBER: _ClassVar[int]
+    READ_BY_TAG_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FOR_TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    LIST_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SEAL_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    correlation_id: int
+    produce: ProduceRequest
+    fetch: FetchRequest
+    read_by_key: ReadByKeyRequest
+    read_by_tag: ReadByTagRequest
+    offset_for_timestamp: OffsetForTimestampRequest
+    list_offsets: ListOffsetsRequest
+    seal: SealRequest
+    status: StatusRequest
+    def __init__(self, correlation_id: _Optional[int] = ..., produce: _Optional[_Union[ProduceRequest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., read_by_key: _Optional[_Union[ReadByKeyRequest, _Mapping]] = ..., read_by_tag: _Optional[_Union[ReadByTagRequest, _Mapping]] = ..., offset_for_timestamp: _Optional[_Union[OffsetForTimestampRequest, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., status: _Optional[_Union[StatusRequest, _Mapping]] = ...) -> None: ...
+
+class ProduceResponse(_message.Message):
+    __slots__ = ("base_offset", "record_count", "duplicate", "high_watermark", "epoch")
+    BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RECORD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    base_offset: int
+    record_count: int
+    duplicate: bool
+    high_watermark: int
+    epoch: int
+    def __init__(self, base_offset: _Optional[int] = ..., record_count: _Optional[int] = ..., duplicate: _Optional[bool] = ..., high_watermark: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class FetchResponse(_message.Message):
+    __slots__ = ("start_offset", "next_offset", "high_watermark", "log_start_offset")
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    start_offset: int
+    next_offset: int
+    high_watermark: int
+    log_start_offset: int
+    def __init__(self, start_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
+
+class ReadResponse(_message.Message):
+    __slots__ = ("next_offset", "high_watermark")
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    next_offset: int
+    high_watermark: int
+    def __init__(self, next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ...) -> None: ...
+
+class OffsetResponse(_message.Message):
+    __slots__ = ("found", "offset")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    offset: int
+    def __init__(self, found: _Optional[bool] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ShardOffsetsInfo(_message.Message):
+    __slots__ = ("shard", "log_start_offset", "high_watermark", "log_end_offset", "epoch")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    log_start_offset: int
+    high_watermark: int
+    log_end_offset: int
+    epoch: int
+    def __init__(self, shard: _Optional[str] = ..., log_start_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class ListOffsetsResponse(_message.Message):
+    __slots__ = ("shards",)
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    shards: _containers.RepeatedCompositeFieldContainer[ShardOffsetsInfo]
+    def __init__(self, shards: _Optional[_Iterable[_Union[ShardOffsetsInfo, _Mapping]]] = ...) -> None: ...
+
+class SealResponse(_message.Message):
+    __slots__ = ("sealed", "next")
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    sealed: Segment
+    next: Segment
+    def __init__(self, sealed: _Optional[_Union[Segment, _Mapping]] = ..., next: _Optional[_Union[Segment, _Mapping]] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("node_id", "shards", "uptime_ms", "queued_requests", "queued_bytes")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    shards: int
+    uptime_ms: int
+    queued_requests: int
+    queued_bytes: int
+    def __init__(self, node_id: _Optional[str] = ..., shards: _Optional[int] = ..., uptime_ms: _Optional[int] = ..., queued_requests: _Optional[int] = ..., queued_bytes: _Optional[int] = ...) -> None: ...
+
+class NodeResponse(_message.Message):
+    __slots__ = ("correlation_id", "error", "produce", "fetch", "read", "offset", "list_offsets", "seal", "status")
+    CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    PRODUCE_FIELD_NUMBER: _ClassVar[int]
+    FETCH_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LIST_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SEAL_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    correlation_id: int
+    error: ErrorInfo
+    produce: ProduceResponse
+    fetch: FetchResponse
+    read: ReadResponse
+    offset: OffsetResponse
+    list_offsets: ListOffsetsResponse
+    seal: SealResponse
+    status: StatusResponse
+    def __init__(self, correlation_id: _Optional[int] = ..., error: _Optional[_Union[ErrorInfo, _Mapping]] = ..., produce: _Optional[_Union[ProduceResponse, _Mapping]] = ..., fetch: _Optional[_Union[FetchResponse, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., offset: _Optional[_Union[OffsetResponse, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsResponse, _Mapping]] = ..., seal: _Optional[_Union[SealResponse, _Mapping]] = ..., status: _Optional[_Union[StatusResponse, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,93 @@
+"""Small conversions shared by both wire protocols (gRPC to the Meta Service, ZeroMQ to nodes).
+
+- Errors travel as ``ErrorInfo`` (code, message, JSON fields) and become the
+  same :mod:`robustmq.errors` class on the other side.
+- Topic settings travel as ``TopicConfig``; :func:`topic_config` fills the
+  defaults and :func:`shard_config_of` turns one into the storage layer's
+  ``ShardConfig`` (which validates the limits).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq.errors import InvalidConfig, RobustMQError, error_from_code
+
+__all__ = [
+    "DEFAULT_TOPIC_CONFIG",
+    "error_from_info",
+    "error_info",
+    "shard_config_of",
+    "topic_config",
+]
+
+MiB = 1024 * 1024
+
+DEFAULT_TOPIC_CONFIG: dict[str, Any] = {
+    "partitions": 1,
+    "engine": "segment",
+    "replication_factor": 1,
+    "segment_bytes_max": 128 * MiB,
+    "roll_interval_ms": 7 * 24 * 3600 * 1000,
+    "retention_bytes": -1,
+    "retention_ms": -1,
+    "retention_records": -1,
+    "cleanup_policy": "delete",
+    "max_batch_bytes": 16 * MiB,
+}
+
+
+def error_info(error: BaseException) -> pb.ErrorInfo:
+    """The wire form of an error; anything not ours becomes a generic one."""
+    if isinstance(error, RobustMQError):
+        return pb.ErrorInfo(
+            code=error.code,
+            message=error.message,
+            fields_json=json.dumps(error.fields, default=str),
+        )
+    return pb.ErrorInfo(code="ERROR", message=f"{type(error).__name__}: {error}", fields_json="{}")
+
+
+def error_from_info(info: pb.ErrorInfo) -> RobustMQError:
+    try:
+        fields = json.loads(info.fields_json) if info.fields_json else {}
+    except ValueError:
+        fields = {}
+    if not isinstance(fields, dict):
+        fields = {}
+    return error_from_code(info.code, info.message, **fields)
+
+
+def topic_config(**settings: Any) -> pb.TopicConfig:
+    """A ``TopicConfig`` with every unset field at its default; unknown names are an error."""
+    unknown = set(settings) - set(DEFAULT_TOPIC_CONFIG)
+    if unknown:
+        raise InvalidConfig(f"unknown topic settings {sorted(unknown)}", settings=sorted(unknown))
+    values = {**DEFAULT_TOPIC_CONFIG, **{k: v for k, v in settings.items() if v is not None}}
+    return pb.TopicConfig(**values)
+
+
+def with_defaults(config: pb.TopicConfig) -> pb.TopicConfig:
+    """Fill the zero-valued (unset) fields of a received config with the defaults."""
+    filled = pb.TopicConfig()
+    filled.CopyFrom(config)
+    for name, default in DEFAULT_TOPIC_CONFIG.items():
+        if not getattr(filled, name):
+            setattr(filled, name, default)
+    return filled
+
+
+def shard_config_of(config: pb.TopicConfig) -> Any:
+    """The storage layer's ``ShardConfig`` for a topic (validates the limits)."""
+    from robustmq.storage_node import ShardConfig
+
+    return ShardConfig(
+        segment_bytes_max=config.segment_bytes_max,
+        roll_interval_ms=config.roll_interval_ms,
+        retention_bytes=config.retention_bytes,
+        retention_ms=config.retention_ms,
+        retention_records=config.retention_records,
+        max_batch_bytes=config.max_batch_bytes,
+    )

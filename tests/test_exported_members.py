@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 
-PACKAGES = ["robustmq", "robustmq.errors", "robustmq.storage_node"]
+PACKAGES = ["robustmq", "robustmq.errors", "robustmq.storage_node", "robustmq.meta"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

@@ -1,0 +1,486 @@
+"""The Meta Service's logic: one method per RPC, in protobuf values, under one lock.
+
+:class:`MetaController` owns the store and three kinds of state:
+
+- durable, in the store (topics, segment chains, nodes, pending deletions,
+  group offsets; layout in :mod:`robustmq.meta._store`);
+- derived, rebuilt from the store at start: ``load``, the number of ACTIVE
+  segments each node leads (what placement balances);
+- reported, memory only: node liveness and each shard's high watermark and log
+  start offset as its leader last reported them.
+
+Every method runs under one lock, so what it reads and the single atomic batch
+it writes form one step, and the derived state is updated only after that
+batch is durable: a failed write leaves memory and store as they were. Every
+argument is validated before anything is read or written. The gRPC layer
+(:mod:`robustmq.meta._service`) only unpacks requests and packs answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq.errors import (
+    InvalidRequest,
+    RobustMQError,
+    ShardNotFound,
+    StaleEpoch,
+    TopicAlreadyExists,
+    Unavailable,
+)
+from robustmq.storage_node import shard_name
+
+from . import _keys as keys
+from ._liveness import Liveness
+from ._nodes import MAX_NODES, NodeTable
+from ._offsets import OffsetTable, partition_lag
+from ._placement import place_replicas
+from ._store import MetaStore, WriteSet
+from ._topics import TopicTable
+from ._validation import (
+    require_address,
+    require_group,
+    require_node_id,
+    require_topic,
+    split_shard,
+    validated_topic_config,
+)
+
+__all__ = ["DEFAULT_NODE_TIMEOUT_MS", "HEARTBEAT_INTERVAL_MS", "MetaController"]
+
+DEFAULT_NODE_TIMEOUT_MS = 6000
+HEARTBEAT_INTERVAL_MS = 1000
+_MAX_EPOCH = 2**32 - 1
+
+logger = logging.getLogger("robustmq.meta")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class MetaController:
+    """Topics, segments, nodes and group offsets behind one lock.
+
+    Parameters
+    ----------
+    store
+        Where everything durable lives; the controller closes it in :meth:`close`.
+    node_timeout_ms
+        A node is alive while its last heartbeat is at most this old; registered
+        nodes also count as alive for this long after start.
+    """
+
+    def __init__(self, store: MetaStore, *, node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._closed = False
+        self._topics = TopicTable(store)
+        self._nodes = NodeTable(store)
+        self._offsets = OffsetTable(store)
+        self._liveness = Liveness(node_timeout_ms)
+        self._interval_ms = max(1, min(HEARTBEAT_INTERVAL_MS, node_timeout_ms // 3))
+        self._progress: dict[str, tuple[int, int]] = {}
+        self._check_format()
+        self._load: Counter[str] = Counter(
+            segment.leader for segment in self._topics.active_segments() if segment.leader
+        )
+
+    def _check_format(self) -> None:
+        version = self._store.get(keys.VERSION_KEY)
+        if version is None:
+            self._store.write({keys.VERSION_KEY: keys.FORMAT_VERSION.to_bytes(4, "big")})
+        elif int.from_bytes(version, "big") != keys.FORMAT_VERSION:
+            raise RobustMQError(
+                f"meta store format {int.from_bytes(version, 'big')} is not supported "
+                f"(this version reads format {keys.FORMAT_VERSION})",
+                version=int.from_bytes(version, "big"),
+            )
+
+    def close(self) -> None:
+        """Close the store once no operation is running; later calls raise ``Unavailable``."""
+        with self._lock:
+            self._closed = True
+            self._store.close()
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The one lock; a call that got it after :meth:`close` is told to go elsewhere."""
+        with self._lock:
+            if self._closed:
+                raise Unavailable("the meta service is stopping")
+            yield
+
+    # -- topics ------------------------------------------------------------
+
+    def create_topic(self, name: str, config: pb.TopicConfig) -> pb.Topic:
+        """Create a topic and place each partition's first segment (epoch 0, offset 0)."""
+        name = require_topic(name)
+        config = validated_topic_config(config)
+        with self._locked():
+            if self._topics.get(name) is not None:
+                raise TopicAlreadyExists(f"topic {name!r} already exists", topic=name)
+            live = self._live_node_ids()
+            needed = config.replication_factor
+            if len(live) < needed:  # say so once, for the topic, not for its first shard
+                place_replicas(live, self._load, needed)
+            shards = [shard_name(name, p) for p in range(config.partitions)]
+            dropping = self._nodes.holders_pending(shards)
+            load = Counter(self._load)
+            segments = []
+            for shard in shards:
+                held = dropping.get(shard, set()) & live
+                replicas = place_replicas(live - held, load, needed, shard=shard, dropping=len(held))
+                load[replicas[0]] += 1
+                segments.append(_first_segment(shard, replicas))
+            topic = pb.Topic(name=name, config=config, created_ms=_now_ms())
+            ws = WriteSet()
+            self._topics.stage_create(topic, segments, ws)
+            ws.commit(self._store)
+            self._load = load
+        logger.info("created topic %s (%d partitions)", name, config.partitions)
+        return topic
+
+    def list_topics(self) -> list[pb.Topic]:
+        with self._locked():
+            return self._topics.all()
+
+    def describe_topic(self, name: str) -> pb.TopicDescription:
+        name = require_topic(name)
+        with self._locked():
+            topic = self._topics.require(name)
+            chains = self._topics.chains(name)
+            addresses = {node.node_id: node.address for node in self._nodes.all()}
+            shards = [
+                self._shard_info(name, partition, chains[partition], addresses)
+                for partition in sorted(chains)
+            ]
+        return pb.TopicDescription(topic=topic, shards=shards)
+
+    def delete_topic(self, name: str) -> None:
+        """Remove a topic, its chains and its group offsets; tell its nodes to drop its shards."""
+        name = require_topic(name)
+        with self._locked():
+            self._topics.require(name)
+            ws = WriteSet()
+            segments = self._topics.stage_delete(name, ws)
+            self._offsets.stage_delete_topic(name, ws)
+            for segment in segments:
+                for node_id in segment.replicas:
+                    self._nodes.stage_pending(node_id, segment.shard, ws)
+            ws.commit(self._store)
+            for segment in segments:
+                if segment.state == pb.ACTIVE and segment.leader:
+                    self._load[segment.leader] -= 1
+                self._progress.pop(segment.shard, None)
+            self._load = +self._load  # drop zero counts
+        logger.info("deleted topic %s", name)
+
+    def get_shard(self, shard: str) -> pb.ShardInfo:
+        topic, partition = split_shard(shard)
+        with self._locked():
+            chain = self._topics.chain(topic, partition)
+            leader = self._nodes.get(chain[-1].leader)
+            addresses = {leader.node_id: leader.address} if leader is not None else {}
+            return self._shard_info(topic, partition, chain, addresses)
+
+    def _shard_info(
+        self, topic: str, partition: int, chain: list[pb.Segment], addresses: Mapping[str, str]
+    ) -> pb.ShardInfo:
+        shard = shard_name(topic, partition)
+        return pb.ShardInfo(
+            topic=topic,
+            partition=partition,
+            shard=shard,
+            segments=chain,
+            leader_address=addresses.get(chain[-1].leader, ""),
+            high_watermark=self._progress.get(shard, (-1, -1))[0],
+        )
+
+    # -- segments ----------------------------------------------------------
+
+    def seal_segment(
+        self, shard: str, epoch: int, end_offset: int, node_id: str
+    ) -> tuple[pb.Segment, pb.Segment]:
+        """Seal the active segment at ``end_offset`` and open epoch + 1 on placed nodes.
+
+        Idempotent: the same request again after success gets the same answer.
+        """
+        topic, partition = split_shard(shard)
+        node_id = require_node_id(node_id)
+        with self._locked():
+            chain = self._topics.chain(topic, partition)
+            active = chain[-1]
+            if epoch < active.epoch:
+                repeated = self._repeated_seal(topic, partition, epoch, end_offset, node_id)
+                if repeated is not None:
+                    return repeated
+            if epoch != active.epoch or active.leader != node_id:
+                raise StaleEpoch(
+                    f"shard {shard!r}: epoch {epoch} led by {node_id!r} is not the active "
+                    f"segment (epoch {active.epoch}, leader {active.leader!r})",
+                    shard=shard,
+                    epoch=epoch,
+                    current_epoch=active.epoch,
+                )
+            if end_offset < active.start_offset:
+                raise InvalidRequest(
+                    f"end_offset {end_offset} is before the segment's start {active.start_offset}",
+                    shard=shard,
+                    epoch=epoch,
+                    end_offset=end_offset,
+                    start_offset=active.start_offset,
+                )
+            if active.epoch >= _MAX_EPOCH:
+                raise InvalidRequest(f"shard {shard!r} has used every epoch", shard=shard)
+            rf = self._topics.require(topic).config.replication_factor
+            load = Counter(self._load)
+            load[active.leader] -= 1
+            live = self._live_node_ids()
+            held = self._nodes.holders_pending([shard]).get(shard, set()) & live
+            replicas = place_replicas(
+                live - held, load, rf, preferred=active.replicas, shard=shard, dropping=len(held)
+            )
+            load[replicas[0]] += 1
+            sealed = pb.Segment()
+            sealed.CopyFrom(active)
+            sealed.state = pb.SEALED
+            sealed.end_offset = end_offset
+            sealed.leader = ""
+            following = pb.Segment(
+                shard=shard,
+                epoch=active.epoch + 1,
+                start_offset=end_offset,
+                end_offset=-1,
+                state=pb.ACTIVE,
+                replicas=replicas,
+                leader=replicas[0],
+            )
+            ws = WriteSet()
+            self._topics.stage_segment(topic, partition, sealed, ws)
+            self._topics.stage_segment(topic, partition, following, ws)
+            self._topics.stage_sealed_by(topic, partition, epoch, node_id, ws)
+            ws.commit(self._store)
+            self._load = +load
+        logger.info(
+            "sealed %s epoch %d at %d; epoch %d on %s",
+            shard,
+            epoch,
+            end_offset,
+            following.epoch,
+            list(replicas),
+        )
+        return sealed, following
+
+    def _repeated_seal(
+        self, topic: str, partition: int, epoch: int, end_offset: int, node_id: str
+    ) -> tuple[pb.Segment, pb.Segment] | None:
+        sealed = self._topics.segment(topic, partition, epoch)
+        following = self._topics.segment(topic, partition, epoch + 1)
+        if (
+            sealed is None
+            or following is None
+            or sealed.end_offset != end_offset
+            or self._topics.sealed_by(topic, partition, epoch) != node_id
+        ):
+            return None
+        return sealed, following
+
+    # -- nodes -------------------------------------------------------------
+
+    def register_node(self, node_id: str, address: str) -> pb.NodeInfo:
+        """Add or update a node (keeping its first registration time); it counts as alive."""
+        node_id = require_node_id(node_id)
+        address = require_address(address)
+        with self._locked():
+            ws = WriteSet()
+            node = self._stage_upsert_node(node_id, address, ws)
+            ws.commit(self._store)
+            self._liveness.beat(node_id)
+            return self._node_view(node)
+
+    def heartbeat(
+        self,
+        node_id: str,
+        address: str,
+        progress: Sequence[pb.ShardProgress],
+        shard_count: int,
+    ) -> pb.HeartbeatResponse:
+        """Mark a node alive (registering it if unknown), record its shards' progress.
+
+        Only the active segment's leader's reports count as a shard's high
+        watermark; reports for unknown shards (deleted since) and malformed ones
+        are ignored. ``shard_count`` is informational. Returns the shards of
+        deleted topics the node must drop; they are listed once, in the answer
+        to its first beat after the deletion.
+        """
+        node_id = require_node_id(node_id)
+        if address:
+            require_address(address)
+        reports = _usable_progress(node_id, progress)
+        with self._locked():
+            ws = WriteSet()
+            self._stage_upsert_node(node_id, address, ws)
+            delete_shards = self._nodes.pending_for(node_id)
+            self._nodes.stage_delivered(node_id, delete_shards, ws)
+            ws.commit(self._store)
+            self._liveness.beat(node_id)
+            for shard, topic, partition, values in reports:
+                if self._leads(node_id, topic, partition):
+                    self._progress[shard] = values
+        return pb.HeartbeatResponse(delete_shards=delete_shards, interval_ms=self._interval_ms)
+
+    def _stage_upsert_node(self, node_id: str, address: str, ws: WriteSet) -> pb.NodeInfo:
+        """The node's record, staging a write if it is new or its address changed."""
+        node = self._nodes.get(node_id)
+        if node is None:
+            if not address:
+                raise InvalidRequest(
+                    f"node {node_id!r} is not registered: its address is required",
+                    node_id=node_id,
+                )
+            if self._nodes.count() >= MAX_NODES:
+                raise InvalidRequest(
+                    f"too many storage nodes registered (at most {MAX_NODES})", node_id=node_id
+                )
+            node = pb.NodeInfo(node_id=node_id, address=address, registered_ms=_now_ms())
+            self._nodes.stage_put(node, ws)
+            logger.info("registered node %s at %s", node_id, address)
+        elif address and address != node.address:
+            node.address = address
+            self._nodes.stage_put(node, ws)
+            logger.info("node %s moved to %s", node_id, address)
+        return node
+
+    def _leads(self, node_id: str, topic: str, partition: int) -> bool:
+        try:
+            return self._topics.chain(topic, partition)[-1].leader == node_id
+        except ShardNotFound:  # deleted since the node's last beat
+            return False
+
+    def list_nodes(self) -> list[pb.NodeInfo]:
+        with self._locked():
+            return [self._node_view(node) for node in self._nodes.all()]
+
+    def _node_view(self, node: pb.NodeInfo) -> pb.NodeInfo:
+        return pb.NodeInfo(
+            node_id=node.node_id,
+            address=node.address,
+            registered_ms=node.registered_ms,
+            last_heartbeat_ms=self._liveness.last_heartbeat_ms(node.node_id),
+            alive=self._liveness.is_alive(node.node_id),
+            active_segments=self._load.get(node.node_id, 0),
+        )
+
+    def _live_node_ids(self) -> set[str]:
+        return {node.node_id for node in self._nodes.all() if self._liveness.is_alive(node.node_id)}
+
+    # -- group offsets -----------------------------------------------------
+
+    def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        """Store ``partition -> next offset to read`` for ``group`` on ``topic``."""
+        group = require_group(group)
+        topic = require_topic(topic)
+        with self._locked():
+            partitions = self._topics.require(topic).config.partitions
+            for partition, offset in offsets.items():
+                if not 0 <= partition < partitions:
+                    raise InvalidRequest(
+                        f"topic {topic!r} has partitions 0..{partitions - 1}, not {partition}",
+                        topic=topic,
+                        partition=partition,
+                    )
+                if offset < 0:
+                    raise InvalidRequest(
+                        f"offset {offset} for partition {partition} is negative",
+                        topic=topic,
+                        partition=partition,
+                        offset=offset,
+                    )
+            ws = WriteSet()
+            self._offsets.stage_commit(group, topic, offsets, _now_ms(), ws)
+            ws.commit(self._store)
+
+    def fetch_offsets(self, group: str, topic: str) -> dict[int, int]:
+        group = require_group(group)
+        topic = require_topic(topic)
+        with self._locked():
+            self._topics.require(topic)
+            committed = self._offsets.committed(group, topic)
+        return {partition: offset for partition, (offset, _) in sorted(committed.items())}
+
+    def group_lag(self, group: str, topic: str = "") -> list[pb.PartitionLag]:
+        """One entry per partition of ``topic`` (or of every topic the group committed to)."""
+        group = require_group(group)
+        with self._locked():
+            if topic:
+                topics = [self._topics.require(require_topic(topic))]
+            else:
+                found = (self._topics.get(name) for name in self._offsets.topics_of(group))
+                topics = [t for t in found if t is not None]
+            lags = []
+            for entry in topics:
+                committed = self._offsets.committed(group, entry.name)
+                for partition in range(entry.config.partitions):
+                    shard = shard_name(entry.name, partition)
+                    lags.append(
+                        partition_lag(
+                            entry.name,
+                            partition,
+                            committed.get(partition),
+                            self._progress.get(shard),
+                        )
+                    )
+        return lags
+
+    def list_groups(self) -> list[str]:
+        with self._locked():
+            return self._offsets.groups()
+
+
+def _first_segment(shard: str, replicas: list[str]) -> pb.Segment:
+    return pb.Segment(
+        shard=shard,
+        epoch=0,
+        start_offset=0,
+        end_offset=-1,
+        state=pb.ACTIVE,
+        replicas=replicas,
+        leader=replicas[0],
+    )
+
+
+def _usable_progress(
+    node_id: str, progress: Sequence[pb.ShardProgress]
+) -> list[tuple[str, str, int, tuple[int, int]]]:
+    """The well-formed progress reports: ``(shard, topic, partition, (hw, log_start))``.
+
+    A bad report is skipped with a warning instead of failing the heartbeat: a
+    node whose beats were refused would be declared dead over one bad number.
+    """
+    reports = []
+    skipped: list[str] = []
+    for entry in progress:
+        try:
+            topic, partition = split_shard(entry.shard)
+        except InvalidRequest:
+            skipped.append(entry.shard[:80])
+            continue
+        if entry.high_watermark < 0 or not 0 <= entry.log_start_offset <= entry.high_watermark:
+            skipped.append(entry.shard)
+            continue
+        reports.append((entry.shard, topic, partition, (entry.high_watermark, entry.log_start_offset)))
+    if skipped:
+        logger.warning(
+            "node %s reported %d malformed shard progress entries (first: %r); ignored",
+            node_id,
+            len(skipped),
+            skipped[0],
+        )
+    return reports

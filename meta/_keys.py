@@ -1,0 +1,147 @@
+"""Encoders and decoders for the store keys drawn in :mod:`robustmq.meta._store`.
+
+Every key starts with one tag byte; strings are length-prefixed (``text``) and
+integers big-endian, so a prefix of components is a valid scan prefix and
+numbers sort numerically. Offsets are stored as ``be64(next offset)
+be64(commit time ms)``.
+"""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = [
+    "FORMAT_VERSION",
+    "GROUP",
+    "NODE",
+    "PENDING",
+    "SEGMENT",
+    "TOPIC",
+    "VERSION_KEY",
+    "decode_group_key",
+    "decode_offset_key",
+    "decode_offset_value",
+    "decode_pending_key",
+    "encode_offset_value",
+    "group_key",
+    "node_key",
+    "offset_key",
+    "offsets_prefix",
+    "pending_key",
+    "pending_prefix",
+    "seal_key",
+    "seals_prefix",
+    "segment_key",
+    "segments_prefix",
+    "text",
+    "topic_key",
+]
+
+FORMAT_VERSION = 1
+VERSION_KEY = b"V"
+TOPIC = b"T"
+SEGMENT = b"S"
+SEALED_BY = b"R"
+NODE = b"N"
+PENDING = b"D"
+OFFSET = b"O"
+GROUP = b"G"
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_OFFSET_VALUE = struct.Struct(">qq")
+
+
+def text(value: str) -> bytes:
+    """``be16(len) utf8``: one self-delimiting string component."""
+    raw = value.encode("utf-8")
+    if len(raw) > 0xFFFF:
+        raise ValueError(f"key component of {len(raw)} bytes is too long")
+    return _U16.pack(len(raw)) + raw
+
+
+def _read_text(data: bytes, position: int) -> tuple[str, int]:
+    (length,) = _U16.unpack_from(data, position)
+    start = position + _U16.size
+    return data[start : start + length].decode("utf-8"), start + length
+
+
+def topic_key(topic: str) -> bytes:
+    return TOPIC + text(topic)
+
+
+def segments_prefix(topic: str, partition: int | None = None) -> bytes:
+    """All segments of a topic, or of one of its shards."""
+    prefix = SEGMENT + text(topic)
+    return prefix if partition is None else prefix + _U32.pack(partition)
+
+
+def segment_key(topic: str, partition: int, epoch: int) -> bytes:
+    return segments_prefix(topic, partition) + _U32.pack(epoch)
+
+
+def seals_prefix(topic: str) -> bytes:
+    return SEALED_BY + text(topic)
+
+
+def seal_key(topic: str, partition: int, epoch: int) -> bytes:
+    return seals_prefix(topic) + _U32.pack(partition) + _U32.pack(epoch)
+
+
+def node_key(node_id: str) -> bytes:
+    return NODE + text(node_id)
+
+
+def pending_prefix(node_id: str | None = None) -> bytes:
+    return PENDING if node_id is None else PENDING + text(node_id)
+
+
+def pending_key(node_id: str, shard: str) -> bytes:
+    return pending_prefix(node_id) + text(shard)
+
+
+def decode_pending_key(key: bytes) -> tuple[str, str]:
+    """``(node_id, shard)`` of a pending-deletion key."""
+    node_id, position = _read_text(key, len(PENDING))
+    shard, _ = _read_text(key, position)
+    return node_id, shard
+
+
+def offsets_prefix(topic: str, group: str | None = None) -> bytes:
+    prefix = OFFSET + text(topic)
+    return prefix if group is None else prefix + text(group)
+
+
+def offset_key(topic: str, group: str, partition: int) -> bytes:
+    return offsets_prefix(topic, group) + _U32.pack(partition)
+
+
+def decode_offset_key(key: bytes) -> tuple[str, str, int]:
+    """``(topic, group, partition)`` of an offset key."""
+    topic, position = _read_text(key, len(OFFSET))
+    group, position = _read_text(key, position)
+    (partition,) = _U32.unpack_from(key, position)
+    return topic, group, int(partition)
+
+
+def encode_offset_value(offset: int, commit_time_ms: int) -> bytes:
+    return _OFFSET_VALUE.pack(offset, commit_time_ms)
+
+
+def decode_offset_value(value: bytes) -> tuple[int, int]:
+    """``(next offset, commit time ms)``."""
+    offset, commit_time_ms = _OFFSET_VALUE.unpack(value)
+    return int(offset), int(commit_time_ms)
+
+
+def group_key(group: str, topic: str | None = None) -> bytes:
+    """A group's index entry for ``topic``, or the prefix of all its entries."""
+    prefix = GROUP + text(group)
+    return prefix if topic is None else prefix + text(topic)
+
+
+def decode_group_key(key: bytes) -> tuple[str, str]:
+    """``(group, topic)`` of a group index key."""
+    group, position = _read_text(key, len(GROUP))
+    topic, _ = _read_text(key, position)
+    return group, topic

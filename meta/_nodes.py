@@ -1,0 +1,74 @@
+"""The storage node registry and pending shard deletions, as stored (keys ``N`` and ``D``).
+
+A node record holds what does not change between heartbeats: its id, the
+address of its ZeroMQ front end and when it first registered. Liveness lives
+in :mod:`robustmq.meta._liveness` (memory only).
+
+A pending deletion ``(node, shard)`` is written when a topic is deleted, for
+every node that held one of its segments; the node's next heartbeat response
+lists the shard in ``delete_shards`` and the same heartbeat removes the entry.
+Kept in the store so that a Meta Service restart does not forget what nodes
+still have to drop. Not locked here: the controller's lock covers it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from robustmq._proto import robustmq_pb2 as pb
+
+from . import _keys as keys
+from ._store import MetaStore, WriteSet
+
+__all__ = ["MAX_NODES", "NodeTable"]
+
+# A bound on registrations, so a misbehaving client cannot grow the registry
+# (and the liveness map) without limit.
+MAX_NODES = 4096
+
+
+class NodeTable:
+    """Node records and pending deletions in a :class:`MetaStore`."""
+
+    def __init__(self, store: MetaStore) -> None:
+        self._store = store
+
+    def get(self, node_id: str) -> pb.NodeInfo | None:
+        raw = self._store.get(keys.node_key(node_id))
+        return None if raw is None else pb.NodeInfo.FromString(raw)
+
+    def all(self) -> list[pb.NodeInfo]:
+        """Every registered node (stored fields only), sorted by id."""
+        nodes = [pb.NodeInfo.FromString(raw) for _, raw in self._store.scan(keys.NODE)]
+        return sorted(nodes, key=lambda node: node.node_id)
+
+    def count(self) -> int:
+        return sum(1 for _ in self._store.scan(keys.NODE))
+
+    def stage_put(self, node: pb.NodeInfo, ws: WriteSet) -> None:
+        stored = pb.NodeInfo(node_id=node.node_id, address=node.address, registered_ms=node.registered_ms)
+        ws.put(keys.node_key(node.node_id), stored.SerializeToString())
+
+    # -- pending deletions -------------------------------------------------
+
+    def pending_for(self, node_id: str) -> list[str]:
+        """Shards ``node_id`` still has to drop, sorted."""
+        prefix = keys.pending_prefix(node_id)
+        return sorted(keys.decode_pending_key(key)[1] for key, _ in self._store.scan(prefix))
+
+    def holders_pending(self, shards: Iterable[str]) -> dict[str, set[str]]:
+        """For each of ``shards``, the nodes that have not yet dropped an older shard of that name."""
+        wanted = set(shards)
+        holders: dict[str, set[str]] = {}
+        for key, _ in self._store.scan(keys.pending_prefix()):
+            node_id, shard = keys.decode_pending_key(key)
+            if shard in wanted:
+                holders.setdefault(shard, set()).add(node_id)
+        return holders
+
+    def stage_pending(self, node_id: str, shard: str, ws: WriteSet) -> None:
+        ws.put(keys.pending_key(node_id, shard), b"")
+
+    def stage_delivered(self, node_id: str, shards: Iterable[str], ws: WriteSet) -> None:
+        for shard in shards:
+            ws.delete(keys.pending_key(node_id, shard))

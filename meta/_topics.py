@@ -1,0 +1,111 @@
+"""Topics and their shards' segment chains, as stored (keys ``T``, ``S`` and ``R``).
+
+A topic record holds its full config (defaults filled). Each shard
+``{topic}_{partition}`` has a chain of segments, one key per epoch; epochs
+start at 0 and are contiguous, every segment but the last is SEALED (or
+TIERED) with an exclusive ``end_offset`` equal to the next one's
+``start_offset``, and the last is ACTIVE (``end_offset`` -1, a leader set).
+``R`` records which node sealed an epoch, so a repeated seal request can be
+recognised and answered again.
+
+Reads go straight to the store; writes are staged into a
+:class:`~robustmq.meta._store.WriteSet` that the caller commits with everything
+else the operation changes. Not locked here: the controller's lock covers it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq.errors import ShardNotFound, TopicNotFound
+from robustmq.storage_node import shard_name
+
+from . import _keys as keys
+from ._store import MetaStore, WriteSet
+
+__all__ = ["TopicTable"]
+
+
+class TopicTable:
+    """Topic records and segment chains in a :class:`MetaStore`."""
+
+    def __init__(self, store: MetaStore) -> None:
+        self._store = store
+
+    # -- topics ------------------------------------------------------------
+
+    def get(self, name: str) -> pb.Topic | None:
+        raw = self._store.get(keys.topic_key(name))
+        return None if raw is None else pb.Topic.FromString(raw)
+
+    def require(self, name: str) -> pb.Topic:
+        """The topic, or :class:`TopicNotFound`."""
+        topic = self.get(name)
+        if topic is None:
+            raise TopicNotFound(f"topic {name!r} does not exist", topic=name)
+        return topic
+
+    def all(self) -> list[pb.Topic]:
+        """Every topic, sorted by name."""
+        topics = [pb.Topic.FromString(raw) for _, raw in self._store.scan(keys.TOPIC)]
+        return sorted(topics, key=lambda topic: topic.name)
+
+    def stage_create(self, topic: pb.Topic, first_segments: list[pb.Segment], ws: WriteSet) -> None:
+        ws.put(keys.topic_key(topic.name), topic.SerializeToString())
+        for partition, segment in enumerate(first_segments):
+            self.stage_segment(topic.name, partition, segment, ws)
+
+    def stage_delete(self, name: str, ws: WriteSet) -> list[pb.Segment]:
+        """Stage removing the topic, its chains and seal records; returns its segments."""
+        segments: list[pb.Segment] = []
+        for key, raw in self._store.scan(keys.segments_prefix(name)):
+            segments.append(pb.Segment.FromString(raw))
+            ws.delete(key)
+        for key, _ in self._store.scan(keys.seals_prefix(name)):
+            ws.delete(key)
+        ws.delete(keys.topic_key(name))
+        return segments
+
+    # -- segments ----------------------------------------------------------
+
+    def chain(self, topic: str, partition: int) -> list[pb.Segment]:
+        """A shard's segments, oldest first; :class:`ShardNotFound` if it has none."""
+        chain = [
+            pb.Segment.FromString(raw) for _, raw in self._store.scan(keys.segments_prefix(topic, partition))
+        ]
+        if not chain:
+            shard = shard_name(topic, partition)
+            raise ShardNotFound(f"shard {shard!r} does not exist", shard=shard)
+        return chain
+
+    def chains(self, topic: str) -> dict[int, list[pb.Segment]]:
+        """Every shard's chain of one topic, by partition (one scan)."""
+        chains: dict[int, list[pb.Segment]] = {}
+        prefix = keys.segments_prefix(topic)
+        for key, raw in self._store.scan(prefix):
+            partition = int.from_bytes(key[len(prefix) : len(prefix) + 4], "big")
+            chains.setdefault(partition, []).append(pb.Segment.FromString(raw))
+        return chains
+
+    def segment(self, topic: str, partition: int, epoch: int) -> pb.Segment | None:
+        raw = self._store.get(keys.segment_key(topic, partition, epoch))
+        return None if raw is None else pb.Segment.FromString(raw)
+
+    def active_segments(self) -> Iterator[pb.Segment]:
+        """Every ACTIVE segment of every topic (to rebuild load counts at start)."""
+        for _, raw in self._store.scan(keys.SEGMENT):
+            segment = pb.Segment.FromString(raw)
+            if segment.state == pb.ACTIVE:
+                yield segment
+
+    def stage_segment(self, topic: str, partition: int, segment: pb.Segment, ws: WriteSet) -> None:
+        ws.put(keys.segment_key(topic, partition, segment.epoch), segment.SerializeToString())
+
+    def sealed_by(self, topic: str, partition: int, epoch: int) -> str | None:
+        """The node whose seal request closed ``epoch``, if it was sealed by request."""
+        raw = self._store.get(keys.seal_key(topic, partition, epoch))
+        return None if raw is None else raw.decode("utf-8")
+
+    def stage_sealed_by(self, topic: str, partition: int, epoch: int, node_id: str, ws: WriteSet) -> None:
+        ws.put(keys.seal_key(topic, partition, epoch), node_id.encode("utf-8"))

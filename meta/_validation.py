@@ -1,0 +1,134 @@
+"""Checks on what clients send the Meta Service: names, shard names, topic configs.
+
+Every check raises :class:`~robustmq.errors.InvalidRequest` (or its subclass
+:class:`~robustmq.errors.InvalidConfig`) with the offending field, before any
+state is read or written, so a rejected request changes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq._wire import shard_config_of, with_defaults
+from robustmq.errors import InvalidConfig, InvalidRequest
+from robustmq.storage_node import ENGINES, shard_name
+from robustmq.storage_node._driver_manager import validate_topic_name
+
+__all__ = [
+    "CLEANUP_POLICIES",
+    "MAX_NAME_CHARS",
+    "MAX_PARTITIONS",
+    "require_address",
+    "require_group",
+    "require_node_id",
+    "require_topic",
+    "split_shard",
+    "validated_topic_config",
+]
+
+MAX_PARTITIONS = 10_000
+MAX_NAME_CHARS = 255
+CLEANUP_POLICIES = ("delete", "compact")
+_NODE_ID = re.compile(r"[A-Za-z0-9._:-]{1,255}")
+_ADDRESS = re.compile(r"(tcp|ipc|inproc)://\S{1,240}")
+_PARTITION = re.compile(r"0|[1-9][0-9]{0,8}")
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,200}")
+
+
+def require_topic(name: str) -> str:
+    """A topic name as :func:`validate_topic_name` accepts it (1-200 of ``A-Za-z0-9._-``)."""
+    if not name:
+        raise InvalidRequest("a topic name is required", topic=name)
+    validate_topic_name(name)
+    # validate_topic_name's pattern ends in "$", which also matches before a
+    # final newline: the whole name must match.
+    if not _TOPIC.fullmatch(name):
+        raise InvalidRequest(f"invalid topic name {name[:80]!r}", topic=name[:80])
+    return name
+
+
+def require_group(group: str) -> str:
+    """A consumer-group name: 1-255 printable characters."""
+    if not group:
+        raise InvalidRequest("a consumer group name is required", group=group)
+    if len(group) > MAX_NAME_CHARS or not group.isprintable():
+        raise InvalidRequest(
+            f"invalid group name {group[:80]!r}: use 1-255 printable characters", group=group[:80]
+        )
+    return group
+
+
+def require_node_id(node_id: str) -> str:
+    """A storage node id: 1-255 characters of ``A-Za-z0-9._:-``."""
+    if not node_id:
+        raise InvalidRequest("a node_id is required", node_id=node_id)
+    if not _NODE_ID.fullmatch(node_id):
+        raise InvalidRequest(
+            f"invalid node_id {node_id[:80]!r}: use 1-255 characters of A-Z a-z 0-9 . _ : -",
+            node_id=node_id[:80],
+        )
+    return node_id
+
+
+def require_address(address: str) -> str:
+    """A node's ZeroMQ front end, ``tcp://host:port`` (``ipc://`` and ``inproc://`` too)."""
+    if not _ADDRESS.fullmatch(address):
+        raise InvalidRequest(
+            f"invalid node address {address[:80]!r}: expected tcp://host:port",
+            address=address[:80],
+        )
+    return address
+
+
+def split_shard(shard: str) -> tuple[str, int]:
+    """``(topic, partition)`` of a shard name ``{topic}_{partition}``, strictly parsed.
+
+    Only the exact form :func:`shard_name` makes is accepted (no leading zeros,
+    ASCII digits), so two spellings never name one shard.
+    """
+    if not shard:
+        raise InvalidRequest("a shard name is required", shard=shard)
+    topic, _, partition = shard.rpartition("_")
+    if not topic or not _PARTITION.fullmatch(partition):
+        raise InvalidRequest(
+            f"{shard[:80]!r} is not a shard name ({{topic}}_{{partition}})", shard=shard[:80]
+        )
+    require_topic(topic)
+    assert shard_name(topic, int(partition)) == shard
+    return topic, int(partition)
+
+
+def validated_topic_config(config: pb.TopicConfig) -> pb.TopicConfig:
+    """``config`` with the defaults filled in, or :class:`InvalidConfig` naming the bad field.
+
+    proto3 cannot tell an unset field from a zero, so a zero means "default"
+    (see :func:`robustmq._wire.with_defaults`); the client refuses explicit zeros.
+    """
+    filled = with_defaults(config)
+    if not 1 <= filled.partitions <= MAX_PARTITIONS:
+        raise InvalidConfig(
+            f"partitions must be between 1 and {MAX_PARTITIONS}, got {filled.partitions}",
+            field="partitions",
+            value=filled.partitions,
+        )
+    if filled.engine not in ENGINES:
+        raise InvalidConfig(
+            f"engine must be one of {list(ENGINES)}, got {filled.engine[:80]!r}",
+            field="engine",
+            value=filled.engine[:80],
+        )
+    if filled.replication_factor < 1:
+        raise InvalidConfig(
+            f"replication_factor must be at least 1, got {filled.replication_factor}",
+            field="replication_factor",
+            value=filled.replication_factor,
+        )
+    if filled.cleanup_policy not in CLEANUP_POLICIES:
+        raise InvalidConfig(
+            f"cleanup_policy must be one of {list(CLEANUP_POLICIES)}, got {filled.cleanup_policy[:80]!r}",
+            field="cleanup_policy",
+            value=filled.cleanup_policy[:80],
+        )
+    shard_config_of(filled)  # validates sizes, intervals and retention (InvalidConfig)
+    return filled

@@ -1,0 +1,286 @@
+"""The client side of the Meta Service's gRPC boundary.
+
+:class:`MetaClient` has one method per RPC of ``MetaService`` with Python
+arguments; it returns the protobuf messages (dicts for offsets, lists for
+listings). Every call has a deadline: the client's ``timeout_s`` is the whole
+budget of a call, retries included.
+
+Errors: every ``grpc.RpcError`` is translated in one function,
+:func:`translate_rpc_error`. The server sends a typed error as an ``ErrorInfo``
+in the trailing metadata key ``robustmq-error-bin``; it becomes the same
+:mod:`robustmq.errors` class with the same fields. Without one, ``UNAVAILABLE``
+is :class:`~robustmq.errors.Unavailable`, ``DEADLINE_EXCEEDED``
+:class:`~robustmq.errors.RequestTimeout`, ``RESOURCE_EXHAUSTED`` (the server's
+bound on RPCs in flight) :class:`~robustmq.errors.Busy`, and anything else a
+:class:`~robustmq.errors.RobustMQError` with the status in its fields.
+
+Retries (with exponential back-off, within the call's deadline):
+
+- reads and heartbeats retry on ``Unavailable`` and ``Busy``;
+- writes the server makes idempotent (``register_node``, ``seal_segment``,
+  ``commit_offsets``) retry only when the failure came from the transport, not
+  from the service (a service ``Unavailable``, e.g. too few live nodes, is an
+  answer, not a lost request);
+- ``create_topic`` retries like those, and a ``TopicAlreadyExists`` after a
+  retry counts as success only if the existing topic has the requested config;
+- ``delete_topic`` is sent once (only a ``Busy`` from the server's admission
+  bound, which means the request was never run, is retried).
+
+Thread-safe: the gRPC channel and stub may be shared by threads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal, TypeVar
+
+import grpc
+
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq._proto import robustmq_pb2_grpc as pb_grpc
+from robustmq._wire import error_from_info, topic_config
+from robustmq.errors import (
+    Busy,
+    InvalidConfig,
+    RequestTimeout,
+    RobustMQError,
+    TopicAlreadyExists,
+    Unavailable,
+)
+
+__all__ = ["ERROR_METADATA_KEY", "MetaClient", "translate_rpc_error"]
+
+ERROR_METADATA_KEY = "robustmq-error-bin"
+_BACKOFF_FIRST_S = 0.05
+_BACKOFF_MAX_S = 1.0
+_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_CHANNEL_OPTIONS = [
+    # Reconnect quickly after a Meta Service restart instead of gRPC's default
+    # back-off of up to two minutes.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+]
+
+_Retry = Literal["read", "idempotent", "once"]
+_Response = TypeVar("_Response")
+
+
+def _error_info_of(exc: grpc.RpcError) -> pb.ErrorInfo | None:
+    trailing = getattr(exc, "trailing_metadata", None)
+    metadata = trailing() if callable(trailing) else None
+    for key, value in metadata or ():
+        if key == ERROR_METADATA_KEY:
+            try:
+                return pb.ErrorInfo.FromString(value)
+            except Exception:  # a garbled trailer: fall back to the status
+                return None
+    return None
+
+
+def translate_rpc_error(exc: grpc.RpcError, address: str) -> RobustMQError:
+    """The :mod:`robustmq.errors` form of a failed call; the one place gRPC errors are read."""
+    info = _error_info_of(exc)
+    if info is not None:
+        return error_from_info(info)
+    code_of = getattr(exc, "code", None)
+    details_of = getattr(exc, "details", None)
+    status = code_of() if callable(code_of) else grpc.StatusCode.UNKNOWN
+    details = (details_of() if callable(details_of) else None) or str(exc)
+    status_name = getattr(status, "name", str(status))
+    if status == grpc.StatusCode.UNAVAILABLE:
+        return Unavailable(
+            f"meta service at {address} is unavailable: {details}",
+            address=address,
+            status=status_name,
+        )
+    if status == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return RequestTimeout(
+            f"meta service at {address} did not answer in time", address=address, status=status_name
+        )
+    if status == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return Busy(f"meta service at {address} is busy: {details}", address=address, status=status_name)
+    return RobustMQError(
+        f"meta service call failed with {status_name}: {details}",
+        address=address,
+        status=status_name,
+    )
+
+
+def _should_retry(error: RobustMQError, from_service: bool, retry: _Retry) -> bool:
+    if retry == "read":
+        return isinstance(error, Unavailable | Busy)
+    if from_service:
+        return False
+    if retry == "idempotent":
+        return isinstance(error, Unavailable | Busy)
+    return isinstance(error, Busy)
+
+
+class MetaClient:
+    """A client of the Meta Service.
+
+    Parameters
+    ----------
+    address
+        ``host:port`` of the Meta Service.
+    timeout_s
+        The deadline of each call, retries included.
+    channel
+        A gRPC channel to use instead of opening one (the test seam); the
+        caller keeps ownership of it.
+
+    Examples
+    --------
+    >>> with MetaClient("127.0.0.1:7070") as meta:          # doctest: +SKIP
+    ...     meta.create_topic("orders", partitions=4)
+    ...     meta.get_shard("orders_0").leader_address
+    """
+
+    def __init__(self, address: str, *, timeout_s: float = 10.0, channel: grpc.Channel | None = None) -> None:
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.address = address
+        self.timeout_s = timeout_s
+        self._owns_channel = channel is None
+        self._channel = (
+            grpc.insecure_channel(address, options=_CHANNEL_OPTIONS) if channel is None else channel
+        )
+        self._stub = pb_grpc.MetaServiceStub(self._channel)
+
+    # -- plumbing ----------------------------------------------------------
+
+    def _call(self, rpc: Callable[..., _Response], request: Any, retry: _Retry) -> _Response:
+        deadline = time.monotonic() + self.timeout_s
+        backoff_s = _BACKOFF_FIRST_S
+        while True:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                raise RequestTimeout(
+                    f"meta service at {self.address} did not answer within {self.timeout_s}s",
+                    address=self.address,
+                )
+            try:
+                return rpc(request, timeout=remaining_s)
+            except grpc.RpcError as exc:
+                error = translate_rpc_error(exc, self.address)
+                from_service = _error_info_of(exc) is not None
+                out_of_time = time.monotonic() + backoff_s >= deadline
+                if out_of_time or not _should_retry(error, from_service, retry):
+                    raise error from exc
+            time.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
+
+    def close(self) -> None:
+        """Close the channel if this client opened it."""
+        if self._owns_channel:
+            self._channel.close()
+
+    def __enter__(self) -> MetaClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- topics ------------------------------------------------------------
+
+    def create_topic(self, name: str, **settings: Any) -> pb.Topic:
+        """Create a topic; ``settings`` are :data:`robustmq._wire.DEFAULT_TOPIC_CONFIG` names.
+
+        Raises
+        ------
+        InvalidConfig
+            An unknown setting, or an explicit 0 (which the wire cannot tell from
+            "unset"); the service checks every other limit.
+        TopicAlreadyExists, Unavailable
+            The name is taken; too few live storage nodes.
+        """
+        zeros = sorted(key for key, value in settings.items() if value == 0)
+        if zeros:
+            raise InvalidConfig(f"topic settings {zeros} cannot be 0", settings=zeros)
+        config = topic_config(**settings)
+        request = pb.CreateTopicRequest(name=name, config=config)
+        attempts = 0
+
+        def create(request: pb.CreateTopicRequest, timeout: float) -> pb.Topic:
+            nonlocal attempts
+            attempts += 1
+            return self._stub.CreateTopic(request, timeout=timeout)
+
+        try:
+            return self._call(create, request, "idempotent")
+        except TopicAlreadyExists:
+            # After a lost answer, the topic may be our own earlier attempt's:
+            # that is success only if it is exactly what was asked for.
+            if attempts > 1:
+                existing = self.describe_topic(name).topic
+                if existing.config == config:
+                    return existing
+            raise
+
+    def list_topics(self) -> list[pb.Topic]:
+        return list(self._call(self._stub.ListTopics, pb.Empty(), "read").topics)
+
+    def describe_topic(self, name: str) -> pb.TopicDescription:
+        return self._call(self._stub.DescribeTopic, pb.TopicRequest(name=name), "read")
+
+    def delete_topic(self, name: str) -> None:
+        self._call(self._stub.DeleteTopic, pb.TopicRequest(name=name), "once")
+
+    def get_shard(self, shard: str) -> pb.ShardInfo:
+        return self._call(self._stub.GetShard, pb.ShardRequest(shard=shard), "read")
+
+    def seal_segment(self, shard: str, epoch: int, end_offset: int, node_id: str) -> pb.SealSegmentResponse:
+        """Seal ``epoch`` of ``shard`` at ``end_offset`` (exclusive); ``.sealed`` and ``.next``."""
+        request = pb.SealSegmentRequest(shard=shard, epoch=epoch, end_offset=end_offset, node_id=node_id)
+        return self._call(self._stub.SealSegment, request, "idempotent")
+
+    # -- nodes -------------------------------------------------------------
+
+    def register_node(self, node_id: str, address: str) -> pb.NodeInfo:
+        request = pb.RegisterNodeRequest(node_id=node_id, address=address)
+        return self._call(self._stub.RegisterNode, request, "idempotent")
+
+    def heartbeat(
+        self,
+        node_id: str,
+        address: str,
+        progress: Iterable[tuple[str, int, int]] = (),
+        shard_count: int = 0,
+    ) -> pb.HeartbeatResponse:
+        """Report liveness and ``(shard, high_watermark, log_start_offset)`` per changed shard."""
+        request = pb.HeartbeatRequest(
+            node_id=node_id,
+            address=address,
+            progress=[
+                pb.ShardProgress(shard=shard, high_watermark=hw, log_start_offset=log_start)
+                for shard, hw, log_start in progress
+            ],
+            shard_count=shard_count,
+        )
+        return self._call(self._stub.Heartbeat, request, "read")
+
+    def list_nodes(self) -> list[pb.NodeInfo]:
+        return list(self._call(self._stub.ListNodes, pb.Empty(), "read").nodes)
+
+    # -- group offsets -----------------------------------------------------
+
+    def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        """Store ``partition -> next offset to read`` for ``group``."""
+        request = pb.CommitOffsetsRequest(group=group, topic=topic, offsets=dict(offsets))
+        self._call(self._stub.CommitOffsets, request, "idempotent")
+
+    def fetch_offsets(self, group: str, topic: str) -> dict[int, int]:
+        request = pb.GroupTopicRequest(group=group, topic=topic)
+        response = self._call(self._stub.FetchOffsets, request, "read")
+        return dict(sorted(response.offsets.items()))
+
+    def group_lag(self, group: str, topic: str = "") -> pb.GroupLagResponse:
+        """Committed offset, high watermark and lag per partition (all topics if ``topic`` is "")."""
+        request = pb.GroupTopicRequest(group=group, topic=topic)
+        return self._call(self._stub.GroupLag, request, "read")
+
+    def list_groups(self) -> list[str]:
+        return list(self._call(self._stub.ListGroups, pb.Empty(), "read").groups)

@@ -1,0 +1,464 @@
+"""The Meta Service through its real gRPC API: an in-process MetaServer and a MetaClient."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from robustmq._meta_client import MetaClient
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq._wire import DEFAULT_TOPIC_CONFIG
+from robustmq.errors import (
+    InvalidConfig,
+    InvalidRequest,
+    RequestTimeout,
+    RobustMQError,
+    ShardNotFound,
+    StaleEpoch,
+    TopicAlreadyExists,
+    TopicNotFound,
+    Unavailable,
+)
+from robustmq.meta import MetaServer
+
+
+class Meta:
+    """A MetaServer on one directory and a client; ``restart`` reopens it on the same port."""
+
+    def __init__(self, root: Path, node_timeout_ms: int = 6000) -> None:
+        self.root = root
+        self.node_timeout_ms = node_timeout_ms
+        self.server = MetaServer(root, port=0, node_timeout_ms=node_timeout_ms).start()
+        self.port = int(self.server.address.rsplit(":", 1)[1])
+        self.client = MetaClient(self.server.address, timeout_s=5.0)
+
+    def restart(self) -> None:
+        self.server.stop(grace=1.0)
+        self.server = MetaServer(self.root, port=self.port, node_timeout_ms=self.node_timeout_ms).start()
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.stop(grace=1.0)
+
+
+@pytest.fixture
+def meta(tmp_path: Path) -> Iterator[Meta]:
+    made = Meta(tmp_path)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def client(meta: Meta) -> MetaClient:
+    return meta.client
+
+
+def register(client: MetaClient, *node_ids: str) -> None:
+    for index, node_id in enumerate(node_ids):
+        client.register_node(node_id, f"tcp://127.0.0.1:{7101 + index}")
+
+
+def leaders(description: pb.TopicDescription) -> list[str]:
+    return [shard.segments[-1].leader for shard in description.shards]
+
+
+# -- topics ---------------------------------------------------------------
+
+
+def test_create_list_describe_delete(client: MetaClient) -> None:
+    register(client, "n1")
+    topic = client.create_topic("orders", partitions=3, engine="rocksdb", retention_ms=60_000)
+    assert topic.name == "orders" and topic.created_ms > 0
+    expected = {**DEFAULT_TOPIC_CONFIG, "partitions": 3, "engine": "rocksdb", "retention_ms": 60_000}
+    assert {name: getattr(topic.config, name) for name in expected} == expected
+    client.create_topic("audit")
+    assert [t.name for t in client.list_topics()] == ["audit", "orders"]
+
+    description = client.describe_topic("orders")
+    assert description.topic == topic
+    assert [s.shard for s in description.shards] == ["orders_0", "orders_1", "orders_2"]
+    for partition, shard in enumerate(description.shards):
+        assert (shard.topic, shard.partition) == ("orders", partition)
+        (segment,) = shard.segments
+        assert (segment.epoch, segment.start_offset, segment.end_offset) == (0, 0, -1)
+        assert segment.state == pb.ACTIVE
+        assert list(segment.replicas) == ["n1"] and segment.leader == "n1"
+        assert shard.leader_address == "tcp://127.0.0.1:7101"
+        assert shard.high_watermark == -1
+
+    client.delete_topic("orders")
+    assert [t.name for t in client.list_topics()] == ["audit"]
+    with pytest.raises(TopicNotFound) as caught:
+        client.describe_topic("orders")
+    assert caught.value.fields["topic"] == "orders"
+    with pytest.raises(ShardNotFound):
+        client.get_shard("orders_0")
+    with pytest.raises(TopicNotFound):
+        client.delete_topic("orders")
+
+
+def test_duplicate_topic(client: MetaClient) -> None:
+    register(client, "n1")
+    client.create_topic("t", partitions=2)
+    with pytest.raises(TopicAlreadyExists) as caught:
+        client.create_topic("t", partitions=2)
+    assert caught.value.fields["topic"] == "t"
+
+
+@pytest.mark.parametrize(
+    ("name", "settings", "error", "fields"),
+    [
+        ("", {}, InvalidRequest, {"topic": ""}),
+        ("a/b", {}, InvalidRequest, {"topic": "a/b"}),
+        ("x" * 201, {}, InvalidRequest, {}),
+        ("..", {}, InvalidRequest, {"topic": ".."}),
+        ("t", {"partitions": 10_001}, InvalidConfig, {"field": "partitions", "value": 10_001}),
+        ("t", {"partitions": -1}, InvalidConfig, {"field": "partitions"}),
+        ("t", {"engine": "kafka"}, InvalidConfig, {"field": "engine", "value": "kafka"}),
+        ("t", {"replication_factor": -2}, InvalidConfig, {"field": "replication_factor"}),
+        ("t", {"cleanup_policy": "keep"}, InvalidConfig, {"field": "cleanup_policy"}),
+        ("t", {"segment_bytes_max": 100}, InvalidConfig, {"field": "segment_bytes_max"}),
+        ("t", {"retention_ms": -5}, InvalidConfig, {"field": "retention_ms"}),
+        ("t", {"max_batch_bytes": 1 << 40}, InvalidConfig, {"field": "max_batch_bytes"}),
+        ("t", {"roll_interval_ms": -1}, InvalidConfig, {"field": "roll_interval_ms"}),
+        ("t", {"colour": "red"}, InvalidConfig, {"settings": ["colour"]}),  # refused by the client
+        ("t", {"partitions": 0}, InvalidConfig, {"settings": ["partitions"]}),  # ditto
+    ],
+)
+def test_invalid_topics_are_refused_with_typed_errors(
+    client: MetaClient,
+    name: str,
+    settings: dict[str, object],
+    error: type[RobustMQError],
+    fields: dict[str, object],
+) -> None:
+    register(client, "n1")
+    with pytest.raises(error) as caught:
+        client.create_topic(name, **settings)
+    assert type(caught.value) is error
+    for key, value in fields.items():
+        assert caught.value.fields[key] == value
+    assert client.list_topics() == []
+
+
+def test_too_few_live_nodes(client: MetaClient) -> None:
+    with pytest.raises(Unavailable) as caught:
+        client.create_topic("t")
+    assert str(caught.value) == "need 1 live storage nodes, have 0"
+    register(client, "n1", "n2")
+    with pytest.raises(Unavailable) as caught:
+        client.create_topic("t", replication_factor=3)
+    assert caught.value.fields == {"needed": 3, "live": 2}
+    assert client.list_topics() == []
+
+
+def test_names_must_be_well_formed(client: MetaClient) -> None:
+    for call in (
+        lambda: client.describe_topic(""),
+        lambda: client.delete_topic("bad name"),
+        lambda: client.get_shard(""),
+        lambda: client.get_shard("noshard"),
+        lambda: client.get_shard("t_01"),
+        lambda: client.get_shard("t_-1"),
+        lambda: client.get_shard("t_\u00b2"),
+        lambda: client.register_node("", "tcp://h:1"),
+        lambda: client.register_node("n 1", "tcp://h:1"),
+        lambda: client.register_node("n1", ""),
+        lambda: client.register_node("n1", "http://h:1"),
+        lambda: client.heartbeat("", "tcp://h:1"),
+        lambda: client.heartbeat("unknown", ""),
+        lambda: client.seal_segment("t_0", 0, 0, ""),
+        lambda: client.commit_offsets("", "t", {0: 1}),
+        lambda: client.fetch_offsets("g", ""),
+        lambda: client.group_lag(""),
+    ):
+        with pytest.raises(InvalidRequest):
+            call()
+    assert client.list_nodes() == []
+
+
+# -- placement and liveness ------------------------------------------------
+
+
+def test_placement_takes_the_least_loaded_nodes_ties_by_id(client: MetaClient) -> None:
+    register(client, "n3", "n1", "n2")
+    description = client.describe_topic(client.create_topic("a", partitions=4).name)
+    assert leaders(description) == ["n1", "n2", "n3", "n1"]
+
+    register(client, "n4")  # a new node leads nothing: it takes the next segment
+    assert leaders(client.describe_topic(client.create_topic("b").name)) == ["n4"]
+    # Loads now n1:2 n2:1 n3:1 n4:1; replicas are the least loaded, ties by id, leader first.
+    assert leaders(client.describe_topic(client.create_topic("b2", partitions=2).name)) == [
+        "n2",
+        "n3",
+    ]
+    shard = client.describe_topic(client.create_topic("c", replication_factor=3).name).shards[0]
+    assert list(shard.segments[0].replicas) == ["n4", "n1", "n2"]
+    loads = {node.node_id: node.active_segments for node in client.list_nodes()}
+    assert loads == {"n1": 2, "n2": 2, "n3": 2, "n4": 2}
+
+
+def test_replicas_spread_over_partitions(client: MetaClient) -> None:
+    register(client, "n1", "n2", "n3")
+    description = client.describe_topic(client.create_topic("r", partitions=3, replication_factor=2).name)
+    assert [list(s.segments[0].replicas) for s in description.shards] == [
+        ["n1", "n2"],
+        ["n2", "n3"],
+        ["n3", "n1"],
+    ]
+
+
+def test_liveness_follows_heartbeats(tmp_path: Path) -> None:
+    meta = Meta(tmp_path, node_timeout_ms=400)
+    try:
+        client = meta.client
+        register(client, "n1", "n2")
+        assert [node.alive for node in client.list_nodes()] == [True, True]
+        time.sleep(0.6)  # past the start-up grace and both nodes' timeouts
+        assert [node.alive for node in client.list_nodes()] == [False, False]
+        response = client.heartbeat("n1", "")
+        assert response.interval_ms == 133  # a third of the timeout, at most one second
+        nodes = client.list_nodes()
+        assert [node.alive for node in nodes] == [True, False]
+        assert nodes[0].last_heartbeat_ms >= nodes[0].registered_ms > 0
+        with pytest.raises(Unavailable) as caught:
+            client.create_topic("t", replication_factor=2)
+        assert caught.value.fields == {"needed": 2, "live": 1}
+        assert leaders(client.describe_topic(client.create_topic("t").name)) == ["n1"]
+
+        # After a restart, registered nodes count as alive for one timeout, then need beats.
+        meta.restart()
+        assert [node.alive for node in client.list_nodes()] == [True, True]
+        assert [node.last_heartbeat_ms for node in client.list_nodes()] == [0, 0]
+        time.sleep(0.6)
+        assert [node.alive for node in client.list_nodes()] == [False, False]
+        client.heartbeat("n2", "")
+        assert [node.alive for node in client.list_nodes()] == [False, True]
+    finally:
+        meta.close()
+
+
+def test_heartbeat_registers_an_unknown_node_and_updates_addresses(client: MetaClient) -> None:
+    response = client.heartbeat("n9", "tcp://10.0.0.9:7101", shard_count=0)
+    assert response.interval_ms == 1000 and list(response.delete_shards) == []
+    (node,) = client.list_nodes()
+    assert (node.node_id, node.address, node.alive) == ("n9", "tcp://10.0.0.9:7101", True)
+    client.heartbeat("n9", "tcp://10.0.0.9:7200")
+    again = client.register_node("n9", "tcp://10.0.0.9:7300")
+    assert again.registered_ms == node.registered_ms
+    assert client.list_nodes()[0].address == "tcp://10.0.0.9:7300"
+
+
+# -- shards, high watermarks and seals -------------------------------------
+
+
+def test_get_shard_and_reported_high_watermarks(client: MetaClient) -> None:
+    register(client, "n1", "n2")
+    client.create_topic("t", partitions=2, replication_factor=2)
+    shard = client.get_shard("t_1")
+    assert (shard.topic, shard.partition, shard.shard) == ("t", 1, "t_1")
+    assert shard.segments[-1].leader == "n2"
+    assert shard.leader_address == "tcp://127.0.0.1:7102"
+    assert shard.high_watermark == -1
+
+    client.heartbeat("n2", "", progress=[("t_1", 42, 0)], shard_count=2)
+    client.heartbeat("n1", "", progress=[("t_1", 7, 0)])  # a follower: not the shard's HW
+    client.heartbeat("n1", "", progress=[("gone_0", 5, 0)])  # unknown shards are ignored
+    assert client.get_shard("t_1").high_watermark == 42
+    # Malformed reports are skipped; the beat itself still counts.
+    response = client.heartbeat("n2", "", progress=[("t_1", 5, 9), ("t_1", -3, 0), ("x", 1, 0)])
+    assert list(response.delete_shards) == []
+    assert client.get_shard("t_1").high_watermark == 42
+    client.heartbeat("n2", "", progress=[("t_1", 50, 10)])
+    assert client.get_shard("t_1").high_watermark == 50
+
+    for missing in ("t_2", "nope_0"):
+        with pytest.raises(ShardNotFound) as caught:
+            client.get_shard(missing)
+        assert caught.value.fields["shard"] == missing
+
+
+def test_seal_chain(client: MetaClient) -> None:
+    register(client, "n1", "n2")
+    client.create_topic("s", replication_factor=2)
+    first = client.seal_segment("s_0", 0, 100, "n1")
+    assert (first.sealed.epoch, first.sealed.start_offset, first.sealed.end_offset) == (0, 0, 100)
+    assert first.sealed.state == pb.SEALED and first.sealed.leader == ""
+    assert list(first.sealed.replicas) == ["n1", "n2"]
+    assert (first.next.epoch, first.next.start_offset, first.next.end_offset) == (1, 100, -1)
+    assert first.next.state == pb.ACTIVE
+    # n1's load fell to 0 with the seal, n2's is 0: a tie among the old replicas, by id.
+    assert list(first.next.replicas) == ["n1", "n2"] and first.next.leader == "n1"
+
+    assert client.seal_segment("s_0", 0, 100, "n1") == first  # a retry gets the same answer
+
+    for epoch, end_offset, node_id in ((0, 100, "n2"), (0, 150, "n1"), (2, 150, "n1")):
+        with pytest.raises(StaleEpoch) as caught:
+            client.seal_segment("s_0", epoch, end_offset, node_id)
+        assert caught.value.fields == {"shard": "s_0", "epoch": epoch, "current_epoch": 1}
+    with pytest.raises(StaleEpoch):
+        client.seal_segment("s_0", 1, 150, "n2")  # the right epoch, but not its leader
+    with pytest.raises(InvalidRequest) as bad:
+        client.seal_segment("s_0", 1, 99, "n1")
+    assert bad.value.fields["start_offset"] == 100
+
+    second = client.seal_segment("s_0", 1, 100, "n1")  # an empty segment may be sealed
+    assert (second.next.epoch, second.next.start_offset) == (2, 100)
+    client.create_topic("busy", partitions=2)  # loads now n1:2 n2:1
+    register(client, "n3")  # leads nothing: wins the next placement over the old replicas
+    third = client.seal_segment("s_0", 2, 250, second.next.leader)
+    assert list(third.next.replicas) == ["n3", "n1"]
+    chain = client.get_shard("s_0").segments
+    assert [(s.epoch, s.start_offset, s.end_offset, s.state) for s in chain] == [
+        (0, 0, 100, pb.SEALED),
+        (1, 100, 100, pb.SEALED),
+        (2, 100, 250, pb.SEALED),
+        (3, 250, -1, pb.ACTIVE),
+    ]
+    assert client.get_shard("s_0").leader_address == "tcp://127.0.0.1:7101"  # n3 registered first
+    with pytest.raises(ShardNotFound):
+        client.seal_segment("s_5", 0, 0, "n1")
+
+
+def test_concurrent_identical_seals_open_one_epoch(client: MetaClient) -> None:
+    register(client, "n1")
+    client.create_topic("c")
+    answers: list[pb.SealSegmentResponse] = []
+    failures: list[BaseException] = []
+
+    def seal() -> None:
+        try:
+            answers.append(client.seal_segment("c_0", 0, 10, "n1"))
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=seal) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert failures == [] and len(answers) == 8
+    assert all(answer == answers[0] for answer in answers)
+    assert [s.epoch for s in client.get_shard("c_0").segments] == [0, 1]
+
+
+# -- group offsets ---------------------------------------------------------
+
+
+def test_commit_fetch_and_lag(client: MetaClient) -> None:
+    register(client, "n1")
+    client.create_topic("o", partitions=3)
+    client.create_topic("p")
+    assert client.fetch_offsets("g", "o") == {}
+    client.commit_offsets("g", "o", {0: 5, 2: 9})
+    client.commit_offsets("g", "o", {0: 7})
+    assert client.fetch_offsets("g", "o") == {0: 7, 2: 9}
+    client.commit_offsets("h", "p", {0: 1})
+    assert client.list_groups() == ["g", "h"]
+
+    client.heartbeat("n1", "", progress=[("o_0", 10, 0), ("o_1", 30, 20), ("o_2", 9, 0)])
+    lag = client.group_lag("g", "o")
+    assert lag.group == "g"
+    rows = [(p.partition, p.committed, p.high_watermark, p.lag) for p in lag.partitions]
+    assert rows == [(0, 7, 10, 3), (1, -1, 30, 10), (2, 9, 9, 0)]
+    assert lag.partitions[0].commit_time_ms > 0 and lag.partitions[1].commit_time_ms == -1
+    everything = client.group_lag("g")  # every topic the group committed to
+    assert [(p.topic, p.partition) for p in everything.partitions] == [("o", 0), ("o", 1), ("o", 2)]
+    unknown_hw = client.group_lag("h", "p").partitions[0]
+    assert (unknown_hw.committed, unknown_hw.high_watermark, unknown_hw.lag) == (1, -1, -1)
+    assert client.group_lag("nobody").partitions == []
+
+    for offsets, field in (({3: 1}, "partition"), ({-1: 1}, "partition"), ({0: -1}, "offset")):
+        with pytest.raises(InvalidRequest) as caught:
+            client.commit_offsets("g", "o", offsets)
+        assert field in caught.value.fields
+    with pytest.raises(TopicNotFound):
+        client.commit_offsets("g", "missing", {0: 1})
+    with pytest.raises(TopicNotFound):
+        client.fetch_offsets("g", "missing")
+    with pytest.raises(TopicNotFound):
+        client.group_lag("g", "missing")
+    assert client.fetch_offsets("g", "o") == {0: 7, 2: 9}
+
+    client.delete_topic("o")  # takes its offsets along
+    assert client.list_groups() == ["h"]
+    client.heartbeat("n1", "")  # n1 drops the old o_* shards; then it may hold new ones
+    client.create_topic("o", partitions=3)
+    assert client.fetch_offsets("g", "o") == {}
+
+
+# -- deletions and restarts ------------------------------------------------
+
+
+def test_pending_deletions_reach_each_holder_once_even_across_a_restart(meta: Meta) -> None:
+    client = meta.client
+    register(client, "n1", "n2", "n3")
+    client.create_topic("d", partitions=2, replication_factor=2)  # d_0: n1,n2  d_1: n2,n3
+    assert list(client.seal_segment("d_0", 0, 10, "n1").next.replicas) == ["n1", "n3"]
+    client.delete_topic("d")
+    assert list(client.heartbeat("n1", "").delete_shards) == ["d_0"]
+    assert list(client.heartbeat("n1", "").delete_shards) == []
+
+    meta.restart()
+    assert list(client.heartbeat("n2", "").delete_shards) == ["d_0", "d_1"]
+    assert list(client.heartbeat("n3", "").delete_shards) == ["d_0", "d_1"]
+    assert list(client.heartbeat("n3", "").delete_shards) == []
+
+
+def test_a_recreated_topic_avoids_nodes_still_holding_the_old_shards(client: MetaClient) -> None:
+    register(client, "n1", "n2")
+    client.create_topic("x")  # x_0 on n1
+    client.delete_topic("x")
+    assert leaders(client.describe_topic(client.create_topic("x").name)) == ["n2"]
+    client.delete_topic("x")
+    with pytest.raises(Unavailable) as caught:  # n1 and n2 both still have to drop an old x_0
+        client.create_topic("x")
+    assert "2 more must first drop an older 'x_0'" in str(caught.value)
+    assert list(client.heartbeat("n1", "").delete_shards) == ["x_0"]
+    assert leaders(client.describe_topic(client.create_topic("x").name)) == ["n1"]
+
+
+def test_restart_keeps_everything(meta: Meta) -> None:
+    client = meta.client
+    register(client, "n1", "n2")
+    client.create_topic("k", partitions=2, replication_factor=2, cleanup_policy="compact")
+    client.seal_segment("k_0", 0, 64, "n1")
+    client.commit_offsets("g", "k", {1: 3})
+    before = (client.list_topics(), client.describe_topic("k"), client.fetch_offsets("g", "k"))
+    nodes_before = [(n.node_id, n.address, n.registered_ms) for n in client.list_nodes()]
+
+    meta.restart()  # the same client reconnects to the restarted server
+    after = (client.list_topics(), client.describe_topic("k"), client.fetch_offsets("g", "k"))
+    assert after == before
+    assert [(n.node_id, n.address, n.registered_ms) for n in client.list_nodes()] == nodes_before
+    assert {n.node_id: n.active_segments for n in client.list_nodes()} == {"n1": 1, "n2": 1}
+    assert client.seal_segment("k_0", 0, 64, "n1").next.epoch == 1  # still idempotent
+    assert client.list_groups() == ["g"]
+
+
+def test_client_errors_when_the_service_is_down(tmp_path: Path) -> None:
+    server = MetaServer(tmp_path, port=0).start()
+    address = server.address
+    server.stop(grace=0)
+    with MetaClient(address, timeout_s=0.5) as client:
+        started = time.monotonic()
+        with pytest.raises((Unavailable, RequestTimeout)):
+            client.list_topics()  # retried until the deadline
+        assert 0.3 < time.monotonic() - started < 3.0
+        with pytest.raises(Unavailable):
+            client.delete_topic("t")  # a mutation is not retried blindly
+
+
+def test_an_injected_channel_is_used_and_left_open(meta: Meta) -> None:
+    channel = grpc.insecure_channel(meta.server.address)
+    try:
+        with MetaClient("ignored:1", channel=channel) as client:
+            register(client, "n1")
+        assert MetaClient("ignored:1", channel=channel).list_nodes()[0].node_id == "n1"
+    finally:
+        channel.close()

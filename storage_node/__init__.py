@@ -25,6 +25,7 @@ from ._driver_manager import (
     split_shard_name,
 )
 from ._memory_engine import MemoryEngine
+from ._node import NodeConfig, StorageNode, run_storage_node
 from ._rocksdb_engine import RocksDBEngine
 from ._segment_engine import SegmentEngine
 
@@ -35,6 +36,7 @@ __all__ = [
     "FrameRead",
     "LocalTopicCatalog",
     "MemoryEngine",
+    "NodeConfig",
     "ReadResult",
     "RocksDBEngine",
     "SegmentEngine",
@@ -43,8 +45,10 @@ __all__ = [
     "ShardOffsets",
     "StorageAdapter",
     "StorageDriverManager",
+    "StorageNode",
     "TopicCatalog",
     "TopicInfo",
+    "run_storage_node",
     "shard_name",
     "split_shard_name",
 ]

@@ -1,0 +1,213 @@
+"""The storage node in-process with a real Meta Service and real sockets (loopback, free ports)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import zmq
+
+import robustmq
+from robustmq._embedded import EmbeddedCluster
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq._records import build_records, encode_batch
+from robustmq.errors import (
+    InvalidRecordBatch,
+    InvalidRequest,
+    OffsetOutOfRange,
+    SegmentSealed,
+    ShardNotFound,
+    TopicNotFound,
+)
+from tests.e2e._procs import wait_until
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[EmbeddedCluster]:
+    with EmbeddedCluster(tmp_path, meta_port=0, node_port=0) as running:
+        yield running
+
+
+@pytest.fixture
+def client(cluster: EmbeddedCluster) -> Iterator[robustmq.Client]:
+    with robustmq.connect(cluster.meta_address, timeout_s=20) as connected:
+        yield connected
+
+
+def test_send_read_and_lookups(client: robustmq.Client) -> None:
+    client.create_topic("orders", 3)
+    with client.producer(linger_ms=1) as producer:
+        futures = [
+            producer.send(
+                "orders",
+                f"order-{i}",
+                key=f"customer-{i % 4}",
+                tags=["eu" if i % 2 else "us"],
+                headers=[("source", b"test")],
+                timestamp_ms=1_000 + i,
+            )
+            for i in range(100)
+        ]
+        metas = [future.result(10) for future in futures]
+    assert {m.topic for m in metas} == {"orders"}
+    for partition in range(3):
+        offsets = sorted(m.offset for m in metas if m.partition == partition)
+        assert offsets == list(range(len(offsets)))  # contiguous from zero
+    last = client.read_by_key("orders", "customer-1")
+    assert last.column("value").to_pylist() == [b"order-97"]
+    partition = metas[97].partition
+    table = client.read("orders", partition, 0, 1000)
+    assert table.column("partition").to_pylist() == [partition] * table.num_rows
+    assert table.column("headers")[0].as_py() == [{"key": "source", "value": b"test"}]
+    tagged = client.read_by_tag("orders", "eu")
+    assert tagged.num_rows == 50 and set(tagged.column("partition").to_pylist()) <= {0, 1, 2}
+    found = client.offset_for_timestamp("orders", partition, 1_000 + 97)
+    assert found == metas[97].offset
+    ends = client.list_offsets("orders")
+    assert sum(end for _, end in ends.values()) == 100
+
+
+def test_bulk_send_and_consumer_with_group(client: robustmq.Client) -> None:
+    client.create_topic("clicks", 4)
+    values = [b"click-%d" % i for i in range(20_000)]
+    table = build_records(values, keys=[b"u%d" % (i % 97) for i in range(20_000)])
+    with client.producer() as producer:
+        batches = producer.send_batch("clicks", table).result(30)
+    assert sum(b.record_count for b in batches) == 20_000
+    with client.consumer("clicks", group="g1", auto_commit=False) as consumer:
+        seen: list[bytes] = []
+        while len(seen) < 10_000:
+            seen.extend(consumer.poll(5).column("value").to_pylist())
+        consumer.commit()
+        first_positions = consumer.positions()
+    with client.consumer("clicks", group="g1") as consumer:  # continues after the commit
+        assert consumer.positions() == first_positions
+        rest: list[bytes] = []
+        while len(seen) + len(rest) < 20_000:
+            rest.extend(consumer.poll(5).column("value").to_pylist())
+    assert sorted(seen + rest) == sorted(b"click-%d" % i for i in range(20_000))
+    ends = client.list_offsets("clicks")
+    assert client.group_offsets("g1", "clicks") == {p: end for p, (_, end) in ends.items()}
+    # High watermarks reach the Meta Service with the node's next heartbeat (about 1 s).
+    wait_until(lambda: all(p.lag == 0 for p in client.group_lag("g1", "clicks").partitions), 10)
+
+
+def test_long_poll_answers_when_data_arrives(client: robustmq.Client) -> None:
+    client.create_topic("live", 1)
+    consumer = client.consumer("live", max_wait_ms=10_000, auto_commit=False)
+    received: list[float] = []
+
+    def wait_for_record() -> None:
+        table = consumer.poll(timeout_s=15)
+        received.append(time.monotonic())
+        assert table.num_rows == 1
+
+    waiter = threading.Thread(target=wait_for_record)
+    waiter.start()
+    time.sleep(0.5)  # the fetch is parked on the node by now
+    sent = time.monotonic()
+    with client.producer(linger_ms=0) as producer:
+        producer.send("live", b"now").result(10)
+    waiter.join(20)
+    assert received and received[0] - sent < 1.0, "the parked fetch was not woken by the write"
+
+
+def test_idempotent_retries_are_stored_once(client: robustmq.Client, cluster: EmbeddedCluster) -> None:
+    client.create_topic("once", 1)
+    route = client.metadata.write_route("once", 0)
+    payload = encode_batch(build_records([b"a", b"b", b"c"]))
+    request = pb.NodeRequest(
+        produce=pb.ProduceRequest(shard=route.shard, epoch=route.epoch, producer_id=42, producer_sequence=7)
+    )
+    first = client.transport.call(route.address, request, (payload,))[0].produce
+    again = client.transport.call(route.address, request, (payload,))[0].produce
+    assert (first.base_offset, first.duplicate) == (0, False)
+    assert (again.base_offset, again.duplicate, again.record_count) == (0, True, 3)
+    assert client.list_offsets("once") == {0: (0, 3)}
+
+
+def test_seal_opens_the_next_epoch_and_old_epochs_are_refused(client: robustmq.Client) -> None:
+    client.create_topic("sealed", 1, segment_bytes_max=256 * 1024)
+    with client.producer() as producer:
+        producer.send_batch("sealed", build_records([b"x" * 1000] * 600)).result(30)
+    description = client.describe_topic("sealed")
+    chain = description.shards[0].segments
+    assert len(chain) >= 2, "passing segment_bytes_max should have sealed the first segment"
+    assert [s.epoch for s in chain] == list(range(len(chain)))
+    assert all(a.end_offset == b.start_offset for a, b in itertools.pairwise(chain))
+    route = client.metadata.write_route("sealed", 0)
+    stale = pb.NodeRequest(produce=pb.ProduceRequest(shard=route.shard, epoch=0))
+    with pytest.raises(SegmentSealed):
+        client.transport.call(route.address, stale, (encode_batch(build_records([b"late"])),))
+    with client.producer() as producer:  # the producer refreshes its route and carries on
+        assert producer.send("sealed", b"before").result(10).offset == 600
+    sealed = client.seal("sealed", 0)
+    assert sealed.next.epoch == sealed.sealed.epoch + 1 and sealed.sealed.end_offset == 601
+    with pytest.raises(InvalidRequest, match="nothing to seal"):
+        client.seal("sealed", 0)
+    with client.producer() as producer:
+        assert producer.send("sealed", b"after").result(10).offset == 601
+
+
+def test_bad_requests_get_typed_errors(client: robustmq.Client) -> None:
+    client.create_topic("t", 1)
+    route = client.metadata.write_route("t", 0)
+    produce = pb.NodeRequest(produce=pb.ProduceRequest(shard=route.shard, epoch=route.epoch))
+    with pytest.raises(InvalidRecordBatch):
+        client.transport.call(route.address, produce, (b"not arrow",))
+    with pytest.raises(InvalidRequest):
+        client.transport.call(route.address, produce, ())
+    unknown = pb.NodeRequest(produce=pb.ProduceRequest(shard="nosuch_0", epoch=0))
+    with pytest.raises(ShardNotFound):
+        client.transport.call(route.address, unknown, (encode_batch(build_records([b"x"])),))
+    fetch = pb.NodeRequest(fetch=pb.FetchRequest(shard=route.shard, offset=5))
+    with pytest.raises(OffsetOutOfRange):
+        client.transport.call(route.address, fetch)
+    with pytest.raises(TopicNotFound):
+        client.producer().send("nosuch", b"x")
+    assert client.list_offsets("t") == {0: (0, 0)}
+
+
+def test_garbage_frames_are_answered_and_the_node_keeps_serving(client: robustmq.Client) -> None:
+    client.create_topic("t", 1)
+    route = client.metadata.write_route("t", 0)
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.RCVTIMEO, 5000)
+    socket.connect(route.address)
+    try:
+        for message in ([b"\xff\xfe garbage"], [b""], [b"\x08" * 100, b"payload"], [b"x" * 70_000]):
+            socket.send_multipart(message)
+            answer = pb.NodeResponse.FromString(socket.recv_multipart()[0])
+            assert answer.error.code == "INVALID_REQUEST"
+    finally:
+        socket.close()
+    with client.producer() as producer:
+        assert producer.send("t", b"fine").result(10).offset == 0
+
+
+def test_topic_deletion_removes_the_node_shards(client: robustmq.Client, cluster: EmbeddedCluster) -> None:
+    client.create_topic("gone", 2)
+    with client.producer() as producer:
+        producer.send_batch("gone", build_records([b"x"] * 10)).result(10)
+    assert cluster.node is not None
+    assert {"gone_0", "gone_1"} & set(cluster.node.directory.local_names())
+    client.delete_topic("gone")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and {"gone_0", "gone_1"} & set(cluster.node.directory.local_names()):
+        time.sleep(0.1)
+    assert not {"gone_0", "gone_1"} & set(cluster.node.directory.local_names())
+    with pytest.raises(TopicNotFound):
+        client.list_offsets("gone")
+
+
+def test_read_returns_an_empty_table_past_the_end(client: robustmq.Client) -> None:
+    client.create_topic("empty", 1)
+    table = client.read("empty", 0, 0, 10)
+    assert table.num_rows == 0 and table.column_names[:2] == ["partition", "offset"]
+    assert isinstance(table, pa.Table)

@@ -1,10 +1,14 @@
 """RobustMQ-Py: a durable message log that Spark reads and writes natively.
 
-The record format (:data:`RECORD_SCHEMA`) and the error hierarchy
-(:mod:`robustmq.errors`) are shared by every layer.
+``robustmq.connect("host:7070")`` returns a :class:`Client` (admin calls,
+reads, producers, consumers). The record format (:data:`RECORD_SCHEMA`) and
+the error hierarchy (:mod:`robustmq.errors`) are shared by every layer.
 """
 
 from robustmq import errors
+from robustmq._client import Client, connect
+from robustmq._consumer import Consumer, Record
+from robustmq._producer import BatchMetadata, Producer, RecordFuture, RecordMetadata
 from robustmq._records import READ_SCHEMA, RECORD_SCHEMA, build_records, coerce_records
 
 __version__ = "0.1.0"
@@ -12,8 +16,16 @@ __version__ = "0.1.0"
 __all__ = [
     "READ_SCHEMA",
     "RECORD_SCHEMA",
+    "BatchMetadata",
+    "Client",
+    "Consumer",
+    "Producer",
+    "Record",
+    "RecordFuture",
+    "RecordMetadata",
     "__version__",
     "build_records",
     "coerce_records",
+    "connect",
     "errors",
 ]

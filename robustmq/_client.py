@@ -1,0 +1,252 @@
+"""``robustmq.connect``: the client handle for admin, reads, producers and consumers.
+
+A :class:`Client` talks to the Meta Service (gRPC, through ``MetaClient``) for
+topics, shard placement and group offsets, and to storage nodes (ZeroMQ,
+through ``NodeTransport``) for records. Node calls refresh cached metadata and
+retry on ``NotLeader``, ``SegmentSealed``, ``StaleEpoch`` and ``Unavailable``
+until the client's timeout.
+
+Reads return ``pyarrow.Table``\\ s with a ``partition`` and an ``offset``
+column in front of the record columns (``key, value, timestamp, tags,
+headers``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pyarrow as pa
+
+from robustmq._consumer import Consumer
+from robustmq._frame import decode_frames
+from robustmq._metadata import Metadata, Route
+from robustmq._partitioner import partition_for_key
+from robustmq._producer import Producer
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq._records import READ_SCHEMA
+from robustmq._transport import NodeTransport
+from robustmq.errors import InvalidRequest, RobustMQError, StaleEpoch
+
+__all__ = ["Client", "connect"]
+
+
+def connect(address: str = "127.0.0.1:7070", *, timeout_s: float = 30.0) -> Client:
+    """A client for the cluster whose Meta Service listens at ``address`` (``host:port``)."""
+    return Client(address, timeout_s=timeout_s)
+
+
+class Client:
+    """See the module docstring; close it (or use ``with``) to release sockets and threads."""
+
+    def __init__(self, address: str, *, timeout_s: float = 30.0) -> None:
+        from robustmq._meta_client import MetaClient
+
+        self.address = address
+        self.timeout_s = timeout_s
+        self.meta = MetaClient(address, timeout_s=min(timeout_s, 10.0))
+        self.metadata = Metadata(self.meta)
+        self.transport = NodeTransport(timeout_s=timeout_s)
+
+    def close(self) -> None:
+        self.transport.close()
+        self.meta.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- admin ------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        *,
+        replication_factor: int = 1,
+        engine: str = "segment",
+        **settings: Any,
+    ) -> pb.Topic:
+        """Create a topic. Settings: segment_bytes_max, roll_interval_ms, retention_bytes,
+        retention_ms, retention_records, cleanup_policy, max_batch_bytes."""
+        return self.meta.create_topic(
+            name, partitions=partitions, replication_factor=replication_factor, engine=engine, **settings
+        )
+
+    def list_topics(self) -> list[str]:
+        return sorted(topic.name for topic in self.meta.list_topics())
+
+    def describe_topic(self, name: str) -> pb.TopicDescription:
+        return self.meta.describe_topic(name)
+
+    def delete_topic(self, name: str) -> None:
+        self.meta.delete_topic(name)
+        self.metadata.invalidate(name)
+
+    def list_nodes(self) -> list[pb.NodeInfo]:
+        return list(self.meta.list_nodes())
+
+    # -- producers and consumers ---------------------------------------------------------
+
+    def producer(self, **options: Any) -> Producer:
+        """A batching, idempotent producer; see :class:`robustmq.Producer` for options."""
+        return Producer(self, **options)
+
+    def consumer(self, topic: str, **options: Any) -> Consumer:
+        """A long-polling consumer; see :class:`robustmq.Consumer` for options."""
+        return Consumer(self, topic, **options)
+
+    # -- reads ------------------------------------------------------------------------
+
+    def read(self, topic: str, partition: int = 0, offset: int = 0, max_records: int = 1000) -> pa.Table:
+        """Up to ``max_records`` records from ``offset`` (fewer if the log ends first)."""
+        tables = []
+        position = offset
+        remaining = max_records
+        while remaining > 0:
+
+            def fetch_request(route: Route, at: int = position, left: int = remaining) -> pb.NodeRequest:
+                return pb.NodeRequest(fetch=pb.FetchRequest(shard=route.shard, offset=at, max_records=left))
+
+            response, frames = self._call(topic, partition, fetch_request, offset=position)
+            fetch = response.fetch
+            records = decode_frames([f.buffer for f in frames], position, fetch.next_offset, remaining)
+            if records.num_rows == 0:
+                break
+            tables.append(records)
+            position += records.num_rows
+            remaining -= records.num_rows
+            if position >= fetch.high_watermark:
+                break
+        return _with_partition(pa.concat_tables(tables) if tables else READ_SCHEMA.empty_table(), partition)
+
+    def read_by_key(self, topic: str, key: bytes | str, *, partition: int | None = None) -> pa.Table:
+        """The latest record with ``key`` (zero or one row), in the key's hash partition by default."""
+        raw = key.encode() if isinstance(key, str) else key
+        if partition is None:
+            partition = partition_for_key(raw, self.metadata.partitions(topic))
+        _response, frames = self._call(
+            topic,
+            partition,
+            lambda route: pb.NodeRequest(read_by_key=pb.ReadByKeyRequest(shard=route.shard, key=raw)),
+        )
+        return _with_partition(_ipc_table(frames), partition)
+
+    def read_by_tag(
+        self,
+        topic: str,
+        tag: str,
+        *,
+        partitions: Iterable[int] | None = None,
+        start_offset: int = 0,
+        max_records: int = 10_000,
+    ) -> pa.Table:
+        """Records carrying ``tag``, per partition in offset order, at most ``max_records`` each."""
+        chosen = list(partitions) if partitions is not None else range(self.metadata.partitions(topic))
+        tables = []
+        for partition in chosen:
+            _response, frames = self._call(
+                topic,
+                partition,
+                lambda route: pb.NodeRequest(
+                    read_by_tag=pb.ReadByTagRequest(
+                        shard=route.shard, tag=tag, start_offset=start_offset, max_records=max_records
+                    )
+                ),
+            )
+            tables.append(_with_partition(_ipc_table(frames), partition))
+        return pa.concat_tables(tables) if tables else _with_partition(READ_SCHEMA.empty_table(), 0)
+
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
+        """Offset of the first record with timestamp >= ``timestamp_ms``, or None."""
+        response, _ = self._call(
+            topic,
+            partition,
+            lambda route: pb.NodeRequest(
+                offset_for_timestamp=pb.OffsetForTimestampRequest(
+                    shard=route.shard, timestamp_ms=timestamp_ms
+                )
+            ),
+        )
+        return int(response.offset.offset) if response.offset.found else None
+
+    def list_offsets(self, topic: str) -> dict[int, tuple[int, int]]:
+        """``{partition: (earliest offset, high watermark)}`` for every partition."""
+        result = {}
+        for partition in range(self.metadata.partitions(topic)):
+            response, _ = self._call(
+                topic,
+                partition,
+                lambda route: pb.NodeRequest(list_offsets=pb.ListOffsetsRequest(shards=[route.shard])),
+            )
+            info = response.list_offsets.shards[0]
+            result[partition] = (int(info.log_start_offset), int(info.high_watermark))
+        return result
+
+    def seal(self, topic: str, partition: int) -> pb.SealResponse:
+        """Seal the partition's active segment now; the next epoch opens at once."""
+        response, _ = self._call(
+            topic, partition, lambda route: pb.NodeRequest(seal=pb.SealRequest(shard=route.shard)), write=True
+        )
+        self.metadata.invalidate(topic, partition)
+        return response.seal
+
+    # -- consumer groups -----------------------------------------------------------------
+
+    def commit_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        """Store the next offset to read, per partition, for ``group``."""
+        self.meta.commit_offsets(group, topic, {int(p): int(o) for p, o in offsets.items()})
+
+    def group_offsets(self, group: str, topic: str) -> dict[int, int]:
+        return dict(self.meta.fetch_offsets(group, topic))
+
+    def group_lag(self, group: str, topic: str = "") -> pb.GroupLagResponse:
+        return self.meta.group_lag(group, topic)
+
+    def list_groups(self) -> list[str]:
+        return sorted(self.meta.list_groups())
+
+    # -- node calls ------------------------------------------------------------------------
+
+    def _call(
+        self,
+        topic: str,
+        partition: int,
+        build: Callable[[Route], pb.NodeRequest],
+        *,
+        offset: int | None = None,
+        write: bool = False,
+    ) -> tuple[pb.NodeResponse, list[Any]]:
+        if partition < 0:
+            raise InvalidRequest(f"partition {partition} does not exist", topic=topic, partition=partition)
+        deadline = time.monotonic() + self.timeout_s
+        delay = 0.05
+        while True:
+            route = (
+                self.metadata.write_route(topic, partition)
+                if write
+                else self.metadata.read_route(topic, partition, offset)
+            )
+            try:
+                return self.transport.call(
+                    route.address, build(route), timeout_s=max(0.1, deadline - time.monotonic())
+                )
+            except RobustMQError as error:
+                if not (error.retriable or isinstance(error, StaleEpoch)) or time.monotonic() >= deadline:
+                    raise
+                self.metadata.invalidate(topic, partition)
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, 1.0)
+
+
+def _ipc_table(frames: list[Any]) -> pa.Table:
+    return pa.ipc.open_stream(frames[0].buffer).read_all() if frames else READ_SCHEMA.empty_table()
+
+
+def _with_partition(table: pa.Table, partition: int) -> pa.Table:
+    return table.add_column(
+        0, pa.field("partition", pa.int32()), pa.array([partition] * table.num_rows, pa.int32())
+    )

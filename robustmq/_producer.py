@@ -1,0 +1,582 @@
+"""The batching producer: ``send`` per record, ``send_batch`` per Arrow table.
+
+Records are gathered per partition into batches (closed at ``batch_records``
+records, ``batch_bytes`` bytes or ``linger_ms`` after the first record) and
+sent by one sender thread as produce requests, one Arrow IPC stream each.
+
+Delivery guarantees:
+
+- **Idempotent** (default): each producer has a random 62-bit id and a
+  sequence per partition; a batch keeps its sequence across retries, so a
+  retry of a batch the node already stored is acknowledged with the original
+  offsets and stored once.
+- **Ordered**: at most one batch per partition is in flight. The node accepts
+  sequences with gaps (the Spark sink needs them), so a retried earlier batch
+  must never follow a later one that succeeded; one in flight guarantees it.
+- **Retries** on retriable errors (``Unavailable``, ``Busy``, ``NotLeader``,
+  ``SegmentSealed``, ``StaleEpoch``, ``RequestTimeout``) with a metadata
+  refresh and back-off, until ``delivery_timeout_s`` after the batch was made;
+  other errors fail the batch's futures at once.
+- **Bounded**: at most ``max_buffered_bytes`` of records wait in the
+  producer; ``send`` blocks past that, for up to ``max_block_s``.
+
+``send`` returns a light :class:`RecordFuture` (one small object per record,
+not a ``concurrent.futures.Future``, which costs a lock and a condition each).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from robustmq._partitioner import Partitioner, partition_for_key
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq._records import (
+    HEADERS_TYPE,
+    RECORD_SCHEMA,
+    TAGS_TYPE,
+    TIMESTAMP_TYPE,
+    coerce_records,
+    encode_batch,
+    now_ms,
+    null_column,
+)
+from robustmq.errors import (
+    InvalidRequest,
+    RecordBatchTooLarge,
+    RequestTimeout,
+    RobustMQError,
+    StaleEpoch,
+)
+
+__all__ = ["BatchMetadata", "Producer", "RecordFuture", "RecordMetadata"]
+
+log = logging.getLogger("robustmq.client")
+
+MiB = 1024 * 1024
+_ACKS = {
+    "1": pb.ACKS_LEADER,
+    "leader": pb.ACKS_LEADER,
+    "all": pb.ACKS_ALL,
+    "-1": pb.ACKS_ALL,
+    "quorum": pb.ACKS_QUORUM,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int  # ms since the epoch
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMetadata:
+    topic: str
+    partition: int
+    base_offset: int  # -1: a duplicate older than the node's producer window
+    record_count: int
+    duplicate: bool
+
+
+class _Batch:
+    """Records for one partition, sent as one produce request.
+
+    Either built record by record (``keys``/``values``/``stamps``, with the
+    ``tags`` and ``headers`` columns created only once a record has some) or
+    holding a whole table from ``send_batch``.
+    """
+
+    __slots__ = (
+        "attempts",
+        "base_offset",
+        "callbacks",
+        "created",
+        "done",
+        "duplicate",
+        "error",
+        "headers",
+        "keyed",
+        "keys",
+        "partition",
+        "retry_at",
+        "sequence",
+        "size",
+        "stamps",
+        "table",
+        "tags",
+        "topic",
+        "values",
+    )
+
+    def __init__(self, topic: str, partition: int, table: pa.Table | None = None) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.keys: list[bytes | None] = []
+        self.keyed = False  # any key set (saves scanning ``keys`` when building the table)
+        self.values: list[bytes | None] = []
+        self.stamps: list[int] = []
+        self.tags: list[Any] | None = None
+        self.headers: list[Any] | None = None
+        self.table = table
+        self.size = 0 if table is None else table.nbytes
+        self.created = time.monotonic()
+        self.sequence = -1
+        self.attempts = 0
+        self.retry_at = 0.0
+        self.done = threading.Event()
+        self.base_offset = -1
+        self.duplicate = False
+        self.error: BaseException | None = None
+        self.callbacks: list[Callable[[], None]] = []
+
+    @property
+    def count(self) -> int:
+        return self.table.num_rows if self.table is not None else len(self.values)
+
+    def add_tags(self, index: int, tags: Sequence[str]) -> None:
+        if self.tags is None:
+            self.tags = [None] * index
+        self.tags.append(list(tags))
+
+    def add_headers(self, index: int, headers: Sequence[tuple[str, bytes]]) -> None:
+        if self.headers is None:
+            self.headers = [None] * index
+        self.headers.append(list(headers))
+
+    def build(self) -> pa.Table:
+        if self.table is None:
+            count = len(self.values)
+            tags, headers = self.tags, self.headers
+            if tags is not None:
+                tags.extend([None] * (count - len(tags)))
+            if headers is not None:
+                headers.extend([None] * (count - len(headers)))
+            self.table = pa.Table.from_arrays(
+                [
+                    pa.array(self.keys, pa.binary()) if self.keyed else null_column(count, pa.binary()),
+                    pa.array(self.values, pa.binary()),
+                    pa.array(self.stamps, pa.int64()).cast(TIMESTAMP_TYPE),
+                    pa.array(tags, TAGS_TYPE) if tags is not None else null_column(count, TAGS_TYPE),
+                    _headers_array(headers) if headers is not None else null_column(count, HEADERS_TYPE),
+                ],
+                schema=RECORD_SCHEMA,
+            )
+            self.keys, self.values, self.stamps, self.tags, self.headers = [], [], [], None, None
+        return self.table
+
+    def finish(
+        self, *, base_offset: int = -1, duplicate: bool = False, error: BaseException | None = None
+    ) -> None:
+        self.base_offset, self.duplicate, self.error = base_offset, duplicate, error
+        self.done.set()
+        for callback in self.callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("a producer callback failed")
+
+
+class RecordFuture:
+    """The outcome of one ``send``: ``result()`` gives its :class:`RecordMetadata`."""
+
+    __slots__ = ("_batch", "_index", "_timestamp")
+
+    def __init__(self, batch: _Batch, index: int, timestamp: int) -> None:
+        self._batch, self._index, self._timestamp = batch, index, timestamp
+
+    def done(self) -> bool:
+        return self._batch.done.is_set()
+
+    def result(self, timeout: float | None = None) -> RecordMetadata:
+        if not self._batch.done.wait(timeout):
+            raise RequestTimeout(f"no acknowledgement within {timeout}s", topic=self._batch.topic)
+        if self._batch.error is not None:
+            raise self._batch.error
+        base = self._batch.base_offset
+        return RecordMetadata(
+            self._batch.topic, self._batch.partition, base + self._index if base >= 0 else -1, self._timestamp
+        )
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self._batch.done.wait(timeout):
+            raise RequestTimeout(f"no acknowledgement within {timeout}s", topic=self._batch.topic)
+        return self._batch.error
+
+    def add_done_callback(self, callback: Callable[[RecordFuture], None]) -> None:
+        if self._batch.done.is_set():
+            callback(self)
+        else:
+            self._batch.callbacks.append(lambda: callback(self))
+
+
+@dataclass(slots=True)
+class _Partition:
+    batches: deque[_Batch]
+    open: _Batch | None = None  # the batch ``send`` is filling (the last of ``batches``)
+    in_flight: _Batch | None = None
+    next_sequence: int = 0
+
+
+class Producer:
+    """Batches records per partition and sends them; see the module docstring.
+
+    Parameters
+    ----------
+    client
+        The :class:`robustmq.Client` to send through.
+    acks
+        ``"1"`` (durable on the leader), ``"all"`` or ``"quorum"`` (replicated;
+        with a replication factor of 1 they are the same as ``"1"``).
+    linger_ms, batch_records, batch_bytes
+        When a batch is closed and sent.
+    max_buffered_bytes, max_block_s
+        Memory bound and how long ``send`` may block on it.
+    delivery_timeout_s
+        How long a batch may be retried before its futures fail.
+    idempotent
+        Send with a producer id and sequences (default True).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        acks: str | int = "1",
+        linger_ms: float = 5.0,
+        batch_records: int = 10_000,
+        batch_bytes: int = 1 * MiB,
+        max_buffered_bytes: int = 64 * MiB,
+        max_block_s: float = 60.0,
+        delivery_timeout_s: float = 120.0,
+        request_timeout_s: float = 30.0,
+        idempotent: bool = True,
+    ) -> None:
+        if str(acks) not in _ACKS:
+            raise InvalidRequest(f"acks must be one of 1, all, quorum; not {acks!r}", acks=str(acks))
+        self._client = client
+        self._acks = _ACKS[str(acks)]
+        self._linger_s = linger_ms / 1000
+        self._batch_records = batch_records
+        self._batch_bytes = batch_bytes
+        self._max_buffered = max_buffered_bytes
+        self._max_block_s = max_block_s
+        self._delivery_timeout_s = delivery_timeout_s
+        self._request_timeout_s = request_timeout_s
+        self._producer_id = secrets.randbits(62) if idempotent else -1
+        self._partitioner = Partitioner(secrets.randbelow(1 << 16))
+        self._round_robin = secrets.randbelow(1 << 16)  # send()'s own sequence (under _lock)
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
+        self._partitions: dict[tuple[str, int], _Partition] = {}
+        self._buffered = 0
+        self._outstanding = 0
+        self._flushing = 0
+        self._closed = False
+        self._sender = threading.Thread(target=self._send_loop, name="rmq-producer", daemon=True)
+        self._sender.start()
+
+    # -- the public API -----------------------------------------------------------------
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | str | None,
+        *,
+        key: bytes | str | None = None,
+        tags: Sequence[str] | None = None,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> RecordFuture:
+        """Queue one record; the future resolves once the node has it durably.
+
+        This is the per-record hot path: it takes one lock, appends to a few
+        lists and makes one small object.
+        """
+        if value.__class__ is str:
+            value = value.encode()
+        if key.__class__ is str:
+            key = key.encode()
+        size = (len(value) if value else 0) + (len(key) if key else 0) + 32
+        if size > self._batch_bytes * 16:
+            raise RecordBatchTooLarge(f"a {size}-byte record is too large to send", topic=topic)
+        count = self._counts.get(topic) or self._partition_count(topic)
+        stamp = time.time_ns() // 1_000_000 if timestamp_ms is None else int(timestamp_ms)
+        with self._lock:
+            if partition is not None:
+                if not 0 <= partition < count:
+                    raise InvalidRequest(
+                        f"partition {partition} does not exist: topic {topic} has {count}",
+                        topic=topic,
+                        partition=partition,
+                    )
+                chosen = partition
+            elif key is not None:
+                chosen = partition_for_key(key, count)  # type: ignore[arg-type]
+            else:
+                chosen = self._round_robin % count
+                self._round_robin += 1
+            if self._buffered + size > self._max_buffered:
+                self._reserve(size, topic)
+            else:
+                self._buffered += size
+            state = self._partitions.get((topic, chosen)) or self._partition(topic, chosen)
+            batch = state.open
+            if (
+                batch is None
+                or len(batch.values) >= self._batch_records
+                or batch.size + size > self._batch_bytes
+            ):
+                batch = state.open = _Batch(topic, chosen)
+                state.batches.append(batch)
+                self._outstanding += 1
+            index = len(batch.values)
+            if key is not None:
+                batch.keyed = True
+            batch.keys.append(key)  # type: ignore[arg-type]
+            batch.values.append(value)  # type: ignore[arg-type]
+            batch.stamps.append(stamp)
+            if tags is not None:
+                batch.add_tags(index, tags)
+            if headers is not None:
+                batch.add_headers(index, headers)
+            batch.size += size
+            if index == 0 or index + 1 >= self._batch_records:
+                self._wakeup.notify()
+        return RecordFuture(batch, index, stamp)
+
+    def _partition_count(self, topic: str) -> int:
+        """Partition counts are cached per producer (a topic's count never changes)."""
+        count = self._client.metadata.partitions(topic)
+        self._counts[topic] = count
+        return count
+
+    def send_batch(self, topic: str, records: pa.Table | pa.RecordBatch) -> Future[list[BatchMetadata]]:
+        """Queue a whole Arrow table (the bulk path); resolves to one entry per batch sent."""
+        table = pa.Table.from_batches([records]) if isinstance(records, pa.RecordBatch) else records
+        partition_column = table.column("partition") if "partition" in table.column_names else None
+        if partition_column is not None:
+            table = table.drop_columns(["partition"])
+        table = coerce_records(table)
+        if table.column("timestamp").null_count:  # the producer's clock, as for send()
+            stamps = pc.fill_null(table.column("timestamp"), pa.scalar(now_ms(), TIMESTAMP_TYPE))
+            table = table.set_column(2, "timestamp", stamps)
+        if partition_column is not None:
+            table = table.append_column("partition", partition_column)
+        partitions = self._client.metadata.partitions(topic)
+        parts = self._partitioner.split(topic, partitions, table)
+        batches: list[_Batch] = []
+        with self._wakeup:
+            for chosen, part in sorted(parts.items()):
+                for chunk in _chunks(part, self._batch_bytes * 8):
+                    self._reserve(chunk.nbytes, topic)
+                    batch = _Batch(topic, chosen, chunk)
+                    state = self._partition(topic, chosen)
+                    state.batches.append(batch)
+                    state.open = None  # later send()s go after this table, in a new batch
+                    self._outstanding += 1
+                    batches.append(batch)
+            self._wakeup.notify()
+        result: Future[list[BatchMetadata]] = Future()
+        remaining = [len(batches)]
+        gate = threading.Lock()
+
+        def one_done() -> None:
+            with gate:
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+            errors = [b.error for b in batches if b.error is not None]
+            if errors:
+                result.set_exception(errors[0])
+            else:
+                result.set_result(
+                    [
+                        BatchMetadata(b.topic, b.partition, b.base_offset, b.count, b.duplicate)
+                        for b in batches
+                    ]
+                )
+
+        if not batches:
+            result.set_result([])
+        for batch in batches:
+            batch.callbacks.append(one_done)
+            if batch.done.is_set():
+                one_done()
+        return result
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Send everything queued now and wait until it is acknowledged (or failed)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._wakeup:
+            self._flushing += 1
+            self._wakeup.notify_all()
+            try:
+                while self._outstanding:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise RequestTimeout(f"{self._outstanding} batches still unacknowledged")
+                    self._wakeup.wait(remaining if remaining is not None else 1.0)
+            finally:
+                self._flushing -= 1
+
+    def close(self, timeout_s: float | None = None) -> None:
+        if self._closed:
+            return
+        try:
+            self.flush(timeout_s)
+        finally:
+            with self._wakeup:
+                self._closed = True
+                self._wakeup.notify_all()
+            self._sender.join(timeout=10)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- bookkeeping (lock held) ----------------------------------------------------------
+
+    def _partition(self, topic: str, partition: int) -> _Partition:
+        key = (topic, partition)
+        state = self._partitions.get(key)
+        if state is None:
+            state = self._partitions[key] = _Partition(deque())
+        return state
+
+    def _reserve(self, size: int, topic: str) -> None:
+        if self._closed:
+            raise InvalidRequest("the producer is closed", topic=topic)
+        deadline = time.monotonic() + self._max_block_s
+        while self._buffered + size > self._max_buffered and self._buffered > 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RequestTimeout(f"the producer buffer stayed full for {self._max_block_s}s", topic=topic)
+            self._wakeup.notify()
+            self._wakeup.wait(remaining)
+        self._buffered += size
+
+    # -- the sender thread ---------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        while True:
+            ready: list[tuple[_Partition, _Batch]] = []
+            with self._wakeup:
+                if self._closed and not self._outstanding:
+                    return
+                now = time.monotonic()
+                wait = 0.05
+                for state in self._partitions.values():
+                    if state.in_flight is not None or not state.batches:
+                        continue
+                    batch = state.batches[0]
+                    due = batch.created + self._linger_s
+                    full = (
+                        batch.table is not None
+                        or len(state.batches) > 1
+                        or len(batch.values) >= self._batch_records
+                    )
+                    if batch.retry_at > now:
+                        wait = min(wait, batch.retry_at - now)
+                    elif full or self._flushing or self._closed or due <= now:
+                        state.batches.popleft()
+                        if state.open is batch:  # send() must not add to a batch on its way
+                            state.open = None
+                        state.in_flight = batch
+                        if batch.sequence < 0:
+                            batch.sequence = state.next_sequence
+                            state.next_sequence += 1
+                        ready.append((state, batch))
+                    else:
+                        wait = min(wait, due - now)
+                if not ready:
+                    self._wakeup.wait(wait)
+                    continue
+            for state, batch in ready:
+                self._dispatch(state, batch)
+
+    def _dispatch(self, state: _Partition, batch: _Batch) -> None:
+        try:
+            route = self._client.metadata.write_route(batch.topic, batch.partition)
+            payload = encode_batch(batch.build())
+            request = pb.NodeRequest(
+                produce=pb.ProduceRequest(
+                    shard=route.shard,
+                    epoch=route.epoch,
+                    acks=self._acks,
+                    producer_id=self._producer_id,
+                    producer_sequence=batch.sequence if self._producer_id >= 0 else -1,
+                )
+            )
+            future = self._client.transport.request(
+                route.address, request, (payload,), timeout_s=self._request_timeout_s
+            )
+        except BaseException as error:
+            self._completed(state, batch, None, error)
+            return
+        future.add_done_callback(lambda done: self._completed(state, batch, done, None))
+
+    def _completed(
+        self, state: _Partition, batch: _Batch, done: Future[Any] | None, error: BaseException | None
+    ) -> None:
+        if done is not None:
+            error = done.exception()
+        batch.attempts += 1
+        if (
+            error is not None
+            and _retriable(error)
+            and (time.monotonic() - batch.created < self._delivery_timeout_s)
+        ):
+            self._client.metadata.invalidate(batch.topic, batch.partition)
+            with self._wakeup:
+                batch.retry_at = time.monotonic() + min(0.05 * 2 ** min(batch.attempts, 5), 1.0)
+                state.batches.appendleft(batch)
+                state.in_flight = None
+                self._wakeup.notify_all()
+            return
+        if error is not None:
+            batch.finish(error=error)
+        else:
+            assert done is not None
+            response = done.result()[0].produce
+            batch.finish(base_offset=response.base_offset, duplicate=response.duplicate)
+        with self._wakeup:
+            state.in_flight = None
+            self._buffered -= batch.size
+            self._outstanding -= 1
+            self._wakeup.notify_all()
+
+
+def _retriable(error: BaseException) -> bool:
+    # StaleEpoch: the node's view of the segment chain differs from ours; both refresh.
+    return isinstance(error, RobustMQError) and (error.retriable or isinstance(error, StaleEpoch))
+
+
+def _headers_array(headers: list[Any]) -> pa.Array:
+    return pa.array(
+        [None if row is None else [{"key": k, "value": v} for k, v in row] for row in headers], HEADERS_TYPE
+    )
+
+
+def _chunks(table: pa.Table, max_bytes: int) -> list[pa.Table]:
+    """Split a table into pieces of at most about ``max_bytes`` (whole rows)."""
+    if table.num_rows == 0:
+        return []
+    per_row = max(table.nbytes / table.num_rows, 1.0)
+    rows = max(1, int(max_bytes / per_row))
+    return [table.slice(start, rows) for start in range(0, table.num_rows, rows)]

@@ -1,0 +1,216 @@
+"""The client's connection to storage nodes: pipelined requests over ZeroMQ DEALER sockets.
+
+One I/O thread owns every DEALER socket (ZeroMQ sockets are not thread-safe).
+Callers on any thread hand it a request through their own inproc PUSH
+socket and get a :class:`concurrent.futures.Future` back; answers are matched
+to futures by correlation id, so many requests can be in flight on one
+connection. Every request has a deadline: a request with no answer by then
+fails with ``RequestTimeout`` (its late answer, if any, is dropped).
+
+Sockets use ``ZMQ_IMMEDIATE``: a request to a node with no live connection is
+refused at once (``Unavailable``) instead of waiting in a queue to be
+delivered after a reconnect, long after its caller gave up. In-flight
+requests per client are bounded (``max_in_flight``); past that, ``request``
+blocks until an answer frees a slot or the deadline passes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import zmq
+
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq._wire import error_from_info
+from robustmq.errors import InvalidRequest, RequestTimeout, Unavailable
+
+__all__ = ["NodeTransport", "Reply"]
+
+log = logging.getLogger("robustmq.client")
+
+Reply = tuple[pb.NodeResponse, list[Any]]
+
+
+class NodeTransport:
+    """Futures-based requests to storage nodes; see the module docstring."""
+
+    def __init__(self, *, timeout_s: float = 30.0, max_in_flight: int = 4096) -> None:
+        self._timeout_s = timeout_s
+        self._context: zmq.Context[Any] = zmq.Context.instance()
+        self._endpoint = f"inproc://robustmq-client-{id(self)}"
+        self._inbox = self._context.socket(zmq.PULL)
+        self._inbox.bind(self._endpoint)
+        self._local = threading.local()
+        self._pushes: list[zmq.Socket[Any]] = []
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[Future[Reply], float]] = {}
+        self._next_expiry = 0.0
+        self._slots = threading.BoundedSemaphore(max_in_flight)
+        self._ids = itertools.count(1)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rmq-client-io", daemon=True)
+        self._thread.start()
+
+    def request(
+        self,
+        address: str,
+        message: pb.NodeRequest,
+        payloads: tuple[Any, ...] = (),
+        *,
+        timeout_s: float | None = None,
+    ) -> Future[Reply]:
+        """Send ``message`` (its correlation id is set here) to the node at ``address``."""
+        if self._closed.is_set():
+            raise Unavailable("the client is closed")
+        timeout = self._timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        if not self._slots.acquire(timeout=timeout):
+            raise RequestTimeout(f"no free request slot within {timeout:.1f}s", address=address)
+        future: Future[Reply] = Future()
+        correlation_id = next(self._ids)
+        message.correlation_id = correlation_id
+        with self._lock:
+            self._pending[correlation_id] = (future, deadline)
+        push = self._push()
+        push.send_multipart(
+            [address.encode(), deadline.hex().encode(), message.SerializeToString(), *payloads], copy=False
+        )
+        return future
+
+    def call(
+        self,
+        address: str,
+        message: pb.NodeRequest,
+        payloads: tuple[Any, ...] = (),
+        *,
+        timeout_s: float | None = None,
+    ) -> Reply:
+        """``request`` and wait for the answer (raising the node's error)."""
+        timeout = self._timeout_s if timeout_s is None else timeout_s
+        return self.request(address, message, payloads, timeout_s=timeout).result(timeout + 5)
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._thread.join(timeout=10)
+        for push in self._pushes:
+            push.close(linger=0)
+        self._inbox.close(linger=0)
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for future, _ in pending.values():
+            if not future.done():
+                future.set_exception(Unavailable("the client was closed before the node answered"))
+
+    # -- the I/O thread ------------------------------------------------------------
+
+    def _push(self) -> zmq.Socket[Any]:
+        push = getattr(self._local, "push", None)
+        if push is None:
+            push = self._local.push = self._context.socket(zmq.PUSH)
+            push.setsockopt(zmq.LINGER, 0)
+            push.connect(self._endpoint)
+            with self._lock:
+                self._pushes.append(push)
+        return push
+
+    def _loop(self) -> None:
+        dealers: dict[bytes, zmq.Socket[Any]] = {}
+        poller = zmq.Poller()
+        poller.register(self._inbox, zmq.POLLIN)
+        try:
+            while not self._closed.is_set():
+                for socket, _ in poller.poll(50):
+                    for _ in range(1000):
+                        try:
+                            parts = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        if socket is self._inbox:
+                            self._send(parts, dealers, poller)
+                        else:
+                            self._receive(parts)
+                self._expire(time.monotonic())
+        finally:
+            for dealer in dealers.values():
+                dealer.close(linger=0)
+
+    def _send(self, parts: list[Any], dealers: dict[bytes, zmq.Socket[Any]], poller: zmq.Poller) -> None:
+        address = parts[0].bytes
+        message = parts[2:]
+        dealer = dealers.get(address)
+        if dealer is None:
+            dealer = self._context.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.IMMEDIATE, 1)
+            dealer.setsockopt(zmq.SNDHWM, 10_000)
+            dealer.setsockopt(zmq.RCVHWM, 10_000)
+            try:
+                dealer.connect(address.decode())
+            except zmq.ZMQError as exc:
+                dealer.close(linger=0)
+                self._fail_header(message[0], InvalidRequest(f"bad node address {address!r}: {exc}"))
+                return
+            dealers[address] = dealer
+            poller.register(dealer, zmq.POLLIN)
+            # A fresh socket needs a moment to connect before IMMEDIATE lets it send.
+            deadline = float.fromhex(parts[1].bytes.decode())
+            self._wait_connected(dealer, min(deadline, time.monotonic() + 2.0))
+        try:
+            dealer.send_multipart(message, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self._fail_header(
+                message[0],
+                Unavailable(f"storage node {address.decode()} is unreachable", address=address.decode()),
+            )
+
+    @staticmethod
+    def _wait_connected(dealer: zmq.Socket[Any], until: float) -> None:
+        while time.monotonic() < until:
+            if dealer.poll(0, zmq.POLLOUT):
+                return
+            time.sleep(0.002)
+
+    def _fail_header(self, header: Any, error: Exception) -> None:
+        message = pb.NodeRequest.FromString(header.bytes)
+        self._resolve(message.correlation_id, error=error)
+
+    def _receive(self, parts: list[Any]) -> None:
+        try:
+            response = pb.NodeResponse.FromString(parts[0].bytes)
+        except Exception:  # a broken answer cannot be matched to anything
+            log.warning("dropping an undecodable answer from a storage node")
+            return
+        if response.HasField("error"):
+            self._resolve(response.correlation_id, error=error_from_info(response.error))
+        else:
+            self._resolve(response.correlation_id, reply=(response, list(parts[1:])))
+
+    def _resolve(
+        self, correlation_id: int, *, reply: Reply | None = None, error: Exception | None = None
+    ) -> None:
+        with self._lock:
+            entry = self._pending.pop(correlation_id, None)
+        if entry is None:
+            return  # timed out already, or an answer to a closed client
+        self._slots.release()
+        future, _ = entry
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(reply)  # type: ignore[arg-type]
+
+    def _expire(self, now: float) -> None:
+        if now < self._next_expiry:
+            return
+        self._next_expiry = now + 0.02  # scanning every 20 ms bounds the work under load
+        with self._lock:
+            expired = [cid for cid, (_, deadline) in self._pending.items() if deadline <= now]
+        for correlation_id in expired:
+            self._resolve(correlation_id, error=RequestTimeout("the storage node did not answer in time"))

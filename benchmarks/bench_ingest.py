@@ -1,0 +1,315 @@
+#!/usr/bin/env python3
+"""Ingest into one storage node over loopback, side by side with the in-process engine.
+
+In one run:
+
+- **bulk**: ``--producers`` processes each send ``--records`` / producers
+  100-byte records as 10k-record Arrow tables with ``producer.send_batch``
+  (acks=1: durable on the node, fdatasync group commit) to an 8-partition
+  topic on a real Meta Service + storage node (separate processes);
+- **send API**: one process calls ``producer.send`` per record;
+- **in-process**: the same 10k-record batches appended straight into a
+  ``SegmentEngine`` on the same disk (the ceiling the node is compared with);
+- **ack latency**: the bulk path's 10k-record batches paced at half its peak rate,
+  time from ``send_batch`` to acknowledgement, after a one-second warm-up
+  (the first requests create the shards and connections). The producer
+  process freezes its start-up objects out of the garbage collector
+  (``gc.freeze()``), as a latency-sensitive client should: otherwise a full
+  collection of pyarrow's and grpc's module objects stalls every thread of
+  the client for 10-50 ms and dominates the tail. The same run measures the
+  floor: ``writev`` + ``fdatasync`` of the same bytes at the same pace
+  (``ack_floor_p50_ms``/``ack_floor_p99_ms``);
+- **RSS with 10,000 shards**: the node process's resident memory after 10
+  topics of 1,000 partitions are created and every partition written once.
+
+The last line printed is one JSON object; a PNG goes to benchmarks/results/.
+
+Usage: ``python benchmarks/bench_ingest.py [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import RESULTS_DIR, bar_panels, emit, make_records, percentile_ms
+
+BATCH_RECORDS = 10_000
+
+
+def _bulk_producer(meta: str, topic: str, records: int, seed: int, results: Any) -> None:
+    import robustmq
+
+    tables = [make_records(BATCH_RECORDS, seed=seed + i) for i in range(4)]
+    with robustmq.connect(meta) as client, client.producer(max_buffered_bytes=256 << 20) as producer:
+        started = time.perf_counter()
+        futures = [producer.send_batch(topic, tables[i % 4]) for i in range(records // BATCH_RECORDS)]
+        for future in futures:
+            future.result(600)
+        results.put(("bulk", started, time.perf_counter()))
+
+
+def _send_producer(meta: str, topic: str, records: int, results: Any) -> None:
+    import robustmq
+
+    value = b"x" * 100
+    with robustmq.connect(meta) as client, client.producer(linger_ms=5) as producer:
+        send = producer.send
+        for _ in range(10_000):  # connections and shards exist before the clock starts
+            send(topic, value)
+        producer.flush(60)
+        started = time.perf_counter()
+        for _ in range(records - 1):  # futures are dropped, as a fire-and-forget sender does
+            send(topic, value)
+        last = send(topic, value)
+        producer.flush(600)
+        finished = time.perf_counter()
+        assert last.result(60).offset >= 0
+        results.put(("send", started, finished))
+
+
+def _latency_producer(meta: str, topic: str, rate: float, seconds: float, results: Any) -> None:
+    import gc
+
+    import robustmq
+
+    batch = make_records(BATCH_RECORDS, seed=99)
+    interval = BATCH_RECORDS / rate
+    latencies: list[float] = []
+    with robustmq.connect(meta) as client, client.producer() as producer:
+        gc.collect()
+        gc.freeze()
+        pending = []
+        started = time.perf_counter()
+        next_send = started
+        warm_until = started + 1.0
+        while time.perf_counter() - started < seconds + 1.0:
+            now = time.perf_counter()
+            if now < next_send:
+                time.sleep(next_send - now)
+            sent = time.perf_counter()
+            future = producer.send_batch(topic, batch)
+            if sent >= warm_until:
+                future.add_done_callback(lambda _, sent=sent: latencies.append(time.perf_counter() - sent))
+            pending.append(future)
+            next_send += interval
+        for future in pending:
+            future.result(60)
+    results.put(("latency", latencies))
+
+
+def raw_fsync_latency(root: Path, rate: float, seconds: float) -> list[float]:
+    """writev + fdatasync of one 10k-record batch's bytes, paced like the latency producer."""
+    import os
+
+    from robustmq._records import encode_batch
+
+    payload = encode_batch(make_records(BATCH_RECORDS, seed=99))
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / "floor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    latencies = []
+    try:
+        interval = BATCH_RECORDS / rate
+        started = time.perf_counter()
+        next_write = started
+        while time.perf_counter() - started < seconds + 1.0:
+            now = time.perf_counter()
+            if now < next_write:
+                time.sleep(next_write - now)
+            before = time.perf_counter()
+            os.writev(fd, [b"\0" * 64, payload])
+            os.fdatasync(fd)
+            if before - started >= 1.0:
+                latencies.append(time.perf_counter() - before)
+            next_write += interval
+    finally:
+        os.close(fd)
+    return latencies
+
+
+def settle(path: Path) -> None:
+    """Delete a run's files and let the disk finish discarding them before the next phase."""
+    import os
+
+    shutil.rmtree(path, ignore_errors=True)
+    os.sync()
+    time.sleep(3)
+
+
+def run_producers(target: Any, argument_sets: list[tuple[Any, ...]]) -> list[Any]:
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=target, args=(*arguments, results)) for arguments in argument_sets]
+    for process in processes:
+        process.start()
+    answers = [results.get(timeout=900) for _ in processes]
+    for process in processes:
+        process.join(60)
+    return answers
+
+
+def in_process_run(root: Path, records: int) -> float:
+    from robustmq._records import encode_batch
+    from robustmq.storage_node import AppendRequest, SegmentEngine
+
+    payloads = [encode_batch(make_records(BATCH_RECORDS, seed=i)) for i in range(4)]
+    engine = SegmentEngine(root)
+    try:
+        for partition in range(8):
+            engine.create_shard(f"ingest_{partition}")
+        started = time.perf_counter()
+        for number in range(0, records // BATCH_RECORDS, 8):
+            engine.batch_write(
+                [AppendRequest(f"ingest_{(number + i) % 8}", payloads[(number + i) % 4]) for i in range(8)]
+            )
+        return records / (time.perf_counter() - started)
+    finally:
+        engine.close()
+
+
+def rss_with_shards(client: Any, node: Any, shards: int) -> float:
+    import pyarrow as pa
+
+    topics = shards // 1000
+    for topic in range(topics):
+        client.create_topic(f"many{topic}", 1000)
+    with client.producer(linger_ms=50) as producer:
+        for topic in range(topics):
+            table = pa.table({"value": [b"v"] * 1000, "partition": pa.array(range(1000), pa.int32())})
+            producer.send_batch(f"many{topic}", table).result(600)
+    time.sleep(2)
+    return float(node.rss_mb())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller runs (about a minute)")
+    parser.add_argument("--records", type=int, default=10_000_000, help="bulk records in all")
+    parser.add_argument("--producers", type=int, default=2, help="bulk producer processes")
+    parser.add_argument("--send-records", type=int, default=2_000_000)
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--shards", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    if args.quick:
+        args.records, args.send_records, args.latency_seconds, args.rounds = 4_000_000, 1_000_000, 5.0, 1
+    parameters = {**vars(args), "batch_records": BATCH_RECORDS, "value_bytes": 100, "partitions": 8}
+    print(f"parameters: {parameters}", flush=True)
+
+    import robustmq
+    from tests.e2e._procs import ServerProcess, free_port
+
+    root = Path(tempfile.mkdtemp(prefix="rmq-ingest-"))
+    meta_port, node_port = free_port(), free_port()
+    meta_address = f"127.0.0.1:{meta_port}"
+    meta = ServerProcess(["meta", "--data-dir", str(root / "meta"), "--meta-port", str(meta_port)])
+    node = ServerProcess(
+        [
+            "storage-node",
+            "--data-dir",
+            str(root / "node"),
+            "--node-port",
+            str(node_port),
+            "--meta",
+            meta_address,
+        ]
+    )
+    try:
+        meta.start()
+        node.start()
+        with robustmq.connect(meta_address) as client:
+            client.create_topic("ingest", 8)
+            client.create_topic("single", 8)
+            client.create_topic("latency", 8)
+            bulk_rates = []
+            per_producer = args.records // args.producers
+            for round_number in range(args.rounds):
+                answers = run_producers(
+                    _bulk_producer,
+                    [(meta_address, "ingest", per_producer, 10 * i) for i in range(args.producers)],
+                )
+                span = max(a[2] for a in answers) - min(a[1] for a in answers)
+                bulk_rates.append(args.records / span)
+                print(f"round {round_number}: bulk {bulk_rates[-1]:,.0f} records/s", flush=True)
+            bulk_rate = statistics.median(bulk_rates)
+            # Latency comes before anything deletes gigabytes: this disk is mounted with `discard`,
+            # and the trims after a large delete stall fsyncs for seconds.
+            ((_, latencies),) = run_producers(
+                _latency_producer, [(meta_address, "latency", bulk_rate / 2, args.latency_seconds)]
+            )
+            print(f"ack latency at {bulk_rate / 2:,.0f} records/s: {len(latencies)} batches", flush=True)
+            floor = raw_fsync_latency(root / "floor", bulk_rate / 2, args.latency_seconds)
+            ((_, started, finished),) = run_producers(
+                _send_producer, [(meta_address, "single", args.send_records)]
+            )
+            send_rate = args.send_records / (finished - started)
+            print(f"send API {send_rate:,.0f} records/s", flush=True)
+            in_process_rates = []
+            for round_number in range(args.rounds):
+                in_process_rates.append(in_process_run(root / "inproc", args.records))
+                print(f"round {round_number}: in-process {in_process_rates[-1]:,.0f} records/s", flush=True)
+                settle(root / "inproc")
+            rss = rss_with_shards(client, node, args.shards)
+            print(f"node RSS with {args.shards:,} shards: {rss:.0f} MB", flush=True)
+    finally:
+        node.stop()
+        meta.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+    in_process = statistics.median(in_process_rates)
+    results = {
+        "records_per_s": round(bulk_rate),
+        "send_api_records_per_s": round(send_rate),
+        "mb_per_s": round(bulk_rate * 100 / 1e6, 1),
+        "ack_p50_ms": round(percentile_ms(latencies, 50), 2),
+        "ack_p99_ms": round(percentile_ms(latencies, 99), 2),
+        "ack_floor_p50_ms": round(percentile_ms(floor, 50), 2),
+        "ack_floor_p99_ms": round(percentile_ms(floor, 99), 2),
+        "in_process_records_per_s": round(in_process),
+        "ratio_to_in_process": round(bulk_rate / in_process, 3),
+        "rss_mb_10k_shards": round(rss, 1),
+    }
+    RESULTS_DIR.mkdir(exist_ok=True)
+    bar_panels(
+        RESULTS_DIR / "bench_ingest.png",
+        f"Ingest over loopback vs in-process engine ({args.records:,} x 100 B records)",
+        [
+            (
+                "throughput",
+                {
+                    "node, bulk": results["records_per_s"],
+                    "in-process engine": results["in_process_records_per_s"],
+                    "node, send()": results["send_api_records_per_s"],
+                },
+                "records/s",
+            ),
+            (
+                "ack latency at half peak",
+                {
+                    "p50": results["ack_p50_ms"],
+                    "p99": results["ack_p99_ms"],
+                    "disk p50": results["ack_floor_p50_ms"],
+                    "disk p99": results["ack_floor_p99_ms"],
+                },
+                "ms",
+            ),
+            ("node RSS", {f"{args.shards:,} shards": results["rss_mb_10k_shards"]}, "MB"),
+        ],
+    )
+    emit("bench_ingest", parameters, results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Start and stop real server processes on loopback for end-to-end tests.
+
+Every process started here is stopped by the context manager or fixture that
+started it (SIGTERM, then SIGKILL after a timeout), so no test leaves one behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class ServerProcess:
+    """A ``robustmq`` subcommand run as a child process; ready once it prints ``ready``."""
+
+    def __init__(self, args: Sequence[str], *, env: dict[str, str] | None = None) -> None:
+        self.args = [sys.executable, "-m", "robustmq.cli", *args]
+        self.env = {**os.environ, **(env or {})}
+        self.process: subprocess.Popen[str] | None = None
+        self.output: list[str] = []
+        self._ready = threading.Event()
+
+    def start(self, timeout_s: float = READY_TIMEOUT_S) -> ServerProcess:
+        self._ready.clear()
+        self.process = subprocess.Popen(
+            self.args,
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        threading.Thread(target=self._pump, args=(self.process,), daemon=True).start()
+        if not self._ready.wait(timeout_s):
+            log = "".join(self.output[-40:])
+            self.kill()
+            raise RuntimeError(f"{' '.join(self.args[3:])} did not print 'ready' in {timeout_s}s:\n{log}")
+        return self
+
+    def _pump(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            self.output.append(line)
+            if len(self.output) > 2000:
+                del self.output[:1000]
+            if line.strip() == "ready":
+                self._ready.set()
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, no chance to clean up."""
+        if self.alive():
+            assert self.process is not None
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM and wait for a clean exit; SIGKILL if it takes longer than ``timeout_s``."""
+        if self.process is None:
+            return None
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=30)
+        return self.process.returncode
+
+    def rss_mb(self) -> float:
+        """Resident memory of the process, from /proc."""
+        with open(f"/proc/{self.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+
+@contextmanager
+def running(args: Sequence[str], **kwargs: object) -> Iterator[ServerProcess]:
+    server = ServerProcess(args, **kwargs)  # type: ignore[arg-type]
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+def wait_until(predicate: object, timeout_s: float = 30.0, interval_s: float = 0.05) -> None:
+    """Poll ``predicate()`` until it is true; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(interval_s)
+    raise AssertionError(f"condition not met within {timeout_s}s")

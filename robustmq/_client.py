@@ -27,7 +27,7 @@ from robustmq._producer import Producer
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import READ_SCHEMA
 from robustmq._transport import NodeTransport
-from robustmq.errors import InvalidRequest, RobustMQError, StaleEpoch
+from robustmq.errors import InvalidRequest, RobustMQError, ShardNotFound, StaleEpoch
 
 __all__ = ["Client", "connect"]
 
@@ -160,6 +160,69 @@ class Client:
             tables.append(_with_partition(_ipc_table(frames), partition))
         return pa.concat_tables(tables) if tables else _with_partition(READ_SCHEMA.empty_table(), 0)
 
+    def scan(
+        self,
+        topic: str,
+        partition: int,
+        *,
+        start_offset: int = 0,
+        end_offset: int | None = None,
+        key: bytes | str | None = None,
+        tags: Iterable[str] = (),
+        min_timestamp_ms: int | None = None,
+        max_timestamp_ms: int | None = None,
+        max_records: int | None = None,
+    ) -> pa.Table:
+        """Records of ``[start_offset, end_offset)`` that match every filter, filtered on the node.
+
+        The node uses its time, key and tag indexes to read as little as it can
+        (see ``StorageAdapter.scan``); only matching records cross the network.
+        ``end_offset`` defaults to the high watermark when the scan starts.
+        """
+        raw_key = key.encode() if isinstance(key, str) else key
+        tag_list = list(tags)
+        if end_offset is None:
+            end_offset = self.list_offsets(topic)[partition][1]
+        tables = []
+        position, found = start_offset, 0
+        while position < end_offset and (max_records is None or found < max_records):
+            page = 10_000 if max_records is None else min(10_000, max_records - found)
+
+            def scan_request(route: Route, at: int = position, limit: int = page) -> pb.NodeRequest:
+                ask = pb.ScanRequest(
+                    shard=route.shard,
+                    start_offset=at,
+                    end_offset=end_offset,
+                    tags=tag_list,
+                    max_records=limit,
+                )
+                if raw_key is not None:
+                    ask.key = raw_key
+                if min_timestamp_ms is not None:
+                    ask.min_timestamp_ms = min_timestamp_ms
+                if max_timestamp_ms is not None:
+                    ask.max_timestamp_ms = max_timestamp_ms
+                return pb.NodeRequest(scan=ask)
+
+            response, frames = self._call(topic, partition, scan_request, offset=position)
+            table = _ipc_table(frames)
+            tables.append(table)
+            found += table.num_rows
+            if response.read.next_offset <= position:
+                break
+            position = response.read.next_offset
+        result = pa.concat_tables(tables) if tables else READ_SCHEMA.empty_table()
+        return _with_partition(result, partition)
+
+    def node_status(self) -> list[pb.StatusResponse]:
+        """Every live node's status, including the records it served and scanned."""
+        statuses = []
+        for node in self.list_nodes():
+            if node.alive:
+                response, _ = self.transport.call(node.address, pb.NodeRequest(status=pb.StatusRequest()))
+                statuses.append(response.status)
+        return statuses
+
     def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
         """Offset of the first record with timestamp >= ``timestamp_ms``, or None."""
         response, _ = self._call(
@@ -224,6 +287,7 @@ class Client:
             raise InvalidRequest(f"partition {partition} does not exist", topic=topic, partition=partition)
         deadline = time.monotonic() + self.timeout_s
         delay = 0.05
+        refreshed_unknown = False
         while True:
             route = (
                 self.metadata.write_route(topic, partition)
@@ -234,6 +298,12 @@ class Client:
                 return self.transport.call(
                     route.address, build(route), timeout_s=max(0.1, deadline - time.monotonic())
                 )
+            except ShardNotFound:
+                if refreshed_unknown:  # still unknown after fresh metadata: it really is gone
+                    raise
+                refreshed_unknown = True
+                self.metadata.invalidate(topic, partition)
+                continue
             except RobustMQError as error:
                 if not (error.retriable or isinstance(error, StaleEpoch)) or time.monotonic() >= deadline:
                     raise

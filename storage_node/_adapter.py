@@ -162,6 +162,7 @@ class ReadResult:
     records: pa.Table
     next_offset: int
     log_end_offset: int
+    scanned: int = 0  # records examined to find these (scans)
 
     @staticmethod
     def empty(shard: str, next_offset: int, log_end_offset: int) -> ReadResult:

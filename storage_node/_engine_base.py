@@ -19,7 +19,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -215,6 +215,85 @@ class EngineBase(StorageAdapter):
         table = pa.concat_tables(tables) if tables else READ_SCHEMA.empty_table()
         return ReadResult(shard, table, next_offset, offsets.log_end_offset)
 
+    def scan(
+        self,
+        shard: str,
+        start_offset: int,
+        end_offset: int | None = None,
+        *,
+        key: bytes | None = None,
+        tags: Sequence[str] = (),
+        min_timestamp_ms: int | None = None,
+        max_timestamp_ms: int | None = None,
+        max_records: int = 10_000,
+    ) -> ReadResult:
+        """Records of ``[start_offset, end_offset)`` matching every filter given.
+
+        The indexes narrow what is read where they are exact: the time index
+        moves the start to the first record with timestamp >= ``min_timestamp_ms``
+        (nothing before it qualifies), the key index ends the range after the
+        key's latest record (nothing after it has the key), and the tag index
+        limits the reading to frames that carry ``tags[0]``. Every record read
+        is then filtered. ``scanned`` counts the records examined; ``next_offset``
+        is where a following call continues.
+        """
+        if max_records <= 0:
+            raise InvalidRequest("max_records must be positive", max_records=max_records)
+        offsets = self.list_offsets(shard)
+        start = max(start_offset, offsets.earliest_offset)
+        stop = (
+            offsets.log_end_offset
+            if end_offset is None or end_offset < 0
+            else min(end_offset, offsets.log_end_offset)
+        )
+        requested_end = max(stop, start_offset)  # where a caller continues once nothing is left
+        if min_timestamp_ms is not None and start < stop:
+            first = self.get_offset_by_timestamp(shard, min_timestamp_ms)
+            start = stop if first is None else max(start, first)
+        if key is not None and start < stop:
+            latest = self._lookup_key(shard, key)
+            stop = start if latest is None else min(stop, latest + 1)
+        if start >= stop:
+            return ReadResult(shard, READ_SCHEMA.empty_table(), requested_end, offsets.log_end_offset)
+        frames = self._tag_frames(shard, tags[0], start) if tags else None
+        tables: list[pa.Table] = []
+        found = scanned = 0
+        position = start
+        while position < stop and found < max_records:
+            if frames is not None:
+                base = next(frames, None)
+                if base is None or base >= stop:
+                    position = stop
+                    break
+                position = max(position, base)
+            try:
+                read = self.read_frames(
+                    shard,
+                    position,
+                    max_records=1 if frames is not None else None,
+                    max_bytes=1 if frames is not None else 16 * MiB,
+                    end_offset=stop,
+                )
+            except OffsetOutOfRange:  # retention removed it while we scanned
+                position = max(position, self.list_offsets(shard).earliest_offset)
+                continue
+            records = decode_frames(read.frames, position, read.next_offset)
+            scanned += records.num_rows
+            matching = records.filter(_scan_mask(records, key, tags, min_timestamp_ms, max_timestamp_ms))
+            if found + matching.num_rows >= max_records:
+                matching = matching.slice(0, max_records - found)
+                tables.append(matching)
+                found = max_records
+                position = matching.column("offset")[-1].as_py() + 1
+                break
+            if matching.num_rows:
+                tables.append(matching)
+                found += matching.num_rows
+            position = read.next_offset
+        table = pa.concat_tables(tables) if tables else READ_SCHEMA.empty_table()
+        next_offset = requested_end if found < max_records and position >= stop else position
+        return ReadResult(shard, table, next_offset, offsets.log_end_offset, scanned)
+
     def get_offset_by_timestamp(self, shard: str, timestamp_ms: int) -> int | None:
         offsets = self.list_offsets(shard)
         base = self._lookup_time(shard, timestamp_ms)
@@ -243,15 +322,40 @@ class EngineBase(StorageAdapter):
             )
 
 
-def _rows_with_tag(records: pa.Table, tag: str) -> pa.Table:
+def _tag_mask(records: pa.Table, tag: str) -> np.ndarray:
+    """Which rows carry ``tag`` (vectorised over the list column)."""
+    mask = np.zeros(records.num_rows, dtype=bool)
     tags = records.column("tags").combine_chunks()
-    if len(tags) == 0:
-        return records
-    flat = pc.list_flatten(tags)
-    parents = pc.list_parent_indices(tags)
-    rows = pc.unique(pc.filter(parents, pc.equal(flat, tag)))
-    rows = np.sort(rows.to_numpy(zero_copy_only=False))
-    return records.take(pa.array(rows, pa.int64()))
+    if len(tags):
+        flat = pc.list_flatten(tags)
+        parents = pc.list_parent_indices(tags)
+        mask[pc.filter(parents, pc.equal(flat, tag)).to_numpy(zero_copy_only=False)] = True
+    return mask
+
+
+def _rows_with_tag(records: pa.Table, tag: str) -> pa.Table:
+    return records.filter(pa.array(_tag_mask(records, tag)))
+
+
+def _scan_mask(
+    records: pa.Table,
+    key: bytes | None,
+    tags: Sequence[str],
+    min_timestamp_ms: int | None,
+    max_timestamp_ms: int | None,
+) -> pa.Array:
+    mask = np.ones(records.num_rows, dtype=bool)
+    if key is not None:
+        mask &= pc.fill_null(pc.equal(records.column("key"), pa.scalar(key, pa.binary())), False).to_numpy()
+    for tag in tags:
+        mask &= _tag_mask(records, tag)
+    if min_timestamp_ms is not None or max_timestamp_ms is not None:
+        stamps = records.column("timestamp").cast(pa.int64()).to_numpy()
+        if min_timestamp_ms is not None:
+            mask &= stamps >= min_timestamp_ms
+        if max_timestamp_ms is not None:
+            mask &= stamps <= max_timestamp_ms
+    return pa.array(mask)
 
 
 def distinct_tags(records: pa.Table) -> list[str]:

@@ -106,6 +106,8 @@ class StorageNode:
         self._pushes: list[zmq.Socket[Any]] = []
         self._accounting = threading.Lock()
         self._queued_bytes = 0
+        self._served = 0  # records sent in answers (for operators and pushdown tests)
+        self._scanned = 0
         self._changed: set[str] = set()
         self._changed_lock = threading.Lock()
         self._started = time.monotonic()
@@ -356,6 +358,19 @@ class StorageNode:
                 max_records=ask.max_records or 10_000,
             )
             self._answer_read(request, records)
+        elif body == "scan":
+            ask = message.scan
+            records = self._engine_for_read(ask.shard).scan(
+                ask.shard,
+                ask.start_offset,
+                ask.end_offset,
+                key=ask.key if ask.HasField("key") else None,
+                tags=list(ask.tags),
+                min_timestamp_ms=ask.min_timestamp_ms if ask.HasField("min_timestamp_ms") else None,
+                max_timestamp_ms=ask.max_timestamp_ms if ask.HasField("max_timestamp_ms") else None,
+                max_records=ask.max_records or 10_000,
+            )
+            self._answer_read(request, records)
         elif body == "offset_for_timestamp":
             ask = message.offset_for_timestamp
             offset = self._engine_for_read(ask.shard).get_offset_by_timestamp(ask.shard, ask.timestamp_ms)
@@ -388,7 +403,7 @@ class StorageNode:
             )
         elif body == "status":
             with self._accounting:
-                queued = self._queued_bytes
+                queued, served, scanned = self._queued_bytes, self._served, self._scanned
             self.reply(
                 request,
                 pb.NodeResponse(
@@ -399,6 +414,8 @@ class StorageNode:
                         uptime_ms=int((time.monotonic() - self._started) * 1000),
                         queued_requests=sum(w.queue.qsize() for w in self._workers) + self._reads.qsize(),
                         queued_bytes=queued,
+                        records_served=served,
+                        records_scanned=scanned,
                     ),
                 ),
             )
@@ -454,6 +471,7 @@ class StorageNode:
     def _answer_fetch(
         self, request: Request, next_offset: int, high_watermark: int, earliest: int, frames: list[bytes]
     ) -> None:
+        self._count(next_offset - request.message.fetch.offset)
         fetch = pb.FetchResponse(
             start_offset=request.message.fetch.offset,
             next_offset=next_offset,
@@ -474,12 +492,22 @@ class StorageNode:
                 return
         self._answer_fetch(request, ask.offset, high_watermark, earliest, [])
 
+    def _count(self, served: int, scanned: int = 0) -> None:
+        with self._accounting:
+            self._served += served
+            self._scanned += scanned
+
     def _answer_read(self, request: Request, result: Any) -> None:
+        self._count(result.records.num_rows, result.scanned)
         self.reply(
             request,
             pb.NodeResponse(
                 correlation_id=request.message.correlation_id,
-                read=pb.ReadResponse(next_offset=result.next_offset, high_watermark=result.log_end_offset),
+                read=pb.ReadResponse(
+                    next_offset=result.next_offset,
+                    high_watermark=result.log_end_offset,
+                    scanned_records=result.scanned,
+                ),
             ),
             (table_payload(result.records),),
         )

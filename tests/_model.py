@@ -49,6 +49,25 @@ class Model:
             if offset >= max(start, state.earliest) and tag in (row["tags"] or [])
         ]
 
+    def scan(
+        self, shard: str, start: int, end: int, key: bytes | None, tags: list[str],
+        min_ts: int | None, max_ts: int | None,
+    ) -> list[int]:
+        state = self.shards[shard]
+        found = []
+        for offset in range(max(start, state.earliest), min(end, len(state.records))):
+            row = state.records[offset]
+            if key is not None and row["key"] != key:
+                continue
+            if any(tag not in (row["tags"] or []) for tag in tags):
+                continue
+            if min_ts is not None and row["timestamp_ms"] < min_ts:
+                continue
+            if max_ts is not None and row["timestamp_ms"] > max_ts:
+                continue
+            found.append(offset)
+        return found
+
     def offset_for_timestamp(self, shard: str, timestamp_ms: int) -> int | None:
         state = self.shards[shard]
         for offset, row in enumerate(state.records):

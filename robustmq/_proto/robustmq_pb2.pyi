@@ -357,12 +357,32 @@ class SealRequest(_message.Message):
     shard: str
     def __init__(self, shard: _Optional[str] = ...) -> None: ...
 
+class ScanRequest(_message.Message):
+    __slots__ = ("shard", "start_offset", "end_offset", "key", "tags", "min_timestamp_ms", "max_timestamp_ms", "max_records")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    MIN_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    start_offset: int
+    end_offset: int
+    key: bytes
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    min_timestamp_ms: int
+    max_timestamp_ms: int
+    max_records: int
+    def __init__(self, shard: _Optional[str] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., key: _Optional[bytes] = ..., tags: _Optional[_Iterable[str]] = ..., min_timestamp_ms: _Optional[int] = ..., max_timestamp_ms: _Optional[int] = ..., max_records: _Optional[int] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class NodeRequest(_message.Message):
-    __slots__ = ("correlation_id", "produce", "fetch", "read_by_key", "read_by_tag", "offset_for_timestamp", "list_offsets", "seal", "status")
+    __slots__ = ("correlation_id", "produce", "fetch", "read_by_key", "read_by_tag", "offset_for_timestamp", "list_offsets", "seal", "status", "scan")
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCE_FIELD_NUMBER: _ClassVar[int]
     FETCH_FIELD_NUMBER: _ClassVar[int]
@@ -372,6 +392,7 @@ class NodeRequest(_message.Message):
     LIST_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     SEAL_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    SCAN_FIELD_NUMBER: _ClassVar[int]
     correlation_id: int
     produce: ProduceRequest
     fetch: FetchRequest
@@ -381,7 +402,8 @@ class NodeRequest(_message.Message):
     list_offsets: ListOffsetsRequest
     seal: SealRequest
     status: StatusRequest
-    def __init__(self, correlation_id: _Optional[int] = ..., produce: _Optional[_Union[ProduceRequest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., read_by_key: _Optional[_Union[ReadByKeyRequest, _Mapping]] = ..., read_by_tag: _Optional[_Union[ReadByTagRequest, _Mapping]] = ..., offset_for_timestamp: _Optional[_Union[OffsetForTimestampRequest, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., status: _Optional[_Union[StatusRequest, _Mapping]] = ...) -> None: ...
+    scan: ScanRequest
+    def __init__(self, correlation_id: _Optional[int] = ..., produce: _Optional[_Union[ProduceRequest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., read_by_key: _Optional[_Union[ReadByKeyRequest, _Mapping]] = ..., read_by_tag: _Optional[_Union[ReadByTagRequest, _Mapping]] = ..., offset_for_timestamp: _Optional[_Union[OffsetForTimestampRequest, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., status: _Optional[_Union[StatusRequest, _Mapping]] = ..., scan: _Optional[_Union[ScanRequest, _Mapping]] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
     __slots__ = ("base_offset", "record_count", "duplicate", "high_watermark", "epoch")
@@ -410,12 +432,14 @@ class FetchResponse(_message.Message):
     def __init__(self, start_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
 
 class ReadResponse(_message.Message):
-    __slots__ = ("next_offset", "high_watermark")
+    __slots__ = ("next_offset", "high_watermark", "scanned_records")
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    SCANNED_RECORDS_FIELD_NUMBER: _ClassVar[int]
     next_offset: int
     high_watermark: int
-    def __init__(self, next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ...) -> None: ...
+    scanned_records: int
+    def __init__(self, next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., scanned_records: _Optional[int] = ...) -> None: ...
 
 class OffsetResponse(_message.Message):
     __slots__ = ("found", "offset")
@@ -454,18 +478,22 @@ class SealResponse(_message.Message):
     def __init__(self, sealed: _Optional[_Union[Segment, _Mapping]] = ..., next: _Optional[_Union[Segment, _Mapping]] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "shards", "uptime_ms", "queued_requests", "queued_bytes")
+    __slots__ = ("node_id", "shards", "uptime_ms", "queued_requests", "queued_bytes", "records_served", "records_scanned")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     UPTIME_MS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_SERVED_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_SCANNED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     shards: int
     uptime_ms: int
     queued_requests: int
     queued_bytes: int
-    def __init__(self, node_id: _Optional[str] = ..., shards: _Optional[int] = ..., uptime_ms: _Optional[int] = ..., queued_requests: _Optional[int] = ..., queued_bytes: _Optional[int] = ...) -> None: ...
+    records_served: int
+    records_scanned: int
+    def __init__(self, node_id: _Optional[str] = ..., shards: _Optional[int] = ..., uptime_ms: _Optional[int] = ..., queued_requests: _Optional[int] = ..., queued_bytes: _Optional[int] = ..., records_served: _Optional[int] = ..., records_scanned: _Optional[int] = ...) -> None: ...
 
 class NodeResponse(_message.Message):
     __slots__ = ("correlation_id", "error", "produce", "fetch", "read", "offset", "list_offsets", "seal", "status")

@@ -263,6 +263,27 @@ def test_missing_timestamps_take_the_write_time(engine: StorageAdapter) -> None:
     assert stamps[0] == 5 and stamps[1] > 1_700_000_000_000
 
 
+def test_scan_reads_only_what_the_indexes_allow(engine: StorageAdapter) -> None:
+    engine.create_shard("t_0")
+    for start in range(0, 1000, 100):
+        engine.write("t_0", batch([b"v%d" % i for i in range(start, start + 100)],
+                                  keys=[b"k%d" % (i % 10) for i in range(start, start + 100)],
+                                  tags=[["rare"] if start == 500 else ["common"] for _ in range(100)],
+                                  timestamps_ms=list(range(start, start + 100))))
+    by_tag = engine.scan("t_0", 0, tags=["rare"])
+    assert by_tag.records.num_rows == 100 and by_tag.scanned == 100  # one frame of ten
+    by_time = engine.scan("t_0", 0, min_timestamp_ms=950)
+    assert by_time.records.column("offset").to_pylist() == list(range(950, 1000))
+    assert by_time.scanned <= 100  # starts in the frame holding offset 950
+    early_key = engine.scan("t_0", 0, 1000, key=b"k3", max_timestamp_ms=120)
+    assert early_key.records.column("offset").to_pylist() == [3, 13, 23, 33, 43, 53, 63, 73, 83, 93, 103, 113]
+    engine.write("t_0", batch([b"solo"], keys=[b"only-early"]))
+    engine.write("t_0", batch([b"x"] * 500))
+    by_key = engine.scan("t_0", 900, key=b"only-early")
+    assert by_key.records.column("offset").to_pylist() == [1000]
+    assert by_key.scanned <= 101 + 1  # stops after the key's latest record, not at the log end
+
+
 # -- model-based, stateful property test --------------------------------------------------------
 
 records_strategy = st.lists(
@@ -333,6 +354,31 @@ class EngineMachine(RuleBasedStateMachine):
     def by_timestamp(self, shard: str, timestamp: int) -> None:
         expected = self.model.offset_for_timestamp(shard, timestamp)
         assert self.engine.get_offset_by_timestamp(shard, timestamp) == expected
+
+    @rule(
+        shard=st.sampled_from(["s_0", "s_1"]),
+        key=st.one_of(st.none(), st.sampled_from(KEYS[:-1])),
+        tags=st.lists(st.sampled_from(TAGS), max_size=2, unique=True),
+        min_ts=st.one_of(st.none(), st.integers(0, 10_000)),
+        max_ts=st.one_of(st.none(), st.integers(0, 10_000)),
+        data=st.data(),
+    )
+    def scan(self, shard: str, key: bytes | None, tags: list[str], min_ts: int | None,
+             max_ts: int | None, data: st.DataObject) -> None:
+        end = self.model.log_end(shard)
+        start = data.draw(st.integers(0, end))
+        stop = data.draw(st.integers(start, end))
+        limit = data.draw(st.integers(1, 40))
+        expected = self.model.scan(shard, start, stop, key, tags, min_ts, max_ts)
+        got: list[int] = []
+        position = start
+        while position < stop:  # page through, as a client does
+            result = self.engine.scan(shard, position, stop, key=key, tags=tags, min_timestamp_ms=min_ts,
+                                      max_timestamp_ms=max_ts, max_records=limit)
+            got.extend(result.records.column("offset").to_pylist())
+            assert result.next_offset > position or result.next_offset >= stop
+            position = result.next_offset
+        assert got == expected
 
     @precondition(lambda self: self.factory.persistent)
     @rule()

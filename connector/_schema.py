@@ -1,0 +1,72 @@
+"""The source's schema, in Spark and Arrow form, and the conversion from stored batches.
+
+Spark checks the first Arrow batch a Python data source yields against the
+declared schema exactly, so :func:`to_spark_batch` builds precisely
+:data:`ARROW_SCHEMA`: ``binary`` (not large_binary), ``timestamp[us, UTC]``,
+nullable fields, the declared column order. It works column-wise with Arrow
+kernels (a constant topic column from ``pa.repeat``, offsets from ``arange``,
+a ms->us cast): no Python loop touches a record.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from robustmq._records import HEADERS_TYPE, TAGS_TYPE
+
+__all__ = ["ARROW_SCHEMA", "RANGES_ARROW_SCHEMA", "RANGES_SCHEMA", "SPARK_SCHEMA", "to_spark_batch"]
+
+SPARK_SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+    "tags array<string>, headers array<struct<key:string,value:binary>>"
+)
+
+ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("tags", TAGS_TYPE),
+        pa.field("headers", HEADERS_TYPE),
+    ]
+)
+
+
+# ``output=ranges``: one row per offset range of a micro-batch instead of its records.
+RANGES_SCHEMA = "topic string, partition int, start_offset long, end_offset long"
+RANGES_ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("start_offset", pa.int64()),
+        pa.field("end_offset", pa.int64()),
+    ]
+)
+
+
+def to_spark_batch(records: pa.Table, topic: str, partition: int, *, include_headers: bool) -> pa.RecordBatch:
+    """One Spark batch from decoded records (``offset`` + record columns)."""
+    count = records.num_rows
+    if count == 0:
+        return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
+    records = records.combine_chunks()
+
+    def column(name: str) -> pa.Array:
+        return records.column(name).chunk(0)
+
+    return pa.RecordBatch.from_arrays(
+        [
+            column("key"),
+            column("value"),
+            pa.repeat(pa.scalar(topic, pa.string()), count),
+            pa.repeat(pa.scalar(partition, pa.int32()), count),
+            column("offset"),
+            column("timestamp").cast(pa.timestamp("us", tz="UTC")),
+            column("tags"),
+            column("headers") if include_headers else pa.nulls(count, HEADERS_TYPE),
+        ],
+        schema=ARROW_SCHEMA,
+    )

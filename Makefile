@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	@# Spark registers data sources it finds with pkgutil.iter_modules(), which does not see modules
+	@# served by an editable install's finder; a link in site-packages makes format("robustmq") work.
+	ln -sf "$(CURDIR)/pyspark_robustmq.py" "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/pyspark_robustmq.py"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -18,6 +18,7 @@ from typing import IO, Any
 import pyarrow as pa
 
 from robustmq._client import Client, connect
+from robustmq._progress import Progress
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import HEADERS_TYPE, TAGS_TYPE, TIMESTAMP_TYPE, coerce_records, now_ms
 
@@ -41,44 +42,6 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: IO[s
         out.write("\n")
         if number == 0:
             out.write("  ".join("-" * width for width in widths) + "\n")
-
-
-class Progress:
-    """A one-line progress display on stderr (count, rate, and percent when the size is known)."""
-
-    def __init__(self, label: str, total_bytes: int | None = None, enabled: bool = True) -> None:
-        self._label = label
-        self._total = total_bytes
-        self._enabled = enabled and sys.stderr.isatty()  # the bar only on a terminal
-        self._started = time.monotonic()
-        self._shown = 0.0
-        self.count = 0
-        self.bytes = 0
-
-    def advance(self, count: int, size: int = 0) -> None:
-        self.count += count
-        self.bytes += size
-        now = time.monotonic()
-        if self._enabled and now - self._shown >= 0.2:
-            self._shown = now
-            self._draw(now)
-
-    def _draw(self, now: float) -> None:
-        rate = self.count / max(now - self._started, 1e-9)
-        line = f"\r{self._label}: {self.count:,} records ({rate:,.0f}/s)"
-        if self._total:
-            fraction = min(self.bytes / self._total, 1.0)
-            filled = int(fraction * 30)
-            line += f" [{'#' * filled}{'.' * (30 - filled)}] {fraction:5.1%}"
-        sys.stderr.write(line)
-        sys.stderr.flush()
-
-    def done(self) -> None:
-        elapsed = time.monotonic() - self._started
-        if self._enabled:
-            self._draw(time.monotonic())
-            sys.stderr.write("\n")
-        sys.stderr.write(f"{self._label}: {self.count:,} records in {elapsed:.2f}s\n")
 
 
 # -- topic ----------------------------------------------------------------------------------
@@ -207,13 +170,16 @@ def cmd_produce(args: argparse.Namespace) -> int:
         source.seek(0)
     else:
         source = sys.stdin.buffer
-    progress = Progress(f"produce {args.topic}", total)
+    # With a file the bar follows bytes read (the total is known); from stdin, records sent.
+    progress = Progress(f"produce {args.topic}", total, unit="bytes" if total else "records")
+    records = 0
     try:
         with connect(args.meta_address) as client, client.producer(acks=args.acks) as producer:
             pending = []
             for table, size in _read_tables(source, args):
                 pending.append(producer.send_batch(args.topic, table))
-                progress.advance(table.num_rows, size)
+                records += table.num_rows
+                progress.advance(size if total else table.num_rows)
                 if len(pending) > 16:
                     pending.pop(0).result()
             for future in pending:
@@ -222,6 +188,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         if source is not sys.stdin.buffer:
             source.close()
     progress.done()
+    print(f"produced {records:,} records to {args.topic}")
     return 0
 
 

@@ -57,9 +57,9 @@ def _client_command(name: str) -> object:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from robustmq._storage_demo import run_storage_demo
+    from robustmq._demo import run_demo
 
-    return run_storage_demo(records=args.records)
+    return run_demo(records=args.records, keep=args.keep)
 
 
 def _common(parser: argparse.ArgumentParser, *, data_dir: str | None = None, meta: bool = True) -> None:
@@ -159,14 +159,23 @@ def build_parser() -> argparse.ArgumentParser:
     _common(segments)
     segments.set_defaults(handler=_client_command("cmd_segments"))
 
+    # Listed for --help; main() hands its arguments to the job's own parser.
+    commands.add_parser("topic-to-delta", help="materialise topics into a Delta table (a Spark job)")
+
     demo = commands.add_parser("demo", help="run the end-to-end demo on an embedded node")
-    demo.add_argument("--records", type=int, default=2_000_000, help="records to produce")
+    demo.add_argument("--records", type=int, default=400_000, help="order events to produce")
+    demo.add_argument("--keep", action="store_true", help="keep the data directory afterwards")
     demo.set_defaults(handler=_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["topic-to-delta"]:  # the job has its own parser (and --help)
+        from robustmq.streaming_jobs.topic_to_delta import main as job
+
+        return job(arguments[1:])
+    args = build_parser().parse_args(arguments)
     if hasattr(args, "meta"):
         port = DEFAULT_META_PORT
         args.meta_address = args.meta or os.environ.get("ROBUSTMQ_META") or f"{args.host}:{port}"

@@ -50,8 +50,14 @@ class Model:
         ]
 
     def scan(
-        self, shard: str, start: int, end: int, key: bytes | None, tags: list[str],
-        min_ts: int | None, max_ts: int | None,
+        self,
+        shard: str,
+        start: int,
+        end: int,
+        key: bytes | None,
+        tags: list[str],
+        min_ts: int | None,
+        max_ts: int | None,
     ) -> list[int]:
         state = self.shards[shard]
         found = []

@@ -1,4 +1,9 @@
-"""Shared fixtures: engines over temporary directories, reopenable."""
+"""Shared fixtures: engines over temporary directories (reopenable), a real SparkSession
+(local[2]) and a real embedded cluster on loopback.
+
+The SparkSession does not call ``robustmq.connector.register``: every Spark test
+also checks that ``format("robustmq")`` is registered automatically.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import robustmq
+from robustmq._embedded import EmbeddedCluster
 from robustmq.storage_node import (
     MemoryEngine,
     RocksDBEngine,
@@ -70,3 +77,38 @@ def pytest_configure(config: pytest.Config) -> None:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    import sys
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("robustmq-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.python.filterPushdown.enabled", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedCluster]:
+    root: Path = tmp_path_factory.mktemp("cluster")
+    with EmbeddedCluster(root, meta_port=0, node_port=0) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(cluster: EmbeddedCluster) -> Iterator[robustmq.Client]:
+    with robustmq.connect(cluster.meta_address, timeout_s=30) as connected:
+        yield connected

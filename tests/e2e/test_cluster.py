@@ -82,9 +82,12 @@ def _read_all(client: robustmq.Client, topic: str) -> dict[int, pa.Table]:
 @pytest.mark.slow
 def test_a_million_records_across_eight_partitions(tmp_path: Path) -> None:
     port = free_port()
-    with running(
-        ["server", "--data-dir", str(tmp_path), "--meta-port", str(port), "--node-port", str(free_port())]
-    ), robustmq.connect(f"127.0.0.1:{port}") as client:
+    with (
+        running(
+            ["server", "--data-dir", str(tmp_path), "--meta-port", str(port), "--node-port", str(free_port())]
+        ),
+        robustmq.connect(f"127.0.0.1:{port}") as client,
+    ):
         client.create_topic("big", 8)
         with client.producer() as producer:
             futures = []
@@ -186,7 +189,8 @@ def test_sigkill_of_the_meta_service_keeps_topics_segments_and_offsets(cluster: 
         client.create_topic("kept", 2, segment_bytes_max=128 * 1024)
         with client.producer() as producer:
             table = build_records([b"y" * 500] * 2_000).append_column(
-                "partition", pa.array([i % 2 for i in range(2_000)], pa.int32()))
+                "partition", pa.array([i % 2 for i in range(2_000)], pa.int32())
+            )
             producer.send_batch("kept", table).result(30)  # passes segment_bytes_max: sealed
             producer.send("kept", b"one more", partition=1).result(30)
         client.seal("kept", 1)
@@ -206,9 +210,13 @@ def test_sigkill_of_the_meta_service_keeps_topics_segments_and_offsets(cluster: 
 @pytest.mark.slow
 def test_a_thousand_topics_keep_the_node_memory_bounded(tmp_path: Path) -> None:
     port = free_port()
-    with running(
-        ["server", "--data-dir", str(tmp_path), "--meta-port", str(port), "--node-port", str(free_port())]
-    ) as server, robustmq.connect(f"127.0.0.1:{port}") as client, client.producer(linger_ms=20) as producer:
+    with (
+        running(
+            ["server", "--data-dir", str(tmp_path), "--meta-port", str(port), "--node-port", str(free_port())]
+        ) as server,
+        robustmq.connect(f"127.0.0.1:{port}") as client,
+        client.producer(linger_ms=20) as producer,
+    ):
         rss = {}
         for topic in range(1000):
             client.create_topic(f"t{topic}", 4)

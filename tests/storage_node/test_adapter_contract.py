@@ -266,10 +266,15 @@ def test_missing_timestamps_take_the_write_time(engine: StorageAdapter) -> None:
 def test_scan_reads_only_what_the_indexes_allow(engine: StorageAdapter) -> None:
     engine.create_shard("t_0")
     for start in range(0, 1000, 100):
-        engine.write("t_0", batch([b"v%d" % i for i in range(start, start + 100)],
-                                  keys=[b"k%d" % (i % 10) for i in range(start, start + 100)],
-                                  tags=[["rare"] if start == 500 else ["common"] for _ in range(100)],
-                                  timestamps_ms=list(range(start, start + 100))))
+        engine.write(
+            "t_0",
+            batch(
+                [b"v%d" % i for i in range(start, start + 100)],
+                keys=[b"k%d" % (i % 10) for i in range(start, start + 100)],
+                tags=[["rare"] if start == 500 else ["common"] for _ in range(100)],
+                timestamps_ms=list(range(start, start + 100)),
+            ),
+        )
     by_tag = engine.scan("t_0", 0, tags=["rare"])
     assert by_tag.records.num_rows == 100 and by_tag.scanned == 100  # one frame of ten
     by_time = engine.scan("t_0", 0, min_timestamp_ms=950)
@@ -363,8 +368,15 @@ class EngineMachine(RuleBasedStateMachine):
         max_ts=st.one_of(st.none(), st.integers(0, 10_000)),
         data=st.data(),
     )
-    def scan(self, shard: str, key: bytes | None, tags: list[str], min_ts: int | None,
-             max_ts: int | None, data: st.DataObject) -> None:
+    def scan(
+        self,
+        shard: str,
+        key: bytes | None,
+        tags: list[str],
+        min_ts: int | None,
+        max_ts: int | None,
+        data: st.DataObject,
+    ) -> None:
         end = self.model.log_end(shard)
         start = data.draw(st.integers(0, end))
         stop = data.draw(st.integers(start, end))
@@ -373,8 +385,16 @@ class EngineMachine(RuleBasedStateMachine):
         got: list[int] = []
         position = start
         while position < stop:  # page through, as a client does
-            result = self.engine.scan(shard, position, stop, key=key, tags=tags, min_timestamp_ms=min_ts,
-                                      max_timestamp_ms=max_ts, max_records=limit)
+            result = self.engine.scan(
+                shard,
+                position,
+                stop,
+                key=key,
+                tags=tags,
+                min_timestamp_ms=min_ts,
+                max_timestamp_ms=max_ts,
+                max_records=limit,
+            )
             got.extend(result.records.column("offset").to_pylist())
             assert result.next_offset > position or result.next_offset >= stop
             position = result.next_offset

@@ -1,0 +1,312 @@
+"""spark.read / spark.readStream .format("robustmq") against a real cluster."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from pyspark.sql import Row
+from pyspark.testing import assertDataFrameEqual
+
+import robustmq
+from robustmq._embedded import EmbeddedCluster
+from robustmq._records import build_records
+
+pytestmark = pytest.mark.spark
+
+BASE_MS = 1_763_800_000_000  # 2025-11-22T08:26:40Z
+
+
+def _topic(client: robustmq.Client, partitions: int = 3, **settings: object) -> str:
+    name = f"t{uuid.uuid4().hex[:10]}"
+    client.create_topic(name, partitions, **settings)
+    return name
+
+
+def _produce(client: robustmq.Client, topic: str, count: int, *, start: int = 0) -> None:
+    table = build_records(
+        [b"v%d" % i for i in range(start, start + count)],
+        keys=[b"k%d" % (i % 7) for i in range(start, start + count)],
+        timestamps_ms=[BASE_MS + i * 1000 for i in range(start, start + count)],
+        tags=[["eu"] if i % 2 else ["us", "vip"] for i in range(start, start + count)],
+        headers=[[("n", b"%d" % i)] if i % 10 == 0 else None for i in range(start, start + count)],
+    )
+    with client.producer() as producer:
+        producer.send_batch(topic, table).result(60)
+
+
+def _read(spark, cluster: EmbeddedCluster, topic: str, **options: object):  # type: ignore[no-untyped-def]
+    reader = spark.read.format("robustmq").option("metaAddress", cluster.meta_address).option("topic", topic)
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    return reader.load()
+
+
+def test_batch_read_returns_every_record_with_its_columns(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
+    topic = _topic(client)
+    _produce(client, topic, 300)
+    df = _read(spark, cluster, topic)
+    assert df.columns == ["key", "value", "topic", "partition", "offset", "timestamp", "tags", "headers"]
+    expected = []
+    for partition in range(3):
+        stored = client.read(topic, partition, 0, 1000)
+        for row in stored.to_pylist():
+            expected.append(
+                Row(
+                    key=bytearray(row["key"]),
+                    value=bytearray(row["value"]),
+                    topic=topic,
+                    partition=partition,
+                    offset=row["offset"],
+                    timestamp=row["timestamp"].replace(tzinfo=None),
+                    tags=row["tags"],
+                    headers=[Row(key=h["key"], value=bytearray(h["value"])) for h in row["headers"]]
+                    if row["headers"]
+                    else None,
+                )
+            )
+    assert len(expected) == 300
+    assertDataFrameEqual(df, spark.createDataFrame(expected, df.schema))
+    assert df.where("headers is not null").count() == 30
+    assert _read(spark, cluster, topic, includeHeaders="false").where("headers is not null").count() == 0
+
+
+def test_batch_offsets_timestamps_and_partitions(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
+    topic = _topic(client, 2)
+    _produce(client, topic, 200)
+    ends = client.list_offsets(topic)
+    json_start = f'{{"{topic}": {{"0": 10, "1": -2}}}}'
+    json_end = f'{{"{topic}": {{"0": 20, "1": -1}}}}'
+    df = _read(spark, cluster, topic, startingOffsets=json_start, endingOffsets=json_end)
+    rows = df.select("partition", "offset").collect()
+    assert sorted(r.offset for r in rows if r.partition == 0) == list(range(10, 20))
+    assert sorted(r.offset for r in rows if r.partition == 1) == list(range(ends[1][1]))
+    assert _read(spark, cluster, topic, startingOffsets="latest").count() == 0
+    late = _read(spark, cluster, topic, startingTimestamp=BASE_MS + 150 * 1000)
+    assert late.count() == 50
+    assert _read(spark, cluster, topic, minPartitions=8).rdd.getNumPartitions() >= 8
+    assert (
+        _read(spark, cluster, topic, maxRecordsPerPartition=1000, minPartitions=1).rdd.getNumPartitions() == 2
+    )
+
+
+def _served(client: robustmq.Client) -> int:
+    return sum(status.records_served for status in client.node_status())
+
+
+def test_key_tag_and_time_options_are_answered_by_the_node_indexes(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
+    topic = _topic(client, 4)
+    _produce(client, topic, 4000)
+    everything = _read(spark, cluster, topic)
+    expected_key = {
+        r.offset for r in everything.where("key = cast('k3' as binary)").select("offset").collect()
+    }
+    assert len(expected_key) == 4000 // 7 + (1 if 4000 % 7 > 3 else 0)
+
+    before = _served(client)
+    by_key = {r.offset for r in _read(spark, cluster, topic, key="k3").select("offset").collect()}
+    assert by_key == expected_key
+    assert _served(client) - before == len(by_key), "the node sent more than the matching records"
+
+    before = _served(client)
+    recent = _read(
+        spark, cluster, topic, minTimestamp=BASE_MS + 3500 * 1000, maxTimestamp=BASE_MS + 3899 * 1000
+    )
+    assert recent.count() == 400
+    assert _served(client) - before == 400
+
+    expected_tag = everything.where("array_contains(tags, 'vip')").count()
+    expected_both = everything.where("key = cast('k3' as binary) and array_contains(tags, 'eu')").count()
+    before = _served(client)
+    assert _read(spark, cluster, topic, tags="vip").count() == expected_tag == 2000
+    assert _served(client) - before == 2000
+
+    before = _served(client)
+    assert _read(spark, cluster, topic, key="k3", tags="eu").count() == expected_both
+    assert _served(client) - before == expected_both
+
+
+def test_sql_filters_stay_correct_on_a_reused_dataframe(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
+    topic = _topic(client, 4)
+    _produce(client, topic, 700)
+    df = _read(spark, cluster, topic)
+    assert df.where("key = cast('k3' as binary)").count() == 100
+    assert df.where("partition = 0 and offset < 5").count() <= 5
+    assert df.count() == 700  # no filter of an earlier query leaks into this one
+
+
+def test_canary_pyspark_reuses_pushed_down_plans(spark) -> None:  # type: ignore[no-untyped-def]
+    """Why the reader takes no SQL filters: PySpark 4.2 reuses a relation's pushed-down plan for a
+    later unfiltered query on the same DataFrame. If this starts failing, PySpark fixed it and
+    pushFilters can be offered again."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, EqualTo, InputPartition
+
+    class Reader(DataSourceReader):
+        def __init__(self) -> None:
+            self.pushed: list[int] = []
+
+        def pushFilters(self, filters):  # type: ignore[no-untyped-def]
+            for spark_filter in filters:
+                if isinstance(spark_filter, EqualTo):
+                    self.pushed.append(spark_filter.value)
+                else:
+                    yield spark_filter
+
+        def partitions(self):  # type: ignore[no-untyped-def]
+            return [InputPartition(v) for v in (self.pushed or [0, 1, 2, 3])]
+
+        def read(self, partition):  # type: ignore[no-untyped-def]
+            yield (partition.value,)
+
+    class Canary(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "pushdown_canary"
+
+        def schema(self) -> str:
+            return "x int"
+
+        def reader(self, schema):  # type: ignore[no-untyped-def]
+            return Reader()
+
+    spark.dataSource.register(Canary)
+    df = spark.read.format("pushdown_canary").load()
+    assert df.where("x = 2").count() == 1
+    assert df.count() == 1, "PySpark no longer reuses pushed-down plans: SQL filter pushdown can come back"
+    assert spark.read.format("pushdown_canary").load().count() == 4
+
+
+def test_stream_admission_control_and_available_now(spark, cluster, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    topic = _topic(client, 2)
+    _produce(client, topic, 1000)
+    sizes: list[int] = []
+    query = (
+        spark.readStream.format("robustmq")
+        .option("metaAddress", cluster.meta_address)
+        .option("topic", topic)
+        .option("maxRecordsPerTrigger", 300)
+        .option("group", "spark-test")
+        .load()
+        .writeStream.foreachBatch(lambda frame, _: sizes.append(frame.count()))
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(180)
+    assert query.exception() is None
+    assert sizes == [300, 300, 300, 100]
+    assert client.group_offsets("spark-test", topic) == {
+        p: end for p, (_, end) in client.list_offsets(topic).items()
+    }
+    _produce(client, topic, 250, start=1000)  # a restart continues exactly where it stopped
+    more: list[list[int]] = []
+    query = (
+        spark.readStream.format("robustmq")
+        .option("metaAddress", cluster.meta_address)
+        .option("topic", topic)
+        .load()
+        .writeStream.foreachBatch(
+            lambda frame, _: more.append([r.value for r in frame.select("value").collect()])
+        )
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(180)
+    values = sorted(bytes(v) for batch in more for v in batch)
+    assert values == sorted(b"v%d" % i for i in range(1000, 1250))
+
+
+def test_stream_picks_up_new_topics_by_pattern(spark, cluster, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    prefix = f"p{uuid.uuid4().hex[:6]}"
+    client.create_topic(f"{prefix}-a", 1)
+    _produce(client, f"{prefix}-a", 10)
+    seen: list[str] = []
+    query = (
+        spark.readStream.format("robustmq")
+        .option("metaAddress", cluster.meta_address)
+        .option("topicPattern", f"{prefix}-.*")
+        .load()
+        .writeStream.foreachBatch(
+            lambda frame, _: seen.extend(r.topic for r in frame.select("topic").collect())
+        )
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(processingTime="0.5 seconds")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(seen) < 10 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        client.create_topic(f"{prefix}-b", 2)
+        _produce(client, f"{prefix}-b", 20)
+        while len(seen) < 30 and time.monotonic() < deadline + 30:
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    assert sorted(set(seen)) == [f"{prefix}-a", f"{prefix}-b"] and len(seen) == 30
+
+
+def test_records_lost_to_retention_fail_or_are_skipped(spark, cluster, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    topic = _topic(client, 1, segment_bytes_max=64 * 1024, retention_bytes=128 * 1024)
+    with client.producer() as producer:
+        for _start in range(0, 4000, 200):
+            producer.send_batch(topic, build_records([b"x" * 200] * 200)).result(30)
+    assert cluster.node is not None
+    cluster.node._manager.driver("segment").enforce_retention()
+    earliest = client.list_offsets(topic)[0][0]
+    assert earliest > 0
+    stale = f'{{"{topic}": {{"0": 0}}}}'
+    with pytest.raises(Exception, match="removed by retention"):
+        _read(spark, cluster, topic, startingOffsets=stale).count()
+    assert (
+        _read(spark, cluster, topic, startingOffsets=stale, failOnDataLoss="false").count() == 4000 - earliest
+    )
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"topic": "no-such-topic"}, "option 'topic'"),
+        ({"topic": "TOPIC", "topicPattern": "b.*"}, "option 'topicPattern'"),
+        ({"topic": "TOPIC", "startingOffsets": "{not json"}, "option 'startingOffsets'"),
+        ({"topic": "TOPIC", "startingOffsets": '{"t": {"x": 1}}'}, "option 'startingOffsets'"),
+        ({"topic": "TOPIC", "maxRecordsPerTrigger": "many"}, "option 'maxRecordsPerTrigger'"),
+        ({"topic": "TOPIC", "failOnDataLoss": "maybe"}, "option 'failOnDataLoss'"),
+        ({"topic": "TOPIC", "metaAddress": "127.0.0.1:1"}, "option 'metaAddress'"),
+        ({}, "option 'topic'"),
+    ],
+)
+def test_bad_options_fail_fast_naming_the_option(spark, cluster, client, options: dict, message: str) -> None:  # type: ignore[no-untyped-def]
+    topic = _topic(client, 1)
+    reader = spark.read.format("robustmq").option("metaAddress", cluster.meta_address)
+    for name, value in options.items():
+        reader = reader.option(name, topic if value == "TOPIC" else value)
+    started = time.monotonic()
+    with pytest.raises(Exception, match=message):
+        reader.load().count()
+    assert time.monotonic() - started < 60, "a bad option must fail fast, not hang"
+
+
+def test_explicit_registration_also_works(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
+    from robustmq.connector import register
+
+    register(spark)
+    topic = _topic(client, 1)
+    _produce(client, topic, 5)
+    assert _read(spark, cluster, topic).count() == 5
+
+
+def test_readers_are_picklable_without_clients(cluster) -> None:  # type: ignore[no-untyped-def]
+    import pickle
+
+    from robustmq.connector import SourceOptions
+    from robustmq.connector._source import RobustMQStreamReader
+
+    reader = RobustMQStreamReader(SourceOptions.parse({"topic": "x", "metaAddress": cluster.meta_address}))
+    assert reader.client is not None  # opens the process-wide client on the "driver"
+    copy = pickle.loads(pickle.dumps(reader))
+    assert copy.options == reader.options
+    assert set(vars(copy)) == {"options", "_topics_cache", "_state"}

@@ -25,7 +25,7 @@ from robustmq._metadata import Metadata, Route
 from robustmq._partitioner import partition_for_key
 from robustmq._producer import Producer
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._records import READ_SCHEMA
+from robustmq._records import READ_SCHEMA, encode_batch
 from robustmq._transport import NodeTransport
 from robustmq.errors import InvalidRequest, RobustMQError, ShardNotFound, StaleEpoch
 
@@ -104,22 +104,13 @@ class Client:
     def read(self, topic: str, partition: int = 0, offset: int = 0, max_records: int = 1000) -> pa.Table:
         """Up to ``max_records`` records from ``offset`` (fewer if the log ends first)."""
         tables = []
-        position = offset
-        remaining = max_records
-        while remaining > 0:
-
-            def fetch_request(route: Route, at: int = position, left: int = remaining) -> pb.NodeRequest:
-                return pb.NodeRequest(fetch=pb.FetchRequest(shard=route.shard, offset=at, max_records=left))
-
-            response, frames = self._call(topic, partition, fetch_request, offset=position)
-            fetch = response.fetch
-            records = decode_frames([f.buffer for f in frames], position, fetch.next_offset, remaining)
+        position, end = offset, offset + max_records
+        while position < end:
+            records, position, high_watermark = self.fetch_records(topic, partition, position, end_offset=end)
             if records.num_rows == 0:
                 break
             tables.append(records)
-            position += records.num_rows
-            remaining -= records.num_rows
-            if position >= fetch.high_watermark:
+            if position >= high_watermark:
                 break
         return _with_partition(pa.concat_tables(tables) if tables else READ_SCHEMA.empty_table(), partition)
 
@@ -238,16 +229,109 @@ class Client:
 
     def list_offsets(self, topic: str) -> dict[int, tuple[int, int]]:
         """``{partition: (earliest offset, high watermark)}`` for every partition."""
-        result = {}
-        for partition in range(self.metadata.partitions(topic)):
-            response, _ = self._call(
-                topic,
-                partition,
-                lambda route: pb.NodeRequest(list_offsets=pb.ListOffsetsRequest(shards=[route.shard])),
-            )
-            info = response.list_offsets.shards[0]
-            result[partition] = (int(info.log_start_offset), int(info.high_watermark))
+        return {partition: ends for (_, partition), ends in self.offsets_of([topic]).items()}
+
+    def offsets_of(self, topics: Iterable[str]) -> dict[tuple[str, int], tuple[int, int]]:
+        """``{(topic, partition): (earliest, high watermark)}``, one request per node (cheap to poll)."""
+        by_address: dict[str, list[tuple[str, int, str]]] = {}
+        for topic in topics:
+            for partition in range(self.metadata.partitions(topic)):
+                route = self.metadata.read_route(topic, partition)
+                by_address.setdefault(route.address, []).append((topic, partition, route.shard))
+        result: dict[tuple[str, int], tuple[int, int]] = {}
+        for address, shards in by_address.items():
+            request = pb.NodeRequest(list_offsets=pb.ListOffsetsRequest(shards=[s for _, _, s in shards]))
+            try:
+                response, _ = self.transport.call(address, request)
+                infos = list(response.list_offsets.shards)
+            except RobustMQError as error:
+                if not (error.retriable or isinstance(error, StaleEpoch | ShardNotFound)):
+                    raise
+                infos = []  # ask partition by partition, refreshing routes as needed
+            if len(infos) != len(shards):
+                infos = [self._offsets_one(topic, partition) for topic, partition, _ in shards]
+            for (topic, partition, _), info in zip(shards, infos, strict=True):
+                result[(topic, partition)] = (int(info.log_start_offset), int(info.high_watermark))
         return result
+
+    def _offsets_one(self, topic: str, partition: int) -> pb.ShardOffsetsInfo:
+        response, _ = self._call(
+            topic,
+            partition,
+            lambda route: pb.NodeRequest(list_offsets=pb.ListOffsetsRequest(shards=[route.shard])),
+        )
+        return response.list_offsets.shards[0]
+
+    def fetch_records(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        end_offset: int | None = None,
+        max_bytes: int = 16 << 20,
+    ) -> tuple[pa.Table, int, int]:
+        """One fetch from ``offset``: ``(records, next offset, high watermark)``; no waiting.
+
+        ``records`` has the read columns (offset first), at most up to ``end_offset``.
+        Raises ``OffsetOutOfRange`` (with ``earliest_offset``) below the log start.
+        """
+
+        def fetch_request(route: Route) -> pb.NodeRequest:
+            limit = 0 if end_offset is None else max(end_offset - offset, 1)
+            return pb.NodeRequest(
+                fetch=pb.FetchRequest(
+                    shard=route.shard, offset=offset, max_bytes=max_bytes, max_records=limit
+                )
+            )
+
+        response, frames = self._call(topic, partition, fetch_request, offset=offset)
+        fetch = response.fetch
+        stop = fetch.next_offset if end_offset is None else min(fetch.next_offset, end_offset)
+        records = decode_frames([f.buffer for f in frames], offset, stop)
+        return records, offset + records.num_rows, int(fetch.high_watermark)
+
+    def produce(
+        self,
+        topic: str,
+        partition: int,
+        records: pa.Table,
+        *,
+        producer_id: int = -1,
+        sequence: int = -1,
+        acks: str = "1",
+    ) -> pb.ProduceResponse:
+        """Append one table of records (record schema) to one partition, retrying retriable errors.
+
+        With ``producer_id`` and ``sequence`` set, a repeat (after a retry or a
+        replayed Spark batch) is acknowledged as a duplicate and stored once.
+        """
+        payload = encode_batch(records)
+        acks_value = {"1": pb.ACKS_LEADER, "all": pb.ACKS_ALL, "quorum": pb.ACKS_QUORUM}[acks]
+
+        def produce_request(route: Route) -> pb.NodeRequest:
+            return pb.NodeRequest(
+                produce=pb.ProduceRequest(
+                    shard=route.shard,
+                    epoch=route.epoch,
+                    acks=acks_value,
+                    producer_id=producer_id,
+                    producer_sequence=sequence,
+                )
+            )
+
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            route = self.metadata.write_route(topic, partition)
+            try:
+                response, _ = self.transport.call(route.address, produce_request(route), (payload,))
+                return response.produce
+            except RobustMQError as error:
+                retry = error.retriable or isinstance(error, StaleEpoch)
+                if not retry or time.monotonic() >= deadline:
+                    raise
+                self.metadata.invalidate(topic, partition)
+                time.sleep(0.05)
 
     def seal(self, topic: str, partition: int) -> pb.SealResponse:
         """Seal the partition's active segment now; the next epoch opens at once."""

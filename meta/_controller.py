@@ -245,7 +245,7 @@ class MetaController:
             live = self._live_node_ids()
             held = self._nodes.holders_pending([shard]).get(shard, set()) & live
             replicas = place_replicas(
-                live - held, load, rf, preferred=active.replicas, shard=shard, dropping=len(held)
+                live - held, load, rf, preferred=active.replicas, shard=shard, dropping=len(held), sticky=True
             )
             load[replicas[0]] += 1
             sealed = pb.Segment()

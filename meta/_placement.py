@@ -8,6 +8,13 @@ of ``preferred`` nodes (the replicas of the segment just sealed, which already
 hold the shard's earlier data), then by node id, so placement is deterministic.
 The first node chosen is the leader.
 
+Seals are sticky (``sticky=True``): the next epoch stays on the sealed
+segment's replicas while they are live, whatever their load, and the same
+leader leads it. Until replication
+lands, a storage engine keeps a shard's offsets contiguous on one node, so an
+epoch placed elsewhere could not continue the log there. New topics still go to
+the least-loaded nodes.
+
 Pure functions over plain values: the caller decides which nodes are live and
 eligible and keeps the load counts.
 """
@@ -29,6 +36,7 @@ def place_replicas(
     preferred: Collection[str] = (),
     shard: str = "",
     dropping: int = 0,
+    sticky: bool = False,
 ) -> list[str]:
     """The ``count`` least-loaded candidates, leader first.
 
@@ -54,7 +62,13 @@ def place_replicas(
     Unavailable
         Fewer than ``count`` candidates: "need N live storage nodes, have M".
     """
-    ranked = sorted(set(candidates), key=lambda node: (load.get(node, 0), node not in preferred, node))
+    if sticky:  # the sealed segment's replicas, in their order (leader first), then the rest
+        order = {node: number for number, node in enumerate(preferred)}
+        ranked = sorted(
+            set(candidates), key=lambda node: (order.get(node, len(order)), load.get(node, 0), node)
+        )
+    else:
+        ranked = sorted(set(candidates), key=lambda node: (load.get(node, 0), node not in preferred, node))
     if len(ranked) < count:
         where = {"shard": shard} if shard else {}
         why = f"; {dropping} more must first drop an older {shard!r}" if dropping else ""

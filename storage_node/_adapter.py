@@ -188,8 +188,13 @@ class StorageAdapter(ABC):
     name: str = "abstract"
 
     @abstractmethod
-    def create_shard(self, shard: str, config: ShardConfig | None = None) -> None:
-        """Create an empty shard; raises ``ShardAlreadyExists``."""
+    def create_shard(self, shard: str, config: ShardConfig | None = None, *, start_offset: int = 0) -> None:
+        """Create an empty shard whose first record will get ``start_offset``.
+
+        A storage node creates a shard at the start of the segment it was given
+        (not 0 when the segment continues a log begun elsewhere). Raises
+        ``ShardAlreadyExists``.
+        """
 
     @abstractmethod
     def delete_shard(self, shard: str) -> None:

@@ -25,13 +25,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from robustmq._frame import decode_frames
+from robustmq._frame import decode_frames, encode_header
 from robustmq._records import READ_SCHEMA
 from robustmq.errors import InvalidRequest, OffsetOutOfRange, StaleEpoch
 
-from ._adapter import AppendResult, MiB, ReadResult, ShardOffsets, StorageAdapter
+from ._adapter import AppendRequest, AppendResult, MiB, ReadResult, ShardOffsets, StorageAdapter
 
-__all__ = ["PRODUCER_WINDOW", "EngineBase", "ProducerWindows", "decode_frames", "stale_epoch"]
+__all__ = [
+    "PRODUCER_WINDOW",
+    "EngineBase",
+    "ProducerWindows",
+    "check_start",
+    "decode_frames",
+    "frame_header",
+    "stale_epoch",
+]
 
 PRODUCER_WINDOW = 16
 _ENTRY = struct.Struct(">qqI")
@@ -110,6 +118,21 @@ class ProducerWindows:
         return [(int(s), int(b), int(c)) for s, b, c in _ENTRY.iter_unpack(raw)]
 
 
+def frame_header(request: AppendRequest, base_offset: int) -> bytes:
+    """The frame header for a prepared request appended at ``base_offset``."""
+    batch = request.records
+    return encode_header(
+        base_offset=base_offset,
+        record_count=batch.record_count,
+        epoch=request.epoch,
+        first_timestamp_ms=batch.first_timestamp_ms,
+        max_timestamp_ms=batch.max_timestamp_ms,
+        producer_id=request.producer_id,
+        producer_sequence=request.producer_sequence,
+        payload=batch.payload,
+    )
+
+
 def stale_epoch(shard: str, current_epoch: int, epoch: int) -> StaleEpoch:
     return StaleEpoch(
         f"shard {shard} is at epoch {current_epoch}; a write for epoch {epoch} is fenced",
@@ -117,6 +140,11 @@ def stale_epoch(shard: str, current_epoch: int, epoch: int) -> StaleEpoch:
         epoch=epoch,
         current_epoch=current_epoch,
     )
+
+
+def check_start(start_offset: int) -> None:
+    if not 0 <= start_offset < 1 << 62:
+        raise InvalidRequest(f"a shard cannot start at offset {start_offset}", start_offset=start_offset)
 
 
 def check_producer(producer_id: int, producer_sequence: int) -> bool:

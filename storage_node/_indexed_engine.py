@@ -67,6 +67,22 @@ class IndexedEngine(EngineBase):
         self._producers = ProducerWindows(load=self._load_producer)
         self._closed = False
 
+    def close(self) -> None:
+        """Refuse new work, let in-flight writes finish (they hold their shard's lock), close the store."""
+        with self._registry:
+            if self._closed:
+                return
+            self._closed = True
+            shards = list(self._shards.values())
+        for state in shards:
+            with state.lock:
+                pass
+        self._close_resources()
+        self._index.close()
+
+    def _close_resources(self) -> None:
+        """Engine-specific clean-up between draining writes and closing the index store."""
+
     # -- registry ------------------------------------------------------------
 
     def _check_open(self) -> None:

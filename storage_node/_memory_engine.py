@@ -25,7 +25,6 @@ from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
-from robustmq._frame import encode_header
 from robustmq._records import now_ms
 from robustmq.errors import EngineClosed, InvalidRequest, ShardAlreadyExists, ShardNotFound
 
@@ -43,7 +42,9 @@ from ._engine_base import (
     EngineBase,
     ProducerWindows,
     check_producer,
+    check_start,
     distinct_tags,
+    frame_header,
     stale_epoch,
 )
 
@@ -125,14 +126,15 @@ class MemoryEngine(EngineBase):
 
     # -- shards --------------------------------------------------------------
 
-    def create_shard(self, shard: str, config: ShardConfig | None = None) -> None:
+    def create_shard(self, shard: str, config: ShardConfig | None = None, *, start_offset: int = 0) -> None:
         validate_shard_name(shard)
+        check_start(start_offset)
         with self._registry:
             if self._closed:
                 raise EngineClosed("the memory engine is closed")
             if shard in self._shards:
                 raise ShardAlreadyExists(f"shard {shard} already exists", shard=shard)
-            self._shards[shard] = _Shard(shard, config or self._default_config)
+            self._shards[shard] = _Shard(shard, config or self._default_config, log_end=start_offset)
 
     def delete_shard(self, shard: str) -> None:
         with self._registry:
@@ -175,16 +177,7 @@ class MemoryEngine(EngineBase):
                 if duplicate is not None:
                     return duplicate
             base = state.log_end
-            header = encode_header(
-                base_offset=base,
-                record_count=batch.record_count,
-                epoch=request.epoch,
-                first_timestamp_ms=batch.first_timestamp_ms,
-                max_timestamp_ms=batch.max_timestamp_ms,
-                producer_id=request.producer_id,
-                producer_sequence=request.producer_sequence,
-                payload=batch.payload,
-            )
+            header = frame_header(request, base)
             keys = batch.records.column("key")
             tags = tuple(distinct_tags(batch.records))
             frame = _Frame(

@@ -29,7 +29,6 @@ from robustmq._frame import (
     FRAME_HEADER_SIZE,
     decode_header,
     decode_payload,
-    encode_header,
     verify_payload,
 )
 from robustmq._records import now_ms
@@ -37,7 +36,7 @@ from robustmq.errors import OffsetOutOfRange
 
 from ._adapter import AppendRequest, AppendResult, FrameRead, MiB, ShardConfig, ShardOffsets
 from ._batch import PreparedBatch, prepare_batch
-from ._engine_base import ProducerWindows, check_producer, distinct_tags
+from ._engine_base import ProducerWindows, check_producer, check_start, distinct_tags, frame_header
 from ._index_store import IndexStore, ShardRecord, sid_bytes
 from ._indexed_engine import IndexedEngine, PendingBase, ShardBase
 
@@ -96,17 +95,6 @@ class RocksDBEngine(IndexedEngine):
             ) = _STATE.unpack(raw)
         return state
 
-    def close(self) -> None:
-        with self._registry:
-            if self._closed:
-                return
-            self._closed = True
-            shards = list(self._shards.values())
-        for state in shards:
-            with state.lock:
-                pass
-        self._index.close()
-
     def _state(self, shard: str) -> _Shard:
         state = self._shard(shard)
         assert isinstance(state, _Shard)
@@ -114,12 +102,18 @@ class RocksDBEngine(IndexedEngine):
 
     # -- shards --------------------------------------------------------------
 
-    def create_shard(self, shard: str, config: ShardConfig | None = None) -> None:
+    def create_shard(self, shard: str, config: ShardConfig | None = None, *, start_offset: int = 0) -> None:
         config = config or self._default_config
+        check_start(start_offset)
         with self._registry:
             record = self._register(shard, config)
+            state = _Shard(shard, record.sid, config)
+            state.log_end = state.earliest = start_offset
+            wb = self._index.new_batch()
+            self._put_state(wb, self._begin(state))  # the start survives a restart before any write
+            self._index.write(wb, sync=True)
             self._index.put_shard(record)
-            self._shards[shard] = _Shard(shard, record.sid, config)
+            self._shards[shard] = state
 
     def delete_shard(self, shard: str) -> None:
         with self._registry:
@@ -172,16 +166,7 @@ class RocksDBEngine(IndexedEngine):
             if duplicate is not None:
                 return duplicate
         base = pending.log_end
-        header = encode_header(
-            base_offset=base,
-            record_count=batch.record_count,
-            epoch=request.epoch,
-            first_timestamp_ms=batch.first_timestamp_ms,
-            max_timestamp_ms=batch.max_timestamp_ms,
-            producer_id=request.producer_id,
-            producer_sequence=request.producer_sequence,
-            payload=batch.payload,
-        )
+        header = frame_header(request, base)
         frame = header + batch.payload.to_pybytes()
         self._index.put_record_frame(wb, state.sid, base, frame)
         if _chunk(base) != pending.running_chunk:  # a new chunk starts its own running max

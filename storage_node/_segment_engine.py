@@ -60,7 +60,7 @@ from typing import Any
 import pyarrow as pa
 from rocksdict import WriteBatch
 
-from robustmq._frame import FRAME_HEADER_SIZE, decode_payload, encode_header
+from robustmq._frame import FRAME_HEADER_SIZE, decode_payload
 from robustmq._records import now_ms
 from robustmq.errors import OffsetOutOfRange, Unavailable
 
@@ -74,7 +74,7 @@ from ._adapter import (
     ShardOffsets,
 )
 from ._batch import PreparedBatch, prepare_batch
-from ._engine_base import ProducerWindows, check_producer, distinct_tags
+from ._engine_base import ProducerWindows, check_producer, check_start, distinct_tags, frame_header
 from ._index_store import IndexStore, ShardRecord, be64, sid_bytes
 from ._indexed_engine import IndexedEngine, PendingBase, ShardBase
 from ._segment import (
@@ -193,17 +193,8 @@ class SegmentEngine(IndexedEngine):
             self._sync_pool.shutdown()
             raise
 
-    def close(self) -> None:
-        with self._registry:
-            if self._closed:
-                return
-            self._closed = True
-            shards = list(self._shards.values())
-        for state in shards:  # let in-flight writes finish
-            with state.lock:
-                pass
+    def _close_resources(self) -> None:
         self._sync_pool.shutdown(wait=True)
-        self._index.close()
 
     def _state(self, shard: str) -> _Shard:
         state = self._shard(shard)
@@ -212,23 +203,24 @@ class SegmentEngine(IndexedEngine):
 
     # -- shards --------------------------------------------------------------
 
-    def create_shard(self, shard: str, config: ShardConfig | None = None) -> None:
+    def create_shard(self, shard: str, config: ShardConfig | None = None, *, start_offset: int = 0) -> None:
         config = config or self._default_config
+        check_start(start_offset)
         with self._registry:
             record = self._register(shard, config)
             directory = self._shards_dir / shard
             if directory.exists():  # left over from an interrupted delete
                 shutil.rmtree(directory)
             directory.mkdir()
-            first = directory / segment_name(0)
+            first = directory / segment_name(start_offset)  # recovery reads the start from the name
             first.touch()
             fsync_directory(directory)
             fsync_directory(self._shards_dir)
             self._index.put_shard(record)
             state = _Shard(shard, record.sid, config)
             state.view = _View.of(
-                [_Segment(0, first, 0, 0, _NO_TIMESTAMP, record.created_ms, False)],
-                0,
+                [_Segment(start_offset, first, 0, start_offset, _NO_TIMESTAMP, record.created_ms, False)],
+                start_offset,
             )
             self._shards[shard] = state
 
@@ -281,9 +273,11 @@ class SegmentEngine(IndexedEngine):
             for request in requests:
                 results.append(self._append_one(request, pending[request.shard], wb, handles, now))
             self._sync(handles)
-        except OSError as exc:
+        except BaseException as exc:  # a failed group keeps nothing, whatever the reason
             self._rollback(pending.values())
-            raise Unavailable(f"write failed, nothing was kept: {exc}") from exc
+            if isinstance(exc, OSError):
+                raise Unavailable(f"write failed, nothing was kept: {exc}") from exc
+            raise
         finally:
             for fd in handles.values():
                 os.close(fd)
@@ -329,16 +323,7 @@ class SegmentEngine(IndexedEngine):
         ):
             active = self._roll_pending(pending, wb, now)
         base = pending.log_end
-        header = encode_header(
-            base_offset=base,
-            record_count=batch.record_count,
-            epoch=request.epoch,
-            first_timestamp_ms=batch.first_timestamp_ms,
-            max_timestamp_ms=batch.max_timestamp_ms,
-            producer_id=request.producer_id,
-            producer_sequence=request.producer_sequence,
-            payload=batch.payload,
-        )
+        header = frame_header(request, base)
         fd = handles.get(active.path)
         if fd is None:
             pending.start_sizes.setdefault(active.path, active.size_bytes)

@@ -56,9 +56,12 @@ class NodeShard:
     segment_start: int
     segment_bytes: int = 0
     segment_created_ms: int = field(default_factory=now_ms)
+    blocked: str | None = None  # why this node cannot continue the shard's log, if it cannot
 
     def check_write(self, epoch: int) -> None:
         """Raise unless a write addressed to ``epoch`` may go ahead on this node."""
+        if self.blocked is not None:
+            raise Unavailable(self.blocked, shard=self.name)
         if not self.leader:
             raise NotLeader(
                 f"this node does not lead shard {self.name}; ask {self.leader_address or 'the Meta Service'}",
@@ -153,7 +156,7 @@ class ShardDirectory:
         engine = self._manager.driver(config.engine)
         with self._lock:
             if holds and shard not in engine.list_shards():
-                engine.create_shard(shard, _engine_config(config))
+                engine.create_shard(shard, _engine_config(config), start_offset=self._start_of(info))
                 self._on_disk[shard] = config.engine
             previous = self._shards.get(shard)
             state = NodeShard(
@@ -173,6 +176,7 @@ class ShardDirectory:
             elif holds:
                 self._adopt_local_segment(state)
             if holds:
+                self._check_continuity(state)
                 self._shards[shard] = state
         if not holds:
             raise NotLeader(
@@ -181,6 +185,41 @@ class ShardDirectory:
                 leader_address=info.leader_address,
             )
         return state
+
+    def _start_of(self, info: pb.ShardInfo) -> int:
+        """Where a shard this node creates begins: never at an offset already handed out.
+
+        That is the first segment this node holds, or, if this node leads the active
+        segment, that segment's start; and never below the log end last reported to the
+        Meta Service (a memory-engine shard recreated after a restart, a wiped data
+        directory), so lost records show as a gap, not as reused offsets.
+        """
+        first = next(s for s in info.segments if self._node_id in s.replicas)
+        start = max(first.start_offset, info.high_watermark)
+        active = info.segments[-1]
+        if active.leader == self._node_id:
+            start = max(start, active.start_offset)
+        return start
+
+    @staticmethod
+    def _check_continuity(state: NodeShard) -> None:
+        """A leader whose local log ends before its active segment starts cannot continue it.
+
+        That happens when an epoch was placed here after another node held the
+        previous one (an engine keeps a shard's offsets contiguous; hosting
+        non-adjacent epochs comes with replication) or when an old copy of the data
+        directory was restored. Writes then fail with this reason instead of
+        reusing offsets.
+        """
+        if not state.leader:
+            return
+        log_end = state.engine.list_offsets(state.name).log_end_offset
+        if log_end < state.segment_start:
+            state.blocked = (
+                f"shard {state.name} ends at offset {log_end} on this node but its active segment "
+                f"(epoch {state.epoch}) starts at {state.segment_start}; this node cannot continue it"
+            )
+            log.error("%s", state.blocked)
 
     def _topic_config(self, topic: str) -> pb.TopicConfig:
         """The topic's config, asked once per topic. It is copied out of the answer: a protobuf

@@ -310,9 +310,10 @@ def test_seal_chain(client: MetaClient) -> None:
     second = client.seal_segment("s_0", 1, 100, "n1")  # an empty segment may be sealed
     assert (second.next.epoch, second.next.start_offset) == (2, 100)
     client.create_topic("busy", partitions=2)  # loads now n1:2 n2:1
-    register(client, "n3")  # leads nothing: wins the next placement over the old replicas
+    register(client, "n3")  # leads nothing, but seals are sticky: the shard stays where its data is
     third = client.seal_segment("s_0", 2, 250, second.next.leader)
-    assert list(third.next.replicas) == ["n3", "n1"]
+    assert list(third.next.replicas) == ["n1", "n2"] and third.next.leader == "n1"
+
     chain = client.get_shard("s_0").segments
     assert [(s.epoch, s.start_offset, s.end_offset, s.state) for s in chain] == [
         (0, 0, 100, pb.SEALED),
@@ -399,14 +400,14 @@ def test_pending_deletions_reach_each_holder_once_even_across_a_restart(meta: Me
     client = meta.client
     register(client, "n1", "n2", "n3")
     client.create_topic("d", partitions=2, replication_factor=2)  # d_0: n1,n2  d_1: n2,n3
-    assert list(client.seal_segment("d_0", 0, 10, "n1").next.replicas) == ["n1", "n3"]
+    assert list(client.seal_segment("d_0", 0, 10, "n1").next.replicas) == ["n1", "n2"]  # sticky
     client.delete_topic("d")
     assert list(client.heartbeat("n1", "").delete_shards) == ["d_0"]
     assert list(client.heartbeat("n1", "").delete_shards) == []
 
     meta.restart()
     assert list(client.heartbeat("n2", "").delete_shards) == ["d_0", "d_1"]
-    assert list(client.heartbeat("n3", "").delete_shards) == ["d_0", "d_1"]
+    assert list(client.heartbeat("n3", "").delete_shards) == ["d_1"]
     assert list(client.heartbeat("n3", "").delete_shards) == []
 
 

@@ -199,6 +199,26 @@ def test_shard_lifecycle_and_names(factory: EngineFactory) -> None:
     assert engine.list_offsets("t_0").log_end_offset == 0
 
 
+def test_a_shard_can_begin_at_a_later_offset(factory: EngineFactory) -> None:
+    # A node that joins a partition at a later segment holds the log from that segment on.
+    engine = factory.open()
+    engine.create_shard("t_0", start_offset=1_000)
+    offsets = engine.list_offsets("t_0")
+    assert (offsets.earliest_offset, offsets.log_end_offset) == (1_000, 1_000)
+    assert engine.write("t_0", batch([b"a", b"b"])).base_offset == 1_000
+    with pytest.raises(OffsetOutOfRange):
+        engine.read_by_offset("t_0", 10)
+    with pytest.raises(InvalidRequest):
+        engine.create_shard("t_1", start_offset=-1)
+    engine = factory.reopen()
+    if factory.persistent:
+        assert engine.list_offsets("t_0").log_end_offset == 1_002
+        assert engine.write("t_0", batch([b"c"])).base_offset == 1_002
+        rows = engine.read_by_offset("t_0", 1_000).records
+        assert rows.column("offset").to_pylist() == [1_000, 1_001, 1_002]
+        assert rows.column("value").to_pylist() == [b"a", b"b", b"c"]
+
+
 def test_idempotent_producer_is_deduplicated(factory: EngineFactory) -> None:
     engine = factory.open()
     engine.create_shard("t_0")

@@ -6,7 +6,10 @@ passes). Positions start from the group's committed offsets, ``earliest``,
 ``latest`` or explicit offsets; committed offsets are the *next* offset to
 read, as in Kafka, so a restarted consumer continues where the last commit
 left it. With ``auto_commit`` (the default when a group is given), positions
-are committed every ``auto_commit_interval_s`` and on ``close``.
+are committed every ``auto_commit_interval_s`` and on ``close``; as in
+Kafka, an automatic commit made inside ``poll`` covers only the records
+returned by earlier polls (calling ``poll`` again says you are done with
+them), so a crash never commits records the application had not seen through.
 
 Records removed by retention before they were read are data loss: by default
 ``poll`` raises ``OffsetOutOfRange``; ``on_data_loss="skip"`` jumps to the
@@ -130,6 +133,7 @@ class Consumer:
     def poll(self, timeout_s: float = 1.0, max_records: int = 10_000) -> pa.Table:
         """Records from any partition that has some (``partition`` + read columns), or an empty table."""
         deadline = time.monotonic() + timeout_s
+        self._maybe_commit()  # what earlier polls returned, never what this one will
         while True:
             for partition in self.partitions:
                 if partition not in self._in_flight:
@@ -143,7 +147,6 @@ class Consumer:
                     table = self._take(partition, future)
                     if table is not None and table.num_rows:
                         tables.append(table)
-            self._maybe_commit()
             if tables:
                 return pa.concat_tables(tables)
             if time.monotonic() >= deadline:
@@ -151,18 +154,27 @@ class Consumer:
 
     def __iter__(self) -> Iterator[Record]:
         while not self._closed:
-            table = self.poll()
-            for row in table.to_pylist():
-                yield Record(
-                    self.topic,
-                    row["partition"],
-                    row["offset"],
-                    row["key"],
-                    row["value"],
-                    int(row["timestamp"].timestamp() * 1000) if row["timestamp"] else 0,
-                    row["tags"],
-                    [(h["key"], h["value"]) for h in row["headers"]] if row["headers"] else None,
-                )
+            rows = self.poll().to_pylist()
+            given = 0
+            try:
+                for row in rows:
+                    given += 1
+                    yield self._record(row)
+            finally:  # the loop stopped early: the rows not given out are read again, not committed
+                for partition, offset in _first_offsets(rows[given:]).items():
+                    self.seek(partition, offset)
+
+    def _record(self, row: dict[str, Any]) -> Record:
+        return Record(
+            self.topic,
+            row["partition"],
+            row["offset"],
+            row["key"],
+            row["value"],
+            int(row["timestamp"].timestamp() * 1000) if row["timestamp"] else 0,
+            row["tags"],
+            [(h["key"], h["value"]) for h in row["headers"]] if row["headers"] else None,
+        )
 
     def _fetch(self, partition: int, max_records: int) -> Future[Any]:
         offset = self._positions[partition]
@@ -242,6 +254,13 @@ class Consumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _first_offsets(rows: list[dict[str, Any]]) -> dict[int, int]:
+    first: dict[int, int] = {}
+    for row in rows:
+        first.setdefault(row["partition"], row["offset"])
+    return first
 
 
 def _empty() -> pa.Table:

@@ -285,6 +285,7 @@ class Producer:
         self._outstanding = 0
         self._flushing = 0
         self._closed = False
+        self._abandoned = False  # close() gave up: retries fail instead of queueing again
         self._sender = threading.Thread(target=self._send_loop, name="rmq-producer", daemon=True)
         self._sender.start()
 
@@ -316,6 +317,8 @@ class Producer:
         count = self._counts.get(topic) or self._partition_count(topic)
         stamp = time.time_ns() // 1_000_000 if timestamp_ms is None else int(timestamp_ms)
         with self._lock:
+            if self._closed:
+                raise InvalidRequest("the producer is closed", topic=topic)
             if partition is not None:
                 if not 0 <= partition < count:
                     raise InvalidRequest(
@@ -378,17 +381,21 @@ class Producer:
             table = table.append_column("partition", partition_column)
         partitions = self._client.metadata.partitions(topic)
         parts = self._partitioner.split(topic, partitions, table)
+        chunks = [
+            (chosen, chunk)
+            for chosen, part in sorted(parts.items())
+            for chunk in _chunks(part, self._batch_bytes * 8)
+        ]
         batches: list[_Batch] = []
         with self._wakeup:
-            for chosen, part in sorted(parts.items()):
-                for chunk in _chunks(part, self._batch_bytes * 8):
-                    self._reserve(chunk.nbytes, topic)
-                    batch = _Batch(topic, chosen, chunk)
-                    state = self._partition(topic, chosen)
-                    state.batches.append(batch)
-                    state.open = None  # later send()s go after this table, in a new batch
-                    self._outstanding += 1
-                    batches.append(batch)
+            self._reserve(sum(chunk.nbytes for _, chunk in chunks), topic)  # all of the table or none
+            for chosen, chunk in chunks:
+                batch = _Batch(topic, chosen, chunk)
+                state = self._partition(topic, chosen)
+                state.batches.append(batch)
+                state.open = None  # later send()s go after this table, in a new batch
+                self._outstanding += 1
+                batches.append(batch)
             self._wakeup.notify()
         result: Future[list[BatchMetadata]] = Future()
         remaining = [len(batches)]
@@ -443,6 +450,22 @@ class Producer:
                 self._closed = True
                 self._wakeup.notify_all()
             self._sender.join(timeout=10)
+            self._fail_unsent()
+
+    def _fail_unsent(self) -> None:
+        """Fail the batches close() gave up on, so no future waits forever."""
+        with self._wakeup:
+            self._abandoned = True
+            unsent = [batch for state in self._partitions.values() for batch in state.batches]
+            for state in self._partitions.values():
+                state.batches.clear()
+                state.open = None
+            for batch in unsent:
+                self._buffered -= batch.size
+                self._outstanding -= 1
+            self._wakeup.notify_all()
+        for batch in unsent:
+            batch.finish(error=RequestTimeout("the producer was closed before this batch was sent"))
 
     def __enter__(self) -> Producer:
         return self
@@ -541,6 +564,7 @@ class Producer:
             error is not None
             and _retriable(error)
             and (time.monotonic() - batch.created < self._delivery_timeout_s)
+            and not self._abandoned
         ):
             self._client.metadata.invalidate(batch.topic, batch.partition)
             with self._wakeup:

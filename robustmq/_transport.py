@@ -76,6 +76,9 @@ class NodeTransport:
         message.correlation_id = correlation_id
         with self._lock:
             self._pending[correlation_id] = (future, deadline)
+        if self._closed.is_set():  # closed while we waited for a slot: nobody would answer
+            self._resolve(correlation_id, error=Unavailable("the client is closed"))
+            return future
         push = self._push()
         push.send_multipart(
             [address.encode(), deadline.hex().encode(), message.SerializeToString(), *payloads], copy=False
@@ -102,11 +105,13 @@ class NodeTransport:
         for push in self._pushes:
             push.close(linger=0)
         self._inbox.close(linger=0)
+        self._fail_pending(Unavailable("the client was closed before the node answered"))
+
+    def _fail_pending(self, error: Exception) -> None:
         with self._lock:
-            pending, self._pending = self._pending, {}
-        for future, _ in pending.values():
-            if not future.done():
-                future.set_exception(Unavailable("the client was closed before the node answered"))
+            pending = list(self._pending)
+        for correlation_id in pending:
+            self._resolve(correlation_id, error=error)
 
     # -- the I/O thread ------------------------------------------------------------
 
@@ -132,14 +137,22 @@ class NodeTransport:
                             parts = socket.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
-                        if socket is self._inbox:
-                            self._send(parts, dealers, poller)
-                        else:
-                            self._receive(parts)
+                        try:
+                            if socket is self._inbox:
+                                self._send(parts, dealers, poller)
+                            else:
+                                self._receive(parts)
+                        except Exception:  # one bad message must not stop every other request
+                            log.exception("client I/O thread failed on one message")
                 self._expire(time.monotonic())
+        except BaseException:
+            log.exception("client I/O thread stopped; failing every pending request")
+            self._closed.set()
+            raise
         finally:
             for dealer in dealers.values():
                 dealer.close(linger=0)
+            self._fail_pending(Unavailable("the client's I/O thread stopped before the node answered"))
 
     def _send(self, parts: list[Any], dealers: dict[bytes, zmq.Socket[Any]], poller: zmq.Poller) -> None:
         address = parts[0].bytes
@@ -201,6 +214,8 @@ class NodeTransport:
             return  # timed out already, or an answer to a closed client
         self._slots.release()
         future, _ = entry
+        if not future.set_running_or_notify_cancel():
+            return  # the caller cancelled it; nobody is waiting for the answer
         if error is not None:
             future.set_exception(error)
         else:

@@ -42,6 +42,8 @@ __all__ = ["Control", "IOWorker", "Request"]
 
 log = logging.getLogger("robustmq.node")
 
+_SEAL_RETRY_S = 5.0  # a seal the Meta Service refused is tried again after this long
+
 
 @dataclass(slots=True)
 class Request:
@@ -53,6 +55,7 @@ class Request:
     size_bytes: int
     deadline: float = 0.0  # long-poll fetches: when to give up waiting
     waited: bool = False
+    answered: bool = False  # set by the node's reply(); a failed group answers only the rest
 
 
 @dataclass(slots=True)
@@ -73,7 +76,7 @@ class IOWorker(threading.Thread):
         self.queue: queue.Queue[Request | Control | None] = queue.Queue(maxsize=queue_size)
         self._max_group = max_group_requests
         self._reply: Callable[..., None] = node.reply
-        self._pending_seals: set[str] = set()
+        self._pending_seals: dict[str, float] = {}  # shard -> monotonic time of the next try
         self._last_seal_warning = 0.0
 
     def submit(self, item: Request | Control) -> bool:
@@ -91,7 +94,7 @@ class IOWorker(threading.Thread):
             try:
                 first = self.queue.get(timeout=0.5)
             except queue.Empty:
-                self._seal_due()
+                self._seal_due_safely()
                 continue
             if first is None:
                 return
@@ -108,9 +111,12 @@ class IOWorker(threading.Thread):
                 items.append(item)
             try:
                 self._process(items)
-            except Exception:  # a bug must not kill the worker and strand its shards
+            except Exception as error:  # a bug must not kill the worker or strand its requests
                 log.exception("I/O worker failed on a group of %d requests", len(items))
-            self._seal_due()
+                for item in items:
+                    if isinstance(item, Request) and not item.answered:
+                        self._fail(item, error)
+            self._seal_due_safely()
             if stop:
                 return
 
@@ -165,8 +171,12 @@ class IOWorker(threading.Thread):
         try:
             results = engine.batch_write([request for _, _, request in group])
         except StaleEpoch as error:  # the engine saw a newer epoch: refresh and let clients retry
+            for name in {state.name for _, state, _ in group}:
+                try:
+                    self._directory.refresh(name)
+                except Exception:  # the clients' retry refreshes again; answer them regardless
+                    log.warning("could not refresh %s after a stale epoch", name, exc_info=True)
             for item, state, _ in group:
-                self._directory.refresh(state.name)
                 self._fail(item, SegmentSealed(error.message, shard=state.name))
             return
         except Exception as error:
@@ -196,7 +206,7 @@ class IOWorker(threading.Thread):
         for name, state in touched.items():
             self._node.written(name)
             if state.seal_due(now_ms()):
-                self._pending_seals.add(name)
+                self._pending_seals.setdefault(name, 0.0)
 
     def _fail(self, item: Request, error: BaseException) -> None:
         from robustmq._node_protocol import error_response
@@ -205,14 +215,25 @@ class IOWorker(threading.Thread):
 
     # -- seals and control ------------------------------------------------------
 
+    def _seal_due_safely(self) -> None:
+        try:
+            self._seal_due()
+        except Exception:  # keep the worker alive; the seal is retried after its back-off
+            log.exception("sealing failed")
+
     def _seal_due(self) -> None:
-        for name in list(self._pending_seals):
+        now = time.monotonic()
+        for name, not_before in list(self._pending_seals.items()):
             state = self._directory.cached(name)
             if state is None or not state.leader:
-                self._pending_seals.discard(name)
+                del self._pending_seals[name]
+                continue
+            if now < not_before:
                 continue
             if self._seal(state) is not None:
-                self._pending_seals.discard(name)
+                del self._pending_seals[name]
+            else:  # the Meta Service said no or did not answer: try again later, not every loop
+                self._pending_seals[name] = now + _SEAL_RETRY_S
 
     def _seal(self, state: NodeShard) -> pb.SealSegmentResponse | None:
         """Seal the active segment through the Meta Service, then roll locally."""
@@ -222,7 +243,7 @@ class IOWorker(threading.Thread):
         except StaleEpoch:
             self._directory.refresh(state.name)
             return None
-        except Unavailable as error:
+        except RobustMQError as error:  # Unavailable, RequestTimeout, Busy, a deleted topic...
             if time.monotonic() - self._last_seal_warning > 10:
                 self._last_seal_warning = time.monotonic()
                 log.warning(
@@ -276,5 +297,5 @@ class IOWorker(threading.Thread):
             if engine is not None and item.shard in engine.list_shards():
                 engine.delete_shard(item.shard)
                 log.info("deleted shard %s (its topic was deleted)", item.shard)
-            self._pending_seals.discard(item.shard)
+            self._pending_seals.pop(item.shard, None)
             self._node.written(item.shard)

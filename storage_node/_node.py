@@ -187,6 +187,7 @@ class StorageNode:
                 self._reads.put(None)
         for reader in self._readers:
             reader.join(timeout=30)
+        self._answer_leftover_reads()
         self._drained.set()  # the front end forwards the last answers and exits
         if self._frontend_thread is not None:
             self._frontend_thread.join(timeout=30)
@@ -203,6 +204,17 @@ class StorageNode:
         self._stopped.set()
         log.info("storage node %s stopped", self.node_id)
 
+    def _answer_leftover_reads(self) -> None:
+        """Requests that reached the read queue after the readers left are answered, not dropped."""
+        while True:
+            try:
+                request = self._reads.get_nowait()
+            except queue.Empty:
+                return
+            if request is not None and not request.answered:
+                error = Unavailable(f"storage node {self.node_id} is stopping; try again")
+                self.reply(request, error_response(request.message.correlation_id, error))
+
     # -- answering -----------------------------------------------------------------
 
     def reply(self, request: Request, response: pb.NodeResponse, payloads: tuple[Any, ...] = ()) -> None:
@@ -210,6 +222,7 @@ class StorageNode:
         with self._accounting:
             self._queued_bytes -= request.size_bytes
             request.size_bytes = 0
+        request.answered = True
         parts = [request.identity, response.SerializeToString(), *payloads]
         if threading.current_thread() is self._frontend_thread:
             self._router.send_multipart(parts, copy=False)
@@ -529,7 +542,7 @@ class StorageNode:
             progress.append((shard, offsets.log_end_offset, offsets.earliest_offset))
         try:
             answer = self.meta.heartbeat(self.node_id, self.address, progress, self.directory.count)
-        except RobustMQError:
+        except Exception:  # reported again on the next beat
             with self._changed_lock:
                 self._changed |= changed
             raise
@@ -549,13 +562,15 @@ class StorageNode:
                 if time.monotonic() - last_warning > 10:
                     last_warning = time.monotonic()
                     log.warning("heartbeat to the Meta Service failed: %s", error.message)
+            except Exception:  # a bug must not stop the heartbeat (the node would look dead)
+                log.exception("heartbeat failed")
             if time.monotonic() >= next_retention:
                 next_retention = time.monotonic() + self.config.retention_check_ms / 1000
                 for name in ("segment", "rocksdb", "memory"):
                     if (self.config.data_dir / name).exists() or name == "memory":
                         try:
                             removed = self._manager.driver(name).enforce_retention()
-                        except RobustMQError:
+                        except Exception:
                             log.exception("retention on the %s engine failed", name)
                             continue
                         if removed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from robustmq.errors import (
     SegmentSealed,
     ShardNotFound,
     TopicNotFound,
+    Unavailable,
 )
 from tests.e2e._procs import wait_until
 
@@ -211,3 +213,122 @@ def test_read_returns_an_empty_table_past_the_end(client: robustmq.Client) -> No
     table = client.read("empty", 0, 0, 10)
     assert table.num_rows == 0 and table.column_names[:2] == ["partition", "offset"]
     assert isinstance(table, pa.Table)
+
+
+def _restart_node(cluster: EmbeddedCluster, between: object = None) -> None:
+    """Stop the in-process node cleanly, optionally act on its data, start it again."""
+    from robustmq.storage_node import NodeConfig, StorageNode
+
+    assert cluster.node is not None
+    config = cluster.node.config
+    cluster.node.stop()
+    cluster.node = None
+    if between is not None:
+        between()  # type: ignore[operator]
+    fresh = NodeConfig(config.data_dir, config.meta_address, host=config.host, port=0)  # a new address
+    cluster.node = StorageNode(fresh).start()
+
+
+def test_a_memory_shard_lost_in_a_restart_never_reuses_offsets(
+    client: robustmq.Client, cluster: EmbeddedCluster
+) -> None:
+    client.create_topic("volatile", 1, engine="memory")
+    with client.producer() as producer:
+        producer.send_batch("volatile", build_records([b"a"] * 10)).result(10)
+    wait_until(lambda: client.describe_topic("volatile").shards[0].high_watermark == 10, timeout_s=15)
+    _restart_node(cluster)
+    client.metadata.invalidate("volatile", 0)
+    with client.producer() as producer:
+        assert producer.send("volatile", b"after").result(20).offset == 10  # not 0 again
+    assert client.list_offsets("volatile") == {0: (10, 11)}
+    with pytest.raises(OffsetOutOfRange):
+        client.read("volatile", 0, 0, 5)
+
+
+def test_a_restored_old_data_directory_refuses_writes_instead_of_reusing_offsets(
+    client: robustmq.Client, cluster: EmbeddedCluster, tmp_path: Path
+) -> None:
+    client.create_topic("restored", 1)
+    with client.producer() as producer:
+        producer.send_batch("restored", build_records([b"old"] * 10)).result(10)
+    assert cluster.node is not None
+    data_dir = cluster.node.config.data_dir
+    backup = tmp_path / "backup"
+    _restart_node(cluster, lambda: shutil.copytree(data_dir, backup))
+    client.metadata.invalidate("restored", 0)
+    with client.producer() as producer:
+        producer.send_batch("restored", build_records([b"new"] * 10)).result(20)
+    client.seal("restored", 0)  # epoch 1 starts at offset 20
+
+    def restore() -> None:
+        shutil.rmtree(data_dir)
+        shutil.copytree(backup, data_dir)
+
+    _restart_node(cluster, restore)
+    client.metadata.invalidate("restored", 0)
+    route = client.metadata.write_route("restored", 0)
+    produce = pb.NodeRequest(produce=pb.ProduceRequest(shard=route.shard, epoch=route.epoch))
+    with pytest.raises(Unavailable, match="cannot continue"):
+        client.transport.call(route.address, produce, (encode_batch(build_records([b"x"])),))
+    assert client.read("restored", 0, 0, 100).column("value").to_pylist() == [b"old"] * 10
+
+
+def test_auto_commit_covers_only_records_returned_by_earlier_polls(client: robustmq.Client) -> None:
+    client.create_topic("audit", 1)
+    with client.producer() as producer:
+        producer.send_batch("audit", build_records([b"a%d" % i for i in range(10)])).result(10)
+    consumer = client.consumer("audit", group="auditors", auto_commit_interval_s=0, max_wait_ms=200)
+    try:
+        assert consumer.poll(5).num_rows == 10
+        assert client.group_offsets("auditors", "audit") == {}  # not yet seen through
+        assert consumer.poll(0.5).num_rows == 0  # asking again says the first ten are done
+        assert client.group_offsets("auditors", "audit") == {0: 10}
+        with client.producer() as producer:
+            producer.send_batch("audit", build_records([b"b%d" % i for i in range(5)])).result(10)
+        taken = []
+        for record in consumer:  # stop after two of the five: the other three are not committed
+            taken.append(record.offset)
+            if len(taken) == 2:
+                break
+        assert taken == [10, 11]
+    finally:
+        consumer.close()
+    assert client.group_offsets("auditors", "audit") == {0: 12}
+    with client.consumer("audit", group="auditors") as again:
+        assert again.poll(5).column("offset").to_pylist() == [12, 13, 14]
+
+
+def test_producer_refuses_sends_after_close(client: robustmq.Client) -> None:
+    client.create_topic("closed", 1)
+    producer = client.producer()
+    producer.send("closed", b"in").result(10)
+    producer.close()
+    with pytest.raises(InvalidRequest, match="closed"):
+        producer.send("closed", b"late")
+    with pytest.raises(InvalidRequest, match="closed"):
+        producer.send_batch("closed", build_records([b"late"]))
+    assert client.list_offsets("closed") == {0: (0, 1)}
+
+
+def test_a_cancelled_request_frees_its_slot_and_the_transport_keeps_working(client: robustmq.Client) -> None:
+    from robustmq._transport import NodeTransport
+
+    client.create_topic("cancel", 1)
+    route = client.metadata.write_route("cancel", 0)
+    transport = NodeTransport(timeout_s=10, max_in_flight=1)
+    try:
+        parked = transport.request(
+            route.address,
+            pb.NodeRequest(
+                fetch=pb.FetchRequest(shard=route.shard, offset=0, max_wait_ms=300, max_bytes=1024)
+            ),
+        )
+        assert parked.cancel()  # nobody waits for it now; its answer still comes back
+        answer, _ = transport.call(
+            route.address, pb.NodeRequest(list_offsets=pb.ListOffsetsRequest(shards=[route.shard]))
+        )
+        assert answer.WhichOneof("body") == "list_offsets"
+    finally:
+        transport.close()
+    with pytest.raises(Unavailable, match="closed"):
+        transport.request(route.address, pb.NodeRequest())

@@ -189,8 +189,10 @@ class DeltaAppender:
     def _append_with_delta_spark(self, rows: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
+        # The UTC day, whatever the session time zone (to_date would use the session's).
+        utc_day = F.date_from_unix_date(F.floor(F.unix_seconds(F.col("timestamp")) / 86400).cast("int"))
         (
-            rows.withColumn("date", F.to_date(F.from_utc_timestamp(F.col("timestamp"), "UTC")))
+            rows.withColumn("date", utc_day)
             .write.format("delta")
             .mode("append")
             .partitionBy("date")

@@ -86,8 +86,11 @@ class MetaController:
         self._offsets = OffsetTable(store)
         self._liveness = Liveness(node_timeout_ms)
         self._interval_ms = max(1, min(HEARTBEAT_INTERVAL_MS, node_timeout_ms // 3))
-        self._progress: dict[str, tuple[int, int]] = {}
         self._check_format()
+        self._progress: dict[str, tuple[int, int]] = {}  # shard -> (high watermark, log start)
+        for key, value in self._store.scan(keys.PROGRESS):
+            topic, partition, values = keys.decode_progress(key, value)
+            self._progress[shard_name(topic, partition)] = values
         self._load: Counter[str] = Counter(
             segment.leader for segment in self._topics.active_segments() if segment.leader
         )
@@ -329,11 +332,14 @@ class MetaController:
             self._stage_upsert_node(node_id, address, ws)
             delete_shards = self._nodes.pending_for(node_id)
             self._nodes.stage_delivered(node_id, delete_shards, ws)
-            ws.commit(self._store)
-            self._liveness.beat(node_id)
+            accepted = {}
             for shard, topic, partition, values in reports:
                 if self._leads(node_id, topic, partition):
-                    self._progress[shard] = values
+                    accepted[shard] = values
+                    ws.put(keys.progress_key(topic, partition), keys.encode_progress(*values))
+            ws.commit(self._store)
+            self._liveness.beat(node_id)
+            self._progress.update(accepted)
         return pb.HeartbeatResponse(delete_shards=delete_shards, interval_ms=self._interval_ms)
 
     def _stage_upsert_node(self, node_id: str, address: str, ws: WriteSet) -> pb.NodeInfo:

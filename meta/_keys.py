@@ -15,6 +15,7 @@ __all__ = [
     "GROUP",
     "NODE",
     "PENDING",
+    "PROGRESS",
     "SEGMENT",
     "TOPIC",
     "VERSION_KEY",
@@ -22,13 +23,17 @@ __all__ = [
     "decode_offset_key",
     "decode_offset_value",
     "decode_pending_key",
+    "decode_progress",
     "encode_offset_value",
+    "encode_progress",
     "group_key",
     "node_key",
     "offset_key",
     "offsets_prefix",
     "pending_key",
     "pending_prefix",
+    "progress_key",
+    "progress_prefix",
     "seal_key",
     "seals_prefix",
     "segment_key",
@@ -46,6 +51,7 @@ NODE = b"N"
 PENDING = b"D"
 OFFSET = b"O"
 GROUP = b"G"
+PROGRESS = b"P"
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -132,6 +138,26 @@ def decode_offset_value(value: bytes) -> tuple[int, int]:
     """``(next offset, commit time ms)``."""
     offset, commit_time_ms = _OFFSET_VALUE.unpack(value)
     return int(offset), int(commit_time_ms)
+
+
+def progress_prefix(topic: str) -> bytes:
+    return PROGRESS + text(topic)
+
+
+def progress_key(topic: str, partition: int) -> bytes:
+    return progress_prefix(topic) + _U32.pack(partition)
+
+
+def encode_progress(high_watermark: int, log_start: int) -> bytes:
+    return _OFFSET_VALUE.pack(high_watermark, log_start)
+
+
+def decode_progress(key: bytes, value: bytes) -> tuple[str, int, tuple[int, int]]:
+    """``(topic, partition, (high watermark, log start))`` of a progress entry."""
+    topic, position = _read_text(key, len(PROGRESS))
+    (partition,) = _U32.unpack_from(key, position)
+    high_watermark, log_start = _OFFSET_VALUE.unpack(value)
+    return topic, int(partition), (int(high_watermark), int(log_start))
 
 
 def group_key(group: str, topic: str | None = None) -> bytes:

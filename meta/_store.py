@@ -23,12 +23,16 @@ so numbers sort in numeric order within a prefix::
     "D" text(node_id) text(shard)                (empty): shard of a deleted topic the node must drop
     "O" text(topic) text(group) be32(partition)  be64(next offset) be64(commit time ms)
     "G" text(group) text(topic)                  (empty): the topics a group has offsets for
+    "P" text(topic) be32(partition)              be64(high watermark) be64(log start), as last reported
 
 Invariants, kept by writing everything one operation changes in one batch:
-every ``S``/``R``/``O`` key has its ``T`` key; every ``G`` key has at least one
+every ``S``/``R``/``O``/``P`` key has its ``T`` key; every ``G`` key has at least one
 ``O`` key; a shard's epochs are contiguous from 0 and only the last segment is
-ACTIVE. Liveness (heartbeat times) and reported high watermarks are not stored:
-they are rebuilt from the nodes' next heartbeats after a restart.
+ACTIVE. Reported high watermarks are stored with the heartbeat that brings them:
+a node that lost a shard's records (the memory engine, a wiped disk) starts it
+at the last one, so offsets are never handed out twice, even across a Meta
+Service restart. Liveness (heartbeat times) is not stored: it is rebuilt from
+the nodes' next heartbeats.
 
 Durability and crashes
 ----------------------

@@ -62,8 +62,9 @@ class TopicTable:
         for key, raw in self._store.scan(keys.segments_prefix(name)):
             segments.append(pb.Segment.FromString(raw))
             ws.delete(key)
-        for key, _ in self._store.scan(keys.seals_prefix(name)):
-            ws.delete(key)
+        for prefix in (keys.seals_prefix(name), keys.progress_prefix(name)):
+            for key, _ in self._store.scan(prefix):
+                ws.delete(key)
         ws.delete(keys.topic_key(name))
         return segments
 

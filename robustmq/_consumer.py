@@ -140,13 +140,18 @@ class Consumer:
                     self._in_flight[partition] = self._fetch(partition, max_records)
             remaining = max(0.0, deadline - time.monotonic())
             finished, _ = wait(list(self._in_flight.values()), timeout=remaining, return_when=FIRST_COMPLETED)
-            tables = []
-            for partition, future in list(self._in_flight.items()):
-                if future in finished:
-                    del self._in_flight[partition]
-                    table = self._take(partition, future)
-                    if table is not None and table.num_rows:
-                        tables.append(table)
+            tables: list[pa.Table] = []
+            try:
+                for partition, future in list(self._in_flight.items()):
+                    if future in finished:
+                        del self._in_flight[partition]
+                        table = self._take(partition, future)
+                        if table is not None and table.num_rows:
+                            tables.append(table)
+            except BaseException:  # the records taken so far are not returned: read them again
+                for table in tables:
+                    self._positions[table.column("partition")[0].as_py()] = table.column("offset")[0].as_py()
+                raise
             if tables:
                 return pa.concat_tables(tables)
             if time.monotonic() >= deadline:
@@ -158,8 +163,9 @@ class Consumer:
             given = 0
             try:
                 for row in rows:
+                    record = self._record(row)
                     given += 1
-                    yield self._record(row)
+                    yield record
             finally:  # the loop stopped early: the rows not given out are read again, not committed
                 for partition, offset in _first_offsets(rows[given:]).items():
                     self.seek(partition, offset)

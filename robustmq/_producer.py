@@ -63,6 +63,8 @@ __all__ = ["BatchMetadata", "Producer", "RecordFuture", "RecordMetadata"]
 
 log = logging.getLogger("robustmq.client")
 
+_CALLBACKS = threading.Lock()  # makes "finished?" and "add a callback" one step for every batch
+
 MiB = 1024 * 1024
 _ACKS = {
     "1": pb.ACKS_LEADER,
@@ -155,6 +157,14 @@ class _Batch:
             self.headers = [None] * index
         self.headers.append(list(headers))
 
+    def on_done(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the batch is finished (now, if it already is)."""
+        with _CALLBACKS:
+            if not self.done.is_set():
+                self.callbacks.append(callback)
+                return
+        callback()
+
     def build(self) -> pa.Table:
         if self.table is None:
             count = len(self.values)
@@ -180,8 +190,10 @@ class _Batch:
         self, *, base_offset: int = -1, duplicate: bool = False, error: BaseException | None = None
     ) -> None:
         self.base_offset, self.duplicate, self.error = base_offset, duplicate, error
-        self.done.set()
-        for callback in self.callbacks:
+        with _CALLBACKS:
+            self.done.set()
+            callbacks, self.callbacks = self.callbacks, []
+        for callback in callbacks:
             try:
                 callback()
             except Exception:
@@ -215,10 +227,7 @@ class RecordFuture:
         return self._batch.error
 
     def add_done_callback(self, callback: Callable[[RecordFuture], None]) -> None:
-        if self._batch.done.is_set():
-            callback(self)
-        else:
-            self._batch.callbacks.append(lambda: callback(self))
+        self._batch.on_done(lambda: callback(self))
 
 
 @dataclass(slots=True)
@@ -420,9 +429,7 @@ class Producer:
         if not batches:
             result.set_result([])
         for batch in batches:
-            batch.callbacks.append(one_done)
-            if batch.done.is_set():
-                one_done()
+            batch.on_done(one_done)
         return result
 
     def flush(self, timeout_s: float | None = None) -> None:
@@ -483,10 +490,12 @@ class Producer:
         return state
 
     def _reserve(self, size: int, topic: str) -> None:
-        if self._closed:
-            raise InvalidRequest("the producer is closed", topic=topic)
         deadline = time.monotonic() + self._max_block_s
-        while self._buffered + size > self._max_buffered and self._buffered > 0:
+        while True:
+            if self._closed:  # checked after every wait: close() may run while we block
+                raise InvalidRequest("the producer is closed", topic=topic)
+            if self._buffered + size <= self._max_buffered or self._buffered == 0:
+                break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise RequestTimeout(f"the producer buffer stayed full for {self._max_block_s}s", topic=topic)
@@ -564,15 +573,15 @@ class Producer:
             error is not None
             and _retriable(error)
             and (time.monotonic() - batch.created < self._delivery_timeout_s)
-            and not self._abandoned
         ):
             self._client.metadata.invalidate(batch.topic, batch.partition)
             with self._wakeup:
-                batch.retry_at = time.monotonic() + min(0.05 * 2 ** min(batch.attempts, 5), 1.0)
-                state.batches.appendleft(batch)
-                state.in_flight = None
-                self._wakeup.notify_all()
-            return
+                if not self._abandoned:  # under the lock: close() may be failing the queue
+                    batch.retry_at = time.monotonic() + min(0.05 * 2 ** min(batch.attempts, 5), 1.0)
+                    state.batches.appendleft(batch)
+                    state.in_flight = None
+                    self._wakeup.notify_all()
+                    return
         if error is not None:
             batch.finish(error=error)
         else:

@@ -216,21 +216,21 @@ class IOWorker(threading.Thread):
     # -- seals and control ------------------------------------------------------
 
     def _seal_due_safely(self) -> None:
-        try:
-            self._seal_due()
-        except Exception:  # keep the worker alive; the seal is retried after its back-off
-            log.exception("sealing failed")
-
-    def _seal_due(self) -> None:
+        """Seal the shards that are due; one that fails is tried again after a back-off."""
         now = time.monotonic()
         for name, not_before in list(self._pending_seals.items()):
-            state = self._directory.cached(name)
-            if state is None or not state.leader:
-                del self._pending_seals[name]
-                continue
             if now < not_before:
                 continue
-            if self._seal(state) is not None:
+            try:
+                state = self._directory.cached(name)
+                if state is None or not state.leader:
+                    del self._pending_seals[name]
+                    continue
+                sealed = self._seal(state) is not None
+            except Exception:  # keep the worker and the other shards' seals going
+                log.exception("sealing %s failed", name)
+                sealed = False
+            if sealed:
                 del self._pending_seals[name]
             else:  # the Meta Service said no or did not answer: try again later, not every loop
                 self._pending_seals[name] = now + _SEAL_RETRY_S

@@ -463,3 +463,20 @@ def test_an_injected_channel_is_used_and_left_open(meta: Meta) -> None:
         assert MetaClient("ignored:1", channel=channel).list_nodes()[0].node_id == "n1"
     finally:
         channel.close()
+
+
+def test_reported_high_watermarks_survive_a_restart_and_go_with_their_topic(meta: Meta) -> None:
+    # A node that lost a shard's records starts it at the last reported high watermark,
+    # so the figure must outlive a Meta Service restart.
+    client = meta.client
+    register(client, "n1")
+    client.create_topic("hw", partitions=2)
+    client.heartbeat("n1", "", progress=[("hw_0", 42, 0), ("hw_1", 7, 3)])
+    meta.restart()
+    assert client.get_shard("hw_0").high_watermark == 42
+    assert client.get_shard("hw_1").high_watermark == 7
+    client.delete_topic("hw")
+    client.heartbeat("n1", "")  # n1 learns to drop the old shards
+    client.create_topic("hw", partitions=2)
+    meta.restart()
+    assert client.get_shard("hw_0").high_watermark == -1

@@ -5,6 +5,13 @@ reads, producers, consumers). The record format (:data:`RECORD_SCHEMA`) and
 the error hierarchy (:mod:`robustmq.errors`) are shared by every layer.
 """
 
+import os
+
+# gRPC's fork handlers abort the child of a fork+exec (subprocess with preexec_fn, e.g. PySpark
+# launching its JVM) in a few percent of forks while gRPC threads are busy; gRPC documents
+# turning them off for processes that only fork to exec. Must be set before grpc is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 from robustmq import errors
 from robustmq._client import Client, connect
 from robustmq._consumer import Consumer, Record

@@ -334,7 +334,7 @@ class MetaController:
             self._nodes.stage_delivered(node_id, delete_shards, ws)
             accepted = {}
             for shard, topic, partition, values in reports:
-                if self._leads(node_id, topic, partition):
+                if self._leads(node_id, topic, partition) and self._progress.get(shard) != values:
                     accepted[shard] = values
                     ws.put(keys.progress_key(topic, partition), keys.encode_progress(*values))
             ws.commit(self._store)

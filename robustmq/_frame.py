@@ -127,21 +127,8 @@ def decode_header(data: Any, position: int = 0, *, where: str = "frame") -> Fram
             where=where,
             position=position,
         )
-    (
-        magic,
-        version,
-        _flags,
-        _reserved,
-        base_offset,
-        record_count,
-        epoch,
-        first_ts,
-        max_ts,
-        producer_id,
-        producer_sequence,
-        length,
-        crc,
-    ) = _HEADER.unpack_from(view, position)
+    fields = _HEADER.unpack_from(view, position)
+    magic, version, _flags, _reserved, base_offset, record_count = fields[:6]
     if magic != FRAME_MAGIC or version != FRAME_VERSION or record_count == 0 or base_offset < 0:
         raise CorruptRecordBatch(
             f"{where}: bad frame header at position {position} "
@@ -149,17 +136,7 @@ def decode_header(data: Any, position: int = 0, *, where: str = "frame") -> Fram
             where=where,
             position=position,
         )
-    return FrameHeader(
-        base_offset,
-        record_count,
-        epoch,
-        first_ts,
-        max_ts,
-        producer_id,
-        producer_sequence,
-        length,
-        crc,
-    )
+    return FrameHeader(*fields[4:])  # the header's fields after magic, version, flags, reserved
 
 
 def verify_payload(

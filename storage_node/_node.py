@@ -32,6 +32,7 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -261,19 +262,9 @@ class StorageNode:
                     break
                 raise
             if self._results in events:
-                for _ in range(1000):
-                    try:
-                        parts = self._results.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    self._router.send_multipart(parts, copy=False)
+                _drain(self._results, self._answer)
             if self._router in events:
-                for _ in range(1000):
-                    try:
-                        parts = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    self._route(parts)
+                _drain(self._router, self._route)
             for request in self.waiters.expire(time.monotonic()):
                 self._answer_fetch_empty(request)
         # Forward the answers workers and readers send while they drain, until stop() says
@@ -281,11 +272,15 @@ class StorageNode:
         drain_until = time.monotonic() + 120
         while time.monotonic() < drain_until and not self._drained.is_set():
             if self._results.poll(50):
-                self._router.send_multipart(self._results.recv_multipart(copy=False), copy=False)
+                self._answer(self._results.recv_multipart(copy=False))
         while self._results.poll(10):
-            self._router.send_multipart(self._results.recv_multipart(copy=False), copy=False)
+            self._answer(self._results.recv_multipart(copy=False))
         for request in self.waiters.expire(float("inf")):
             self._answer_fetch_empty(request)
+
+    def _answer(self, parts: list[Any]) -> None:
+        """Send a worker's or reader's reply (identity first) back through the ROUTER."""
+        self._router.send_multipart(parts, copy=False)
 
     def _route(self, parts: list[Any]) -> None:
         identity = parts[0]
@@ -575,6 +570,16 @@ class StorageNode:
                             continue
                         if removed:
                             log.info("retention removed %d records (%s engine)", removed, name)
+
+
+def _drain(socket: zmq.Socket[Any], handle: Callable[[list[Any]], None], most: int = 1000) -> None:
+    """Handle up to ``most`` waiting messages of ``socket``; the bound lets the other socket have its turn."""
+    for _ in range(most):
+        try:
+            parts = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return
+        handle(parts)
 
 
 def _node_id(data_dir: Path) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -280,13 +280,4 @@ class ShardDirectory:
 
 
 def _engine_config(config: pb.TopicConfig) -> ShardConfig:
-    limits = shard_config_of(config)
-    return ShardConfig(
-        segment_bytes_max=_NEVER,
-        roll_interval_ms=_NEVER,
-        retention_bytes=limits.retention_bytes,
-        retention_ms=limits.retention_ms,
-        retention_records=limits.retention_records,
-        max_batch_bytes=limits.max_batch_bytes,
-        index_interval_records=limits.index_interval_records,
-    )
+    return replace(shard_config_of(config), segment_bytes_max=_NEVER, roll_interval_ms=_NEVER)

@@ -7,10 +7,13 @@ started it (SIGTERM, then SIGKILL after a timeout), so no test leaves one behind
 from __future__ import annotations
 
 import os
+import queue
+import random
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -117,3 +120,49 @@ def wait_until(predicate: object, timeout_s: float = 30.0, interval_s: float = 0
             return
         time.sleep(interval_s)
     raise AssertionError(f"condition not met within {timeout_s}s")
+
+
+def kill_at_random_moment(
+    args: Sequence[str],
+    rng: random.Random,
+    *,
+    delay_s: tuple[float, float],
+    ready_timeout_s: float = READY_TIMEOUT_S,
+) -> tuple[int, list[str]]:
+    """Run ``args`` until it prints ``ready``, then SIGKILL it after a random delay in ``delay_s``.
+
+    Returns its exit code and the complete lines it printed after ``ready``; a
+    line cut short by the kill was never fully reported and is dropped.
+    """
+    lines: queue.Queue[str | None] = queue.Queue()
+    with tempfile.TemporaryFile("w+") as errors:
+        child = subprocess.Popen(list(args), cwd=ROOT, stdout=subprocess.PIPE, stderr=errors, text=True)
+
+        def pump() -> None:
+            assert child.stdout is not None
+            for line in child.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            try:
+                first = lines.get(timeout=ready_timeout_s)
+            except queue.Empty:
+                first = None
+            if first != "ready\n":
+                errors.seek(0)
+                raise AssertionError(f"child did not start: {first!r} {errors.read()[-3000:]}")
+            time.sleep(rng.uniform(*delay_s))
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=30)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(timeout=30)
+        reader.join(timeout=30)
+    output = []
+    while not lines.empty() and (line := lines.get_nowait()) is not None:
+        output.append(line)
+    return child.returncode, [line[:-1] for line in output if line.endswith("\n")]

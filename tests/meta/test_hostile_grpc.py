@@ -286,7 +286,7 @@ def test_an_unexpected_exception_is_logged_and_answered_internal(
         finally:
             raw.close()
     finally:
-        server.stop(0).wait()
+        server.stop(0).wait(30)
         controller.close()
 
 

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import random
-import signal
-import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +14,7 @@ from robustmq.errors import EngineClosed, Unavailable
 from robustmq.meta import MetaStore, RocksDBMetaStore
 from robustmq.meta import _keys as keys
 from robustmq.meta._store import WriteSet
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.e2e._procs import kill_at_random_moment
 
 
 @pytest.fixture
@@ -113,23 +109,8 @@ def test_kill_9_keeps_every_acknowledged_batch_whole(tmp_path: Path) -> None:
     path = tmp_path / "store"
     rng = random.Random(11)
     for _ in range(3):
-        child = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(path)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert child.stdout is not None
-            assert child.stdout.readline() == "ready\n"
-            time.sleep(rng.uniform(0.05, 0.3))
-            child.send_signal(signal.SIGKILL)
-            output, _ = child.communicate(timeout=30)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait(timeout=30)
-        acked = [int(line.split()[1]) for line in output.split("\n")[:-1] if line.startswith("ack")]
+        _, lines = kill_at_random_moment([sys.executable, "-c", _CHILD, str(path)], rng, delay_s=(0.05, 0.3))
+        acked = [int(line.split()[1]) for line in lines if line.startswith("ack")]
         store = RocksDBMetaStore(path)
         try:
             per_batch: dict[int, int] = {}

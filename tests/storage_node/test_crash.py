@@ -5,50 +5,23 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from robustmq.storage_node import RocksDBEngine, SegmentEngine, StorageAdapter
+from tests.e2e._procs import kill_at_random_moment
 
-ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = 20
 
 
 def _run_child(kind: str, root: Path, round_number: int, rng: random.Random) -> list[str]:
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.storage_node._crash_writer",
-            kind,
-            str(root),
-            str(round_number),
-            str(rng.randrange(1 << 30)),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        first = child.stdout.readline()
-        errors = child.stderr.read() if child.poll() is not None else ""
-        assert first == "ready\n", f"child did not start: {first!r} {errors}"
-        time.sleep(rng.uniform(0.05, 0.6))
-        child.send_signal(signal.SIGKILL)
-        output, _ = child.communicate(timeout=30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(timeout=30)
-    assert child.returncode == -signal.SIGKILL
-    # A line cut short by the kill was never fully reported: ignore it.
-    return [line for line in output.split("\n")[:-1] if line.startswith("ack ")]
+    module = "tests.storage_node._crash_writer"
+    args = [sys.executable, "-m", module, kind, str(root), str(round_number), str(rng.randrange(1 << 30))]
+    returncode, lines = kill_at_random_moment(args, rng, delay_s=(0.05, 0.6))
+    assert returncode == -signal.SIGKILL
+    return [line for line in lines if line.startswith("ack ")]
 
 
 def _verify(engine: StorageAdapter, acked: list[tuple[str, int, int, str]]) -> int:

@@ -28,6 +28,8 @@ in-process or over the network.
         +-- RecordBatchTooLarge        BATCH_TOO_LARGE
         +-- InvalidConfig              INVALID_CONFIG
         +-- OutOfOrderSequence         OUT_OF_ORDER_SEQUENCE
+        +-- DuplicateSequenceMismatch  DUPLICATE_SEQUENCE_MISMATCH
+                                       a re-sent sequence carries other records than were stored
 
 Errors carry fields (``topic``, ``partition``, ``shard``, ``offset``...) as
 attributes and in :attr:`RobustMQError.fields`, not only in their text.
@@ -42,6 +44,7 @@ from typing import Any, ClassVar
 __all__ = [
     "Busy",
     "CorruptRecordBatch",
+    "DuplicateSequenceMismatch",
     "EngineClosed",
     "InvalidConfig",
     "InvalidRecordBatch",
@@ -184,6 +187,18 @@ class InvalidConfig(InvalidRequest):
 
 class OutOfOrderSequence(InvalidRequest):
     code = "OUT_OF_ORDER_SEQUENCE"
+
+
+class DuplicateSequenceMismatch(InvalidRequest):
+    """An idempotent producer re-sent a sequence the shard already stored, with other records.
+
+    The stored entry's record count or payload checksum differs from the new
+    request's, so it is neither a retry nor new data: acknowledging it as a
+    duplicate would drop rows silently, and storing it would duplicate them.
+    Fields: ``shard``, ``producer_id``, ``sequence``, ``stored_count``, ``sent_count``.
+    """
+
+    code = "DUPLICATE_SEQUENCE_MISMATCH"
 
 
 def _all_subclasses(cls: type[RobustMQError]) -> list[type[RobustMQError]]:

@@ -106,9 +106,12 @@ class Client:
         tables = []
         position, end = offset, offset + max_records
         while position < end:
-            records, position, high_watermark = self.fetch_records(topic, partition, position, end_offset=end)
-            if records.num_rows == 0:
+            records, following, high_watermark = self.fetch_records(
+                topic, partition, position, end_offset=end
+            )
+            if following <= position:
                 break
+            position = following
             tables.append(records)
             if position >= high_watermark:
                 break
@@ -274,6 +277,8 @@ class Client:
         """One fetch from ``offset``: ``(records, next offset, high watermark)``; no waiting.
 
         ``records`` has the read columns (offset first), at most up to ``end_offset``.
+        The next offset is the node's (capped at ``end_offset``), which may be past
+        ``offset + records.num_rows`` where the log has no records at some offsets.
         Raises ``OffsetOutOfRange`` (with ``earliest_offset``) below the log start.
         """
 
@@ -289,7 +294,7 @@ class Client:
         fetch = response.fetch
         stop = fetch.next_offset if end_offset is None else min(fetch.next_offset, end_offset)
         records = decode_frames([f.buffer for f in frames], offset, stop)
-        return records, offset + records.num_rows, int(fetch.high_watermark)
+        return records, max(stop, offset), int(fetch.high_watermark)
 
     def produce(
         self,

@@ -229,7 +229,9 @@ class Consumer:
         if fetch.next_offset <= offset:
             return None
         records = decode_frames([frame.buffer for frame in frames], offset, fetch.next_offset)
-        self._positions[partition] = offset + records.num_rows
+        # The node's next_offset, not offset + rows: offsets it skipped (a gap in
+        # the log) are not read again.
+        self._positions[partition] = fetch.next_offset
         return records.add_column(
             0, pa.field("partition", pa.int32()), pa.array([partition] * records.num_rows, pa.int32())
         )

@@ -146,6 +146,15 @@ def test_invalid_topics_are_refused_with_typed_errors(
     assert client.list_topics() == []
 
 
+def test_compaction_is_refused_until_it_exists(client: MetaClient) -> None:
+    register(client, "n1")
+    with pytest.raises(InvalidConfig) as caught:
+        client.create_topic("k", cleanup_policy="compact")
+    assert caught.value.fields == {"field": "cleanup_policy", "value": "compact"}
+    assert "compaction comes with the tiering/compaction release" in caught.value.message
+    assert client.list_topics() == []
+
+
 def test_too_few_live_nodes(client: MetaClient) -> None:
     with pytest.raises(Unavailable) as caught:
         client.create_topic("t")
@@ -427,7 +436,7 @@ def test_a_recreated_topic_avoids_nodes_still_holding_the_old_shards(client: Met
 def test_restart_keeps_everything(meta: Meta) -> None:
     client = meta.client
     register(client, "n1", "n2")
-    client.create_topic("k", partitions=2, replication_factor=2, cleanup_policy="compact")
+    client.create_topic("k", partitions=2, replication_factor=2, retention_ms=60_000)
     client.seal_segment("k_0", 0, 64, "n1")
     client.commit_offsets("g", "k", {1: 3})
     before = (client.list_topics(), client.describe_topic("k"), client.fetch_offsets("g", "k"))

@@ -89,6 +89,15 @@ class Client:
     def list_nodes(self) -> list[pb.NodeInfo]:
         return list(self.meta.list_nodes())
 
+    def remove_node(self, node_id: str, *, force: bool = False) -> pb.RemoveNodeResponse:
+        """Remove a storage node's registration for good (``robustmq node remove``).
+
+        Refused while the node is alive or leads active segments, unless
+        ``force``; the answer lists the shards it still led (they have no leader
+        until a node registers with that id again).
+        """
+        return self.meta.remove_node(node_id, force=force)
+
     # -- producers and consumers ---------------------------------------------------------
 
     def producer(self, **options: Any) -> Producer:
@@ -358,8 +367,13 @@ class Client:
     def group_lag(self, group: str, topic: str = "") -> pb.GroupLagResponse:
         return self.meta.group_lag(group, topic)
 
-    def list_groups(self) -> list[str]:
-        return sorted(self.meta.list_groups())
+    def list_groups(self, *, page_size: int = 1_000) -> list[str]:
+        """Every consumer group with committed offsets, sorted (read from the Meta Service in pages)."""
+        return self.meta.list_groups(page_size=page_size)
+
+    def delete_group(self, group: str) -> int:
+        """Remove every offset ``group`` committed; how many there were (0: it had none)."""
+        return self.meta.delete_group(group)
 
     # -- node calls ------------------------------------------------------------------------
 

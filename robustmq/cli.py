@@ -372,7 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as error:
-        return _fail(args.command, f"{error.strerror or error} ({error.filename or ''})", EXIT_RUNTIME)
+        where = f"cannot use {error.filename}: " if error.filename else ""
+        return _fail(args.command, f"{where}{error.strerror or error}", EXIT_RUNTIME)
     except Exception as error:  # a bug: one line; the traceback on request
         if os.environ.get("ROBUSTMQ_DEBUG"):
             traceback.print_exc()

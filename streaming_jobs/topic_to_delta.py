@@ -111,7 +111,16 @@ def start_topic_to_delta(
         storage_options=storage_options,
         fail_on_data_loss=fail_on_data_loss,
     )
-    writer = reader.load().writeStream.foreachBatch(appender).option("checkpointLocation", checkpoint)
+    name = (
+        "topic_to_delta_"
+        + hashlib.sha256(f"{topic or topic_pattern} {location.uri}".encode()).hexdigest()[:12]
+    )
+    writer = (
+        reader.load()
+        .writeStream.foreachBatch(appender)
+        .option("checkpointLocation", checkpoint)
+        .queryName(name)
+    )
     writer = (
         writer.trigger(availableNow=True)
         if available_now

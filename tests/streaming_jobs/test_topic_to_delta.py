@@ -13,6 +13,7 @@ from deltalake import DeltaTable
 
 from robustmq._records import build_records
 from robustmq.streaming_jobs import delta_spark_available, read_table, start_topic_to_delta
+from robustmq.streaming_jobs.topic_to_delta import _failure_message, parser
 
 pytestmark = pytest.mark.spark
 
@@ -235,6 +236,8 @@ def test_records_lost_to_retention_fail_clearly_or_skip(spark, cluster, client, 
     failed = _run_job(spark, cluster, topic, table, checkpoint).exception()
     assert failed is not None
     assert "retention" in str(failed) and "failOnDataLoss" in str(failed), str(failed)[:2000]
+    message = _failure_message(failed)  # what the command line prints
+    assert "\n" not in message and "retention" in message and "failOnDataLoss" in message, message
     assert _rows(table) == (300, 300)
 
     assert _run_job(spark, cluster, topic, table, checkpoint, fail_on_data_loss=False).exception() is None
@@ -268,3 +271,30 @@ def test_a_table_of_another_shape_is_refused(spark, cluster, client, tmp_path: P
         query = _run_job(spark, cluster, topic, table, str(tmp_path / "ck"))
         raise AssertionError(f"the job ran against the mismatched table: {query.exception()}")
     assert DeltaTable(table).version() == version
+
+
+def test_command_line_options_of_the_job(capsys: pytest.CaptureFixture[str]) -> None:
+    required = ["--topic", "t", "--table", "s3://b/t", "--checkpoint", "ck"]
+    endpoint = "AWS_ENDPOINT_URL=http://127.0.0.1:9000/?a=b"
+    args = parser().parse_args(
+        [
+            *required,
+            "--fail-on-data-loss",
+            "false",
+            "--storage-option",
+            "AWS_REGION=eu-west-1",
+            "--storage-option",
+            endpoint,
+        ]
+    )
+    assert args.fail_on_data_loss is False
+    assert dict(args.storage_option) == {
+        "AWS_REGION": "eu-west-1",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000/?a=b",
+    }
+    defaults = parser().parse_args(required)
+    assert defaults.fail_on_data_loss is True and defaults.orphan_retention_hours == 168
+    for bad in (["--fail-on-data-loss", "maybe"], ["--storage-option", "no-equals-sign"]):
+        with pytest.raises(SystemExit) as exited:
+            parser().parse_args([*required, *bad])
+        assert exited.value.code == 2 and "expected" in capsys.readouterr().err

@@ -277,14 +277,13 @@ class DeltaAppender:
                 continue
             app_id = partition_app_id(topic, partition, created[topic])  # type: ignore[arg-type]
             held = self._log.end_offset(app_id)
-            if held is not None and held < start:
-                log.info(
-                    "%s partition %d: the table ends at %d, before this batch's %d; reading from %d",
+            if held is not None and held < start:  # the ranges path reads from the table's end
+                log.warning(
+                    "the table holds %s partition %d up to offset %d, and this batch starts at %d",
                     topic,
                     partition,
                     held,
                     start,
-                    held,
                 )
             first = start if held is None else held
             if first < end:

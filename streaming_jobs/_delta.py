@@ -1,34 +1,58 @@
-"""Appending Spark micro-batches to a Delta table, exactly once, with or without Delta's Spark jars.
+"""Appending Spark micro-batches of topic records to a Delta table, exactly once.
 
-Two writers, one protocol:
+Two writers:
 
+- **delta-rs** (``deltalake``, always available; the path that runs and is
+  tested here). Tasks write Parquet files through the table URI's filesystem
+  (``_table.table_filesystem``); the driver commits all of a micro-batch's files
+  in **one** Delta version (``_table.AppendLog``).
 - **delta-spark** (when ``io.delta`` classes are on Spark's class path):
   ``df.write.format("delta")`` with ``txnAppId``/``txnVersion``, which Delta
-  uses to skip a micro-batch it already committed.
-- **delta-rs** (``deltalake``, always available): tasks write Parquet files
-  (``mapInArrow``, so data never funnels through the driver); the driver then
-  commits all of a micro-batch's files in **one** Delta transaction that also
-  records ``(app_id, batch_id)``. delta-rs records transaction versions but does
-  not enforce them, so before writing anything the driver checks
-  ``transaction_version(app_id) >= batch_id`` and skips a batch that was
-  committed already (a replay after a crash). This assumes one writer per
-  ``app_id``, which a Spark checkpoint guarantees.
+  enforces itself.
 
-A crash after files are written but before the commit leaves files that no
-Delta version references; readers never see them (``vacuum`` removes them).
-The table is partitioned by ``date`` (the record timestamp's UTC date).
-Tables written either way are the same Delta protocol (reader 1, writer 2), and
+Exactly once, by content (delta-rs)
+    Each commit also sets, per topic partition it wrote, a Delta ``txn``
+    action ``robustmq/<topic>/<partition>@<created_ms>`` whose version is the
+    offset up to which that partition's records are in the table
+    (``created_ms`` tells a re-created topic from the old one). Before writing,
+    the driver reads these ends and writes only records at or past them:
+
+    - a replayed micro-batch (after a crash, or a checkpoint spelled another
+      way) finds its ranges in the table and writes nothing;
+    - after a checkpoint reset, Spark restarts at batch 0 from the group's
+      offsets (the job's default ``startingOffsets=group``), which are never
+      ahead of the table; whatever part of the first batch is already in the
+      table is skipped and nothing after it is lost;
+    - a range that starts past the table's end (the group moved) is read from
+      the table's end, so the table has no gap.
+
+    The writer's identity lives in the checkpoint: Spark's persistent query id
+    (``sql.streaming.queryId``), recorded as ``txn (query id, batch id)`` in
+    every commit and used as ``txnAppId`` by delta-spark. It only names the
+    writer; correctness never depends on it, nor on the checkpoint's path.
+    delta-spark cannot record per-partition ends: there, exactly once holds
+    across restarts from the checkpoint, and a reset restarts from the group.
+
+Data loss
+    Tasks read offset ranges with the ``robustmq`` source's own reader, so
+    records removed by retention fail the batch with the source's message
+    (``failOnDataLoss=true``, the default) or are skipped with a warning
+    (``false``); the table's end still moves past them.
+
+A crash after files are written but before the commit leaves files no version
+references; ``_table.prepare_table`` vacuums them at the next start once they
+are older than the retention. The table is partitioned by ``date`` (the record
+timestamp's UTC date); tables written either way are protocol (1, 2), and
 :func:`read_table` reads one back in Spark in both set-ups.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -37,7 +61,9 @@ import pyarrow.parquet as pq
 
 from robustmq._records import HEADERS_TYPE, TAGS_TYPE
 
-__all__ = ["TABLE_SCHEMA", "DeltaAppender", "delta_spark_available", "read_table"]
+from ._table import AppendLog, TableLocation, WrittenFile, table_filesystem
+
+__all__ = ["TABLE_SCHEMA", "DeltaAppender", "delta_spark_available", "partition_app_id", "read_table"]
 
 log = logging.getLogger("robustmq.jobs")
 
@@ -54,9 +80,11 @@ TABLE_SCHEMA = pa.schema(
         pa.field("date", pa.date32()),
     ]
 )
+PARTITION_BY = ["date"]
 _DATA_COLUMNS = [f.name for f in TABLE_SCHEMA if f.name != "date"]
+_DATA_SCHEMA = TABLE_SCHEMA.remove(TABLE_SCHEMA.get_field_index("date"))
 _FILES_SCHEMA = "path string, size long, date string, records long, min_offset long, max_offset long"
-CHECKPOINT_EVERY = 50  # a Delta log checkpoint every this many versions keeps commits fast
+MAX_RECORDS_PER_TASK = 1_000_000  # as the source's maxRecordsPerPartition: bounds a task's memory
 
 
 def delta_spark_available(spark: Any) -> bool:
@@ -68,63 +96,97 @@ def delta_spark_available(spark: Any) -> bool:
     return "DeltaSparkSessionExtension" in (spark.conf.get("spark.sql.extensions", "") or "")
 
 
-def _write_dated_files(table: pa.Table, table_path: str, prefix: str) -> Iterator[dict[str, Any]]:
+def partition_app_id(topic: str, partition: int, created_ms: int) -> str:
+    """The Delta ``txn`` app id holding how far a topic partition (of one incarnation) is in the table."""
+    return f"robustmq/{topic}/{partition}@{created_ms}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Range:
+    """Records ``[first, end)`` of a topic partition still to be written, and the txn that records it."""
+
+    topic: str
+    partition: int
+    first: int
+    end: int
+    app_id: str
+
+
+def _write_dated_files(
+    table: pa.Table, uri: str, storage_options: Mapping[str, str] | None, prefix: str
+) -> Iterator[dict[str, Any]]:
     """One Parquet file per UTC date of ``table`` (table columns but ``date``); a dict per file."""
     if table.num_rows == 0:
         return
+    filesystem = table_filesystem(uri, storage_options)
     dates = pc.cast(table.column("timestamp"), pa.date32())
-    data_schema = TABLE_SCHEMA.remove(TABLE_SCHEMA.get_field_index("date"))
     for day in pc.unique(dates).to_pylist():
-        rows = table.filter(pc.equal(dates, pa.scalar(day, pa.date32())))
+        rows = table.filter(
+            pc.is_null(dates) if day is None else pc.equal(dates, pa.scalar(day, pa.date32()))
+        )
         label = day.isoformat() if day is not None else "__HIVE_DEFAULT_PARTITION__"
         relative = f"date={label}/part-{prefix}-{uuid.uuid4().hex}.parquet"
-        target = Path(table_path) / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(rows.select(_DATA_COLUMNS).cast(data_schema), target, compression="snappy")
+        with filesystem.open_output_stream(relative) as out:
+            pq.write_table(rows.select(_DATA_COLUMNS).cast(_DATA_SCHEMA), out, compression="snappy")
+            size = out.tell()
         offsets = rows.column("offset")
         yield {
             "path": relative,
-            "size": target.stat().st_size,
-            "date": label,
+            "size": size,
+            "date": None if day is None else label,
             "records": rows.num_rows,
             "min_offset": pc.min(offsets).as_py(),
             "max_offset": pc.max(offsets).as_py(),
         }
 
 
-def _write_files(table_path: str, prefix: str) -> Any:
-    """The ``mapInArrow`` function of the records path: a task's rows to Parquet files."""
+def _write_records(
+    uri: str, storage_options: Mapping[str, str] | None, firsts: dict[tuple[str, int], int], prefix: str
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of the records path: rows at or past their partition's first offset."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         table = pa.Table.from_batches(list(batches))
-        for file in _write_dated_files(table, table_path, prefix):
-            yield pa.RecordBatch.from_pylist([file])
+        keep = None
+        for (topic, partition), first in firsts.items():
+            mine = pc.and_(
+                pc.and_(
+                    pc.equal(table.column("topic"), topic), pc.equal(table.column("partition"), partition)
+                ),
+                pc.greater_equal(table.column("offset"), first),
+            )
+            keep = mine if keep is None else pc.or_(keep, mine)
+        if keep is not None:
+            for file in _write_dated_files(table.filter(keep), uri, storage_options, prefix):
+                yield pa.RecordBatch.from_pylist([file])
 
     return write
 
 
-def _write_ranges(meta_address: str, table_path: str, prefix: str) -> Any:
-    """The task function of the ranges path: read offset ranges from the nodes as Arrow, write Parquet."""
+def _write_ranges(
+    meta_address: str,
+    uri: str,
+    storage_options: Mapping[str, str] | None,
+    fail_on_data_loss: bool,
+    prefix: str,
+) -> Callable[[Iterator[Any]], Iterator[dict[str, Any]]]:
+    """The task function of the ranges path: read offset ranges with the source's reader, write Parquet."""
 
     def write(ranges: Iterator[Any]) -> Iterator[dict[str, Any]]:
-        from robustmq.connector._schema import to_spark_batch
-        from robustmq.connector._source import client_for
-        from robustmq.errors import RobustMQError
+        from robustmq.connector import SourceOptions
+        from robustmq.connector._source import RangePartition, RobustMQBatchReader
 
-        client = client_for(meta_address)
         for topic, partition, start, end in ranges:
-            batches, position = [], start
-            while position < end:
-                records, position, _ = client.fetch_records(topic, partition, position, end_offset=end)
-                if records.num_rows == 0:
-                    raise RobustMQError(
-                        f"{topic} partition {partition} ends before offset {end}",
-                        topic=topic,
-                        partition=partition,
-                        offset=position,
-                    )
-                batches.append(to_spark_batch(records, topic, partition, include_headers=True))
-            yield from _write_dated_files(pa.Table.from_batches(batches), table_path, f"{prefix}-{partition}")
+            options = {
+                "metaAddress": meta_address,
+                "topic": topic,
+                "failOnDataLoss": "true" if fail_on_data_loss else "false",
+            }
+            reader = RobustMQBatchReader(SourceOptions.parse(options))
+            batches = list(reader.read(RangePartition(topic, partition, start, end)))
+            if batches:
+                table = pa.Table.from_batches(batches)
+                yield from _write_dated_files(table, uri, storage_options, f"{prefix}-{partition}-{start}")
 
     return write
 
@@ -135,58 +197,130 @@ class DeltaAppender:
     Parameters
     ----------
     table_path
-        The Delta table (a local path or any URI delta-rs accepts).
-    app_id
-        Identifies this writer in the table's transaction log (stable across restarts).
+        The Delta table: a local path or any URI delta-rs accepts (``file://``, ``s3://``...).
+        It must exist (``prepare_table`` creates it).
     meta_address
-        The Meta Service, for micro-batches of offset ranges (the source's ``output=ranges``):
-        tasks then read the records from the nodes themselves.
+        The Meta Service: tasks read offset ranges (the source's ``output=ranges``) from the
+        nodes, and the driver asks for topics' creation times.
     storage_options
-        Passed to delta-rs (e.g. S3 endpoint and keys).
+        Passed to delta-rs and its filesystem layer (e.g. S3 endpoint and keys).
+    fail_on_data_loss
+        As the source's ``failOnDataLoss``: records removed by retention fail the batch, or
+        (False) are skipped with a warning.
+
+    The appender keeps the table's commit log open between micro-batches (one
+    per driver; ``foreachBatch`` calls it from one thread at a time).
     """
 
     def __init__(
         self,
         table_path: str,
-        app_id: str,
         *,
-        meta_address: str | None = None,
+        meta_address: str,
         storage_options: dict[str, str] | None = None,
+        fail_on_data_loss: bool = True,
     ) -> None:
-        self.table_path = table_path
-        self.app_id = app_id
+        self.location = TableLocation.parse(table_path)
         self.meta_address = meta_address
         self.storage_options = storage_options
+        self.fail_on_data_loss = fail_on_data_loss
+        self._log: AppendLog | None = None
 
     def __call__(self, frame: Any, batch_id: int) -> None:
-        if "start_offset" in frame.columns:  # the source's output=ranges mode
-            self._append_ranges(frame, batch_id)
-        elif delta_spark_available(frame.sparkSession):
-            self._append_with_delta_spark(frame.select(*_DATA_COLUMNS), batch_id)
-        else:
-            rows = frame.select(*_DATA_COLUMNS)
-            self._commit_files(
-                batch_id,
-                lambda prefix: rows.mapInArrow(
-                    _write_files(self.table_path, prefix), _FILES_SCHEMA
-                ).collect(),
+        query_id = frame.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        if not query_id:
+            raise ValueError("DeltaAppender is a foreachBatch function of a streaming query (no query id)")
+        if delta_spark_available(frame.sparkSession) and "start_offset" not in frame.columns:
+            self._append_with_delta_spark(frame.select(*_DATA_COLUMNS), query_id, batch_id)
+            return
+        if self._log is None:
+            self._log = AppendLog(
+                self.location, TABLE_SCHEMA, PARTITION_BY, storage_options=self.storage_options
             )
+        started = time.monotonic()
+        prefix = f"{batch_id:010d}-{uuid.uuid4().hex[:8]}"
+        if "start_offset" in frame.columns:  # the source's output=ranges mode
+            todo = self._plan([tuple(row) for row in frame.collect()])
+            files = self._write_ranges(frame, todo, prefix)
+        else:
+            from pyspark.sql import functions as F
 
-    def _append_ranges(self, frame: Any, batch_id: int) -> None:
-        if self.meta_address is None:
-            raise ValueError("DeltaAppender needs meta_address to read offset ranges")
-        ranges = [tuple(row) for row in frame.collect()]
-        meta_address = self.meta_address
+            bounds = frame.groupBy("topic", "partition").agg(F.min("offset"), F.max("offset")).collect()
+            todo = self._plan([(t, p, low, high + 1) for t, p, low, high in bounds])
+            firsts = {(r.topic, r.partition): r.first for r in todo}
+            write = _write_records(self.location.uri, self.storage_options, firsts, prefix)
+            files = frame.select(*_DATA_COLUMNS).mapInArrow(write, _FILES_SCHEMA).collect() if todo else []
+        if not todo:
+            log.info("batch %d is already in %s; nothing to write", batch_id, self.location.uri)
+            return
+        written = [WrittenFile(**(f if isinstance(f, dict) else f.asDict())) for f in files]
+        transactions = {r.app_id: r.end for r in todo}
+        transactions[query_id] = batch_id
+        version = self._log.commit(written, transactions)
+        log.info(
+            "batch %d: %d rows in %d files committed to %s as version %d in %.2fs",
+            batch_id,
+            sum(f.records for f in written),
+            len(written),
+            self.location.uri,
+            version,
+            time.monotonic() - started,
+        )
 
-        def write(prefix: str) -> list[Any]:
-            if not ranges:
-                return []
-            tasks = frame.sparkSession.sparkContext.parallelize(ranges, len(ranges))
-            return tasks.mapPartitions(_write_ranges(meta_address, self.table_path, prefix)).collect()
+    def _plan(self, ranges: list[tuple[str, int, int, int]]) -> list[_Range]:
+        """What of ``ranges`` the table does not hold yet, from each partition's end in the table."""
+        assert self._log is not None
+        created = {topic: self._created_ms(topic) for topic in sorted({r[0] for r in ranges if r[3] > r[2]})}
+        todo = []
+        for topic, partition, start, end in ranges:
+            if end <= start or created.get(topic) is None:
+                continue
+            app_id = partition_app_id(topic, partition, created[topic])  # type: ignore[arg-type]
+            held = self._log.end_offset(app_id)
+            if held is not None and held < start:  # the ranges path reads from the table's end
+                log.warning(
+                    "the table holds %s partition %d up to offset %d, and this batch starts at %d",
+                    topic,
+                    partition,
+                    held,
+                    start,
+                )
+            first = start if held is None else held
+            if first < end:
+                todo.append(_Range(topic, partition, first, end, app_id))
+        return todo
 
-        self._commit_files(batch_id, write)
+    def _created_ms(self, topic: str) -> int | None:
+        from robustmq.connector._source import client_for
+        from robustmq.errors import TopicNotFound
 
-    def _append_with_delta_spark(self, rows: Any, batch_id: int) -> None:
+        try:
+            return int(client_for(self.meta_address).describe_topic(topic).topic.created_ms)
+        except TopicNotFound:
+            if self.fail_on_data_loss:
+                raise TopicNotFound(
+                    f"topic {topic} was deleted before its records reached the table; "
+                    "set failOnDataLoss=false to skip them",
+                    topic=topic,
+                ) from None
+            log.warning("topic %s was deleted before its records reached the table; skipping them", topic)
+            return None
+
+    def _write_ranges(self, frame: Any, todo: list[_Range], prefix: str) -> list[Any]:
+        pieces = [
+            (r.topic, r.partition, low, min(low + MAX_RECORDS_PER_TASK, r.end))
+            for r in todo
+            for low in range(r.first, r.end, MAX_RECORDS_PER_TASK)
+        ]
+        if not pieces:
+            return []
+        write = _write_ranges(
+            self.meta_address, self.location.uri, self.storage_options, self.fail_on_data_loss, prefix
+        )
+        tasks = frame.sparkSession.sparkContext.parallelize(pieces, len(pieces))
+        return list(tasks.mapPartitions(write).collect())
+
+    def _append_with_delta_spark(self, rows: Any, query_id: str, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
         # The UTC day, whatever the session time zone (to_date would use the session's).
@@ -196,84 +330,9 @@ class DeltaAppender:
             .write.format("delta")
             .mode("append")
             .partitionBy("date")
-            .option("txnAppId", self.app_id)
+            .option("txnAppId", query_id)
             .option("txnVersion", batch_id)
-            .save(self.table_path)
-        )
-
-    def table(self) -> Any:
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            return DeltaTable(self.table_path, storage_options=self.storage_options)
-        except TableNotFoundError:
-            return DeltaTable.create(
-                self.table_path,
-                TABLE_SCHEMA,
-                mode="ignore",
-                partition_by=["date"],
-                storage_options=self.storage_options,
-            )
-
-    def _commit_files(self, batch_id: int, write: Any) -> None:
-        """Write a batch's files with ``write(prefix)`` and commit them in one Delta transaction."""
-        from deltalake import CommitProperties, Transaction
-        from deltalake.transaction import AddAction
-
-        table = self.table()
-        committed = table.transaction_version(self.app_id)
-        if committed is not None and committed >= batch_id:
-            log.info(
-                "batch %d is already in %s (app %s at version %d); skipping the replay",
-                batch_id,
-                self.table_path,
-                self.app_id,
-                committed,
-            )
-            return
-        started = time.monotonic()
-        files = [
-            f if isinstance(f, dict) else f.asDict() for f in write(f"{batch_id:010d}-{uuid.uuid4().hex[:8]}")
-        ]
-        now_ms = int(time.time() * 1000)
-        actions = [
-            AddAction(
-                f["path"],
-                f["size"],
-                {"date": None if f["date"].startswith("__") else f["date"]},
-                now_ms,
-                True,
-                json.dumps(
-                    {
-                        "numRecords": f["records"],
-                        "minValues": {"offset": f["min_offset"]},
-                        "maxValues": {"offset": f["max_offset"]},
-                        "nullCount": {},
-                    }
-                ),
-            )
-            for f in files
-        ]
-        table.create_write_transaction(
-            actions,
-            mode="append",
-            schema=TABLE_SCHEMA,
-            partition_by=["date"],
-            commit_properties=CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)]),
-        )
-        table.update_incremental()
-        version = table.version()
-        if version % CHECKPOINT_EVERY == 0:
-            table.create_checkpoint()
-        log.info(
-            "batch %d: %d rows in %d files committed to %s as version %d in %.2fs",
-            batch_id,
-            sum(f["records"] for f in files),
-            len(files),
-            self.table_path,
-            version,
-            time.monotonic() - started,
+            .save(self.location.uri)
         )
 
 

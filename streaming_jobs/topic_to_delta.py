@@ -1,15 +1,24 @@
-"""Materialise topics into a Delta table, exactly once across restarts.
+"""Materialise topics into a Delta table, exactly once across restarts and checkpoint resets.
 
 Reads with the ``robustmq`` source (``group`` offsets committed, so ``robustmq
 groups`` shows the job's lag) and appends every micro-batch to a Delta table
 partitioned by date (see ``_delta``). Each record lands once, keyed by
-``(topic, partition, offset)``, however often the job is killed and restarted
-from its checkpoint.
+``(topic, partition, offset)``, however often the job is killed and restarted,
+whether from its checkpoint or after the checkpoint was deleted: the table
+records how far each topic partition is in it, and a batch writes only what is
+past that. At start the job creates the table or checks that its schema,
+partitioning and protocol are the job's, and vacuums orphan files of crashed
+batches older than ``--orphan-retention-hours``.
 
 Run it::
 
     robustmq topic-to-delta --topic orders --table ./tables/orders --checkpoint ./checkpoints/orders
-    python -m robustmq.streaming_jobs.topic_to_delta --topic orders --table ... --available-now
+    robustmq topic-to-delta --topic orders --table s3://bucket/orders --checkpoint ./checkpoints/orders \
+        --storage-option AWS_REGION=eu-west-1 [--fail-on-data-loss false] [--available-now]
+
+Records that retention removed before the job read them fail the job with a
+message saying so (``--fail-on-data-loss true``, the default), or are skipped
+with a warning (``false``).
 """
 
 from __future__ import annotations
@@ -18,15 +27,17 @@ import argparse
 import hashlib
 import logging
 import os
+import re
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ._delta import DeltaAppender, delta_spark_available
+from ._delta import PARTITION_BY, TABLE_SCHEMA, DeltaAppender, delta_spark_available
+from ._table import prepare_table
 
-__all__ = ["main", "spark_session", "start_topic_to_delta"]
+__all__ = ["main", "parser", "spark_session", "start_topic_to_delta"]
 
 log = logging.getLogger("robustmq.jobs")
 
@@ -61,31 +72,54 @@ def start_topic_to_delta(
     trigger_seconds: float = 1.0,
     max_records_per_trigger: int | None = None,
     group: str | None = None,
-    app_id: str | None = None,
     storage_options: dict[str, str] | None = None,
+    fail_on_data_loss: bool = True,
+    orphan_retention_hours: int | None = 168,
 ) -> Any:
-    """Start the streaming query; returns the ``StreamingQuery``."""
-    identity = app_id or "robustmq-topic-to-delta-" + hashlib.sha256(checkpoint.encode()).hexdigest()[:16]
+    """Prepare the table (create or check it, vacuum orphans) and start the query; returns it.
+
+    ``group`` defaults to one derived from the table's URI, so a run with a new
+    checkpoint resumes from where the previous one's group got. A table of
+    another shape raises :class:`~robustmq.streaming_jobs.errors.TableMismatch`
+    before the query starts.
+    """
+    location = prepare_table(
+        table_path,
+        TABLE_SCHEMA,
+        PARTITION_BY,
+        storage_options=storage_options,
+        orphan_retention_hours=orphan_retention_hours,
+    )
+    group = group or "robustmq-topic-to-delta-" + hashlib.sha256(location.uri.encode()).hexdigest()[:16]
     # Without delta-spark, tasks read each micro-batch's offset ranges straight from the nodes as
     # Arrow and write Parquet: the records never become JVM rows (slow for nested columns).
     output = "records" if delta_spark_available(spark) else "ranges"
     reader = (
         spark.readStream.format("robustmq")
         .option("metaAddress", meta_address)
-        .option("startingOffsets", "earliest")
-        .option("group", group or identity)
+        .option("startingOffsets", "group")
+        .option("group", group)
+        .option("failOnDataLoss", "true" if fail_on_data_loss else "false")
         .option("output", output)
     )
     reader = reader.option("topicPattern", topic_pattern) if topic_pattern else reader.option("topic", topic)
     if max_records_per_trigger:
         reader = reader.option("maxRecordsPerTrigger", max_records_per_trigger)
+    appender = DeltaAppender(
+        location.uri,
+        meta_address=meta_address,
+        storage_options=storage_options,
+        fail_on_data_loss=fail_on_data_loss,
+    )
+    name = (
+        "topic_to_delta_"
+        + hashlib.sha256(f"{topic or topic_pattern} {location.uri}".encode()).hexdigest()[:12]
+    )
     writer = (
         reader.load()
-        .writeStream.foreachBatch(
-            DeltaAppender(table_path, identity, meta_address=meta_address, storage_options=storage_options)
-        )
+        .writeStream.foreachBatch(appender)
         .option("checkpointLocation", checkpoint)
-        .queryName(identity)
+        .queryName(name)
     )
     writer = (
         writer.trigger(availableNow=True)
@@ -95,7 +129,21 @@ def start_topic_to_delta(
     return writer.start()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _boolean(text: str) -> bool:
+    if text.strip().lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.strip().lower() == "true"
+
+
+def _storage_option(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``robustmq topic-to-delta``."""
     from robustmq.cli import OneLineArgumentParser  # usage errors in one line, as every subcommand
 
     parser = OneLineArgumentParser(
@@ -107,41 +155,88 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--topic")
     source.add_argument("--topic-pattern")
-    parser.add_argument("--table", required=True, help="Delta table path")
+    parser.add_argument("--table", required=True, help="Delta table: a path or a URI delta-rs accepts")
     parser.add_argument("--checkpoint", required=True, help="Spark checkpoint directory")
     parser.add_argument("--available-now", action="store_true", help="process what is there, then stop")
     parser.add_argument("--trigger-seconds", type=float, default=1.0)
     parser.add_argument("--max-records-per-trigger", type=int, default=None)
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--group", default=None, help="consumer group (default: derived from the table)")
     parser.add_argument(
-        "--app-id", default=None, help="Delta transaction app id (default: from the checkpoint)"
+        "--fail-on-data-loss",
+        type=_boolean,
+        default=True,
+        metavar="{true,false}",
+        help="records removed by retention before the job read them: fail (true) or skip them (false)",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a delta-rs storage option (repeatable), e.g. AWS_ENDPOINT_URL=http://127.0.0.1:9000",
+    )
+    parser.add_argument(
+        "--orphan-retention-hours",
+        type=int,
+        default=168,
+        help="vacuum unreferenced files older than this at start (default 168; -1 never)",
+    )
+    parser.add_argument("--master", default="local[2]")
+    return parser
+
+
+def _failure_message(failure: Any) -> str:
+    """The RobustMQ error inside a Spark failure (a Python traceback wrapped in Java's), else the failure."""
+    text = str(failure)
+    found = re.findall(r"robustmq\.(?:streaming_jobs\.)?errors\.(\w+): ([^\n]+)", text)
+    if found:
+        name, message = found[-1]
+        return f"{name}: {message}"
+    return text.splitlines()[0] if text else repr(failure)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from robustmq.errors import RobustMQError
+
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spark = spark_session("robustmq-topic-to-delta", master=args.master)
-    query = start_topic_to_delta(
-        spark,
-        meta_address=args.meta,
-        table_path=args.table,
-        checkpoint=args.checkpoint,
-        topic=args.topic,
-        topic_pattern=args.topic_pattern,
-        available_now=args.available_now,
-        trigger_seconds=args.trigger_seconds,
-        max_records_per_trigger=args.max_records_per_trigger,
-        app_id=args.app_id,
-    )
+    try:
+        query = start_topic_to_delta(
+            spark,
+            meta_address=args.meta,
+            table_path=args.table,
+            checkpoint=args.checkpoint,
+            topic=args.topic,
+            topic_pattern=args.topic_pattern,
+            available_now=args.available_now,
+            trigger_seconds=args.trigger_seconds,
+            max_records_per_trigger=args.max_records_per_trigger,
+            group=args.group,
+            storage_options=dict(args.storage_option) or None,
+            fail_on_data_loss=args.fail_on_data_loss,
+            orphan_retention_hours=None if args.orphan_retention_hours < 0 else args.orphan_retention_hours,
+        )
+    except RobustMQError as error:
+        spark.stop()
+        print(f"robustmq topic-to-delta: {error.message}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print("ready", flush=True)
     while query.isActive and not stop.is_set():
-        query.awaitTermination(1)
+        try:
+            query.awaitTermination(1)
+        except Exception:  # the query failed: query.exception() below says why
+            break
     if query.isActive:
         query.stop()
     failure = query.exception()
     spark.stop()
     if failure is not None:
-        log.error("the query failed: %s", failure)
+        log.debug("the query failed: %s", failure)
+        print(f"robustmq topic-to-delta: the query failed: {_failure_message(failure)}", file=sys.stderr)
         return 1
     return 0
 

@@ -6,7 +6,13 @@ import importlib
 
 import pytest
 
-PACKAGES = ["robustmq", "robustmq.errors", "robustmq.storage_node", "robustmq.meta"]
+PACKAGES = [
+    "robustmq",
+    "robustmq.errors",
+    "robustmq.storage_node",
+    "robustmq.meta",
+    "robustmq.streaming_jobs",
+]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

@@ -1,0 +1,77 @@
+"""A real S3 API server (``moto_server``) on loopback, started and stopped by pid."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.e2e._procs import free_port
+
+
+@dataclass(frozen=True, slots=True)
+class S3Server:
+    """A running ``moto_server``: its endpoint and the options delta-rs and boto3 need."""
+
+    endpoint_url: str
+
+    @property
+    def storage_options(self) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1",
+        }
+
+    def boto3_client(self):  # type: ignore[no-untyped-def]
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    moto = Path(sys.executable).parent / "moto_server"
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            [str(moto), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"},
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/moto-api/", timeout=2):
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}") from None
+                time.sleep(0.1)
+        yield S3Server(url)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=15)

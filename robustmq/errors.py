@@ -32,7 +32,9 @@ in-process or over the network.
                                        a re-sent sequence carries other records than were stored
 
 Errors carry fields (``topic``, ``partition``, ``shard``, ``offset``...) as
-attributes and in :attr:`RobustMQError.fields`, not only in their text.
+attributes and in :attr:`RobustMQError.fields`, not only in their text. A
+request that breaks a limit names it: ``limit`` (e.g. ``"max_tag_bytes"``),
+``max``, and ``column`` / ``row`` / ``size`` where they apply.
 Foreign errors (ZeroMQ, gRPC, RocksDB, boto3) are translated into these at one
 place per boundary, with ``raise ... from exc``.
 """

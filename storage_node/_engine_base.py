@@ -32,9 +32,13 @@ from robustmq.errors import InvalidRequest, OffsetOutOfRange, StaleEpoch
 from ._adapter import AppendRequest, AppendResult, MiB, ReadResult, ShardOffsets, StorageAdapter
 
 __all__ = [
+    "MAX_GROUP_CHARS",
     "PRODUCER_WINDOW",
     "EngineBase",
     "ProducerWindows",
+    "check_group",
+    "check_producer",
+    "check_request",
     "check_start",
     "decode_frames",
     "frame_header",
@@ -147,8 +151,26 @@ def check_start(start_offset: int) -> None:
         raise InvalidRequest(f"a shard cannot start at offset {start_offset}", start_offset=start_offset)
 
 
+_MAX_EPOCH = 0xFFFF_FFFF  # the frame header's u32
+_MAX_I64 = (1 << 63) - 1  # the frame header's producer fields
+MAX_GROUP_CHARS = 255  # as the Meta Service allows
+
+
+def check_request(request: AppendRequest) -> bool:
+    """Check a request's header values against the frame's field widths; True if idempotent."""
+    if not 0 <= request.epoch <= _MAX_EPOCH:
+        raise InvalidRequest(
+            f"epoch {request.epoch} is outside 0..{_MAX_EPOCH}",
+            shard=request.shard,
+            epoch=request.epoch,
+            limit="epoch",
+            max=_MAX_EPOCH,
+        )
+    return check_producer(request.producer_id, request.producer_sequence)
+
+
 def check_producer(producer_id: int, producer_sequence: int) -> bool:
-    """True for an idempotent write; raises for a half-specified producer."""
+    """True for an idempotent write; raises for a half-specified producer or one out of range."""
     if producer_id < 0 and producer_sequence < 0:
         return False
     if producer_id < 0 or producer_sequence < 0:
@@ -157,7 +179,22 @@ def check_producer(producer_id: int, producer_sequence: int) -> bool:
             producer_id=producer_id,
             producer_sequence=producer_sequence,
         )
+    for name, value in (("producer_id", producer_id), ("producer_sequence", producer_sequence)):
+        if value > _MAX_I64:
+            raise InvalidRequest(f"{name} {value} is above 2**63 - 1", limit=name, max=_MAX_I64)
     return True
+
+
+def check_group(group: str, offset: int = 0) -> None:
+    """A consumer group name (1-255 characters, as the Meta Service allows) and an offset >= 0."""
+    if not isinstance(group, str) or not 0 < len(group) <= MAX_GROUP_CHARS or offset < 0:
+        raise InvalidRequest(
+            f"a group name of 1-{MAX_GROUP_CHARS} characters and an offset >= 0 are required",
+            group=str(group)[:80],
+            offset=offset,
+            limit="group",
+            max=MAX_GROUP_CHARS,
+        )
 
 
 class EngineBase(StorageAdapter):

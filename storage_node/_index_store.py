@@ -51,6 +51,8 @@ from crc32c import crc32c as _crc32c_raw
 from robustmq._frame import crc32c
 from robustmq.errors import EngineClosed, RobustMQError, Unavailable
 
+from ._batch import MAX_TAG_BYTES
+
 __all__ = ["IndexStore", "ShardRecord"]
 
 _SID = struct.Struct(">I")
@@ -296,7 +298,10 @@ class IndexStore:
     def tag_frames(self, sid: int, tag: str, start_offset: int) -> Iterator[int]:
         """Base offsets of frames with ``tag``, from the frame holding ``start_offset`` on."""
         self.check_open()
-        prefix = _tag_prefix(sid_bytes(sid), tag.encode())
+        encoded = tag.encode()
+        if len(encoded) > MAX_TAG_BYTES:  # longer tags are refused on write: none is stored
+            return
+        prefix = _tag_prefix(sid_bytes(sid), encoded)
         it = self.tags.iter()
         it.seek_for_prev(prefix + be64(start_offset))
         if not it.valid() or not it.key().startswith(prefix):

@@ -17,14 +17,13 @@ from rocksdict import WriteBatch
 from robustmq._records import now_ms
 from robustmq.errors import (
     EngineClosed,
-    InvalidRequest,
     ShardAlreadyExists,
     ShardNotFound,
     StaleEpoch,
 )
 
 from ._adapter import ShardConfig, validate_shard_name
-from ._engine_base import EngineBase, ProducerWindows, stale_epoch
+from ._engine_base import EngineBase, ProducerWindows, check_group, stale_epoch
 from ._index_store import IndexStore, ShardRecord, be64, sid_bytes
 
 __all__ = ["IndexedEngine", "PendingBase", "ShardBase"]
@@ -141,12 +140,12 @@ class IndexedEngine(EngineBase):
 
     def commit_offset(self, group: str, shard: str, offset: int) -> None:
         self._shard(shard)
-        if not group or offset < 0:
-            raise InvalidRequest("a group name and an offset >= 0 are required", group=group, offset=offset)
+        check_group(group, offset)
         self._index.put_meta_sync(IndexStore.group_key(group, shard), be64(offset))
 
     def get_offset_by_group(self, group: str, shard: str) -> int | None:
         self._shard(shard)
+        check_group(group)
         raw = self._index.get_meta(IndexStore.group_key(group, shard))
         return None if raw is None else int.from_bytes(raw, "big")
 

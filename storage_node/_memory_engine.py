@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 
 from robustmq._records import now_ms
-from robustmq.errors import EngineClosed, InvalidRequest, ShardAlreadyExists, ShardNotFound
+from robustmq.errors import EngineClosed, ShardAlreadyExists, ShardNotFound
 
 from ._adapter import (
     AppendRequest,
@@ -41,7 +41,8 @@ from ._batch import PreparedBatch, prepare_batch
 from ._engine_base import (
     EngineBase,
     ProducerWindows,
-    check_producer,
+    check_group,
+    check_request,
     check_start,
     distinct_tags,
     frame_header,
@@ -155,7 +156,7 @@ class MemoryEngine(EngineBase):
         prepared = []
         for request in requests:
             state = self._shard(request.shard)
-            check_producer(request.producer_id, request.producer_sequence)
+            check_request(request)
             batch = prepare_batch(request.records, max_batch_bytes=state.config.max_batch_bytes)
             if request.epoch < state.epoch:
                 raise stale_epoch(state.name, state.epoch, request.epoch)
@@ -308,10 +309,10 @@ class MemoryEngine(EngineBase):
 
     def commit_offset(self, group: str, shard: str, offset: int) -> None:
         self._shard(shard)
-        if not group or offset < 0:
-            raise InvalidRequest("a group name and an offset >= 0 are required", group=group, offset=offset)
+        check_group(group, offset)
         self._groups[(group, shard)] = offset
 
     def get_offset_by_group(self, group: str, shard: str) -> int | None:
         self._shard(shard)
+        check_group(group)
         return self._groups.get((group, shard))

@@ -36,7 +36,7 @@ from robustmq.errors import OffsetOutOfRange
 
 from ._adapter import AppendRequest, AppendResult, FrameRead, MiB, ShardConfig, ShardOffsets
 from ._batch import PreparedBatch, prepare_batch
-from ._engine_base import ProducerWindows, check_producer, check_start, distinct_tags, frame_header
+from ._engine_base import ProducerWindows, check_request, check_start, distinct_tags, frame_header
 from ._index_store import IndexStore, ShardRecord, sid_bytes
 from ._indexed_engine import IndexedEngine, PendingBase, ShardBase
 
@@ -127,7 +127,7 @@ class RocksDBEngine(IndexedEngine):
         prepared = []
         for request in requests:
             state = self._state(request.shard)
-            check_producer(request.producer_id, request.producer_sequence)
+            check_request(request)
             batch = prepare_batch(request.records, max_batch_bytes=state.config.max_batch_bytes)
             if request.epoch < state.epoch:
                 raise state.stale(request.epoch)

@@ -74,7 +74,7 @@ from ._adapter import (
     ShardOffsets,
 )
 from ._batch import PreparedBatch, prepare_batch
-from ._engine_base import ProducerWindows, check_producer, check_start, distinct_tags, frame_header
+from ._engine_base import ProducerWindows, check_request, check_start, distinct_tags, frame_header
 from ._index_store import IndexStore, ShardRecord, be64, sid_bytes
 from ._indexed_engine import IndexedEngine, PendingBase, ShardBase
 from ._segment import (
@@ -236,7 +236,7 @@ class SegmentEngine(IndexedEngine):
     def prepare(self, request: AppendRequest) -> AppendRequest:
         """Validate one request without writing (the node checks each before grouping)."""
         state = self._shard(request.shard)
-        check_producer(request.producer_id, request.producer_sequence)
+        check_request(request)
         batch = prepare_batch(request.records, max_batch_bytes=state.config.max_batch_bytes)
         if request.epoch < state.epoch:
             raise state.stale(request.epoch)

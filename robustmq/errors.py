@@ -15,6 +15,8 @@ in-process or over the network.
     |   +-- NotLeader                  NOT_LEADER      yes  refresh metadata, retry
     |   +-- SegmentSealed              SEGMENT_SEALED  yes  refresh metadata, retry
     |   +-- RequestTimeout             TIMEOUT         yes  no answer before the deadline
+    |   +-- ShardFailed                SHARD_FAILED    yes  the shard's files need recovery:
+    |                                                       a node restart runs it
     +-- TopicNotFound                  UNKNOWN_TOPIC
     +-- ShardNotFound                  UNKNOWN_SHARD
     +-- TopicAlreadyExists             TOPIC_EXISTS
@@ -60,6 +62,7 @@ __all__ = [
     "RobustMQError",
     "SegmentSealed",
     "ShardAlreadyExists",
+    "ShardFailed",
     "ShardNotFound",
     "StaleEpoch",
     "TopicAlreadyExists",
@@ -127,6 +130,19 @@ class SegmentSealed(RetriableError):
 
 class RequestTimeout(RetriableError):
     code = "TIMEOUT"
+
+
+class ShardFailed(Unavailable):
+    """The shard's files no longer match what it acknowledged, so it takes no writes.
+
+    Set when undoing a failed group commit fails (the disk refused to truncate):
+    a write appended after the leftover bytes would make the file disagree with
+    its index. Reads still serve everything up to the last good frame. A restart
+    of the storage node re-runs recovery, which puts the files in order.
+    Fields: ``shard``, ``reason``.
+    """
+
+    code = "SHARD_FAILED"
 
 
 class TopicNotFound(RobustMQError):

@@ -13,7 +13,10 @@ file once (concurrently when there are several); write the index entries, the
 producer windows and one checkpoint per shard in a single RocksDB WriteBatch;
 then publish the new log end, so readers only ever see durable, indexed
 frames. An I/O error before the publish truncates the files back and raises,
-so a failed call leaves nothing behind and acknowledges nothing.
+so a failed call leaves nothing behind and acknowledges nothing. If that
+truncate fails too, the shard is marked failed: writes raise ``ShardFailed``,
+reads keep serving the published view, and a restart's recovery settles the
+files (the truncate is a constructor argument, so tests can make it fail).
 
 Checkpoint (``"C" sid`` in the index store; big-endian)::
 
@@ -51,7 +54,7 @@ import os
 import shutil
 import struct
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -62,7 +65,7 @@ from rocksdict import WriteBatch
 
 from robustmq._frame import FRAME_HEADER_SIZE, decode_payload
 from robustmq._records import now_ms
-from robustmq.errors import OffsetOutOfRange, Unavailable
+from robustmq.errors import OffsetOutOfRange, ShardFailed, Unavailable
 
 from ._adapter import (
     AppendRequest,
@@ -135,6 +138,16 @@ class _Shard(ShardBase):
         super().__init__(name, sid, config)
         self.view = _View.of((), 0)
         self.last_index_offset = _NOT_INDEXED
+        self.failed: str | None = None  # why the files no longer match the view (set once, never cleared)
+
+    def check_writable(self) -> None:
+        if self.failed is not None:
+            raise ShardFailed(
+                f"shard {self.name} takes no writes: {self.failed}. Its records up to offset "
+                f"{self.view.log_end} are still served; restart the storage node to recover it",
+                shard=self.name,
+                reason=self.failed,
+            )
 
 
 @dataclass(slots=True)
@@ -178,8 +191,10 @@ class SegmentEngine(IndexedEngine):
         *,
         default_config: ShardConfig | None = None,
         fsync: bool = True,
+        truncate: Callable[[Path, int], None] = os.truncate,
     ) -> None:
         self._root = Path(data_dir)
+        self._truncate = truncate
         self._shards_dir = self._root / "shards"
         self._shards_dir.mkdir(parents=True, exist_ok=True)
         self._default_config = default_config or ShardConfig()
@@ -235,7 +250,8 @@ class SegmentEngine(IndexedEngine):
 
     def prepare(self, request: AppendRequest) -> AppendRequest:
         """Validate one request without writing (the node checks each before grouping)."""
-        state = self._shard(request.shard)
+        state = self._state(request.shard)
+        state.check_writable()
         check_request(request)
         batch = prepare_batch(request.records, max_batch_bytes=state.config.max_batch_bytes)
         if request.epoch < state.epoch:
@@ -253,6 +269,7 @@ class SegmentEngine(IndexedEngine):
             self._unlock(states)
 
     def _begin(self, state: _Shard) -> _Pending:
+        state.check_writable()
         view = state.view
         return _Pending(
             state,
@@ -274,9 +291,10 @@ class SegmentEngine(IndexedEngine):
                 results.append(self._append_one(request, pending[request.shard], wb, handles, now))
             self._sync(handles)
         except BaseException as exc:  # a failed group keeps nothing, whatever the reason
-            self._rollback(pending.values())
+            undone = self._rollback(pending.values())
             if isinstance(exc, OSError):
-                raise Unavailable(f"write failed, nothing was kept: {exc}") from exc
+                kept = "nothing was kept" if undone else "some shards are now failed"
+                raise Unavailable(f"write failed, {kept}: {exc}") from exc
             raise
         finally:
             for fd in handles.values():
@@ -399,16 +417,34 @@ class SegmentEngine(IndexedEngine):
         for future in [self._sync_pool.submit(os.fdatasync, fd) for fd in fds]:
             future.result()
 
-    @staticmethod
-    def _rollback(pendings: Iterable[_Pending]) -> None:
+    def _rollback(self, pendings: Iterable[_Pending]) -> bool:
+        """Cut every file of a failed group back to its size before the group; True if all were.
+
+        A shard whose files cannot be restored is marked failed (it would
+        otherwise append after leftover frames that carry valid CRCs and
+        offsets it is about to reuse). Its published view is untouched, so
+        reads go on; a restart re-runs recovery, which settles the files.
+        """
+        undone = True
         for pending in pendings:
+            problems = []
             for path, size in pending.start_sizes.items():
                 try:
-                    os.truncate(path, size)
-                except OSError:
-                    log.exception("rollback could not truncate %s to %d bytes", path, size)
+                    self._truncate(path, size)
+                except OSError as exc:
+                    problems.append(f"could not truncate {path} to {size} bytes ({exc})")
             for path in pending.created_files:
-                path.unlink(missing_ok=True)
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:
+                    problems.append(f"could not remove {path} ({exc})")
+            if problems:
+                state = pending.shard
+                assert isinstance(state, _Shard)
+                state.failed = "undoing a failed write failed: " + "; ".join(problems)
+                log.error("shard %s failed, writes are refused until a restart: %s", state.name, state.failed)
+                undone = False
+        return undone
 
     def _put_checkpoint(self, wb: WriteBatch, pending: _Pending) -> None:
         active = pending.segments[-1]
@@ -436,6 +472,7 @@ class SegmentEngine(IndexedEngine):
         state = self._state(shard)
         with state.lock:
             self._check_open()
+            state.check_writable()
             if state.view.active.size_bytes == 0:
                 return None
             pending = self._begin(state)

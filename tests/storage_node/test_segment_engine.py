@@ -13,9 +13,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from robustmq._records import build_records
-from robustmq.errors import CorruptRecordBatch, OffsetOutOfRange
-from robustmq.storage_node import SegmentEngine, ShardConfig
+from robustmq._records import build_records, encode_batch
+from robustmq.errors import CorruptRecordBatch, OffsetOutOfRange, ShardFailed, Unavailable
+from robustmq.storage_node import AppendRequest, SegmentEngine, ShardConfig
 from robustmq.storage_node._index_store import IndexStore, sid_bytes
 
 SMALL = ShardConfig(segment_bytes_max=64 * 1024, index_interval_records=10)
@@ -275,3 +275,51 @@ def test_many_shards_group_commit_and_reopen(tmp_path: Path) -> None:
     again = SegmentEngine(tmp_path)  # a shard whose directory vanished starts empty, loudly
     assert again.list_offsets("t_3").log_end_offset == 0
     again.close()
+
+
+def test_a_failed_rollback_marks_the_shard_failed_until_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A group fails after writing a frame, and truncating it away fails too.
+
+    The group fails for real: the segment roll it needs finds a file already
+    holding the new segment's name (O_EXCL). The truncate that should undo the
+    first frame is the injected seam, failing as a broken disk would.
+    """
+
+    def broken_truncate(path: os.PathLike[str] | str, size: int) -> None:
+        raise OSError(5, "Input/output error", str(path))
+
+    config = ShardConfig(segment_bytes_max=64 * 1024)
+    engine = SegmentEngine(tmp_path, default_config=config, truncate=broken_truncate)
+    engine.create_shard("t_0")
+    engine.create_shard("other_0")
+    fill(engine, "t_0", 300, per_batch=100)  # ~3 frames of 100 records in 64 KiB segments
+    before = engine.list_segments("t_0")[-1]
+    small = values(300, 10)
+    first_size = 64 + len(encode_batch_of(small))
+    assert before.size_bytes + first_size <= config.segment_bytes_max
+    (Path(before.path).parent / f"{310:020d}.log").write_bytes(b"")  # the roll will find it taken
+    with caplog.at_level(logging.ERROR, logger="robustmq.storage"), pytest.raises(Unavailable):
+        engine.batch_write([AppendRequest("t_0", small), AppendRequest("t_0", values(310, 600))])
+    assert "t_0" in caplog.text and "failed" in caplog.text
+    assert os.path.getsize(before.path) > before.size_bytes  # the stale frame is still there
+    with pytest.raises(ShardFailed) as caught:
+        engine.write("t_0", values(300, 5))
+    assert caught.value.shard == "t_0" and "restart" in caught.value.message
+    with pytest.raises(ShardFailed):
+        engine.roll("t_0")
+    assert engine.list_offsets("t_0").log_end_offset == 300
+    check_all(engine, "t_0", 300)  # reads serve everything up to the last good frame
+    assert engine.write("other_0", values(0, 5)).base_offset == 0  # other shards are unaffected
+    engine.close()
+    reopened = SegmentEngine(tmp_path, default_config=config)  # a restart re-runs recovery
+    end = reopened.list_offsets("t_0").log_end_offset
+    assert end in (300, 310)  # the unacknowledged frame may survive, whole and valid
+    assert reopened.write("t_0", values(end, 5)).base_offset == end
+    check_all(reopened, "t_0", end + 5)
+    reopened.close()
+
+
+def encode_batch_of(table: pa.Table) -> bytes:
+    return encode_batch(table).to_pybytes()

@@ -17,6 +17,7 @@ big-endian unsigned integer, so keys sort by shard, then by offset::
                    "T" sid be64(segment base) tag             (empty): tags seen in a segment
                    "G" be16(len) group shard                  be64(committed offset)
                    "P" sid be64(producer id)                  producer window
+                   "K" sid                                    (empty): key index rebuild under way
 
 The time index is kept per chunk (a segment for the segment engine, a fixed
 offset range for the rocksdb engine): one entry per frame that raises the
@@ -330,7 +331,7 @@ class IndexStore:
             families.append(self.records)
         for family in families:
             family.delete_range(low, high)
-        for tag in (b"C", b"E", b"T", b"P"):
+        for tag in (b"C", b"E", b"T", b"P", b"K"):
             self._db.delete_range(tag + low, tag + high)
 
     def delete_segment_entries(
@@ -347,16 +348,21 @@ class IndexStore:
         wb.delete_range(segment_prefix, b"T" + prefix + be64(base_offset + 1))
         wb.delete(b"E" + prefix + be64(base_offset))
 
-    def forget_from(self, wb: rocksdict.WriteBatch, sid: int, end_offset: int, chunks: list[int]) -> None:
+    def forget_from(self, wb: rocksdict.WriteBatch, sid: int, end_offset: int, chunks: list[int]) -> bool:
         """Drop entries for offsets >= ``end_offset`` (recovery truncated the log there).
 
         ``chunks`` are the time-index chunks (segment bases) that may hold such
-        entries. Key-index entries cannot be enumerated; readers check that a
-        looked-up record really has the key. Producer windows lose the batches
-        that are gone, so a producer resending them is not mistaken for a duplicate.
+        entries. Producer windows lose the batches that are gone, so a producer
+        resending them is not mistaken for a duplicate. Key-index entries
+        cannot be enumerated by offset: returns True when any other entry was
+        found at or past ``end_offset`` (the index was ahead of the data), in
+        which case the caller rebuilds the shard's key index.
         """
         prefix = sid_bytes(sid)
         top = b"\xff" * 8
+        it = self.offsets.iter()
+        it.seek(prefix + be64(end_offset))
+        ahead = it.valid() and it.key().startswith(prefix)
         wb.delete_range(prefix + be64(end_offset), prefix + top, self._h_offsets)
         for chunk in chunks:
             chunk_prefix = prefix + be64(chunk)
@@ -365,14 +371,24 @@ class IndexStore:
             while it.valid() and it.key().startswith(chunk_prefix):
                 if from_be64(it.value()) >= end_offset:
                     wb.delete(bytes(it.key()), self._h_times)
+                    ahead = True
                 it.next()
             for key, _ in self.scan_meta(b"T" + chunk_prefix):
                 tag_prefix = _tag_prefix(prefix, key[len(chunk_prefix) + 1 :])
+                it = self.tags.iter()
+                it.seek(tag_prefix + be64(end_offset))
+                ahead = ahead or (it.valid() and it.key().startswith(tag_prefix))
                 wb.delete_range(tag_prefix + be64(end_offset), tag_prefix + top, self._h_tags)
         for key, value in self.scan_meta(b"P" + prefix):
             entries = [entry for entry in _WINDOW.iter_unpack(value) if entry[1] < end_offset]
             if len(entries) * _WINDOW.size != len(value):
                 wb.put(key, b"".join(_WINDOW.pack(*entry) for entry in entries))
+                ahead = True
+        return ahead
+
+    def clear_key_entries(self, wb: rocksdict.WriteBatch, sid: int) -> None:
+        """Every key-index entry of a shard (before rebuilding them from the segments)."""
+        wb.delete_range(sid_bytes(sid), sid_bytes(sid + 1), self._h_keys)
 
     def delete_time_chunk(self, wb: rocksdict.WriteBatch, sid: int, chunk: int) -> None:
         prefix = sid_bytes(sid)

@@ -28,11 +28,15 @@ Sealed segment record (``"E" sid be64(base)``)::
     end_offset u64, size_bytes u64, max_timestamp_ms i64, created_ms i64
 
 It names the first byte not yet covered by the indexes. On open, recovery
-scans from there to the end of the shard's last segment, re-indexes every
-valid frame, truncates a torn or corrupt tail (logging path and position) and
-sets aside as ``*.corrupt`` any later segment that no longer continues the
-offsets. A crash at any instant therefore loses nothing acknowledged (its
-bytes were fsynced before the answer) and never serves a corrupt frame.
+checks that the sealed segments before it form a contiguous chain (setting
+aside everything before a gap, so the log never serves a hole and its end never
+moves back), scans from the checkpoint to the end of the shard's last segment,
+re-indexes every valid frame, truncates a torn or corrupt tail (logging path
+and position, once the index has forgotten what lay past it) and sets aside as
+``*.corrupt`` any later segment that no longer continues the offsets. If the
+index was ahead of the data, the key index is rebuilt from the frames. A crash
+at any instant therefore loses nothing acknowledged (its bytes were fsynced
+before the answer) and never serves a corrupt frame.
 
 Sparse offset index: one entry for the first frame of each segment, then one
 for a frame whenever ``index_interval_records`` records have passed since the
@@ -65,7 +69,7 @@ from rocksdict import WriteBatch
 
 from robustmq._frame import FRAME_HEADER_SIZE, decode_payload
 from robustmq._records import now_ms
-from robustmq.errors import OffsetOutOfRange, ShardFailed, Unavailable
+from robustmq.errors import CorruptRecordBatch, OffsetOutOfRange, ShardFailed, Unavailable
 
 from ._adapter import (
     AppendRequest,
@@ -98,6 +102,10 @@ _CHECKPOINT = struct.Struct(">QQQqIqq")
 _SEALED = struct.Struct(">QQqq")
 _NO_TIMESTAMP = -(1 << 63)
 _NOT_INDEXED = -(1 << 62)
+
+
+def _key_rebuild_marker(sid: int) -> bytes:
+    return b"K" + sid_bytes(sid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -636,18 +644,67 @@ class SegmentEngine(IndexedEngine):
             sealed = self._load_sealed(record.sid, directory)
         state.last_index_offset = start.last_index_offset
         state.epoch = start.epoch
-        trusted: list[_Segment] = []  # segments wholly before the checkpoint, as recorded
-        for base, path in files:
-            if base >= start.segment_base:
-                break
-            if base in sealed:
-                trusted.append(sealed[base])
-            else:
-                log.warning("removing %s: it is not part of the shard's chain", path)
-                path.unlink()
+        trusted = self._trusted_chain(state, files, sealed, start.segment_base)
         tail = [(base, path) for base, path in files if base >= start.segment_base]
         self._scan_tail(state, trusted, tail, start)
         return state
+
+    def _trusted_chain(
+        self, state: _Shard, files: list[tuple[int, Path]], sealed: dict[int, _Segment], active_base: int
+    ) -> list[_Segment]:
+        """The sealed segments before the checkpoint's, as recorded, contiguous up to it.
+
+        Walking back from ``active_base``, each segment must end where the next
+        begins, have its sealed record and be at least as long as recorded. At
+        the first one that does not (a gap: a file missing, short or recorded
+        with another end) the walk stops: that segment and every older one are
+        set aside, as if retention had removed them, so the shard never serves
+        a hole and its log end never moves back (no offset is reused).
+        """
+        before = [(base, path) for base, path in files if base < active_base]
+        first_recorded = min((base for base, _ in before if base in sealed), default=active_base)
+        for base, path in before:
+            if base < first_recorded:  # left over from an interrupted retention
+                log.warning("removing %s: it is not part of the shard's chain", path)
+                path.unlink()
+        chain = [(base, path) for base, path in before if base >= first_recorded]
+        kept: list[_Segment] = []
+        expected = active_base
+        for number in range(len(chain) - 1, -1, -1):
+            base, path = chain[number]
+            segment = sealed.get(base)
+            if segment is None:
+                problem = f"{path} has no sealed record"
+            elif segment.end_offset < expected:
+                missing = path.parent / segment_name(segment.end_offset)
+                problem = f"offsets {segment.end_offset}..{expected - 1} are missing ({missing})"
+            elif segment.end_offset > expected:
+                problem = f"{path} is recorded to end at {segment.end_offset}, past {expected}"
+            elif path.stat().st_size < segment.size_bytes:
+                problem = f"{path} is shorter than its recorded {segment.size_bytes} bytes"
+            else:
+                kept.append(segment)
+                expected = base
+                continue
+            log.error(
+                "shard %s: gap in its segment chain: %s; setting aside %d older segment(s), "
+                "the shard now starts at offset %d",
+                state.name,
+                problem,
+                number + 1,
+                expected,
+            )
+            self._set_aside(chain[: number + 1], "the chain has a gap after it")
+            break
+        kept.reverse()
+        first_kept = kept[0].base_offset if kept else active_base
+        forgotten = [segment for base, segment in sealed.items() if base < first_kept]
+        if forgotten:  # their records and index entries go, as retention would remove them
+            wb = self._index.new_batch()
+            for segment in forgotten:
+                self._index.delete_segment_entries(wb, state.sid, segment.base_offset, segment.end_offset)
+            self._index.write(wb, sync=True)
+        return kept
 
     def _load_checkpoint(self, record: ShardRecord, files: dict[int, Path]) -> _Checkpoint | None:
         raw = self._index.get_meta(b"C" + sid_bytes(record.sid))
@@ -689,6 +746,7 @@ class SegmentEngine(IndexedEngine):
         wb = self._index.new_batch()
         frames_in_batch = rescanned = 0
         damaged = False
+        cut: tuple[Path, int, int] | None = None
         for number, (base, path) in enumerate(files):
             if number == 0:
                 segment = _Segment(
@@ -717,27 +775,27 @@ class SegmentEngine(IndexedEngine):
             segments.append(segment)
             file_size = path.stat().st_size
             if file_size != segment.size_bytes:
-                log.warning(
-                    "truncating %s from %d to %d bytes (torn or corrupt tail)",
-                    path,
-                    file_size,
-                    segment.size_bytes,
-                )
-                os.truncate(path, segment.size_bytes)
+                # Cut only once the index forgets what lies past the cut (below):
+                # a crash in between must find the damage again on the next open.
+                cut = (path, file_size, segment.size_bytes)
                 damaged = True
                 if number < len(files) - 1:
                     self._set_aside(files[number + 1 :], "an earlier segment was truncated")
                     break
         if rescanned:
             log.info("shard %s: re-indexed %d frames past its checkpoint", state.name, rescanned)
+        rebuild_keys = self._index.get_meta(_key_rebuild_marker(state.sid)) is not None
         if damaged:  # nothing may still point at what was cut off
             chunks = [base for base, _ in files if base >= segments[-1].base_offset]
-            self._index.forget_from(wb, state.sid, pending.log_end, chunks)
+            rebuild_keys |= self._index.forget_from(wb, state.sid, pending.log_end, chunks)
             self._producers.forget_shard(state.sid)
             pending.producers = {
                 producer: [entry for entry in window if entry[1] < pending.log_end]
                 for producer, window in pending.producers.items()
             }
+        if rebuild_keys:
+            self._index.write(wb)
+            wb = self._rebuild_key_index(state, segments)
         # The last segment is the active one; every other one is sealed.
         for number, segment in enumerate(segments[:-1]):
             if not segment.sealed:
@@ -748,7 +806,44 @@ class SegmentEngine(IndexedEngine):
         pending.segments = segments
         self._put_checkpoint(wb, pending)
         self._index.write(wb, sync=True)
+        if cut is not None:
+            path, file_size, size = cut
+            log.warning("truncating %s from %d to %d bytes (torn or corrupt tail)", path, file_size, size)
+            os.truncate(path, size)
         self._publish(pending)
+
+    def _rebuild_key_index(self, state: _Shard, segments: list[_Segment]) -> WriteBatch:
+        """Re-derive a shard's key index from its retained frames; return a batch to finish it.
+
+        Runs only when recovery found the index ahead of the data: key entries
+        of records that were cut off would otherwise hide the key's older
+        records. A durable marker makes a crash half-way redo the whole
+        rebuild; the returned batch (written with the checkpoint) removes it.
+        """
+        log.warning("shard %s: its index was ahead of its data; rebuilding its key index", state.name)
+        marker = _key_rebuild_marker(state.sid)
+        wb = self._index.new_batch()
+        self._index.put_meta(wb, marker, b"")
+        self._index.clear_key_entries(wb, state.sid)
+        self._index.write(wb, sync=True)
+        wb, frames = self._index.new_batch(), 0
+        for segment in segments:
+            where = str(segment.path)
+            with open(segment.path, "rb", buffering=0) as handle:
+                fd = handle.fileno()
+                try:
+                    for position, header in iter_headers(fd, 0, segment.size_bytes, where=where):
+                        frame = read_frame(fd, position, header, where=where)
+                        keys = decode_payload(memoryview(frame)[FRAME_HEADER_SIZE:]).column("key")
+                        self._index.put_key_entries(wb, state.sid, header.base_offset, keys)
+                        frames += 1
+                        if frames % 1000 == 0:
+                            self._index.write(wb)
+                            wb = self._index.new_batch()
+                except CorruptRecordBatch as exc:  # never served anyway; index what can be read
+                    log.error("shard %s: keys after %s are not indexed: %s", state.name, where, exc.message)
+        wb.delete(marker)
+        return wb
 
     def _reindex(
         self, wb: WriteBatch, pending: _Pending, segment: _Segment, frame: RecoveredFrame

@@ -178,11 +178,21 @@ def _cast_column(name: str, column: pa.ChunkedArray, target: pa.DataType) -> pa.
         ) from exc
 
 
-def encode_batch(records: pa.Table | pa.RecordBatch) -> pa.Buffer:
-    """Serialise records of :data:`RECORD_SCHEMA` as one Arrow IPC stream."""
+def encode_batch(
+    records: pa.Table | pa.RecordBatch, *, custom_metadata: dict[bytes, bytes] | None = None
+) -> pa.Buffer:
+    """Serialise records of :data:`RECORD_SCHEMA` as one Arrow IPC stream.
+
+    ``custom_metadata`` is attached to every record batch message (readers of
+    tables ignore it).
+    """
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, RECORD_SCHEMA) as writer:
-        if isinstance(records, pa.RecordBatch):
+        if custom_metadata is not None:
+            batches = [records] if isinstance(records, pa.RecordBatch) else records.to_batches()
+            for batch in batches:
+                writer.write_batch(batch, custom_metadata=custom_metadata)
+        elif isinstance(records, pa.RecordBatch):
             writer.write_batch(records)
         else:
             writer.write_table(records)

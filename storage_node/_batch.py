@@ -5,7 +5,7 @@ record batch, or IPC stream bytes straight off the wire) into a
 :class:`PreparedBatch`: a validated IPC payload plus the figures the frame
 header and the indexes need. IPC bytes are kept as they are (zero-copy) unless
 a timestamp is missing, in which case the node's clock fills it and the batch
-is re-encoded.
+is re-encoded (see ``FLAG_REENCODED`` in ``robustmq._frame``).
 
 Every limit the write path relies on is checked here, so a batch that passes
 can never fail later inside a group commit (where it would take its
@@ -39,6 +39,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from robustmq._crc import crc32c
+from robustmq._frame import CLIENT_CRC_KEY
 from robustmq._records import TIMESTAMP_TYPE, coerce_records, decode_batch, encode_batch, now_ms
 from robustmq.errors import InvalidRecordBatch, RecordBatchTooLarge
 
@@ -60,11 +62,25 @@ _MAX_RECORDS = 0xFFFF_FFFF
 
 @dataclass(frozen=True, slots=True)
 class PreparedBatch:
+    """A validated batch ready to frame.
+
+    ``checksum`` is the CRC-32C of the batch as its producer sent it (IPC bytes;
+    for a table, its IPC encoding before the node filled any timestamp):
+    idempotent replays are checked against it. ``payload_crc`` is the CRC-32C of
+    ``payload`` as stored (-1: not computed), from which the frame's CRC is
+    combined without a second pass. ``reencoded`` means ``payload`` is not the
+    producer's bytes (the node filled timestamps); it then carries ``checksum``
+    in its custom metadata and the frame gets ``FLAG_REENCODED``.
+    """
+
     payload: pa.Buffer
     records: pa.Table
     record_count: int
     first_timestamp_ms: int
     max_timestamp_ms: int
+    checksum: int = -1
+    payload_crc: int = -1
+    reencoded: bool = False
 
 
 def prepare_batch(data: Any, *, max_batch_bytes: int) -> PreparedBatch:
@@ -76,7 +92,7 @@ def prepare_batch(data: Any, *, max_batch_bytes: int) -> PreparedBatch:
         return prepared
     if isinstance(data, pa.Table | pa.RecordBatch):
         records = coerce_records(data)
-        payload = None
+        payload = None  # encoded once counted and checked, as a producer would send it
     elif isinstance(data, bytes | bytearray | memoryview | pa.Buffer):
         payload = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
         records = decode_batch(payload, max_bytes=max_batch_bytes)
@@ -96,27 +112,41 @@ def prepare_batch(data: Any, *, max_batch_bytes: int) -> PreparedBatch:
         )
     _check_keys(records.column("key"))
     _check_tags(records.column("tags"))
+    if payload is None:
+        payload = _encode_within(records, max_batch_bytes)
+    checksum = payload_crc = crc32c(payload)
     timestamps = records.column("timestamp")
-    if timestamps.null_count:
+    reencoded = timestamps.null_count > 0
+    if reencoded:
         filled = pc.fill_null(timestamps, pa.scalar(now_ms(), TIMESTAMP_TYPE))
         records = records.set_column(2, "timestamp", filled)
-        payload = None
     stamps = records.column("timestamp").cast(pa.int64())
     bounds = pc.min_max(stamps)
     lowest, highest = bounds["min"].as_py(), bounds["max"].as_py()
     if lowest < 0 or highest > MAX_TIMESTAMP_MS:
         _raise_bad_timestamp(stamps)
-    if payload is None:
-        payload = encode_batch(records)
-        if payload.size > max_batch_bytes:
-            _raise_too_large(payload.size, max_batch_bytes)
+    if reencoded:
+        payload = _encode_within(records, max_batch_bytes, {CLIENT_CRC_KEY: b"%d" % checksum})
+        payload_crc = crc32c(payload)
     return PreparedBatch(
         payload=payload,
         records=records,
         record_count=count,
         first_timestamp_ms=int(stamps[0].as_py()),
         max_timestamp_ms=int(highest),
+        checksum=checksum,
+        payload_crc=payload_crc,
+        reencoded=reencoded,
     )
+
+
+def _encode_within(
+    records: pa.Table, max_batch_bytes: int, metadata: dict[bytes, bytes] | None = None
+) -> Any:
+    payload = encode_batch(records, custom_metadata=metadata)
+    if payload.size > max_batch_bytes:
+        _raise_too_large(payload.size, max_batch_bytes)
+    return payload
 
 
 def _check_keys(keys: pa.ChunkedArray) -> None:

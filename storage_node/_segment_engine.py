@@ -66,7 +66,7 @@ from ._adapter import (
     ShardOffsets,
 )
 from ._batch import PreparedBatch, prepare_batch
-from ._engine_base import ProducerWindows, check_request, check_start, distinct_tags, frame_header
+from ._engine_base import check_request, check_start, distinct_tags, frame_header
 from ._index_store import IndexStore, be64, sid_bytes
 from ._indexed_engine import IndexedEngine
 from ._segment import fsync_directory, iter_headers, read_frame, segment_name
@@ -199,12 +199,13 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
 
     def _commit_group(self, requests: list[AppendRequest], pending: dict[str, Pending]) -> list[AppendResult]:
         wb = self._index.new_batch()
-        results: list[AppendResult] = []
+        results = self._admit(requests, pending, wb)  # type: ignore[arg-type]
         handles: dict[Path, int] = {}
         now = now_ms()
         try:
-            for request in requests:
-                results.append(self._append_one(request, pending[request.shard], wb, handles, now))
+            for request, result in zip(requests, results, strict=True):
+                if not result.duplicate:
+                    self._append_one(request, result.base_offset, pending[request.shard], wb, handles, now)
             self._sync(handles)
         except BaseException as exc:  # a failed group keeps nothing, whatever the reason
             undone = self._rollback(pending.values())
@@ -229,26 +230,16 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
     def _append_one(
         self,
         request: AppendRequest,
+        base: int,
         pending: Pending,
         wb: WriteBatch,
         handles: dict[Path, int],
         now: int,
-    ) -> AppendResult:
+    ) -> None:
+        """Write one admitted request's frame at ``base``, rolling the segment if it is due."""
         state = pending.shard
         batch = request.records
-        assert isinstance(batch, PreparedBatch)
-        if request.epoch < pending.epoch:
-            raise state.stale(request.epoch)
-        idempotent = request.producer_id >= 0
-        if idempotent:
-            duplicate = ProducerWindows.find_duplicate(
-                self._window(pending, request.producer_id),
-                request.producer_sequence,
-                state.name,
-                batch.record_count,
-            )
-            if duplicate is not None:
-                return duplicate
+        assert isinstance(batch, PreparedBatch) and base == pending.log_end
         active = pending.segments[-1]
         frame_length = FRAME_HEADER_SIZE + batch.payload.size
         if active.size_bytes > 0 and (
@@ -256,7 +247,6 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
             or now - active.created_ms >= state.config.roll_interval_ms
         ):
             active = self._roll_pending(pending, wb, now)
-        base = pending.log_end
         header = frame_header(request, base)
         fd = handles.get(active.path)
         if fd is None:
@@ -271,17 +261,6 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
             max_timestamp_ms=max(active.max_timestamp_ms, batch.max_timestamp_ms),
         )
         pending.log_end = base + batch.record_count
-        pending.epoch = max(pending.epoch, request.epoch)
-        if idempotent:
-            self._remember(
-                pending,
-                wb,
-                request.producer_id,
-                request.producer_sequence,
-                base,
-                batch.record_count,
-            )
-        return AppendResult(state.name, base, batch.record_count)
 
     def _index_frame(
         self,

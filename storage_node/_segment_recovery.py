@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from rocksdict import WriteBatch
 
-from robustmq._frame import FRAME_HEADER_SIZE, decode_payload
+from robustmq._frame import FRAME_HEADER_SIZE, client_checksum, decode_payload
 from robustmq._records import now_ms
 from robustmq.errors import CorruptRecordBatch
 
 from ._adapter import ShardConfig
 from ._batch import PreparedBatch
 from ._index_store import IndexStore, ShardRecord, be64, sid_bytes
+from ._producer_state import ProducerEntry
 from ._segment import (
     RecoveredFrame,
     iter_headers,
@@ -56,8 +57,8 @@ from ._segment_state import (
 )
 
 if TYPE_CHECKING:
-    from ._engine_base import ProducerWindows
     from ._indexed_engine import PendingBase, ShardBase
+    from ._producer_state import TailCache
 
 __all__ = ["SegmentRecovery"]
 
@@ -71,7 +72,7 @@ class SegmentRecovery:
         _index: IndexStore
         _shards: dict[str, ShardBase]
         _shards_dir: Path
-        _producers: ProducerWindows
+        _producers: TailCache
 
         def _index_frame(
             self,
@@ -86,7 +87,7 @@ class SegmentRecovery:
         def _put_checkpoint(self, wb: WriteBatch, pending: Pending) -> None: ...
         def _publish(self, pending: Pending) -> None: ...
         def _remember(
-            self, pending: PendingBase, wb: WriteBatch, producer_id: int, sequence: int, base: int, count: int
+            self, pending: PendingBase, wb: WriteBatch, producer_id: int, entry: ProducerEntry
         ) -> None: ...
 
     def _open_all(self) -> None:
@@ -226,6 +227,14 @@ class SegmentRecovery:
             last_index_offset=start.last_index_offset,
         )
         wb = self._index.new_batch()
+        if len(files) > 1 or files[0][1].stat().st_size > start.position:
+            # Producer entries past the checkpoint are rebuilt from the frames like
+            # every other index entry; drop any left by an earlier, interrupted rescan
+            # (or an index ahead of its data) so each is remembered exactly once.
+            self._index.forget_producer_entries(wb, state.sid, start.next_offset)
+            self._index.write(wb)
+            self._producers.forget_shard(state.sid)
+            wb = self._index.new_batch()
         frames_in_batch = rescanned = 0
         damaged = False
         cut: tuple[Path, int, int] | None = None
@@ -270,11 +279,8 @@ class SegmentRecovery:
         if damaged:  # nothing may still point at what was cut off
             chunks = [base for base, _ in files if base >= segments[-1].base_offset]
             rebuild_keys |= self._index.forget_from(wb, state.sid, pending.log_end, chunks)
-            self._producers.forget_shard(state.sid)
-            pending.producers = {
-                producer: [entry for entry in window if entry[1] < pending.log_end]
-                for producer, window in pending.producers.items()
-            }
+            # Windows need nothing here: the rescan remembered only frames before the cut,
+            # and entries past the checkpoint were dropped before it (see below).
         if rebuild_keys:
             self._index.write(wb)
             wb = self._rebuild_key_index(state, segments)
@@ -339,14 +345,9 @@ class SegmentRecovery:
         )
         self._index_frame(wb, pending, segment, header.base_offset, frame.position, batch)
         if header.producer_id >= 0:
-            self._remember(
-                pending,
-                wb,
-                header.producer_id,
-                header.producer_sequence,
-                header.base_offset,
-                header.record_count,
-            )
+            checksum = client_checksum(header, frame.header_bytes, buffer)
+            entry = ProducerEntry(header.producer_sequence, header.base_offset, header.record_count, checksum)
+            self._remember(pending, wb, header.producer_id, entry)
         pending.epoch = max(pending.epoch, header.epoch)
         pending.log_end = header.next_offset
         return replace(

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from robustmq._records import RECORD_SCHEMA, TIMESTAMP_TYPE, build_records, encode_batch, null_column
-from robustmq.errors import InvalidRecordBatch, InvalidRequest, RecordBatchTooLarge
+from robustmq.errors import InvalidRecordBatch, InvalidRequest, RecordBatchTooLarge, RobustMQError
 from robustmq.storage_node import AppendRequest, StorageAdapter
 from robustmq.storage_node._batch import (
     MAX_KEY_BYTES,
@@ -29,7 +29,9 @@ from robustmq.storage_node._batch import (
 YEAR_2023_MS = 1_700_000_000_000
 
 
-def _expect_refused(engine: StorageAdapter, bad: Any, error: type[Exception], **write: Any) -> Exception:
+def _expect_refused(
+    engine: StorageAdapter, bad: Any, error: type[RobustMQError], **write: Any
+) -> RobustMQError:
     engine.create_shard("t_0")
     engine.write("t_0", build_records([b"ok"]))
     with pytest.raises(error) as caught:

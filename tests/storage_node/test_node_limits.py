@@ -16,7 +16,7 @@ import robustmq
 from robustmq._embedded import EmbeddedCluster
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records, encode_batch
-from robustmq.errors import InvalidRecordBatch, InvalidRequest
+from robustmq.errors import DuplicateSequenceMismatch, InvalidRecordBatch, InvalidRequest, OutOfOrderSequence
 from tests.storage_node.test_batch import YEAR_2023_MS, _compressed_zeros
 
 
@@ -71,3 +71,27 @@ def test_a_compressed_body_is_refused_and_the_node_keeps_serving(client: robustm
     assert client.list_offsets("bombs") == {0: (0, 0)}
     client.produce("bombs", 0, build_records([b"fine"]))
     assert client.read("bombs", 0, 0).column("value").to_pylist() == [b"fine"]
+
+
+def test_a_replay_with_other_records_is_refused_not_acknowledged(client: robustmq.Client) -> None:
+    """Issue 7, defect 2: ``(producer 77, sequence 5, 3 records)`` then 5 records was a 'duplicate'."""
+    client.create_topic("replays", 1)
+    three = build_records([b"a", b"b", b"c"])  # timestamps left for the node to fill
+    five = build_records([b"a", b"b", b"c", b"d", b"e"])
+    first = client.produce("replays", 0, three, producer_id=77, sequence=5)
+    assert (first.base_offset, first.duplicate) == (0, False)
+    with pytest.raises(DuplicateSequenceMismatch) as caught:
+        client.produce("replays", 0, five, producer_id=77, sequence=5)
+    fields = caught.value.fields
+    assert (fields["producer_id"], fields["sequence"], fields["stored_count"], fields["sent_count"]) == (
+        77,
+        5,
+        3,
+        5,
+    )
+    assert fields["shard"] == client.metadata.write_route("replays", 0).shard
+    again = client.produce("replays", 0, three, producer_id=77, sequence=5)
+    assert (again.base_offset, again.duplicate, again.record_count) == (0, True, 3)
+    with pytest.raises(OutOfOrderSequence):
+        client.produce("replays", 0, three, producer_id=77, sequence=4)
+    assert client.list_offsets("replays") == {0: (0, 3)}

@@ -89,7 +89,9 @@ def test_a_replay_with_other_records_is_refused_not_acknowledged(client: robustm
         3,
         5,
     )
-    assert fields["shard"] == client.metadata.write_route("replays", 0).shard
+    assert fields["shard"].startswith(
+        client.metadata.write_route("replays", 0).shard
+    )  # may add ".incarnation"
     again = client.produce("replays", 0, three, producer_id=77, sequence=5)
     assert (again.base_offset, again.duplicate, again.record_count) == (0, True, 3)
     with pytest.raises(OutOfOrderSequence):

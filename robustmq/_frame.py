@@ -5,7 +5,7 @@ Byte format (big-endian, 64-byte header, then the payload)::
     offset  size  field
     0       4     magic               b"RMQF"
     4       1     version             1
-    5       1     flags               0 (reserved)
+    5       1     flags               bit 0: FLAG_REENCODED (below); other bits 0
     6       2     reserved            0
     8       8     base_offset         i64, offset of the batch's first record
     16      4     record_count        u32, >= 1
@@ -21,6 +21,15 @@ Byte format (big-endian, 64-byte header, then the payload)::
 Invariants: a frame is written whole, then made durable; a reader checks
 magic, version, lengths and the CRC before it trusts a byte. The layout is
 fixed by ``tests/test_frame_golden.py``; change it only with a new version.
+
+``FLAG_REENCODED``: the node re-encoded the producer's payload (it filled
+missing timestamps), so the payload's bytes are not the producer's. The CRC-32C
+of the producer's bytes, which idempotent producers' replays are checked
+against, is then kept in the first record batch message's custom metadata under
+``robustmq.client_crc32c`` (decimal). Without the flag it is the payload's own
+CRC, which :func:`payload_crc` derives from the frame's CRC without reading the
+payload again. Readers that ignore flags (every reader of version 1) are
+unaffected.
 """
 
 from __future__ import annotations
@@ -29,22 +38,26 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-import crc32c as _crc32c
 import pyarrow as pa
 
+from robustmq._crc import crc32c, crc32c_combine
 from robustmq._records import READ_SCHEMA, with_offsets
 from robustmq.errors import CorruptRecordBatch
 
 __all__ = [
+    "CLIENT_CRC_KEY",
+    "FLAG_REENCODED",
     "FRAME_HEADER_SIZE",
     "FRAME_MAGIC",
     "FRAME_VERSION",
     "FrameHeader",
+    "client_checksum",
     "crc32c",
     "decode_frames",
     "decode_header",
     "decode_payload",
     "encode_header",
+    "payload_crc",
     "verify_payload",
 ]
 
@@ -54,10 +67,8 @@ _HEADER = struct.Struct(">4sBBHqIIqqqqII")
 FRAME_HEADER_SIZE = _HEADER.size
 _CRC_COVERED = FRAME_HEADER_SIZE - 4
 assert FRAME_HEADER_SIZE == 64
-
-
-def crc32c(data: Any, value: int = 0) -> int:
-    return int(_crc32c.crc32c(data, value=value))
+FLAG_REENCODED = 0x01
+CLIENT_CRC_KEY = b"robustmq.client_crc32c"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +82,7 @@ class FrameHeader:
     producer_sequence: int
     payload_length: int
     crc: int
+    flags: int = 0
 
     @property
     def next_offset(self) -> int:
@@ -92,13 +104,19 @@ def encode_header(
     producer_id: int,
     producer_sequence: int,
     payload: Any,
+    payload_crc: int | None = None,
+    flags: int = 0,
 ) -> bytes:
-    """Return the 64-byte header for ``payload``, CRC included."""
+    """Return the 64-byte header for ``payload``, CRC included.
+
+    With ``payload_crc`` (the payload's own CRC-32C, computed earlier) the
+    frame's CRC is combined from it instead of reading the payload again.
+    """
     length = memoryview(payload).nbytes
     head = _HEADER.pack(
         FRAME_MAGIC,
         FRAME_VERSION,
-        0,
+        flags,
         0,
         base_offset,
         record_count,
@@ -110,7 +128,10 @@ def encode_header(
         length,
         0,
     )
-    crc = crc32c(payload, crc32c(head[:_CRC_COVERED]))
+    if payload_crc is None:
+        crc = crc32c(payload, crc32c(head[:_CRC_COVERED]))
+    else:
+        crc = crc32c_combine(crc32c(head[:_CRC_COVERED]), payload_crc, length)
     return head[:_CRC_COVERED] + crc.to_bytes(4, "big")
 
 
@@ -128,7 +149,7 @@ def decode_header(data: Any, position: int = 0, *, where: str = "frame") -> Fram
             position=position,
         )
     fields = _HEADER.unpack_from(view, position)
-    magic, version, _flags, _reserved, base_offset, record_count = fields[:6]
+    magic, version, flags, _reserved, base_offset, record_count = fields[:6]
     if magic != FRAME_MAGIC or version != FRAME_VERSION or record_count == 0 or base_offset < 0:
         raise CorruptRecordBatch(
             f"{where}: bad frame header at position {position} "
@@ -136,7 +157,10 @@ def decode_header(data: Any, position: int = 0, *, where: str = "frame") -> Fram
             where=where,
             position=position,
         )
-    return FrameHeader(*fields[4:])  # the header's fields after magic, version, flags, reserved
+    epoch, first_ts, max_ts, producer_id, sequence, length, crc = fields[6:]
+    return FrameHeader(
+        base_offset, record_count, epoch, first_ts, max_ts, producer_id, sequence, length, crc, flags
+    )
 
 
 def verify_payload(
@@ -159,6 +183,22 @@ def verify_payload(
             where=where,
             position=position,
         )
+
+
+def payload_crc(header: FrameHeader, header_bytes: Any) -> int:
+    """The CRC-32C of a frame's payload alone, from its (checked) frame CRC: no second pass."""
+    head_crc = crc32c(memoryview(header_bytes)[:_CRC_COVERED])
+    return crc32c_combine(head_crc, header.crc, header.payload_length)
+
+
+def client_checksum(header: FrameHeader, header_bytes: Any, payload: Any) -> int:
+    """The CRC-32C of the payload as its producer sent it (see ``FLAG_REENCODED``); -1 if unknown."""
+    if not header.flags & FLAG_REENCODED:
+        return payload_crc(header, header_bytes)
+    reader = pa.ipc.open_stream(payload)
+    metadata = reader.read_next_batch_with_custom_metadata().custom_metadata
+    value = None if metadata is None else metadata.get(CLIENT_CRC_KEY)
+    return int(value) if value is not None else -1
 
 
 def decode_payload(payload: Any) -> pa.Table:

@@ -16,6 +16,7 @@ with Arrow kernels only; nothing here loops over records in Python.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -177,11 +178,21 @@ def _cast_column(name: str, column: pa.ChunkedArray, target: pa.DataType) -> pa.
         ) from exc
 
 
-def encode_batch(records: pa.Table | pa.RecordBatch) -> pa.Buffer:
-    """Serialise records of :data:`RECORD_SCHEMA` as one Arrow IPC stream."""
+def encode_batch(
+    records: pa.Table | pa.RecordBatch, *, custom_metadata: dict[bytes, bytes] | None = None
+) -> pa.Buffer:
+    """Serialise records of :data:`RECORD_SCHEMA` as one Arrow IPC stream.
+
+    ``custom_metadata`` is attached to every record batch message (readers of
+    tables ignore it).
+    """
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, RECORD_SCHEMA) as writer:
-        if isinstance(records, pa.RecordBatch):
+        if custom_metadata is not None:
+            batches = [records] if isinstance(records, pa.RecordBatch) else records.to_batches()
+            for batch in batches:
+                writer.write_batch(batch, custom_metadata=custom_metadata)
+        elif isinstance(records, pa.RecordBatch):
             writer.write_batch(records)
         else:
             writer.write_table(records)
@@ -192,18 +203,26 @@ def decode_batch(payload: Any, *, max_bytes: int | None = None) -> pa.Table:
     """Parse and fully validate an IPC stream of :data:`RECORD_SCHEMA` (zero-copy).
 
     Raises :class:`InvalidRecordBatch` for anything that is not exactly one
-    well-formed IPC stream of the record schema (trailing bytes included), and
-    :class:`RecordBatchTooLarge` above ``max_bytes``.
+    well-formed, uncompressed IPC stream of the record schema (trailing bytes
+    included), and :class:`RecordBatchTooLarge` above ``max_bytes``.
+
+    Compressed bodies (the IPC ``BodyCompression`` option, lz4 or zstd) are
+    refused before anything is decompressed: a few kB of zstd can declare a
+    gigabyte, and every budget downstream (the batch limit, a fetch's
+    ``max_bytes``, retention in bytes) counts stored bytes, so it bounds
+    memory only while stored bytes are what readers decode.
     """
     buffer = payload if isinstance(payload, pa.Buffer) else pa.py_buffer(payload)
     if max_bytes is not None and buffer.size > max_bytes:
         raise RecordBatchTooLarge(
-            f"record batch is {buffer.size} bytes, above the limit of {max_bytes}",
+            f"record batch is {buffer.size} bytes, above the limit of {max_bytes} (max_batch_bytes)",
             size=buffer.size,
-            limit=max_bytes,
+            limit="max_batch_bytes",
+            max=max_bytes,
         )
     source = pa.BufferReader(buffer)
     try:
+        _refuse_compression(buffer)
         reader = pa.ipc.open_stream(source)
         if not reader.schema.equals(RECORD_SCHEMA):
             raise InvalidRecordBatch(
@@ -220,6 +239,62 @@ def decode_batch(payload: Any, *, max_bytes: int | None = None) -> pa.Table:
             trailing_bytes=buffer.size - source.tell(),
         )
     return table
+
+
+_DICTIONARY_BATCH, _RECORD_BATCH = 2, 3  # MessageHeader union tags (Arrow's Message.fbs)
+
+
+def _refuse_compression(buffer: pa.Buffer) -> None:
+    """Raise if a (dictionary or record) batch message of the stream has a compressed body.
+
+    Reads only the messages' flatbuffer metadata (Arrow verifies it when it
+    reads a message); bodies are sliced, never decompressed.
+    """
+    for message in pa.ipc.MessageReader.open_stream(buffer):
+        if message.type in ("record batch", "dictionary batch") and _has_body_compression(message.metadata):
+            raise InvalidRecordBatch(
+                "compressed Arrow IPC bodies are not accepted: write the stream without "
+                "IpcWriteOptions(compression=...)",
+                limit="compression",
+            )
+
+
+def _has_body_compression(metadata: pa.Buffer) -> bool:
+    """Whether a Message flatbuffer's batch header has its ``compression`` field set."""
+    data = memoryview(metadata)
+    try:
+        message = _table_at(data, 0)
+        kind_at = _field_position(data, message, 1)  # Message.header_type
+        header_at = _field_position(data, message, 2)  # Message.header
+        if kind_at is None or header_at is None:
+            return False
+        header = _table_at(data, header_at)
+        if data[kind_at] == _DICTIONARY_BATCH:
+            batch_at = _field_position(data, header, 1)  # DictionaryBatch.data
+            if batch_at is None:
+                return False
+            header = _table_at(data, batch_at)
+        elif data[kind_at] != _RECORD_BATCH:
+            return False
+        return _field_position(data, header, 3) is not None  # RecordBatch.compression
+    except (struct.error, IndexError) as exc:
+        raise InvalidRecordBatch(f"malformed Arrow IPC message metadata: {exc}") from exc
+
+
+def _table_at(data: memoryview, position: int) -> int:
+    """Follow the flatbuffer offset stored at ``position`` to the table it names."""
+    return position + int(struct.unpack_from("<I", data, position)[0])
+
+
+def _field_position(data: memoryview, table: int, index: int) -> int | None:
+    """Where field ``index`` of the table at ``table`` lives, or None when it is absent."""
+    vtable = table - int(struct.unpack_from("<i", data, table)[0])
+    vtable_size = int(struct.unpack_from("<H", data, vtable)[0])
+    slot = 4 + 2 * index
+    if slot + 2 > vtable_size:
+        return None
+    offset = int(struct.unpack_from("<H", data, vtable + slot)[0])
+    return table + offset if offset else None
 
 
 def with_offsets(records: pa.Table, base_offset: int) -> pa.Table:

@@ -15,6 +15,8 @@ in-process or over the network.
     |   +-- NotLeader                  NOT_LEADER      yes  refresh metadata, retry
     |   +-- SegmentSealed              SEGMENT_SEALED  yes  refresh metadata, retry
     |   +-- RequestTimeout             TIMEOUT         yes  no answer before the deadline
+    |   +-- ShardFailed                SHARD_FAILED    yes  the shard's files need recovery:
+    |                                                       a node restart runs it
     +-- TopicNotFound                  UNKNOWN_TOPIC
     +-- ShardNotFound                  UNKNOWN_SHARD
     +-- TopicAlreadyExists             TOPIC_EXISTS
@@ -34,7 +36,9 @@ in-process or over the network.
                                        a gRPC request or answer past its size limit
 
 Errors carry fields (``topic``, ``partition``, ``shard``, ``offset``...) as
-attributes and in :attr:`RobustMQError.fields`, not only in their text.
+attributes and in :attr:`RobustMQError.fields`, not only in their text. A
+request that breaks a limit names it: ``limit`` (e.g. ``"max_tag_bytes"``),
+``max``, and ``column`` / ``row`` / ``size`` where they apply.
 Foreign errors (ZeroMQ, gRPC, RocksDB, boto3) are translated into these at one
 place per boundary, with ``raise ... from exc``.
 """
@@ -61,6 +65,7 @@ __all__ = [
     "RobustMQError",
     "SegmentSealed",
     "ShardAlreadyExists",
+    "ShardFailed",
     "ShardNotFound",
     "StaleEpoch",
     "TopicAlreadyExists",
@@ -128,6 +133,19 @@ class SegmentSealed(RetriableError):
 
 class RequestTimeout(RetriableError):
     code = "TIMEOUT"
+
+
+class ShardFailed(Unavailable):
+    """The shard's files no longer match what it acknowledged, so it takes no writes.
+
+    Set when undoing a failed group commit fails (the disk refused to truncate):
+    a write appended after the leftover bytes would make the file disagree with
+    its index. Reads still serve everything up to the last good frame. A restart
+    of the storage node re-runs recovery, which puts the files in order.
+    Fields: ``shard``, ``reason``.
+    """
+
+    code = "SHARD_FAILED"
 
 
 class TopicNotFound(RobustMQError):

@@ -96,8 +96,10 @@ class AppendRequest:
     ``records`` is a ``pyarrow.Table``/``RecordBatch`` of the record schema or
     the bytes of an Arrow IPC stream of it (the wire form, kept zero-copy).
     ``producer_id``/``producer_sequence`` (both >= 0) make the write
-    idempotent: a sequence at or below the producer's last one on this shard
-    is acknowledged as a duplicate and not written again.
+    idempotent: a replay of a sequence the shard stored (same record count
+    and checksum) is acknowledged as a duplicate and not written again; any
+    other sequence at or below the producer's last is refused (see
+    ``_producer_state``).
     """
 
     shard: str
@@ -109,11 +111,8 @@ class AppendRequest:
 
 @dataclass(frozen=True, slots=True)
 class AppendResult:
-    """Where a batch landed. ``duplicate`` means an earlier identical send was kept.
-
-    For a duplicate older than the producer's remembered window the original
-    offsets are unknown and ``base_offset`` is -1.
-    """
+    """Where a batch landed. ``duplicate`` means an earlier identical send was kept
+    (``base_offset`` and ``record_count`` are then the original's)."""
 
     shard: str
     base_offset: int

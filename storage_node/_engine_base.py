@@ -6,116 +6,35 @@ offset, key, tag and timestamp are built here on that one primitive plus three
 small index lookups each engine provides, so their semantics cannot drift
 apart between engines.
 
-Idempotent producers: an engine remembers, per (shard, producer id), the last
-:data:`PRODUCER_WINDOW` batches as ``(sequence, base_offset, count)``. A batch
-whose sequence is at or below the producer's last one is a duplicate: it is
-answered with the original offsets if still in the window (else with
-``base_offset=-1``) and never written twice. Sequences must increase but may
-skip values (the Spark sink derives them from batch ids).
+Idempotent producers' windows and the rule every engine applies to them are in
+``_producer_state``; the checks of a request's header fields are here.
 """
 
 from __future__ import annotations
 
-import struct
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from robustmq._frame import decode_frames, encode_header
+from robustmq._frame import FLAG_REENCODED, decode_frames, encode_header
 from robustmq._records import READ_SCHEMA
 from robustmq.errors import InvalidRequest, OffsetOutOfRange, StaleEpoch
 
-from ._adapter import AppendRequest, AppendResult, MiB, ReadResult, ShardOffsets, StorageAdapter
+from ._adapter import AppendRequest, MiB, ReadResult, ShardOffsets, StorageAdapter
 
 __all__ = [
-    "PRODUCER_WINDOW",
+    "MAX_GROUP_CHARS",
     "EngineBase",
-    "ProducerWindows",
+    "check_group",
+    "check_producer",
+    "check_request",
     "check_start",
     "decode_frames",
     "frame_header",
     "stale_epoch",
 ]
-
-PRODUCER_WINDOW = 16
-_ENTRY = struct.Struct(">qqI")
-
-
-class ProducerWindows:
-    """A bounded, thread-safe LRU of producer windows, optionally backed by a loader.
-
-    A window is a list of ``(sequence, base_offset, count)``, oldest first.
-    Callers treat windows as values: they compute a new one with
-    :meth:`extend` and store it with :meth:`put` only once the write is durable,
-    so a failed group commit never leaves a phantom entry behind.
-    """
-
-    def __init__(
-        self,
-        *,
-        capacity: int = 100_000,
-        load: Callable[[int, int], bytes | None] | None = None,
-    ) -> None:
-        self._capacity = capacity
-        self._load = load
-        self._lock = threading.Lock()
-        self._windows: OrderedDict[tuple[int, int], list[tuple[int, int, int]]] = OrderedDict()
-
-    def get(self, sid: int, producer_id: int) -> list[tuple[int, int, int]]:
-        key = (sid, producer_id)
-        with self._lock:
-            window = self._windows.get(key)
-            if window is not None:
-                self._windows.move_to_end(key)
-                return window
-        raw = self._load(sid, producer_id) if self._load else None
-        window = self.decode(raw) if raw else []
-        self.put(sid, producer_id, window)
-        return window
-
-    def put(self, sid: int, producer_id: int, window: list[tuple[int, int, int]]) -> None:
-        with self._lock:
-            self._windows[(sid, producer_id)] = window
-            self._windows.move_to_end((sid, producer_id))
-            if len(self._windows) > self._capacity:
-                self._windows.popitem(last=False)
-
-    def forget_shard(self, sid: int) -> None:
-        with self._lock:
-            for key in [key for key in self._windows if key[0] == sid]:
-                del self._windows[key]
-
-    @staticmethod
-    def find_duplicate(
-        window: list[tuple[int, int, int]], sequence: int, shard: str, count: int
-    ) -> AppendResult | None:
-        """The original result if ``sequence`` is a duplicate, else None."""
-        if not window or sequence > window[-1][0]:
-            return None
-        for seq, base, stored_count in window:
-            if seq == sequence:
-                return AppendResult(shard, base, stored_count, duplicate=True)
-        return AppendResult(shard, -1, count, duplicate=True)
-
-    @staticmethod
-    def extend(
-        window: list[tuple[int, int, int]], sequence: int, base: int, count: int
-    ) -> list[tuple[int, int, int]]:
-        if window and sequence <= window[-1][0]:  # already remembered (a recovery rescan)
-            return window
-        return [*window, (sequence, base, count)][-PRODUCER_WINDOW:]
-
-    @staticmethod
-    def encode(window: list[tuple[int, int, int]]) -> bytes:
-        return b"".join(_ENTRY.pack(*entry) for entry in window)
-
-    @staticmethod
-    def decode(raw: bytes) -> list[tuple[int, int, int]]:
-        return [(int(s), int(b), int(c)) for s, b, c in _ENTRY.iter_unpack(raw)]
 
 
 def frame_header(request: AppendRequest, base_offset: int) -> bytes:
@@ -130,6 +49,8 @@ def frame_header(request: AppendRequest, base_offset: int) -> bytes:
         producer_id=request.producer_id,
         producer_sequence=request.producer_sequence,
         payload=batch.payload,
+        payload_crc=batch.payload_crc if batch.payload_crc >= 0 else None,
+        flags=FLAG_REENCODED if batch.reencoded else 0,
     )
 
 
@@ -147,8 +68,26 @@ def check_start(start_offset: int) -> None:
         raise InvalidRequest(f"a shard cannot start at offset {start_offset}", start_offset=start_offset)
 
 
+_MAX_EPOCH = 0xFFFF_FFFF  # the frame header's u32
+_MAX_I64 = (1 << 63) - 1  # the frame header's producer fields
+MAX_GROUP_CHARS = 255  # as the Meta Service allows
+
+
+def check_request(request: AppendRequest) -> bool:
+    """Check a request's header values against the frame's field widths; True if idempotent."""
+    if not 0 <= request.epoch <= _MAX_EPOCH:
+        raise InvalidRequest(
+            f"epoch {request.epoch} is outside 0..{_MAX_EPOCH}",
+            shard=request.shard,
+            epoch=request.epoch,
+            limit="epoch",
+            max=_MAX_EPOCH,
+        )
+    return check_producer(request.producer_id, request.producer_sequence)
+
+
 def check_producer(producer_id: int, producer_sequence: int) -> bool:
-    """True for an idempotent write; raises for a half-specified producer."""
+    """True for an idempotent write; raises for a half-specified producer or one out of range."""
     if producer_id < 0 and producer_sequence < 0:
         return False
     if producer_id < 0 or producer_sequence < 0:
@@ -157,7 +96,22 @@ def check_producer(producer_id: int, producer_sequence: int) -> bool:
             producer_id=producer_id,
             producer_sequence=producer_sequence,
         )
+    for name, value in (("producer_id", producer_id), ("producer_sequence", producer_sequence)):
+        if value > _MAX_I64:
+            raise InvalidRequest(f"{name} {value} is above 2**63 - 1", limit=name, max=_MAX_I64)
     return True
+
+
+def check_group(group: str, offset: int = 0) -> None:
+    """A consumer group name (1-255 characters, as the Meta Service allows) and an offset >= 0."""
+    if not isinstance(group, str) or not 0 < len(group) <= MAX_GROUP_CHARS or offset < 0:
+        raise InvalidRequest(
+            f"a group name of 1-{MAX_GROUP_CHARS} characters and an offset >= 0 are required",
+            group=str(group)[:80],
+            offset=offset,
+            limit="group",
+            max=MAX_GROUP_CHARS,
+        )
 
 
 class EngineBase(StorageAdapter):

@@ -16,7 +16,9 @@ big-endian unsigned integer, so keys sort by shard, then by offset::
                    "E" sid be64(segment base)                 sealed segment record
                    "T" sid be64(segment base) tag             (empty): tags seen in a segment
                    "G" be16(len) group shard                  be64(committed offset)
-                   "P" sid be64(producer id)                  producer window
+                   "W" sid be64(producer id) be64(ordinal)    producer entry (see _producer_state)
+                   "P" sid be64(producer id)                  old producer window, migrated on open
+                   "K" sid                                    (empty): key index rebuild under way
 
 The time index is kept per chunk (a segment for the segment engine, a fixed
 offset range for the rocksdb engine): one entry per frame that raises the
@@ -51,10 +53,21 @@ from crc32c import crc32c as _crc32c_raw
 from robustmq._frame import crc32c
 from robustmq.errors import EngineClosed, RobustMQError, Unavailable
 
+from ._batch import MAX_TAG_BYTES
+from ._producer_state import (
+    PRODUCER_WINDOW,
+    TAIL_ENTRIES,
+    UNKNOWN_CHECKSUM,
+    ProducerEntry,
+    Tail,
+    decode_entry,
+    encode_entry,
+)
+
 __all__ = ["IndexStore", "ShardRecord"]
 
 _SID = struct.Struct(">I")
-_WINDOW = struct.Struct(">qqI")  # producer window entry: sequence, base offset, count
+_OLD_WINDOW = struct.Struct(">qqI")  # a "P" window entry (the format before "W"): sequence, base, count
 _U64 = struct.Struct(">Q")
 _TS_BIAS = 1 << 63
 _MiB = 1024 * 1024
@@ -296,7 +309,10 @@ class IndexStore:
     def tag_frames(self, sid: int, tag: str, start_offset: int) -> Iterator[int]:
         """Base offsets of frames with ``tag``, from the frame holding ``start_offset`` on."""
         self.check_open()
-        prefix = _tag_prefix(sid_bytes(sid), tag.encode())
+        encoded = tag.encode()
+        if len(encoded) > MAX_TAG_BYTES:  # longer tags are refused on write: none is stored
+            return
+        prefix = _tag_prefix(sid_bytes(sid), encoded)
         it = self.tags.iter()
         it.seek_for_prev(prefix + be64(start_offset))
         if not it.valid() or not it.key().startswith(prefix):
@@ -325,7 +341,7 @@ class IndexStore:
             families.append(self.records)
         for family in families:
             family.delete_range(low, high)
-        for tag in (b"C", b"E", b"T", b"P"):
+        for tag in (b"C", b"E", b"T", b"P", b"K", b"W"):
             self._db.delete_range(tag + low, tag + high)
 
     def delete_segment_entries(
@@ -342,16 +358,20 @@ class IndexStore:
         wb.delete_range(segment_prefix, b"T" + prefix + be64(base_offset + 1))
         wb.delete(b"E" + prefix + be64(base_offset))
 
-    def forget_from(self, wb: rocksdict.WriteBatch, sid: int, end_offset: int, chunks: list[int]) -> None:
+    def forget_from(self, wb: rocksdict.WriteBatch, sid: int, end_offset: int, chunks: list[int]) -> bool:
         """Drop entries for offsets >= ``end_offset`` (recovery truncated the log there).
 
         ``chunks`` are the time-index chunks (segment bases) that may hold such
-        entries. Key-index entries cannot be enumerated; readers check that a
-        looked-up record really has the key. Producer windows lose the batches
-        that are gone, so a producer resending them is not mistaken for a duplicate.
+        entries. Key-index entries
+        cannot be enumerated by offset: returns True when any other entry was
+        found at or past ``end_offset`` (the index was ahead of the data), in
+        which case the caller rebuilds the shard's key index.
         """
         prefix = sid_bytes(sid)
         top = b"\xff" * 8
+        it = self.offsets.iter()
+        it.seek(prefix + be64(end_offset))
+        ahead = it.valid() and it.key().startswith(prefix)
         wb.delete_range(prefix + be64(end_offset), prefix + top, self._h_offsets)
         for chunk in chunks:
             chunk_prefix = prefix + be64(chunk)
@@ -360,14 +380,19 @@ class IndexStore:
             while it.valid() and it.key().startswith(chunk_prefix):
                 if from_be64(it.value()) >= end_offset:
                     wb.delete(bytes(it.key()), self._h_times)
+                    ahead = True
                 it.next()
             for key, _ in self.scan_meta(b"T" + chunk_prefix):
                 tag_prefix = _tag_prefix(prefix, key[len(chunk_prefix) + 1 :])
+                it = self.tags.iter()
+                it.seek(tag_prefix + be64(end_offset))
+                ahead = ahead or (it.valid() and it.key().startswith(tag_prefix))
                 wb.delete_range(tag_prefix + be64(end_offset), tag_prefix + top, self._h_tags)
-        for key, value in self.scan_meta(b"P" + prefix):
-            entries = [entry for entry in _WINDOW.iter_unpack(value) if entry[1] < end_offset]
-            if len(entries) * _WINDOW.size != len(value):
-                wb.put(key, b"".join(_WINDOW.pack(*entry) for entry in entries))
+        return ahead
+
+    def clear_key_entries(self, wb: rocksdict.WriteBatch, sid: int) -> None:
+        """Every key-index entry of a shard (before rebuilding them from the segments)."""
+        wb.delete_range(sid_bytes(sid), sid_bytes(sid + 1), self._h_keys)
 
     def delete_time_chunk(self, wb: rocksdict.WriteBatch, sid: int, chunk: int) -> None:
         prefix = sid_bytes(sid)
@@ -380,6 +405,79 @@ class IndexStore:
         for tag in tags:
             tag_prefix = _tag_prefix(prefix, tag.encode())
             wb.delete_range(tag_prefix + be64(start), tag_prefix + be64(end), self._h_tags)
+
+    # -- producer entries (see _producer_state) ------------------------------
+
+    @staticmethod
+    def _producer_prefix(sid: int, producer_id: int) -> bytes:
+        return b"W" + sid_bytes(sid) + be64(producer_id)
+
+    def put_producer_entry(
+        self, wb: rocksdict.WriteBatch, sid: int, producer_id: int, ordinal: int, entry: ProducerEntry
+    ) -> None:
+        """Add a producer's entry ``ordinal`` and drop the one that leaves the window."""
+        prefix = self._producer_prefix(sid, producer_id)
+        wb.put(prefix + be64(ordinal), encode_entry(entry))
+        if ordinal >= PRODUCER_WINDOW:
+            wb.delete(prefix + be64(ordinal - PRODUCER_WINDOW))
+
+    def producer_entry(self, sid: int, producer_id: int, ordinal: int) -> ProducerEntry | None:
+        raw = self.get_meta(self._producer_prefix(sid, producer_id) + be64(ordinal))
+        return None if raw is None else decode_entry(raw)
+
+    def producer_tail(self, sid: int, producer_id: int) -> Tail:
+        """A producer's next ordinal and last entries, read backwards from its newest key."""
+        self.check_open()
+        prefix = self._producer_prefix(sid, producer_id)
+        it = self._db.iter()
+        it.seek_for_prev(prefix + b"\xff" * 8)
+        found: list[ProducerEntry] = []
+        next_ordinal = 0
+        while it.valid() and it.key().startswith(prefix) and len(found) < TAIL_ENTRIES:
+            if not found:
+                next_ordinal = from_be64(it.key()[len(prefix) :]) + 1
+            found.append(decode_entry(bytes(it.value())))
+            it.prev()
+        return Tail(next_ordinal, tuple(reversed(found)))
+
+    def forget_producer_entries(self, wb: rocksdict.WriteBatch, sid: int, end_offset: int) -> None:
+        """Drop every producer entry of a shard for a batch at or past ``end_offset``.
+
+        Producers are visited newest key first, one reverse seek each (never
+        across the deleted keys at the front of a producer's range).
+        """
+        self.check_open()
+        shard_prefix = b"W" + sid_bytes(sid)
+        it = self._db.iter()
+        it.seek_for_prev(shard_prefix + b"\xff" * 16)
+        while it.valid() and it.key().startswith(shard_prefix):
+            producer_prefix = bytes(it.key()[: len(shard_prefix) + 8])
+            while it.valid() and it.key().startswith(producer_prefix):
+                if decode_entry(bytes(it.value())).base_offset < end_offset:
+                    break
+                wb.delete(bytes(it.key()))
+                it.prev()
+            it.seek_for_prev(producer_prefix)  # the previous producer's newest key
+
+    def migrate_producer_windows(self) -> int:
+        """Rewrite windows in the old ``P`` format as ``W`` entries (checksum unknown); return how many."""
+        migrated = 0
+        wb = self.new_batch()
+        for key, value in self.scan_meta(b"P"):
+            if len(key) != 13 or len(value) % _OLD_WINDOW.size:
+                wb.delete(key)  # not a window this code ever wrote
+                continue
+            sid, producer_id = _SID.unpack(key[1:5])[0], from_be64(key[5:13])
+            for ordinal, (sequence, base, count) in enumerate(_OLD_WINDOW.iter_unpack(value)):
+                entry = ProducerEntry(sequence, base, count, UNKNOWN_CHECKSUM)
+                wb.put(self._producer_prefix(sid, producer_id) + be64(ordinal), encode_entry(entry))
+            wb.delete(key)
+            migrated += 1
+            if migrated % 1000 == 0:
+                self.write(wb, sync=True)
+                wb = self.new_batch()
+        self.write(wb, sync=True)
+        return migrated
 
     # -- shard registry ----------------------------------------------------
 

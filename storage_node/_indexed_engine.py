@@ -8,6 +8,7 @@ This base class holds the shared half so the two cannot drift apart.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,17 +18,20 @@ from rocksdict import WriteBatch
 from robustmq._records import now_ms
 from robustmq.errors import (
     EngineClosed,
-    InvalidRequest,
     ShardAlreadyExists,
     ShardNotFound,
     StaleEpoch,
 )
 
-from ._adapter import ShardConfig, validate_shard_name
-from ._engine_base import EngineBase, ProducerWindows, stale_epoch
-from ._index_store import IndexStore, ShardRecord, be64, sid_bytes
+from ._adapter import AppendRequest, AppendResult, ShardConfig, validate_shard_name
+from ._batch import PreparedBatch
+from ._engine_base import EngineBase, check_group, stale_epoch
+from ._index_store import IndexStore, ShardRecord, be64
+from ._producer_state import IndexedWindow, ProducerEntry, Tail, TailCache, check_sequence
 
 __all__ = ["IndexedEngine", "PendingBase", "ShardBase"]
+
+log = logging.getLogger("robustmq.storage")
 
 
 class ShardBase:
@@ -52,7 +56,7 @@ class PendingBase:
     shard: ShardBase
     log_end: int
     epoch: int
-    producers: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
+    producers: dict[int, Tail] = field(default_factory=dict)
 
 
 class IndexedEngine(EngineBase):
@@ -64,8 +68,11 @@ class IndexedEngine(EngineBase):
         self._index = index
         self._shards: dict[str, ShardBase] = {}
         self._registry = threading.RLock()
-        self._producers = ProducerWindows(load=self._load_producer)
+        self._producers = TailCache(load=index.producer_tail)
         self._closed = False
+        migrated = index.migrate_producer_windows()
+        if migrated:
+            log.info("migrated %d producer windows to the per-entry format", migrated)
 
     def close(self) -> None:
         """Refuse new work, let in-flight writes finish (they hold their shard's lock), close the store."""
@@ -141,12 +148,12 @@ class IndexedEngine(EngineBase):
 
     def commit_offset(self, group: str, shard: str, offset: int) -> None:
         self._shard(shard)
-        if not group or offset < 0:
-            raise InvalidRequest("a group name and an offset >= 0 are required", group=group, offset=offset)
+        check_group(group, offset)
         self._index.put_meta_sync(IndexStore.group_key(group, shard), be64(offset))
 
     def get_offset_by_group(self, group: str, shard: str) -> int | None:
         self._shard(shard)
+        check_group(group)
         raw = self._index.get_meta(IndexStore.group_key(group, shard))
         return None if raw is None else int.from_bytes(raw, "big")
 
@@ -161,31 +168,73 @@ class IndexedEngine(EngineBase):
     def _lookup_time(self, shard: str, timestamp_ms: int) -> int | None:
         return self._index.lookup_time(self._shard(shard).sid, timestamp_ms)
 
-    # -- producer windows ------------------------------------------------------
+    # -- producer windows (see _producer_state) ---------------------------------
 
-    def _load_producer(self, sid: int, producer_id: int) -> bytes | None:
-        return self._index.get_meta(b"P" + sid_bytes(sid) + be64(producer_id))
+    def _window(self, pending: PendingBase, producer_id: int) -> Tail:
+        tail = pending.producers.get(producer_id)
+        if tail is None:
+            tail = self._producers.get(pending.shard.sid, producer_id)
+        return tail
 
-    def _window(self, pending: PendingBase, producer_id: int) -> list[tuple[int, int, int]]:
-        window = pending.producers.get(producer_id)
-        if window is None:
-            window = self._producers.get(pending.shard.sid, producer_id)
-        return window
+    def _check_sequence(self, pending: PendingBase, request: AppendRequest) -> AppendResult | None:
+        """None if ``request`` (idempotent) is new; its original result if a matching replay; else raise."""
+        batch = request.records
+        assert isinstance(batch, PreparedBatch)
+        sid, producer_id = pending.shard.sid, request.producer_id
+        window = IndexedWindow(
+            self._window(pending, producer_id),
+            lambda ordinal: self._index.producer_entry(sid, producer_id, ordinal),
+        )
+        return check_sequence(
+            window,
+            shard=pending.shard.name,
+            producer_id=producer_id,
+            sequence=request.producer_sequence,
+            record_count=batch.record_count,
+            checksum=batch.checksum,
+        )
 
-    def _remember(
-        self,
-        pending: PendingBase,
-        wb: WriteBatch,
-        producer_id: int,
-        sequence: int,
-        base: int,
-        count: int,
-    ) -> None:
-        window = ProducerWindows.extend(self._window(pending, producer_id), sequence, base, count)
-        pending.producers[producer_id] = window
-        key = b"P" + sid_bytes(pending.shard.sid) + be64(producer_id)
-        self._index.put_meta(wb, key, ProducerWindows.encode(window))
+    def _admit(
+        self, requests: list[AppendRequest], pending: dict[str, PendingBase], wb: WriteBatch
+    ) -> list[AppendResult]:
+        """Pass one of a group commit, before any byte is written: fence, deduplicate, number.
+
+        Every request is checked against its shard's epoch and, if idempotent,
+        its producer's window (replays of the group's own requests included);
+        the new ones get consecutive base offsets and window entries (in
+        ``wb``). A refusal raises here, so a group with one bad request writes
+        nothing. The caller then writes the non-duplicates at those offsets.
+        """
+        cursors = {name: item.log_end for name, item in pending.items()}
+        results = []
+        for request in requests:
+            item = pending[request.shard]
+            batch = request.records
+            assert isinstance(batch, PreparedBatch)
+            if request.epoch < item.epoch:
+                raise item.shard.stale(request.epoch)
+            item.epoch = request.epoch
+            idempotent = request.producer_id >= 0
+            duplicate = self._check_sequence(item, request) if idempotent else None
+            if duplicate is not None:
+                results.append(duplicate)
+                continue
+            base = cursors[request.shard]
+            cursors[request.shard] = base + batch.record_count
+            if idempotent:
+                entry = ProducerEntry(request.producer_sequence, base, batch.record_count, batch.checksum)
+                self._remember(item, wb, request.producer_id, entry)
+            results.append(AppendResult(request.shard, base, batch.record_count))
+        return results
+
+    def _remember(self, pending: PendingBase, wb: WriteBatch, producer_id: int, entry: ProducerEntry) -> None:
+        """Add a stored batch to its producer's window (in ``wb``; the cache only once durable)."""
+        tail = self._window(pending, producer_id)
+        if tail.entries and entry.sequence <= tail.entries[-1].sequence:
+            return  # already remembered: a recovery rescanning frames a previous one indexed
+        self._index.put_producer_entry(wb, pending.shard.sid, producer_id, tail.next_ordinal, entry)
+        pending.producers[producer_id] = tail.append(entry)
 
     def _publish_producers(self, pending: PendingBase) -> None:
-        for producer_id, window in pending.producers.items():
-            self._producers.put(pending.shard.sid, producer_id, window)
+        for producer_id, tail in pending.producers.items():
+            self._producers.put(pending.shard.sid, producer_id, tail)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 
 from robustmq._records import now_ms
-from robustmq.errors import EngineClosed, InvalidRequest, ShardAlreadyExists, ShardNotFound
+from robustmq.errors import EngineClosed, ShardAlreadyExists, ShardNotFound
 
 from ._adapter import (
     AppendRequest,
@@ -40,13 +40,14 @@ from ._adapter import (
 from ._batch import PreparedBatch, prepare_batch
 from ._engine_base import (
     EngineBase,
-    ProducerWindows,
-    check_producer,
+    check_group,
+    check_request,
     check_start,
     distinct_tags,
     frame_header,
     stale_epoch,
 )
+from ._producer_state import GroupWindows, MemoryWindow, ProducerEntry, check_sequence
 
 __all__ = ["MemoryEngine"]
 
@@ -59,6 +60,7 @@ class _Frame:
     max_timestamp_ms: int
     keys: pa.ChunkedArray
     tags: tuple[str, ...]
+    producer_id: int = -1
 
 
 @dataclass(slots=True)
@@ -74,7 +76,7 @@ class _Shard:
     epoch: int = 0
     keys: dict[bytes, int] = field(default_factory=dict)
     tags: dict[str, deque[int]] = field(default_factory=dict)
-    producers: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
+    producers: dict[int, MemoryWindow] = field(default_factory=dict)
 
     @property
     def earliest(self) -> int:
@@ -155,56 +157,89 @@ class MemoryEngine(EngineBase):
         prepared = []
         for request in requests:
             state = self._shard(request.shard)
-            check_producer(request.producer_id, request.producer_sequence)
+            check_request(request)
             batch = prepare_batch(request.records, max_batch_bytes=state.config.max_batch_bytes)
             if request.epoch < state.epoch:
                 raise stale_epoch(state.name, state.epoch, request.epoch)
             prepared.append((state, replace(request, records=batch)))
-        # Memory writes cannot fail half-way, so each request commits on its own.
-        return [self._append(state, request) for state, request in prepared]
+        states = sorted({id(state): state for state, _ in prepared}.values(), key=lambda state: state.name)
+        for state in states:
+            state.lock.acquire()
+        try:
+            results = self._admit(prepared)
+            for (state, request), result in zip(prepared, results, strict=True):
+                if not result.duplicate:
+                    self._append(state, request, result.base_offset)
+            now = now_ms()
+            for state in states:
+                self._trim(state, now)
+            return results
+        finally:
+            for state in reversed(states):
+                state.lock.release()
 
-    def _append(self, state: _Shard, request: AppendRequest) -> AppendResult:
-        batch = request.records
-        assert isinstance(batch, PreparedBatch)
-        with state.lock:
-            if request.epoch < state.epoch:
-                raise stale_epoch(state.name, state.epoch, request.epoch)
+    @staticmethod
+    def _admit(prepared: list[tuple[_Shard, AppendRequest]]) -> list[AppendResult]:
+        """Fence, deduplicate and number the whole group before anything is stored (locks held)."""
+        windows = {state.name: GroupWindows(state.producers) for state, _ in prepared}
+        cursors = {state.name: state.log_end for state, _ in prepared}
+        epochs = {state.name: state.epoch for state, _ in prepared}
+        results = []
+        for state, request in prepared:
+            batch = request.records
+            assert isinstance(batch, PreparedBatch)
+            if request.epoch < epochs[state.name]:
+                raise stale_epoch(state.name, epochs[state.name], request.epoch)
+            epochs[state.name] = request.epoch
             if request.producer_id >= 0:
-                window = state.producers.get(request.producer_id, [])
-                duplicate = ProducerWindows.find_duplicate(
-                    window, request.producer_sequence, state.name, batch.record_count
+                duplicate = check_sequence(
+                    windows[state.name].window(request.producer_id),
+                    shard=state.name,
+                    producer_id=request.producer_id,
+                    sequence=request.producer_sequence,
+                    record_count=batch.record_count,
+                    checksum=batch.checksum,
                 )
                 if duplicate is not None:
-                    return duplicate
-            base = state.log_end
-            header = frame_header(request, base)
-            keys = batch.records.column("key")
-            tags = tuple(distinct_tags(batch.records))
-            frame = _Frame(
-                base,
-                base + batch.record_count,
-                header + batch.payload.to_pybytes(),
-                batch.max_timestamp_ms,
-                keys,
-                tags,
-            )
-            state.frames.append(frame)
-            state.bases.append(base)
-            state.log_end = frame.next_offset
-            state.retained_bytes += len(frame.data)
-            state.epoch = max(state.epoch, request.epoch)
-            if keys.null_count < len(keys):
-                for row, key in enumerate(keys.to_pylist()):
-                    if key is not None:
-                        state.keys[key] = base + row
-            for tag in tags:
-                state.tags.setdefault(tag, deque()).append(base)
+                    results.append(duplicate)
+                    continue
+            base = cursors[state.name]
+            cursors[state.name] = base + batch.record_count
             if request.producer_id >= 0:
-                state.producers[request.producer_id] = ProducerWindows.extend(
-                    window, request.producer_sequence, base, batch.record_count
-                )
-            self._trim(state, now_ms())
-            return AppendResult(state.name, base, batch.record_count)
+                entry = ProducerEntry(request.producer_sequence, base, batch.record_count, batch.checksum)
+                windows[state.name].add(request.producer_id, entry)
+            results.append(AppendResult(state.name, base, batch.record_count))
+        for group in windows.values():
+            group.commit()
+        return results
+
+    def _append(self, state: _Shard, request: AppendRequest, base: int) -> None:
+        """Store one admitted request's frame at ``base`` (its shard's lock held)."""
+        batch = request.records
+        assert isinstance(batch, PreparedBatch) and base == state.log_end
+        header = frame_header(request, base)
+        keys = batch.records.column("key")
+        tags = tuple(distinct_tags(batch.records))
+        frame = _Frame(
+            base,
+            base + batch.record_count,
+            header + batch.payload.to_pybytes(),
+            batch.max_timestamp_ms,
+            keys,
+            tags,
+            request.producer_id,
+        )
+        state.frames.append(frame)
+        state.bases.append(base)
+        state.log_end = frame.next_offset
+        state.retained_bytes += len(frame.data)
+        state.epoch = max(state.epoch, request.epoch)
+        if keys.null_count < len(keys):
+            for row, key in enumerate(keys.to_pylist()):
+                if key is not None:
+                    state.keys[key] = base + row
+        for tag in tags:
+            state.tags.setdefault(tag, deque()).append(base)
 
     def _trim(self, state: _Shard, now: int) -> None:
         config = state.config
@@ -227,6 +262,10 @@ class MemoryEngine(EngineBase):
             for key in frame.keys.to_pylist():
                 if key is not None and state.keys.get(key, frame.next_offset) < frame.next_offset:
                     del state.keys[key]
+        if frame.producer_id >= 0:  # retention bounds the windows too; each keeps its last entry
+            window = state.producers.get(frame.producer_id)
+            if window is not None:
+                window.forget_before(frame.next_offset)
         for tag in frame.tags:
             bases = state.tags[tag]
             while bases and bases[0] < frame.next_offset:
@@ -308,10 +347,10 @@ class MemoryEngine(EngineBase):
 
     def commit_offset(self, group: str, shard: str, offset: int) -> None:
         self._shard(shard)
-        if not group or offset < 0:
-            raise InvalidRequest("a group name and an offset >= 0 are required", group=group, offset=offset)
+        check_group(group, offset)
         self._groups[(group, shard)] = offset
 
     def get_offset_by_group(self, group: str, shard: str) -> int | None:
         self._shard(shard)
+        check_group(group)
         return self._groups.get((group, shard))

@@ -36,7 +36,7 @@ from robustmq.errors import OffsetOutOfRange
 
 from ._adapter import AppendRequest, AppendResult, FrameRead, MiB, ShardConfig, ShardOffsets
 from ._batch import PreparedBatch, prepare_batch
-from ._engine_base import ProducerWindows, check_producer, check_start, distinct_tags, frame_header
+from ._engine_base import check_request, check_start, distinct_tags, frame_header
 from ._index_store import IndexStore, ShardRecord, sid_bytes
 from ._indexed_engine import IndexedEngine, PendingBase, ShardBase
 
@@ -127,7 +127,7 @@ class RocksDBEngine(IndexedEngine):
         prepared = []
         for request in requests:
             state = self._state(request.shard)
-            check_producer(request.producer_id, request.producer_sequence)
+            check_request(request)
             batch = prepare_batch(request.records, max_batch_bytes=state.config.max_batch_bytes)
             if request.epoch < state.epoch:
                 raise state.stale(request.epoch)
@@ -140,7 +140,10 @@ class RocksDBEngine(IndexedEngine):
                 assert isinstance(locked, _Shard)
                 pending[locked.name] = self._begin(locked)
             wb = self._index.new_batch()
-            results = [self._append_one(request, pending[request.shard], wb) for request in prepared]
+            results = self._admit(prepared, pending, wb)  # type: ignore[arg-type]
+            for request, result in zip(prepared, results, strict=True):
+                if not result.duplicate:
+                    self._append_one(request, result.base_offset, pending[request.shard], wb)
             for item in pending.values():
                 self._put_state(wb, item)
             self._index.write(wb, sync=True)
@@ -150,22 +153,11 @@ class RocksDBEngine(IndexedEngine):
         finally:
             self._unlock(states)
 
-    def _append_one(self, request: AppendRequest, pending: _Pending, wb: WriteBatch) -> AppendResult:
+    def _append_one(self, request: AppendRequest, base: int, pending: _Pending, wb: WriteBatch) -> None:
+        """Put one admitted request's frame at ``base`` and its index entries in ``wb``."""
         state = pending.shard
         batch = request.records
-        assert isinstance(batch, PreparedBatch)
-        if request.epoch < pending.epoch:
-            raise state.stale(request.epoch)
-        if request.producer_id >= 0:
-            duplicate = ProducerWindows.find_duplicate(
-                self._window(pending, request.producer_id),
-                request.producer_sequence,
-                state.name,
-                batch.record_count,
-            )
-            if duplicate is not None:
-                return duplicate
-        base = pending.log_end
+        assert isinstance(batch, PreparedBatch) and base == pending.log_end
         header = frame_header(request, base)
         frame = header + batch.payload.to_pybytes()
         self._index.put_record_frame(wb, state.sid, base, frame)
@@ -181,17 +173,6 @@ class RocksDBEngine(IndexedEngine):
             self._index.put_tag_entries(wb, state.sid, base, tags)
         pending.log_end = base + batch.record_count
         pending.retained_bytes += len(frame)
-        pending.epoch = max(pending.epoch, request.epoch)
-        if request.producer_id >= 0:
-            self._remember(
-                pending,
-                wb,
-                request.producer_id,
-                request.producer_sequence,
-                base,
-                batch.record_count,
-            )
-        return AppendResult(state.name, base, batch.record_count)
 
     @staticmethod
     def _begin(state: _Shard) -> _Pending:

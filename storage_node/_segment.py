@@ -100,6 +100,7 @@ def read_frame(fd: int, position: int, header: FrameHeader, *, where: str) -> by
 class RecoveredFrame:
     position: int
     header: FrameHeader
+    header_bytes: bytes
     payload: memoryview
 
 
@@ -137,6 +138,6 @@ def recover_frames(path: Path, position: int, expected_offset: int) -> Iterator[
             except CorruptRecordBatch as exc:
                 log.warning("recovery stops at %s position %d: %s", where, position, exc.message)
                 return
-            yield RecoveredFrame(position, header, payload)
+            yield RecoveredFrame(position, header, head, payload)
             position += header.frame_length
             expected_offset = header.next_offset

@@ -13,23 +13,18 @@ file once (concurrently when there are several); write the index entries, the
 producer windows and one checkpoint per shard in a single RocksDB WriteBatch;
 then publish the new log end, so readers only ever see durable, indexed
 frames. An I/O error before the publish truncates the files back and raises,
-so a failed call leaves nothing behind and acknowledges nothing.
+so a failed call leaves nothing behind and acknowledges nothing. If that
+truncate fails too, the shard is marked failed: writes raise ``ShardFailed``,
+reads keep serving the published view, and a restart's recovery settles the
+files (the truncate is a constructor argument, so tests can make it fail).
 
-Checkpoint (``"C" sid`` in the index store; big-endian)::
-
-    segment_base u64, position u64, next_offset u64, last_index_offset i64,
-    epoch u32, segment_created_ms i64, segment_max_ts i64
-
-Sealed segment record (``"E" sid be64(base)``)::
-
-    end_offset u64, size_bytes u64, max_timestamp_ms i64, created_ms i64
-
-It names the first byte not yet covered by the indexes. On open, recovery
-scans from there to the end of the shard's last segment, re-indexes every
-valid frame, truncates a torn or corrupt tail (logging path and position) and
-sets aside as ``*.corrupt`` any later segment that no longer continues the
-offsets. A crash at any instant therefore loses nothing acknowledged (its
-bytes were fsynced before the answer) and never serves a corrupt frame.
+A checkpoint per shard names the first byte not yet covered by the indexes
+(its byte format, and the sealed segment records', are in ``_segment_state``).
+On open, recovery (``_segment_recovery``) checks the chain of sealed segments,
+re-indexes every valid frame past the checkpoint, truncates a torn or corrupt
+tail and sets aside what no longer continues the offsets. A crash at any
+instant therefore loses nothing acknowledged (its bytes were fsynced before
+the answer) and never serves a corrupt frame.
 
 Sparse offset index: one entry for the first frame of each segment, then one
 for a frame whenever ``index_interval_records`` records have passed since the
@@ -39,7 +34,7 @@ maximum restarts with each segment), so retention can drop a segment's entries
 without making any other segment's wrong.
 
 Threading: one lock per shard serialises its writers; readers take a snapshot
-of the shard's published :class:`_View` and never block. File descriptors are
+of the shard's published ``View`` and never block. File descriptors are
 opened per call, so thousands of shards hold no open files.
 """
 
@@ -49,18 +44,15 @@ import bisect
 import logging
 import os
 import shutil
-import struct
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 from rocksdict import WriteBatch
 
-from robustmq._frame import FRAME_HEADER_SIZE, decode_payload
+from robustmq._frame import FRAME_HEADER_SIZE
 from robustmq._records import now_ms
 from robustmq.errors import OffsetOutOfRange, Unavailable
 
@@ -74,89 +66,28 @@ from ._adapter import (
     ShardOffsets,
 )
 from ._batch import PreparedBatch, prepare_batch
-from ._engine_base import ProducerWindows, check_producer, check_start, distinct_tags, frame_header
-from ._index_store import IndexStore, ShardRecord, be64, sid_bytes
-from ._indexed_engine import IndexedEngine, PendingBase, ShardBase
-from ._segment import (
-    RecoveredFrame,
-    fsync_directory,
-    iter_headers,
-    read_frame,
-    recover_frames,
-    segment_base,
-    segment_name,
+from ._engine_base import check_request, check_start, distinct_tags, frame_header
+from ._index_store import IndexStore, be64, sid_bytes
+from ._indexed_engine import IndexedEngine
+from ._segment import fsync_directory, iter_headers, read_frame, segment_name
+from ._segment_recovery import SegmentRecovery
+from ._segment_state import (
+    CHECKPOINT,
+    NO_TIMESTAMP,
+    NOT_INDEXED,
+    SEALED,
+    Pending,
+    Segment,
+    SegmentShard,
+    View,
 )
 
 __all__ = ["SegmentEngine"]
 
 log = logging.getLogger("robustmq.storage")
 
-_CHECKPOINT = struct.Struct(">QQQqIqq")
-_SEALED = struct.Struct(">QQqq")
-_NO_TIMESTAMP = -(1 << 63)
-_NOT_INDEXED = -(1 << 62)
 
-
-@dataclass(frozen=True, slots=True)
-class _Segment:
-    base_offset: int
-    path: Path
-    size_bytes: int
-    end_offset: int
-    max_timestamp_ms: int
-    created_ms: int
-    sealed: bool
-
-
-@dataclass(frozen=True, slots=True)
-class _View:
-    """What readers see of a shard: replaced whole on publish, never mutated."""
-
-    segments: tuple[_Segment, ...]
-    log_end: int
-    bases: tuple[int, ...] = ()
-
-    @staticmethod
-    def of(segments: Iterable[_Segment], log_end: int) -> _View:
-        segments = tuple(segments)
-        return _View(segments, log_end, tuple(s.base_offset for s in segments))
-
-    @property
-    def earliest(self) -> int:
-        return self.segments[0].base_offset
-
-    @property
-    def active(self) -> _Segment:
-        return self.segments[-1]
-
-
-class _Shard(ShardBase):
-    def __init__(self, name: str, sid: int, config: ShardConfig) -> None:
-        super().__init__(name, sid, config)
-        self.view = _View.of((), 0)
-        self.last_index_offset = _NOT_INDEXED
-
-
-@dataclass(slots=True)
-class _Pending(PendingBase):
-    segments: list[_Segment] = field(default_factory=list)
-    last_index_offset: int = _NOT_INDEXED
-    created_files: list[Path] = field(default_factory=list)
-    start_sizes: dict[Path, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class _Checkpoint:
-    segment_base: int
-    position: int
-    next_offset: int
-    last_index_offset: int
-    epoch: int
-    segment_created_ms: int
-    segment_max_ts: int
-
-
-class SegmentEngine(IndexedEngine):
+class SegmentEngine(IndexedEngine, SegmentRecovery):
     """Segment files + RocksDB indexes, crash-safe and group-committed.
 
     Parameters
@@ -178,8 +109,10 @@ class SegmentEngine(IndexedEngine):
         *,
         default_config: ShardConfig | None = None,
         fsync: bool = True,
+        truncate: Callable[[Path, int], None] = os.truncate,
     ) -> None:
         self._root = Path(data_dir)
+        self._truncate = truncate
         self._shards_dir = self._root / "shards"
         self._shards_dir.mkdir(parents=True, exist_ok=True)
         self._default_config = default_config or ShardConfig()
@@ -196,9 +129,9 @@ class SegmentEngine(IndexedEngine):
     def _close_resources(self) -> None:
         self._sync_pool.shutdown(wait=True)
 
-    def _state(self, shard: str) -> _Shard:
+    def _state(self, shard: str) -> SegmentShard:
         state = self._shard(shard)
-        assert isinstance(state, _Shard)
+        assert isinstance(state, SegmentShard)
         return state
 
     # -- shards --------------------------------------------------------------
@@ -217,9 +150,9 @@ class SegmentEngine(IndexedEngine):
             fsync_directory(directory)
             fsync_directory(self._shards_dir)
             self._index.put_shard(record)
-            state = _Shard(shard, record.sid, config)
-            state.view = _View.of(
-                [_Segment(start_offset, first, 0, start_offset, _NO_TIMESTAMP, record.created_ms, False)],
+            state = SegmentShard(shard, record.sid, config)
+            state.view = View.of(
+                [Segment(start_offset, first, 0, start_offset, NO_TIMESTAMP, record.created_ms, False)],
                 start_offset,
             )
             self._shards[shard] = state
@@ -235,8 +168,9 @@ class SegmentEngine(IndexedEngine):
 
     def prepare(self, request: AppendRequest) -> AppendRequest:
         """Validate one request without writing (the node checks each before grouping)."""
-        state = self._shard(request.shard)
-        check_producer(request.producer_id, request.producer_sequence)
+        state = self._state(request.shard)
+        state.check_writable()
+        check_request(request)
         batch = prepare_batch(request.records, max_batch_bytes=state.config.max_batch_bytes)
         if request.epoch < state.epoch:
             raise state.stale(request.epoch)
@@ -252,9 +186,10 @@ class SegmentEngine(IndexedEngine):
         finally:
             self._unlock(states)
 
-    def _begin(self, state: _Shard) -> _Pending:
+    def _begin(self, state: SegmentShard) -> Pending:
+        state.check_writable()
         view = state.view
-        return _Pending(
+        return Pending(
             state,
             view.log_end,
             state.epoch,
@@ -262,21 +197,21 @@ class SegmentEngine(IndexedEngine):
             last_index_offset=state.last_index_offset,
         )
 
-    def _commit_group(
-        self, requests: list[AppendRequest], pending: dict[str, _Pending]
-    ) -> list[AppendResult]:
+    def _commit_group(self, requests: list[AppendRequest], pending: dict[str, Pending]) -> list[AppendResult]:
         wb = self._index.new_batch()
-        results: list[AppendResult] = []
+        results = self._admit(requests, pending, wb)  # type: ignore[arg-type]
         handles: dict[Path, int] = {}
         now = now_ms()
         try:
-            for request in requests:
-                results.append(self._append_one(request, pending[request.shard], wb, handles, now))
+            for request, result in zip(requests, results, strict=True):
+                if not result.duplicate:
+                    self._append_one(request, result.base_offset, pending[request.shard], wb, handles, now)
             self._sync(handles)
         except BaseException as exc:  # a failed group keeps nothing, whatever the reason
-            self._rollback(pending.values())
+            undone = self._rollback(pending.values())
             if isinstance(exc, OSError):
-                raise Unavailable(f"write failed, nothing was kept: {exc}") from exc
+                kept = "nothing was kept" if undone else "some shards are now failed"
+                raise Unavailable(f"write failed, {kept}: {exc}") from exc
             raise
         finally:
             for fd in handles.values():
@@ -295,26 +230,16 @@ class SegmentEngine(IndexedEngine):
     def _append_one(
         self,
         request: AppendRequest,
-        pending: _Pending,
+        base: int,
+        pending: Pending,
         wb: WriteBatch,
         handles: dict[Path, int],
         now: int,
-    ) -> AppendResult:
+    ) -> None:
+        """Write one admitted request's frame at ``base``, rolling the segment if it is due."""
         state = pending.shard
         batch = request.records
-        assert isinstance(batch, PreparedBatch)
-        if request.epoch < pending.epoch:
-            raise state.stale(request.epoch)
-        idempotent = request.producer_id >= 0
-        if idempotent:
-            duplicate = ProducerWindows.find_duplicate(
-                self._window(pending, request.producer_id),
-                request.producer_sequence,
-                state.name,
-                batch.record_count,
-            )
-            if duplicate is not None:
-                return duplicate
+        assert isinstance(batch, PreparedBatch) and base == pending.log_end
         active = pending.segments[-1]
         frame_length = FRAME_HEADER_SIZE + batch.payload.size
         if active.size_bytes > 0 and (
@@ -322,7 +247,6 @@ class SegmentEngine(IndexedEngine):
             or now - active.created_ms >= state.config.roll_interval_ms
         ):
             active = self._roll_pending(pending, wb, now)
-        base = pending.log_end
         header = frame_header(request, base)
         fd = handles.get(active.path)
         if fd is None:
@@ -337,23 +261,12 @@ class SegmentEngine(IndexedEngine):
             max_timestamp_ms=max(active.max_timestamp_ms, batch.max_timestamp_ms),
         )
         pending.log_end = base + batch.record_count
-        pending.epoch = max(pending.epoch, request.epoch)
-        if idempotent:
-            self._remember(
-                pending,
-                wb,
-                request.producer_id,
-                request.producer_sequence,
-                base,
-                batch.record_count,
-            )
-        return AppendResult(state.name, base, batch.record_count)
 
     def _index_frame(
         self,
         wb: WriteBatch,
-        pending: _Pending,
-        segment: _Segment,
+        pending: Pending,
+        segment: Segment,
         base: int,
         position: int,
         batch: PreparedBatch,
@@ -369,7 +282,7 @@ class SegmentEngine(IndexedEngine):
         if tags:
             self._index.put_tag_entries(wb, sid, base, tags, segment_base=segment.base_offset)
 
-    def _roll_pending(self, pending: _Pending, wb: WriteBatch, now: int) -> _Segment:
+    def _roll_pending(self, pending: Pending, wb: WriteBatch, now: int) -> Segment:
         old = replace(pending.segments[-1], sealed=True)
         pending.segments[-1] = old
         self._put_sealed(wb, pending.shard.sid, old)
@@ -377,13 +290,13 @@ class SegmentEngine(IndexedEngine):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         pending.created_files.append(path)
         fsync_directory(path.parent)
-        new = _Segment(pending.log_end, path, 0, pending.log_end, _NO_TIMESTAMP, now, False)
+        new = Segment(pending.log_end, path, 0, pending.log_end, NO_TIMESTAMP, now, False)
         pending.segments.append(new)
-        pending.last_index_offset = _NOT_INDEXED
+        pending.last_index_offset = NOT_INDEXED
         return new
 
-    def _put_sealed(self, wb: WriteBatch, sid: int, segment: _Segment) -> None:
-        record = _SEALED.pack(
+    def _put_sealed(self, wb: WriteBatch, sid: int, segment: Segment) -> None:
+        record = SEALED.pack(
             segment.end_offset, segment.size_bytes, segment.max_timestamp_ms, segment.created_ms
         )
         self._index.put_meta(wb, b"E" + sid_bytes(sid) + be64(segment.base_offset), record)
@@ -399,20 +312,38 @@ class SegmentEngine(IndexedEngine):
         for future in [self._sync_pool.submit(os.fdatasync, fd) for fd in fds]:
             future.result()
 
-    @staticmethod
-    def _rollback(pendings: Iterable[_Pending]) -> None:
+    def _rollback(self, pendings: Iterable[Pending]) -> bool:
+        """Cut every file of a failed group back to its size before the group; True if all were.
+
+        A shard whose files cannot be restored is marked failed (it would
+        otherwise append after leftover frames that carry valid CRCs and
+        offsets it is about to reuse). Its published view is untouched, so
+        reads go on; a restart re-runs recovery, which settles the files.
+        """
+        undone = True
         for pending in pendings:
+            problems = []
             for path, size in pending.start_sizes.items():
                 try:
-                    os.truncate(path, size)
-                except OSError:
-                    log.exception("rollback could not truncate %s to %d bytes", path, size)
+                    self._truncate(path, size)
+                except OSError as exc:
+                    problems.append(f"could not truncate {path} to {size} bytes ({exc})")
             for path in pending.created_files:
-                path.unlink(missing_ok=True)
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:
+                    problems.append(f"could not remove {path} ({exc})")
+            if problems:
+                state = pending.shard
+                assert isinstance(state, SegmentShard)
+                state.failed = "undoing a failed write failed: " + "; ".join(problems)
+                log.error("shard %s failed, writes are refused until a restart: %s", state.name, state.failed)
+                undone = False
+        return undone
 
-    def _put_checkpoint(self, wb: WriteBatch, pending: _Pending) -> None:
+    def _put_checkpoint(self, wb: WriteBatch, pending: Pending) -> None:
         active = pending.segments[-1]
-        record = _CHECKPOINT.pack(
+        record = CHECKPOINT.pack(
             active.base_offset,
             active.size_bytes,
             pending.log_end,
@@ -423,19 +354,20 @@ class SegmentEngine(IndexedEngine):
         )
         self._index.put_meta(wb, b"C" + sid_bytes(pending.shard.sid), record)
 
-    def _publish(self, pending: _Pending) -> None:
+    def _publish(self, pending: Pending) -> None:
         state = pending.shard
-        assert isinstance(state, _Shard)
+        assert isinstance(state, SegmentShard)
         state.last_index_offset = pending.last_index_offset
         state.epoch = pending.epoch
         self._publish_producers(pending)
-        state.view = _View.of(pending.segments, pending.log_end)
+        state.view = View.of(pending.segments, pending.log_end)
 
     def roll(self, shard: str) -> SegmentInfo | None:
         """Seal the active segment now (if it holds anything); return the sealed segment."""
         state = self._state(shard)
         with state.lock:
             self._check_open()
+            state.check_writable()
             if state.view.active.size_bytes == 0:
                 return None
             pending = self._begin(state)
@@ -494,7 +426,7 @@ class SegmentEngine(IndexedEngine):
         return [self._info(state, segment) for segment in state.view.segments]
 
     @staticmethod
-    def _info(state: _Shard, segment: _Segment) -> SegmentInfo:
+    def _info(state: SegmentShard, segment: Segment) -> SegmentInfo:
         return SegmentInfo(
             state.name,
             segment.base_offset,
@@ -524,12 +456,12 @@ class SegmentEngine(IndexedEngine):
                     removed += self._retain(state, now)  # type: ignore[arg-type]
         return removed
 
-    def _retain(self, state: _Shard, now: int) -> int:
+    def _retain(self, state: SegmentShard, now: int) -> int:
         config = state.config
         segments = list(state.view.segments)
         total_bytes = sum(s.size_bytes for s in segments)
         total_records = state.view.log_end - segments[0].base_offset
-        doomed: list[_Segment] = []
+        doomed: list[Segment] = []
         for segment in segments[:-1]:
             records = segment.end_offset - segment.base_offset
             expired = config.retention_ms > 0 and segment.max_timestamp_ms < now - config.retention_ms
@@ -548,7 +480,7 @@ class SegmentEngine(IndexedEngine):
         for segment in doomed:
             self._index.delete_segment_entries(wb, state.sid, segment.base_offset, segment.end_offset)
         self._index.write(wb, sync=True)
-        state.view = _View.of(segments[len(doomed) :], state.view.log_end)
+        state.view = View.of(segments[len(doomed) :], state.view.log_end)
         for segment in doomed:
             segment.path.unlink(missing_ok=True)
             log.info(
@@ -559,197 +491,6 @@ class SegmentEngine(IndexedEngine):
             )
         fsync_directory(doomed[0].path.parent)
         return sum(s.end_offset - s.base_offset for s in doomed)
-
-    # -- open and recovery -----------------------------------------------------
-
-    def _open_all(self) -> None:
-        started = time.monotonic()
-        records = self._index.load_shards()
-        known = {record.name for record in records}
-        for directory in self._shards_dir.iterdir():
-            if directory.is_dir() and directory.name not in known:
-                log.warning(
-                    "removing %s: it has no shard record (an interrupted create or delete)",
-                    directory,
-                )
-                shutil.rmtree(directory, ignore_errors=True)
-        for record in records:
-            self._shards[record.name] = self._recover_shard(record)
-        if records:
-            log.info("opened %d shards in %.2fs", len(records), time.monotonic() - started)
-
-    def _recover_shard(self, record: ShardRecord) -> _Shard:
-        directory = self._shards_dir / record.name
-        if not directory.is_dir():
-            log.error("shard %s has no directory %s: starting it empty", record.name, directory)
-            directory.mkdir(parents=True)
-        files = sorted(
-            (base, path) for path in directory.iterdir() if (base := segment_base(path)) is not None
-        )
-        if not files:
-            (directory / segment_name(0)).touch()
-            files = [(0, directory / segment_name(0))]
-        state = _Shard(record.name, record.sid, ShardConfig.from_dict(record.config))
-        start = self._load_checkpoint(record, dict(files))
-        if start is None:
-            self._index.delete_shard_entries(record.sid)
-            sealed: dict[int, _Segment] = {}
-            start = _Checkpoint(files[0][0], 0, files[0][0], _NOT_INDEXED, 0, now_ms(), _NO_TIMESTAMP)
-        else:
-            sealed = self._load_sealed(record.sid, directory)
-        state.last_index_offset = start.last_index_offset
-        state.epoch = start.epoch
-        trusted: list[_Segment] = []  # segments wholly before the checkpoint, as recorded
-        for base, path in files:
-            if base >= start.segment_base:
-                break
-            if base in sealed:
-                trusted.append(sealed[base])
-            else:
-                log.warning("removing %s: it is not part of the shard's chain", path)
-                path.unlink()
-        tail = [(base, path) for base, path in files if base >= start.segment_base]
-        self._scan_tail(state, trusted, tail, start)
-        return state
-
-    def _load_checkpoint(self, record: ShardRecord, files: dict[int, Path]) -> _Checkpoint | None:
-        raw = self._index.get_meta(b"C" + sid_bytes(record.sid))
-        if raw is None:
-            return None
-        checkpoint = _Checkpoint(*_CHECKPOINT.unpack(raw))
-        path = files.get(checkpoint.segment_base)
-        if path is None or path.stat().st_size < checkpoint.position:
-            log.error(
-                "shard %s: its checkpoint is ahead of the segment files; re-indexing all of it",
-                record.name,
-            )
-            return None
-        return checkpoint
-
-    def _load_sealed(self, sid: int, directory: Path) -> dict[int, _Segment]:
-        found = {}
-        for key, value in self._index.scan_meta(b"E" + sid_bytes(sid)):
-            base = int.from_bytes(key[5:13], "big")
-            end, size, max_ts, created = _SEALED.unpack(value)
-            found[base] = _Segment(base, directory / segment_name(base), size, end, max_ts, created, True)
-        return found
-
-    def _scan_tail(
-        self,
-        state: _Shard,
-        segments: list[_Segment],
-        files: list[tuple[int, Path]],
-        start: _Checkpoint,
-    ) -> None:
-        """Re-index frames from the checkpoint on; truncate or set aside what is bad."""
-        pending = _Pending(
-            state,
-            start.next_offset,
-            start.epoch,
-            segments=segments,
-            last_index_offset=start.last_index_offset,
-        )
-        wb = self._index.new_batch()
-        frames_in_batch = rescanned = 0
-        damaged = False
-        for number, (base, path) in enumerate(files):
-            if number == 0:
-                segment = _Segment(
-                    base,
-                    path,
-                    start.position,
-                    start.next_offset,
-                    start.segment_max_ts,
-                    start.segment_created_ms,
-                    False,
-                )
-            elif base != pending.log_end:
-                self._set_aside(files[number:], f"expected a segment starting at {pending.log_end}")
-                damaged = True
-                break
-            else:
-                segment = _Segment(base, path, 0, base, _NO_TIMESTAMP, now_ms(), False)
-                pending.last_index_offset = _NOT_INDEXED
-            for frame in recover_frames(path, segment.size_bytes, pending.log_end):
-                segment = self._reindex(wb, pending, segment, frame)
-                rescanned += 1
-                frames_in_batch += 1
-                if frames_in_batch >= 1000:  # bound what a long rescan holds in memory
-                    self._index.write(wb)
-                    wb, frames_in_batch = self._index.new_batch(), 0
-            segments.append(segment)
-            file_size = path.stat().st_size
-            if file_size != segment.size_bytes:
-                log.warning(
-                    "truncating %s from %d to %d bytes (torn or corrupt tail)",
-                    path,
-                    file_size,
-                    segment.size_bytes,
-                )
-                os.truncate(path, segment.size_bytes)
-                damaged = True
-                if number < len(files) - 1:
-                    self._set_aside(files[number + 1 :], "an earlier segment was truncated")
-                    break
-        if rescanned:
-            log.info("shard %s: re-indexed %d frames past its checkpoint", state.name, rescanned)
-        if damaged:  # nothing may still point at what was cut off
-            chunks = [base for base, _ in files if base >= segments[-1].base_offset]
-            self._index.forget_from(wb, state.sid, pending.log_end, chunks)
-            self._producers.forget_shard(state.sid)
-            pending.producers = {
-                producer: [entry for entry in window if entry[1] < pending.log_end]
-                for producer, window in pending.producers.items()
-            }
-        # The last segment is the active one; every other one is sealed.
-        for number, segment in enumerate(segments[:-1]):
-            if not segment.sealed:
-                segments[number] = replace(segment, sealed=True)
-                self._put_sealed(wb, state.sid, segments[number])
-        segments[-1] = replace(segments[-1], sealed=False)
-        wb.delete(b"E" + sid_bytes(state.sid) + be64(segments[-1].base_offset))
-        pending.segments = segments
-        self._put_checkpoint(wb, pending)
-        self._index.write(wb, sync=True)
-        self._publish(pending)
-
-    def _reindex(
-        self, wb: WriteBatch, pending: _Pending, segment: _Segment, frame: RecoveredFrame
-    ) -> _Segment:
-        header = frame.header
-        buffer = pa.py_buffer(frame.payload)
-        batch = PreparedBatch(
-            buffer,
-            decode_payload(buffer),
-            header.record_count,
-            header.first_timestamp_ms,
-            header.max_timestamp_ms,
-        )
-        self._index_frame(wb, pending, segment, header.base_offset, frame.position, batch)
-        if header.producer_id >= 0:
-            self._remember(
-                pending,
-                wb,
-                header.producer_id,
-                header.producer_sequence,
-                header.base_offset,
-                header.record_count,
-            )
-        pending.epoch = max(pending.epoch, header.epoch)
-        pending.log_end = header.next_offset
-        return replace(
-            segment,
-            size_bytes=frame.position + header.frame_length,
-            end_offset=header.next_offset,
-            max_timestamp_ms=max(segment.max_timestamp_ms, header.max_timestamp_ms),
-        )
-
-    @staticmethod
-    def _set_aside(files: list[tuple[int, Path]], reason: str) -> None:
-        for _, path in files:
-            target = path.with_suffix(".corrupt")
-            log.error("setting aside %s as %s: %s", path, target, reason)
-            path.rename(target)
 
 
 class _FrameCollector:

@@ -9,15 +9,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
+from robustmq._crc import crc32c
 from robustmq._frame import (
+    FLAG_REENCODED,
     FRAME_HEADER_SIZE,
+    client_checksum,
     decode_header,
     encode_header,
+    payload_crc,
     verify_payload,
 )
-from robustmq._records import RECORD_SCHEMA, decode_batch
+from robustmq._records import RECORD_SCHEMA, build_records, decode_batch, encode_batch
 from robustmq.errors import CorruptRecordBatch
 
 EXPECTED_HEADER = bytes.fromhex(
@@ -37,8 +42,9 @@ EXPECTED_HEADER = bytes.fromhex(
 )
 
 
-def test_header_bytes_are_stable() -> None:
-    header = encode_header(
+def golden_header(payload: bytes | pa.Buffer, **options: int) -> bytes:
+    """The header of the golden fields for ``payload`` (``options``: payload_crc, flags)."""
+    return encode_header(
         base_offset=0x0102030405060708,
         record_count=3,
         epoch=7,
@@ -46,10 +52,41 @@ def test_header_bytes_are_stable() -> None:
         max_timestamp_ms=1_700_000_000_500,
         producer_id=42,
         producer_sequence=9,
-        payload=b"payload",
+        payload=payload,
+        **options,
     )
+
+
+def test_header_bytes_are_stable() -> None:
+    header = golden_header(b"payload")
     assert FRAME_HEADER_SIZE == 64
     assert header == EXPECTED_HEADER
+
+
+def test_the_reencoded_flag_is_bit_0_of_byte_5_and_covered_by_the_crc() -> None:
+    header = golden_header(b"payload", flags=FLAG_REENCODED)
+    assert header == EXPECTED_HEADER[:5] + b"\x01" + EXPECTED_HEADER[6:60] + bytes.fromhex("8db88062")
+    assert decode_header(header).flags == FLAG_REENCODED
+    assert decode_header(EXPECTED_HEADER).flags == 0
+
+
+def test_a_crc_combined_from_the_payload_crc_is_the_same_crc() -> None:
+    for payload in (b"", b"payload", bytes(range(256)) * 300):
+        read_twice = golden_header(payload)
+        combined = golden_header(payload, payload_crc=crc32c(payload))
+        assert read_twice == combined
+        assert payload_crc(decode_header(combined), combined) == crc32c(payload)
+
+
+def test_the_producers_checksum_survives_in_the_frame() -> None:
+    sent = encode_batch(build_records([b"a"], timestamps_ms=[1]))
+    plain = golden_header(sent)
+    assert client_checksum(decode_header(plain), plain, sent) == crc32c(sent)
+    stored = encode_batch(
+        build_records([b"a"], timestamps_ms=[2]), custom_metadata={b"robustmq.client_crc32c": b"77"}
+    )
+    flagged = golden_header(stored, flags=FLAG_REENCODED)
+    assert client_checksum(decode_header(flagged), flagged, stored) == 77
 
 
 def test_version_1_frame_fixture_still_decodes() -> None:

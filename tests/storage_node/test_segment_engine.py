@@ -13,9 +13,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from robustmq._records import build_records
-from robustmq.errors import CorruptRecordBatch, OffsetOutOfRange
-from robustmq.storage_node import SegmentEngine, ShardConfig
+from robustmq._records import build_records, encode_batch
+from robustmq.errors import CorruptRecordBatch, OffsetOutOfRange, ShardFailed, Unavailable
+from robustmq.storage_node import AppendRequest, SegmentEngine, ShardConfig
 from robustmq.storage_node._index_store import IndexStore, sid_bytes
 
 SMALL = ShardConfig(segment_bytes_max=64 * 1024, index_interval_records=10)
@@ -275,3 +275,151 @@ def test_many_shards_group_commit_and_reopen(tmp_path: Path) -> None:
     again = SegmentEngine(tmp_path)  # a shard whose directory vanished starts empty, loudly
     assert again.list_offsets("t_3").log_end_offset == 0
     again.close()
+
+
+def test_a_failed_rollback_marks_the_shard_failed_until_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A group fails after writing a frame, and truncating it away fails too.
+
+    The group fails for real: the segment roll it needs finds a file already
+    holding the new segment's name (O_EXCL). The truncate that should undo the
+    first frame is the injected seam, failing as a broken disk would.
+    """
+
+    def broken_truncate(path: os.PathLike[str] | str, size: int) -> None:
+        raise OSError(5, "Input/output error", str(path))
+
+    config = ShardConfig(segment_bytes_max=64 * 1024)
+    engine = SegmentEngine(tmp_path, default_config=config, truncate=broken_truncate)
+    engine.create_shard("t_0")
+    engine.create_shard("other_0")
+    fill(engine, "t_0", 300, per_batch=100)  # ~3 frames of 100 records in 64 KiB segments
+    before = engine.list_segments("t_0")[-1]
+    small = values(300, 10)
+    first_size = 64 + len(encode_batch_of(small))
+    assert before.size_bytes + first_size <= config.segment_bytes_max
+    (Path(before.path).parent / f"{310:020d}.log").write_bytes(b"")  # the roll will find it taken
+    with caplog.at_level(logging.ERROR, logger="robustmq.storage"), pytest.raises(Unavailable):
+        engine.batch_write([AppendRequest("t_0", small), AppendRequest("t_0", values(310, 600))])
+    assert "t_0" in caplog.text and "failed" in caplog.text
+    assert os.path.getsize(before.path) > before.size_bytes  # the stale frame is still there
+    with pytest.raises(ShardFailed) as caught:
+        engine.write("t_0", values(300, 5))
+    assert caught.value.shard == "t_0" and "restart" in caught.value.message
+    with pytest.raises(ShardFailed):
+        engine.roll("t_0")
+    assert engine.list_offsets("t_0").log_end_offset == 300
+    check_all(engine, "t_0", 300)  # reads serve everything up to the last good frame
+    assert engine.write("other_0", values(0, 5)).base_offset == 0  # other shards are unaffected
+    engine.close()
+    reopened = SegmentEngine(tmp_path, default_config=config)  # a restart re-runs recovery
+    end = reopened.list_offsets("t_0").log_end_offset
+    assert end in (300, 310)  # the unacknowledged frame may survive, whole and valid
+    assert reopened.write("t_0", values(end, 5)).base_offset == end
+    check_all(reopened, "t_0", end + 5)
+    reopened.close()
+
+
+def encode_batch_of(table: pa.Table) -> bytes:
+    return encode_batch(table).to_pybytes()
+
+
+@pytest.mark.parametrize("damage", ["missing file", "short file", "wrong end"])
+def test_a_gap_in_the_sealed_chain_is_never_served(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sealed segment vanishes or no longer holds what its record says.
+
+    The log must not serve offsets with a hole in them, and must not move its
+    end back either (that would reuse acknowledged offsets): it keeps the
+    contiguous part that ends at the active segment and sets aside what
+    precedes the gap, as retention would have removed it.
+    """
+    engine = SegmentEngine(tmp_path, default_config=SMALL)
+    engine.create_shard("t_0")
+    fill(engine, "t_0", 2_000)
+    segments = engine.list_segments("t_0")
+    assert len(segments) >= 5
+    engine.close()
+    broken = segments[2]
+    if damage == "missing file":
+        Path(broken.path).unlink()
+    elif damage == "short file":
+        os.truncate(broken.path, broken.size_bytes // 2)
+    else:  # the sealed record says the segment ends 25 records early
+        index = IndexStore(tmp_path / "index")
+        sid = index.load_shards()[0].sid
+        key = b"E" + sid_bytes(sid) + struct.pack(">Q", broken.base_offset)
+        raw = index.get_meta(key)
+        assert raw is not None
+        index.put_meta_sync(key, struct.pack(">Q", broken.end_offset - 25) + raw[8:])
+        index.close()
+    with caplog.at_level(logging.ERROR, logger="robustmq.storage"):
+        reopened = SegmentEngine(tmp_path, default_config=SMALL)
+    first = segments[3].base_offset
+    assert reopened.list_offsets("t_0").earliest_offset == first
+    assert reopened.list_offsets("t_0").log_end_offset == 2_000
+    chain = reopened.list_segments("t_0")
+    assert all(a.end_offset == b.base_offset for a, b in itertools.pairwise(chain))
+    assert "gap" in caplog.text and str(broken.path) in caplog.text
+    with pytest.raises(OffsetOutOfRange):
+        reopened.read_by_offset("t_0", first - 1)
+    got = reopened.read_by_offset("t_0", first, max_records=5_000, max_bytes=1 << 30).records
+    assert got.column("offset").to_pylist() == list(range(first, 2_000))
+    assert reopened.get_offset_by_timestamp("t_0", 0) == first
+    assert reopened.read_by_tag("t_0", "even", max_records=1).records.column("offset")[0].as_py() >= first
+    assert reopened.write("t_0", values(2_000, 5)).base_offset == 2_000
+    reopened.close()
+    again = SegmentEngine(tmp_path, default_config=SMALL)  # the repaired chain is stable
+    assert again.list_offsets("t_0").earliest_offset == first
+    assert again.list_offsets("t_0").log_end_offset == 2_005
+    again.close()
+
+
+def test_keys_of_a_cut_tail_never_hide_earlier_records(tmp_path: Path) -> None:
+    """Key entries for records that recovery cut off must not shadow the key's older records.
+
+    The on-disk situation: the index holds entries for frames 5..7 (keys,
+    times, tags) while its checkpoint still names frame 5 as the first one to
+    re-index (a lost checkpoint update), and frame 6 is torn on disk.
+    """
+    engine = SegmentEngine(tmp_path)
+    engine.create_shard("t_0")
+    positions = _frame_positions(engine, "t_0", 8)  # keys key-0..key-6, record i has key-(i % 7)
+    path = Path(engine.list_segments("t_0")[-1].path)
+    assert engine.read_by_key("t_0", b"key-3").records.column("offset").to_pylist() == [199]
+    engine.close()
+    _rewind_checkpoint(tmp_path, "t_0", 3, positions)
+    os.truncate(path, positions[6] + 100)  # frame 6 torn: offsets 150.. are gone
+    reopened = SegmentEngine(tmp_path)
+    assert reopened.list_offsets("t_0").log_end_offset == 150
+    for key_number in range(7):  # the latest record of each key below 150
+        expected = max(i for i in range(150) if i % 7 == key_number)
+        found = reopened.read_by_key("t_0", b"key-%d" % key_number).records
+        assert found.column("offset").to_pylist() == [expected], key_number
+    reopened.write("t_0", build_records([b"new"] * 50, keys=[b"other"] * 50))  # reuses 150..199
+    assert reopened.read_by_key("t_0", b"key-3").records.column("offset").to_pylist() == [143]
+    scanned = reopened.scan("t_0", 0, key=b"key-3").records.column("offset").to_pylist()
+    assert scanned == [i for i in range(150) if i % 7 == 3]
+    reopened.close()
+
+
+def test_a_key_index_rebuild_cut_short_by_a_crash_is_redone(tmp_path: Path) -> None:
+    engine = SegmentEngine(tmp_path)
+    engine.create_shard("t_0")
+    fill(engine, "t_0", 200)
+    engine.close()
+    index = IndexStore(tmp_path / "index")  # as a crash half-way through a rebuild leaves it
+    sid = index.load_shards()[0].sid
+    wb = index.new_batch()
+    index.put_meta(wb, b"K" + sid_bytes(sid), b"")
+    index.clear_key_entries(wb, sid)
+    index.write(wb, sync=True)
+    index.close()
+    reopened = SegmentEngine(tmp_path)
+    assert reopened.read_by_key("t_0", b"key-4").records.column("offset").to_pylist() == [193]
+    reopened.close()
+    index = IndexStore(tmp_path / "index")
+    assert index.get_meta(b"K" + sid_bytes(sid)) is None
+    index.close()

@@ -1,0 +1,352 @@
+"""Idempotent producers: what every engine remembers of each producer, and the one rule it applies.
+
+Per (shard, producer id) an engine remembers the last :data:`PRODUCER_WINDOW`
+(1,024) batches it stored as :class:`ProducerEntry` ``(sequence, base_offset,
+record_count, checksum)``, where ``checksum`` is the CRC-32C of the batch as
+the producer sent it (before the node filled any missing timestamp; -1 when
+unknown, for entries migrated from the format without checksums). Sequences
+must increase but may skip values (the Spark sink sends request ``k`` of
+micro-batch ``b`` as ``b * 2**20 + k``). :func:`check_sequence` decides a
+request against a producer's window:
+
+- above the last sequence: new, to be stored;
+- equal to a remembered entry's: a replay. With the same record count and
+  checksum it is acknowledged with the original offsets (``duplicate``) and not
+  stored again; with other records it is refused with
+  ``DuplicateSequenceMismatch`` (acknowledging it would drop rows silently,
+  storing it would duplicate them);
+- at or below the last sequence but not remembered: refused with
+  ``OutOfOrderSequence`` (fields ``last_sequence``, ``oldest_sequence``). It
+  was either never stored or stored more than 1,024 batches ago, too long ago
+  to verify; a sequence older than the window is never acknowledged unverified.
+
+Only a stored batch enters the window; a refused one changes nothing.
+
+Indexed engines (segment, rocksdb) keep one small RocksDB key per entry, in the
+``default`` column family, written in the group commit's WriteBatch::
+
+    "W" sid be64(producer_id) be64(ordinal)  ->  sequence i64, base_offset i64,
+                                                 record_count u32, checksum i64
+
+``ordinal`` counts a producer's stored batches on the shard from 0; writing
+ordinal ``n`` deletes ordinal ``n - 1024``, so a write costs one put and one
+delete whatever the window holds. In memory only a :class:`Tail` per producer
+is cached (its next ordinal and last :data:`TAIL_ENTRIES` entries, in a
+bounded LRU); a replay older than the tail is found by a binary search over
+the ordinals (about ten point reads). The last ordinal is found again with one
+reverse seek, so there is no per-producer head record. The previous format,
+``"P" sid be64(producer_id)`` -> up to 16 x (sequence i64, base_offset i64,
+count u32), is migrated to ``W`` entries (checksum -1) when a data directory
+is opened. The memory engine keeps the same window in lists and also forgets
+entries whose frames its retention dropped (keeping each producer's last).
+
+Thread-safety: a shard's windows change only under its write lock; the LRU has
+its own lock. Crash behaviour: entries are written with the frames' index
+entries; segment-engine recovery rebuilds them from frame headers, taking the
+checksum from the frame (see ``FLAG_REENCODED`` in ``robustmq._frame``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from robustmq.errors import DuplicateSequenceMismatch, OutOfOrderSequence
+
+from ._adapter import AppendResult
+
+__all__ = [
+    "PRODUCER_WINDOW",
+    "TAIL_ENTRIES",
+    "UNKNOWN_CHECKSUM",
+    "GroupWindows",
+    "IndexedWindow",
+    "MemoryWindow",
+    "ProducerEntry",
+    "Tail",
+    "TailCache",
+    "Window",
+    "check_sequence",
+    "decode_entry",
+    "encode_entry",
+]
+
+PRODUCER_WINDOW = 1024
+TAIL_ENTRIES = 4
+UNKNOWN_CHECKSUM = -1
+_ENTRY = struct.Struct(">qqIq")
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerEntry:
+    sequence: int
+    base_offset: int
+    record_count: int
+    checksum: int  # CRC-32C of the producer's bytes; -1 unknown
+
+
+def encode_entry(entry: ProducerEntry) -> bytes:
+    return _ENTRY.pack(entry.sequence, entry.base_offset, entry.record_count, entry.checksum)
+
+
+def decode_entry(raw: bytes) -> ProducerEntry:
+    return ProducerEntry(*_ENTRY.unpack(raw))
+
+
+class Window:
+    """What :func:`check_sequence` needs to know of one producer's remembered batches."""
+
+    def last(self) -> ProducerEntry | None:
+        raise NotImplementedError
+
+    def oldest(self) -> ProducerEntry | None:
+        raise NotImplementedError
+
+    def find(self, sequence: int) -> ProducerEntry | None:
+        raise NotImplementedError
+
+
+def check_sequence(
+    window: Window,
+    *,
+    shard: str,
+    producer_id: int,
+    sequence: int,
+    record_count: int,
+    checksum: int,
+) -> AppendResult | None:
+    """None if the request is new; the original result if it is a matching replay; else raise."""
+    last = window.last()
+    if last is None or sequence > last.sequence:
+        return None
+    entry = window.find(sequence)
+    if entry is not None:
+        if entry.record_count != record_count or entry.checksum not in (UNKNOWN_CHECKSUM, checksum):
+            raise DuplicateSequenceMismatch(
+                f"producer {producer_id} re-sent sequence {sequence} to {shard} with other records "
+                f"({record_count} records, checksum {checksum:#010x}) than were stored "
+                f"({entry.record_count} records, checksum {entry.checksum:#010x}); "
+                "the replayed input is not the same as the first time",
+                shard=shard,
+                producer_id=producer_id,
+                sequence=sequence,
+                stored_count=entry.record_count,
+                sent_count=record_count,
+            )
+        return AppendResult(shard, entry.base_offset, entry.record_count, duplicate=True)
+    oldest = window.oldest()
+    oldest_sequence = last.sequence if oldest is None else oldest.sequence
+    raise OutOfOrderSequence(
+        f"producer {producer_id} sent sequence {sequence} to {shard}, at or below its last stored "
+        f"sequence {last.sequence} but not among the batches remembered (sequences from "
+        f"{oldest_sequence}, the last {PRODUCER_WINDOW} batches): it was never stored, or too long "
+        "ago to verify; nothing was written",
+        shard=shard,
+        producer_id=producer_id,
+        sequence=sequence,
+        last_sequence=last.sequence,
+        oldest_sequence=oldest_sequence,
+    )
+
+
+# -- indexed engines: a cached tail over one RocksDB key per entry ------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """A producer's next ordinal and its newest entries (oldest first), as a value.
+
+    In a group commit a pending tail also holds every entry the group added
+    (so the group's own replays find them before they reach RocksDB);
+    :meth:`trimmed` keeps the cached copy small.
+    """
+
+    next_ordinal: int = 0
+    entries: tuple[ProducerEntry, ...] = ()
+
+    def append(self, entry: ProducerEntry) -> Tail:
+        return Tail(self.next_ordinal + 1, (*self.entries, entry))
+
+    def trimmed(self) -> Tail:
+        return Tail(self.next_ordinal, self.entries[-TAIL_ENTRIES:])
+
+    @property
+    def first_ordinal(self) -> int:
+        """The ordinal of ``entries[0]``."""
+        return self.next_ordinal - len(self.entries)
+
+
+class IndexedWindow(Window):
+    """A window seen through its tail, reading older entries with ``get(ordinal)``."""
+
+    def __init__(self, tail: Tail, get: Callable[[int], ProducerEntry | None]) -> None:
+        self._tail = tail
+        self._get = get
+
+    def last(self) -> ProducerEntry | None:
+        return self._tail.entries[-1] if self._tail.entries else None
+
+    def _oldest_ordinal(self) -> int | None:
+        """The oldest stored ordinal: stored ordinals are a contiguous run ending at the tail."""
+        low, high = max(0, self._tail.next_ordinal - PRODUCER_WINDOW), self._tail.first_ordinal
+        if low >= high:
+            return high if self._tail.entries else None
+        while low < high:  # the first ordinal in [low, high] that is present
+            middle = (low + high) // 2
+            if self._get(middle) is None:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def oldest(self) -> ProducerEntry | None:
+        ordinal = self._oldest_ordinal()
+        if ordinal is None:
+            return None
+        if ordinal >= self._tail.first_ordinal:
+            return self._tail.entries[ordinal - self._tail.first_ordinal]
+        return self._get(ordinal)
+
+    def find(self, sequence: int) -> ProducerEntry | None:
+        entries = self._tail.entries
+        if entries and sequence >= entries[0].sequence:
+            for entry in reversed(entries):
+                if entry.sequence == sequence:
+                    return entry
+            return None
+        low = self._oldest_ordinal()
+        high = self._tail.first_ordinal - 1
+        while low is not None and low <= high:  # sequences ascend with ordinals
+            middle = (low + high) // 2
+            found = self._get(middle)
+            if found is None:  # cannot happen past _oldest_ordinal; treat it as forgotten
+                return None
+            if found.sequence == sequence:
+                return found
+            if found.sequence < sequence:
+                low = middle + 1
+            else:
+                high = middle - 1
+        return None
+
+
+class TailCache:
+    """A bounded, thread-safe LRU of tails keyed by (sid, producer id), loaded on a miss.
+
+    Callers treat tails as values: they compute a new one during a group
+    commit and :meth:`put` it only once the write is durable, so a failed
+    group never leaves a phantom entry behind.
+    """
+
+    def __init__(self, *, load: Callable[[int, int], Tail], capacity: int = 100_000) -> None:
+        self._capacity = capacity
+        self._load = load
+        self._lock = threading.Lock()
+        self._tails: OrderedDict[tuple[int, int], Tail] = OrderedDict()
+
+    def get(self, sid: int, producer_id: int) -> Tail:
+        key = (sid, producer_id)
+        with self._lock:
+            tail = self._tails.get(key)
+            if tail is not None:
+                self._tails.move_to_end(key)
+                return tail
+        tail = self._load(sid, producer_id)
+        self.put(sid, producer_id, tail)
+        return tail
+
+    def put(self, sid: int, producer_id: int, tail: Tail) -> None:
+        with self._lock:
+            self._tails[(sid, producer_id)] = tail.trimmed()
+            self._tails.move_to_end((sid, producer_id))
+            if len(self._tails) > self._capacity:
+                self._tails.popitem(last=False)
+
+    def forget_shard(self, sid: int) -> None:
+        with self._lock:
+            for key in [key for key in self._tails if key[0] == sid]:
+                del self._tails[key]
+
+
+# -- the memory engine: the whole window in lists ---------------------------------------------
+
+
+class MemoryWindow(Window):
+    """A producer's window held in memory; mutated only under its shard's lock."""
+
+    __slots__ = ("entries", "sequences")
+
+    def __init__(self) -> None:
+        self.entries: list[ProducerEntry] = []
+        self.sequences: list[int] = []
+
+    def last(self) -> ProducerEntry | None:
+        return self.entries[-1] if self.entries else None
+
+    def oldest(self) -> ProducerEntry | None:
+        return self.entries[0] if self.entries else None
+
+    def find(self, sequence: int) -> ProducerEntry | None:
+        index = bisect.bisect_left(self.sequences, sequence)
+        if index < len(self.sequences) and self.sequences[index] == sequence:
+            return self.entries[index]
+        return None
+
+    def append(self, entry: ProducerEntry) -> None:
+        self.entries.append(entry)
+        self.sequences.append(entry.sequence)
+        if len(self.entries) > PRODUCER_WINDOW:
+            del self.entries[0], self.sequences[0]
+
+    def forget_before(self, offset: int) -> None:
+        """Drop entries of frames retention removed (below ``offset``), keeping the last one."""
+        while len(self.entries) > 1 and self.entries[0].base_offset < offset:
+            del self.entries[0], self.sequences[0]
+
+
+class GroupWindows:
+    """Windows of one group commit in the memory engine: changes apply only if the group does."""
+
+    def __init__(self, committed: dict[int, MemoryWindow]) -> None:
+        self._committed = committed
+        self._added: dict[int, list[ProducerEntry]] = {}
+
+    def window(self, producer_id: int) -> Window:
+        return _Overlay(self._committed.get(producer_id), self._added.get(producer_id, []))
+
+    def add(self, producer_id: int, entry: ProducerEntry) -> None:
+        self._added.setdefault(producer_id, []).append(entry)
+
+    def commit(self) -> None:
+        for producer_id, entries in self._added.items():
+            window = self._committed.setdefault(producer_id, MemoryWindow())
+            for entry in entries:
+                window.append(entry)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._added)
+
+
+class _Overlay(Window):
+    def __init__(self, base: MemoryWindow | None, added: list[ProducerEntry]) -> None:
+        self._base = base
+        self._added = added
+
+    def last(self) -> ProducerEntry | None:
+        if self._added:
+            return self._added[-1]
+        return self._base.last() if self._base is not None else None
+
+    def oldest(self) -> ProducerEntry | None:
+        base = self._base.oldest() if self._base is not None else None
+        return base if base is not None else (self._added[0] if self._added else None)
+
+    def find(self, sequence: int) -> ProducerEntry | None:
+        for entry in self._added:
+            if entry.sequence == sequence:
+                return entry
+        return self._base.find(sequence) if self._base is not None else None

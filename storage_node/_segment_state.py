@@ -1,0 +1,125 @@
+"""A segment-engine shard's state: its segments, the view readers see, and what is durable about it.
+
+Checkpoint (``"C" sid`` in the index store; big-endian)::
+
+    segment_base u64, position u64, next_offset u64, last_index_offset i64,
+    epoch u32, segment_created_ms i64, segment_max_ts i64
+
+It names the first byte of the active segment not yet covered by the indexes
+and what is needed to continue indexing from there.
+
+Sealed segment record (``"E" sid be64(base)``)::
+
+    end_offset u64, size_bytes u64, max_timestamp_ms i64, created_ms i64
+
+Key-index rebuild marker (``"K" sid``, empty): present while recovery rebuilds a
+shard's key index; an open that finds it rebuilds again.
+
+Threading: a :class:`SegmentShard`'s mutable fields are guarded by its ``lock``
+(held by writers); readers take its :class:`View`, which is replaced whole on
+publish and never mutated.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from robustmq.errors import ShardFailed
+
+from ._adapter import ShardConfig
+from ._index_store import sid_bytes
+from ._indexed_engine import PendingBase, ShardBase
+
+__all__ = [
+    "CHECKPOINT",
+    "NOT_INDEXED",
+    "NO_TIMESTAMP",
+    "SEALED",
+    "Checkpoint",
+    "Pending",
+    "Segment",
+    "SegmentShard",
+    "View",
+    "key_rebuild_marker",
+]
+
+CHECKPOINT = struct.Struct(">QQQqIqq")
+SEALED = struct.Struct(">QQqq")
+NO_TIMESTAMP = -(1 << 63)
+NOT_INDEXED = -(1 << 62)
+
+
+def key_rebuild_marker(sid: int) -> bytes:
+    return b"K" + sid_bytes(sid)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    base_offset: int
+    path: Path
+    size_bytes: int
+    end_offset: int
+    max_timestamp_ms: int
+    created_ms: int
+    sealed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """What readers see of a shard: replaced whole on publish, never mutated."""
+
+    segments: tuple[Segment, ...]
+    log_end: int
+    bases: tuple[int, ...] = ()
+
+    @staticmethod
+    def of(segments: Iterable[Segment], log_end: int) -> View:
+        segments = tuple(segments)
+        return View(segments, log_end, tuple(s.base_offset for s in segments))
+
+    @property
+    def earliest(self) -> int:
+        return self.segments[0].base_offset
+
+    @property
+    def active(self) -> Segment:
+        return self.segments[-1]
+
+
+class SegmentShard(ShardBase):
+    def __init__(self, name: str, sid: int, config: ShardConfig) -> None:
+        super().__init__(name, sid, config)
+        self.view = View.of((), 0)
+        self.last_index_offset = NOT_INDEXED
+        self.failed: str | None = None  # why the files no longer match the view (set once, never cleared)
+
+    def check_writable(self) -> None:
+        if self.failed is not None:
+            raise ShardFailed(
+                f"shard {self.name} takes no writes: {self.failed}. Its records up to offset "
+                f"{self.view.log_end} are still served; restart the storage node to recover it",
+                shard=self.name,
+                reason=self.failed,
+            )
+
+
+@dataclass(slots=True)
+class Pending(PendingBase):
+    segments: list[Segment] = field(default_factory=list)
+    last_index_offset: int = NOT_INDEXED
+    created_files: list[Path] = field(default_factory=list)
+    start_sizes: dict[Path, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    segment_base: int
+    position: int
+    next_offset: int
+    last_index_offset: int
+    epoch: int
+    segment_created_ms: int
+    segment_max_ts: int

@@ -38,7 +38,7 @@ from robustmq.storage_node import shard_name
 
 from . import _keys as keys
 from ._liveness import Liveness
-from ._nodes import MAX_NODES, NodeTable
+from ._nodes import MAX_DELETIONS_PER_BEAT, MAX_NODES, NodeTable
 from ._offsets import OffsetTable, partition_lag
 from ._placement import place_replicas
 from ._store import MetaStore, WriteSet
@@ -142,7 +142,10 @@ class MetaController:
                 replicas = place_replicas(live - held, load, needed, shard=shard, dropping=len(held))
                 load[replicas[0]] += 1
                 segments.append(_first_segment(shard, replicas))
-            topic = pb.Topic(name=name, config=config, created_ms=_now_ms())
+            now = _now_ms()
+            topic = pb.Topic(
+                name=name, config=config, created_ms=now, incarnation=self._topics.next_incarnation(now)
+            )
             ws = WriteSet()
             self._topics.stage_create(topic, segments, ws)
             ws.commit(self._store)
@@ -161,22 +164,26 @@ class MetaController:
             chains = self._topics.chains(name)
             addresses = {node.node_id: node.address for node in self._nodes.all()}
             shards = [
-                self._shard_info(name, partition, chains[partition], addresses)
+                self._shard_info(topic, partition, chains[partition], addresses)
                 for partition in sorted(chains)
             ]
         return pb.TopicDescription(topic=topic, shards=shards)
 
     def delete_topic(self, name: str) -> None:
-        """Remove a topic, its chains and its group offsets; tell its nodes to drop its shards."""
+        """Remove a topic, its chains and its group offsets; tell its nodes to drop its shards.
+
+        Every node that held a segment gets a pending deletion of the shard at
+        this incarnation, kept until the node reports it done (see ``heartbeat``).
+        """
         name = require_topic(name)
         with self._locked():
-            self._topics.require(name)
+            incarnation = self._topics.require(name).incarnation
             ws = WriteSet()
             segments = self._topics.stage_delete(name, ws)
             self._offsets.stage_delete_topic(name, ws)
             for segment in segments:
                 for node_id in segment.replicas:
-                    self._nodes.stage_pending(node_id, segment.shard, ws)
+                    self._nodes.stage_pending(node_id, segment.shard, incarnation, ws)
             ws.commit(self._store)
             for segment in segments:
                 if segment.state == pb.ACTIVE and segment.leader:
@@ -191,19 +198,20 @@ class MetaController:
             chain = self._topics.chain(topic, partition)
             leader = self._nodes.get(chain[-1].leader)
             addresses = {leader.node_id: leader.address} if leader is not None else {}
-            return self._shard_info(topic, partition, chain, addresses)
+            return self._shard_info(self._topics.require(topic), partition, chain, addresses)
 
     def _shard_info(
-        self, topic: str, partition: int, chain: list[pb.Segment], addresses: Mapping[str, str]
+        self, topic: pb.Topic, partition: int, chain: list[pb.Segment], addresses: Mapping[str, str]
     ) -> pb.ShardInfo:
-        shard = shard_name(topic, partition)
+        shard = shard_name(topic.name, partition)
         return pb.ShardInfo(
-            topic=topic,
+            topic=topic.name,
             partition=partition,
             shard=shard,
             segments=chain,
             leader_address=addresses.get(chain[-1].leader, ""),
             high_watermark=self._progress.get(shard, (-1, -1))[0],
+            incarnation=topic.incarnation,
         )
 
     # -- segments ----------------------------------------------------------
@@ -314,24 +322,34 @@ class MetaController:
         address: str,
         progress: Sequence[pb.ShardProgress],
         shard_count: int,
+        *,
+        deleted: Sequence[pb.ShardDeletion] = (),
     ) -> pb.HeartbeatResponse:
         """Mark a node alive (registering it if unknown), record its shards' progress.
 
         Only the active segment's leader's reports count as a shard's high
         watermark; reports for unknown shards (deleted since) and malformed ones
-        are ignored. ``shard_count`` is informational. Returns the shards of
-        deleted topics the node must drop; they are listed once, in the answer
-        to its first beat after the deletion.
+        are ignored. ``shard_count`` is informational. ``deleted`` acknowledges
+        deletions the node has carried out; they are forgotten. The answer lists
+        the deletions still pending for the node (at most
+        :data:`~robustmq.meta._nodes.MAX_DELETIONS_PER_BEAT`): each is repeated
+        in every answer until acknowledged, so a lost answer loses nothing.
         """
         node_id = require_node_id(node_id)
         if address:
             require_address(address)
         reports = _usable_progress(node_id, progress)
+        done = _acknowledged_deletions(node_id, deleted)
         with self._locked():
             ws = WriteSet()
             self._stage_upsert_node(node_id, address, ws)
-            delete_shards = self._nodes.pending_for(node_id)
-            self._nodes.stage_delivered(node_id, delete_shards, ws)
+            self._nodes.stage_done(node_id, done, ws)
+            pending = self._nodes.pending_for(node_id, limit=MAX_DELETIONS_PER_BEAT + len(done))
+            deletions = [
+                pb.ShardDeletion(shard=shard, incarnation=incarnation)
+                for shard, incarnation in pending
+                if (shard, incarnation) not in done
+            ][:MAX_DELETIONS_PER_BEAT]
             accepted = {}
             for shard, topic, partition, values in reports:
                 if self._leads(node_id, topic, partition) and self._progress.get(shard) != values:
@@ -340,7 +358,7 @@ class MetaController:
             ws.commit(self._store)
             self._liveness.beat(node_id)
             self._progress.update(accepted)
-        return pb.HeartbeatResponse(delete_shards=delete_shards, interval_ms=self._interval_ms)
+        return pb.HeartbeatResponse(deletions=deletions, interval_ms=self._interval_ms)
 
     def _stage_upsert_node(self, node_id: str, address: str, ws: WriteSet) -> pb.NodeInfo:
         """The node's record, staging a write if it is new or its address changed."""
@@ -460,6 +478,19 @@ def _first_segment(shard: str, replicas: list[str]) -> pb.Segment:
         replicas=replicas,
         leader=replicas[0],
     )
+
+
+def _acknowledged_deletions(node_id: str, deleted: Sequence[pb.ShardDeletion]) -> set[tuple[str, int]]:
+    """The well-formed ``(shard, incarnation)`` a node reports done (bounded; others ignored)."""
+    done = set()
+    for entry in deleted[: 10 * MAX_DELETIONS_PER_BEAT]:
+        try:
+            split_shard(entry.shard)
+        except InvalidRequest:
+            logger.warning("node %s acknowledged a deletion of %r; ignored", node_id, entry.shard[:80])
+            continue
+        done.add((entry.shard, int(entry.incarnation)))
+    return done
 
 
 def _usable_progress(

@@ -13,6 +13,7 @@ import struct
 __all__ = [
     "FORMAT_VERSION",
     "GROUP",
+    "INCARNATION_KEY",
     "NODE",
     "PENDING",
     "PROGRESS",
@@ -20,10 +21,12 @@ __all__ = [
     "TOPIC",
     "VERSION_KEY",
     "decode_group_key",
+    "decode_incarnation",
     "decode_offset_key",
     "decode_offset_value",
     "decode_pending_key",
     "decode_progress",
+    "encode_incarnation",
     "encode_offset_value",
     "encode_progress",
     "group_key",
@@ -52,9 +55,11 @@ PENDING = b"D"
 OFFSET = b"O"
 GROUP = b"G"
 PROGRESS = b"P"
+INCARNATION_KEY = b"I"
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
 _OFFSET_VALUE = struct.Struct(">qq")
 
 
@@ -102,15 +107,26 @@ def pending_prefix(node_id: str | None = None) -> bytes:
     return PENDING if node_id is None else PENDING + text(node_id)
 
 
-def pending_key(node_id: str, shard: str) -> bytes:
-    return pending_prefix(node_id) + text(shard)
+def pending_key(node_id: str, shard: str, incarnation: int = 0) -> bytes:
+    """A pending deletion; incarnation 0 (topics from before incarnations) has no suffix."""
+    key = pending_prefix(node_id) + text(shard)
+    return key + _U64.pack(incarnation) if incarnation else key
 
 
-def decode_pending_key(key: bytes) -> tuple[str, str]:
-    """``(node_id, shard)`` of a pending-deletion key."""
+def decode_pending_key(key: bytes) -> tuple[str, str, int]:
+    """``(node_id, shard, incarnation)`` of a pending-deletion key."""
     node_id, position = _read_text(key, len(PENDING))
-    shard, _ = _read_text(key, position)
-    return node_id, shard
+    shard, position = _read_text(key, position)
+    incarnation = _U64.unpack_from(key, position)[0] if len(key) >= position + _U64.size else 0
+    return node_id, shard, int(incarnation)
+
+
+def encode_incarnation(incarnation: int) -> bytes:
+    return _U64.pack(incarnation)
+
+
+def decode_incarnation(value: bytes) -> int:
+    return int(_U64.unpack(value)[0])
 
 
 def offsets_prefix(topic: str, group: str | None = None) -> bytes:

@@ -20,10 +20,16 @@ so numbers sort in numeric order within a prefix::
     "S" text(topic) be32(partition) be32(epoch)  Segment (protobuf); a shard's chain in epoch order
     "R" text(topic) be32(partition) be32(epoch)  utf8(node id) that sealed this epoch
     "N" text(node_id)                            NodeInfo (protobuf: node_id, address, registered_ms)
-    "D" text(node_id) text(shard)                (empty): shard of a deleted topic the node must drop
+    "D" text(node_id) text(shard) [be64(inc)]    (empty): shard of a deleted topic the node must drop, at
+                                                 incarnation inc (no suffix: incarnation 0)
+    "I"                                          be64(last topic incarnation handed out)
     "O" text(topic) text(group) be32(partition)  be64(next offset) be64(commit time ms)
     "G" text(group) text(topic)                  (empty): the topics a group has offsets for
     "P" text(topic) be32(partition)              be64(high watermark) be64(log start), as last reported
+
+A topic's incarnation (in its ``T`` record and every ``ShardInfo``) is unique
+per creation of its name; topics from before incarnations have 0. A ``D``
+entry stays until the node acknowledges the deletion in a heartbeat.
 
 Invariants, kept by writing everything one operation changes in one batch:
 every ``S``/``R``/``O``/``P`` key has its ``T`` key; every ``G`` key has at least one

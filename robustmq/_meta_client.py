@@ -249,8 +249,13 @@ class MetaClient:
         address: str,
         progress: Iterable[tuple[str, int, int]] = (),
         shard_count: int = 0,
+        deleted: Iterable[tuple[str, int]] = (),
     ) -> pb.HeartbeatResponse:
-        """Report liveness and ``(shard, high_watermark, log_start_offset)`` per changed shard."""
+        """Report liveness and ``(shard, high_watermark, log_start_offset)`` per changed shard.
+
+        ``deleted`` acknowledges the ``(shard, incarnation)`` deletions the node has
+        carried out; the answer's ``deletions`` are the ones still pending.
+        """
         request = pb.HeartbeatRequest(
             node_id=node_id,
             address=address,
@@ -259,6 +264,7 @@ class MetaClient:
                 for shard, hw, log_start in progress
             ],
             shard_count=shard_count,
+            deleted=[pb.ShardDeletion(shard=shard, incarnation=inc) for shard, inc in deleted],
         )
         return self._call(self._stub.Heartbeat, request, "read")
 

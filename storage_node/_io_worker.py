@@ -356,6 +356,13 @@ class IOWorker(threading.Thread):
         try:
             results = engine.batch_write([request for _, _, request in entries])
         except Exception as error:
+            if len(entries) > 1:  # find the culprit: the others must not fail with it
+                log.warning(
+                    "a group of %d appends failed (%s); appending them one by one", len(entries), error
+                )
+                for entry in entries:
+                    self._append(engine, [entry], touched)
+                return
             item, state, _ = entries[0]
             if isinstance(error, StaleEpoch):  # the engine saw a newer epoch than this node
                 error = SegmentSealed(error.message, shard=state.name)
@@ -363,8 +370,7 @@ class IOWorker(threading.Thread):
             elif not isinstance(error, RobustMQError):
                 log.exception("append to %s failed", state.name)
                 error = Unavailable(f"append failed: {error}", shard=state.name)
-            for item, _, _ in entries:
-                self.fail(item, error)
+            self.fail(item, error)
             return
         for (item, state, request), result in zip(entries, results, strict=True):
             if not result.duplicate:

@@ -10,6 +10,7 @@ worker queue kept full by a flood of real requests.
 from __future__ import annotations
 
 import random
+import shutil
 import threading
 import time
 from collections import Counter
@@ -207,6 +208,33 @@ def test_an_explicit_seal_takes_effect_at_its_place_in_the_queue(make_cluster: A
     assert sealed.seal.sealed.end_offset == 1, "the seal must not take in a write queued after it"
     answer = _outcome(after)
     assert isinstance(answer, SegmentSealed), f"a write to the sealed epoch was answered {answer}"
+
+
+# -- defect 5: one failing request in a group -----------------------------------------------
+
+
+def test_a_request_that_fails_in_the_group_commit_fails_alone(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client = cluster.client
+    for topic in ("busy", "broken", "fine"):
+        client.create_topic(topic, 1)
+        with client.producer() as producer:
+            producer.send(topic, b"first").result(10)
+    shards = cluster.node.config.data_dir / "segment" / "shards"
+    (broken_dir,) = [path for path in shards.iterdir() if path.name.startswith("broken_0")]
+    shutil.rmtree(broken_dir)  # a real fault no validation can see: the next append to it fails
+    routes = {topic: client.metadata.write_route(topic, 0) for topic in ("busy", "broken", "fine")}
+    transport = client.transport
+    big, big_payload = _produce(routes["busy"].shard, 0, [b"x" * 1000] * 8000)
+    futures = [transport.request(routes["busy"].address, big, big_payload)]
+    for topic in ("fine", "broken", "fine", "fine"):
+        request, payload = _produce(routes[topic].shard, 0, [topic.encode()])
+        futures.append(transport.request(routes[topic].address, request, payload))
+    outcomes = [_outcome(future) for future in futures]
+    assert isinstance(outcomes[2], Unavailable), outcomes[2]
+    for index in (0, 1, 3, 4):
+        assert not isinstance(outcomes[index], RobustMQError), f"request {index} failed: {outcomes[index]}"
+    assert client.read("fine", 0, 0, 10).column("value").to_pylist() == [b"first", b"fine", b"fine", b"fine"]
 
 
 # -- defect 1: deletions are never lost -------------------------------------------------------

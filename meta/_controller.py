@@ -88,9 +88,12 @@ class MetaController:
         self._interval_ms = max(1, min(HEARTBEAT_INTERVAL_MS, node_timeout_ms // 3))
         self._check_format()
         self._progress: dict[str, tuple[int, int]] = {}  # shard -> (high watermark, log start)
+        self._reserved: dict[str, int] = {}  # shard -> reserved offset (memory engine), if reported
         for key, value in self._store.scan(keys.PROGRESS):
-            topic, partition, values = keys.decode_progress(key, value)
+            topic, partition, values, reserved = keys.decode_progress(key, value)
             self._progress[shard_name(topic, partition)] = values
+            if reserved:
+                self._reserved[shard_name(topic, partition)] = reserved
         self._load: Counter[str] = Counter(
             segment.leader for segment in self._topics.active_segments() if segment.leader
         )
@@ -189,6 +192,7 @@ class MetaController:
                 if segment.state == pb.ACTIVE and segment.leader:
                     self._load[segment.leader] -= 1
                 self._progress.pop(segment.shard, None)
+                self._reserved.pop(segment.shard, None)
             self._load = +self._load  # drop zero counts
         logger.info("deleted topic %s", name)
 
@@ -212,6 +216,7 @@ class MetaController:
             leader_address=addresses.get(chain[-1].leader, ""),
             high_watermark=self._progress.get(shard, (-1, -1))[0],
             incarnation=topic.incarnation,
+            reserved_offset=self._reserved.get(shard, -1),
         )
 
     # -- segments ----------------------------------------------------------
@@ -328,9 +333,10 @@ class MetaController:
         """Mark a node alive (registering it if unknown), record its shards' progress.
 
         Only the active segment's leader's reports count as a shard's high
-        watermark; reports for unknown shards (deleted since) and malformed ones
-        are ignored. ``shard_count`` is informational. ``deleted`` acknowledges
-        deletions the node has carried out; they are forgotten. The answer lists
+        watermark (and reserved offset, which only grows); reports for unknown
+        shards (deleted since) and malformed ones are ignored. ``shard_count`` is
+        informational. ``deleted`` acknowledges deletions the node has carried
+        out; they are forgotten. The answer lists
         the deletions still pending for the node (at most
         :data:`~robustmq.meta._nodes.MAX_DELETIONS_PER_BEAT`): each is repeated
         in every answer until acknowledged, so a lost answer loses nothing.
@@ -351,13 +357,20 @@ class MetaController:
                 if (shard, incarnation) not in done
             ][:MAX_DELETIONS_PER_BEAT]
             accepted = {}
-            for shard, topic, partition, values in reports:
-                if self._leads(node_id, topic, partition) and self._progress.get(shard) != values:
+            reserved = {}
+            for shard, topic, partition, values, reserve in reports:
+                if not self._leads(node_id, topic, partition):
+                    continue
+                reserve = max(reserve, self._reserved.get(shard, 0))
+                if self._progress.get(shard) != values or reserve != self._reserved.get(shard, 0):
                     accepted[shard] = values
-                    ws.put(keys.progress_key(topic, partition), keys.encode_progress(*values))
+                    if reserve:
+                        reserved[shard] = reserve
+                    ws.put(keys.progress_key(topic, partition), keys.encode_progress(*values, reserve))
             ws.commit(self._store)
             self._liveness.beat(node_id)
             self._progress.update(accepted)
+            self._reserved.update(reserved)
         return pb.HeartbeatResponse(deletions=deletions, interval_ms=self._interval_ms)
 
     def _stage_upsert_node(self, node_id: str, address: str, ws: WriteSet) -> pb.NodeInfo:
@@ -495,8 +508,8 @@ def _acknowledged_deletions(node_id: str, deleted: Sequence[pb.ShardDeletion]) -
 
 def _usable_progress(
     node_id: str, progress: Sequence[pb.ShardProgress]
-) -> list[tuple[str, str, int, tuple[int, int]]]:
-    """The well-formed progress reports: ``(shard, topic, partition, (hw, log_start))``.
+) -> list[tuple[str, str, int, tuple[int, int], int]]:
+    """The well-formed progress reports: ``(shard, topic, partition, (hw, log_start), reserved)``.
 
     A bad report is skipped with a warning instead of failing the heartbeat: a
     node whose beats were refused would be declared dead over one bad number.
@@ -509,10 +522,11 @@ def _usable_progress(
         except InvalidRequest:
             skipped.append(entry.shard[:80])
             continue
-        if entry.high_watermark < 0 or not 0 <= entry.log_start_offset <= entry.high_watermark:
+        hw, log_start, reserved = entry.high_watermark, entry.log_start_offset, entry.reserved_offset
+        if hw < 0 or not 0 <= log_start <= hw or (reserved and reserved < hw):
             skipped.append(entry.shard)
             continue
-        reports.append((entry.shard, topic, partition, (entry.high_watermark, entry.log_start_offset)))
+        reports.append((entry.shard, topic, partition, (hw, log_start), max(reserved, 0)))
     if skipped:
         logger.warning(
             "node %s reported %d malformed shard progress entries (first: %r); ignored",

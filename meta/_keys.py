@@ -164,16 +164,19 @@ def progress_key(topic: str, partition: int) -> bytes:
     return progress_prefix(topic) + _U32.pack(partition)
 
 
-def encode_progress(high_watermark: int, log_start: int) -> bytes:
-    return _OFFSET_VALUE.pack(high_watermark, log_start)
+def encode_progress(high_watermark: int, log_start: int, reserved: int = 0) -> bytes:
+    """``be64(hw) be64(log start)``, then ``be64(reserved offset)`` if one was reported."""
+    value = _OFFSET_VALUE.pack(high_watermark, log_start)
+    return value + _U64.pack(reserved) if reserved > 0 else value
 
 
-def decode_progress(key: bytes, value: bytes) -> tuple[str, int, tuple[int, int]]:
-    """``(topic, partition, (high watermark, log start))`` of a progress entry."""
+def decode_progress(key: bytes, value: bytes) -> tuple[str, int, tuple[int, int], int]:
+    """``(topic, partition, (high watermark, log start), reserved offset or 0)`` of a progress entry."""
     topic, position = _read_text(key, len(PROGRESS))
     (partition,) = _U32.unpack_from(key, position)
-    high_watermark, log_start = _OFFSET_VALUE.unpack(value)
-    return topic, int(partition), (int(high_watermark), int(log_start))
+    high_watermark, log_start = _OFFSET_VALUE.unpack_from(value)
+    reserved = _U64.unpack_from(value, _OFFSET_VALUE.size)[0] if len(value) > _OFFSET_VALUE.size else 0
+    return topic, int(partition), (int(high_watermark), int(log_start)), int(reserved)
 
 
 def group_key(group: str, topic: str | None = None) -> bytes:

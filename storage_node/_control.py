@@ -9,7 +9,9 @@ queue order with the shard's writes. Jobs:
 
 - ``lookup``: ``GetShard`` plus the topic's config (cached per topic and
   incarnation), to resolve a shard the node has not served since it started
-  or to refresh it when a client names a newer epoch;
+  or to refresh it when a client names a newer epoch. Installing a
+  memory-engine shard this node leads also reserves its first offsets (a
+  heartbeat report, see ``_shards``) before the answer goes back;
 - ``probe``: ``GetShard`` just before a seal, so that a seal only pauses
   writes once the Meta Service is known to answer;
 - ``seal``: ``SealSegment(epoch, end)``; the worker repeats the identical call
@@ -41,7 +43,7 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import Busy, RequestTimeout, RobustMQError, Unavailable
 
 from ._driver_manager import split_shard_name
-from ._shards import ShardView
+from ._shards import RESERVE_RECORDS, ShardView, start_of
 
 __all__ = ["UNREACHABLE_HOLD_S", "Job", "MetaAnswer", "MetaControl"]
 
@@ -71,6 +73,7 @@ class Job:
     deliver: Callable[[MetaAnswer], Any]
     epoch: int = -1
     end_offset: int = -1
+    install: bool = False  # a lookup for a shard the node will create if it holds it
 
 
 class MetaControl:
@@ -146,11 +149,22 @@ class MetaControl:
                 return MetaAnswer(job.kind, job.shard, job.epoch, job.end_offset, sealed=sealed)
             info = self._meta.get_shard(job.shard)
             config = self._config(info) if job.kind == "lookup" else pb.TopicConfig()
-            return MetaAnswer(job.kind, job.shard, job.epoch, job.end_offset, view=ShardView(info, config))
+            reserved = self._reserve(info) if job.install and config.engine == "memory" else -1
+            view = ShardView(info, config, reserved)
+            return MetaAnswer(job.kind, job.shard, job.epoch, job.end_offset, view=view)
         except RobustMQError as error:
             if isinstance(error, Unavailable | RequestTimeout | Busy) and "address" in error.fields:
                 self._unreachable_until = time.monotonic() + UNREACHABLE_HOLD_S  # a transport failure
             return MetaAnswer(job.kind, job.shard, job.epoch, job.end_offset, error=error)
+
+    def _reserve(self, info: pb.ShardInfo) -> int:
+        """Reserve the first offsets of a memory-engine shard this node is about to create."""
+        if info.segments[-1].leader != self._node_id:
+            return -1
+        start = start_of(info, self._node_id)
+        reserved = start + RESERVE_RECORDS
+        self._meta.heartbeat(self._node_id, "", [(info.shard, start, start)], reserved={info.shard: reserved})
+        return reserved
 
     def _config(self, info: pb.ShardInfo) -> pb.TopicConfig:
         """The topic's config at ``info``'s incarnation, asked once per topic and incarnation.

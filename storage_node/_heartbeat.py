@@ -5,7 +5,10 @@ heartbeat thread sends the Meta Service one ``Heartbeat``:
 
 - the progress (high watermark, log start) of the shards written since the
   last beat, which the Meta Service keeps (lag, and where a lost
-  memory-engine shard starts again);
+  memory-engine shard starts again); for a memory-engine shard also an
+  offset reserved ahead of its log end (at least ``RESERVE_RECORDS``, four
+  beats of its recent rate), which its worker may then acknowledge up to
+  (posted back as ``Reserved``);
 - ``deleted``: the deletions this node carried out and has not yet had
   acknowledged.
 
@@ -34,7 +37,8 @@ from typing import Any
 
 from robustmq.errors import RobustMQError, ShardNotFound
 
-from ._io_worker import DeleteShard
+from ._io_worker import DeleteShard, Reserved
+from ._shards import RESERVE_RECORDS
 
 __all__ = ["DeletionLedger", "Heartbeat"]
 
@@ -103,6 +107,8 @@ class Heartbeat(threading.Thread):
         node = self._node
         changed = node.take_changed()
         progress = []
+        reserved: dict[str, int] = {}
+        states = []
         for shard in sorted(changed):
             state = node.directory.cached(shard)
             if state is None:
@@ -112,15 +118,23 @@ class Heartbeat(threading.Thread):
             except ShardNotFound:
                 continue
             progress.append((shard, offsets.log_end_offset, offsets.earliest_offset))
+            if state.ack_limit is not None:
+                log_end = offsets.log_end_offset
+                window = max(RESERVE_RECORDS, 4 * (log_end - state.reported_end))
+                reserved[shard] = max(log_end, state.reserve_wanted) + window
+                states.append((state, log_end))
         done = self.ledger.to_acknowledge()
         try:
             answer = node.meta.heartbeat(
-                node.node_id, node.address, progress, node.directory.count, deleted=done
+                node.node_id, node.address, progress, node.directory.count, deleted=done, reserved=reserved
             )
         except Exception:  # reported again with the next beat
             node.restore_changed(changed)
             raise
         self.ledger.acknowledged(done)
+        for state, log_end in states:
+            state.reported_end = log_end
+            node.worker_for(state.name).post(Reserved(state.name, state.incarnation, reserved[state.name]))
         for deletion in answer.deletions:
             if not self.ledger.start(deletion.shard, deletion.incarnation):
                 continue

@@ -80,7 +80,7 @@ from ._engine_base import check_producer
 from ._sealing import Sealer
 from ._shards import NodeShard, ShardDirectory
 
-__all__ = ["REFRESH_INTERVAL_S", "DeleteShard", "IOWorker", "ParkRead", "Request", "WorkQueue"]
+__all__ = ["REFRESH_INTERVAL_S", "DeleteShard", "IOWorker", "ParkRead", "Request", "Reserved", "WorkQueue"]
 
 log = logging.getLogger("robustmq.node")
 
@@ -117,6 +117,15 @@ class DeleteShard:
 
     shard: str
     incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """The Meta Service stored ``end_offset`` as reserved for memory-engine ``shard`` of ``incarnation``."""
+
+    shard: str
+    incarnation: int
+    end_offset: int
 
 
 _STOP = object()
@@ -276,6 +285,8 @@ class IOWorker(threading.Thread):
                 self._park_read(item)
             elif isinstance(item, DeleteShard):
                 self._drop_deleted(item)
+            elif isinstance(item, Reserved):
+                self._reserved(item)
             else:
                 log.error("I/O worker got an unknown item %r", item)
         self._flush()
@@ -325,6 +336,14 @@ class IOWorker(threading.Thread):
                 log.exception("unexpected error preparing a produce request")
             self.fail(item, error)
             return
+        if state.ack_limit is not None:  # memory engine: only offsets the Meta Service reserved
+            end = state.log_end() + state.grouped + batch.record_count
+            if end > state.ack_limit:
+                state.reserve_wanted = max(state.reserve_wanted, end)
+                self._node.want_reservation(state.name)
+                self.fail(item, Busy(f"offsets of {state.name} are being reserved; retry", shard=state.name))
+                return
+            state.grouped += batch.record_count
         request = AppendRequest(
             state.engine_shard, batch, produce.epoch, produce.producer_id, produce.producer_sequence
         )
@@ -342,6 +361,8 @@ class IOWorker(threading.Thread):
         touched: dict[str, NodeShard] = {}
         for entries in by_engine.values():
             self._append(entries[0][1].engine, entries, touched)
+        for _, state, _ in group:
+            state.grouped = 0
         now = now_ms()
         for name, state in touched.items():
             self._node.written(name)
@@ -411,7 +432,7 @@ class IOWorker(threading.Thread):
         awaiting = self._awaiting.get(shard)
         if awaiting is None:
             awaiting = _Awaiting(everything)
-            job = Job("lookup", shard, self.post)
+            job = Job("lookup", shard, self.post, install=everything)
             if not self.control.submit(job):
                 self.fail(item, Busy("too many shard lookups waiting for the Meta Service; retry later"))
                 return
@@ -495,6 +516,13 @@ class IOWorker(threading.Thread):
                 )
 
     # -- seals ---------------------------------------------------------------------------
+
+    def _reserved(self, item: Reserved) -> None:
+        state = self.directory.cached(item.shard)
+        if state is not None and state.incarnation == item.incarnation and state.ack_limit is not None:
+            state.ack_limit = max(state.ack_limit, item.end_offset)
+            if state.reserve_wanted <= state.ack_limit:
+                state.reserve_wanted = 0
 
     # -- deletion ------------------------------------------------------------------------
 

@@ -289,6 +289,12 @@ class StorageNode:
         self._heartbeat.ledger.done(shard, incarnation)
         self._heartbeat.wake()
 
+    def want_reservation(self, shard: str) -> None:
+        """A memory-engine write needs offsets reserved: report ``shard`` with the next beat, now."""
+        with self._changed_lock:
+            self._changed.add(shard)
+        self._heartbeat.wake()
+
     def requeue_read(self, request: Request) -> None:
         """A read parked for its shard's resolution may run now (answered ``Busy`` if readers are full)."""
         if not self._submit_read(request):

@@ -17,6 +17,15 @@ whose incarnation differs from the one the Meta Service names is never
 served; an older one is dropped when the current one is installed. Shards
 on disk are listed (with their incarnations) at start.
 
+Memory-engine shards lose their records in a restart, so a node must never
+acknowledge an offset the Meta Service could not tell a restarted node about.
+Such a shard has an ``ack_limit``: an offset the Meta Service has stored as
+reserved (the lookup that installs the shard reserves
+:data:`RESERVE_RECORDS` past its start; each heartbeat reserves further
+ahead of the log end). A write that would pass it is answered ``Busy`` and
+the heartbeat is woken to reserve more; a restarted node starts the shard at
+the reserved offset, so lost records show as a gap, never as reused offsets.
+
 Seals are decided by the node, not the engine: the engine's own roll limits
 are switched off for node-managed shards, the I/O worker seals through the
 Meta Service (:mod:`._io_worker`) and only then rolls the local segment.
@@ -54,13 +63,24 @@ from robustmq.errors import (
 from ._adapter import ShardConfig, StorageAdapter
 from ._driver_manager import StorageDriverManager, split_shard_name
 
-__all__ = ["NodeShard", "SealTask", "ShardDirectory", "ShardView", "engine_shard_name", "parse_engine_shard"]
+__all__ = [
+    "RESERVE_RECORDS",
+    "NodeShard",
+    "SealTask",
+    "ShardDirectory",
+    "ShardView",
+    "engine_shard_name",
+    "parse_engine_shard",
+    "start_of",
+]
 
 log = logging.getLogger("robustmq.node")
 
 # Node-managed shards never roll on their own: the node seals through the Meta Service.
 _NEVER = 1 << 62
 _TOMBSTONES = 100_000  # deleted (shard, incarnation) remembered, so a late answer cannot revive one
+# Memory engine: offsets reserved ahead of the log end with the Meta Service (at least).
+RESERVE_RECORDS = 10_000
 
 
 def engine_shard_name(shard: str, incarnation: int) -> str:
@@ -87,10 +107,14 @@ def parse_engine_shard(name: str) -> tuple[str, int] | None:
 
 @dataclass(frozen=True, slots=True)
 class ShardView:
-    """What the Meta Service said about a shard: its chain and its topic's config (copied out)."""
+    """What the Meta Service said about a shard: its chain and its topic's config (copied out).
+
+    ``reserved`` is the offset the lookup reserved for a memory-engine shard (-1: none).
+    """
 
     info: pb.ShardInfo
     config: pb.TopicConfig
+    reserved: int = -1
 
 
 @dataclass(slots=True)
@@ -128,6 +152,10 @@ class NodeShard:
     refreshed_at: float = field(default_factory=time.monotonic)  # last view from the Meta Service
     seal: SealTask | None = None
     held: deque[Any] | None = None  # writes held while a seal is settling (None: not paused)
+    ack_limit: int | None = None  # memory engine: nothing is acknowledged past this (module docstring)
+    grouped: int = 0  # records of this shard in the worker's current group
+    reserve_wanted: int = 0  # memory engine: an offset a refused write needed reserved
+    reported_end: int = 0  # the log end the heartbeat last reported (it alone writes this)
 
     def check_write(self, epoch: int) -> None:
         """Raise unless a write addressed to ``epoch`` may go ahead on this node."""
@@ -237,7 +265,7 @@ class ShardDirectory:
         engine = self._manager.driver(engine_name)
         name = engine_shard_name(shard, incarnation)
         if local.get(incarnation) is None:
-            start = _start_of(info, self._node_id)
+            start = start_of(info, self._node_id)
             try:
                 engine.create_shard(name, _engine_config(config), start_offset=start)
             except ShardAlreadyExists:  # an engine that kept it without this node knowing (memory)
@@ -258,6 +286,8 @@ class ShardDirectory:
             leader_address=info.leader_address,
             segment_start=active.start_offset,
         )
+        if engine_name == "memory":
+            state.ack_limit = max(view.reserved, state.log_end())
         self._adopt_local_segment(state)
         _check_continuity(state)
         with self._lock:
@@ -348,16 +378,17 @@ def _roll(state: NodeShard) -> bool:
     return True
 
 
-def _start_of(info: pb.ShardInfo, node_id: str) -> int:
+def start_of(info: pb.ShardInfo, node_id: str) -> int:
     """Where a shard this node creates begins: never at an offset already handed out.
 
     That is the first segment this node holds, or, if this node leads the active
     segment, that segment's start; and never below the log end last reported to the
-    Meta Service (a memory-engine shard recreated after a restart, a wiped data
-    directory), so lost records show as a gap, not as reused offsets.
+    Meta Service nor the offset reserved for a memory-engine shard (a shard recreated
+    after a restart, a wiped data directory), so lost records show as a gap, not as
+    reused offsets.
     """
     first = next(s for s in info.segments if node_id in s.replicas)
-    start = max(first.start_offset, info.high_watermark)
+    start = max(first.start_offset, info.high_watermark, info.reserved_offset)
     active = info.segments[-1]
     if active.leader == node_id:
         start = max(start, active.start_offset)

@@ -90,7 +90,7 @@ class Segment(_message.Message):
     def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., state: _Optional[_Union[SegmentState, str]] = ..., replicas: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ...) -> None: ...
 
 class ShardInfo(_message.Message):
-    __slots__ = ("topic", "partition", "shard", "segments", "leader_address", "high_watermark", "incarnation")
+    __slots__ = ("topic", "partition", "shard", "segments", "leader_address", "high_watermark", "incarnation", "reserved_offset")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,7 @@ class ShardInfo(_message.Message):
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     shard: str
@@ -105,7 +106,8 @@ class ShardInfo(_message.Message):
     leader_address: str
     high_watermark: int
     incarnation: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., leader_address: _Optional[str] = ..., high_watermark: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    reserved_offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., leader_address: _Optional[str] = ..., high_watermark: _Optional[int] = ..., incarnation: _Optional[int] = ..., reserved_offset: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
     __slots__ = ("node_id", "address", "registered_ms", "last_heartbeat_ms", "alive", "active_segments")
@@ -170,14 +172,16 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class ShardProgress(_message.Message):
-    __slots__ = ("shard", "high_watermark", "log_start_offset")
+    __slots__ = ("shard", "high_watermark", "log_start_offset", "reserved_offset")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     shard: str
     high_watermark: int
     log_start_offset: int
-    def __init__(self, shard: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
+    reserved_offset: int
+    def __init__(self, shard: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., reserved_offset: _Optional[int] = ...) -> None: ...
 
 class ShardDeletion(_message.Message):
     __slots__ = ("shard", "incarnation")

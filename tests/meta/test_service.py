@@ -511,3 +511,18 @@ def test_reported_high_watermarks_survive_a_restart_and_go_with_their_topic(meta
     client.create_topic("hw", partitions=2)
     meta.restart()
     assert client.get_shard("hw_0").high_watermark == -1
+
+
+def test_reserved_offsets_only_grow_and_survive_a_restart(meta: Meta) -> None:
+    # A memory-engine shard restarts at its reserved offset: it must never go back.
+    client = meta.client
+    register(client, "n1", "n2")
+    client.create_topic("mem", partitions=1, engine="memory")  # mem_0 led by n1
+    assert client.get_shard("mem_0").reserved_offset == -1
+    client.heartbeat("n1", "", progress=[("mem_0", 5, 0)], reserved={"mem_0": 100})
+    client.heartbeat("n1", "", progress=[("mem_0", 6, 0)], reserved={"mem_0": 50})  # never backwards
+    client.heartbeat("n2", "", progress=[("mem_0", 7, 0)], reserved={"mem_0": 900})  # not the leader
+    client.heartbeat("n1", "", progress=[("mem_0", 8, 0)], reserved={"mem_0": 3})  # below the HW: malformed
+    assert client.get_shard("mem_0").reserved_offset == 100
+    meta.restart()
+    assert (client.get_shard("mem_0").high_watermark, client.get_shard("mem_0").reserved_offset) == (6, 100)

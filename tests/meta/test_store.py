@@ -147,4 +147,9 @@ def test_key_layout_is_stable() -> None:
     assert keys.decode_offset_key(keys.offset_key("ab", "gé", 9)) == ("ab", "gé", 9)
     assert keys.decode_pending_key(keys.pending_key("n", "x_1")) == ("n", "x_1", 0)
     assert keys.decode_pending_key(keys.pending_key("n", "x_1", 7)) == ("n", "x_1", 7)
+    assert keys.encode_progress(5, 7) == b"\x00" * 7 + b"\x05" + b"\x00" * 7 + b"\x07"
+    assert keys.encode_progress(5, 7, 9) == keys.encode_progress(5, 7) + b"\x00" * 7 + b"\x09"
+    progress = keys.progress_key("ab", 2)
+    assert keys.decode_progress(progress, keys.encode_progress(5, 7)) == ("ab", 2, (5, 7), 0)
+    assert keys.decode_progress(progress, keys.encode_progress(5, 7, 9)) == ("ab", 2, (5, 7), 9)
     assert keys.decode_group_key(keys.group_key("g", "t")) == ("g", "t")

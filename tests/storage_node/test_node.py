@@ -239,8 +239,9 @@ def test_a_memory_shard_lost_in_a_restart_never_reuses_offsets(
     _restart_node(cluster)
     client.metadata.invalidate("volatile", 0)
     with client.producer() as producer:
-        assert producer.send("volatile", b"after").result(20).offset == 10  # not 0 again
-    assert client.list_offsets("volatile") == {0: (10, 11)}
+        after = producer.send("volatile", b"after").result(20).offset
+    assert after >= 10  # not 0 again: the shard starts where offsets were reserved
+    assert client.list_offsets("volatile") == {0: (after, after + 1)}
     with pytest.raises(OffsetOutOfRange):
         client.read("volatile", 0, 0, 5)
 

@@ -83,28 +83,36 @@ class Cluster:
     node: StorageNode
     client: robustmq.Client
     network: LosingNetwork
+    meta_client: MetaClient
+
+    def restart_node(self) -> None:
+        """Stop the node cleanly and start it again on its data directory (a new port)."""
+        self.node.stop()
+        self.node = StorageNode(self.node.config, meta=self.meta_client).start()
 
 
 @pytest.fixture
 def make_cluster(tmp_path: Path) -> Iterator[Any]:
-    started: list[tuple[MetaServer, StorageNode, robustmq.Client, grpc.Channel]] = []
+    started: list[tuple[Cluster, grpc.Channel]] = []
 
     def make(*, methods: set[str] = frozenset(), budget: int | None = None, **node: Any) -> Cluster:  # type: ignore[assignment]
         meta = MetaServer(tmp_path / "meta", port=0).start()
         network = LosingNetwork(set(methods), budget=budget)
         channel = grpc.intercept_channel(grpc.insecure_channel(meta.address), network)
         config = NodeConfig(data_dir=tmp_path / "node", meta_address=meta.address, port=0, **node)
-        storage = StorageNode(config, meta=MetaClient(meta.address, timeout_s=5, channel=channel)).start()
+        meta_client = MetaClient(meta.address, timeout_s=5, channel=channel)
+        storage = StorageNode(config, meta=meta_client).start()
         client = robustmq.connect(meta.address, timeout_s=20)
-        started.append((meta, storage, client, channel))
-        return Cluster(meta, storage, client, network)
+        cluster = Cluster(meta, storage, client, network, meta_client)
+        started.append((cluster, channel))
+        return cluster
 
     yield make
-    for meta, storage, client, channel in started:
-        client.close()
-        storage.stop()
+    for cluster, channel in started:
+        cluster.client.close()
+        cluster.node.stop()
         channel.close()
-        meta.stop()
+        cluster.meta.stop()
 
 
 def _produce(shard: str, epoch: int, values: list[bytes]) -> tuple[pb.NodeRequest, tuple[Any, ...]]:
@@ -287,3 +295,35 @@ def test_a_full_worker_queue_does_not_lose_a_deletion(make_cluster: Any) -> None
         stop.set()
         for flooder in flooders:
             flooder.join(60)
+
+
+# -- defect 10: the memory engine never reuses an offset -----------------------------------
+
+
+def test_a_memory_shard_restarted_right_after_writes_never_reuses_an_acknowledged_offset(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster()
+    client = cluster.client
+    client.create_topic("volatile", 1, engine="memory")
+    with client.producer() as producer:
+        producer.send_batch("volatile", build_records([b"reported"] * 10)).result(10)
+        wait_until(lambda: client.describe_topic("volatile").shards[0].high_watermark == 10, timeout_s=15)
+        last = [producer.send("volatile", b"unreported").result(10).offset for _ in range(5)][-1]
+    assert last == 14
+    cluster.restart_node()  # before the next heartbeat could report offsets 10..14
+    client.metadata.invalidate("volatile", 0)
+    with client.producer() as producer:
+        after = producer.send("volatile", b"after the restart").result(20).offset
+    assert after > last, f"offset {after} was acknowledged before the restart too"
+
+
+def test_memory_writes_past_the_reservation_wait_for_more_and_go_through(make_cluster: Any) -> None:
+    cluster = make_cluster()
+    client = cluster.client
+    client.create_topic("burst", 1, engine="memory")
+    values = [b"%d" % i for i in range(50_000)]  # five times what a shard reserves at first
+    with client.producer() as producer:
+        producer.send_batch("burst", build_records(values)).result(60)
+    assert client.list_offsets("burst") == {0: (0, 50_000)}
+    assert client.describe_topic("burst").shards[0].reserved_offset >= 50_000

@@ -26,18 +26,13 @@ No item ever waits for the Meta Service on this thread:
   ``lookup`` refresh, at most once per :data:`REFRESH_INTERVAL_S` per shard;
   within that interval it is answered ``StaleEpoch`` at once, so a client
   sending a huge epoch cannot cause one Meta Service call per request.
-- **Seals.** When a segment passes its size or age limit the worker sends a
-  ``probe`` (``GetShard``); writes go on meanwhile, so a Meta Service outage
-  does not stall them (the probe fails and is retried with back-off). Once the
-  probe answers, the worker pauses the shard at its log end ``end`` (writes
-  are held, in order, bounded) and sends ``SealSegment(epoch, end)``. A
-  success rolls the local segment, adopts the next epoch and runs the held
-  writes (now ``SegmentSealed``: their epoch is sealed). A definite refusal
-  unpauses and retries later. An unknown outcome (timeout, lost connection)
-  keeps the shard paused and repeats the identical seal with back-off until
-  the answer is definite: no record past a sealed end is ever acknowledged.
-  ``StaleEpoch`` (the chain moved without us) is settled by a ``probe``. An
-  explicit seal request pauses at once, at its place in the queue.
+- **Seals.** When a segment passes its size or age limit, or a client asks,
+  the worker seals it through the Meta Service in steps driven by the
+  control threads' answers; writes are only held between a probe that showed
+  the Meta Service answering and a definite answer to the seal, and nothing
+  past a sealed end is ever acknowledged (see ``_sealing``).
+- **Memory engine.** A write that would pass the shard's reserved offset is
+  answered ``Busy`` and the heartbeat is asked to reserve more (see ``_shards``).
 - **Deletion.** A deletion ``(shard, incarnation)`` from the heartbeat forgets
   the shard if it is of that incarnation (held and parked requests get
   ``ShardNotFound``), drops the local data of that incarnation and reports it

@@ -121,6 +121,15 @@ def _produce(shard: str, epoch: int, values: list[bytes]) -> tuple[pb.NodeReques
     return request, (encode_batch(build_records(values)),)
 
 
+def _create_with_a_record(client: robustmq.Client, *topics: str) -> None:
+    """One-partition topics, each holding one record ``first`` (so the node serves them)."""
+    for topic in topics:
+        client.create_topic(topic, 1)
+    with client.producer() as producer:
+        for topic in topics:
+            producer.send(topic, b"first").result(10)
+
+
 def _outcome(future: Future[Any]) -> Any:
     try:
         return future.result(30)[0]
@@ -174,9 +183,7 @@ def test_a_seal_whose_answer_is_lost_acknowledges_nothing_past_the_sealed_end(ma
 def test_writes_naming_a_huge_epoch_cost_at_most_one_lookup_a_second(make_cluster: Any) -> None:
     cluster = make_cluster()
     client = cluster.client
-    client.create_topic("hostile", 1)
-    with client.producer() as producer:
-        producer.send("hostile", b"first").result(10)
+    _create_with_a_record(client, "hostile")
     route = client.metadata.write_route("hostile", 0)
     before = cluster.network.calls["GetShard"]
     started = time.monotonic()
@@ -197,11 +204,7 @@ def test_writes_naming_a_huge_epoch_cost_at_most_one_lookup_a_second(make_cluste
 def test_an_explicit_seal_takes_effect_at_its_place_in_the_queue(make_cluster: Any) -> None:
     cluster = make_cluster(io_workers=1)
     client = cluster.client
-    client.create_topic("busy", 1)
-    client.create_topic("order", 1)
-    with client.producer() as producer:
-        producer.send("busy", b"first").result(10)
-        producer.send("order", b"first").result(10)
+    _create_with_a_record(client, "busy", "order")
     busy = client.metadata.write_route("busy", 0)
     order = client.metadata.write_route("order", 0)
     big, big_payload = _produce(busy.shard, busy.epoch, [b"x" * 1000] * 8000)  # keeps the worker busy
@@ -224,10 +227,7 @@ def test_an_explicit_seal_takes_effect_at_its_place_in_the_queue(make_cluster: A
 def test_a_request_that_fails_in_the_group_commit_fails_alone(make_cluster: Any) -> None:
     cluster = make_cluster(io_workers=1)
     client = cluster.client
-    for topic in ("busy", "broken", "fine"):
-        client.create_topic(topic, 1)
-        with client.producer() as producer:
-            producer.send(topic, b"first").result(10)
+    _create_with_a_record(client, "busy", "broken", "fine")
     shards = cluster.node.config.data_dir / "segment" / "shards"
     (broken_dir,) = [path for path in shards.iterdir() if path.name.startswith("broken_0")]
     shutil.rmtree(broken_dir)  # a real fault no validation can see: the next append to it fails
@@ -269,11 +269,7 @@ def test_a_lost_heartbeat_answer_does_not_lose_a_deletion(make_cluster: Any) -> 
 def test_a_full_worker_queue_does_not_lose_a_deletion(make_cluster: Any) -> None:
     cluster = make_cluster(io_workers=1, queue_requests_per_worker=1)
     client = cluster.client
-    client.create_topic("gone", 1)
-    client.create_topic("flood", 1)
-    with client.producer() as producer:
-        producer.send("gone", b"old").result(10)
-        producer.send("flood", b"start").result(10)
+    _create_with_a_record(client, "gone", "flood")
     route = client.metadata.write_route("flood", 0)
     request, payload = _produce(route.shard, route.epoch, [b"f" * 1000] * 500)
     stop = threading.Event()

@@ -15,7 +15,9 @@ import pyarrow as pa
 
 from robustmq._records import HEADERS_TYPE, RECORD_SCHEMA, TAGS_TYPE, TIMESTAMP_TYPE, null_column
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+# Run outputs (JSON, PNG) go to an ignored folder: a run never rewrites tracked files.
+# The figures the project stands by are written down in the README, with their commands.
+OUT_DIR = Path(__file__).resolve().parent / "out"
 
 
 def make_records(
@@ -65,10 +67,10 @@ def machine() -> dict[str, Any]:
 
 
 def emit(name: str, parameters: dict[str, Any], results: dict[str, Any]) -> Path:
-    """Write benchmarks/results/{name}.json; print the results as the last line (JSON)."""
-    RESULTS_DIR.mkdir(exist_ok=True)
+    """Write benchmarks/out/{name}.json; print the results as the last line (JSON)."""
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
     report = {"benchmark": name, "machine": machine(), "parameters": parameters, "results": results}
-    path = RESULTS_DIR / f"{name}.json"
+    path = OUT_DIR / f"{name}.json"
     path.write_text(json.dumps(report, indent=2))
     print(json.dumps(results), flush=True)
     return path

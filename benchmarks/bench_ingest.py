@@ -22,7 +22,7 @@ In one run:
 - **RSS with 10,000 shards**: the node process's resident memory after 10
   topics of 1,000 partitions are created and every partition written once.
 
-The last line printed is one JSON object; a PNG goes to benchmarks/results/.
+The last line printed is one JSON object; a PNG goes to benchmarks/out/.
 
 Usage: ``python benchmarks/bench_ingest.py [--quick]``
 """
@@ -42,7 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import RESULTS_DIR, bar_panels, emit, make_records, percentile_ms
+from _common import OUT_DIR, bar_panels, emit, make_records, percentile_ms
 
 BATCH_RECORDS = 10_000
 
@@ -281,9 +281,9 @@ def main() -> None:
         "ratio_to_in_process": round(bulk_rate / in_process, 3),
         "rss_mb_10k_shards": round(rss, 1),
     }
-    RESULTS_DIR.mkdir(exist_ok=True)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
     bar_panels(
-        RESULTS_DIR / "bench_ingest.png",
+        OUT_DIR / "bench_ingest.png",
         f"Ingest over loopback vs in-process engine ({args.records:,} x 100 B records)",
         [
             (

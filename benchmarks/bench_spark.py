@@ -16,7 +16,7 @@ On one embedded node and one SparkSession (local[2]), with 100-byte values:
 Rates are steady state: rows over time summed across the micro-batches after
 the first (which pays for planning and Python worker start-up), from the
 queries' progress. The last line is one JSON object; a PNG goes to
-benchmarks/results/.
+benchmarks/out/.
 
 Usage: ``python benchmarks/bench_spark.py [--quick]``
 """
@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS_DIR, bar_panels, emit, make_records, percentile_ms
+from _common import OUT_DIR, bar_panels, emit, make_records, percentile_ms
 
 BATCH = 100_000
 
@@ -353,9 +353,9 @@ def main() -> None:
         "e2e_latency_p50_ms": round(percentile_ms(delays, 50), 1),
         "e2e_latency_p99_ms": round(percentile_ms(delays, 99), 1),
     }
-    RESULTS_DIR.mkdir(exist_ok=True)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
     bar_panels(
-        RESULTS_DIR / "bench_spark.png",
+        OUT_DIR / "bench_spark.png",
         f"Spark over RobustMQ ({args.records:,} x 100 B records, local[2])",
         [
             (

@@ -19,7 +19,7 @@ A discarded warm-up write of the same size comes first (the first large write
 in a process pays for page-cache allocation), then append and baseline run for
 ``--rounds`` rounds, alternating which goes first; medians are reported.
 The last line printed is one JSON object; a PNG goes next to the JSON report
-in ``benchmarks/results/``.
+in ``benchmarks/out/``.
 
 Usage: ``python benchmarks/bench_storage.py [--quick] [--dir DIR]``
 """
@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS_DIR, bar_panels, emit, make_records, percentile_ms
+from _common import OUT_DIR, bar_panels, emit, make_records, percentile_ms
 
 from robustmq._frame import encode_header
 from robustmq._records import encode_batch
@@ -209,9 +209,9 @@ def main() -> None:
         "read_by_offset_p99_ms": round(percentile_ms(read_samples, 99), 3),
         "offset_index_bytes_per_10m": index_bytes,
     }
-    RESULTS_DIR.mkdir(exist_ok=True)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
     bar_panels(
-        RESULTS_DIR / "bench_storage.png",
+        OUT_DIR / "bench_storage.png",
         f"Segment engine, {args.records:,} x 100 B records, {args.group} batches per fsync",
         [
             (

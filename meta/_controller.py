@@ -52,9 +52,17 @@ from ._validation import (
     validated_topic_config,
 )
 
-__all__ = ["DEFAULT_NODE_TIMEOUT_MS", "HEARTBEAT_INTERVAL_MS", "MetaController"]
+__all__ = [
+    "DEFAULT_NODE_TIMEOUT_MS",
+    "GROUP_PAGE_DEFAULT",
+    "GROUP_PAGE_MAX",
+    "HEARTBEAT_INTERVAL_MS",
+    "MetaController",
+]
 
 DEFAULT_NODE_TIMEOUT_MS = 6000
+GROUP_PAGE_DEFAULT = 1_000
+GROUP_PAGE_MAX = 10_000
 HEARTBEAT_INTERVAL_MS = 1000
 _MAX_EPOCH = 2**32 - 1
 
@@ -73,8 +81,8 @@ class MetaController:
     store
         Where everything durable lives; the controller closes it in :meth:`close`.
     node_timeout_ms
-        A node is alive while its last heartbeat is at most this old; registered
-        nodes also count as alive for this long after start.
+        A node is alive while its last heartbeat since this process started is
+        at most this old (after a restart, a node is dead until it beats again).
     """
 
     def __init__(self, store: MetaStore, *, node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS) -> None:
@@ -134,8 +142,7 @@ class MetaController:
                 raise TopicAlreadyExists(f"topic {name!r} already exists", topic=name)
             live = self._live_node_ids()
             needed = config.replication_factor
-            if len(live) < needed:  # say so once, for the topic, not for its first shard
-                place_replicas(live, self._load, needed)
+            self._require_live(live, needed)  # say so once, for the topic, not for its first shard
             shards = [shard_name(name, p) for p in range(config.partitions)]
             dropping = self._nodes.holders_pending(shards)
             load = Counter(self._load)
@@ -418,6 +425,66 @@ class MetaController:
     def _live_node_ids(self) -> set[str]:
         return {node.node_id for node in self._nodes.all() if self._liveness.is_alive(node.node_id)}
 
+    def _require_live(self, live: set[str], needed: int) -> None:
+        """Raise ``Unavailable`` if fewer than ``needed`` nodes are live, saying who has not beaten yet."""
+        if len(live) >= needed:
+            return
+        silent = [node.node_id for node in self._nodes.all() if not self._liveness.has_beaten(node.node_id)]
+        if not silent:
+            place_replicas(live, self._load, needed)  # the plain "need N, have M"
+        uptime_s = self._liveness.uptime_s()
+        advice = (
+            "running nodes beat every second: retry in a few seconds"
+            if uptime_s <= self._liveness.timeout_s
+            else "remove nodes that are gone for good with `robustmq node remove`"
+        )
+        raise Unavailable(
+            f"need {needed} live storage nodes, have {len(live)}; {len(silent)} registered nodes "
+            f"have not sent a heartbeat since the Meta Service started {uptime_s:.1f} s ago ({advice})",
+            needed=needed,
+            live=len(live),
+            not_beaten=len(silent),
+        )
+
+    def remove_node(self, node_id: str, force: bool = False) -> tuple[pb.NodeInfo, list[str]]:
+        """Remove a node's registration for good; its id no longer counts against ``MAX_NODES``.
+
+        Refused (``InvalidRequest``) while the node is alive or still leads
+        active segments, unless ``force``. Its segments stay in their chains as
+        they are: a shard whose active segment it leads has no reachable leader
+        until a node registers again with this id (replication will move them).
+        Shards it still owes a deletion stay owed, in case it comes back.
+        Returns the removed registration and the shards whose active segment it leads.
+        """
+        node_id = require_node_id(node_id)
+        with self._locked():
+            node = self._nodes.get(node_id)
+            if node is None:
+                raise InvalidRequest(f"no storage node {node_id!r} is registered", node_id=node_id)
+            led = sorted(s.shard for s in self._topics.active_segments() if s.leader == node_id)
+            if not force and self._liveness.is_alive(node_id):
+                raise InvalidRequest(
+                    f"node {node_id!r} is alive (it beat {self._liveness.seconds_since_beat(node_id):.1f} s "
+                    f"ago): stop it first, or force the removal",
+                    node_id=node_id,
+                )
+            if not force and led:
+                raise InvalidRequest(
+                    f"node {node_id!r} still leads the active segment of {len(led)} shards "
+                    f"({', '.join(led[:5])}{', ...' if len(led) > 5 else ''}); removing it leaves them "
+                    f"without a leader: force the removal to do it anyway",
+                    node_id=node_id,
+                    led_shards=led[:10],
+                    led_count=len(led),
+                )
+            view = self._node_view(node)
+            ws = WriteSet()
+            ws.delete(keys.node_key(node_id))
+            ws.commit(self._store)
+            self._liveness.forget(node_id)
+        logger.warning("removed node %s (%s); it led %d active segments", node_id, node.address, len(led))
+        return view, led
+
     # -- group offsets -----------------------------------------------------
 
     def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
@@ -476,9 +543,26 @@ class MetaController:
                     )
         return lags
 
-    def list_groups(self) -> list[str]:
+    def list_groups(self, page_token: str = "", limit: int = 0) -> tuple[list[str], str]:
+        """One page of group names (``limit`` 0: the default size) and the next token ("" at the end)."""
+        if page_token:
+            require_group(page_token)
+        if limit < 0:
+            raise InvalidRequest(f"limit must not be negative, got {limit}", limit=limit)
+        limit = min(limit or GROUP_PAGE_DEFAULT, GROUP_PAGE_MAX)
         with self._locked():
-            return self._offsets.groups()
+            return self._offsets.groups_page(page_token, limit)
+
+    def delete_group(self, group: str) -> int:
+        """Remove every offset ``group`` committed; how many there were (0: nothing to remove)."""
+        group = require_group(group)
+        with self._locked():
+            ws = WriteSet()
+            removed = self._offsets.stage_delete_group(group, ws)
+            ws.commit(self._store)
+        if removed:
+            logger.info("deleted group %s (%d committed offsets)", group, removed)
+        return removed
 
 
 def _first_segment(shard: str, replicas: list[str]) -> pb.Segment:

@@ -44,8 +44,36 @@ class OffsetTable:
         return sorted(keys.decode_group_key(key)[1] for key, _ in self._store.scan(prefix))
 
     def groups(self) -> list[str]:
-        """Every group with at least one committed offset, sorted."""
+        """Every group with at least one committed offset, sorted (unbounded: tests and tools)."""
         return sorted({keys.decode_group_key(key)[0] for key, _ in self._store.scan(keys.GROUP)})
+
+    def groups_page(self, after: str, limit: int) -> tuple[list[str], str]:
+        """Up to ``limit`` groups after ``after`` ("" for the first) in store order, and the next token.
+
+        The token is the page's last group, or "" when no group follows. The work
+        is bounded by the index entries of ``limit + 1`` groups, whatever the
+        number of groups.
+        """
+        start = _prefix_end(keys.group_key(after)) if after else b""
+        page: list[str] = []
+        for key, _ in self._store.scan(keys.GROUP, start=start):
+            group = keys.decode_group_key(key)[0]
+            if page and group == page[-1]:
+                continue  # the same group's next topic
+            if len(page) == limit:
+                return page, page[-1]
+            page.append(group)
+        return page, ""
+
+    def stage_delete_group(self, group: str, ws: WriteSet) -> int:
+        """Stage removing every offset ``group`` committed, on every topic; how many there are."""
+        removed = 0
+        for topic in self.topics_of(group):
+            for key, _ in self._store.scan(keys.offsets_prefix(topic, group)):
+                ws.delete(key)
+                removed += 1
+            ws.delete(keys.group_key(group, topic))
+        return removed
 
     def stage_commit(
         self,
@@ -69,6 +97,13 @@ class OffsetTable:
             _, group, _ = keys.decode_offset_key(key)
             ws.delete(key)
             ws.delete(keys.group_key(group, topic))
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The first key after every key that starts with ``prefix``."""
+    stripped = prefix.rstrip(b"\xff")
+    assert stripped, "a prefix of only 0xff bytes has no end"
+    return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
 def partition_lag(

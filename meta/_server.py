@@ -4,7 +4,9 @@ Data lives in ``{data_dir}/store`` (a RocksDB directory; one process at a
 time). The server answers on ``host:port`` (default ``127.0.0.1:7070``) with a
 bounded thread pool and a bound on RPCs in flight: past it, callers get
 ``RESOURCE_EXHAUSTED`` (the client raises :class:`~robustmq.errors.Busy`)
-instead of an ever-growing queue.
+instead of an ever-growing queue. A request is at most ``MAX_REQUEST_BYTES``
+(4 MiB); a larger one is refused before it is read (the client raises
+:class:`~robustmq.errors.MessageTooLarge`).
 
 Stopping waits up to ``grace`` seconds for RPCs in flight, then closes the
 store. A crash at any point loses nothing acknowledged: every change was
@@ -31,11 +33,15 @@ from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
 from ._service import MetaServicer
 from ._store import RocksDBMetaStore
 
-__all__ = ["DEFAULT_META_PORT", "MetaServer", "run_meta"]
+__all__ = ["DEFAULT_META_PORT", "MAX_REQUEST_BYTES", "MetaServer", "run_meta"]
 
 DEFAULT_META_PORT = 7070
 WORKER_THREADS = 16
 MAX_CONCURRENT_RPCS = 64
+# The largest request the service reads (gRPC's default, stated here): with
+# MAX_CONCURRENT_RPCS it bounds the memory requests in flight can hold. Past it
+# the client raises MessageTooLarge at once.
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
 STOP_GRACE_S = 2.0
 
 logger = logging.getLogger("robustmq.meta")
@@ -103,7 +109,7 @@ class MetaServer:
                 maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
                 # Without this, gRPC sets SO_REUSEPORT and a second Meta Service
                 # on the same port would silently share its traffic.
-                options=[("grpc.so_reuseport", 0)],
+                options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
             )
             pb_grpc.add_MetaServiceServicer_to_server(MetaServicer(controller), server)
             port, cause = _bind(server, self.address)

@@ -180,5 +180,15 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         )
 
     @_answers_errors
-    def ListGroups(self, request: pb.Empty, context: Any) -> pb.ListGroupsResponse:
-        return pb.ListGroupsResponse(groups=self._controller.list_groups())
+    def ListGroups(self, request: pb.ListGroupsRequest, context: Any) -> pb.ListGroupsResponse:
+        groups, following = self._controller.list_groups(request.page_token, request.limit)
+        return pb.ListGroupsResponse(groups=groups, next_page_token=following)
+
+    @_answers_errors
+    def DeleteGroup(self, request: pb.DeleteGroupRequest, context: Any) -> pb.DeleteGroupResponse:
+        return pb.DeleteGroupResponse(offsets_removed=self._controller.delete_group(request.group))
+
+    @_answers_errors
+    def RemoveNode(self, request: pb.RemoveNodeRequest, context: Any) -> pb.RemoveNodeResponse:
+        node, led = self._controller.remove_node(request.node_id, request.force)
+        return pb.RemoveNodeResponse(node=node, led_shards=led)

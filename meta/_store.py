@@ -80,8 +80,8 @@ class MetaStore(Protocol):
         """The value under ``key``, or ``None``."""
         ...
 
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Every ``(key, value)`` whose key starts with ``prefix``, in key order."""
+    def scan(self, prefix: bytes, *, start: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        """Every ``(key, value)`` whose key starts with ``prefix`` (and is >= ``start``), in key order."""
         ...
 
     def write(self, puts: dict[bytes, bytes], deletes: Iterable[bytes] = ()) -> None:
@@ -138,10 +138,10 @@ class RocksDBMetaStore:
             raise Unavailable(f"meta store read failed: {exc}", path=str(self._path)) from exc
         return None if value is None else bytes(value)
 
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def scan(self, prefix: bytes, *, start: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         self._check_open()
         iterator = self._db.iter()
-        iterator.seek(prefix)
+        iterator.seek(max(prefix, start))
         while iterator.valid():
             key = bytes(iterator.key())
             if not key.startswith(prefix):

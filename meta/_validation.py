@@ -29,7 +29,9 @@ __all__ = [
 
 MAX_PARTITIONS = 10_000
 MAX_NAME_CHARS = 255
-CLEANUP_POLICIES = ("delete", "compact")
+# "compact" is part of the design (a Delta table keyed by ``key``) but nothing
+# compacts yet, so a compacted topic would silently keep every record.
+CLEANUP_POLICIES = ("delete",)
 _NODE_ID = re.compile(r"[A-Za-z0-9._:-]{1,255}")
 _ADDRESS = re.compile(r"(tcp|ipc|inproc)://\S{1,240}")
 _PARTITION = re.compile(r"0|[1-9][0-9]{0,8}")
@@ -123,6 +125,13 @@ def validated_topic_config(config: pb.TopicConfig) -> pb.TopicConfig:
             f"replication_factor must be at least 1, got {filled.replication_factor}",
             field="replication_factor",
             value=filled.replication_factor,
+        )
+    if filled.cleanup_policy == "compact":
+        raise InvalidConfig(
+            "cleanup_policy 'compact' is not supported yet: compaction comes with the "
+            "tiering/compaction release; use 'delete' (with retention_ms/retention_bytes) for now",
+            field="cleanup_policy",
+            value="compact",
         )
     if filled.cleanup_policy not in CLEANUP_POLICIES:
         raise InvalidConfig(

@@ -1,7 +1,8 @@
-"""The client-side CLI commands: topic, produce, consume, groups, segments.
+"""The client-side CLI commands: topic, consume, groups, segments, nodes, node.
 
-They print readable tables (or JSON with ``--json``) and exit non-zero with a
-one-line message for a RobustMQ error rather than a traceback.
+``produce`` lives in :mod:`robustmq._cli_produce`. Commands print readable
+tables (or JSON with ``--json``); errors are raised as :mod:`robustmq.errors`
+and ``robustmq.cli.main`` prints them as one line.
 """
 
 from __future__ import annotations
@@ -11,21 +12,20 @@ import base64
 import json
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import IO, Any
 
-import pyarrow as pa
-
 from robustmq._client import Client, connect
-from robustmq._progress import Progress
+from robustmq._consumer import Consumer, first_offsets
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._records import HEADERS_TYPE, TAGS_TYPE, TIMESTAMP_TYPE, coerce_records, now_ms
+from robustmq.errors import InvalidRequest
 
 __all__ = [
     "cmd_consume",
     "cmd_groups",
-    "cmd_produce",
+    "cmd_node",
+    "cmd_nodes",
     "cmd_segments",
     "cmd_topic",
     "print_table",
@@ -48,7 +48,7 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: IO[s
 
 
 def cmd_topic(args: argparse.Namespace) -> int:
-    with connect(args.meta_address) as client:
+    with connect(args.meta_address, timeout_s=args.timeout_s) as client:
         if args.action == "create":
             settings = {
                 k: v
@@ -158,170 +158,82 @@ def _config_dict(config: pb.TopicConfig) -> dict[str, Any]:
     return {field.name: getattr(config, field.name) for field in config.DESCRIPTOR.fields}
 
 
-# -- produce --------------------------------------------------------------------------------
-
-
-def cmd_produce(args: argparse.Namespace) -> int:
-    source: IO[bytes]
-    total = None
-    if args.file and args.file != "-":
-        source = open(args.file, "rb")  # noqa: SIM115 (closed below)
-        total = source.seek(0, 2)
-        source.seek(0)
-    else:
-        source = sys.stdin.buffer
-    # With a file the bar follows bytes read (the total is known); from stdin, records sent.
-    progress = Progress(f"produce {args.topic}", total, unit="bytes" if total else "records")
-    records = 0
-    try:
-        with connect(args.meta_address) as client, client.producer(acks=args.acks) as producer:
-            pending = []
-            for table, size in _read_tables(source, args):
-                pending.append(producer.send_batch(args.topic, table))
-                records += table.num_rows
-                progress.advance(size if total else table.num_rows)
-                if len(pending) > 16:
-                    pending.pop(0).result()
-            for future in pending:
-                future.result()
-    finally:
-        if source is not sys.stdin.buffer:
-            source.close()
-    progress.done()
-    print(f"produced {records:,} records to {args.topic}")
-    return 0
-
-
-def _read_tables(
-    source: IO[bytes], args: argparse.Namespace, rows_per_table: int = 10_000
-) -> Iterator[tuple[pa.Table, int]]:
-    columns: dict[str, list[Any]] = {"key": [], "value": [], "timestamp": [], "tags": [], "headers": []}
-    partitions: list[int | None] = []
-    size = 0
-    for number, line in enumerate(source, start=1):
-        size += len(line)
-        line = line.rstrip(b"\r\n")
-        if not line:
-            continue
-        record = _parse_line(line, args, number)
-        for name in columns:
-            columns[name].append(record.get(name))
-        partitions.append(record.get("partition"))
-        if len(partitions) >= rows_per_table:
-            yield _table(columns, partitions), size
-            columns = {name: [] for name in columns}
-            partitions, size = [], 0
-    if partitions:
-        yield _table(columns, partitions), size
-
-
-def _parse_line(line: bytes, args: argparse.Namespace, number: int) -> dict[str, Any]:
-    if args.format == "text":
-        if args.key_separator and args.key_separator.encode() in line:
-            key, value = line.split(args.key_separator.encode(), 1)
-            return {"key": key, "value": value, "tags": args.tag or None}
-        return {"value": line, "tags": args.tag or None}
-    try:
-        obj = json.loads(line)
-    except ValueError as exc:
-        raise SystemExit(f"line {number}: not JSON ({exc})") from None
-    if not isinstance(obj, dict) or "value" not in obj:
-        raise SystemExit(
-            f'line {number}: expected an object with a "value" (and optional key, tags, '
-            f"headers, timestamp, partition)"
-        )
-    value = obj["value"]
-    record = {
-        "value": value.encode()
-        if isinstance(value, str)
-        else None
-        if value is None
-        else json.dumps(value).encode(),
-        "key": obj["key"].encode() if isinstance(obj.get("key"), str) else obj.get("key"),
-        "tags": obj.get("tags") or args.tag or None,
-        "headers": [(k, str(v).encode()) for k, v in obj["headers"].items()] if obj.get("headers") else None,
-        "timestamp": obj.get("timestamp"),
-        "partition": obj.get("partition"),
-    }
-    return record
-
-
-def _table(columns: dict[str, list[Any]], partitions: list[int | None]) -> pa.Table:
-    stamps = [now_ms() if ts is None else int(ts) for ts in columns["timestamp"]]
-    table = coerce_records(
-        pa.table(
-            {
-                "key": pa.array(columns["key"], pa.binary()),
-                "value": pa.array(columns["value"], pa.binary()),
-                "timestamp": pa.array(stamps, pa.int64()).cast(TIMESTAMP_TYPE),
-                "tags": pa.array(columns["tags"], TAGS_TYPE),
-                "headers": pa.array(
-                    [
-                        None if h is None else [{"key": k, "value": v} for k, v in h]
-                        for h in columns["headers"]
-                    ],
-                    HEADERS_TYPE,
-                ),
-            }
-        )
-    )
-    if any(p is not None for p in partitions):
-        if any(p is None for p in partitions):
-            raise SystemExit("either every JSON line has a partition or none does")
-        table = table.append_column("partition", pa.array(partitions, pa.int32()))
-    return table
-
-
 # -- consume --------------------------------------------------------------------------------
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    with connect(args.meta_address) as client:
-        start: str | dict[int, int] = "earliest"
+    """Print records; with ``--group``, commit exactly what was printed (see :func:`_print_rows`)."""
+    if args.from_ == "group" and not args.group:
+        raise InvalidRequest("--from group needs --group NAME", option="--from")
+    with connect(args.meta_address, timeout_s=args.timeout_s) as client:
         partitions = [args.partition] if args.partition is not None else None
         chosen = partitions or list(range(client.metadata.partitions(args.topic)))
-        if args.from_ == "latest":
-            start = "latest"
-        elif args.from_ not in (None, "earliest"):
-            start = {p: int(args.from_) for p in chosen}
-        if args.from_timestamp is not None:
-            stamp = _parse_time(args.from_timestamp)
-            ends = client.list_offsets(args.topic)
-            start = {}
-            for p in chosen:
-                found = client.offset_for_timestamp(args.topic, p, stamp)
-                start[p] = ends[p][1] if found is None else found
-        consumer = client.consumer(args.topic, group=args.group, start=start, partitions=partitions)
-        shown = 0
-        idle_since = time.monotonic()
+        # Where the group has no commit: earliest (also for --from group) or latest.
+        fallback = "latest" if args.from_ == "latest" else "earliest"
+        consumer = client.consumer(args.topic, group=args.group, start=fallback, partitions=partitions)
         try:
-            while args.max_records is None or shown < args.max_records:
-                table = consumer.poll(timeout_s=0.5)
-                if table.num_rows == 0:
-                    if args.idle_timeout_s and time.monotonic() - idle_since >= args.idle_timeout_s:
-                        break
-                    continue
-                idle_since = time.monotonic()
-                for row in table.to_pylist():
-                    _print_record(row, args.format)
-                    shown += 1
-                    if args.max_records is not None and shown >= args.max_records:
-                        break
-                sys.stdout.flush()
-        except KeyboardInterrupt:
-            pass
+            for partition, offset in _explicit_start(client, args, chosen).items():
+                consumer.seek(partition, offset)  # an explicit start overrides the group's position
+            return _print_until_done(consumer, args)
         finally:
-            consumer.close()
+            consumer.close()  # with a group: commits the positions, which cover what was printed
+
+
+def _explicit_start(client: Client, args: argparse.Namespace, chosen: list[int]) -> dict[int, int]:
+    if args.from_timestamp is not None:
+        ends = client.list_offsets(args.topic)
+        start = {}
+        for partition in chosen:
+            found = client.offset_for_timestamp(args.topic, partition, args.from_timestamp)
+            start[partition] = ends[partition][1] if found is None else found
+        return start
+    if isinstance(args.from_, int):
+        return {partition: args.from_ for partition in chosen}
+    return {}
+
+
+def _print_until_done(consumer: Consumer, args: argparse.Namespace) -> int:
+    shown = 0
+    idle_since = time.monotonic()
+    try:
+        while args.max_records is None or shown < args.max_records:
+            remaining = 10_000 if args.max_records is None else min(10_000, args.max_records - shown)
+            table = consumer.poll(timeout_s=0.5, max_records=remaining)
+            if table.num_rows == 0:
+                if args.idle_timeout_s is not None and time.monotonic() - idle_since >= args.idle_timeout_s:
+                    break
+                continue
+            idle_since = time.monotonic()
+            shown += _print_rows(consumer, table.to_pylist(), remaining, args.format, exact=bool(args.group))
+    except KeyboardInterrupt:
+        return 130  # the positions cover what was printed; close() commits them
     return 0
 
 
-def _parse_time(text: str) -> int:
-    if text.lstrip("-").isdigit():
-        return int(text)
-    moment = datetime.fromisoformat(text)
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
+def _print_rows(consumer: Consumer, rows: list[dict[str, Any]], limit: int, fmt: str, *, exact: bool) -> int:
+    """Print up to ``limit`` rows; rewind the consumer to the first row not printed.
+
+    With ``exact`` (a group is committed), each row is flushed before it counts
+    as printed, so an interruption or a closed pipe never commits a record the
+    reader did not get; otherwise rows are flushed together.
+    """
+    printed = 0
+    try:
+        for row in rows[:limit]:
+            _print_record(row, fmt)
+            if exact:
+                sys.stdout.flush()
+            printed += 1
+        if not exact:
+            sys.stdout.flush()
+    except BaseException:
+        if not exact:
+            printed = 0  # how much of the buffer got out is unknown: read it all again
+        raise
+    finally:
+        for partition, offset in first_offsets(rows[printed:]).items():
+            consumer.seek(partition, offset)
+    return printed
 
 
 def _print_record(row: dict[str, Any], fmt: str) -> None:
@@ -357,7 +269,18 @@ def _text(data: bytes | None) -> str | None:
 
 
 def cmd_groups(args: argparse.Namespace) -> int:
-    with connect(args.meta_address) as client:
+    with connect(args.meta_address, timeout_s=args.timeout_s) as client:
+        if args.action == "delete":
+            removed = client.delete_group(args.group_name)
+            if removed == 0:
+                raise InvalidRequest(
+                    f"no consumer group {args.group_name!r}: it has no committed offsets",
+                    group=args.group_name,
+                )
+            print(f"deleted group {args.group_name} ({removed} committed offsets)")
+            return 0
+        if args.topic:
+            client.describe_topic(args.topic)  # an unknown topic is an error, not "no groups"
         groups = [args.group] if args.group else client.list_groups()
         rows = []
         for group in groups:
@@ -373,20 +296,55 @@ def cmd_groups(args: argparse.Namespace) -> int:
                         _when(lag.commit_time_ms),
                     ]
                 )
-        if args.json:
-            keys = ["group", "topic", "partition", "committed", "high_watermark", "lag", "committed_at"]
-            print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=2))
-        elif rows:
-            print_table(
-                ["group", "topic", "partition", "committed", "high_watermark", "lag", "committed_at"], rows
-            )
-        else:
-            print("no consumer groups")
+    keys = ["group", "topic", "partition", "committed", "high_watermark", "lag", "committed_at"]
+    _print_rows_or(rows, keys, args.json, "no consumer groups")
     return 0
 
 
+def cmd_nodes(args: argparse.Namespace) -> int:
+    with connect(args.meta_address, timeout_s=args.timeout_s) as client:
+        nodes = client.list_nodes()
+    keys = ["node_id", "address", "alive", "active_segments", "last_heartbeat", "registered"]
+    rows = [
+        [
+            node.node_id,
+            node.address,
+            "yes" if node.alive else "no",
+            node.active_segments,
+            _when(node.last_heartbeat_ms),
+            _when(node.registered_ms),
+        ]
+        for node in nodes
+    ]
+    _print_rows_or(rows, keys, args.json, "no storage nodes registered")
+    return 0
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    with connect(args.meta_address, timeout_s=args.timeout_s) as client:
+        removed = client.remove_node(args.node_id, force=args.force)
+    print(f"removed node {removed.node.node_id} ({removed.node.address})")
+    if removed.led_shards:
+        shards = list(removed.led_shards)
+        print(
+            f"it still led the active segment of {len(shards)} shards ({', '.join(shards[:5])}"
+            f"{', ...' if len(shards) > 5 else ''}): they have no leader until a node registers "
+            f"again with id {removed.node.node_id}"
+        )
+    return 0
+
+
+def _print_rows_or(rows: list[list[Any]], keys: list[str], as_json: bool, nothing: str) -> None:
+    if as_json:
+        print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=2))
+    elif rows:
+        print_table(keys, rows)
+    else:
+        print(nothing)
+
+
 def cmd_segments(args: argparse.Namespace) -> int:
-    with connect(args.meta_address) as client:
+    with connect(args.meta_address, timeout_s=args.timeout_s) as client:
         description = client.describe_topic(args.topic)
         rows = []
         for shard in sorted(description.shards, key=lambda s: s.partition):

@@ -89,6 +89,15 @@ class Client:
     def list_nodes(self) -> list[pb.NodeInfo]:
         return list(self.meta.list_nodes())
 
+    def remove_node(self, node_id: str, *, force: bool = False) -> pb.RemoveNodeResponse:
+        """Remove a storage node's registration for good (``robustmq node remove``).
+
+        Refused while the node is alive or leads active segments, unless
+        ``force``; the answer lists the shards it still led (they have no leader
+        until a node registers with that id again).
+        """
+        return self.meta.remove_node(node_id, force=force)
+
     # -- producers and consumers ---------------------------------------------------------
 
     def producer(self, **options: Any) -> Producer:
@@ -106,9 +115,12 @@ class Client:
         tables = []
         position, end = offset, offset + max_records
         while position < end:
-            records, position, high_watermark = self.fetch_records(topic, partition, position, end_offset=end)
-            if records.num_rows == 0:
+            records, following, high_watermark = self.fetch_records(
+                topic, partition, position, end_offset=end
+            )
+            if following <= position:
                 break
+            position = following
             tables.append(records)
             if position >= high_watermark:
                 break
@@ -274,6 +286,8 @@ class Client:
         """One fetch from ``offset``: ``(records, next offset, high watermark)``; no waiting.
 
         ``records`` has the read columns (offset first), at most up to ``end_offset``.
+        The next offset is the node's (capped at ``end_offset``), which may be past
+        ``offset + records.num_rows`` where the log has no records at some offsets.
         Raises ``OffsetOutOfRange`` (with ``earliest_offset``) below the log start.
         """
 
@@ -289,7 +303,7 @@ class Client:
         fetch = response.fetch
         stop = fetch.next_offset if end_offset is None else min(fetch.next_offset, end_offset)
         records = decode_frames([f.buffer for f in frames], offset, stop)
-        return records, offset + records.num_rows, int(fetch.high_watermark)
+        return records, max(stop, offset), int(fetch.high_watermark)
 
     def produce(
         self,
@@ -353,8 +367,13 @@ class Client:
     def group_lag(self, group: str, topic: str = "") -> pb.GroupLagResponse:
         return self.meta.group_lag(group, topic)
 
-    def list_groups(self) -> list[str]:
-        return sorted(self.meta.list_groups())
+    def list_groups(self, *, page_size: int = 1_000) -> list[str]:
+        """Every consumer group with committed offsets, sorted (read from the Meta Service in pages)."""
+        return self.meta.list_groups(page_size=page_size)
+
+    def delete_group(self, group: str) -> int:
+        """Remove every offset ``group`` committed; how many there were (0: it had none)."""
+        return self.meta.delete_group(group)
 
     # -- node calls ------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from robustmq._frame import decode_frames
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import InvalidRequest, OffsetOutOfRange, RobustMQError
 
-__all__ = ["Consumer", "Record"]
+__all__ = ["Consumer", "Record", "first_offsets"]
 
 log = logging.getLogger("robustmq.client")
 
@@ -167,7 +167,7 @@ class Consumer:
                     given += 1
                     yield record
             finally:  # the loop stopped early: the rows not given out are read again, not committed
-                for partition, offset in _first_offsets(rows[given:]).items():
+                for partition, offset in first_offsets(rows[given:]).items():
                     self.seek(partition, offset)
 
     def _record(self, row: dict[str, Any]) -> Record:
@@ -229,7 +229,9 @@ class Consumer:
         if fetch.next_offset <= offset:
             return None
         records = decode_frames([frame.buffer for frame in frames], offset, fetch.next_offset)
-        self._positions[partition] = offset + records.num_rows
+        # The node's next_offset, not offset + rows: offsets it skipped (a gap in
+        # the log) are not read again.
+        self._positions[partition] = fetch.next_offset
         return records.add_column(
             0, pa.field("partition", pa.int32()), pa.array([partition] * records.num_rows, pa.int32())
         )
@@ -262,7 +264,8 @@ class Consumer:
         self.close()
 
 
-def _first_offsets(rows: list[dict[str, Any]]) -> dict[int, int]:
+def first_offsets(rows: list[dict[str, Any]]) -> dict[int, int]:
+    """The first offset per partition among ``rows`` (rows of a poll, in their order)."""
     first: dict[int, int] = {}
     for row in rows:
         first.setdefault(row["partition"], row["offset"])

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from robustmq.errors import RobustMQError
 
 if TYPE_CHECKING:
     from robustmq.meta import MetaServer
@@ -87,13 +90,23 @@ class EmbeddedCluster:
 
 
 def run_server(*, data_dir: str | Path, host: str, meta_port: int, node_port: int) -> int:
-    """Run an embedded cluster until SIGTERM/SIGINT; print ``ready`` once it serves."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Run an embedded cluster until SIGTERM/SIGINT; print ``ready`` once it serves.
+
+    Returns the exit code: 0 after a clean stop, 1 if it could not start (a port
+    taken, a data directory locked): then stderr holds one line saying why.
+    Logging to stderr starts once both servers run, so a failed start is not
+    buried under the start-up lines of the server that did start.
+    """
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     cluster = EmbeddedCluster(data_dir, host=host, meta_port=meta_port, node_port=node_port)
-    cluster.start()
+    try:
+        cluster.start()
+    except RobustMQError as error:
+        print(f"robustmq server: cannot start: {error.message}", file=sys.stderr, flush=True)
+        return 1
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.info(
         "Meta Service on %s, storage node on %s, data in %s",
         cluster.meta_address,

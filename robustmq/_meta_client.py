@@ -10,8 +10,11 @@ Errors: every ``grpc.RpcError`` is translated in one function,
 in the trailing metadata key ``robustmq-error-bin``; it becomes the same
 :mod:`robustmq.errors` class with the same fields. Without one, ``UNAVAILABLE``
 is :class:`~robustmq.errors.Unavailable`, ``DEADLINE_EXCEEDED``
-:class:`~robustmq.errors.RequestTimeout`, ``RESOURCE_EXHAUSTED`` (the server's
-bound on RPCs in flight) :class:`~robustmq.errors.Busy`, and anything else a
+:class:`~robustmq.errors.RequestTimeout`, ``RESOURCE_EXHAUSTED`` for a message
+past gRPC's size limit (on either side) :class:`~robustmq.errors.MessageTooLarge`
+(not retriable: the same message is as large the next time), any other
+``RESOURCE_EXHAUSTED`` (the server's bound on RPCs in flight)
+:class:`~robustmq.errors.Busy`, and anything else a
 :class:`~robustmq.errors.RobustMQError` with the status in its fields.
 
 Retries (with exponential back-off, within the call's deadline):
@@ -23,14 +26,18 @@ Retries (with exponential back-off, within the call's deadline):
   answer, not a lost request);
 - ``create_topic`` retries like those, and a ``TopicAlreadyExists`` after a
   retry counts as success only if the existing topic has the requested config;
-- ``delete_topic`` is sent once (only a ``Busy`` from the server's admission
-  bound, which means the request was never run, is retried).
+- ``delete_topic`` and ``remove_node`` are sent once (only a ``Busy`` from the
+  server's admission bound, which means the request was never run, is retried).
+
+Listings that can grow without bound (``list_groups``) are read in pages of a
+bounded size; the client follows the pages.
 
 Thread-safe: the gRPC channel and stub may be shared by threads.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TypeVar
@@ -43,6 +50,7 @@ from robustmq._wire import error_from_info, topic_config
 from robustmq.errors import (
     Busy,
     InvalidConfig,
+    MessageTooLarge,
     RequestTimeout,
     RobustMQError,
     TopicAlreadyExists,
@@ -63,6 +71,9 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
 ]
+
+# gRPC's words for a message past its size limit; "SERVER:"/"CLIENT:" says whose.
+_TOO_LARGE = re.compile(r"(?:(SERVER|CLIENT): )?(Received|Sent) message larger than max \((\d+) vs\. (\d+)\)")
 
 _Retry = Literal["read", "idempotent", "once"]
 _Response = TypeVar("_Response")
@@ -101,11 +112,31 @@ def translate_rpc_error(exc: grpc.RpcError, address: str) -> RobustMQError:
             f"meta service at {address} did not answer in time", address=address, status=status_name
         )
     if status == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        too_large = _TOO_LARGE.search(details)
+        if too_large is not None:
+            return _message_too_large(too_large, address)
         return Busy(f"meta service at {address} is busy: {details}", address=address, status=status_name)
     return RobustMQError(
         f"meta service call failed with {status_name}: {details}",
         address=address,
         status=status_name,
+    )
+
+
+def _message_too_large(match: re.Match[str], address: str) -> MessageTooLarge:
+    side, verb, size, limit = match.groups()
+    if verb == "Sent":
+        what = "the request is larger than this client may send"
+    elif side == "CLIENT":
+        what = "the answer is larger than this client accepts"
+    else:
+        what = "the request is larger than the meta service accepts"
+    return MessageTooLarge(
+        f"{what} ({int(size):,} bytes, limit {int(limit):,} bytes; meta service at {address}): "
+        f"ask for less at a time",
+        size_bytes=int(size),
+        limit_bytes=int(limit),
+        address=address,
     )
 
 
@@ -279,6 +310,11 @@ class MetaClient:
     def list_nodes(self) -> list[pb.NodeInfo]:
         return list(self._call(self._stub.ListNodes, pb.Empty(), "read").nodes)
 
+    def remove_node(self, node_id: str, *, force: bool = False) -> pb.RemoveNodeResponse:
+        """Remove a node's registration for good (refused while alive or leading, unless ``force``)."""
+        request = pb.RemoveNodeRequest(node_id=node_id, force=force)
+        return self._call(self._stub.RemoveNode, request, "once")
+
     # -- group offsets -----------------------------------------------------
 
     def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
@@ -296,5 +332,21 @@ class MetaClient:
         request = pb.GroupTopicRequest(group=group, topic=topic)
         return self._call(self._stub.GroupLag, request, "read")
 
-    def list_groups(self) -> list[str]:
-        return list(self._call(self._stub.ListGroups, pb.Empty(), "read").groups)
+    def list_groups_page(self, page_token: str = "", limit: int = 0) -> tuple[list[str], str]:
+        """One page of group names and the next page's token ("" after the last page)."""
+        request = pb.ListGroupsRequest(page_token=page_token, limit=limit)
+        response = self._call(self._stub.ListGroups, request, "read")
+        return list(response.groups), response.next_page_token
+
+    def list_groups(self, *, page_size: int = 1_000) -> list[str]:
+        """Every group with committed offsets, sorted, following the pages."""
+        groups, token = self.list_groups_page("", page_size)
+        while token:
+            page, token = self.list_groups_page(token, page_size)
+            groups.extend(page)
+        return sorted(groups)
+
+    def delete_group(self, group: str) -> int:
+        """Remove every offset ``group`` committed; how many there were (0: none, nothing done)."""
+        request = pb.DeleteGroupRequest(group=group)
+        return int(self._call(self._stub.DeleteGroup, request, "idempotent").offsets_removed)

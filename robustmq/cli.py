@@ -2,10 +2,17 @@
 
 Common flags: ``--data-dir DIR``, ``--host`` (default 127.0.0.1),
 ``--meta-port`` (7070), ``--node-port`` (7101), ``--meta HOST:PORT`` (where a
-client or a storage node finds the Meta Service; env ``ROBUSTMQ_META``).
-Servers print ``ready`` on stdout once they accept requests and stop cleanly
-on SIGTERM. Each subcommand's work lives in the module that owns it; this file
-only parses arguments and turns RobustMQ errors into one-line messages.
+client or a storage node finds the Meta Service; env ``ROBUSTMQ_META``), and
+``--timeout-s`` on client commands. Servers print ``ready`` on stdout once
+they accept requests and stop cleanly on SIGTERM. Each subcommand's work lives
+in the module that owns it; this file parses arguments and turns every failure
+into one line on stderr.
+
+Exit codes: 0 done; 1 a runtime failure (the cluster unreachable or busy, a
+port taken, a demo that failed); 2 bad input (a usage error, an unknown
+topic, an invalid setting: every non-retriable RobustMQ error); 130
+interrupted (Ctrl-C). No input prints a traceback; an unexpected error (a bug)
+prints one line, and its traceback only with ``ROBUSTMQ_DEBUG=1``.
 """
 
 from __future__ import annotations
@@ -13,12 +20,98 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import NoReturn
 
-__all__ = ["build_parser", "main"]
+__all__ = ["OneLineArgumentParser", "build_parser", "main"]
 
 DEFAULT_META_PORT = 7070
 DEFAULT_NODE_PORT = 7101
+EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (the usage is one ``--help`` away).
+
+    Exit code 2, as argparse's own. Every ``robustmq`` subcommand's parser is one,
+    including the jobs that parse their own arguments (``topic-to-delta``).
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# -- argument types: each raises ArgumentTypeError with what is expected ---------------------
+
+
+def _bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            span = f"at least {low}" if high is None else f"between {low} and {high}"
+            raise argparse.ArgumentTypeError(f"expected an integer {span}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(*, positive: bool) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+        if value != value or value < 0 or (positive and value == 0):
+            raise argparse.ArgumentTypeError(f"expected {'positive' if positive else 'non-negative'} seconds")
+        return value
+
+    return parse
+
+
+_port = _bounded_int(0, 65535)
+
+
+def _meta_address(text: str) -> str:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return text
+
+
+def _start(text: str) -> str | int:
+    if text in ("earliest", "latest", "group"):
+        return text
+    if text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected earliest, latest, group or an offset (>= 0), got {text!r}")
+
+
+def _timestamp_ms(text: str) -> int:
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected milliseconds since the epoch or an ISO-8601 time, got {text!r}"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _separator(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("the separator must not be empty")
+    return text
+
+
+# -- handlers -------------------------------------------------------------------------------
 
 
 def _run_meta(args: argparse.Namespace) -> int:
@@ -47,7 +140,7 @@ def _run_server(args: argparse.Namespace) -> int:
     )
 
 
-def _client_command(name: str) -> object:
+def _client_command(name: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         from robustmq import _cli_client
 
@@ -56,46 +149,68 @@ def _client_command(name: str) -> object:
     return run
 
 
+def _produce(args: argparse.Namespace) -> int:
+    from robustmq._cli_produce import cmd_produce
+
+    return cmd_produce(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from robustmq._demo import run_demo
 
-    return run_demo(records=args.records, keep=args.keep)
+    return run_demo(records=args.records, keep=args.keep, catch_up_timeout_s=args.catch_up_timeout_s)
 
 
-def _common(parser: argparse.ArgumentParser, *, data_dir: str | None = None, meta: bool = True) -> None:
+# -- the parser -----------------------------------------------------------------------------
+
+
+def _common(parser: argparse.ArgumentParser, *, data_dir: str | None = None, client: bool = True) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind or reach (default 127.0.0.1)")
-    if meta:
+    parser.add_argument(
+        "--meta",
+        type=_meta_address,
+        default=None,
+        metavar="HOST:PORT",
+        help="the Meta Service (default $ROBUSTMQ_META or HOST:7070)",
+    )
+    if client:
         parser.add_argument(
-            "--meta",
-            default=None,
-            metavar="HOST:PORT",
-            help="the Meta Service (default $ROBUSTMQ_META or HOST:7070)",
+            "--timeout-s",
+            type=_seconds(positive=True),
+            default=30.0,
+            help="how long to wait for the cluster (default 30)",
         )
     if data_dir is not None:
         parser.add_argument("--data-dir", default=data_dir, help=f"where data lives (default {data_dir})")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="robustmq", description="RobustMQ-Py: a message log for Spark")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> None:
     server = commands.add_parser("server", help="run the Meta Service and one storage node")
-    _common(server, data_dir="./robustmq-data", meta=False)
-    server.add_argument("--meta-port", type=int, default=DEFAULT_META_PORT)
-    server.add_argument("--node-port", type=int, default=DEFAULT_NODE_PORT)
+    server.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    server.add_argument("--data-dir", default="./robustmq-data", help="default ./robustmq-data")
+    server.add_argument("--meta-port", type=_port, default=DEFAULT_META_PORT)
+    server.add_argument("--node-port", type=_port, default=DEFAULT_NODE_PORT)
     server.set_defaults(handler=_run_server)
 
     meta = commands.add_parser("meta", help="run the Meta Service")
-    _common(meta, data_dir="./robustmq-data/meta", meta=False)
-    meta.add_argument("--meta-port", type=int, default=DEFAULT_META_PORT)
+    meta.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    meta.add_argument("--data-dir", default="./robustmq-data/meta", help="default ./robustmq-data/meta")
+    meta.add_argument("--meta-port", type=_port, default=DEFAULT_META_PORT)
     meta.set_defaults(handler=_run_meta)
 
     node = commands.add_parser("storage-node", help="run a storage node")
-    _common(node, data_dir="./robustmq-data/node")
-    node.add_argument("--node-port", type=int, default=DEFAULT_NODE_PORT)
-    node.add_argument("--io-workers", type=int, default=None, help="I/O worker threads (default: CPU count)")
+    _common(node, data_dir="./robustmq-data/node", client=False)
+    node.add_argument("--node-port", type=_port, default=DEFAULT_NODE_PORT)
+    node.add_argument(
+        "--io-workers",
+        type=_bounded_int(1, 256),
+        default=None,
+        help="I/O worker threads (default: CPU count)",
+    )
     node.set_defaults(handler=_run_node)
 
+
+def _add_topic(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> None:
     topic = commands.add_parser("topic", help="create, list, describe or delete topics")
     actions = topic.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = actions.add_parser("create", help="create a topic")
@@ -106,7 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--segment-bytes", type=int, default=None)
     create.add_argument("--retention-ms", type=int, default=None)
     create.add_argument("--retention-bytes", type=int, default=None)
-    create.add_argument("--cleanup", choices=["delete", "compact"], default=None)
+    create.add_argument(
+        "--cleanup", choices=["delete", "compact"], default=None, help="compact: not supported yet"
+    )
     listing = actions.add_parser("list", help="list topics")
     describe = actions.add_parser("describe", help="partitions, leaders, offsets")
     describe.add_argument("name")
@@ -117,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
         _common(sub)
     topic.set_defaults(handler=_client_command("cmd_topic"))
 
+
+def _add_produce_consume(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> None:
     produce = commands.add_parser("produce", help="send lines (text or JSON) from stdin or a file")
     produce.add_argument("topic")
     produce.add_argument("--file", default="-", help="file to read (default stdin)")
@@ -127,31 +246,55 @@ def build_parser() -> argparse.ArgumentParser:
         help='text: one value per line; json: {"value", "key", "tags", "headers", '
         '"timestamp", "partition"} per line',
     )
-    produce.add_argument("--key-separator", default=None, help="text lines are KEY<sep>VALUE")
+    produce.add_argument(
+        "--key-separator", type=_separator, default=None, help="text lines are KEY<sep>VALUE"
+    )
     produce.add_argument("--tag", action="append", default=None, help="tag every record (repeatable)")
     produce.add_argument("--acks", default="1", choices=["1", "all", "quorum"])
+    produce.add_argument(
+        "--linger-ms",
+        type=_bounded_int(0),
+        default=200,
+        help="send what was read after at most this long, even if more may come (default 200)",
+    )
     _common(produce)
-    produce.set_defaults(handler=_client_command("cmd_produce"))
+    produce.set_defaults(handler=_produce)
 
     consume = commands.add_parser("consume", help="print records from an offset, a time or a group")
     consume.add_argument("topic")
-    consume.add_argument("--from", dest="from_", default=None, metavar="earliest|latest|OFFSET")
-    consume.add_argument("--from-timestamp", default=None, metavar="MS|ISO-8601")
-    consume.add_argument("--group", default=None, help="start from and commit to this group's offsets")
-    consume.add_argument("--partition", type=int, default=None)
-    consume.add_argument("--max-records", type=int, default=None, help="exit after this many")
     consume.add_argument(
-        "--idle-timeout-s", type=float, default=None, help="exit after this long without data"
+        "--from",
+        dest="from_",
+        type=_start,
+        default=None,
+        metavar="earliest|latest|group|OFFSET",
+        help="an OFFSET overrides the group's position; earliest/latest apply where the group has none",
+    )
+    consume.add_argument("--from-timestamp", type=_timestamp_ms, default=None, metavar="MS|ISO-8601")
+    consume.add_argument("--group", default=None, help="start from and commit to this group's offsets")
+    consume.add_argument("--partition", type=_bounded_int(0), default=None)
+    consume.add_argument("--max-records", type=_bounded_int(1), default=None, help="exit after this many")
+    consume.add_argument(
+        "--idle-timeout-s",
+        type=_seconds(positive=False),
+        default=None,
+        help="exit after this long without data",
     )
     consume.add_argument("--format", choices=["text", "json"], default="json")
     _common(consume)
     consume.set_defaults(handler=_client_command("cmd_consume"))
 
-    groups = commands.add_parser("groups", help="consumer groups: committed offsets, high watermarks, lag")
+
+def _add_admin(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> None:
+    groups = commands.add_parser("groups", help="consumer groups: committed offsets, lag; delete a group")
     groups.add_argument("--group", default=None)
     groups.add_argument("--topic", default=None)
     groups.add_argument("--json", action="store_true")
     _common(groups)
+    group_actions = groups.add_subparsers(dest="action", metavar="ACTION")
+    group_delete = group_actions.add_parser("delete", help="delete a group's committed offsets")
+    group_delete.add_argument("group_name", metavar="GROUP")
+    _common(group_delete)
     groups.set_defaults(handler=_client_command("cmd_groups"))
 
     segments = commands.add_parser("segments", help="a topic's segment chains")
@@ -159,14 +302,51 @@ def build_parser() -> argparse.ArgumentParser:
     _common(segments)
     segments.set_defaults(handler=_client_command("cmd_segments"))
 
+    nodes = commands.add_parser("nodes", help="storage nodes: address, liveness, load")
+    nodes.add_argument("--json", action="store_true")
+    _common(nodes)
+    nodes.set_defaults(handler=_client_command("cmd_nodes"))
+
+    node = commands.add_parser("node", help="remove a storage node for good")
+    node_actions = node.add_subparsers(dest="action", required=True, metavar="ACTION")
+    remove = node_actions.add_parser("remove", help="forget a dead node (its id no longer counts)")
+    remove.add_argument("node_id")
+    remove.add_argument(
+        "--force", action="store_true", help="even if it is alive or leads active segments (see docs)"
+    )
+    _common(remove)
+    node.set_defaults(handler=_client_command("cmd_node"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineArgumentParser(prog="robustmq", description="RobustMQ-Py: a message log for Spark")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_servers(commands)
+    _add_topic(commands)
+    _add_produce_consume(commands)
+    _add_admin(commands)
     # Listed for --help; main() hands its arguments to the job's own parser.
     commands.add_parser("topic-to-delta", help="materialise topics into a Delta table (a Spark job)")
 
     demo = commands.add_parser("demo", help="run the end-to-end demo on an embedded node")
-    demo.add_argument("--records", type=int, default=400_000, help="order events to produce")
+    demo.add_argument("--records", type=_bounded_int(1), default=400_000, help="order events to produce")
     demo.add_argument("--keep", action="store_true", help="keep the data directory afterwards")
+    demo.add_argument(
+        "--catch-up-timeout-s",
+        type=_seconds(positive=True),
+        default=300.0,
+        help="how long the ETL may take to catch up (default 300)",
+    )
     demo.set_defaults(handler=_demo)
     return parser
+
+
+# -- main -----------------------------------------------------------------------------------
+
+
+def _fail(command: str, message: str, code: int) -> int:
+    print(f"robustmq {command}: {message}", file=sys.stderr, flush=True)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -177,15 +357,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return job(arguments[1:])
     args = build_parser().parse_args(arguments)
     if hasattr(args, "meta"):
-        port = DEFAULT_META_PORT
-        args.meta_address = args.meta or os.environ.get("ROBUSTMQ_META") or f"{args.host}:{port}"
+        args.meta_address = args.meta or os.environ.get("ROBUSTMQ_META") or f"{args.host}:{DEFAULT_META_PORT}"
     from robustmq.errors import RobustMQError
 
     try:
         return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        return _fail(args.command, "interrupted", EXIT_INTERRUPTED)
     except RobustMQError as error:
-        print(f"robustmq {args.command}: {error.message} [{error.code}]", file=sys.stderr)
-        return 2
+        # A retriable error is the cluster's state (unreachable, busy), not the input's.
+        code = EXIT_RUNTIME if error.retriable else EXIT_USAGE
+        return _fail(args.command, f"{error.message} [{error.code}]", code)
+    except BrokenPipeError:  # `robustmq consume t | head`: the reader left; that is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as error:
+        where = f"cannot use {error.filename}: " if error.filename else ""
+        return _fail(args.command, f"{where}{error.strerror or error}", EXIT_RUNTIME)
+    except Exception as error:  # a bug: one line; the traceback on request
+        if os.environ.get("ROBUSTMQ_DEBUG"):
+            traceback.print_exc()
+        return _fail(
+            args.command,
+            f"internal error: {type(error).__name__}: {error} (set ROBUSTMQ_DEBUG=1 for the traceback)",
+            EXIT_RUNTIME,
+        )
 
 
 if __name__ == "__main__":

@@ -29,7 +29,9 @@ in-process or over the network.
         +-- InvalidConfig              INVALID_CONFIG
         +-- OutOfOrderSequence         OUT_OF_ORDER_SEQUENCE
         +-- DuplicateSequenceMismatch  DUPLICATE_SEQUENCE_MISMATCH
-                                       a re-sent sequence carries other records than were stored
+        |                              a re-sent sequence carries other records than were stored
+        +-- MessageTooLarge            MESSAGE_TOO_LARGE
+                                       a gRPC request or answer past its size limit
 
 Errors carry fields (``topic``, ``partition``, ``shard``, ``offset``...) as
 attributes and in :attr:`RobustMQError.fields`, not only in their text.
@@ -49,6 +51,7 @@ __all__ = [
     "InvalidConfig",
     "InvalidRecordBatch",
     "InvalidRequest",
+    "MessageTooLarge",
     "NotLeader",
     "OffsetOutOfRange",
     "OutOfOrderSequence",
@@ -199,6 +202,16 @@ class DuplicateSequenceMismatch(InvalidRequest):
     """
 
     code = "DUPLICATE_SEQUENCE_MISMATCH"
+
+
+class MessageTooLarge(InvalidRequest):
+    """A Meta Service request or answer is larger than gRPC's message limit on one side.
+
+    Sending it again cannot help: ask for less (a smaller page, fewer offsets in
+    one commit). Fields: ``size_bytes``, ``limit_bytes``, ``address``.
+    """
+
+    code = "MESSAGE_TOO_LARGE"
 
 
 def _all_subclasses(cls: type[RobustMQError]) -> list[type[RobustMQError]]:

@@ -158,11 +158,16 @@ class StorageNode:
         self._router.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
         self._router.setsockopt(zmq.RCVHWM, 10_000)
         self._router.setsockopt(zmq.SNDHWM, 10_000)
-        if self.config.port == 0:
-            port = self._router.bind_to_random_port(f"tcp://{self.config.host}")
-        else:
-            self._router.bind(f"tcp://{self.config.host}:{self.config.port}")
-            port = self.config.port
+        try:
+            if self.config.port == 0:
+                port = self._router.bind_to_random_port(f"tcp://{self.config.host}")
+            else:
+                self._router.bind(f"tcp://{self.config.host}:{self.config.port}")
+                port = self.config.port
+        except zmq.ZMQError as exc:  # a port taken is the operator's problem: one line, not a traceback
+            self._router.close(linger=0)
+            where = f"tcp://{self.config.host}:{self.config.port}"
+            raise Unavailable(f"cannot listen on {where}: {exc.strerror}", address=where) from exc
         self.address = f"tcp://{self.config.host}:{port}"
         self._results = self._context.socket(zmq.PULL)
         self._results.setsockopt(zmq.LINGER, 0)

@@ -96,7 +96,9 @@ def start_topic_to_delta(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    from robustmq.cli import OneLineArgumentParser  # usage errors in one line, as every subcommand
+
+    parser = OneLineArgumentParser(
         prog="robustmq topic-to-delta",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -301,11 +301,49 @@ class GroupLagResponse(_message.Message):
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionLag]
     def __init__(self, group: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionLag, _Mapping]]] = ...) -> None: ...
 
+class ListGroupsRequest(_message.Message):
+    __slots__ = ("page_token", "limit")
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    page_token: str
+    limit: int
+    def __init__(self, page_token: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
 class ListGroupsResponse(_message.Message):
-    __slots__ = ("groups",)
+    __slots__ = ("groups", "next_page_token")
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, groups: _Optional[_Iterable[str]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, groups: _Optional[_Iterable[str]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class DeleteGroupRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class DeleteGroupResponse(_message.Message):
+    __slots__ = ("offsets_removed",)
+    OFFSETS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    offsets_removed: int
+    def __init__(self, offsets_removed: _Optional[int] = ...) -> None: ...
+
+class RemoveNodeRequest(_message.Message):
+    __slots__ = ("node_id", "force")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    force: bool
+    def __init__(self, node_id: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class RemoveNodeResponse(_message.Message):
+    __slots__ = ("node", "led_shards")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LED_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    node: NodeInfo
+    led_shards: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., led_shards: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
     __slots__ = ("shard", "epoch", "acks", "producer_id", "producer_sequence")

@@ -96,8 +96,18 @@ class MetaServiceStub:
                 _registered_method=True)
         self.ListGroups = channel.unary_unary(
                 '/robustmq.MetaService/ListGroups',
-                request_serializer=robustmq__pb2.Empty.SerializeToString,
+                request_serializer=robustmq__pb2.ListGroupsRequest.SerializeToString,
                 response_deserializer=robustmq__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.DeleteGroup = channel.unary_unary(
+                '/robustmq.MetaService/DeleteGroup',
+                request_serializer=robustmq__pb2.DeleteGroupRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.DeleteGroupResponse.FromString,
+                _registered_method=True)
+        self.RemoveNode = channel.unary_unary(
+                '/robustmq.MetaService/RemoveNode',
+                request_serializer=robustmq__pb2.RemoveNodeRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.RemoveNodeResponse.FromString,
                 _registered_method=True)
 
 
@@ -182,6 +192,18 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -247,8 +269,18 @@ def add_MetaServiceServicer_to_server(servicer, server):
             ),
             'ListGroups': grpc.unary_unary_rpc_method_handler(
                     servicer.ListGroups,
-                    request_deserializer=robustmq__pb2.Empty.FromString,
+                    request_deserializer=robustmq__pb2.ListGroupsRequest.FromString,
                     response_serializer=robustmq__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'DeleteGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroup,
+                    request_deserializer=robustmq__pb2.DeleteGroupRequest.FromString,
+                    response_serializer=robustmq__pb2.DeleteGroupResponse.SerializeToString,
+            ),
+            'RemoveNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveNode,
+                    request_deserializer=robustmq__pb2.RemoveNodeRequest.FromString,
+                    response_serializer=robustmq__pb2.RemoveNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -600,8 +632,62 @@ class MetaService:
             request,
             target,
             '/robustmq.MetaService/ListGroups',
-            robustmq__pb2.Empty.SerializeToString,
+            robustmq__pb2.ListGroupsRequest.SerializeToString,
             robustmq__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/DeleteGroup',
+            robustmq__pb2.DeleteGroupRequest.SerializeToString,
+            robustmq__pb2.DeleteGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/RemoveNode',
+            robustmq__pb2.RemoveNodeRequest.SerializeToString,
+            robustmq__pb2.RemoveNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -27,3 +30,56 @@ def test_demo_runs_end_to_end() -> None:
     assert "the table holds 40,000 rows, 40,000 distinct records" in done.stdout
     assert "revenue by country" in done.stdout and "demo finished" in done.stdout
     assert set(Path(tempfile.gettempdir()).glob("robustmq-demo-*")) == before, "the demo left its directory"
+
+
+def _demo_process(*arguments: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "robustmq.cli", "demo", *arguments],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_missing_java_is_one_line_before_anything_starts() -> None:
+    env = {key: value for key, value in os.environ.items() if key != "JAVA_HOME"}
+    env["PATH"] = "/nonexistent"
+    before = set(Path(tempfile.gettempdir()).glob("robustmq-demo-*"))
+    demo = _demo_process("--records", "1000", env=env)
+    stdout, stderr = demo.communicate(timeout=120)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert demo.returncode == 1, stderr
+    assert len(lines) == 1 and "Java not found" in lines[0] and "JAVA_HOME" in lines[0], stderr
+    assert "Traceback" not in stderr and "starting an embedded" not in stdout
+    assert set(Path(tempfile.gettempdir()).glob("robustmq-demo-*")) == before
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_the_demo_within_seconds_and_removes_its_directory(signum: int, code: int) -> None:
+    demo = _demo_process("--records", "20000000")  # far more than it will produce before the signal
+    root = None
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            if " data in " in line:
+                root = Path(line.rsplit(" data in ", 1)[1].strip())
+            if line.startswith("== producing"):
+                break
+        assert root is not None and root.exists()
+        time.sleep(2.0)  # the producer thread is sending
+        demo.send_signal(signum)
+        started = time.monotonic()
+        _, stderr = demo.communicate(timeout=90)
+        stopped_s = time.monotonic() - started
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait(30)
+    assert demo.returncode == code, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "interrupted" in stderr
+    assert not root.exists(), "the demo left its directory"
+    # Stopping Spark takes a few seconds on a loaded machine; the old producer thread held it ~120 s.
+    assert stopped_s < 60, stopped_s

@@ -40,6 +40,8 @@ METHODS = [
     "FetchOffsets",
     "GroupLag",
     "ListGroups",
+    "DeleteGroup",
+    "RemoveNode",
 ]
 CALL_TIMEOUT_S = 5.0
 # Codes the service answers with itself; each comes with an ErrorInfo trailer.
@@ -196,6 +198,14 @@ def _invalid_requests() -> list[tuple[str, Any, grpc.StatusCode]]:
         ("FetchOffsets", pb.GroupTopicRequest(group="g", topic="nope"), not_found),
         ("GroupLag", pb.GroupTopicRequest(group=""), invalid),
         ("GroupLag", pb.GroupTopicRequest(group="g", topic="nope"), not_found),
+        ("ListGroups", pb.ListGroupsRequest(limit=-1), invalid),
+        ("ListGroups", pb.ListGroupsRequest(page_token="g\x00"), invalid),
+        ("DeleteGroup", pb.DeleteGroupRequest(group=""), invalid),
+        ("DeleteGroup", pb.DeleteGroupRequest(group="x" * 300), invalid),
+        ("RemoveNode", pb.RemoveNodeRequest(node_id=""), invalid),
+        ("RemoveNode", pb.RemoveNodeRequest(node_id="n 0"), invalid),
+        ("RemoveNode", pb.RemoveNodeRequest(node_id="missing"), invalid),
+        ("RemoveNode", pb.RemoveNodeRequest(node_id="n0"), invalid),  # alive
     ]
 
 

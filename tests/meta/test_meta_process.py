@@ -9,6 +9,7 @@ import pytest
 
 from robustmq._meta_client import MetaClient
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq.errors import Unavailable
 from tests.e2e._procs import ROOT, ServerProcess, free_port
 
 pytestmark = pytest.mark.e2e
@@ -58,7 +59,11 @@ def test_kill_9_then_restart_keeps_everything_and_sigterm_exits_0(tmp_path: Path
             assert chain[-1].state == pb.ACTIVE
             # The deleted topic's shard is still owed to the node that held it.
             assert [d.shard for d in client.heartbeat(holder, "").deletions] == ["audit_0"]
-            # A restarted Meta Service answers at once: registered nodes count as alive.
+            # A restarted Meta Service places segments only on nodes that beat since it started.
+            with pytest.raises(Unavailable):
+                client.create_topic("fresh", partitions=3, replication_factor=3)
+            for index in range(3):
+                client.heartbeat(f"node-{index}", "")
             client.create_topic("fresh", partitions=3, replication_factor=3)
         assert process.stop() == 0
     finally:

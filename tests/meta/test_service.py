@@ -157,6 +157,15 @@ def test_invalid_topics_are_refused_with_typed_errors(
     assert client.list_topics() == []
 
 
+def test_compaction_is_refused_until_it_exists(client: MetaClient) -> None:
+    register(client, "n1")
+    with pytest.raises(InvalidConfig) as caught:
+        client.create_topic("k", cleanup_policy="compact")
+    assert caught.value.fields == {"field": "cleanup_policy", "value": "compact"}
+    assert "compaction comes with the tiering/compaction release" in caught.value.message
+    assert client.list_topics() == []
+
+
 def test_too_few_live_nodes(client: MetaClient) -> None:
     with pytest.raises(Unavailable) as caught:
         client.create_topic("t")
@@ -242,16 +251,62 @@ def test_liveness_follows_heartbeats(tmp_path: Path) -> None:
         assert caught.value.fields == {"needed": 2, "live": 1}
         assert leaders(client.describe_topic(client.create_topic("t").name)) == ["n1"]
 
-        # After a restart, registered nodes count as alive for one timeout, then need beats.
+        # After a restart, a registered node is alive only once it has beaten again.
         meta.restart()
-        assert [node.alive for node in client.list_nodes()] == [True, True]
-        assert [node.last_heartbeat_ms for node in client.list_nodes()] == [0, 0]
-        time.sleep(0.6)
         assert [node.alive for node in client.list_nodes()] == [False, False]
+        assert [node.last_heartbeat_ms for node in client.list_nodes()] == [0, 0]
         client.heartbeat("n2", "")
         assert [node.alive for node in client.list_nodes()] == [False, True]
     finally:
         meta.close()
+
+
+def test_after_a_restart_only_nodes_that_beat_since_are_placed(meta: Meta) -> None:
+    client = meta.client
+    register(client, "n1", "n2")
+    client.create_topic("before", partitions=2)  # one partition each
+    meta.restart()
+    with pytest.raises(Unavailable) as caught:  # nobody has beaten since the restart: say so
+        client.create_topic("early")
+    assert "2 registered nodes have not sent a heartbeat since the Meta Service started" in str(caught.value)
+    assert caught.value.retriable
+    client.heartbeat("n2", "")  # n1 is down: it never beats again
+    description = client.describe_topic(client.create_topic("after", partitions=4).name)
+    assert leaders(description) == ["n2"] * 4
+    assert [(n.node_id, n.alive) for n in client.list_nodes()] == [("n1", False), ("n2", True)]
+
+
+def test_remove_node_refuses_live_or_leading_nodes_unless_forced(meta: Meta) -> None:
+    client = meta.client
+    register(client, "n1", "n2", "n3")
+    client.create_topic("t", partitions=2)  # t_0 on n1, t_1 on n2
+    meta.restart()
+    client.heartbeat("n3", "")
+    with pytest.raises(InvalidRequest) as caught:
+        client.remove_node("n3")
+    assert caught.value.fields["node_id"] == "n3" and "alive" in str(caught.value)
+    with pytest.raises(InvalidRequest) as caught:
+        client.remove_node("n1")
+    assert caught.value.fields["led_shards"] == ["t_0"]
+    with pytest.raises(InvalidRequest) as caught:
+        client.remove_node("nobody")
+    assert "no storage node 'nobody'" in str(caught.value)
+
+    removed = client.remove_node("n1", force=True)
+    assert removed.node.node_id == "n1" and list(removed.led_shards) == ["t_0"]
+    assert [n.node_id for n in client.list_nodes()] == ["n2", "n3"]
+    assert client.describe_topic("t").shards[0].leader_address == ""  # nobody serves t_0 now
+    client.commit_offsets("g", "t", {0: 0})  # the rest of the cluster works as before
+    # A node that leads nothing and is dead goes without --force.
+    meta.restart()
+    client.heartbeat("n2", "")
+    assert client.remove_node("n3").node.node_id == "n3"
+    assert [n.node_id for n in client.list_nodes()] == ["n2"]
+    meta.restart()
+    assert [n.node_id for n in client.list_nodes()] == ["n2"]
+    # A removed node that comes back registers as a new node.
+    client.heartbeat("n3", "tcp://127.0.0.1:7999")
+    assert [n.node_id for n in client.list_nodes()] == ["n2", "n3"]
 
 
 def test_heartbeat_registers_an_unknown_node_and_updates_addresses(client: MetaClient) -> None:
@@ -458,7 +513,7 @@ def test_a_recreated_topic_avoids_nodes_still_holding_the_old_shards(client: Met
 def test_restart_keeps_everything(meta: Meta) -> None:
     client = meta.client
     register(client, "n1", "n2")
-    client.create_topic("k", partitions=2, replication_factor=2, cleanup_policy="compact")
+    client.create_topic("k", partitions=2, replication_factor=2, retention_ms=60_000)
     client.seal_segment("k_0", 0, 64, "n1")
     client.commit_offsets("g", "k", {1: 3})
     before = (client.list_topics(), client.describe_topic("k"), client.fetch_offsets("g", "k"))

@@ -1,0 +1,296 @@
+"""The ``robustmq`` command line as a user runs it: real subprocesses against a real server.
+
+Every subcommand gets bad input (missing and malformed arguments, unknown
+names, an unreachable Meta Service) and must answer with one line on stderr
+and exit code 2 (bad input) or 1 (a runtime failure), never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import robustmq
+from robustmq import build_records
+from tests.e2e._procs import ROOT, free_port, running, wait_until
+
+pytestmark = pytest.mark.e2e
+
+META = "<meta>"  # replaced by --meta with the test server's address
+CLOSED = "<closed>"  # replaced by --meta with a port nobody listens on, and a short timeout
+
+
+def cli(*args: str, stdin: str | None = None, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "robustmq.cli", *args],
+        cwd=ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+@pytest.fixture(scope="module")
+def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("cli")
+    port = free_port()
+    command = ["server", "--data-dir", str(root), "--meta-port", str(port), "--node-port", str(free_port())]
+    with running(command):
+        address = f"127.0.0.1:{port}"
+        with robustmq.connect(address) as client:
+            client.create_topic("known", 2)
+        yield address
+
+
+# (arguments, exit code, text the one line on stderr must contain, stdin)
+BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
+    ([], 2, "required", None),
+    (["nosuch"], 2, "invalid choice", None),
+    (["server", "--meta-port", "abc"], 2, "--meta-port", None),
+    (["server", "--node-port", "70000"], 2, "--node-port", None),
+    (["meta", "--meta-port", "-1"], 2, "--meta-port", None),
+    (["storage-node", "--io-workers", "0"], 2, "--io-workers", None),
+    (["storage-node", "--meta", "no-port-here"], 2, "--meta", None),
+    (["topic"], 2, "required", None),
+    (["topic", "create"], 2, "name", None),
+    (["topic", "create", "t", "--partitions", "x"], 2, "--partitions", None),
+    (["topic", "create", "bad/name", META], 2, "bad/name", None),
+    (["topic", "create", "t", "--partitions", "0", META], 2, "partitions", None),
+    (["topic", "create", "t", "--cleanup", "compact", META], 2, "cleanup", None),
+    (["topic", "create", "t", "--cleanup", "shred"], 2, "--cleanup", None),
+    (["topic", "describe", "nosuch", META], 2, "nosuch", None),
+    (["topic", "delete", "nosuch", META], 2, "nosuch", None),
+    (["topic", "list", CLOSED], 1, "unavailable", None),
+    (["produce"], 2, "topic", None),
+    (["produce", "nosuch", META], 2, "nosuch", "x\n"),
+    (["produce", "known", "--format", "json", META], 2, "line 1", "not json\n"),
+    (["produce", "known", "--format", "json", META], 2, "line 2", '{"value": "a"}\n[1]\n'),
+    (["produce", "known", "--file", "/nonexistent/lines.txt", META], 2, "/nonexistent/lines.txt", None),
+    (["produce", "known", "--key-separator", "", META], 2, "--key-separator", None),
+    (["produce", "known", "--linger-ms", "-1"], 2, "--linger-ms", None),
+    (["produce", "known", CLOSED], 1, "unavailable", "x\n"),
+    (["consume"], 2, "topic", None),
+    (["consume", "known", "--from", "yesterday"], 2, "--from", None),
+    (["consume", "known", "--from", "-3"], 2, "--from", None),
+    (["consume", "known", "--from", "group", META], 2, "--group", None),
+    (["consume", "known", "--from-timestamp", "not-a-time"], 2, "--from-timestamp", None),
+    (["consume", "known", "--max-records", "0"], 2, "--max-records", None),
+    (["consume", "known", "--idle-timeout-s", "-1"], 2, "--idle-timeout-s", None),
+    (["consume", "known", "--partition", "7", "--max-records", "1", META], 2, "partition 7", None),
+    (["consume", "nosuch", "--max-records", "1", META], 2, "nosuch", None),
+    (["consume", "known", "--timeout-s", "0"], 2, "--timeout-s", None),
+    (["consume", "known", "--max-records", "1", CLOSED], 1, "unavailable", None),
+    (["groups", "--topic", "nosuch", META], 2, "nosuch", None),
+    (["groups", "delete"], 2, "group", None),
+    (["groups", "delete", "nosuch", META], 2, "nosuch", None),
+    (["groups", CLOSED], 1, "unavailable", None),
+    (["segments"], 2, "topic", None),
+    (["segments", "nosuch", META], 2, "nosuch", None),
+    (["nodes", "--bogus"], 2, "--bogus", None),
+    (["nodes", CLOSED], 1, "unavailable", None),
+    (["node"], 2, "required", None),
+    (["node", "remove"], 2, "node_id", None),
+    (["node", "remove", "nosuch", META], 2, "nosuch", None),
+    (["node", "remove", "bad id!", META], 2, "bad id!", None),
+    (["topic-to-delta"], 2, "required", None),
+    (
+        ["topic-to-delta", "--topic", "t", "--table", "x", "--checkpoint", "y", "--trigger-seconds", "z"],
+        2,
+        "",
+        None,
+    ),
+    (["demo", "--records", "0"], 2, "--records", None),
+    (["demo", "--records", "many"], 2, "--records", None),
+]
+
+
+def _expand(arguments: list[str], meta: str, closed: str) -> list[str]:
+    expanded: list[str] = []
+    for argument in arguments:
+        if argument == META:
+            expanded += ["--meta", meta]
+        elif argument == CLOSED:
+            expanded += ["--meta", closed, "--timeout-s", "1"]
+        else:
+            expanded.append(argument)
+    return expanded
+
+
+def test_every_subcommand_answers_bad_input_with_one_line_and_no_traceback(meta: str) -> None:
+    listed = cli("--help")
+    assert listed.returncode == 0
+    commands = set(re.findall(r"^    ([a-z][a-z-]+)\s", listed.stdout, flags=re.M))
+    assert {"server", "consume", "produce", "nodes", "node", "groups", "demo"} <= commands
+    assert commands <= {arguments[0] for arguments, *_ in BAD_INPUT if arguments}, "a subcommand is untested"
+
+    closed = f"127.0.0.1:{free_port()}"
+    cases = [
+        (_expand(arguments, meta, closed), code, text, stdin) for arguments, code, text, stdin in BAD_INPUT
+    ]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda case: cli(*case[0], stdin=case[3]), cases))
+    failures = []
+    for (arguments, code, text, _), done in zip(cases, results, strict=True):
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        ok = (
+            done.returncode == code
+            and "Traceback" not in done.stderr
+            and len(lines) == 1
+            and text in lines[0]
+            and "internal error" not in lines[0]
+        )
+        if not ok:
+            failures.append(f"robustmq {' '.join(arguments)} -> {done.returncode}: {done.stderr[-600:]!r}")
+    assert not failures, "\n".join(failures)
+
+
+def test_a_group_commit_covers_exactly_what_was_printed(meta: str) -> None:
+    with robustmq.connect(meta) as client:
+        client.create_topic("orders", 1)
+        with client.producer() as producer:
+            producer.send_batch("orders", build_records([f"v{i}".encode() for i in range(10_000)])).result(60)
+
+        done = cli("consume", "orders", "--group", "demo", "--max-records", "3", "--meta", meta)
+        assert done.returncode == 0, done.stderr
+        assert [json.loads(line)["offset"] for line in done.stdout.splitlines()] == [0, 1, 2]
+        assert client.group_offsets("demo", "orders") == {0: 3}
+
+        done = cli(
+            "consume", "orders", "--from", "group", "--group", "demo", "--max-records", "2", "--meta", meta
+        )
+        assert done.returncode == 0, done.stderr
+        assert [json.loads(line)["offset"] for line in done.stdout.splitlines()] == [3, 4]
+        assert client.group_offsets("demo", "orders") == {0: 5}
+
+        # An explicit offset overrides the group's position; earliest/latest only fill in for none.
+        done = cli(
+            "consume",
+            "orders",
+            "--from",
+            "9998",
+            "--group",
+            "demo",
+            "--idle-timeout-s",
+            "1",
+            "--format",
+            "text",
+            "--meta",
+            meta,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == ["v9998", "v9999"]
+        assert client.group_offsets("demo", "orders") == {0: 10_000}
+
+
+def _taken_port() -> socket.socket:
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    return holder
+
+
+def test_a_taken_node_port_is_one_line_and_exit_1(tmp_path: Path, meta: str) -> None:
+    with _taken_port() as holder:
+        port = str(holder.getsockname()[1])
+        for arguments in (
+            [
+                "server",
+                "--data-dir",
+                str(tmp_path / "s"),
+                "--meta-port",
+                str(free_port()),
+                "--node-port",
+                port,
+            ],
+            ["storage-node", "--data-dir", str(tmp_path / "n"), "--node-port", port, "--meta", meta],
+        ):
+            done = cli(*arguments)
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            assert done.returncode == 1, done.stderr
+            assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+            assert port in lines[0] and "ready" not in done.stdout
+
+
+def test_produce_from_an_open_pipe_flushes_on_a_timer_and_on_ctrl_c(meta: str) -> None:
+    import signal
+
+    with robustmq.connect(meta) as client:
+        client.create_topic("piped", 1)
+        producer = subprocess.Popen(
+            [sys.executable, "-m", "robustmq.cli", "produce", "piped", "--meta", meta],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert producer.stdin is not None
+            producer.stdin.write("one\ntwo\nthree\n")
+            producer.stdin.flush()  # the pipe stays open: no end of input
+            wait_until(lambda: client.list_offsets("piped")[0][1] == 3, timeout_s=20)
+            assert client.read("piped", 0, 0).column("value").to_pylist() == [b"one", b"two", b"three"]
+
+            producer.stdin.write("four\n")
+            producer.stdin.flush()
+            wait_until(lambda: client.list_offsets("piped")[0][1] == 4, timeout_s=20)
+            producer.send_signal(signal.SIGINT)
+            _, stderr = producer.communicate(timeout=30)
+        finally:
+            if producer.poll() is None:
+                producer.kill()
+                producer.wait(30)
+        assert producer.returncode == 130, stderr
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert "Traceback" not in stderr and len(lines) == 1, stderr
+        assert "interrupted" in lines[0] and "4 records" in lines[0]
+
+
+def test_ctrl_c_flushes_the_lines_read_so_far(meta: str) -> None:
+    import signal
+
+    with robustmq.connect(meta) as client:
+        client.create_topic("lingering", 1)
+        producer = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "robustmq.cli",
+                "produce",
+                "lingering",
+                "--linger-ms",
+                "600000",
+                "--meta",
+                meta,
+            ],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert producer.stdin is not None
+            producer.stdin.write("a\nb\n")
+            producer.stdin.flush()
+            time.sleep(2.0)  # time for the process to read the lines (it holds them: linger 10 min)
+            assert client.list_offsets("lingering")[0][1] == 0
+            producer.send_signal(signal.SIGINT)
+            _, stderr = producer.communicate(timeout=30)
+        finally:
+            if producer.poll() is None:
+                producer.kill()
+                producer.wait(30)
+        assert producer.returncode == 130, stderr
+        assert "Traceback" not in stderr and "2 records" in stderr, stderr
+        assert client.read("lingering", 0, 0).column("value").to_pylist() == [b"a", b"b"]

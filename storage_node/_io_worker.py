@@ -499,6 +499,7 @@ class IOWorker(threading.Thread):
             # The topic was deleted and created again: this state is of the old one.
             self._sealer.end(state, ShardNotFound(f"shard {shard} was deleted", shard=shard))
             self.directory.forget(shard)
+            self._node.written(shard)  # its parked fetches find out
             state = None
         if state is None:
             self.directory.install(answer.view)

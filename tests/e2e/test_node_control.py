@@ -59,7 +59,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 def test_a_topic_deleted_while_its_node_is_down_stays_deleted(cluster: Cluster) -> None:
     with robustmq.connect(cluster.meta_address, timeout_s=20) as client:
-        client.create_topic("t", 1)
+        old = client.create_topic("t", 1).incarnation
         with client.producer() as producer:
             producer.send_batch("t", build_records([b"deleted-%d" % i for i in range(10)])).result(20)
         assert client.list_offsets("t") == {0: (0, 10)}
@@ -75,13 +75,16 @@ def test_a_topic_deleted_while_its_node_is_down_stays_deleted(cluster: Cluster) 
                 return False
 
         wait_until(recreated, timeout_s=20, interval_s=0.2)
+        new = client.describe_topic("t").topic.incarnation
+        assert new > old
         client.metadata.invalidate("t")
         assert client.read("t", 0, 0, 100).num_rows == 0, "records of the deleted topic came back"
         with client.producer() as producer:
             assert producer.send("t", b"new").result(20).offset == 0
         assert client.read("t", 0, 0, 100).column("value").to_pylist() == [b"new"]
-    old_files = [path for path in (cluster.root / "node").rglob("t_0") if path.is_dir()]
-    assert old_files == [], f"the deleted topic's files are still there: {old_files}"
+    shards = cluster.root / "node" / "segment" / "shards"
+    assert not (shards / f"t_0.{old}").exists(), "the deleted topic's files are still there"
+    assert [path.name for path in shards.iterdir() if path.name.startswith("t_")] == [f"t_0.{new}"]
 
 
 def _percentile(values: list[float], fraction: float) -> float:

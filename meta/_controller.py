@@ -38,7 +38,7 @@ from robustmq.storage_node import shard_name
 
 from . import _keys as keys
 from ._liveness import Liveness
-from ._nodes import MAX_NODES, NodeTable
+from ._nodes import MAX_DELETIONS_PER_BEAT, MAX_NODES, NodeTable
 from ._offsets import OffsetTable, partition_lag
 from ._placement import place_replicas
 from ._store import MetaStore, WriteSet
@@ -96,9 +96,12 @@ class MetaController:
         self._interval_ms = max(1, min(HEARTBEAT_INTERVAL_MS, node_timeout_ms // 3))
         self._check_format()
         self._progress: dict[str, tuple[int, int]] = {}  # shard -> (high watermark, log start)
+        self._reserved: dict[str, int] = {}  # shard -> reserved offset (memory engine), if reported
         for key, value in self._store.scan(keys.PROGRESS):
-            topic, partition, values = keys.decode_progress(key, value)
+            topic, partition, values, reserved = keys.decode_progress(key, value)
             self._progress[shard_name(topic, partition)] = values
+            if reserved:
+                self._reserved[shard_name(topic, partition)] = reserved
         self._load: Counter[str] = Counter(
             segment.leader for segment in self._topics.active_segments() if segment.leader
         )
@@ -149,7 +152,10 @@ class MetaController:
                 replicas = place_replicas(live - held, load, needed, shard=shard, dropping=len(held))
                 load[replicas[0]] += 1
                 segments.append(_first_segment(shard, replicas))
-            topic = pb.Topic(name=name, config=config, created_ms=_now_ms())
+            now = _now_ms()
+            topic = pb.Topic(
+                name=name, config=config, created_ms=now, incarnation=self._topics.next_incarnation(now)
+            )
             ws = WriteSet()
             self._topics.stage_create(topic, segments, ws)
             ws.commit(self._store)
@@ -168,27 +174,32 @@ class MetaController:
             chains = self._topics.chains(name)
             addresses = {node.node_id: node.address for node in self._nodes.all()}
             shards = [
-                self._shard_info(name, partition, chains[partition], addresses)
+                self._shard_info(topic, partition, chains[partition], addresses)
                 for partition in sorted(chains)
             ]
         return pb.TopicDescription(topic=topic, shards=shards)
 
     def delete_topic(self, name: str) -> None:
-        """Remove a topic, its chains and its group offsets; tell its nodes to drop its shards."""
+        """Remove a topic, its chains and its group offsets; tell its nodes to drop its shards.
+
+        Every node that held a segment gets a pending deletion of the shard at
+        this incarnation, kept until the node reports it done (see ``heartbeat``).
+        """
         name = require_topic(name)
         with self._locked():
-            self._topics.require(name)
+            incarnation = self._topics.require(name).incarnation
             ws = WriteSet()
             segments = self._topics.stage_delete(name, ws)
             self._offsets.stage_delete_topic(name, ws)
             for segment in segments:
                 for node_id in segment.replicas:
-                    self._nodes.stage_pending(node_id, segment.shard, ws)
+                    self._nodes.stage_pending(node_id, segment.shard, incarnation, ws)
             ws.commit(self._store)
             for segment in segments:
                 if segment.state == pb.ACTIVE and segment.leader:
                     self._load[segment.leader] -= 1
                 self._progress.pop(segment.shard, None)
+                self._reserved.pop(segment.shard, None)
             self._load = +self._load  # drop zero counts
         logger.info("deleted topic %s", name)
 
@@ -198,19 +209,21 @@ class MetaController:
             chain = self._topics.chain(topic, partition)
             leader = self._nodes.get(chain[-1].leader)
             addresses = {leader.node_id: leader.address} if leader is not None else {}
-            return self._shard_info(topic, partition, chain, addresses)
+            return self._shard_info(self._topics.require(topic), partition, chain, addresses)
 
     def _shard_info(
-        self, topic: str, partition: int, chain: list[pb.Segment], addresses: Mapping[str, str]
+        self, topic: pb.Topic, partition: int, chain: list[pb.Segment], addresses: Mapping[str, str]
     ) -> pb.ShardInfo:
-        shard = shard_name(topic, partition)
+        shard = shard_name(topic.name, partition)
         return pb.ShardInfo(
-            topic=topic,
+            topic=topic.name,
             partition=partition,
             shard=shard,
             segments=chain,
             leader_address=addresses.get(chain[-1].leader, ""),
             high_watermark=self._progress.get(shard, (-1, -1))[0],
+            incarnation=topic.incarnation,
+            reserved_offset=self._reserved.get(shard, -1),
         )
 
     # -- segments ----------------------------------------------------------
@@ -321,33 +334,51 @@ class MetaController:
         address: str,
         progress: Sequence[pb.ShardProgress],
         shard_count: int,
+        *,
+        deleted: Sequence[pb.ShardDeletion] = (),
     ) -> pb.HeartbeatResponse:
         """Mark a node alive (registering it if unknown), record its shards' progress.
 
         Only the active segment's leader's reports count as a shard's high
-        watermark; reports for unknown shards (deleted since) and malformed ones
-        are ignored. ``shard_count`` is informational. Returns the shards of
-        deleted topics the node must drop; they are listed once, in the answer
-        to its first beat after the deletion.
+        watermark (and reserved offset, which only grows); reports for unknown
+        shards (deleted since) and malformed ones are ignored. ``shard_count`` is
+        informational. ``deleted`` acknowledges deletions the node has carried
+        out; they are forgotten. The answer lists
+        the deletions still pending for the node (at most
+        :data:`~robustmq.meta._nodes.MAX_DELETIONS_PER_BEAT`): each is repeated
+        in every answer until acknowledged, so a lost answer loses nothing.
         """
         node_id = require_node_id(node_id)
         if address:
             require_address(address)
         reports = _usable_progress(node_id, progress)
+        done = _acknowledged_deletions(node_id, deleted)
         with self._locked():
             ws = WriteSet()
             self._stage_upsert_node(node_id, address, ws)
-            delete_shards = self._nodes.pending_for(node_id)
-            self._nodes.stage_delivered(node_id, delete_shards, ws)
+            self._nodes.stage_done(node_id, done, ws)
+            pending = self._nodes.pending_for(node_id, limit=MAX_DELETIONS_PER_BEAT + len(done))
+            deletions = [
+                pb.ShardDeletion(shard=shard, incarnation=incarnation)
+                for shard, incarnation in pending
+                if (shard, incarnation) not in done
+            ][:MAX_DELETIONS_PER_BEAT]
             accepted = {}
-            for shard, topic, partition, values in reports:
-                if self._leads(node_id, topic, partition) and self._progress.get(shard) != values:
+            reserved = {}
+            for shard, topic, partition, values, reserve in reports:
+                if not self._leads(node_id, topic, partition):
+                    continue
+                reserve = max(reserve, self._reserved.get(shard, 0))
+                if self._progress.get(shard) != values or reserve != self._reserved.get(shard, 0):
                     accepted[shard] = values
-                    ws.put(keys.progress_key(topic, partition), keys.encode_progress(*values))
+                    if reserve:
+                        reserved[shard] = reserve
+                    ws.put(keys.progress_key(topic, partition), keys.encode_progress(*values, reserve))
             ws.commit(self._store)
             self._liveness.beat(node_id)
             self._progress.update(accepted)
-        return pb.HeartbeatResponse(delete_shards=delete_shards, interval_ms=self._interval_ms)
+            self._reserved.update(reserved)
+        return pb.HeartbeatResponse(deletions=deletions, interval_ms=self._interval_ms)
 
     def _stage_upsert_node(self, node_id: str, address: str, ws: WriteSet) -> pb.NodeInfo:
         """The node's record, staging a write if it is new or its address changed."""
@@ -546,10 +577,23 @@ def _first_segment(shard: str, replicas: list[str]) -> pb.Segment:
     )
 
 
+def _acknowledged_deletions(node_id: str, deleted: Sequence[pb.ShardDeletion]) -> set[tuple[str, int]]:
+    """The well-formed ``(shard, incarnation)`` a node reports done (bounded; others ignored)."""
+    done = set()
+    for entry in deleted[: 10 * MAX_DELETIONS_PER_BEAT]:
+        try:
+            split_shard(entry.shard)
+        except InvalidRequest:
+            logger.warning("node %s acknowledged a deletion of %r; ignored", node_id, entry.shard[:80])
+            continue
+        done.add((entry.shard, int(entry.incarnation)))
+    return done
+
+
 def _usable_progress(
     node_id: str, progress: Sequence[pb.ShardProgress]
-) -> list[tuple[str, str, int, tuple[int, int]]]:
-    """The well-formed progress reports: ``(shard, topic, partition, (hw, log_start))``.
+) -> list[tuple[str, str, int, tuple[int, int], int]]:
+    """The well-formed progress reports: ``(shard, topic, partition, (hw, log_start), reserved)``.
 
     A bad report is skipped with a warning instead of failing the heartbeat: a
     node whose beats were refused would be declared dead over one bad number.
@@ -562,10 +606,11 @@ def _usable_progress(
         except InvalidRequest:
             skipped.append(entry.shard[:80])
             continue
-        if entry.high_watermark < 0 or not 0 <= entry.log_start_offset <= entry.high_watermark:
+        hw, log_start, reserved = entry.high_watermark, entry.log_start_offset, entry.reserved_offset
+        if hw < 0 or not 0 <= log_start <= hw or (reserved and reserved < hw):
             skipped.append(entry.shard)
             continue
-        reports.append((entry.shard, topic, partition, (entry.high_watermark, entry.log_start_offset)))
+        reports.append((entry.shard, topic, partition, (hw, log_start), max(reserved, 0)))
     if skipped:
         logger.warning(
             "node %s reported %d malformed shard progress entries (first: %r); ignored",

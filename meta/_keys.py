@@ -13,6 +13,7 @@ import struct
 __all__ = [
     "FORMAT_VERSION",
     "GROUP",
+    "INCARNATION_KEY",
     "NODE",
     "PENDING",
     "PROGRESS",
@@ -20,10 +21,12 @@ __all__ = [
     "TOPIC",
     "VERSION_KEY",
     "decode_group_key",
+    "decode_incarnation",
     "decode_offset_key",
     "decode_offset_value",
     "decode_pending_key",
     "decode_progress",
+    "encode_incarnation",
     "encode_offset_value",
     "encode_progress",
     "group_key",
@@ -52,9 +55,11 @@ PENDING = b"D"
 OFFSET = b"O"
 GROUP = b"G"
 PROGRESS = b"P"
+INCARNATION_KEY = b"I"
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
 _OFFSET_VALUE = struct.Struct(">qq")
 
 
@@ -102,15 +107,26 @@ def pending_prefix(node_id: str | None = None) -> bytes:
     return PENDING if node_id is None else PENDING + text(node_id)
 
 
-def pending_key(node_id: str, shard: str) -> bytes:
-    return pending_prefix(node_id) + text(shard)
+def pending_key(node_id: str, shard: str, incarnation: int = 0) -> bytes:
+    """A pending deletion; incarnation 0 (topics from before incarnations) has no suffix."""
+    key = pending_prefix(node_id) + text(shard)
+    return key + _U64.pack(incarnation) if incarnation else key
 
 
-def decode_pending_key(key: bytes) -> tuple[str, str]:
-    """``(node_id, shard)`` of a pending-deletion key."""
+def decode_pending_key(key: bytes) -> tuple[str, str, int]:
+    """``(node_id, shard, incarnation)`` of a pending-deletion key."""
     node_id, position = _read_text(key, len(PENDING))
-    shard, _ = _read_text(key, position)
-    return node_id, shard
+    shard, position = _read_text(key, position)
+    incarnation = _U64.unpack_from(key, position)[0] if len(key) >= position + _U64.size else 0
+    return node_id, shard, int(incarnation)
+
+
+def encode_incarnation(incarnation: int) -> bytes:
+    return _U64.pack(incarnation)
+
+
+def decode_incarnation(value: bytes) -> int:
+    return int(_U64.unpack(value)[0])
 
 
 def offsets_prefix(topic: str, group: str | None = None) -> bytes:
@@ -148,16 +164,19 @@ def progress_key(topic: str, partition: int) -> bytes:
     return progress_prefix(topic) + _U32.pack(partition)
 
 
-def encode_progress(high_watermark: int, log_start: int) -> bytes:
-    return _OFFSET_VALUE.pack(high_watermark, log_start)
+def encode_progress(high_watermark: int, log_start: int, reserved: int = 0) -> bytes:
+    """``be64(hw) be64(log start)``, then ``be64(reserved offset)`` if one was reported."""
+    value = _OFFSET_VALUE.pack(high_watermark, log_start)
+    return value + _U64.pack(reserved) if reserved > 0 else value
 
 
-def decode_progress(key: bytes, value: bytes) -> tuple[str, int, tuple[int, int]]:
-    """``(topic, partition, (high watermark, log start))`` of a progress entry."""
+def decode_progress(key: bytes, value: bytes) -> tuple[str, int, tuple[int, int], int]:
+    """``(topic, partition, (high watermark, log start), reserved offset or 0)`` of a progress entry."""
     topic, position = _read_text(key, len(PROGRESS))
     (partition,) = _U32.unpack_from(key, position)
-    high_watermark, log_start = _OFFSET_VALUE.unpack(value)
-    return topic, int(partition), (int(high_watermark), int(log_start))
+    high_watermark, log_start = _OFFSET_VALUE.unpack_from(value)
+    reserved = _U64.unpack_from(value, _OFFSET_VALUE.size)[0] if len(value) > _OFFSET_VALUE.size else 0
+    return topic, int(partition), (int(high_watermark), int(log_start)), int(reserved)
 
 
 def group_key(group: str, topic: str | None = None) -> bytes:

@@ -4,9 +4,14 @@ A node record holds what does not change between heartbeats: its id, the
 address of its ZeroMQ front end and when it first registered. Liveness lives
 in :mod:`robustmq.meta._liveness` (memory only).
 
-A pending deletion ``(node, shard)`` is written when a topic is deleted, for
-every node that held one of its segments; the node's next heartbeat response
-lists the shard in ``delete_shards`` and the same heartbeat removes the entry.
+A pending deletion ``(node, shard, incarnation)`` is written when a topic is
+deleted, for every node that held one of its segments. Every heartbeat answer
+lists the node's pending deletions (at most :data:`MAX_DELETIONS_PER_BEAT`,
+oldest names first) until the node acknowledges one in a later heartbeat
+request, which removes the entry. A lost answer, a node restart or a node that
+could not carry one out yet therefore only delays a deletion, never loses it.
+The incarnation makes a late or repeated deletion harmless: a node drops only
+its local shard of that incarnation, never a newer topic of the same name.
 Kept in the store so that a Meta Service restart does not forget what nodes
 still have to drop. Not locked here: the controller's lock covers it.
 """
@@ -20,11 +25,13 @@ from robustmq._proto import robustmq_pb2 as pb
 from . import _keys as keys
 from ._store import MetaStore, WriteSet
 
-__all__ = ["MAX_NODES", "NodeTable"]
+__all__ = ["MAX_DELETIONS_PER_BEAT", "MAX_NODES", "NodeTable"]
 
 # A bound on registrations, so a misbehaving client cannot grow the registry
 # (and the liveness map) without limit.
 MAX_NODES = 4096
+# A bound on the deletions one heartbeat answer carries (the rest follow in later beats).
+MAX_DELETIONS_PER_BEAT = 1000
 
 
 class NodeTable:
@@ -51,24 +58,30 @@ class NodeTable:
 
     # -- pending deletions -------------------------------------------------
 
-    def pending_for(self, node_id: str) -> list[str]:
-        """Shards ``node_id`` still has to drop, sorted."""
-        prefix = keys.pending_prefix(node_id)
-        return sorted(keys.decode_pending_key(key)[1] for key, _ in self._store.scan(prefix))
+    def pending_for(self, node_id: str, *, limit: int = MAX_DELETIONS_PER_BEAT) -> list[tuple[str, int]]:
+        """Up to ``limit`` ``(shard, incarnation)`` that ``node_id`` still has to drop, in key order."""
+        pending = []
+        for key, _ in self._store.scan(keys.pending_prefix(node_id)):
+            _, shard, incarnation = keys.decode_pending_key(key)
+            pending.append((shard, incarnation))
+            if len(pending) >= limit:
+                break
+        return pending
 
     def holders_pending(self, shards: Iterable[str]) -> dict[str, set[str]]:
         """For each of ``shards``, the nodes that have not yet dropped an older shard of that name."""
         wanted = set(shards)
         holders: dict[str, set[str]] = {}
         for key, _ in self._store.scan(keys.pending_prefix()):
-            node_id, shard = keys.decode_pending_key(key)
+            node_id, shard, _ = keys.decode_pending_key(key)
             if shard in wanted:
                 holders.setdefault(shard, set()).add(node_id)
         return holders
 
-    def stage_pending(self, node_id: str, shard: str, ws: WriteSet) -> None:
-        ws.put(keys.pending_key(node_id, shard), b"")
+    def stage_pending(self, node_id: str, shard: str, incarnation: int, ws: WriteSet) -> None:
+        ws.put(keys.pending_key(node_id, shard, incarnation), b"")
 
-    def stage_delivered(self, node_id: str, shards: Iterable[str], ws: WriteSet) -> None:
-        for shard in shards:
-            ws.delete(keys.pending_key(node_id, shard))
+    def stage_done(self, node_id: str, deletions: Iterable[tuple[str, int]], ws: WriteSet) -> None:
+        """The node has dropped these shards: forget them (unknown ones are ignored)."""
+        for shard, incarnation in deletions:
+            ws.delete(keys.pending_key(node_id, shard, incarnation))

@@ -145,7 +145,11 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
     @_answers_errors
     def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         return self._controller.heartbeat(
-            request.node_id, request.address, list(request.progress), request.shard_count
+            request.node_id,
+            request.address,
+            list(request.progress),
+            request.shard_count,
+            deleted=list(request.deleted),
         )
 
     @_answers_errors

@@ -20,18 +20,27 @@ so numbers sort in numeric order within a prefix::
     "S" text(topic) be32(partition) be32(epoch)  Segment (protobuf); a shard's chain in epoch order
     "R" text(topic) be32(partition) be32(epoch)  utf8(node id) that sealed this epoch
     "N" text(node_id)                            NodeInfo (protobuf: node_id, address, registered_ms)
-    "D" text(node_id) text(shard)                (empty): shard of a deleted topic the node must drop
+    "D" text(node_id) text(shard) [be64(inc)]    (empty): shard of a deleted topic the node must drop, at
+                                                 incarnation inc (no suffix: incarnation 0)
+    "I"                                          be64(last topic incarnation handed out)
     "O" text(topic) text(group) be32(partition)  be64(next offset) be64(commit time ms)
     "G" text(group) text(topic)                  (empty): the topics a group has offsets for
-    "P" text(topic) be32(partition)              be64(high watermark) be64(log start), as last reported
+    "P" text(topic) be32(partition)              be64(high watermark) be64(log start) [be64(reserved)],
+                                                 as last reported by the leader
+
+A topic's incarnation (in its ``T`` record and every ``ShardInfo``) is unique
+per creation of its name; topics from before incarnations have 0. A ``D``
+entry stays until the node acknowledges the deletion in a heartbeat.
 
 Invariants, kept by writing everything one operation changes in one batch:
 every ``S``/``R``/``O``/``P`` key has its ``T`` key; every ``G`` key has at least one
 ``O`` key; a shard's epochs are contiguous from 0 and only the last segment is
-ACTIVE. Reported high watermarks are stored with the heartbeat that brings them:
-a node that lost a shard's records (the memory engine, a wiped disk) starts it
-at the last one, so offsets are never handed out twice, even across a Meta
-Service restart. Liveness (heartbeat times) is not stored: it is rebuilt from
+ACTIVE. Reported high watermarks, and the offsets a node reserves for a
+memory-engine shard (it acknowledges nothing at or past one before the Meta
+Service stored it; the value only grows), are stored with the heartbeat that
+brings them: a node that lost a shard's records (the memory engine, a wiped
+disk) starts it at the larger of the two, so offsets are never handed out
+twice, even across a Meta Service restart. Liveness (heartbeat times) is not stored: it is rebuilt from
 the nodes' next heartbeats.
 
 Durability and crashes

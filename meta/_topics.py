@@ -6,7 +6,9 @@ start at 0 and are contiguous, every segment but the last is SEALED (or
 TIERED) with an exclusive ``end_offset`` equal to the next one's
 ``start_offset``, and the last is ACTIVE (``end_offset`` -1, a leader set).
 ``R`` records which node sealed an epoch, so a repeated seal request can be
-recognised and answered again.
+recognised and answered again. ``I`` holds the last incarnation handed out:
+a new topic gets ``max(last + 1, now in ms)``, unique for the store's life
+and, through the clock, even after a store is wiped and started afresh.
 
 Reads go straight to the store; writes are staged into a
 :class:`~robustmq.meta._store.WriteSet` that the caller commits with everything
@@ -51,8 +53,15 @@ class TopicTable:
         topics = [pb.Topic.FromString(raw) for _, raw in self._store.scan(keys.TOPIC)]
         return sorted(topics, key=lambda topic: topic.name)
 
+    def next_incarnation(self, now_ms: int) -> int:
+        """The incarnation for a topic created now (see the module docstring)."""
+        raw = self._store.get(keys.INCARNATION_KEY)
+        last = keys.decode_incarnation(raw) if raw is not None else 0
+        return max(last + 1, now_ms)
+
     def stage_create(self, topic: pb.Topic, first_segments: list[pb.Segment], ws: WriteSet) -> None:
         ws.put(keys.topic_key(topic.name), topic.SerializeToString())
+        ws.put(keys.INCARNATION_KEY, keys.encode_incarnation(topic.incarnation))
         for partition, segment in enumerate(first_segments):
             self.stage_segment(topic.name, partition, segment, ws)
 

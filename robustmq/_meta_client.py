@@ -280,16 +280,30 @@ class MetaClient:
         address: str,
         progress: Iterable[tuple[str, int, int]] = (),
         shard_count: int = 0,
+        deleted: Iterable[tuple[str, int]] = (),
+        reserved: Mapping[str, int] | None = None,
     ) -> pb.HeartbeatResponse:
-        """Report liveness and ``(shard, high_watermark, log_start_offset)`` per changed shard."""
+        """Report liveness and ``(shard, high_watermark, log_start_offset)`` per changed shard.
+
+        ``deleted`` acknowledges the ``(shard, incarnation)`` deletions the node has
+        carried out; the answer's ``deletions`` are the ones still pending.
+        ``reserved`` gives a reserved offset for some of the reported shards.
+        """
+        reserved = reserved or {}
         request = pb.HeartbeatRequest(
             node_id=node_id,
             address=address,
             progress=[
-                pb.ShardProgress(shard=shard, high_watermark=hw, log_start_offset=log_start)
+                pb.ShardProgress(
+                    shard=shard,
+                    high_watermark=hw,
+                    log_start_offset=log_start,
+                    reserved_offset=reserved.get(shard, 0),
+                )
                 for shard, hw, log_start in progress
             ],
             shard_count=shard_count,
+            deleted=[pb.ShardDeletion(shard=shard, incarnation=inc) for shard, inc in deleted],
         )
         return self._call(self._stub.Heartbeat, request, "read")
 

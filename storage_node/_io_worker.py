@@ -1,48 +1,87 @@
-"""An I/O worker: the one thread that writes a given set of shards.
+"""An I/O worker: the one thread that writes, seals, installs and drops a given set of shards.
 
-Shards map to workers by ``crc32c(shard) % workers``, so a shard is always
-written by the same worker, in arrival order. A worker blocks for its first
-request, drains whatever else is queued (up to ``max_group_requests``),
-validates each produce request on its own (a bad one is answered with its
-error and does not hold up the others), appends the valid ones with one
-``batch_write`` per engine (one fsync for the whole group), answers every
-request, wakes the long-poll fetches of the shards it wrote, and seals the
-segments that reached their size or age limit.
+Shards map to workers by ``crc32c(shard) % workers``, so everything that
+changes a shard happens on one thread, in queue order. The queue
+(:class:`WorkQueue`) has two entrances: clients' requests (bounded: a full
+queue answers ``Busy``) and the node's own items (always accepted; bounded by
+construction): answers from the control threads (:mod:`._control`), reads
+waiting for a shard to be resolved, and deletions from the heartbeat. Both
+go into one FIFO.
 
-Control work for a shard (an explicit seal, dropping a deleted shard) goes
-through the same queue, so it never races the shard's writes.
+A worker blocks for its first item, drains what else is queued (up to
+``max_group_requests``) and handles the items **in queue order**: consecutive
+produce requests form a group that is appended with one ``batch_write`` per
+engine (one fsync for the group); any other item first appends the group
+gathered before it, then runs. If a group's append fails, its requests are
+appended again one by one, so only the request that fails gets the error.
+
+No item ever waits for the Meta Service on this thread:
+
+- **Unknown shard.** A request for a shard not resolved since start is parked
+  (in order, bounded: ``Busy`` past ``max_parked``) and a ``lookup`` job is
+  submitted; its answer installs the shard (or fails the parked requests) and
+  the parked requests run at the answer's place in the queue. Reads park the
+  same way and go back to the readers.
+- **Newer epoch.** A write naming an epoch above the node's parks for a
+  ``lookup`` refresh, at most once per :data:`REFRESH_INTERVAL_S` per shard;
+  within that interval it is answered ``StaleEpoch`` at once, so a client
+  sending a huge epoch cannot cause one Meta Service call per request.
+- **Seals.** When a segment passes its size or age limit, or a client asks,
+  the worker seals it through the Meta Service in steps driven by the
+  control threads' answers; writes are only held between a probe that showed
+  the Meta Service answering and a definite answer to the seal, and nothing
+  past a sealed end is ever acknowledged (see ``_sealing``).
+- **Memory engine.** A write that would pass the shard's reserved offset is
+  answered ``Busy`` and the heartbeat is asked to reserve more (see ``_shards``).
+- **Deletion.** A deletion ``(shard, incarnation)`` from the heartbeat forgets
+  the shard if it is of that incarnation (held and parked requests get
+  ``ShardNotFound``), drops the local data of that incarnation and reports it
+  done, so the next heartbeat acknowledges it.
+
+Crash behaviour: nothing here is durable beyond the engines; a restarted node
+resolves every shard again, and a seal interrupted by a crash is settled by
+the chain the Meta Service kept (see ``ShardDirectory.install``).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from robustmq._node_protocol import error_response
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import now_ms
 from robustmq.errors import (
+    Busy,
     InvalidRequest,
+    NotLeader,
     RobustMQError,
     SegmentSealed,
+    ShardNotFound,
     StaleEpoch,
     Unavailable,
 )
 
 from ._adapter import AppendRequest, StorageAdapter
 from ._batch import prepare_batch
+from ._control import Job, MetaAnswer, MetaControl
+from ._driver_manager import split_shard_name
 from ._engine_base import check_producer
+from ._sealing import Sealer
 from ._shards import NodeShard, ShardDirectory
 
-__all__ = ["Control", "IOWorker", "Request"]
+__all__ = ["REFRESH_INTERVAL_S", "DeleteShard", "IOWorker", "ParkRead", "Request", "Reserved", "WorkQueue"]
 
 log = logging.getLogger("robustmq.node")
 
-_SEAL_RETRY_S = 5.0  # a seal the Meta Service refused is tried again after this long
+REFRESH_INTERVAL_S = 1.0  # at most one epoch refresh per shard in this long
+_NOT_HERE_TTL_S = 0.5  # a NotLeader answer is reused this long (a hot loop of misrouted requests)
+_NOT_HERE_MAX = 1024
 
 
 @dataclass(slots=True)
@@ -55,247 +94,443 @@ class Request:
     size_bytes: int
     deadline: float = 0.0  # long-poll fetches: when to give up waiting
     waited: bool = False
-    answered: bool = False  # set by the node's reply(); a failed group answers only the rest
+    answered: bool = False  # set by the node's reply()
+    parked: bool = False  # parked or held by its I/O worker (answered later, not by a failed batch)
 
 
-@dataclass(slots=True)
-class Control:
-    """Work the node itself asks of a worker: ``delete`` a shard."""
+@dataclass(frozen=True, slots=True)
+class ParkRead:
+    """A reader's request for ``shard``, which is not resolved yet: resolve it, then requeue."""
 
-    kind: str
+    request: Request
     shard: str
 
 
-class IOWorker(threading.Thread):
-    """Drains one bounded queue; see the module docstring."""
+@dataclass(frozen=True, slots=True)
+class DeleteShard:
+    """Drop ``shard`` of ``incarnation`` (its topic was deleted)."""
 
-    def __init__(self, index: int, node: Any, *, queue_size: int, max_group_requests: int) -> None:
+    shard: str
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """The Meta Service stored ``end_offset`` as reserved for memory-engine ``shard`` of ``incarnation``."""
+
+    shard: str
+    incarnation: int
+    end_offset: int
+
+
+_STOP = object()
+
+
+class WorkQueue:
+    """One FIFO with a bounded entrance for clients (``offer``) and an open one for the node (``post``)."""
+
+    def __init__(self, max_requests: int) -> None:
+        self._items: deque[Any] = deque()
+        self._requests = 0
+        self._max = max_requests
+        self._ready = threading.Condition()
+        self._closed = False
+
+    def offer(self, request: Request) -> bool:
+        with self._ready:
+            if self._closed or self._requests >= self._max:
+                return False
+            self._requests += 1
+            self._items.append(request)
+            self._ready.notify()
+        return True
+
+    def post(self, item: Any) -> bool:
+        """Queue a node item; False only once the worker has stopped."""
+        with self._ready:
+            if self._closed:
+                return False
+            self._items.append(item)
+            self._ready.notify()
+        return True
+
+    def take(self, most: int, timeout_s: float) -> list[Any]:
+        """Up to ``most`` items, waiting up to ``timeout_s`` for the first."""
+        with self._ready:
+            if not self._items:
+                self._ready.wait(timeout_s)
+            taken: list[Any] = []
+            while self._items and len(taken) < most:
+                item = self._items.popleft()
+                if isinstance(item, Request):  # only offer() queues bare requests
+                    self._requests -= 1
+                taken.append(item)
+            return taken
+
+    def close(self) -> list[Any]:
+        """Refuse everything from now on; return what was still queued."""
+        with self._ready:
+            self._closed = True
+            left, self._items = list(self._items), deque()
+            self._requests = 0
+            return left
+
+    def qsize(self) -> int:
+        with self._ready:
+            return len(self._items)
+
+
+@dataclass(slots=True)
+class _Awaiting:
+    """Requests parked for a lookup of one shard; ``everything``: the shard is unknown."""
+
+    everything: bool
+    requests: list[Request] = field(default_factory=list)
+
+
+class IOWorker(threading.Thread):
+    """Drains one :class:`WorkQueue`; see the module docstring."""
+
+    def __init__(
+        self,
+        index: int,
+        node: Any,
+        *,
+        queue_size: int,
+        max_group_requests: int,
+        max_parked: int = 4096,
+    ) -> None:
         super().__init__(name=f"rmq-io-{index}", daemon=True)
         self._node = node
-        self._directory: ShardDirectory = node.directory
-        self.queue: queue.Queue[Request | Control | None] = queue.Queue(maxsize=queue_size)
+        self.node_id: str = node.node_id
+        self.directory: ShardDirectory = node.directory
+        self.control: MetaControl = node.control
+        self.reply: Callable[..., None] = node.reply
+        self.queue = WorkQueue(queue_size)
         self._max_group = max_group_requests
-        self._reply: Callable[..., None] = node.reply
-        self._pending_seals: dict[str, float] = {}  # shard -> monotonic time of the next try
-        self._last_seal_warning = 0.0
+        self.max_parked = max_parked
+        self.parked = 0  # requests parked for lookups or held by seals
+        self._group: list[tuple[Request, NodeShard, AppendRequest]] = []
+        self._awaiting: dict[str, _Awaiting] = {}
+        self._not_here: OrderedDict[str, tuple[float, RobustMQError]] = OrderedDict()
+        self._sealer = Sealer(self)
 
-    def submit(self, item: Request | Control) -> bool:
-        try:
-            self.queue.put_nowait(item)
-            return True
-        except queue.Full:
-            return False
+    def submit(self, request: Request) -> bool:
+        """A client's request (front end); False if the queue is full."""
+        return self.queue.offer(request)
+
+    def post(self, item: Any) -> bool:
+        """The node's own item; never refused while the worker runs."""
+        return self.queue.post(item)
 
     def stop(self) -> None:
-        self.queue.put(None)  # processed after everything queued before it
+        self.queue.post(_STOP)  # handled after everything queued before it
 
     def run(self) -> None:
         while True:
-            try:
-                first = self.queue.get(timeout=0.5)
-            except queue.Empty:
-                self._seal_due_safely()
-                continue
-            if first is None:
-                return
-            items: list[Request | Control] = [first]
-            stop = False
-            while len(items) < self._max_group:
-                try:
-                    item = self.queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                items.append(item)
+            items = self.queue.take(self._max_group, timeout_s=0.1)
+            stop = _STOP in items
+            after_stop: list[Any] = []
+            if stop:
+                items, after_stop = items[: items.index(_STOP)], items[items.index(_STOP) + 1 :]
             try:
                 self._process(items)
             except Exception as error:  # a bug must not kill the worker or strand its requests
-                log.exception("I/O worker failed on a group of %d requests", len(items))
-                for item in items:
-                    if isinstance(item, Request) and not item.answered:
-                        self._fail(item, error)
-            self._seal_due_safely()
+                log.exception("I/O worker failed on a group of %d items", len(items))
+                grouped = [entry[0] for entry in self._group]
+                self._group.clear()
+                for item in [*items, *grouped]:
+                    request = item.request if isinstance(item, ParkRead) else item
+                    if isinstance(request, Request) and not request.parked:
+                        self.fail(request, error)
+            try:
+                self._sealer.tick(time.monotonic())
+            except Exception:
+                log.exception("I/O worker failed to retry its seals")
             if stop:
+                self._shutdown(after_stop)
                 return
 
-    # -- one drained group -----------------------------------------------------
+    def _shutdown(self, after_stop: list[Any]) -> None:
+        """Answer everything still parked, held or queued: the node is stopping."""
+        error = Unavailable("the storage node is stopping; try again")
+        for item in [*after_stop, *self.queue.close()]:
+            if isinstance(item, Request | ParkRead):
+                self.fail(item.request if isinstance(item, ParkRead) else item, error)
+        for awaiting in self._awaiting.values():
+            for request in awaiting.requests:
+                self.fail(request, error)
+        self._awaiting.clear()
+        for name in self.directory.local_names():
+            state = self.directory.cached(name)
+            if state is not None and self._node.worker_for(name) is self:
+                self._sealer.end(state, error, run_held=False)
 
-    def _process(self, items: list[Request | Control]) -> None:
-        groups: dict[int, list[tuple[Request, NodeShard, AppendRequest]]] = {}
-        engines: dict[int, StorageAdapter] = {}
-        later: list[Request | Control] = []
+    # -- one drained batch, in queue order ---------------------------------------------
+
+    def _process(self, items: list[Any]) -> None:
         for item in items:
-            if isinstance(item, Control) or item.message.WhichOneof("body") != "produce":
-                later.append(item)
+            if isinstance(item, Request):
+                self.dispatch(item)
                 continue
-            try:
-                state, request = self._prepare(item)
-            except RobustMQError as error:
-                self._fail(item, error)
-                continue
-            except Exception as error:
-                log.exception("unexpected error preparing a produce request")
-                self._fail(item, error)
-                continue
-            groups.setdefault(id(state.engine), []).append((item, state, request))
-            engines[id(state.engine)] = state.engine
-        for key, group in groups.items():
-            self._append(engines[key], group)
-        for item in later:
-            if isinstance(item, Control):
-                self._control(item)
+            self._flush()
+            if isinstance(item, MetaAnswer):
+                self._answered(item)
+            elif isinstance(item, ParkRead):
+                self._park_read(item)
+            elif isinstance(item, DeleteShard):
+                self._drop_deleted(item)
+            elif isinstance(item, Reserved):
+                self._reserved(item)
             else:
-                self._seal_request(item)
+                log.error("I/O worker got an unknown item %r", item)
+        self._flush()
 
-    def _prepare(self, item: Request) -> tuple[NodeShard, AppendRequest]:
-        produce = item.message.produce
-        if len(item.payloads) != 1:
-            raise InvalidRequest(
-                f"a produce request carries exactly one payload frame, not {len(item.payloads)}",
-                shard=produce.shard,
-            )
-        state = self._directory.get(produce.shard)
-        if produce.epoch > state.epoch:  # our view may be older than the client's
-            state = self._directory.refresh(produce.shard)
-        state.check_write(produce.epoch)
-        check_producer(produce.producer_id, produce.producer_sequence)
-        batch = prepare_batch(item.payloads[0].buffer, max_batch_bytes=state.config.max_batch_bytes)
-        request = AppendRequest(
-            produce.shard, batch, produce.epoch, produce.producer_id, produce.producer_sequence
-        )
-        return state, request
-
-    def _append(self, engine: StorageAdapter, group: list[tuple[Request, NodeShard, AppendRequest]]) -> None:
-        try:
-            results = engine.batch_write([request for _, _, request in group])
-        except StaleEpoch as error:  # the engine saw a newer epoch: refresh and let clients retry
-            for name in {state.name for _, state, _ in group}:
-                try:
-                    self._directory.refresh(name)
-                except Exception:  # the clients' retry refreshes again; answer them regardless
-                    log.warning("could not refresh %s after a stale epoch", name, exc_info=True)
-            for item, state, _ in group:
-                self._fail(item, SegmentSealed(error.message, shard=state.name))
+    def dispatch(self, item: Request) -> None:
+        """Route one write or seal request of this worker (also held and parked ones, when they run)."""
+        body = item.message.WhichOneof("body")
+        if body not in ("produce", "seal"):
+            self.fail(item, InvalidRequest(f"request {body!r} does not belong to an I/O worker"))
             return
+        shard = getattr(item.message, body).shard
+        awaiting = self._awaiting.get(shard)
+        if awaiting is not None and awaiting.everything:  # unknown shard: everything waits, in order
+            self._park(awaiting, item)
+            return
+        state = self.directory.cached(shard)
+        if state is None:
+            self._resolve(shard, item)
+        elif state.held is not None and body == "seal" and state.seal is not None:
+            state.seal.waiters.append(item)  # the seal under way is the one it asks for
+            item.parked = True
+        elif state.held is not None:
+            self._sealer.hold(state, item)
+        elif body == "seal":
+            self._flush()
+            self._sealer.explicit(state, item)
+        else:
+            self._produce(state, item)
+
+    def _produce(self, state: NodeShard, item: Request) -> None:
+        produce = item.message.produce
+        if produce.epoch > state.epoch and time.monotonic() - state.refreshed_at >= REFRESH_INTERVAL_S:
+            state.refreshed_at = time.monotonic()  # the rate limit counts attempts, not successes
+            self._lookup(state.name, item, everything=False)
+            return
+        try:
+            if len(item.payloads) != 1:
+                raise InvalidRequest(
+                    f"a produce request carries exactly one payload frame, not {len(item.payloads)}",
+                    shard=produce.shard,
+                )
+            state.check_write(produce.epoch)
+            check_producer(produce.producer_id, produce.producer_sequence)
+            batch = prepare_batch(item.payloads[0].buffer, max_batch_bytes=state.config.max_batch_bytes)
         except Exception as error:
             if not isinstance(error, RobustMQError):
-                log.exception("append failed")
-                error = Unavailable(f"append failed: {error}")
-            for item, _, _ in group:
-                self._fail(item, error)
+                log.exception("unexpected error preparing a produce request")
+            self.fail(item, error)
             return
+        if state.ack_limit is not None:  # memory engine: only offsets the Meta Service reserved
+            end = state.log_end() + state.grouped + batch.record_count
+            if end > state.ack_limit:
+                state.reserve_wanted = max(state.reserve_wanted, end)
+                self._node.want_reservation(state.name)
+                self.fail(item, Busy(f"offsets of {state.name} are being reserved; retry", shard=state.name))
+                return
+            state.grouped += batch.record_count
+        request = AppendRequest(
+            state.engine_shard, batch, produce.epoch, produce.producer_id, produce.producer_sequence
+        )
+        self._group.append((item, state, request))
+
+    # -- appending a group ----------------------------------------------------------------
+
+    def _flush(self) -> None:
+        if not self._group:
+            return
+        group, self._group = self._group, []
+        by_engine: dict[int, list[tuple[Request, NodeShard, AppendRequest]]] = {}
+        for entry in group:
+            by_engine.setdefault(id(entry[1].engine), []).append(entry)
         touched: dict[str, NodeShard] = {}
-        for (item, state, request), result in zip(group, results, strict=True):
+        for entries in by_engine.values():
+            self._append(entries[0][1].engine, entries, touched)
+        for _, state, _ in group:
+            state.grouped = 0
+        now = now_ms()
+        for name, state in touched.items():
+            self._node.written(name)
+            self._sealer.written(state, now)
+
+    def _append(
+        self,
+        engine: StorageAdapter,
+        entries: list[tuple[Request, NodeShard, AppendRequest]],
+        touched: dict[str, NodeShard],
+    ) -> None:
+        try:
+            results = engine.batch_write([request for _, _, request in entries])
+        except Exception as error:
+            if len(entries) > 1:  # find the culprit: the others must not fail with it
+                log.warning(
+                    "a group of %d appends failed (%s); appending them one by one", len(entries), error
+                )
+                for entry in entries:
+                    self._append(engine, [entry], touched)
+                return
+            item, state, _ = entries[0]
+            if isinstance(error, StaleEpoch):  # the engine saw a newer epoch than this node
+                error = SegmentSealed(error.message, shard=state.name)
+                state.refreshed_at = 0.0  # the client's retry may refresh at once
+            elif not isinstance(error, RobustMQError):
+                log.exception("append to %s failed", state.name)
+                error = Unavailable(f"append failed: {error}", shard=state.name)
+            self.fail(item, error)
+            return
+        for (item, state, request), result in zip(entries, results, strict=True):
             if not result.duplicate:
                 state.segment_bytes += 64 + request.records.payload.size
-            high_watermark = engine.list_offsets(state.name).log_end_offset
             response = pb.NodeResponse(
                 correlation_id=item.message.correlation_id,
                 produce=pb.ProduceResponse(
                     base_offset=result.base_offset,
                     record_count=result.record_count,
                     duplicate=result.duplicate,
-                    high_watermark=high_watermark,
+                    high_watermark=state.log_end(),
                     epoch=state.epoch,
                 ),
             )
-            self._reply(item, response)
+            self.reply(item, response)
             touched[state.name] = state
-        for name, state in touched.items():
-            self._node.written(name)
-            if state.seal_due(now_ms()):
-                self._pending_seals.setdefault(name, 0.0)
 
-    def _fail(self, item: Request, error: BaseException) -> None:
-        from robustmq._node_protocol import error_response
+    def fail(self, item: Request, error: BaseException) -> None:
+        if not item.answered:
+            self.reply(item, error_response(item.message.correlation_id, error))
 
-        self._reply(item, error_response(item.message.correlation_id, error))
+    # -- parking for the Meta Service ----------------------------------------------------
 
-    # -- seals and control ------------------------------------------------------
-
-    def _seal_due_safely(self) -> None:
-        """Seal the shards that are due; one that fails is tried again after a back-off."""
-        now = time.monotonic()
-        for name, not_before in list(self._pending_seals.items()):
-            if now < not_before:
-                continue
-            try:
-                state = self._directory.cached(name)
-                if state is None or not state.leader:
-                    del self._pending_seals[name]
-                    continue
-                sealed = self._seal(state) is not None
-            except Exception:  # keep the worker and the other shards' seals going
-                log.exception("sealing %s failed", name)
-                sealed = False
-            if sealed:
-                del self._pending_seals[name]
-            else:  # the Meta Service said no or did not answer: try again later, not every loop
-                self._pending_seals[name] = now + _SEAL_RETRY_S
-
-    def _seal(self, state: NodeShard) -> pb.SealSegmentResponse | None:
-        """Seal the active segment through the Meta Service, then roll locally."""
-        end = state.engine.list_offsets(state.name).log_end_offset
-        try:
-            answer = self._node.meta.seal_segment(state.name, state.epoch, end, self._node.node_id)
-        except StaleEpoch:
-            self._directory.refresh(state.name)
-            return None
-        except RobustMQError as error:  # Unavailable, RequestTimeout, Busy, a deleted topic...
-            if time.monotonic() - self._last_seal_warning > 10:
-                self._last_seal_warning = time.monotonic()
-                log.warning(
-                    "cannot seal %s now (%s); writes continue and the seal is retried",
-                    state.name,
-                    error.message,
-                )
-            return None
-        roll = getattr(state.engine, "roll", None)
-        if roll is not None:
-            roll(state.name)
-        self._directory.sealed(state, answer)
-        log.info(
-            "sealed %s epoch %d at offset %d; epoch %d is active",
-            state.name,
-            answer.sealed.epoch,
-            end,
-            answer.next.epoch,
-        )
-        return answer
-
-    def _seal_request(self, item: Request) -> None:
-        body = item.message.WhichOneof("body")
-        try:
-            if body != "seal":
-                raise InvalidRequest(f"request {body!r} does not belong to an I/O worker")
-            state = self._directory.get(item.message.seal.shard)
-            state.check_write(state.epoch)
-            if state.segment_bytes == 0:
-                raise InvalidRequest(
-                    f"the active segment of {state.name} is empty; there is nothing to seal",
-                    shard=state.name,
-                )
-            answer = self._seal(state)
-            if answer is None:
-                raise Unavailable(f"could not seal {state.name} now; try again", shard=state.name)
-        except Exception as error:
-            self._fail(item, error)
+    def _resolve(self, shard: str, item: Request) -> None:
+        """``shard`` is not served here yet: park ``item`` and look the shard up."""
+        cached = self._not_here.get(shard)
+        if cached is not None and time.monotonic() < cached[0]:
+            self.fail(item, cached[1])
             return
-        self._reply(
-            item,
-            pb.NodeResponse(
-                correlation_id=item.message.correlation_id,
-                seal=pb.SealResponse(sealed=answer.sealed, next=answer.next),
-            ),
-        )
+        try:
+            split_shard_name(shard)  # a malformed name is InvalidRequest before any lookup
+        except RobustMQError as error:
+            self.fail(item, error)
+            return
+        self._lookup(shard, item, everything=True)
 
-    def _control(self, item: Control) -> None:
-        if item.kind == "delete":
-            engine = self._directory.forget(item.shard)
-            if engine is not None and item.shard in engine.list_shards():
-                engine.delete_shard(item.shard)
-                log.info("deleted shard %s (its topic was deleted)", item.shard)
-            self._pending_seals.pop(item.shard, None)
-            self._node.written(item.shard)
+    def _lookup(self, shard: str, item: Request, *, everything: bool) -> None:
+        awaiting = self._awaiting.get(shard)
+        if awaiting is None:
+            awaiting = _Awaiting(everything)
+            job = Job("lookup", shard, self.post, install=everything)
+            if not self.control.submit(job):
+                self.fail(item, Busy("too many shard lookups waiting for the Meta Service; retry later"))
+                return
+            self._awaiting[shard] = awaiting
+        self._park(awaiting, item)
+
+    def _park(self, awaiting: _Awaiting, item: Request) -> None:
+        if self.parked >= self.max_parked:
+            self.fail(item, Busy("too many requests waiting for the Meta Service; retry later"))
+            return
+        self.parked += 1
+        awaiting.requests.append(item)
+        item.parked = True
+
+    def _park_read(self, item: ParkRead) -> None:
+        if self.directory.cached(item.shard) is not None:
+            self._node.requeue_read(item.request)
+            return
+        awaiting = self._awaiting.get(item.shard)
+        if awaiting is not None:
+            self._park(awaiting, item.request)
+        else:
+            self._resolve(item.shard, item.request)
+
+    def _answered(self, answer: MetaAnswer) -> None:
+        if answer.kind == "lookup":
+            self._looked_up(answer)
+        elif answer.kind == "probe":
+            self._sealer.probed(answer)
+        else:
+            self._sealer.answered(answer)
+
+    def _looked_up(self, answer: MetaAnswer) -> None:
+        awaiting = self._awaiting.pop(answer.shard, None)
+        if awaiting is None:
+            return
+        error = answer.error
+        if error is None:
+            try:
+                self._take_view(answer.shard, answer)
+            except RobustMQError as failure:
+                error = failure
+            except Exception as failure:  # an engine failing to create the shard: answer, do not strand
+                log.exception("could not serve shard %s", answer.shard)
+                error = Unavailable(f"could not open shard {answer.shard}: {failure}", shard=answer.shard)
+        if isinstance(error, NotLeader):
+            self._not_here[answer.shard] = (time.monotonic() + _NOT_HERE_TTL_S, error)
+            while len(self._not_here) > _NOT_HERE_MAX:
+                self._not_here.popitem(last=False)
+        for request in awaiting.requests:
+            self.parked -= 1
+            request.parked = False
+            body = request.message.WhichOneof("body")
+            if body not in ("produce", "seal"):
+                if error is None:
+                    self._node.requeue_read(request)
+                else:
+                    self.fail(request, error)
+            elif error is not None and awaiting.everything:
+                self.fail(request, error)
+            else:  # a failed refresh: the request finds out from the state as it is
+                self.dispatch(request)
+
+    def _take_view(self, shard: str, answer: MetaAnswer) -> None:
+        assert answer.view is not None
+        info = answer.view.info
+        state = self.directory.cached(shard)
+        if state is not None and state.incarnation != info.incarnation:
+            # The topic was deleted and created again: this state is of the old one.
+            self._sealer.end(state, ShardNotFound(f"shard {shard} was deleted", shard=shard))
+            self.directory.forget(shard)
+            self._node.written(shard)  # its parked fetches find out
+            state = None
+        if state is None:
+            self.directory.install(answer.view)
+            self._not_here.pop(shard, None)
+        elif state.seal is None or state.seal.end_offset < 0:
+            self.directory.adopt(state, info)
+            if state.seal is not None and state.seal.epoch != state.epoch:  # probing an epoch now gone
+                self._sealer.end(
+                    state, SegmentSealed(f"segment epoch {state.seal.epoch} of {shard} is sealed")
+                )
+
+    # -- seals ---------------------------------------------------------------------------
+
+    def _reserved(self, item: Reserved) -> None:
+        state = self.directory.cached(item.shard)
+        if state is not None and state.incarnation == item.incarnation and state.ack_limit is not None:
+            state.ack_limit = max(state.ack_limit, item.end_offset)
+            if state.reserve_wanted <= state.ack_limit:
+                state.reserve_wanted = 0
+
+    # -- deletion ------------------------------------------------------------------------
+
+    def _drop_deleted(self, item: DeleteShard) -> None:
+        state = self.directory.cached(item.shard)
+        if state is not None and state.incarnation <= item.incarnation:
+            self._sealer.end(state, ShardNotFound(f"shard {item.shard} was deleted", shard=item.shard))
+            self.directory.forget(item.shard)
+            self._sealer.forget(item.shard)
+        if self.directory.drop(item.shard, item.incarnation):
+            log.info(
+                "deleted shard %s of incarnation %d (its topic was deleted)", item.shard, item.incarnation
+            )
+        self._node.deleted(item.shard, item.incarnation)
+        self._node.written(item.shard)  # parked fetches find out

@@ -1,4 +1,4 @@
-"""The storage node process: ZeroMQ front end, I/O workers, readers, heartbeats.
+"""The storage node process: ZeroMQ front end, I/O workers, readers, control, heartbeat.
 
 Threads and what bounds them:
 
@@ -8,13 +8,21 @@ Threads and what bounds them:
   than ``max_queued_bytes`` of payload in flight, is answered ``Busy``, so
   memory does not grow with load. Answers from other threads reach it through
   an inproc PULL socket (ZeroMQ sockets are not thread-safe) and leave on the
-  ROUTER. It also expires parked long-poll fetches.
-- **I/O workers** (``io_workers``, default: CPU count): see ``_io_worker``.
+  ROUTER. It also expires parked long-poll fetches, from local state only.
+- **I/O workers** (``io_workers``, default: CPU count): everything that writes
+  or changes a shard, in queue order; see ``_io_worker``.
 - **readers** (``reader_threads``): fetches and index lookups. A fetch that
   finds nothing past its offset parks in the ``WaitRegistry`` until a write
-  or its deadline.
-- **heartbeat** (1): reports changed high watermarks to the Meta Service,
-  deletes shards of deleted topics, applies retention.
+  or its deadline. A read of a shard not resolved since start is handed to the
+  shard's I/O worker, which parks it until the Meta Service has answered.
+- **control** (``control_threads``, default 2): the only threads besides the
+  heartbeat that call the Meta Service (shard lookups, seal probes and seals,
+  each one call with a short deadline); see ``_control``.
+- **heartbeat** (1): liveness, shard progress and the deletion protocol with
+  the Meta Service, and retention; see ``_heartbeat``.
+
+No Meta Service call ever runs on the front end or an I/O worker, so a Meta
+Service outage does not stall writes to shards the node already serves.
 
 Frames are received and sent zero-copy (``copy=False``): a produce payload
 goes from the socket to ``writev`` without a copy, and a fetch sends the
@@ -29,6 +37,7 @@ import logging
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -51,10 +60,12 @@ from robustmq.errors import (
     Unavailable,
 )
 
-from ._driver_manager import StorageDriverManager
-from ._io_worker import Control, IOWorker, Request
+from ._control import MetaControl
+from ._driver_manager import StorageDriverManager, split_shard_name
+from ._heartbeat import Heartbeat
+from ._io_worker import IOWorker, ParkRead, Request
 from ._long_poll import WaitRegistry
-from ._shards import ShardDirectory
+from ._shards import NodeShard, ShardDirectory
 
 __all__ = ["NodeConfig", "StorageNode", "run_storage_node", "tune_gc_for_serving"]
 
@@ -62,6 +73,7 @@ log = logging.getLogger("robustmq.node")
 
 MiB = 1024 * 1024
 _RESULTS = "inproc://robustmq-node-results"
+_READS = ("fetch", "read_by_key", "read_by_tag", "scan", "offset_for_timestamp", "list_offsets")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +95,9 @@ class NodeConfig:
     heartbeat_interval_ms: int = 1000
     retention_check_ms: int = 60_000
     fsync: bool = True
+    control_threads: int = 2
+    control_timeout_s: float = 2.0  # deadline of each Meta Service call of the control threads
+    max_parked_per_worker: int = 4096  # requests waiting for the Meta Service or a seal, per worker
 
 
 class StorageNode:
@@ -95,13 +110,18 @@ class StorageNode:
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.node_id = _node_id(config.data_dir)
         self.meta = meta if meta is not None else MetaClient(config.meta_address)
-        self._manager = StorageDriverManager(config.data_dir, fsync=config.fsync)
-        self.directory = ShardDirectory(self._manager, self.meta, self.node_id, config.data_dir)
+        # The control threads get their own client with a short deadline (an injected one is shared).
+        self._control_meta = (
+            meta if meta is not None else MetaClient(config.meta_address, timeout_s=config.control_timeout_s)
+        )
+        self.manager = StorageDriverManager(config.data_dir, fsync=config.fsync)
+        self.directory = ShardDirectory(self.manager, self.node_id, config.data_dir)
+        self.control = MetaControl(self._control_meta, self.node_id, threads=config.control_threads)
         self.waiters = WaitRegistry()
         self._context: zmq.Context[Any] = zmq.Context.instance()
         self._local = threading.local()
         self._frontend_thread: threading.Thread | None = None
-        self._stopping = threading.Event()
+        self.stopping = threading.Event()
         self._drained = threading.Event()
         self._stopped = threading.Event()
         self._pushes: list[zmq.Socket[Any]] = []
@@ -118,6 +138,7 @@ class StorageNode:
                 self,
                 queue_size=config.queue_requests_per_worker,
                 max_group_requests=config.max_group_requests,
+                max_parked=config.max_parked_per_worker,
             )
             for i in range(config.io_workers)
         ]
@@ -126,7 +147,7 @@ class StorageNode:
             threading.Thread(target=self._read_loop, name=f"rmq-read-{i}", daemon=True)
             for i in range(config.reader_threads)
         ]
-        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="rmq-heartbeat", daemon=True)
+        self._heartbeat = Heartbeat(self)
         self.address = ""
 
     # -- lifecycle ---------------------------------------------------------------
@@ -152,7 +173,9 @@ class StorageNode:
         self._results.setsockopt(zmq.LINGER, 0)
         self._results.bind(_RESULTS + f"-{id(self)}")
         self._register(register_timeout_s)
-        self._beat()  # deletions pending from while we were away are applied before serving
+        # Deletions owed from while we were away are queued to the workers ahead of any request.
+        self._heartbeat.beat()
+        self.control.start()
         for thread in (*self._workers, *self._readers, self._heartbeat):
             thread.start()
         self._frontend_thread = threading.Thread(target=self._frontend_loop, name="rmq-frontend", daemon=True)
@@ -172,22 +195,23 @@ class StorageNode:
                 self.meta.register_node(self.node_id, self.address)
                 return
             except Unavailable:
-                if time.monotonic() > deadline or self._stopping.is_set():
+                if time.monotonic() > deadline or self.stopping.is_set():
                     raise
                 log.warning("Meta Service %s unavailable; retrying registration", self.config.meta_address)
-                self._stopping.wait(1.0)
+                self.stopping.wait(1.0)
 
     def stop(self) -> None:
         """Stop taking requests, finish the queued ones, answer parked fetches, close."""
-        if self._stopping.is_set():
+        if self.stopping.is_set():
             self._stopped.wait(60)
             return
-        self._stopping.set()  # the front end stops reading the ROUTER
+        self.stopping.set()  # the front end stops reading the ROUTER
         for worker in self._workers:
             if worker.is_alive():
                 worker.stop()
         for worker in self._workers:
             worker.join(timeout=60)
+        self.control.stop()
         for reader in self._readers:
             if reader.is_alive():
                 self._reads.put(None)
@@ -198,15 +222,17 @@ class StorageNode:
         if self._frontend_thread is not None:
             self._frontend_thread.join(timeout=30)
         if self._heartbeat.is_alive():
-            self._heartbeat.join(timeout=10)
-        self._manager.close()
+            self._heartbeat.wake()
+            self._heartbeat.join(timeout=15)
+        self.manager.close()
         for push in self._pushes:
             push.close(linger=1000)
         self._router.close(linger=1000)
         self._results.close(linger=0)
-        close_meta = getattr(self.meta, "close", None)
-        if close_meta is not None:
-            close_meta()
+        for client in {id(self.meta): self.meta, id(self._control_meta): self._control_meta}.values():
+            close_meta = getattr(client, "close", None)
+            if close_meta is not None:
+                close_meta()
         self._stopped.set()
         log.info("storage node %s stopped", self.node_id)
 
@@ -249,13 +275,45 @@ class StorageNode:
         for request in self.waiters.release(shard):
             self._submit_read(request)
 
+    def take_changed(self) -> set[str]:
+        """The shards written since the last call (the heartbeat reports their progress)."""
+        with self._changed_lock:
+            changed, self._changed = self._changed, set()
+        return changed
+
+    def restore_changed(self, shards: set[str]) -> None:
+        with self._changed_lock:
+            self._changed |= shards
+
+    def worker_for(self, shard: str) -> IOWorker:
+        """The one I/O worker that writes and changes ``shard``."""
+        return self._workers[crc32c(shard.encode()) % len(self._workers)]
+
+    def deleted(self, shard: str, incarnation: int) -> None:
+        """A worker dropped ``shard`` of ``incarnation``: acknowledge it with the next beat, now."""
+        self._heartbeat.ledger.done(shard, incarnation)
+        self._heartbeat.wake()
+
+    def want_reservation(self, shard: str) -> None:
+        """A memory-engine write needs offsets reserved: report ``shard`` with the next beat, now."""
+        with self._changed_lock:
+            self._changed.add(shard)
+        self._heartbeat.wake()
+
+    def requeue_read(self, request: Request) -> None:
+        """A read parked for its shard's resolution may run now (answered ``Busy`` if readers are full)."""
+        if not self._submit_read(request):
+            self.reply(
+                request, error_response(request.message.correlation_id, Busy("readers are busy; retry"))
+            )
+
     # -- front end -------------------------------------------------------------------
 
     def _frontend_loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._results, zmq.POLLIN)
-        while not self._stopping.is_set():
+        while not self.stopping.is_set():
             deadline = self.waiters.next_deadline()
             timeout_ms = (
                 100 if deadline is None else max(0, min(100, int((deadline - time.monotonic()) * 1000)))
@@ -263,7 +321,7 @@ class StorageNode:
             try:
                 events = dict(poller.poll(timeout_ms))
             except zmq.ZMQError:
-                if self._stopping.is_set():
+                if self.stopping.is_set():
                     break
                 raise
             if self._results in events:
@@ -318,9 +376,7 @@ class StorageNode:
                 raise Busy(f"{self._queued_bytes} bytes already queued on this node; retry later")
             self._queued_bytes += request.size_bytes
         if body in ("produce", "seal"):
-            shard = getattr(request.message, body).shard
-            worker = self._workers[crc32c(shard.encode()) % len(self._workers)]
-            accepted = worker.submit(request)
+            accepted = self.worker_for(getattr(request.message, body).shard).submit(request)
         else:
             accepted = self._submit_read(request)
         if not accepted:
@@ -356,95 +412,101 @@ class StorageNode:
         message = request.message
         body = message.WhichOneof("body")
         cid = message.correlation_id
+        if body == "status":
+            self._answer_status(request)
+            return
+        if body not in _READS:
+            raise InvalidRequest(f"unknown request {body!r}")
+        names = (
+            list(message.list_offsets.shards[:10_000])
+            if body == "list_offsets"
+            else [getattr(message, body).shard]
+        )
+        states = []
+        for shard in names:
+            state = self.directory.cached(shard)
+            if state is None:  # not resolved since start: its worker parks us until it is
+                split_shard_name(shard)
+                if not self.worker_for(shard).post(ParkRead(request, shard)):
+                    raise Unavailable(f"storage node {self.node_id} is stopping; try again")
+                return
+            states.append(state)
+        state = states[0] if states else None
         if body == "fetch":
-            self._fetch(request)
+            assert state is not None
+            self._fetch(request, state)
         elif body == "read_by_key":
-            ask = message.read_by_key
-            records = self._engine_for_read(ask.shard).read_by_key(ask.shard, ask.key)
-            self._answer_read(request, records)
+            assert state is not None
+            self._answer_read(request, state.engine.read_by_key(state.engine_shard, message.read_by_key.key))
         elif body == "read_by_tag":
+            assert state is not None
             ask = message.read_by_tag
-            records = self._engine_for_read(ask.shard).read_by_tag(
-                ask.shard,
+            records = state.engine.read_by_tag(
+                state.engine_shard,
                 ask.tag,
                 start_offset=ask.start_offset,
                 max_records=ask.max_records or 10_000,
             )
             self._answer_read(request, records)
         elif body == "scan":
-            ask = message.scan
-            records = self._engine_for_read(ask.shard).scan(
-                ask.shard,
-                ask.start_offset,
-                ask.end_offset,
-                key=ask.key if ask.HasField("key") else None,
-                tags=list(ask.tags),
-                min_timestamp_ms=ask.min_timestamp_ms if ask.HasField("min_timestamp_ms") else None,
-                max_timestamp_ms=ask.max_timestamp_ms if ask.HasField("max_timestamp_ms") else None,
-                max_records=ask.max_records or 10_000,
-            )
-            self._answer_read(request, records)
+            assert state is not None
+            self._scan(request, state)
         elif body == "offset_for_timestamp":
-            ask = message.offset_for_timestamp
-            offset = self._engine_for_read(ask.shard).get_offset_by_timestamp(ask.shard, ask.timestamp_ms)
-            self.reply(
-                request,
-                pb.NodeResponse(
-                    correlation_id=cid,
-                    offset=pb.OffsetResponse(
-                        found=offset is not None, offset=-1 if offset is None else offset
-                    ),
-                ),
+            assert state is not None
+            offset = state.engine.get_offset_by_timestamp(
+                state.engine_shard, message.offset_for_timestamp.timestamp_ms
             )
-        elif body == "list_offsets":
+            found = pb.OffsetResponse(found=offset is not None, offset=-1 if offset is None else offset)
+            self.reply(request, pb.NodeResponse(correlation_id=cid, offset=found))
+        else:
             infos = []
-            for shard in message.list_offsets.shards[:10_000]:
-                offsets = self._engine_for_read(shard).list_offsets(shard)
-                state = self.directory.cached(shard)
+            for state in states:
+                offsets = state.engine.list_offsets(state.engine_shard)
                 infos.append(
                     pb.ShardOffsetsInfo(
-                        shard=shard,
+                        shard=state.name,
                         log_start_offset=offsets.earliest_offset,
                         high_watermark=offsets.log_end_offset,
                         log_end_offset=offsets.log_end_offset,
-                        epoch=state.epoch if state else 0,
+                        epoch=state.epoch,
                     )
                 )
-            self.reply(
-                request,
-                pb.NodeResponse(correlation_id=cid, list_offsets=pb.ListOffsetsResponse(shards=infos)),
-            )
-        elif body == "status":
-            with self._accounting:
-                queued, served, scanned = self._queued_bytes, self._served, self._scanned
-            self.reply(
-                request,
-                pb.NodeResponse(
-                    correlation_id=cid,
-                    status=pb.StatusResponse(
-                        node_id=self.node_id,
-                        shards=self.directory.count,
-                        uptime_ms=int((time.monotonic() - self._started) * 1000),
-                        queued_requests=sum(w.queue.qsize() for w in self._workers) + self._reads.qsize(),
-                        queued_bytes=queued,
-                        records_served=served,
-                        records_scanned=scanned,
-                    ),
-                ),
-            )
-        else:
-            raise InvalidRequest(f"unknown request {body!r}")
+            answer = pb.ListOffsetsResponse(shards=infos)
+            self.reply(request, pb.NodeResponse(correlation_id=cid, list_offsets=answer))
 
-    def _engine_for_read(self, shard: str) -> Any:
-        engine = self.directory.local_engine(shard)
-        if engine is None:
-            engine = self.directory.get(shard).engine  # asks the Meta Service
-        return engine
+    def _scan(self, request: Request, state: NodeShard) -> None:
+        ask = request.message.scan
+        engine: Any = state.engine  # every engine scans (EngineBase), the interface does not say so
+        records = engine.scan(
+            state.engine_shard,
+            ask.start_offset,
+            ask.end_offset,
+            key=ask.key if ask.HasField("key") else None,
+            tags=list(ask.tags),
+            min_timestamp_ms=ask.min_timestamp_ms if ask.HasField("min_timestamp_ms") else None,
+            max_timestamp_ms=ask.max_timestamp_ms if ask.HasField("max_timestamp_ms") else None,
+            max_records=ask.max_records or 10_000,
+        )
+        self._answer_read(request, records)
 
-    def _fetch(self, request: Request) -> None:
+    def _answer_status(self, request: Request) -> None:
+        with self._accounting:
+            queued, served, scanned = self._queued_bytes, self._served, self._scanned
+        status = pb.StatusResponse(
+            node_id=self.node_id,
+            shards=self.directory.count,
+            uptime_ms=int((time.monotonic() - self._started) * 1000),
+            queued_requests=sum(w.queue.qsize() for w in self._workers) + self._reads.qsize(),
+            queued_bytes=queued,
+            records_served=served,
+            records_scanned=scanned,
+        )
+        self.reply(request, pb.NodeResponse(correlation_id=request.message.correlation_id, status=status))
+
+    def _fetch(self, request: Request, state: NodeShard) -> None:
         ask = request.message.fetch
-        engine = self._engine_for_read(ask.shard)
-        offsets = engine.list_offsets(ask.shard)
+        engine, name = state.engine, state.engine_shard
+        offsets = engine.list_offsets(name)
         high_watermark = offsets.log_end_offset
         if not offsets.earliest_offset <= ask.offset <= high_watermark:
             raise OffsetOutOfRange(
@@ -457,23 +519,23 @@ class StorageNode:
             )
         if ask.offset == high_watermark:
             wait_ms = min(max(ask.max_wait_ms, 0), self.config.max_wait_ms)
-            if wait_ms and not request.waited and not self._stopping.is_set():
+            if wait_ms and not request.waited and not self.stopping.is_set():
                 request.deadline = time.monotonic() + wait_ms / 1000
                 request.waited = True
 
                 def current() -> int:
-                    return int(engine.list_offsets(ask.shard).log_end_offset)
+                    return int(engine.list_offsets(name).log_end_offset)
 
                 if self.waiters.park(ask.shard, ask.offset, request.deadline, request, current):
                     return
-                offsets = engine.list_offsets(ask.shard)
+                offsets = engine.list_offsets(name)
                 high_watermark = offsets.log_end_offset
             if ask.offset == high_watermark:
                 self._answer_fetch_empty(request, offsets.earliest_offset, high_watermark)
                 return
         max_bytes = min(ask.max_bytes or self.config.max_fetch_bytes, self.config.max_fetch_bytes)
         read = engine.read_frames(
-            ask.shard,
+            name,
             ask.offset,
             max_bytes=max_bytes,
             max_records=ask.max_records or None,
@@ -495,14 +557,18 @@ class StorageNode:
         self.reply(request, response, tuple(frames))
 
     def _answer_fetch_empty(self, request: Request, earliest: int = -1, high_watermark: int = -1) -> None:
+        """Answer a fetch with no records (also on the front end: local state only, no Meta call)."""
         ask = request.message.fetch
         if high_watermark < 0:
+            state = self.directory.cached(ask.shard)
             try:
-                offsets = self._engine_for_read(ask.shard).list_offsets(ask.shard)
-                earliest, high_watermark = offsets.earliest_offset, offsets.log_end_offset
+                if state is None:  # dropped while the fetch waited (its topic was deleted)
+                    raise ShardNotFound(f"shard {ask.shard} is no longer on this node", shard=ask.shard)
+                offsets = state.engine.list_offsets(state.engine_shard)
             except RobustMQError as error:
                 self.reply(request, error_response(request.message.correlation_id, error))
                 return
+            earliest, high_watermark = offsets.earliest_offset, offsets.log_end_offset
         self._answer_fetch(request, ask.offset, high_watermark, earliest, [])
 
     def _count(self, served: int, scanned: int = 0) -> None:
@@ -524,57 +590,6 @@ class StorageNode:
             ),
             (table_payload(result.records),),
         )
-
-    # -- heartbeat and housekeeping ---------------------------------------------------
-
-    def _beat(self) -> None:
-        with self._changed_lock:
-            changed, self._changed = self._changed, set()
-        progress = []
-        for shard in sorted(changed):
-            engine = self.directory.local_engine(shard)
-            if engine is None:
-                continue
-            try:
-                offsets = engine.list_offsets(shard)
-            except ShardNotFound:
-                continue
-            progress.append((shard, offsets.log_end_offset, offsets.earliest_offset))
-        try:
-            answer = self.meta.heartbeat(self.node_id, self.address, progress, self.directory.count)
-        except Exception:  # reported again on the next beat
-            with self._changed_lock:
-                self._changed |= changed
-            raise
-        for shard in answer.delete_shards:
-            worker = self._workers[crc32c(shard.encode()) % len(self._workers)]
-            if not worker.is_alive() or not worker.submit(Control("delete", shard)):
-                log.warning("could not queue the deletion of %s; retried on the next beat", shard)
-
-    def _heartbeat_loop(self) -> None:
-        interval = self.config.heartbeat_interval_ms / 1000
-        next_retention = time.monotonic() + self.config.retention_check_ms / 1000
-        last_warning = 0.0
-        while not self._stopping.wait(interval):
-            try:
-                self._beat()
-            except RobustMQError as error:
-                if time.monotonic() - last_warning > 10:
-                    last_warning = time.monotonic()
-                    log.warning("heartbeat to the Meta Service failed: %s", error.message)
-            except Exception:  # a bug must not stop the heartbeat (the node would look dead)
-                log.exception("heartbeat failed")
-            if time.monotonic() >= next_retention:
-                next_retention = time.monotonic() + self.config.retention_check_ms / 1000
-                for name in ("segment", "rocksdb", "memory"):
-                    if (self.config.data_dir / name).exists() or name == "memory":
-                        try:
-                            removed = self._manager.driver(name).enforce_retention()
-                        except Exception:
-                            log.exception("retention on the %s engine failed", name)
-                            continue
-                        if removed:
-                            log.info("retention removed %d records (%s engine)", removed, name)
 
 
 def _drain(socket: zmq.Socket[Any], handle: Callable[[list[Any]], None], most: int = 1000) -> None:
@@ -617,7 +632,10 @@ def run_storage_node(
         log.error("storage node could not start: %s", error.message)
         return 1
     tune_gc_for_serving()
-    print("ready", flush=True)
+    # One write: print() writes the newline separately, and a log line from another
+    # thread (stderr often shares the pipe) could land in between.
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
     stop.wait()
     node.stop()
     return 0

@@ -1,28 +1,49 @@
 """What a storage node knows about the shards it serves.
 
-A node holds shards lazily: the first request naming a shard it does not have
-asks the Meta Service (``GetShard``). If this node leads the shard's active
-segment, it creates the shard in the topic's engine and serves it; if another
-node leads it, the request gets ``NotLeader`` with that node's address; if
-the Meta Service does not know it, ``ShardNotFound``. Shards already on disk
-are found again after a restart by listing each engine's shards.
+Resolution. A node serves a shard only once it has resolved it with the Meta
+Service since it started: the first request naming a shard is parked while the
+control thread (:mod:`._control`) asks ``GetShard``; the shard's I/O worker
+then :meth:`ShardDirectory.install` s the answer. If this node holds a segment
+of the shard it creates the shard in the topic's engine (lazily) and serves
+it; otherwise the request gets ``NotLeader`` with the leader's address, or
+``ShardNotFound``. Nothing here calls the Meta Service.
 
-Seals are decided here, not by the engine: the engine's own roll limits are
-switched off for node-managed shards, and when the active segment passes the
-topic's ``segment_bytes_max`` or ``roll_interval_ms`` the node asks the Meta
-Service to seal it (``SealSegment``), which opens the next epoch, and only
-then rolls the local segment. Writes carry the epoch they target: an older
-one gets ``SegmentSealed`` (retriable after a metadata refresh).
+Incarnations. Every topic has an incarnation, unique per creation of its name
+(0 for topics created before incarnations existed). The engine-level shard
+that holds logical shard ``t_0`` of incarnation ``i`` is named ``t_0.i``
+(plain ``t_0`` for incarnation 0): the incarnation is recorded durably and
+atomically with the shard itself, and engines need no change. A local shard
+whose incarnation differs from the one the Meta Service names is never
+served; an older one is dropped when the current one is installed. Shards
+on disk are listed (with their incarnations) at start.
 
-Thread-safety: the directory's maps are guarded by one lock; a
-:class:`NodeShard`'s mutable fields are only changed by the I/O worker that
-owns the shard.
+Memory-engine shards lose their records in a restart, so a node must never
+acknowledge an offset the Meta Service could not tell a restarted node about.
+Such a shard has an ``ack_limit``: an offset the Meta Service has stored as
+reserved (the lookup that installs the shard reserves
+:data:`RESERVE_RECORDS` past its start; each heartbeat reserves further
+ahead of the log end). A write that would pass it is answered ``Busy`` and
+the heartbeat is woken to reserve more; a restarted node starts the shard at
+the reserved offset, so lost records show as a gap, never as reused offsets.
+
+Seals are decided by the node, not the engine: the engine's own roll limits
+are switched off for node-managed shards, the I/O worker seals through the
+Meta Service (:mod:`._io_worker`) and only then rolls the local segment.
+Writes carry the epoch they target: an older one gets ``SegmentSealed``
+(retriable after a metadata refresh).
+
+Thread-safety: the directory's maps are guarded by one lock. A
+:class:`NodeShard` is installed, changed and forgotten only by the I/O worker
+that owns the shard (``crc32c(shard) % workers``); other threads (readers,
+the heartbeat, the front end) only read its fields.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,17 +51,86 @@ from typing import Any
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import now_ms
 from robustmq._wire import shard_config_of
-from robustmq.errors import NotLeader, SegmentSealed, ShardNotFound, StaleEpoch, Unavailable
+from robustmq.errors import (
+    NotLeader,
+    SegmentSealed,
+    ShardAlreadyExists,
+    ShardNotFound,
+    StaleEpoch,
+    Unavailable,
+)
 
 from ._adapter import ShardConfig, StorageAdapter
 from ._driver_manager import StorageDriverManager, split_shard_name
 
-__all__ = ["NodeShard", "ShardDirectory"]
+__all__ = [
+    "RESERVE_RECORDS",
+    "NodeShard",
+    "SealTask",
+    "ShardDirectory",
+    "ShardView",
+    "engine_shard_name",
+    "parse_engine_shard",
+    "start_of",
+]
 
 log = logging.getLogger("robustmq.node")
 
 # Node-managed shards never roll on their own: the node seals through the Meta Service.
 _NEVER = 1 << 62
+_TOMBSTONES = 100_000  # deleted (shard, incarnation) remembered, so a late answer cannot revive one
+# Memory engine: offsets reserved ahead of the log end with the Meta Service (at least).
+RESERVE_RECORDS = 10_000
+
+
+def engine_shard_name(shard: str, incarnation: int) -> str:
+    """The engine's name for ``shard`` of ``incarnation``: ``{shard}.{incarnation}`` (``shard`` for 0)."""
+    return f"{shard}.{incarnation}" if incarnation else shard
+
+
+def parse_engine_shard(name: str) -> tuple[str, int] | None:
+    """``(shard, incarnation)`` of an engine-level name, or None if it is not a node's shard."""
+    try:
+        split_shard_name(name)
+        return name, 0
+    except Exception:
+        pass
+    shard, _, incarnation = name.rpartition(".")
+    if not incarnation.isdigit() or incarnation.startswith("0"):
+        return None
+    try:
+        split_shard_name(shard)
+    except Exception:
+        return None
+    return shard, int(incarnation)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardView:
+    """What the Meta Service said about a shard: its chain and its topic's config (copied out).
+
+    ``reserved`` is the offset the lookup reserved for a memory-engine shard (-1: none).
+    """
+
+    info: pb.ShardInfo
+    config: pb.TopicConfig
+    reserved: int = -1
+
+
+@dataclass(slots=True)
+class SealTask:
+    """A seal of ``epoch`` in progress (owned by the shard's I/O worker; see ``_io_worker``).
+
+    ``end_offset`` is -1 until writes are paused; from then on the shard holds
+    its writes and the seal is sent for exactly that end, again and again,
+    until the Meta Service's answer is definite.
+    """
+
+    epoch: int
+    end_offset: int = -1
+    sending: bool = False  # a SealSegment for end_offset is out (or its outcome is unknown)
+    attempts: int = 0
+    waiters: list[Any] = field(default_factory=list)  # explicit seal requests to answer
 
 
 @dataclass(slots=True)
@@ -48,6 +138,8 @@ class NodeShard:
     name: str
     topic: str
     partition: int
+    incarnation: int
+    engine_shard: str  # the engine's name for it: see engine_shard_name
     config: pb.TopicConfig
     engine: StorageAdapter
     epoch: int
@@ -57,6 +149,13 @@ class NodeShard:
     segment_bytes: int = 0
     segment_created_ms: int = field(default_factory=now_ms)
     blocked: str | None = None  # why this node cannot continue the shard's log, if it cannot
+    refreshed_at: float = field(default_factory=time.monotonic)  # last view from the Meta Service
+    seal: SealTask | None = None
+    held: deque[Any] | None = None  # writes held while a seal is settling (None: not paused)
+    ack_limit: int | None = None  # memory engine: nothing is acknowledged past this (module docstring)
+    grouped: int = 0  # records of this shard in the worker's current group
+    reserve_wanted: int = 0  # memory engine: an offset a refused write needed reserved
+    reported_end: int = 0  # the log end the heartbeat last reported (it alone writes this)
 
     def check_write(self, epoch: int) -> None:
         """Raise unless a write addressed to ``epoch`` may go ahead on this node."""
@@ -91,192 +190,229 @@ class NodeShard:
             or now - self.segment_created_ms >= self.config.roll_interval_ms
         )
 
+    def log_end(self) -> int:
+        return int(self.engine.list_offsets(self.engine_shard).log_end_offset)
+
 
 class ShardDirectory:
-    """The shards this node serves, resolved through the Meta Service on first use."""
+    """The shards this node serves, and the shards (of any incarnation) it holds locally."""
 
-    def __init__(self, manager: StorageDriverManager, meta: Any, node_id: str, root: Path) -> None:
+    def __init__(self, manager: StorageDriverManager, node_id: str, root: Path) -> None:
         self._manager = manager
-        self._meta = meta
         self._node_id = node_id
         self._lock = threading.Lock()
         self._shards: dict[str, NodeShard] = {}
-        self._on_disk: dict[str, str] = {}  # shard -> engine holding it
-        self._configs: dict[str, pb.TopicConfig] = {}  # topic -> its config (a copy, see _topic_config)
+        self._local: dict[str, dict[int, str]] = {}  # shard -> incarnation -> engine holding it
+        self._tombstones: OrderedDict[tuple[str, int], None] = OrderedDict()
         for engine_name in ("segment", "rocksdb"):
             if (root / engine_name).exists():
-                for shard in manager.driver(engine_name).list_shards():
-                    self._on_disk[shard] = engine_name
+                for name in manager.driver(engine_name).list_shards():
+                    parsed = parse_engine_shard(name)
+                    if parsed is None:
+                        log.warning("ignoring engine shard %r: not a node shard name", name)
+                        continue
+                    self._local.setdefault(parsed[0], {})[parsed[1]] = engine_name
 
     @property
     def count(self) -> int:
         with self._lock:
-            return len(set(self._on_disk) | set(self._shards))
+            return len(set(self._local) | set(self._shards))
 
     def local_names(self) -> list[str]:
+        """Every shard with state or local data here, whatever its incarnation."""
         with self._lock:
-            return sorted(set(self._on_disk) | set(self._shards))
-
-    def get(self, shard: str) -> NodeShard:
-        """The shard's state, asking the Meta Service the first time."""
-        with self._lock:
-            state = self._shards.get(shard)
-        return state if state is not None else self.refresh(shard)
+            return sorted(set(self._local) | set(self._shards))
 
     def cached(self, shard: str) -> NodeShard | None:
+        """The shard's state if it was resolved since start (without asking anyone)."""
         with self._lock:
             return self._shards.get(shard)
 
-    def local_engine(self, shard: str) -> StorageAdapter | None:
-        """The engine holding ``shard`` on this node, without asking anyone (reads use this)."""
-        with self._lock:
-            state = self._shards.get(shard)
-            engine_name = self._on_disk.get(shard)
-        if state is not None:
-            return state.engine
-        return self._manager.driver(engine_name) if engine_name else None
+    # -- the owning I/O worker only ---------------------------------------------------
 
-    def refresh(self, shard: str) -> NodeShard:
-        """Re-read the shard from the Meta Service and (re)build this node's view of it."""
-        split_shard_name(shard)  # a malformed name is InvalidRequest before any lookup
-        try:
-            info = self._meta.get_shard(shard)
-        except ShardNotFound:
-            raise
-        except Unavailable as exc:
-            raise Unavailable(
-                f"cannot resolve shard {shard}: the Meta Service is unavailable", shard=shard
-            ) from exc
+    def install(self, view: ShardView) -> NodeShard:
+        """Serve ``view``'s shard here: drop older local incarnations, create it if needed.
+
+        Raises ``NotLeader`` if this node holds no segment of it, ``ShardNotFound``
+        if that incarnation was deleted here.
+        """
+        info, config = view.info, view.config
+        shard, incarnation = info.shard, int(info.incarnation)
         topic, partition = split_shard_name(shard)
-        config = self._topic_config(topic)
-        active = info.segments[-1]
-        holds = self._node_id in active.replicas or any(
-            self._node_id in segment.replicas for segment in info.segments
-        )
-        engine = self._manager.driver(config.engine)
         with self._lock:
-            if holds and shard not in engine.list_shards():
-                engine.create_shard(shard, _engine_config(config), start_offset=self._start_of(info))
-                self._on_disk[shard] = config.engine
-            previous = self._shards.get(shard)
-            state = NodeShard(
-                name=shard,
-                topic=topic,
-                partition=partition,
-                config=config,
-                engine=engine,
-                epoch=active.epoch,
-                leader=active.leader == self._node_id,
-                leader_address=info.leader_address,
-                segment_start=active.start_offset,
-            )
-            if previous is not None:
-                state.segment_bytes = previous.segment_bytes
-                state.segment_created_ms = previous.segment_created_ms
-            elif holds:
-                self._adopt_local_segment(state)
-            if holds:
-                self._check_continuity(state)
-                self._shards[shard] = state
+            if (shard, incarnation) in self._tombstones:
+                raise ShardNotFound(f"shard {shard} was deleted", shard=shard)
+            local = dict(self._local.get(shard, {}))
+        for other in sorted(local):
+            if other < incarnation:
+                self.drop(shard, other)
+                log.info("dropped shard %s of incarnation %d: its topic was deleted", shard, other)
+            elif other > incarnation:
+                log.warning(
+                    "shard %s: keeping local incarnation %d, newer than the Meta Service's %d",
+                    shard,
+                    other,
+                    incarnation,
+                )
+        holds = any(self._node_id in segment.replicas for segment in info.segments)
         if not holds:
             raise NotLeader(
                 f"shard {shard} is not on this node; its leader is {info.leader_address}",
                 shard=shard,
                 leader_address=info.leader_address,
             )
+        engine_name = local.get(incarnation) or config.engine
+        engine = self._manager.driver(engine_name)
+        name = engine_shard_name(shard, incarnation)
+        if local.get(incarnation) is None:
+            start = start_of(info, self._node_id)
+            try:
+                engine.create_shard(name, _engine_config(config), start_offset=start)
+            except ShardAlreadyExists:  # an engine that kept it without this node knowing (memory)
+                log.warning("shard %s already existed in the %s engine; serving it", name, engine_name)
+            with self._lock:
+                self._local.setdefault(shard, {})[incarnation] = engine_name
+        active = info.segments[-1]
+        state = NodeShard(
+            name=shard,
+            topic=topic,
+            partition=partition,
+            incarnation=incarnation,
+            engine_shard=name,
+            config=config,
+            engine=engine,
+            epoch=active.epoch,
+            leader=active.leader == self._node_id,
+            leader_address=info.leader_address,
+            segment_start=active.start_offset,
+        )
+        if engine_name == "memory":
+            state.ack_limit = max(view.reserved, state.log_end())
+        self._adopt_local_segment(state)
+        _check_continuity(state)
+        with self._lock:
+            self._shards[shard] = state
         return state
 
-    def _start_of(self, info: pb.ShardInfo) -> int:
-        """Where a shard this node creates begins: never at an offset already handed out.
-
-        That is the first segment this node holds, or, if this node leads the active
-        segment, that segment's start; and never below the log end last reported to the
-        Meta Service (a memory-engine shard recreated after a restart, a wiped data
-        directory), so lost records show as a gap, not as reused offsets.
-        """
-        first = next(s for s in info.segments if self._node_id in s.replicas)
-        start = max(first.start_offset, info.high_watermark)
+    def adopt(self, state: NodeShard, info: pb.ShardInfo) -> None:
+        """Take a newer view of the same incarnation (the chain may have moved on)."""
         active = info.segments[-1]
-        if active.leader == self._node_id:
-            start = max(start, active.start_offset)
-        return start
-
-    @staticmethod
-    def _check_continuity(state: NodeShard) -> None:
-        """A leader whose local log ends before its active segment starts cannot continue it.
-
-        That happens when an epoch was placed here after another node held the
-        previous one (an engine keeps a shard's offsets contiguous; hosting
-        non-adjacent epochs comes with replication) or when an old copy of the data
-        directory was restored. Writes then fail with this reason instead of
-        reusing offsets.
-        """
-        if not state.leader:
+        state.refreshed_at = time.monotonic()
+        state.leader_address = info.leader_address
+        if active.epoch == state.epoch:
+            state.leader = active.leader == self._node_id
             return
-        log_end = state.engine.list_offsets(state.name).log_end_offset
-        if log_end < state.segment_start:
+        log_end = state.log_end()
+        own = next((s for s in info.segments if s.epoch == state.epoch), None)
+        if state.leader and own is not None and 0 <= own.end_offset < log_end:
             state.blocked = (
-                f"shard {state.name} ends at offset {log_end} on this node but its active segment "
-                f"(epoch {state.epoch}) starts at {state.segment_start}; this node cannot continue it"
+                f"shard {state.name}: this node holds offsets up to {log_end} but epoch {state.epoch} "
+                f"was sealed at {own.end_offset}; writes are refused"
             )
             log.error("%s", state.blocked)
+        state.epoch = active.epoch
+        state.leader = active.leader == self._node_id
+        state.segment_start = active.start_offset
+        state.segment_created_ms = now_ms()
+        state.segment_bytes = 0
+        if state.leader and log_end == state.segment_start:
+            _roll(state)
+        _check_continuity(state)
 
-    def _topic_config(self, topic: str) -> pb.TopicConfig:
-        """The topic's config, asked once per topic. It is copied out of the answer: a protobuf
-        sub-message keeps its whole parent alive, and a description of a 1,000-partition topic
-        is ~400 kB, which every shard would otherwise pin."""
+    def sealed(self, state: NodeShard, following: pb.Segment) -> None:
+        """Adopt the next epoch the Meta Service opened after sealing ``state``'s segment."""
+        _roll(state)
+        state.epoch = following.epoch
+        state.leader = following.leader == self._node_id
+        state.segment_start = following.start_offset
+        state.segment_bytes = 0
+        state.segment_created_ms = now_ms()
+        state.refreshed_at = time.monotonic()
+
+    def forget(self, shard: str) -> NodeShard | None:
+        """Stop serving ``shard`` (its state goes; local data stays until :meth:`drop`)."""
         with self._lock:
-            cached = self._configs.get(topic)
-        if cached is not None:
-            return cached
-        config = pb.TopicConfig()
-        config.CopyFrom(self._meta.describe_topic(topic).topic.config)
+            return self._shards.pop(shard, None)
+
+    def drop(self, shard: str, incarnation: int) -> bool:
+        """Delete the local data of ``shard`` at ``incarnation``; it can never be installed again.
+
+        Returns whether there was any. A state of that incarnation must be forgotten first.
+        """
         with self._lock:
-            self._configs[topic] = config
-        return config
+            self._tombstones[(shard, incarnation)] = None
+            if len(self._tombstones) > _TOMBSTONES:
+                self._tombstones.popitem(last=False)
+            held = self._local.get(shard, {})
+            engine_name = held.pop(incarnation, None)
+            if not held:
+                self._local.pop(shard, None)
+            state = self._shards.get(shard)
+            assert state is None or state.incarnation != incarnation, "forget the shard first"
+        if engine_name is None:
+            return False
+        engine = self._manager.driver(engine_name)
+        name = engine_shard_name(shard, incarnation)
+        if name in engine.list_shards():
+            engine.delete_shard(name)
+        return True
 
     def _adopt_local_segment(self, state: NodeShard) -> None:
         """After a restart: size and age of the local active segment, and a roll the Meta
         Service recorded but the node did not get to do before it stopped."""
-        segments = state.engine.list_segments(state.name)
+        segments = state.engine.list_segments(state.engine_shard)
         active = segments[-1]
-        log_end = state.engine.list_offsets(state.name).log_end_offset
-        if state.leader and active.base_offset < state.segment_start == log_end and active.size_bytes:
-            roll = getattr(state.engine, "roll", None)
-            if roll is not None:
-                roll(state.name)
-                log.info(
-                    "shard %s: rolled to epoch %d recorded by the Meta Service",
-                    state.name,
-                    state.epoch,
-                )
-                return
-        if state.leader and log_end < state.segment_start:
-            log.error(
-                "shard %s ends at %d here but its active segment starts at %d",
-                state.name,
-                log_end,
-                state.segment_start,
-            )
+        log_end = state.log_end()
+        rolls = state.leader and active.base_offset < state.segment_start == log_end and active.size_bytes
+        if rolls and _roll(state):
+            log.info("shard %s: rolled to epoch %d recorded by the Meta Service", state.name, state.epoch)
+            return
         state.segment_bytes = active.size_bytes if active.base_offset >= state.segment_start else 0
 
-    def sealed(self, state: NodeShard, answer: pb.SealSegmentResponse) -> None:
-        """Adopt the next epoch the Meta Service opened after sealing ``state``'s segment."""
-        state.epoch = answer.next.epoch
-        state.leader = answer.next.leader == self._node_id
-        state.segment_start = answer.next.start_offset
-        state.segment_bytes = 0
-        state.segment_created_ms = now_ms()
 
-    def forget(self, shard: str) -> StorageAdapter | None:
-        """Drop a shard from the directory; return the engine that held it (if any)."""
-        with self._lock:
-            state = self._shards.pop(shard, None)
-            engine_name = self._on_disk.pop(shard, None)
-            self._configs.pop(split_shard_name(shard)[0], None)  # the topic may come back changed
-        if state is not None:
-            return state.engine
-        return self._manager.driver(engine_name) if engine_name else None
+def _roll(state: NodeShard) -> bool:
+    roll = getattr(state.engine, "roll", None)
+    if roll is None:
+        return False
+    roll(state.engine_shard)
+    return True
+
+
+def start_of(info: pb.ShardInfo, node_id: str) -> int:
+    """Where a shard this node creates begins: never at an offset already handed out.
+
+    That is the first segment this node holds, or, if this node leads the active
+    segment, that segment's start; and never below the log end last reported to the
+    Meta Service nor the offset reserved for a memory-engine shard (a shard recreated
+    after a restart, a wiped data directory), so lost records show as a gap, not as
+    reused offsets.
+    """
+    first = next(s for s in info.segments if node_id in s.replicas)
+    start = max(first.start_offset, info.high_watermark, info.reserved_offset)
+    active = info.segments[-1]
+    if active.leader == node_id:
+        start = max(start, active.start_offset)
+    return start
+
+
+def _check_continuity(state: NodeShard) -> None:
+    """A leader whose local log ends before its active segment starts cannot continue it.
+
+    That happens when an epoch was placed here after another node held the
+    previous one (an engine keeps a shard's offsets contiguous; hosting
+    non-adjacent epochs comes with replication) or when an old copy of the data
+    directory was restored. Writes then fail with this reason instead of
+    reusing offsets.
+    """
+    if not state.leader or state.blocked is not None:
+        return
+    log_end = state.log_end()
+    if log_end < state.segment_start:
+        state.blocked = (
+            f"shard {state.name} ends at offset {log_end} on this node but its active segment "
+            f"(epoch {state.epoch}) starts at {state.segment_start}; this node cannot continue it"
+        )
+        log.error("%s", state.blocked)
 
 
 def _engine_config(config: pb.TopicConfig) -> ShardConfig:

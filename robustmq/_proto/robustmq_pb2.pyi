@@ -60,14 +60,16 @@ class TopicConfig(_message.Message):
     def __init__(self, partitions: _Optional[int] = ..., engine: _Optional[str] = ..., replication_factor: _Optional[int] = ..., segment_bytes_max: _Optional[int] = ..., roll_interval_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., retention_ms: _Optional[int] = ..., cleanup_policy: _Optional[str] = ..., max_batch_bytes: _Optional[int] = ..., retention_records: _Optional[int] = ...) -> None: ...
 
 class Topic(_message.Message):
-    __slots__ = ("name", "config", "created_ms")
+    __slots__ = ("name", "config", "created_ms", "incarnation")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     name: str
     config: TopicConfig
     created_ms: int
-    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ..., created_ms: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ..., created_ms: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class Segment(_message.Message):
     __slots__ = ("shard", "epoch", "start_offset", "end_offset", "state", "replicas", "leader")
@@ -88,20 +90,24 @@ class Segment(_message.Message):
     def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., state: _Optional[_Union[SegmentState, str]] = ..., replicas: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ...) -> None: ...
 
 class ShardInfo(_message.Message):
-    __slots__ = ("topic", "partition", "shard", "segments", "leader_address", "high_watermark")
+    __slots__ = ("topic", "partition", "shard", "segments", "leader_address", "high_watermark", "incarnation", "reserved_offset")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     shard: str
     segments: _containers.RepeatedCompositeFieldContainer[Segment]
     leader_address: str
     high_watermark: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., leader_address: _Optional[str] = ..., high_watermark: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    reserved_offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., leader_address: _Optional[str] = ..., high_watermark: _Optional[int] = ..., incarnation: _Optional[int] = ..., reserved_offset: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
     __slots__ = ("node_id", "address", "registered_ms", "last_heartbeat_ms", "alive", "active_segments")
@@ -166,34 +172,46 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class ShardProgress(_message.Message):
-    __slots__ = ("shard", "high_watermark", "log_start_offset")
+    __slots__ = ("shard", "high_watermark", "log_start_offset", "reserved_offset")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     shard: str
     high_watermark: int
     log_start_offset: int
-    def __init__(self, shard: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
+    reserved_offset: int
+    def __init__(self, shard: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., reserved_offset: _Optional[int] = ...) -> None: ...
+
+class ShardDeletion(_message.Message):
+    __slots__ = ("shard", "incarnation")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    incarnation: int
+    def __init__(self, shard: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "address", "progress", "shard_count")
+    __slots__ = ("node_id", "address", "progress", "shard_count", "deleted")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     SHARD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     progress: _containers.RepeatedCompositeFieldContainer[ShardProgress]
     shard_count: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ShardProgress, _Mapping]]] = ..., shard_count: _Optional[int] = ...) -> None: ...
+    deleted: _containers.RepeatedCompositeFieldContainer[ShardDeletion]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ShardProgress, _Mapping]]] = ..., shard_count: _Optional[int] = ..., deleted: _Optional[_Iterable[_Union[ShardDeletion, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("delete_shards", "interval_ms")
-    DELETE_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("interval_ms", "deletions")
     INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
-    delete_shards: _containers.RepeatedScalarFieldContainer[str]
+    DELETIONS_FIELD_NUMBER: _ClassVar[int]
     interval_ms: int
-    def __init__(self, delete_shards: _Optional[_Iterable[str]] = ..., interval_ms: _Optional[int] = ...) -> None: ...
+    deletions: _containers.RepeatedCompositeFieldContainer[ShardDeletion]
+    def __init__(self, interval_ms: _Optional[int] = ..., deletions: _Optional[_Iterable[_Union[ShardDeletion, _Mapping]]] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes",)

@@ -58,7 +58,7 @@ def test_kill_9_then_restart_keeps_everything_and_sigterm_exits_0(tmp_path: Path
             ]
             assert chain[-1].state == pb.ACTIVE
             # The deleted topic's shard is still owed to the node that held it.
-            assert list(client.heartbeat(holder, "").delete_shards) == ["audit_0"]
+            assert [d.shard for d in client.heartbeat(holder, "").deletions] == ["audit_0"]
             # A restarted Meta Service places segments only on nodes that beat since it started.
             with pytest.raises(Unavailable):
                 client.create_topic("fresh", partitions=3, replication_factor=3)

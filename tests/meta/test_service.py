@@ -63,6 +63,17 @@ def register(client: MetaClient, *node_ids: str) -> None:
         client.register_node(node_id, f"tcp://127.0.0.1:{7101 + index}")
 
 
+def pending(response: pb.HeartbeatResponse) -> list[tuple[str, int]]:
+    return [(deletion.shard, deletion.incarnation) for deletion in response.deletions]
+
+
+def drop_pending(client: MetaClient, node_id: str) -> list[str]:
+    """Do what a node does: beat, carry out the deletions listed, acknowledge them."""
+    deletions = pending(client.heartbeat(node_id, ""))
+    assert pending(client.heartbeat(node_id, "", deleted=deletions)) == []
+    return [shard for shard, _ in deletions]
+
+
 def leaders(description: pb.TopicDescription) -> list[str]:
     return [shard.segments[-1].leader for shard in description.shards]
 
@@ -300,7 +311,7 @@ def test_remove_node_refuses_live_or_leading_nodes_unless_forced(meta: Meta) -> 
 
 def test_heartbeat_registers_an_unknown_node_and_updates_addresses(client: MetaClient) -> None:
     response = client.heartbeat("n9", "tcp://10.0.0.9:7101", shard_count=0)
-    assert response.interval_ms == 1000 and list(response.delete_shards) == []
+    assert response.interval_ms == 1000 and list(response.deletions) == []
     (node,) = client.list_nodes()
     assert (node.node_id, node.address, node.alive) == ("n9", "tcp://10.0.0.9:7101", True)
     client.heartbeat("n9", "tcp://10.0.0.9:7200")
@@ -327,7 +338,7 @@ def test_get_shard_and_reported_high_watermarks(client: MetaClient) -> None:
     assert client.get_shard("t_1").high_watermark == 42
     # Malformed reports are skipped; the beat itself still counts.
     response = client.heartbeat("n2", "", progress=[("t_1", 5, 9), ("t_1", -3, 0), ("x", 1, 0)])
-    assert list(response.delete_shards) == []
+    assert list(response.deletions) == []
     assert client.get_shard("t_1").high_watermark == 42
     client.heartbeat("n2", "", progress=[("t_1", 50, 10)])
     assert client.get_shard("t_1").high_watermark == 50
@@ -443,7 +454,7 @@ def test_commit_fetch_and_lag(client: MetaClient) -> None:
 
     client.delete_topic("o")  # takes its offsets along
     assert client.list_groups() == ["h"]
-    client.heartbeat("n1", "")  # n1 drops the old o_* shards; then it may hold new ones
+    assert drop_pending(client, "n1") == ["o_0", "o_1", "o_2"]  # then it may hold new o_* shards
     client.create_topic("o", partitions=3)
     assert client.fetch_offsets("g", "o") == {}
 
@@ -451,19 +462,39 @@ def test_commit_fetch_and_lag(client: MetaClient) -> None:
 # -- deletions and restarts ------------------------------------------------
 
 
-def test_pending_deletions_reach_each_holder_once_even_across_a_restart(meta: Meta) -> None:
+def test_pending_deletions_repeat_until_acknowledged_even_across_a_restart(meta: Meta) -> None:
     client = meta.client
     register(client, "n1", "n2", "n3")
-    client.create_topic("d", partitions=2, replication_factor=2)  # d_0: n1,n2  d_1: n2,n3
+    created = client.create_topic("d", partitions=2, replication_factor=2)  # d_0: n1,n2  d_1: n2,n3
     assert list(client.seal_segment("d_0", 0, 10, "n1").next.replicas) == ["n1", "n2"]  # sticky
     client.delete_topic("d")
-    assert list(client.heartbeat("n1", "").delete_shards) == ["d_0"]
-    assert list(client.heartbeat("n1", "").delete_shards) == []
+    incarnation = created.incarnation
+    assert incarnation > 0
+    assert pending(client.heartbeat("n1", "")) == [("d_0", incarnation)]
+    assert pending(client.heartbeat("n1", "")) == [("d_0", incarnation)]  # a lost answer loses nothing
+    done = client.heartbeat("n1", "", deleted=[("d_0", incarnation + 1)])  # another incarnation's
+    assert pending(done) == [("d_0", incarnation)]
+    assert pending(client.heartbeat("n1", "", deleted=[("d_0", incarnation)])) == []
+    assert pending(client.heartbeat("n1", "", deleted=[("d_0", incarnation)])) == []  # a repeated ack
 
     meta.restart()
-    assert list(client.heartbeat("n2", "").delete_shards) == ["d_0", "d_1"]
-    assert list(client.heartbeat("n3", "").delete_shards) == ["d_1"]
-    assert list(client.heartbeat("n3", "").delete_shards) == []
+    assert pending(client.heartbeat("n2", "")) == [("d_0", incarnation), ("d_1", incarnation)]
+    assert pending(client.heartbeat("n3", "")) == [("d_1", incarnation)]
+    assert drop_pending(client, "n2") == ["d_0", "d_1"]
+    assert drop_pending(client, "n3") == ["d_1"]
+
+
+def test_every_incarnation_of_a_name_is_deleted_on_its_own(client: MetaClient) -> None:
+    register(client, "n1", "n2")
+    first = client.create_topic("x", partitions=1)  # x_0 on n1
+    client.delete_topic("x")
+    second = client.create_topic("x", partitions=1)  # x_0 on n2: n1 still has to drop its x_0
+    assert second.incarnation > first.incarnation
+    assert client.get_shard("x_0").incarnation == second.incarnation
+    assert client.describe_topic("x").topic.incarnation == second.incarnation
+    client.delete_topic("x")
+    assert pending(client.heartbeat("n1", "")) == [("x_0", first.incarnation)]
+    assert pending(client.heartbeat("n2", "")) == [("x_0", second.incarnation)]
 
 
 def test_a_recreated_topic_avoids_nodes_still_holding_the_old_shards(client: MetaClient) -> None:
@@ -475,7 +506,7 @@ def test_a_recreated_topic_avoids_nodes_still_holding_the_old_shards(client: Met
     with pytest.raises(Unavailable) as caught:  # n1 and n2 both still have to drop an old x_0
         client.create_topic("x")
     assert "2 more must first drop an older 'x_0'" in str(caught.value)
-    assert list(client.heartbeat("n1", "").delete_shards) == ["x_0"]
+    assert drop_pending(client, "n1") == ["x_0"]
     assert leaders(client.describe_topic(client.create_topic("x").name)) == ["n1"]
 
 
@@ -531,7 +562,22 @@ def test_reported_high_watermarks_survive_a_restart_and_go_with_their_topic(meta
     assert client.get_shard("hw_0").high_watermark == 42
     assert client.get_shard("hw_1").high_watermark == 7
     client.delete_topic("hw")
-    client.heartbeat("n1", "")  # n1 learns to drop the old shards
+    drop_pending(client, "n1")
     client.create_topic("hw", partitions=2)
     meta.restart()
     assert client.get_shard("hw_0").high_watermark == -1
+
+
+def test_reserved_offsets_only_grow_and_survive_a_restart(meta: Meta) -> None:
+    # A memory-engine shard restarts at its reserved offset: it must never go back.
+    client = meta.client
+    register(client, "n1", "n2")
+    client.create_topic("mem", partitions=1, engine="memory")  # mem_0 led by n1
+    assert client.get_shard("mem_0").reserved_offset == -1
+    client.heartbeat("n1", "", progress=[("mem_0", 5, 0)], reserved={"mem_0": 100})
+    client.heartbeat("n1", "", progress=[("mem_0", 6, 0)], reserved={"mem_0": 50})  # never backwards
+    client.heartbeat("n2", "", progress=[("mem_0", 7, 0)], reserved={"mem_0": 900})  # not the leader
+    client.heartbeat("n1", "", progress=[("mem_0", 8, 0)], reserved={"mem_0": 3})  # below the HW: malformed
+    assert client.get_shard("mem_0").reserved_offset == 100
+    meta.restart()
+    assert (client.get_shard("mem_0").high_watermark, client.get_shard("mem_0").reserved_offset) == (6, 100)

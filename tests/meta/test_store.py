@@ -139,9 +139,17 @@ def test_key_layout_is_stable() -> None:
     assert keys.seal_key("ab", 3, 1) == b"R\x00\x02ab\x00\x00\x00\x03\x00\x00\x00\x01"
     assert keys.node_key("n1") == b"N\x00\x02n1"
     assert keys.pending_key("n1", "ab_3") == b"D\x00\x02n1\x00\x04ab_3"
+    assert keys.pending_key("n1", "ab_3", 258) == b"D\x00\x02n1\x00\x04ab_3" + b"\x00" * 6 + b"\x01\x02"
+    assert keys.INCARNATION_KEY == b"I" and keys.encode_incarnation(258) == b"\x00" * 6 + b"\x01\x02"
     assert keys.offset_key("ab", "g", 2) == b"O\x00\x02ab\x00\x01g\x00\x00\x00\x02"
     assert keys.group_key("g", "ab") == b"G\x00\x01g\x00\x02ab"
     assert keys.encode_offset_value(5, 7) == b"\x00" * 7 + b"\x05" + b"\x00" * 7 + b"\x07"
     assert keys.decode_offset_key(keys.offset_key("ab", "gé", 9)) == ("ab", "gé", 9)
-    assert keys.decode_pending_key(keys.pending_key("n", "x_1")) == ("n", "x_1")
+    assert keys.decode_pending_key(keys.pending_key("n", "x_1")) == ("n", "x_1", 0)
+    assert keys.decode_pending_key(keys.pending_key("n", "x_1", 7)) == ("n", "x_1", 7)
+    assert keys.encode_progress(5, 7) == b"\x00" * 7 + b"\x05" + b"\x00" * 7 + b"\x07"
+    assert keys.encode_progress(5, 7, 9) == keys.encode_progress(5, 7) + b"\x00" * 7 + b"\x09"
+    progress = keys.progress_key("ab", 2)
+    assert keys.decode_progress(progress, keys.encode_progress(5, 7)) == ("ab", 2, (5, 7), 0)
+    assert keys.decode_progress(progress, keys.encode_progress(5, 7, 9)) == ("ab", 2, (5, 7), 9)
     assert keys.decode_group_key(keys.group_key("g", "t")) == ("g", "t")

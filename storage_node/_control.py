@@ -1,0 +1,192 @@
+"""The node's one place that asks the Meta Service about shards (the heartbeat aside).
+
+The front end and the I/O workers never wait for the Meta Service: a request
+that needs its answer is parked by the shard's I/O worker, which hands a
+:class:`Job` to :class:`MetaControl`. A small pool of control threads
+(default 2) runs each job as one Meta Service call and posts a
+:class:`MetaAnswer` back into that worker's queue, where it is handled in
+queue order with the shard's writes. Jobs:
+
+- ``lookup``: ``GetShard`` plus the topic's config (cached per topic and
+  incarnation), to resolve a shard the node has not served since it started
+  or to refresh it when a client names a newer epoch. Installing a
+  memory-engine shard this node leads also reserves its first offsets (a
+  heartbeat report, see ``_shards``) before the answer goes back;
+- ``probe``: ``GetShard`` just before a seal, so that a seal only pauses
+  writes once the Meta Service is known to answer;
+- ``seal``: ``SealSegment(epoch, end)``; the worker repeats the identical call
+  until the answer is definite (the Meta Service makes an identical repeat
+  idempotent).
+
+Bounded: at most ``max_jobs`` jobs wait (``submit`` returns False past that;
+the worker answers ``Busy`` or retries later). When a call fails because the
+Meta Service is unreachable, further calls fail fast with ``Unavailable`` for
+:data:`UNREACHABLE_HOLD_S`, so a dead Meta Service costs one timeout per
+window, not one per job. Each call's deadline is the control client's
+``timeout_s`` (the node gives it a short one).
+
+Thread-safety: ``submit`` may be called from any thread; answers are posted
+through the callable each job carries.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq.errors import Busy, RequestTimeout, RobustMQError, Unavailable
+
+from ._driver_manager import split_shard_name
+from ._shards import RESERVE_RECORDS, ShardView, start_of
+
+__all__ = ["UNREACHABLE_HOLD_S", "Job", "MetaAnswer", "MetaControl"]
+
+log = logging.getLogger("robustmq.node")
+
+UNREACHABLE_HOLD_S = 1.0
+_CONFIGS = 4096  # topic configs cached (one per topic; a description can be large)
+
+
+@dataclass(frozen=True, slots=True)
+class MetaAnswer:
+    """What a job found out, posted to the worker that asked."""
+
+    kind: Literal["lookup", "probe", "seal"]
+    shard: str
+    epoch: int = -1
+    end_offset: int = -1
+    view: ShardView | None = None  # lookup (with the config) and probe (config unset)
+    sealed: pb.SealSegmentResponse | None = None
+    error: RobustMQError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    kind: Literal["lookup", "probe", "seal"]
+    shard: str
+    deliver: Callable[[MetaAnswer], Any]
+    epoch: int = -1
+    end_offset: int = -1
+    install: bool = False  # a lookup for a shard the node will create if it holds it
+
+
+class MetaControl:
+    """Control threads running :class:`Job` s against the Meta Service; see the module docstring."""
+
+    def __init__(self, meta: Any, node_id: str, *, threads: int = 2, max_jobs: int = 10_000) -> None:
+        self._meta = meta
+        self._node_id = node_id
+        self._max_jobs = max_jobs
+        self._jobs: deque[Job | None] = deque()
+        self._ready = threading.Condition()
+        self._unreachable_until = 0.0
+        self._configs: OrderedDict[str, tuple[int, pb.TopicConfig]] = OrderedDict()
+        self._configs_lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"rmq-control-{i}", daemon=True) for i in range(threads)
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the threads once the jobs before this call are done (or ``timeout_s``)."""
+        with self._ready:
+            self._jobs.extend([None] * len(self._threads))
+            self._ready.notify_all()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def submit(self, job: Job) -> bool:
+        """Queue ``job``; False if ``max_jobs`` are already waiting."""
+        with self._ready:
+            if len(self._jobs) >= self._max_jobs:
+                return False
+            self._jobs.append(job)
+            self._ready.notify()
+        return True
+
+    def _loop(self) -> None:
+        while True:
+            with self._ready:
+                while not self._jobs:
+                    self._ready.wait()
+                job = self._jobs.popleft()
+            if job is None:
+                return
+            try:
+                answer = self._run(job)
+            except Exception as error:  # a bug must not strand the worker's parked requests
+                log.exception("control job %s for %s failed", job.kind, job.shard)
+                answer = MetaAnswer(
+                    job.kind,
+                    job.shard,
+                    job.epoch,
+                    job.end_offset,
+                    error=Unavailable(f"control failed: {error}"),
+                )
+            job.deliver(answer)
+
+    def _run(self, job: Job) -> MetaAnswer:
+        now = time.monotonic()
+        if now < self._unreachable_until:
+            error: RobustMQError = Unavailable(
+                f"the Meta Service is unreachable; shard {job.shard} cannot be resolved now", shard=job.shard
+            )
+            return MetaAnswer(job.kind, job.shard, job.epoch, job.end_offset, error=error)
+        try:
+            if job.kind == "seal":
+                sealed = self._meta.seal_segment(job.shard, job.epoch, job.end_offset, self._node_id)
+                return MetaAnswer(job.kind, job.shard, job.epoch, job.end_offset, sealed=sealed)
+            info = self._meta.get_shard(job.shard)
+            config = self._config(info) if job.kind == "lookup" else pb.TopicConfig()
+            reserved = self._reserve(info) if job.install and config.engine == "memory" else -1
+            view = ShardView(info, config, reserved)
+            return MetaAnswer(job.kind, job.shard, job.epoch, job.end_offset, view=view)
+        except RobustMQError as error:
+            if isinstance(error, Unavailable | RequestTimeout | Busy) and "address" in error.fields:
+                self._unreachable_until = time.monotonic() + UNREACHABLE_HOLD_S  # a transport failure
+            return MetaAnswer(job.kind, job.shard, job.epoch, job.end_offset, error=error)
+
+    def _reserve(self, info: pb.ShardInfo) -> int:
+        """Reserve the first offsets of a memory-engine shard this node is about to create."""
+        if info.segments[-1].leader != self._node_id:
+            return -1
+        start = start_of(info, self._node_id)
+        reserved = start + RESERVE_RECORDS
+        self._meta.heartbeat(self._node_id, "", [(info.shard, start, start)], reserved={info.shard: reserved})
+        return reserved
+
+    def _config(self, info: pb.ShardInfo) -> pb.TopicConfig:
+        """The topic's config at ``info``'s incarnation, asked once per topic and incarnation.
+
+        It is copied out of the answer: a protobuf sub-message keeps its whole parent
+        alive, and a description of a 1,000-partition topic is ~400 kB.
+        """
+        topic, _ = split_shard_name(info.shard)
+        with self._configs_lock:
+            cached = self._configs.get(topic)
+        if cached is not None and cached[0] == info.incarnation:
+            return cached[1]
+        description = self._meta.describe_topic(topic)
+        if description.topic.incarnation != info.incarnation:  # deleted and re-created in between
+            raise Unavailable(
+                f"topic {topic} changed while shard {info.shard} was resolved", shard=info.shard
+            )
+        config = pb.TopicConfig()
+        config.CopyFrom(description.topic.config)
+        with self._configs_lock:
+            self._configs[topic] = (info.incarnation, config)
+            self._configs.move_to_end(topic)
+            if len(self._configs) > _CONFIGS:
+                self._configs.popitem(last=False)
+        return config

@@ -1,0 +1,179 @@
+"""The node's heartbeat: liveness, shard progress and the deletion protocol; and retention.
+
+Every ``heartbeat_interval_ms`` (and at once when a deletion is done) the
+heartbeat thread sends the Meta Service one ``Heartbeat``:
+
+- the progress (high watermark, log start) of the shards written since the
+  last beat, which the Meta Service keeps (lag, and where a lost
+  memory-engine shard starts again); for a memory-engine shard also an
+  offset reserved ahead of its log end (at least ``RESERVE_RECORDS``, four
+  beats of its recent rate), which its worker may then acknowledge up to
+  (posted back as ``Reserved``);
+- ``deleted``: the deletions this node carried out and has not yet had
+  acknowledged.
+
+The answer lists the deletions still pending for this node; the Meta Service
+repeats each one in every answer until a later request acknowledges it, so a
+lost answer, a failed beat or a node restart only delays a deletion. A new
+one goes to its shard's I/O worker as a ``DeleteShard`` through the worker's
+open entrance (a full request queue cannot refuse it); the
+:class:`DeletionLedger` remembers what is under way or done but not yet
+acknowledged, so a deletion repeated by the next answers is not queued twice.
+If a beat fails, the progress and acknowledgments go with the next one.
+
+The first beat runs in ``StorageNode.start`` before the front end serves, so
+deletions owed from while the node was away are queued ahead of any request.
+
+Retention (every ``retention_check_ms``) runs on this thread too: it only
+touches sealed segments, never a shard's writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from robustmq.errors import RobustMQError, ShardNotFound
+
+from ._io_worker import DeleteShard, Reserved
+from ._shards import RESERVE_RECORDS
+
+__all__ = ["DeletionLedger", "Heartbeat"]
+
+log = logging.getLogger("robustmq.node")
+
+_MAX_ACKS_PER_BEAT = 1000
+_WOKEN_GATHER_S = 0.05
+
+
+class DeletionLedger:
+    """Deletions under way, and done but not yet acknowledged (thread-safe; bounded by the Meta Service)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[tuple[str, int]] = set()
+        self._done: dict[tuple[str, int], None] = {}  # insertion-ordered
+
+    def start(self, shard: str, incarnation: int) -> bool:
+        """Whether this deletion is new (and now under way)."""
+        key = (shard, incarnation)
+        with self._lock:
+            if key in self._running or key in self._done:
+                return False
+            self._running.add(key)
+            return True
+
+    def abandon(self, shard: str, incarnation: int) -> None:
+        with self._lock:
+            self._running.discard((shard, incarnation))
+
+    def done(self, shard: str, incarnation: int) -> None:
+        with self._lock:
+            self._running.discard((shard, incarnation))
+            self._done[(shard, incarnation)] = None
+
+    def to_acknowledge(self) -> list[tuple[str, int]]:
+        with self._lock:
+            return list(self._done)[:_MAX_ACKS_PER_BEAT]
+
+    def acknowledged(self, deletions: list[tuple[str, int]]) -> None:
+        with self._lock:
+            for key in deletions:
+                self._done.pop(key, None)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._running) + len(self._done)
+
+
+class Heartbeat(threading.Thread):
+    """Beats until the node stops; see the module docstring."""
+
+    def __init__(self, node: Any) -> None:
+        super().__init__(name="rmq-heartbeat", daemon=True)
+        self._node = node
+        self.ledger = DeletionLedger()
+        self._wake = threading.Event()
+        self._last_warning = 0.0
+
+    def wake(self) -> None:
+        """Beat now (a deletion is done: acknowledge it without waiting)."""
+        self._wake.set()
+
+    def beat(self) -> None:
+        """One heartbeat; raises if the Meta Service did not answer."""
+        node = self._node
+        changed = node.take_changed()
+        progress = []
+        reserved: dict[str, int] = {}
+        states = []
+        for shard in sorted(changed):
+            state = node.directory.cached(shard)
+            if state is None:
+                continue
+            try:
+                offsets = state.engine.list_offsets(state.engine_shard)
+            except ShardNotFound:
+                continue
+            progress.append((shard, offsets.log_end_offset, offsets.earliest_offset))
+            if state.ack_limit is not None:
+                log_end = offsets.log_end_offset
+                window = max(RESERVE_RECORDS, 4 * (log_end - state.reported_end))
+                reserved[shard] = max(log_end, state.reserve_wanted) + window
+                states.append((state, log_end))
+        done = self.ledger.to_acknowledge()
+        try:
+            answer = node.meta.heartbeat(
+                node.node_id, node.address, progress, node.directory.count, deleted=done, reserved=reserved
+            )
+        except Exception:  # reported again with the next beat
+            node.restore_changed(changed)
+            raise
+        self.ledger.acknowledged(done)
+        for state, log_end in states:
+            state.reported_end = log_end
+            node.worker_for(state.name).post(Reserved(state.name, state.incarnation, reserved[state.name]))
+        for deletion in answer.deletions:
+            if not self.ledger.start(deletion.shard, deletion.incarnation):
+                continue
+            item = DeleteShard(deletion.shard, int(deletion.incarnation))
+            if not node.worker_for(deletion.shard).post(item):  # the node is stopping
+                self.ledger.abandon(deletion.shard, deletion.incarnation)
+
+    def run(self) -> None:
+        node = self._node
+        interval = node.config.heartbeat_interval_ms / 1000
+        next_beat = time.monotonic() + interval
+        next_retention = time.monotonic() + node.config.retention_check_ms / 1000
+        while not node.stopping.is_set():
+            if self._wake.wait(max(0.0, next_beat - time.monotonic())):
+                node.stopping.wait(_WOKEN_GATHER_S)  # let more deletions finish: one beat for all
+            self._wake.clear()
+            if node.stopping.is_set():
+                return
+            next_beat = time.monotonic() + interval
+            try:
+                self.beat()
+            except RobustMQError as error:
+                if time.monotonic() - self._last_warning > 10:
+                    self._last_warning = time.monotonic()
+                    log.warning("heartbeat to the Meta Service failed: %s", error.message)
+            except Exception:  # a bug must not stop the heartbeat (the node would look dead)
+                log.exception("heartbeat failed")
+            if time.monotonic() >= next_retention:
+                next_retention = time.monotonic() + node.config.retention_check_ms / 1000
+                self._retention()
+
+    def _retention(self) -> None:
+        node = self._node
+        for name in ("segment", "rocksdb", "memory"):
+            if (node.config.data_dir / name).exists() or name == "memory":
+                try:
+                    removed = node.manager.driver(name).enforce_retention()
+                except Exception:
+                    log.exception("retention on the %s engine failed", name)
+                    continue
+                if removed:
+                    log.info("retention removed %d records (%s engine)", removed, name)

@@ -1,0 +1,307 @@
+"""The seal protocol of one I/O worker's shards (runs on that worker's thread only).
+
+A segment is sealed when it passes its topic's ``segment_bytes_max`` or
+``roll_interval_ms`` (checked after each write), or when a client asks. The
+steps, each driven by an answer the control threads post into the worker's
+queue (so each step happens in queue order with the shard's writes):
+
+1. **probe**: ``GetShard``. Writes go on meanwhile; if the Meta Service does
+   not answer, the seal is retried with back-off (0.2 s doubling to 5 s) and
+   writes never stop. An explicit seal request skips this grace: it pauses at
+   once, at its place in the queue, and is answered ``Unavailable`` if the
+   probe fails (which unpauses).
+2. **pause**: the probe answered and the segment is still ours, so writes are
+   held from here (in order, bounded by the worker's ``max_parked``: ``Busy``
+   past it) and ``end`` is the log end now: nothing past it is acknowledged
+   in this epoch.
+3. **seal**: ``SealSegment(epoch, end)``.
+   - Success: roll the local segment, adopt the next epoch, answer waiting
+     seal requests, run the held writes (their epoch is sealed now, so they
+     get ``SegmentSealed`` and the client retries in the next epoch).
+   - Definite refusal (``InvalidRequest``, the topic is gone): unpause, run
+     the held writes, retry later.
+   - ``StaleEpoch`` (the chain moved without this seal): a probe settles it:
+     if the chain shows this epoch sealed at ``end``, that is success;
+     otherwise the node adopts the chain, and if its log already goes past a
+     sealed end it refuses further writes (it never happens through this path).
+   - Anything else (a timeout, a lost connection, a Meta Service that is
+     down): the outcome is unknown, so the shard stays paused and the
+     identical seal is repeated with back-off until the answer is definite.
+     The Meta Service answers an identical repeat like the original, so a
+     seal that was committed but whose answer was lost completes this way.
+
+Crash behaviour: a node that restarts in the middle finds the chain the Meta
+Service kept when it resolves the shard (``ShardDirectory.install``): if the
+seal was committed, the local segment is rolled to the next epoch then.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq._records import now_ms
+from robustmq.errors import (
+    Busy,
+    InvalidRequest,
+    RequestTimeout,
+    RobustMQError,
+    SegmentSealed,
+    ShardNotFound,
+    StaleEpoch,
+    TopicNotFound,
+    Unavailable,
+)
+
+from ._control import Job, MetaAnswer
+from ._shards import NodeShard, SealTask
+
+if TYPE_CHECKING:
+    from ._io_worker import IOWorker, Request
+
+__all__ = ["Sealer"]
+
+log = logging.getLogger("robustmq.node")
+
+_BACKOFF_FIRST_S = 0.2
+_BACKOFF_MAX_S = 5.0
+
+
+class Sealer:
+    """The seals of one I/O worker's shards; see the module docstring."""
+
+    def __init__(self, worker: IOWorker) -> None:
+        self._worker = worker
+        self._directory = worker.directory
+        self._control = worker.control
+        self._node_id = worker.node_id
+        self._reply = worker.reply
+        self._timers: dict[str, float] = {}  # shard -> when to retry its seal
+        self._seal_failures: dict[str, int] = {}  # shard -> consecutive failed attempts
+
+    def written(self, state: NodeShard, now: int) -> None:
+        """``state`` was just written: start its seal if it is due and not backing off."""
+        if (
+            state.seal is None
+            and state.seal_due(now)
+            and time.monotonic() >= self._timers.get(state.name, 0.0)
+        ):
+            self.start(state, None)
+
+    def forget(self, shard: str) -> None:
+        """``shard`` is gone: no more retries."""
+        self._timers.pop(shard, None)
+        self._seal_failures.pop(shard, None)
+
+    def explicit(self, state: NodeShard, item: Request) -> None:
+        """A client asked to seal now: pause here, in queue order, and seal at this end."""
+        try:
+            state.check_write(state.epoch)
+            if state.segment_bytes == 0:
+                raise InvalidRequest(
+                    f"the active segment of {state.name} is empty; there is nothing to seal",
+                    shard=state.name,
+                )
+        except RobustMQError as error:
+            self._worker.fail(item, error)
+            return
+        if state.seal is None:
+            self.start(state, item)
+            if state.seal is None:  # the control queue is full; the request was answered
+                return
+        else:
+            state.seal.waiters.append(item)
+            item.parked = True
+        if state.held is None:
+            self._pause(state)
+
+    def start(self, state: NodeShard, item: Request | None) -> None:
+        state.seal = SealTask(epoch=state.epoch)
+        if item is not None:
+            state.seal.waiters.append(item)
+            item.parked = True
+        if not self._control.submit(Job("probe", state.name, self._worker.post, epoch=state.epoch)):
+            self.end(state, Busy("the node's control queue is full; the seal is retried"))
+            self._retry_later(state.name)
+
+    def _pause(self, state: NodeShard) -> None:
+        """Hold the shard's writes from here on; the seal is for the log end now."""
+        assert state.seal is not None
+        state.held = deque()
+        state.seal.end_offset = state.log_end()
+
+    def hold(self, state: NodeShard, item: Request) -> None:
+        if self._worker.parked >= self._worker.max_parked:
+            self._worker.fail(
+                item, Busy(f"writes to {state.name} are held while its segment is sealed; retry")
+            )
+            return
+        assert state.held is not None
+        self._worker.parked += 1
+        item.parked = True
+        state.held.append(item)
+
+    def probed(self, answer: MetaAnswer) -> None:
+        state = self._state_of(answer)
+        if state is None:
+            return
+        task = state.seal
+        assert task is not None
+        if answer.error is not None:
+            if task.sending:  # settling after StaleEpoch: the outcome is still unknown
+                self._retry_later(state.name)
+                return
+            self.end(state, _cannot_seal(state, answer.error))
+            self._retry_later(state.name)
+            return
+        assert answer.view is not None
+        info = answer.view.info
+        active = info.segments[-1]
+        if info.incarnation != state.incarnation:
+            self.end(state, ShardNotFound(f"shard {state.name} was deleted", shard=state.name))
+        elif active.epoch == task.epoch and active.leader == self._node_id:
+            if task.sending:  # settling a StaleEpoch, yet the segment is still ours: repeat, later
+                self._retry_later(state.name)
+                return
+            # The Meta Service answers and the segment is still ours: pause (if not yet) and seal.
+            if state.held is None:
+                self._pause(state)
+            if task.end_offset <= state.segment_start:
+                self.end(state, InvalidRequest(f"the active segment of {state.name} is empty"))
+                return
+            self._send(state)
+        else:  # the chain moved on without us (or the seal was refused as stale): take it
+            self._settle(state, info)
+
+    def _send(self, state: NodeShard) -> None:
+        task = state.seal
+        assert task is not None and task.end_offset >= 0
+        task.sending = True
+        job = Job("seal", state.name, self._worker.post, epoch=task.epoch, end_offset=task.end_offset)
+        if not self._control.submit(job):
+            self._retry_later(state.name)
+
+    def answered(self, answer: MetaAnswer) -> None:
+        state = self._state_of(answer)
+        if state is None or state.seal is None or answer.end_offset != state.seal.end_offset:
+            return
+        error = answer.error
+        if error is None:
+            assert answer.sealed is not None
+            self._sealed(state, answer.sealed)
+        elif isinstance(error, StaleEpoch):  # definite: the chain moved; find out where to
+            if not self._control.submit(Job("probe", state.name, self._worker.post, epoch=state.seal.epoch)):
+                self._retry_later(state.name)
+        elif not _definite(error):
+            state.seal.attempts += 1
+            if state.seal.attempts in (1, 10) or state.seal.attempts % 100 == 0:
+                log.warning(
+                    "seal of %s epoch %d at %d: outcome unknown (%s); writes are held until it is settled",
+                    state.name,
+                    state.seal.epoch,
+                    state.seal.end_offset,
+                    error.message,
+                )
+            self._retry_later(state.name)
+        else:
+            if isinstance(error, TopicNotFound):
+                error = ShardNotFound(f"shard {state.name} was deleted", shard=state.name)
+            self.end(state, error)
+            self._retry_later(state.name)
+
+    def _state_of(self, answer: MetaAnswer) -> NodeShard | None:
+        state = self._directory.cached(answer.shard)
+        if state is None or state.seal is None or state.seal.epoch != answer.epoch:
+            return None  # deleted, re-created or settled meanwhile: a stale answer
+        return state
+
+    def _sealed(self, state: NodeShard, answer: pb.SealSegmentResponse) -> None:
+        task = state.seal
+        assert task is not None
+        self._directory.sealed(state, answer.next)
+        log.info(
+            "sealed %s epoch %d at offset %d; epoch %d is active",
+            state.name,
+            answer.sealed.epoch,
+            answer.sealed.end_offset,
+            answer.next.epoch,
+        )
+        self._seal_failures.pop(state.name, None)
+        self._timers.pop(state.name, None)
+        for waiter in task.waiters:
+            waiter.parked = False
+            seal = pb.SealResponse(sealed=answer.sealed, next=answer.next)
+            self._reply(waiter, pb.NodeResponse(correlation_id=waiter.message.correlation_id, seal=seal))
+        task.waiters.clear()
+        self.end(state, None)
+
+    def _settle(self, state: NodeShard, info: pb.ShardInfo) -> None:
+        """The chain moved on without this node's seal: adopt it, then let writes find out."""
+        task = state.seal
+        assert task is not None
+        own = next((s for s in info.segments if s.epoch == task.epoch), None)
+        following = next((s for s in info.segments if s.epoch == task.epoch + 1), None)
+        if own is not None and following is not None and own.end_offset == task.end_offset:
+            self._sealed(state, pb.SealSegmentResponse(sealed=own, next=following))
+            return
+        self._directory.adopt(state, info)
+        self.end(state, SegmentSealed(f"segment epoch {task.epoch} of {state.name} was sealed elsewhere"))
+
+    def end(self, state: NodeShard, error: RobustMQError | None, *, run_held: bool = True) -> None:
+        """Finish ``state``'s seal: answer waiting seal requests, run the held writes in order."""
+        task, state.seal = state.seal, None
+        if task is not None and error is not None:
+            for waiter in task.waiters:
+                waiter.parked = False
+                self._worker.fail(waiter, error)
+        held, state.held = state.held, None
+        if not held:
+            return
+        self._worker.parked -= len(held)
+        for request in held:
+            request.parked = False
+            if isinstance(error, ShardNotFound) or not run_held:
+                self._worker.fail(request, error or Unavailable("the storage node is stopping; try again"))
+            else:
+                self._worker.dispatch(request)
+
+    def _retry_later(self, shard: str) -> None:
+        failures = self._seal_failures.get(shard, 0) + 1
+        self._seal_failures[shard] = failures
+        delay = min(_BACKOFF_MAX_S, _BACKOFF_FIRST_S * 2 ** min(failures - 1, 8))
+        self._timers[shard] = time.monotonic() + delay
+
+    def tick(self, now: float) -> None:
+        """Retry the seals whose back-off is over."""
+        for name, due in list(self._timers.items()):
+            if due > now:
+                continue
+            del self._timers[name]
+            state = self._directory.cached(name)
+            if state is None:
+                self._seal_failures.pop(name, None)
+                continue
+            if state.seal is not None and state.seal.sending:
+                if state.seal.end_offset >= 0:
+                    self._send(state)
+            elif state.seal is None and state.seal_due(now_ms()):
+                self.start(state, None)
+
+
+def _definite(error: RobustMQError) -> bool:
+    """Whether a Meta Service error means the seal was certainly not committed (and never will be).
+
+    A refusal by the service itself for a reason that a repeat would meet again.
+    Anything else (a timeout, a lost connection, an unexpected status) leaves
+    the outcome unknown.
+    """
+    return isinstance(error, InvalidRequest | TopicNotFound | ShardNotFound)
+
+
+def _cannot_seal(state: NodeShard, error: RobustMQError) -> RobustMQError:
+    if isinstance(error, Unavailable | RequestTimeout | Busy):
+        return Unavailable(f"cannot seal {state.name} now: {error.message}; try again", shard=state.name)
+    return error

@@ -1,0 +1,325 @@
+"""The node's dealings with the Meta Service and its queue order, in-process, with real servers.
+
+A real Meta Service and a real storage node run in this process on loopback
+(free ports). Faults are real ones: a network that delivers a request but
+loses its answer (a gRPC interceptor on the node's own channel: the Meta
+Service really runs the call), a shard directory removed under the node, a
+worker queue kept full by a flood of real requests.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+import robustmq
+from robustmq._meta_client import MetaClient
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq._records import build_records, encode_batch
+from robustmq.errors import RobustMQError, SegmentSealed, Unavailable
+from robustmq.meta import MetaServer
+from robustmq.storage_node import NodeConfig, StorageNode
+from tests.e2e._procs import wait_until
+
+
+class _LostAnswer(grpc.RpcError):
+    """What a client sees when the network lost the answer of a call the server ran."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self) -> str:
+        return "the answer was lost on the way back (test network)"
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
+
+
+class LosingNetwork(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Delivers every call; while armed, loses the answers of the named methods.
+
+    ``budget`` answers are lost at most (None: every one while armed); ``lost``
+    counts them. The server has run the call when its answer is lost. ``calls``
+    counts every call by method.
+    """
+
+    def __init__(self, methods: set[str], *, budget: int | None = None) -> None:
+        self.methods = methods
+        self.budget = budget
+        self.lost = 0
+        self.calls: Counter[str] = Counter()  # every call the node made, by method
+        self.armed = threading.Event()
+        self._lock = threading.Lock()
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        method = details.method.rsplit("/", 1)[-1]
+        with self._lock:
+            self.calls[method] += 1
+        outcome = continuation(details, request)
+        if not self.armed.is_set() or method not in self.methods:
+            return outcome
+        outcome.result() if outcome.exception() is None else None  # the server has answered
+        with self._lock:
+            if self.budget is not None and self.lost >= self.budget:
+                return outcome
+            self.lost += 1
+        raise _LostAnswer()
+
+
+@dataclass
+class Cluster:
+    meta: MetaServer
+    node: StorageNode
+    client: robustmq.Client
+    network: LosingNetwork
+    meta_client: MetaClient
+
+    def restart_node(self) -> None:
+        """Stop the node cleanly and start it again on its data directory (a new port)."""
+        self.node.stop()
+        self.node = StorageNode(self.node.config, meta=self.meta_client).start()
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Any]:
+    started: list[tuple[Cluster, grpc.Channel]] = []
+
+    def make(*, methods: set[str] = frozenset(), budget: int | None = None, **node: Any) -> Cluster:  # type: ignore[assignment]
+        meta = MetaServer(tmp_path / "meta", port=0).start()
+        network = LosingNetwork(set(methods), budget=budget)
+        channel = grpc.intercept_channel(grpc.insecure_channel(meta.address), network)
+        config = NodeConfig(data_dir=tmp_path / "node", meta_address=meta.address, port=0, **node)
+        meta_client = MetaClient(meta.address, timeout_s=5, channel=channel)
+        storage = StorageNode(config, meta=meta_client).start()
+        client = robustmq.connect(meta.address, timeout_s=20)
+        cluster = Cluster(meta, storage, client, network, meta_client)
+        started.append((cluster, channel))
+        return cluster
+
+    yield make
+    for cluster, channel in started:
+        cluster.client.close()
+        cluster.node.stop()
+        channel.close()
+        cluster.meta.stop()
+
+
+def _produce(shard: str, epoch: int, values: list[bytes]) -> tuple[pb.NodeRequest, tuple[Any, ...]]:
+    produce = pb.ProduceRequest(shard=shard, epoch=epoch, producer_id=-1, producer_sequence=-1)
+    request = pb.NodeRequest(produce=produce)
+    return request, (encode_batch(build_records(values)),)
+
+
+def _create_with_a_record(client: robustmq.Client, *topics: str) -> None:
+    """One-partition topics, each holding one record ``first`` (so the node serves them)."""
+    for topic in topics:
+        client.create_topic(topic, 1)
+    with client.producer() as producer:
+        for topic in topics:
+            producer.send(topic, b"first").result(10)
+
+
+def _outcome(future: Future[Any]) -> Any:
+    try:
+        return future.result(30)[0]
+    except RobustMQError as error:
+        return error
+
+
+# -- defect 3: a seal whose answer is lost --------------------------------------------------
+
+
+def test_a_seal_whose_answer_is_lost_acknowledges_nothing_past_the_sealed_end(make_cluster: Any) -> None:
+    cluster = make_cluster(methods={"SealSegment"}, budget=1)
+    client = cluster.client
+    client.create_topic("fenced", 1, segment_bytes_max=64 * 1024)
+    cluster.network.armed.set()
+    acks: list[tuple[int, int, int, list[bytes]]] = []  # (epoch, base offset, count, values)
+    sequence = 0
+    rng = random.Random(3)  # incompressible values: the segment really fills
+    deadline = time.monotonic() + 60
+    while (len(acks) < 60 or acks[-1][0] < 2) and time.monotonic() < deadline:
+        values = [b"%06d" % (sequence + i) + rng.randbytes(2000) for i in range(5)]  # ~10 kB a request
+        route = client.metadata.write_route("fenced", 0)
+        request, payload = _produce(route.shard, route.epoch, values)
+        try:
+            answer = client.transport.call(route.address, request, payload, timeout_s=10)[0].produce
+        except (SegmentSealed, Unavailable, RobustMQError) as error:
+            if not error.retriable and type(error).__name__ != "StaleEpoch":
+                raise
+            client.metadata.invalidate("fenced", 0)
+            time.sleep(0.02)
+            continue
+        acks.append((answer.epoch, answer.base_offset, answer.record_count, values))
+        sequence += 5
+    assert cluster.network.lost == 1, "the test network should have lost one seal answer"
+    assert acks[-1][0] >= 2, "writes should have gone on through two more seals"
+    chain = {segment.epoch: segment for segment in client.describe_topic("fenced").shards[0].segments}
+    for epoch, base, count, _ in acks:
+        segment = chain[epoch]
+        end = segment.end_offset if segment.end_offset >= 0 else float("inf")
+        assert segment.start_offset <= base and base + count <= end, (
+            f"records {base}..{base + count} acknowledged in epoch {epoch}, "
+            f"which the chain says is [{segment.start_offset}, {segment.end_offset})"
+        )
+    stored = client.read("fenced", 0, 0, 10_000).column("value").to_pylist()
+    assert stored == [value for *_, values in acks for value in values]
+
+
+# -- defect 4: no Meta Service call per request ------------------------------------------
+
+
+def test_writes_naming_a_huge_epoch_cost_at_most_one_lookup_a_second(make_cluster: Any) -> None:
+    cluster = make_cluster()
+    client = cluster.client
+    _create_with_a_record(client, "hostile")
+    route = client.metadata.write_route("hostile", 0)
+    before = cluster.network.calls["GetShard"]
+    started = time.monotonic()
+    answers = []
+    for _ in range(50):
+        request, payload = _produce(route.shard, 2**32 - 1, [b"from the future"])
+        answers.append(_outcome(client.transport.request(route.address, request, payload)))
+    elapsed = time.monotonic() - started
+    assert all(type(answer).__name__ == "StaleEpoch" for answer in answers), answers[:3]
+    lookups = cluster.network.calls["GetShard"] - before
+    assert lookups <= 1 + elapsed, f"{lookups} GetShard calls for 50 requests in {elapsed:.2f}s"
+    assert client.read("hostile", 0, 0, 10).column("value").to_pylist() == [b"first"]
+
+
+# -- defect 6: queue order ------------------------------------------------------------------
+
+
+def test_an_explicit_seal_takes_effect_at_its_place_in_the_queue(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client = cluster.client
+    _create_with_a_record(client, "busy", "order")
+    busy = client.metadata.write_route("busy", 0)
+    order = client.metadata.write_route("order", 0)
+    big, big_payload = _produce(busy.shard, busy.epoch, [b"x" * 1000] * 8000)  # keeps the worker busy
+    late, late_payload = _produce(order.shard, order.epoch, [b"after the seal"])
+    transport = client.transport
+    first = transport.request(busy.address, big, big_payload)
+    seal = transport.request(order.address, pb.NodeRequest(seal=pb.SealRequest(shard=order.shard)))
+    after = transport.request(order.address, late, late_payload)
+    assert not isinstance(_outcome(first), RobustMQError)
+    sealed = _outcome(seal)
+    assert not isinstance(sealed, RobustMQError), sealed
+    assert sealed.seal.sealed.end_offset == 1, "the seal must not take in a write queued after it"
+    answer = _outcome(after)
+    assert isinstance(answer, SegmentSealed), f"a write to the sealed epoch was answered {answer}"
+
+
+# -- defect 5: one failing request in a group -----------------------------------------------
+
+
+def test_a_request_that_fails_in_the_group_commit_fails_alone(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client = cluster.client
+    _create_with_a_record(client, "busy", "broken", "fine")
+    shards = cluster.node.config.data_dir / "segment" / "shards"
+    (broken_dir,) = [path for path in shards.iterdir() if path.name.startswith("broken_0")]
+    shutil.rmtree(broken_dir)  # a real fault no validation can see: the next append to it fails
+    routes = {topic: client.metadata.write_route(topic, 0) for topic in ("busy", "broken", "fine")}
+    transport = client.transport
+    big, big_payload = _produce(routes["busy"].shard, 0, [b"x" * 1000] * 8000)
+    futures = [transport.request(routes["busy"].address, big, big_payload)]
+    for topic in ("fine", "broken", "fine", "fine"):
+        request, payload = _produce(routes[topic].shard, 0, [topic.encode()])
+        futures.append(transport.request(routes[topic].address, request, payload))
+    outcomes = [_outcome(future) for future in futures]
+    assert isinstance(outcomes[2], Unavailable), outcomes[2]
+    for index in (0, 1, 3, 4):
+        assert not isinstance(outcomes[index], RobustMQError), f"request {index} failed: {outcomes[index]}"
+    assert client.read("fine", 0, 0, 10).column("value").to_pylist() == [b"first", b"fine", b"fine", b"fine"]
+
+
+# -- defect 1: deletions are never lost -------------------------------------------------------
+
+
+def _holds(node: StorageNode, shard: str) -> bool:
+    return shard in node.directory.local_names()
+
+
+def test_a_lost_heartbeat_answer_does_not_lose_a_deletion(make_cluster: Any) -> None:
+    cluster = make_cluster(methods={"Heartbeat"})
+    client = cluster.client
+    client.create_topic("gone", 1)
+    with client.producer() as producer:
+        producer.send_batch("gone", build_records([b"old"] * 10)).result(10)
+    assert _holds(cluster.node, "gone_0")
+    cluster.network.armed.set()
+    client.delete_topic("gone")
+    wait_until(lambda: cluster.network.lost >= 3, timeout_s=15)  # three beats, every answer lost
+    cluster.network.armed.clear()
+    wait_until(lambda: not _holds(cluster.node, "gone_0"), timeout_s=15)
+
+
+def test_a_full_worker_queue_does_not_lose_a_deletion(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1, queue_requests_per_worker=1)
+    client = cluster.client
+    _create_with_a_record(client, "gone", "flood")
+    route = client.metadata.write_route("flood", 0)
+    request, payload = _produce(route.shard, route.epoch, [b"f" * 1000] * 500)
+    stop = threading.Event()
+
+    def flood() -> None:  # keeps the single worker's one-slot queue full
+        while not stop.is_set():
+            futures = [client.transport.request(route.address, request, payload) for _ in range(16)]
+            for future in futures:
+                _outcome(future)
+
+    flooders = [threading.Thread(target=flood) for _ in range(4)]
+    for flooder in flooders:
+        flooder.start()
+    try:
+        time.sleep(0.5)
+        client.delete_topic("gone")
+        wait_until(lambda: not _holds(cluster.node, "gone_0"), timeout_s=15)
+    finally:
+        stop.set()
+        for flooder in flooders:
+            flooder.join(60)
+
+
+# -- defect 10: the memory engine never reuses an offset -----------------------------------
+
+
+def test_a_memory_shard_restarted_right_after_writes_never_reuses_an_acknowledged_offset(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster()
+    client = cluster.client
+    client.create_topic("volatile", 1, engine="memory")
+    with client.producer() as producer:
+        producer.send_batch("volatile", build_records([b"reported"] * 10)).result(10)
+        wait_until(lambda: client.describe_topic("volatile").shards[0].high_watermark == 10, timeout_s=15)
+        last = [producer.send("volatile", b"unreported").result(10).offset for _ in range(5)][-1]
+    assert last == 14
+    cluster.restart_node()  # before the next heartbeat could report offsets 10..14
+    client.metadata.invalidate("volatile", 0)
+    with client.producer() as producer:
+        after = producer.send("volatile", b"after the restart").result(20).offset
+    assert after > last, f"offset {after} was acknowledged before the restart too"
+
+
+def test_memory_writes_past_the_reservation_wait_for_more_and_go_through(make_cluster: Any) -> None:
+    cluster = make_cluster()
+    client = cluster.client
+    client.create_topic("burst", 1, engine="memory")
+    values = [b"%d" % i for i in range(50_000)]  # five times what a shard reserves at first
+    with client.producer() as producer:
+        producer.send_batch("burst", build_records(values)).result(60)
+    assert client.list_offsets("burst") == {0: (0, 50_000)}
+    assert client.describe_topic("burst").shards[0].reserved_offset >= 50_000

@@ -57,11 +57,13 @@ from robustmq.errors import (
     Unavailable,
 )
 
-__all__ = ["ERROR_METADATA_KEY", "MetaClient", "translate_rpc_error"]
+__all__ = ["ERROR_METADATA_KEY", "PLACEMENT_WAIT_S", "MetaClient", "translate_rpc_error"]
 
 ERROR_METADATA_KEY = "robustmq-error-bin"
 _BACKOFF_FIRST_S = 0.05
 _BACKOFF_MAX_S = 1.0
+PLACEMENT_WAIT_S = 5.0  # how long create_topic asks again while the service cannot place it yet
+_PLACEMENT_RETRY_S = 0.25
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _CHANNEL_OPTIONS = [
     # Reconnect quickly after a Meta Service restart instead of gRPC's default
@@ -226,7 +228,11 @@ class MetaClient:
             An unknown setting, or an explicit 0 (which the wire cannot tell from
             "unset"); the service checks every other limit.
         TopicAlreadyExists, Unavailable
-            The name is taken; too few live storage nodes.
+            The name is taken; too few live storage nodes. A placement the
+            service refuses for now (nodes that have not beaten since a Meta
+            Service restart, a node that still owes the deletion of a
+            same-name topic's shard) is asked again for up to
+            :data:`PLACEMENT_WAIT_S` before ``Unavailable`` is raised.
         """
         zeros = sorted(key for key, value in settings.items() if value == 0)
         if zeros:
@@ -240,8 +246,16 @@ class MetaClient:
             attempts += 1
             return self._stub.CreateTopic(request, timeout=timeout)
 
+        placement_deadline = time.monotonic() + min(PLACEMENT_WAIT_S, self.timeout_s)
         try:
-            return self._call(create, request, "idempotent")
+            while True:
+                try:
+                    return self._call(create, request, "idempotent")
+                except Unavailable:
+                    # The service's own "not placeable now": it clears within a heartbeat or two.
+                    if time.monotonic() + _PLACEMENT_RETRY_S >= placement_deadline:
+                        raise
+                    time.sleep(_PLACEMENT_RETRY_S)
         except TopicAlreadyExists:
             # After a lost answer, the topic may be our own earlier attempt's:
             # that is success only if it is exactly what was asked for.

@@ -87,6 +87,21 @@ def test_a_topic_deleted_while_its_node_is_down_stays_deleted(cluster: Cluster) 
     assert [path.name for path in shards.iterdir() if path.name.startswith("t_")] == [f"t_0.{new}"]
 
 
+def test_a_topic_created_again_right_after_its_deletion_starts_empty(cluster: Cluster) -> None:
+    """`topic delete t; topic create t` on a live one-node cluster: the create waits for the node
+    to drop the old shard (a heartbeat or two) instead of failing, and the new topic is empty."""
+    with robustmq.connect(cluster.meta_address, timeout_s=20) as client:
+        client.create_topic("again", 1)
+        with client.producer() as producer:
+            producer.send_batch("again", build_records([b"old-%d" % i for i in range(5)])).result(20)
+        client.delete_topic("again")
+        client.create_topic("again", 1)  # no Unavailable: the client asks again while placement waits
+        client.metadata.invalidate("again")
+        assert client.read("again", 0, 0, 100).num_rows == 0, "records of the deleted topic came back"
+        with client.producer() as producer:
+            assert producer.send("again", b"new").result(20).offset == 0
+
+
 def _percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]

@@ -444,6 +444,7 @@ class MetaController:
             needed=needed,
             live=len(live),
             not_beaten=len(silent),
+            settling=uptime_s <= self._liveness.timeout_s,
         )
 
     def remove_node(self, node_id: str, force: bool = False) -> tuple[pb.NodeInfo, list[str]]:

@@ -60,7 +60,8 @@ def place_replicas(
     Raises
     ------
     Unavailable
-        Fewer than ``count`` candidates: "need N live storage nodes, have M".
+        Fewer than ``count`` candidates: "need N live storage nodes, have M";
+        with ``settling=True`` when it is only because of ``dropping``.
     """
     if sticky:  # the sealed segment's replicas, in their order (leader first), then the rest
         order = {node: number for number, node in enumerate(preferred)}
@@ -70,7 +71,9 @@ def place_replicas(
     else:
         ranked = sorted(set(candidates), key=lambda node: (load.get(node, 0), node not in preferred, node))
     if len(ranked) < count:
-        where = {"shard": shard} if shard else {}
+        where: dict[str, object] = {"shard": shard} if shard else {}
+        if dropping:  # clears by itself once those nodes report the old shard dropped
+            where["settling"] = True
         why = f"; {dropping} more must first drop an older {shard!r}" if dropping else ""
         raise Unavailable(
             f"need {count} live storage nodes, have {len(ranked)}{why}",

@@ -228,11 +228,11 @@ class MetaClient:
             An unknown setting, or an explicit 0 (which the wire cannot tell from
             "unset"); the service checks every other limit.
         TopicAlreadyExists, Unavailable
-            The name is taken; too few live storage nodes. A placement the
-            service refuses for now (nodes that have not beaten since a Meta
-            Service restart, a node that still owes the deletion of a
-            same-name topic's shard) is asked again for up to
-            :data:`PLACEMENT_WAIT_S` before ``Unavailable`` is raised.
+            The name is taken; too few live storage nodes. A refusal the
+            service marks ``settling`` (nodes that have not beaten since a
+            Meta Service restart just now, a node that still owes the deletion
+            of a same-name topic's shard) is asked again for up to
+            :data:`PLACEMENT_WAIT_S` before it is raised.
         """
         zeros = sorted(key for key, value in settings.items() if value == 0)
         if zeros:
@@ -251,9 +251,10 @@ class MetaClient:
             while True:
                 try:
                     return self._call(create, request, "idempotent")
-                except Unavailable:
-                    # The service's own "not placeable now": it clears within a heartbeat or two.
-                    if time.monotonic() + _PLACEMENT_RETRY_S >= placement_deadline:
+                except Unavailable as error:
+                    # The service's own "not placeable yet": it clears within a heartbeat or two.
+                    settling = error.fields.get("settling") is True
+                    if not settling or time.monotonic() + _PLACEMENT_RETRY_S >= placement_deadline:
                         raise
                     time.sleep(_PLACEMENT_RETRY_S)
         except TopicAlreadyExists:

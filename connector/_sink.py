@@ -46,7 +46,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 
 from robustmq._partitioner import partition_for_key
 from robustmq._records import coerce_records
-from robustmq.errors import DuplicateSequenceMismatch, InvalidRequest
+from robustmq.errors import DuplicateSequenceMismatch, InvalidRequest, OutOfOrderSequence
 
 from ._options import SinkOptions
 from ._requests import REQUEST_OVERHEAD_BYTES, RequestCutter, canonical_request
@@ -66,8 +66,9 @@ MISMATCH_CAUSES = (
     "the DataFrame's partitioning changed (repartition/coalesce, spark.sql.shuffle.partitions, "
     "the source's minPartitions or maxRecordsPerPartition)",
     "the sink's maxRequestBytes changed, or the topic's max_batch_bytes when it is smaller",
-    "the topic's partition count changed, or the topic was deleted and re-created",
-    "another query or write used the same checkpoint",
+    "the target topic's partition count changed, or where rows go (the topic option, or the "
+    "topic, partition or key values)",
+    "another query, or another copy of the checkpoint, wrote with the same query id",
 )
 
 Target = tuple[str, int]
@@ -157,6 +158,16 @@ class _Task:
             )
         except DuplicateSequenceMismatch as error:
             raise self._mismatch(target, k, sequence, records.num_rows, error) from error
+        except OutOfOrderSequence as error:
+            raise OutOfOrderSequence(
+                f"{self.attempt}: topic {target[0]} partition {target[1]} refused request {k} of task "
+                f"{self.task_partition} (producer {self.producer_id}, sequence {sequence}) as older than "
+                f"what it keeps of this producer ({error.message}), so it cannot tell whether it was stored. "
+                "Likely causes: the earlier attempt sent more requests to this partition than the node "
+                "keeps (raise maxRequestBytes), or the checkpoint was restored to an older state. Nothing "
+                "of it was stored; see 'Exactly-once' in docs/spark.md.",
+                **{**error.fields, "topic": target[0], "partition": target[1], "sequence": sequence},
+            ) from error
         self.rows += records.num_rows
         self.duplicates += records.num_rows if answer.duplicate else 0
 

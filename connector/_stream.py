@@ -1,11 +1,12 @@
 """``spark.readStream.format("robustmq")``: planning micro-batches on the driver.
 
 Planning (``latestOffset``) runs on the driver up to ~86 times a second under
-a zero-second trigger. When nothing new arrived it costs one ``ListOffsets``
-request per storage node (topic lists for ``topicPattern`` are refreshed at
-most every 5 s); when a batch is about to be planned, one more Meta Service
-call fetches the topics' identities, to tell a re-created topic from the one
-the query was reading. The reader lives in one long-running Python process on
+a zero-second trigger. While no batch is due (nothing new, or fewer records
+than ``minRecordsPerTrigger``) it costs one ``ListOffsets`` request per
+storage node (topic lists for ``topicPattern`` are refreshed at most every
+5 s); when a batch is about to be planned, one more Meta Service call fetches
+the topics' identities, to tell a re-created topic from the one the query was
+reading. The reader lives in one long-running Python process on
 the driver for the whole run, so the state below (last trigger time, warnings
 given) lasts a run; nothing that must survive a restart is kept in it.
 
@@ -77,7 +78,12 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
         return start if end is None else end.to_json()
 
     def _plan(self, begin: SourceOffsets, limit: ReadLimit) -> SourceOffsets | None:
-        """The end of the next micro-batch, or None when there is nothing to read yet."""
+        """The end of the next micro-batch, or None when there is nothing to read yet.
+
+        Decided twice at most: first with the identities the checkpoint holds (no Meta Service
+        call), then, only if that plans a batch, again with the topics' current identities, so a
+        batch is never planned on a re-created topic while an idle or waiting stream stays cheap.
+        """
         topics = self.topics()
         ends, vanished = self.snapshot(sorted(set(topics) | begin.topics))
         vanished = (vanished | (begin.topics - set(topics))) & begin.topics  # read before, gone now
@@ -85,25 +91,26 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
         if self._state.target is not None:  # AvailableNow: never past what existed at the start
             latest = {tp: min(high, self._state.target.get(tp, 0)) for tp, high in latest.items()}
         identities: dict[str, Mapping[str, int]] = dict(begin.identities)
-        if vanished or latest != dict(begin.positions):  # a batch is coming: check who the topics are
+        admission, now_ms = self._admission(limit), int(time.time() * 1000)
+        for checked in (False, True):
+            losses = find_data_loss(begin, latest, identities, vanished)
+            restart = frozenset().union(*(loss.restart for loss in losses))
+            first = {tp: 0 if tp in restart else begin.positions.get(tp, 0) for tp in latest}
+            stop, last_trigger_ms = admit(
+                first, latest, admission, now_ms=now_ms, last_trigger_ms=self._state.last_trigger_ms
+            )
+            idle = stop == first and not vanished
+            if idle or checked:
+                break
             identities = self.identities(topics)
             gone = {t for t in topics if t not in identities}  # deleted since the snapshot
             vanished |= gone & begin.topics
             latest = {tp: high for tp, high in latest.items() if tp[0] not in gone}
             self._forget_stale_metadata(identities)
-        losses = find_data_loss(begin, latest, identities, vanished)
         self._report(losses)
-        restart = frozenset().union(*(loss.restart for loss in losses))
-        first = {tp: 0 if tp in restart else begin.positions.get(tp, 0) for tp in latest}
         self._state.latest = SourceOffsets(latest, identities).to_json()
-        now_ms = int(time.time() * 1000)
-        admission = self._admission(limit)
-        stop, self._state.last_trigger_ms = admit(
-            first, latest, admission, now_ms=now_ms, last_trigger_ms=self._state.last_trigger_ms
-        )
-        if stop == first and not vanished:
-            return None
-        return SourceOffsets(stop, identities)
+        self._state.last_trigger_ms = last_trigger_ms
+        return None if idle else SourceOffsets(stop, identities)
 
     def _admission(self, limit: ReadLimit) -> Admission:
         if isinstance(limit, ReadAllAvailable):  # e.g. Trigger.Once: everything, at once

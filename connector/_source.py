@@ -319,13 +319,13 @@ class TopicReader:
                         include_headers=self.options.include_headers,
                     )
                     return
-                records, position, _ = client.fetch_records(
+                records, following, _ = client.fetch_records(
                     part.topic, part.partition, position, end_offset=part.end
                 )
             except OffsetOutOfRange as error:
                 position = self._data_loss(part, position, error)
                 continue
-            if records.num_rows == 0:
+            if following <= position:
                 raise RobustMQError(
                     f"topic {part.topic} partition {part.partition} ends before offset {part.end}, "
                     f"which was planned as committed",
@@ -333,9 +333,11 @@ class TopicReader:
                     partition=part.partition,
                     offset=position,
                 )
-            yield to_spark_batch(
-                records, part.topic, part.partition, include_headers=self.options.include_headers
-            )
+            position = following  # past offsets without records too, where the log has a gap
+            if records.num_rows:
+                yield to_spark_batch(
+                    records, part.topic, part.partition, include_headers=self.options.include_headers
+                )
 
     def _same_topic_as_planned(self, part: RangePartition) -> bool:
         """False (after a warning) when the topic was deleted or re-created since the range was

@@ -264,6 +264,7 @@ class Option:
     meaning: str
     aliases: tuple[str, ...] = ()
     default_text: str | None = None  # how the docs show the default, when not just the value
+    elsewhere: str = ""  # what to do instead, for a query the option does not apply to
 
     def shown_default(self) -> str:
         if self.default_text is not None:
@@ -285,6 +286,10 @@ class Refused:
     reason: str
 
 
+_FILTER = "filter a stream with where(...)"
+_NO_END = "a stream has no end; Trigger.AvailableNow stops at what exists when it starts"
+_WHOLE = "a batch query reads its whole range at once"
+
 OPTIONS: tuple[Option, ...] = (
     Option("metaAddress", READ | WRITE, _meta_address, None, "the Meta Service, `host:port`",
            default_text="`$ROBUSTMQ_META` or `127.0.0.1:7070`"),
@@ -304,21 +309,25 @@ OPTIONS: tuple[Option, ...] = (
     Option("startingOffsetsByTimestampStrategy", READ, _choice("error", "latest"), "latest",
            "when a partition has no record at or after the starting timestamp: `latest` starts at its "
            "end, `error` fails the query (Kafka's default is `error`)"),
-    Option("endingOffsets", BATCH_READ, _ending, "latest", "`latest` or JSON as for `startingOffsets`"),
+    Option("endingOffsets", BATCH_READ, _ending, "latest", "`latest` or JSON as for `startingOffsets`",
+           elsewhere=_NO_END),
     Option("endingTimestamp", BATCH_READ, _integer(0), None,
-           "ms since the epoch: end each partition before its first record at or after it"),
+           "ms since the epoch: end each partition before its first record at or after it",
+           elsewhere=_NO_END),
     Option("endingOffsetsByTimestamp", BATCH_READ, _timestamps_json, None,
-           "JSON as for `startingOffsetsByTimestamp`: `endingTimestamp` per partition"),
+           "JSON as for `startingOffsetsByTimestamp`: `endingTimestamp` per partition",
+           elsewhere=_NO_END),
     Option("maxRecordsPerTrigger", STREAM_READ, _integer(1), None,
            "admission control: at most this many records per micro-batch, shared among partitions in "
            "proportion to what each has waiting", aliases=("maxOffsetsPerTrigger",),
-           default_text="unlimited"),
+           default_text="unlimited", elsewhere=_WHOLE),
     Option("minRecordsPerTrigger", STREAM_READ, _integer(1), None,
            "wait for at least this many records before a micro-batch, or for `maxTriggerDelay` "
-           "(ignored under `Trigger.AvailableNow`)", aliases=("minOffsetsPerTrigger",)),
+           "(ignored under `Trigger.AvailableNow`)", aliases=("minOffsetsPerTrigger",),
+           elsewhere=_WHOLE),
     Option("maxTriggerDelay", STREAM_READ, _duration_ms, 15 * 60_000,
            "with `minRecordsPerTrigger`: the longest wait between micro-batches while records are "
-           "waiting (`30s`, `15m`, `500ms`)", default_text="`15m`"),
+           "waiting (`30s`, `15m`, `500ms`)", default_text="`15m`", elsewhere=_WHOLE),
     Option("group", READ, _group, None,
            "commit processed offsets to this consumer group: `robustmq groups` shows the query's lag, "
            "and `startingOffsets=group` resumes from them"),
@@ -332,11 +341,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("maxRecordsPerPartition", READ, _integer(1000), 1_000_000,
            "the largest range one Spark partition reads"),
     Option("key", BATCH_READ, _key, None,
-           "only records with this key (UTF-8, or `base64:...`); see \"Pushdown\""),
+           "only records with this key (UTF-8, or `base64:...`); see \"Pushdown\"", elsewhere=_FILTER),
     Option("tags", BATCH_READ, _tags, (), "only records carrying all these tags (comma list)",
-           default_text=""),
-    Option("minTimestamp", BATCH_READ, _integer(0), None, "only records at or after this time (ms)"),
-    Option("maxTimestamp", BATCH_READ, _integer(0), None, "only records at or before this time (ms)"),
+           default_text="", elsewhere=_FILTER),
+    Option("minTimestamp", BATCH_READ, _integer(0), None, "only records at or after this time (ms)",
+           elsewhere=_FILTER),
+    Option("maxTimestamp", BATCH_READ, _integer(0), None, "only records at or before this time (ms)",
+           elsewhere=_FILTER),
     Option("output", READ, _choice("records", "ranges"), "records",
            "`ranges`: one row `(topic, partition, start_offset, end_offset)` per offset range instead of "
            'records (see "Jobs that move data themselves")'),
@@ -400,11 +411,8 @@ def _lookup(key: str, mode: str) -> tuple[Option, str]:
     if matches:
         spelled = matches[0][1]
         modes = frozenset().union(*(option.modes for option, _ in matches))
-        note = (
-            "; filter a stream with where(...)"
-            if spelled in ("key", "tags", "minTimestamp", "maxTimestamp")
-            else ""
-        )
+        hints = sorted({option.elsewhere for option, _ in matches if option.elsewhere})
+        note = "".join(f"; {hint}" for hint in hints)
         raise option_error(spelled, f"applies to {_where(modes)} only, not to {MODES[mode]}{note}")
     for refused in REFUSED:
         if lowered == refused.name.lower() or (

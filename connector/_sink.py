@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
-from robustmq._partitioner import partition_for_key
+from robustmq._partitioner import partitions_for_keys
 from robustmq._records import coerce_records
 from robustmq.errors import DuplicateSequenceMismatch, InvalidRequest, OutOfOrderSequence
 
@@ -215,12 +215,7 @@ class _Task:
             targets = np.full(table.num_rows, -1, dtype=np.int64)
         keys = records.column("key")
         if keys.null_count < len(keys):
-            hashed = np.fromiter(
-                (-1 if k is None else partition_for_key(k, count) for k in keys.to_pylist()),
-                dtype=np.int64,
-                count=len(keys),
-            )
-            targets = np.where(targets >= 0, targets, hashed)
+            targets = np.where(targets >= 0, targets, partitions_for_keys(keys, count))
         targets = np.where(targets >= 0, targets, self.task_partition % count)
         if len(targets) and (targets.max() >= count or targets.min() < 0):
             raise InvalidRequest(f"partition values must be in [0, {count}) for topic {topic}", topic=topic)

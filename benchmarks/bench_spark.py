@@ -59,6 +59,8 @@ def _records_in(progress: dict[str, Any]) -> int:
             for o in (source["startOffset"], source["endOffset"])
         )
         for topic, partitions in end.items():
+            if topic.startswith("@"):  # not a topic: "@topics" holds the topics' identities
+                continue
             total += sum(o - start.get(topic, {}).get(p, 0) for p, o in partitions.items())
     return total
 

@@ -13,10 +13,11 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ._options import SinkOptions, SourceOptions, option_error
+from ._options import SinkOptions, SourceOptions
 from ._schema import RANGES_SCHEMA, SPARK_SCHEMA
 from ._sink import RobustMQBatchWriter, RobustMQStreamWriter
-from ._source import RobustMQBatchReader, RobustMQStreamReader
+from ._source import RobustMQBatchReader
+from ._stream import RobustMQStreamReader
 
 __all__ = ["RobustMQDataSource"]
 
@@ -24,44 +25,24 @@ __all__ = ["RobustMQDataSource"]
 class RobustMQDataSource(DataSource):
     """Read and write RobustMQ topics from Spark, in batch and streaming queries.
 
-    Options (reading)
-    -----------------
-    metaAddress
-        The Meta Service, ``host:port`` (default ``$ROBUSTMQ_META`` or ``127.0.0.1:7070``).
-    topic / topicPattern
-        One topic or a comma-separated list, or a regular expression (new
-        matching topics and partitions are picked up while a query runs).
-    startingOffsets
-        ``earliest`` (default), ``latest``, ``group`` (the ``group``'s committed
-        offsets, else earliest) or JSON ``{"topic": {"0": 23}}`` (-2 earliest, -1 latest).
-    startingTimestamp
-        Milliseconds since the epoch: start at the first record at or after it.
-    endingOffsets
-        Batch queries: ``latest`` (default) or JSON as above.
-    maxRecordsPerTrigger
-        At most this many records per micro-batch (admission control).
-    group
-        Commit processed offsets to this consumer group (``robustmq groups`` shows the lag).
-    failOnDataLoss
-        ``true`` (default): fail when records were removed by retention before
-        being read; ``false``: skip them with a warning.
-    includeHeaders
-        ``true`` (default); ``false`` reads ``headers`` as null.
-    minPartitions
-        At least this many Spark partitions per batch (ranges are split).
-    key, tags, minTimestamp, maxTimestamp
-        Batch queries: only records with this key (UTF-8, or ``base64:...``), carrying all
-        these tags (comma list), with timestamps in this range (ms, inclusive). Applied on
-        the storage nodes with their key, tag and time indexes; only matches are sent.
+    Options
+    -------
+    Every option, with its Kafka alias, the queries it applies to, its default and its meaning,
+    is in the table of :mod:`robustmq.connector._option_table` and in docs/spark.md (generated
+    from it). Unknown options, options of another kind of query (``key`` on ``readStream``) and
+    Kafka options with no equivalent here are errors naming the option.
 
-    output
-        ``records`` (default) or ``ranges``: one row ``(topic, partition, start_offset,
-        end_offset)`` per offset range of a batch instead of its records, for jobs that
-        read the records themselves straight from the nodes as Arrow (``topic_to_delta``
-        does: it keeps Spark's offsets, checkpoints and exactly-once, and skips the
-        JVM row conversion, which is slow for the nested ``tags``/``headers`` columns).
+    Reading: ``metaAddress``; ``topic`` (Kafka: ``subscribe``), ``topicPattern``
+    (``subscribePattern``) or ``assign``; ``startingOffsets``, ``startingTimestamp`` or
+    ``startingOffsetsByTimestamp``; batch: ``endingOffsets``, ``endingTimestamp`` or
+    ``endingOffsetsByTimestamp``, and the node-side filters ``key``, ``tags``, ``minTimestamp``,
+    ``maxTimestamp``; streams: ``maxRecordsPerTrigger`` (``maxOffsetsPerTrigger``),
+    ``minRecordsPerTrigger`` (``minOffsetsPerTrigger``) with ``maxTriggerDelay``; ``group``,
+    ``failOnDataLoss``, ``includeHeaders``, ``minPartitions``, ``maxRecordsPerPartition``,
+    ``output`` (``records`` or ``ranges``), ``requestTimeoutS``.
 
-    Options (writing): ``metaAddress``, ``topic`` (or a ``topic`` column), ``acks``.
+    Writing: ``metaAddress``, ``topic`` (overrides a ``topic`` column), ``acks``,
+    ``maxRequestBytes``, ``requestTimeoutS``.
 
     Examples
     --------
@@ -80,19 +61,16 @@ class RobustMQDataSource(DataSource):
         return RANGES_SCHEMA if ranges else SPARK_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return RobustMQBatchReader(SourceOptions.parse(self.options))
+        return RobustMQBatchReader(SourceOptions.parse(self.options, "read"))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        options = SourceOptions.parse(self.options)
-        if any(key.lower() == "endingoffsets" for key in self.options):
-            raise option_error("endingOffsets", "applies to batch queries only")
-        return RobustMQStreamReader(options)
+        return RobustMQStreamReader(SourceOptions.parse(self.options, "readStream"))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return RobustMQBatchWriter(SinkOptions.parse(self.options, schema.fieldNames()))
+        return RobustMQBatchWriter(SinkOptions.parse(self.options, schema.fieldNames(), "write"))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return RobustMQStreamWriter(SinkOptions.parse(self.options, schema.fieldNames()))
+        return RobustMQStreamWriter(SinkOptions.parse(self.options, schema.fieldNames(), "writeStream"))
 
 
 def register(spark: Any) -> None:

@@ -1,127 +1,85 @@
 """The ``robustmq`` data source's options, parsed once on the driver into frozen values.
 
-Every option error is an :class:`~robustmq.errors.InvalidConfig` whose message
-starts with the option's name, so a misconfigured query fails at planning with
+Each option is checked against the table in :mod:`._option_table` first
+(unknown, inapplicable and refused options are errors naming them); the
+checks here are the ones between options (``topic`` or ``topicPattern``, one
+way to give starting offsets, ...). Every error is an
+:class:`~robustmq.errors.InvalidConfig` whose message starts with the
+option's name, so a misconfigured query fails at planning with
 ``option 'startingOffsets': ...`` rather than somewhere in a task.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from robustmq.errors import InvalidConfig
+from ._option_table import OPTIONS, Given, option_error, resolve
 
-__all__ = ["SinkOptions", "SourceOptions", "option_error"]
+__all__ = ["DEFAULT_META", "SinkOptions", "SourceOptions", "option_error"]
 
 DEFAULT_META = "127.0.0.1:7070"
-_BOOLEANS = {"true": True, "false": False}
+
+PartitionMap = dict[str, dict[int, int]]
+
+_DEFAULTS = {option.name: option.default for option in OPTIONS}
+_META = next(option for option in OPTIONS if option.name == "metaAddress")
 
 
-def option_error(name: str, message: str) -> InvalidConfig:
-    return InvalidConfig(f"option '{name}': {message}", option=name)
+class _Values:
+    """The resolved options of one query: values by the table's names, defaults where unset."""
 
+    def __init__(self, options: Mapping[str, str], mode: str) -> None:
+        self.given: dict[str, Given] = resolve(options, mode)
+        self._parsed = {name: given.value() for name, given in self.given.items()}
 
-def _get(options: Mapping[str, str], name: str) -> str | None:
-    # Spark hands options over case-insensitively (a CaseInsensitiveDict); plain dicts in tests do not.
-    value = options.get(name)
-    if value is None:
-        for key, candidate in options.items():
-            if key.lower() == name.lower():
-                return candidate
-    return value
+    def __getitem__(self, name: str) -> Any:
+        return self._parsed[name] if name in self._parsed else _DEFAULTS[name]
 
+    def spelled(self, name: str) -> str:
+        """The name the query used for an option (an alias, maybe), for errors."""
+        return self.given[name].spelled if name in self.given else name
 
-def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = _get(options, name)
-    if raw is None:
-        return default
-    if raw.strip().lower() not in _BOOLEANS:
-        raise option_error(name, f"expected true or false, got {raw!r}")
-    return _BOOLEANS[raw.strip().lower()]
+    def only_one(self, *names: str) -> str | None:
+        """The one of ``names`` that was set (None if none); setting two is an error."""
+        chosen = [name for name in names if name in self.given]
+        if len(chosen) > 1:
+            first, second = (self.spelled(name) for name in chosen[:2])
+            raise option_error(second, f"set either '{first}' or '{second}', not both")
+        return chosen[0] if chosen else None
 
-
-def _int(options: Mapping[str, str], name: str, *, minimum: int) -> int | None:
-    raw = _get(options, name)
-    if raw is None:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise option_error(name, f"expected an integer, got {raw!r}") from None
-    if value < minimum:
-        raise option_error(name, f"must be at least {minimum}, got {value}")
-    return value
-
-
-def _offsets_json(name: str, raw: str) -> dict[str, dict[int, int]]:
-    """``{"topic": {"0": 23, "1": -2}}``: -2 means earliest and -1 latest, as in Kafka."""
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise option_error(name, f'not valid JSON ({exc}); expected {{"topic": {{"0": 23}}}}') from None
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise option_error(name, 'expected a JSON object like {"topic": {"0": 23, "1": -2}}')
-    parsed: dict[str, dict[int, int]] = {}
-    for topic, partitions in data.items():
-        parsed[topic] = {}
-        for partition, offset in partitions.items():
-            if not str(partition).isdigit() or not isinstance(offset, int) or offset < -2:
-                raise option_error(
-                    name,
-                    f"topic {topic!r}: partition {partition!r} -> {offset!r} is not "
-                    "a partition number mapped to an offset (>= 0, or -2 earliest, -1 latest)",
-                )
-            parsed[topic][int(partition)] = offset
-    return parsed
-
-
-def _key(options: Mapping[str, str]) -> bytes | None:
-    raw = _get(options, "key")
-    if raw is None:
-        return None
-    if raw.startswith("base64:"):
-        try:
-            return base64.b64decode(raw[7:], validate=True)
-        except ValueError:
-            raise option_error("key", "the text after 'base64:' is not valid base64") from None
-    return raw.encode()
-
-
-def _output(options: Mapping[str, str]) -> str:
-    output = (_get(options, "output") or "records").strip().lower()
-    if output not in ("records", "ranges"):
-        raise option_error("output", f"expected records or ranges, got {output!r}")
-    return output
-
-
-def _meta_address(options: Mapping[str, str]) -> str:
-    address = _get(options, "metaAddress") or os.environ.get("ROBUSTMQ_META") or DEFAULT_META
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise option_error("metaAddress", f"expected HOST:PORT, got {address!r}")
-    return address
+    def meta_address(self) -> str:
+        if "metaAddress" in self.given:
+            return str(self["metaAddress"])
+        return str(_META.parse("metaAddress", os.environ.get("ROBUSTMQ_META") or DEFAULT_META))
 
 
 @dataclass(frozen=True, slots=True)
 class SourceOptions:
-    """Options of ``spark.read``/``spark.readStream`` ``.format("robustmq")``.
+    """Options of ``spark.read``/``spark.readStream`` ``.format("robustmq")`` (docs/spark.md).
 
-    ``starting`` is "earliest", "latest", "group" or a parsed JSON map;
-    ``ending`` (batch only) is "latest" or a JSON map.
+    Exactly one of ``topics`` (with ``assign``, the assigned topics) and ``topic_pattern`` is set.
+    ``starting`` is "earliest", "latest", "group" or a JSON map of offsets; at most one of
+    ``starting`` (when not the default), ``starting_timestamp_ms`` and ``starting_by_timestamp``
+    was given. The same holds for the batch-only ``ending*`` fields.
     """
 
     meta_address: str
     topics: tuple[str, ...]
     topic_pattern: str | None
-    starting: str | dict[str, dict[int, int]]
+    assign: dict[str, tuple[int, ...]] | None
+    starting: str | PartitionMap
     starting_timestamp_ms: int | None
-    ending: str | dict[str, dict[int, int]]
+    starting_by_timestamp: PartitionMap | None
+    starting_timestamp_strategy: str
+    ending: str | PartitionMap
+    ending_timestamp_ms: int | None
+    ending_by_timestamp: PartitionMap | None
     max_records_per_trigger: int | None
+    min_records_per_trigger: int | None
+    max_trigger_delay_ms: int
     group: str | None
     fail_on_data_loss: bool
     include_headers: bool
@@ -135,66 +93,110 @@ class SourceOptions:
     request_timeout_s: float
 
     @staticmethod
-    def parse(options: Mapping[str, str]) -> SourceOptions:
-        topic = _get(options, "topic")
-        pattern = _get(options, "topicPattern")
-        if topic and pattern:
-            raise option_error("topicPattern", "set either 'topic' or 'topicPattern', not both")
-        if not topic and not pattern:
-            raise option_error("topic", "set 'topic' (one name or a comma-separated list) or 'topicPattern'")
-        topics = tuple(t.strip() for t in (topic or "").split(",") if t.strip())
-        if topic and not topics:
-            raise option_error("topic", f"no topic name in {topic!r}")
-        if pattern:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise option_error("topicPattern", f"not a valid regular expression ({exc})") from None
-        starting: str | dict[str, dict[int, int]] = "earliest"
-        raw_start = _get(options, "startingOffsets")
-        if raw_start is not None:
-            value = raw_start.strip()
-            if value.lower() in ("earliest", "latest", "group"):
-                starting = value.lower()
-            else:
-                starting = _offsets_json("startingOffsets", value)
-        group = _get(options, "group")
-        if starting == "group" and not group:
-            raise option_error("startingOffsets", "'group' needs the 'group' option naming the group")
-        if group is not None and (not group.strip() or len(group) > 255):
-            raise option_error("group", "a group name has 1 to 255 characters")
-        ending: str | dict[str, dict[int, int]] = "latest"
-        raw_end = _get(options, "endingOffsets")
-        if raw_end is not None:
-            ending = (
-                "latest" if raw_end.strip().lower() == "latest" else _offsets_json("endingOffsets", raw_end)
+    def parse(options: Mapping[str, str], mode: str = "read") -> SourceOptions:
+        """Options of a ``spark.read`` (``mode="read"``) or ``spark.readStream`` (``"readStream"``)."""
+        values = _Values(options, mode)
+        chosen = values.only_one("topic", "topicPattern", "assign")
+        if chosen is None:
+            raise option_error(
+                "topic", "set 'topic' (one name or a comma-separated list), 'topicPattern' or 'assign'"
             )
-        tags = tuple(t.strip() for t in (_get(options, "tags") or "").split(",") if t.strip())
+        assign = values["assign"]
+        topics = tuple(sorted(assign)) if assign else values["topic"] or ()
+        starting_kind = values.only_one("startingOffsets", "startingTimestamp", "startingOffsetsByTimestamp")
+        values.only_one("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
+        if "startingOffsetsByTimestampStrategy" in values.given and starting_kind not in (
+            "startingTimestamp",
+            "startingOffsetsByTimestamp",
+        ):
+            raise option_error(
+                values.spelled("startingOffsetsByTimestampStrategy"),
+                "applies only with startingTimestamp or startingOffsetsByTimestamp",
+            )
+        if values["startingOffsets"] == "group" and values["group"] is None:
+            raise option_error("startingOffsets", "'group' needs the 'group' option naming the group")
+        _check_triggers(values)
+        _check_filters(values)
+        _check_topics_named(values, topics)
         return SourceOptions(
-            meta_address=_meta_address(options),
+            meta_address=values.meta_address(),
             topics=topics,
-            topic_pattern=pattern,
-            starting=starting,
-            starting_timestamp_ms=_int(options, "startingTimestamp", minimum=0),
-            ending=ending,
-            max_records_per_trigger=_int(options, "maxRecordsPerTrigger", minimum=1),
-            group=group,
-            fail_on_data_loss=_bool(options, "failOnDataLoss", True),
-            include_headers=_bool(options, "includeHeaders", True),
-            min_partitions=_int(options, "minPartitions", minimum=1) or 1,
-            max_records_per_partition=_int(options, "maxRecordsPerPartition", minimum=1000) or 1_000_000,
-            tags=tags,
-            key=_key(options),
-            min_timestamp_ms=_int(options, "minTimestamp", minimum=0),
-            max_timestamp_ms=_int(options, "maxTimestamp", minimum=0),
-            output=_output(options),
-            request_timeout_s=float(_int(options, "requestTimeoutS", minimum=1) or 30),
+            topic_pattern=values["topicPattern"],
+            assign=assign,
+            starting=values["startingOffsets"],
+            starting_timestamp_ms=values["startingTimestamp"],
+            starting_by_timestamp=values["startingOffsetsByTimestamp"],
+            starting_timestamp_strategy=values["startingOffsetsByTimestampStrategy"],
+            ending=values["endingOffsets"],
+            ending_timestamp_ms=values["endingTimestamp"],
+            ending_by_timestamp=values["endingOffsetsByTimestamp"],
+            max_records_per_trigger=values["maxRecordsPerTrigger"],
+            min_records_per_trigger=values["minRecordsPerTrigger"],
+            max_trigger_delay_ms=values["maxTriggerDelay"],
+            group=values["group"],
+            fail_on_data_loss=values["failOnDataLoss"],
+            include_headers=values["includeHeaders"],
+            min_partitions=values["minPartitions"],
+            max_records_per_partition=values["maxRecordsPerPartition"],
+            tags=values["tags"],
+            key=values["key"],
+            min_timestamp_ms=values["minTimestamp"],
+            max_timestamp_ms=values["maxTimestamp"],
+            output=values["output"],
+            request_timeout_s=float(values["requestTimeoutS"]),
         )
+
+
+def _check_triggers(values: _Values) -> None:
+    low, high = values["minRecordsPerTrigger"], values["maxRecordsPerTrigger"]
+    if "maxTriggerDelay" in values.given and low is None:
+        raise option_error("maxTriggerDelay", "applies only with minRecordsPerTrigger (minOffsetsPerTrigger)")
+    if low is not None and high is not None and low > high:
+        raise option_error(
+            values.spelled("minRecordsPerTrigger"),
+            f"{low:,} is above {values.spelled('maxRecordsPerTrigger')} ({high:,})",
+        )
+
+
+def _check_filters(values: _Values) -> None:
+    low, high = values["minTimestamp"], values["maxTimestamp"]
+    if low is not None and high is not None and low > high:
+        raise option_error("minTimestamp", f"{low} is after maxTimestamp ({high}): nothing could match")
+    if values["output"] == "ranges":
+        for name in ("key", "tags", "minTimestamp", "maxTimestamp"):
+            if name in values.given:
+                raise option_error(
+                    name, "does not apply with output=ranges, which reads offset ranges, not records"
+                )
+
+
+def _check_topics_named(values: _Values, topics: tuple[str, ...]) -> None:
+    """A topic named in a JSON option but not read is a mistake (with a fixed topic list)."""
+    if not topics:
+        return
+    for name in (
+        "startingOffsets",
+        "endingOffsets",
+        "startingOffsetsByTimestamp",
+        "endingOffsetsByTimestamp",
+    ):
+        value = values[name]
+        if isinstance(value, dict):
+            extra = sorted(set(value) - set(topics))
+            if extra:
+                raise option_error(values.spelled(name), f"names topics that are not read: {extra}")
+            assign = values["assign"]
+            for topic, partitions in value.items():
+                unassigned = sorted(set(partitions) - set(assign[topic])) if assign else []
+                if unassigned:
+                    raise option_error(
+                        values.spelled(name), f"topic {topic!r}: partitions {unassigned} are not assigned"
+                    )
 
 
 @dataclass(frozen=True, slots=True)
 class SinkOptions:
-    """Options of ``df.write``/``df.writeStream`` ``.format("robustmq")``."""
+    """Options of ``df.write``/``df.writeStream`` ``.format("robustmq")`` (docs/spark.md)."""
 
     meta_address: str
     topic: str | None
@@ -203,9 +205,11 @@ class SinkOptions:
     max_request_bytes: int
 
     @staticmethod
-    def parse(options: Mapping[str, str], columns: list[str]) -> SinkOptions:
-        topic = _get(options, "topic")
-        if not topic and "topic" not in columns:
+    def parse(options: Mapping[str, str], columns: list[str], mode: str = "write") -> SinkOptions:
+        """Options of a ``df.write`` (``mode="write"``) or ``df.writeStream`` (``"writeStream"``)."""
+        values = _Values(options, mode)
+        topic = values["topic"]
+        if topic is None and "topic" not in columns:
             raise option_error("topic", "set the 'topic' option or give the DataFrame a 'topic' column")
         if "value" not in columns:
             raise option_error("value", f"the DataFrame needs a 'value' column (it has {columns})")
@@ -213,13 +217,10 @@ class SinkOptions:
         unknown = sorted(set(columns) - allowed)
         if unknown:
             raise option_error("columns", f"unknown columns {unknown}; a sink takes {sorted(allowed)}")
-        acks = (_get(options, "acks") or "1").lower()
-        if acks not in ("1", "all", "quorum"):
-            raise option_error("acks", f"expected 1, all or quorum, got {acks!r}")
         return SinkOptions(
-            meta_address=_meta_address(options),
+            meta_address=values.meta_address(),
             topic=topic,
-            acks=acks,
-            request_timeout_s=float(_int(options, "requestTimeoutS", minimum=1) or 30),
-            max_request_bytes=_int(options, "maxRequestBytes", minimum=64 * 1024) or 8 * 1024 * 1024,
+            acks=values["acks"],
+            request_timeout_s=float(values["requestTimeoutS"]),
+            max_request_bytes=values["maxRequestBytes"],
         )

@@ -1,25 +1,33 @@
 """Writing DataFrames to topics: ``df.write`` and ``df.writeStream`` ``.format("robustmq")``.
 
-Each task writes its Arrow batches as an **idempotent producer**:
+Each task writes as an **idempotent producer**:
 
 - the producer id is derived from the query (``sql.streaming.queryId``, kept
   in the checkpoint, so the same after a restart; for a batch write, a token
   made once on the driver) and the task's partition id;
-- the sequence of the k-th request a task sends to a topic partition in
-  micro-batch ``b`` is ``b * 2**20 + k``.
+- the rows the task routes to one topic partition are cut into requests by
+  :class:`~robustmq.connector._requests.RequestCutter`, a rule that depends
+  only on those rows (not on Spark's Arrow batch size);
+- the k-th request to a topic partition in micro-batch ``b`` has sequence
+  ``b * 2**20 + k``.
 
 When Spark replays a micro-batch (after a crash or a task retry), each task
 sends the same requests with the same sequences; the node acknowledges the
 ones it already stored as duplicates and stores the rest, so each input row
 lands once, provided the input is deterministic (the ``robustmq`` source
-is). Records are visible to readers as soon as they are acknowledged, before
-Spark commits the micro-batch (as with Kafka's non-transactional sink).
+is). A replayed request that does not match what the node stored under its
+sequence (other record count or checksum) is answered with
+:class:`~robustmq.errors.DuplicateSequenceMismatch`; the task then fails the
+query with a message naming the likely causes, rather than dropping or
+duplicating rows. Records are visible to readers as soon as they are
+acknowledged, before Spark commits the micro-batch (as with Kafka's
+non-transactional sink).
 
 Columns: ``value`` (binary or string, required), ``key``, ``tags``,
-``headers``, ``timestamp``, ``partition`` (optional), and ``topic`` (or the
-``topic`` option). Rows without a key or partition go to the topic partition
-``task partition id % partitions``: deterministic, so a replay sends the same
-rows to the same place.
+``headers``, ``timestamp``, ``partition`` (optional), and ``topic`` (the
+``topic`` option overrides it, as in Kafka's connector). Rows without a key
+or partition go to the topic partition ``task partition id % partitions``:
+deterministic, so a replay sends the same rows to the same place.
 """
 
 from __future__ import annotations
@@ -29,17 +37,19 @@ import logging
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
-from robustmq._partitioner import partition_for_key
+from robustmq._partitioner import partitions_for_keys
 from robustmq._records import coerce_records
-from robustmq.errors import InvalidRequest
+from robustmq.errors import DuplicateSequenceMismatch, InvalidRequest, OutOfOrderSequence
 
 from ._options import SinkOptions
+from ._requests import REQUEST_OVERHEAD_BYTES, RequestCutter, canonical_request
 from ._source import client_for
 
 __all__ = ["RobustMQBatchWriter", "RobustMQStreamWriter", "producer_id_for"]
@@ -48,6 +58,20 @@ log = logging.getLogger("robustmq.connector")
 
 SEQUENCES_PER_BATCH = 1 << 20
 _RECORD_COLUMNS = ("key", "value", "timestamp", "tags", "headers")
+
+# What a mismatching replay most likely means; the error names every one of them.
+MISMATCH_CAUSES = (
+    "the input is not deterministic (rand(), uuid(), current_timestamp(), a source that does not "
+    "replay the same rows, or a shuffle or union whose row order differs between attempts)",
+    "the DataFrame's partitioning changed (repartition/coalesce, spark.sql.shuffle.partitions, "
+    "the source's minPartitions or maxRecordsPerPartition)",
+    "the sink's maxRequestBytes changed, or the topic's max_batch_bytes when it is smaller",
+    "the target topic's partition count changed, or where rows go (the topic option, or the "
+    "topic, partition or key values)",
+    "another query, or another copy of the checkpoint, wrote with the same query id",
+)
+
+Target = tuple[str, int]
 
 
 def producer_id_for(query: str, task_partition: int) -> int:
@@ -62,75 +86,128 @@ class WrittenMessage(WriterCommitMessage):
     duplicates: int
 
 
-class _Writer:
-    def __init__(self, options: SinkOptions) -> None:
+class _Task:
+    """What one task writes: routing, request cutting and sequences per (topic, partition).
+
+    ``attempt`` names the unit Spark may replay ("micro-batch 7", "this write") in errors.
+    """
+
+    def __init__(
+        self,
+        options: SinkOptions,
+        client: Any,
+        *,
+        producer_id: int,
+        sequence_base: int,
+        task_partition: int,
+        attempt: str,
+    ) -> None:
         self.options = options
+        self.client = client
+        self.producer_id = producer_id
+        self.sequence_base = sequence_base
+        self.task_partition = task_partition
+        self.attempt = attempt
+        self.cutters: dict[Target, RequestCutter] = {}
+        self.sequences: dict[Target, int] = {}
+        self.rows = self.duplicates = 0
 
-    def write_task(
-        self, batches: Iterator[pa.RecordBatch], producer_id: int, sequence_base: int, task_partition: int
-    ) -> WrittenMessage:
-        client = client_for(self.options.meta_address, self.options.request_timeout_s)
-        pending: dict[tuple[str, int], list[pa.Table]] = {}
-        sizes: dict[tuple[str, int], int] = {}
-        sequences: dict[tuple[str, int], int] = {}
-        rows = duplicates = 0
+    def add(self, batch: pa.RecordBatch) -> None:
+        for target, records in self._route(pa.Table.from_batches([batch])):
+            cutter = self.cutters.get(target) or self._cutter(target)
+            for request in cutter.add(records):
+                self._send(target, request)
 
-        def send(target: tuple[str, int]) -> None:
-            nonlocal rows, duplicates
-            table = pa.concat_tables(pending.pop(target))
-            sizes.pop(target, None)
-            sequence = sequences.get(target, 0)
-            if sequence >= SEQUENCES_PER_BATCH:
-                raise InvalidRequest("a task sent more than 2**20 requests to one partition in one batch")
-            sequences[target] = sequence + 1
-            answer = client.produce(
+    def finish(self) -> WrittenMessage:
+        for target in sorted(self.cutters):
+            last = self.cutters[target].flush()
+            if last is not None:
+                self._send(target, last)
+        return WrittenMessage(self.rows, self.duplicates)
+
+    def _cutter(self, target: Target) -> RequestCutter:
+        topic, partition = target
+        wanted = self.options.max_request_bytes
+        node_limit = int(self.client.metadata.topic(topic).config.max_batch_bytes) or wanted
+        limit = min(wanted, node_limit)
+        if limit <= REQUEST_OVERHEAD_BYTES:
+            raise InvalidRequest(
+                f"topic {topic} takes batches of at most {node_limit} bytes, too small for the sink",
+                topic=topic,
+            )
+        self.cutters[target] = RequestCutter(limit, f"topic {topic} partition {partition}")
+        return self.cutters[target]
+
+    def _send(self, target: Target, records: pa.Table) -> None:
+        k = self.sequences.get(target, 0)
+        if k >= SEQUENCES_PER_BATCH:
+            raise InvalidRequest(
+                f"a task sent {SEQUENCES_PER_BATCH} requests to one partition in one batch; "
+                "raise maxRequestBytes or split the input into more tasks"
+            )
+        self.sequences[target] = k + 1
+        sequence = self.sequence_base + k
+        try:
+            answer = self.client.produce(
                 target[0],
                 target[1],
-                table,
-                producer_id=producer_id,
-                sequence=sequence_base + sequence,
+                canonical_request(records),
+                producer_id=self.producer_id,
+                sequence=sequence,
                 acks=self.options.acks,
             )
-            rows += table.num_rows
-            duplicates += table.num_rows if answer.duplicate else 0
+        except DuplicateSequenceMismatch as error:
+            raise self._mismatch(target, k, sequence, records.num_rows, error) from error
+        except OutOfOrderSequence as error:
+            raise OutOfOrderSequence(
+                f"{self.attempt}: topic {target[0]} partition {target[1]} refused request {k} of task "
+                f"{self.task_partition} (producer {self.producer_id}, sequence {sequence}) as older than "
+                f"what it keeps of this producer ({error.message}), so it cannot tell whether it was stored. "
+                "Likely causes: the earlier attempt sent more requests to this partition than the node "
+                "keeps (raise maxRequestBytes), or the checkpoint was restored to an older state. Nothing "
+                "of it was stored; see 'Exactly-once' in docs/spark.md.",
+                **{**error.fields, "topic": target[0], "partition": target[1], "sequence": sequence},
+            ) from error
+        self.rows += records.num_rows
+        self.duplicates += records.num_rows if answer.duplicate else 0
 
-        for batch in batches:
-            for target, table in self._route(client, pa.Table.from_batches([batch]), task_partition):
-                pending.setdefault(target, []).append(table)
-                sizes[target] = sizes.get(target, 0) + table.nbytes
-                if sizes[target] >= self.options.max_request_bytes:
-                    send(target)
-        for target in sorted(pending):
-            send(target)
-        if duplicates:
-            log.info(
-                "task %d: %d of %d rows were already stored (a replayed batch)",
-                task_partition,
-                duplicates,
-                rows,
-            )
-        return WrittenMessage(rows, duplicates)
+    def _mismatch(
+        self, target: Target, k: int, sequence: int, sent: int, error: DuplicateSequenceMismatch
+    ) -> DuplicateSequenceMismatch:
+        topic, partition = target
+        stored = error.fields.get("stored_count", "?")
+        causes = "".join(f"\n  - {cause}" for cause in MISMATCH_CAUSES)
+        return DuplicateSequenceMismatch(
+            f"{self.attempt} does not match what an earlier attempt wrote: topic {topic} partition "
+            f"{partition} already holds request {k} of task {self.task_partition} (producer "
+            f"{self.producer_id}, sequence {sequence}) with {stored} records, and this attempt sent "
+            f"{sent} records or other bytes. Acknowledging it as a duplicate would lose rows and "
+            f"storing it would duplicate them, so nothing of it was stored. Likely causes, between "
+            f"the earlier attempt and this one:{causes}\n"
+            "Restore what changed and restart; see 'Exactly-once' in docs/spark.md.",
+            **{
+                **error.fields,
+                "topic": topic,
+                "partition": partition,
+                "producer_id": self.producer_id,
+                "sequence": sequence,
+                "sent_count": sent,
+            },
+        )
 
-    def _route(
-        self, client: object, table: pa.Table, task_partition: int
-    ) -> Iterator[tuple[tuple[str, int], pa.Table]]:
-        """Split a batch by (topic, partition), deterministically."""
-        if "topic" in table.column_names:
-            topics = table.column("topic")
-            if topics.null_count:
-                raise InvalidRequest("the 'topic' column has nulls")
-            for topic in pc.unique(topics).to_pylist():
-                yield from self._by_partition(
-                    client, table.filter(pc.equal(topics, topic)), topic, task_partition
-                )
-        else:
-            assert self.options.topic is not None
-            yield from self._by_partition(client, table, self.options.topic, task_partition)
+    def _route(self, table: pa.Table) -> Iterator[tuple[Target, pa.Table]]:
+        """Split a batch by (topic, partition), deterministically; each part keeps the input order."""
+        if self.options.topic is not None:  # the option overrides a topic column, as in Kafka
+            yield from self._by_partition(table, self.options.topic)
+            return
+        topics = table.column("topic")
+        if topics.null_count:
+            raise InvalidRequest("the 'topic' column has nulls; set the topic option or fill it")
+        for topic in sorted(pc.unique(topics).to_pylist()):
+            yield from self._by_partition(table.filter(pc.equal(topics, topic)), topic)
 
-    def _by_partition(
-        self, client: object, table: pa.Table, topic: str, task_partition: int
-    ) -> Iterator[tuple[tuple[str, int], pa.Table]]:
-        count = client.metadata.partitions(topic)  # type: ignore[attr-defined]
+    def _by_partition(self, table: pa.Table, topic: str) -> Iterator[tuple[Target, pa.Table]]:
+        count = self.client.metadata.partitions(topic)
         records = coerce_records(table.select([c for c in _RECORD_COLUMNS if c in table.column_names]))
         if "partition" in table.column_names and table.column("partition").null_count < table.num_rows:
             targets = pc.fill_null(table.column("partition"), -1).to_numpy().astype(np.int64)
@@ -138,18 +215,46 @@ class _Writer:
             targets = np.full(table.num_rows, -1, dtype=np.int64)
         keys = records.column("key")
         if keys.null_count < len(keys):
-            hashed = np.fromiter(
-                (-1 if k is None else partition_for_key(k, count) for k in keys.to_pylist()),
-                dtype=np.int64,
-                count=len(keys),
-            )
-            targets = np.where(targets >= 0, targets, hashed)
-        targets = np.where(targets >= 0, targets, task_partition % count)
-        if targets.max() >= count or targets.min() < 0:
+            targets = np.where(targets >= 0, targets, partitions_for_keys(keys, count))
+        targets = np.where(targets >= 0, targets, self.task_partition % count)
+        if len(targets) and (targets.max() >= count or targets.min() < 0):
             raise InvalidRequest(f"partition values must be in [0, {count}) for topic {topic}", topic=topic)
         for value in np.unique(targets):
             rows = np.flatnonzero(targets == value)
             yield (topic, int(value)), records.take(pa.array(rows)) if len(rows) < len(targets) else records
+
+
+class _Writer:
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+
+    def write_task(
+        self,
+        batches: Iterator[pa.RecordBatch],
+        producer_id: int,
+        sequence_base: int,
+        task_partition: int,
+        attempt: str = "this attempt",
+    ) -> WrittenMessage:
+        task = _Task(
+            self.options,
+            client_for(self.options.meta_address, self.options.request_timeout_s),
+            producer_id=producer_id,
+            sequence_base=sequence_base,
+            task_partition=task_partition,
+            attempt=attempt,
+        )
+        for batch in batches:
+            task.add(batch)
+        written = task.finish()
+        if written.duplicates:
+            log.info(
+                "task %d: %d of %d rows were already stored (a replay)",
+                task_partition,
+                written.duplicates,
+                written.rows,
+            )
+        return written
 
 
 class RobustMQBatchWriter(_Writer, DataSourceArrowWriter):
@@ -163,8 +268,12 @@ class RobustMQBatchWriter(_Writer, DataSourceArrowWriter):
         from pyspark import TaskContext
 
         context = TaskContext.get()
-        partition = context.partitionId() if context else 0
-        return self.write_task(iterator, producer_id_for(f"write:{self.job}", partition), 0, partition)
+        if context is None:
+            raise InvalidRequest("the RobustMQ writer runs only inside a Spark task")
+        partition = context.partitionId()
+        return self.write_task(
+            iterator, producer_id_for(f"write:{self.job}", partition), 0, partition, "a retry of this write"
+        )
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         rows = sum(m.rows for m in messages if isinstance(m, WrittenMessage))
@@ -183,11 +292,23 @@ class RobustMQStreamWriter(_Writer, DataSourceStreamArrowWriter):
         context = TaskContext.get()
         if context is None:
             raise InvalidRequest("the RobustMQ stream writer runs only inside a Spark task")
-        batch_id = int(context.getLocalProperty("streaming.sql.batchId") or 0)
-        query = context.getLocalProperty("sql.streaming.queryId") or "unknown-query"
+        batch_id = context.getLocalProperty("streaming.sql.batchId")
+        query = context.getLocalProperty("sql.streaming.queryId")
+        if not batch_id or not query:
+            # A constant would give every micro-batch (or every query) the same sequences, and the
+            # node would then acknowledge new rows as duplicates of old ones.
+            raise InvalidRequest(
+                "the task has no streaming.sql.batchId or sql.streaming.queryId property, so the "
+                "sink cannot number its requests for exactly-once; the stream writer must run in a "
+                "Structured Streaming micro-batch (use df.write for batch writes)"
+            )
         partition = context.partitionId()
         return self.write_task(
-            iterator, producer_id_for(f"query:{query}", partition), batch_id * SEQUENCES_PER_BATCH, partition
+            iterator,
+            producer_id_for(f"query:{query}", partition),
+            int(batch_id) * SEQUENCES_PER_BATCH,
+            partition,
+            f"the replay of micro-batch {batch_id}",
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

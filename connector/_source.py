@@ -1,17 +1,18 @@
-"""Reading topics into Spark: batch (``spark.read``) and streaming (``spark.readStream``).
+"""Reading topics into Spark: what the batch and streaming readers share, and the batch reader.
 
-Offsets are ``{"topic": {"partition": next offset}}`` (JSON-friendly
-primitives, as Spark checkpoints them). A micro-batch covers, per partition,
-``[start, end)``, with ``end`` capped at each partition's high watermark, so
-only committed records are read and a replayed batch reads exactly the same
-records: the source is deterministic, which is what exactly-once sinks
-downstream rely on.
+Offsets are ``{"topic": {"partition": next offset}, "@topics": {...}}``
+(:mod:`._offsets`). A micro-batch covers, per partition, ``[start, end)``,
+with ``end`` capped at each partition's high watermark, so only committed
+records are read and a replayed batch reads exactly the same records: the
+source is deterministic, which is what exactly-once sinks downstream rely on.
 
-Planning (``latestOffset``) runs on the driver up to ~86 times a second under
-a zero-second trigger; it costs one ``ListOffsets`` request per storage node
-(topic lists for ``topicPattern`` are refreshed at most every 5 s). Readers
-are pickled into executors, so clients are opened lazily and cached per
-Python worker process (workers are reused across tasks).
+Planning runs on the driver; readers are pickled into executors, so clients
+are opened lazily and cached per Python worker process (workers are reused
+across tasks). Each input partition carries the identity its topic had when
+it was planned, and a task checks it before reading: a topic re-created in
+between is data loss, never a silent read of the new topic's records at the
+old offsets. (The check and the fetches are separate requests; a fetch that
+names the topic's incarnation would close that last gap.)
 
 Batch reads narrow on the nodes through options: ``key`` reads only the key's
 hash partition and uses the key index, ``tags`` uses the tag index,
@@ -25,34 +26,31 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    ReadMinRows,
-    SupportsTriggerAvailableNow,
-)
+from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from robustmq._partitioner import partition_for_key
-from robustmq.errors import OffsetOutOfRange, RobustMQError, TopicNotFound, Unavailable
+from robustmq.errors import OffsetOutOfRange, RobustMQError, ShardNotFound, TopicNotFound, Unavailable
 
+from ._offsets import Range, SourceOffsets, identity_of, plan_ranges, same_topic
 from ._options import SourceOptions, option_error
 from ._schema import RANGES_ARROW_SCHEMA, to_spark_batch
 
-__all__ = ["RangePartition", "RobustMQBatchReader", "RobustMQStreamReader", "client_for"]
+__all__ = ["RangePartition", "RobustMQBatchReader", "TopicReader", "client_for"]
 
 log = logging.getLogger("robustmq.connector")
 
-Offsets = dict[str, dict[str, int]]
+TopicPartition = tuple[str, int]
+Ends = dict[TopicPartition, tuple[int, int]]  # (earliest, high watermark)
 
 _clients: dict[str, Any] = {}
 _clients_lock = threading.Lock()
+
+DATA_LOSS_HINT = "set failOnDataLoss=false to go on without them (docs/spark.md, 'Data loss')"
 
 
 def client_for(address: str, timeout_s: float = 30.0) -> Any:
@@ -68,7 +66,12 @@ def client_for(address: str, timeout_s: float = 30.0) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class RangePartition(InputPartition):
-    """Records ``[start, end)`` of one topic partition, with the filters pushed to the node."""
+    """Records ``[start, end)`` of one topic partition, with the filters pushed to the node.
+
+    ``identity`` is the topic's identity when the range was planned (empty: unknown);
+    ``from_beginning`` marks the start of a log the query had not read before, where a log start
+    above ``start`` is not data loss.
+    """
 
     topic: str
     partition: int
@@ -78,6 +81,8 @@ class RangePartition(InputPartition):
     tags: tuple[str, ...] = ()
     min_timestamp_ms: int | None = None
     max_timestamp_ms: int | None = None
+    identity: tuple[tuple[str, int], ...] = ()
+    from_beginning: bool = False
 
     @property
     def filtered(self) -> bool:
@@ -89,8 +94,8 @@ class RangePartition(InputPartition):
         )
 
 
-class _TopicReader:
-    """What the batch and streaming readers share: topic resolution, offsets, reading a range."""
+class TopicReader:
+    """What the batch and streaming readers share: topics, offsets, identities, reading a range."""
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
@@ -118,85 +123,179 @@ class _TopicReader:
             self._topics_cache = (time.monotonic(), names)
         return names
 
-    def _call(self, function: Any, *args: Any) -> Any:
-        """Driver-side metadata calls, with the option to blame in the error."""
+    def _call(self, function: Callable[..., Any], *args: Any) -> Any:
+        """Driver-side calls, with the option to blame when the cluster cannot be reached."""
         try:
             return function(*args)
-        except TopicNotFound as error:
-            raise option_error(
-                "topic", f"topic {error.fields.get('topic', args[0] if args else '?')!r} does not exist"
-            ) from error
         except Unavailable as error:
             raise option_error(
                 "metaAddress",
                 f"cannot reach the RobustMQ cluster at {self.options.meta_address}: {error.message}",
             ) from error
 
-    def ends(self, topics: Sequence[str]) -> dict[tuple[str, int], tuple[int, int]]:
-        """``{(topic, partition): (earliest, high watermark)}``."""
-        for topic in topics:
-            self._call(self.client.metadata.partitions, topic)  # a clear error for a missing topic
-        return dict(self._call(self.client.offsets_of, topics))
+    def identities(self, topics: Sequence[str]) -> dict[str, Mapping[str, int]]:
+        """The current identity of each of ``topics`` that exists (one Meta Service call)."""
+        wanted = set(topics)
+        return {t.name: identity_of(t) for t in self._call(self.client.meta.list_topics) if t.name in wanted}
 
-    def start_offsets(self, topics: Sequence[str]) -> Offsets:
-        """Where a query starts, per ``startingTimestamp``/``startingOffsets``."""
-        ends = self.ends(topics)
+    def snapshot(self, topics: Sequence[str]) -> tuple[Ends, set[str]]:
+        """``({(topic, partition): (earliest, high watermark)}, topics that do not exist)``, for the
+        partitions this query reads (``assign``)."""
+        metadata = self.client.metadata
+        present, vanished = [], set()
+        for topic in topics:
+            try:
+                self._call(metadata.partitions, topic)
+                present.append(topic)
+            except TopicNotFound:
+                vanished.add(topic)
+        try:
+            ends = dict(self._call(self.client.offsets_of, present))
+        except (TopicNotFound, ShardNotFound):  # a topic went away since its metadata was cached
+            ends = {}
+            for topic in present:
+                metadata.invalidate(topic)
+                try:
+                    ends.update(self._call(self.client.offsets_of, [topic]))
+                except (TopicNotFound, ShardNotFound):
+                    if topic in self.identities([topic]):
+                        raise
+                    vanished.add(topic)
+        assign = self.options.assign
+        if assign is not None:
+            ends = {(t, p): e for (t, p), e in ends.items() if p in assign.get(t, ())}
+        return ends, vanished
+
+    def _existing(self, topics: Sequence[str]) -> Ends:
+        """``snapshot`` for planning a query's start: a missing topic or partition is a config error."""
+        ends, vanished = self.snapshot(topics)
+        if vanished:
+            raise option_error("topic", f"topic {sorted(vanished)[0]!r} does not exist")
+        for topic, partitions in (self.options.assign or {}).items():
+            missing = sorted(p for p in partitions if (topic, p) not in ends)
+            if missing:
+                raise option_error("assign", f"topic {topic!r} has no partition {missing[0]}")
+        return ends
+
+    def _at_timestamp(
+        self, name: str, tp: TopicPartition, timestamp_ms: int, *, high: int, start: bool
+    ) -> int:
+        found = self.client.offset_for_timestamp(tp[0], tp[1], timestamp_ms)
+        if found is not None:
+            return min(int(found), high)
+        if start and self.options.starting_timestamp_strategy == "error":
+            raise option_error(
+                name,
+                f"topic {tp[0]} partition {tp[1]} has no record at or after {timestamp_ms} "
+                "(startingOffsetsByTimestampStrategy=latest would start it at its end)",
+            )
+        return high
+
+    def _by_timestamp(
+        self,
+        name: str,
+        single: int | None,
+        per_partition: dict[str, dict[int, int]] | None,
+        tp: TopicPartition,
+    ) -> int | None:
+        if per_partition is None:
+            return single
+        timestamp = per_partition.get(tp[0], {}).get(tp[1])
+        if timestamp is None:
+            raise option_error(
+                name, f"gives no timestamp for topic {tp[0]} partition {tp[1]}; list every partition read"
+            )
+        return timestamp
+
+    def start_offsets(self, topics: Sequence[str]) -> SourceOffsets:
+        """Where a query starts (``startingOffsets``, ``startingTimestamp``, ``...ByTimestamp``)."""
+        ends = self._existing(topics)
         options = self.options
         committed: dict[str, dict[int, int]] = {}
         if options.starting == "group":
             assert options.group is not None
             committed = {t: self._call(self.client.group_offsets, options.group, t) for t in topics}
-        offsets: Offsets = {}
+        name = (
+            "startingOffsetsByTimestamp" if options.starting_by_timestamp is not None else "startingTimestamp"
+        )
+        positions: dict[TopicPartition, int] = {}
         for (topic, partition), (earliest, high) in sorted(ends.items()):
-            if options.starting_timestamp_ms is not None:
-                found = self.client.offset_for_timestamp(topic, partition, options.starting_timestamp_ms)
-                value = high if found is None else found
+            tp = (topic, partition)
+            timestamp = self._by_timestamp(
+                name, options.starting_timestamp_ms, options.starting_by_timestamp, tp
+            )
+            if timestamp is not None:
+                value = self._at_timestamp(name, tp, timestamp, high=high, start=True)
             elif isinstance(options.starting, dict):
                 given = options.starting.get(topic, {}).get(partition, -2)
                 value = earliest if given == -2 else high if given == -1 else given
+                if value > high:
+                    raise option_error(
+                        "startingOffsets",
+                        f"topic {topic} partition {partition} ends at {high}, before {value}",
+                    )
             elif options.starting == "latest":
                 value = high
             elif options.starting == "group":
                 value = committed.get(topic, {}).get(partition, earliest)
             else:
                 value = earliest
-            offsets.setdefault(topic, {})[str(partition)] = value
-        return offsets
+            positions[tp] = value
+        return SourceOffsets(positions, self.identities(topics))
 
-    def split(self, start: Offsets, end: Offsets, **filters: Any) -> list[RangePartition]:
-        """Input partitions for ``[start, end)``: at most ``maxRecordsPerPartition`` each, and at least
-        ``minPartitions`` in all while ranges can be split."""
-        ranges = []
-        for topic, partitions in sorted(end.items()):
-            for partition, stop in sorted(partitions.items(), key=lambda item: int(item[0])):
-                first = start.get(topic, {}).get(partition, 0)  # a partition new since the last batch
-                if stop > first:
-                    ranges.append((topic, int(partition), first, stop))
-        size = self.options.max_records_per_partition
-        pieces = [(t, p, s, min(s + size, e)) for t, p, a, e in ranges for s in range(a, e, size)]
-        while len(pieces) < self.options.min_partitions:
-            widest = max(range(len(pieces)), key=lambda i: pieces[i][3] - pieces[i][2], default=None)
-            if widest is None or pieces[widest][3] - pieces[widest][2] < 2:
-                break
-            name, number, low, high = pieces.pop(widest)
-            middle = (low + high) // 2
-            pieces[widest:widest] = [(name, number, low, middle), (name, number, middle, high)]
-        return [RangePartition(t, p, s, e, **filters) for t, p, s, e in pieces]
+    def end_offsets(self, ends: Ends) -> dict[TopicPartition, int]:
+        """Where a batch query ends (``endingOffsets``, ``endingTimestamp``, ``...ByTimestamp``)."""
+        options = self.options
+        name = "endingOffsetsByTimestamp" if options.ending_by_timestamp is not None else "endingTimestamp"
+        positions: dict[TopicPartition, int] = {}
+        for (topic, partition), (_, high) in sorted(ends.items()):
+            tp = (topic, partition)
+            timestamp = self._by_timestamp(name, options.ending_timestamp_ms, options.ending_by_timestamp, tp)
+            value = high
+            if timestamp is not None:
+                value = self._at_timestamp(name, tp, timestamp, high=high, start=False)
+            elif isinstance(options.ending, dict) and partition in options.ending.get(topic, {}):
+                given = options.ending[topic][partition]
+                value = high if given == -1 else min(given, high)
+            positions[tp] = value
+        return positions
+
+    def input_partitions(
+        self, start: SourceOffsets, end: SourceOffsets, **filters: Any
+    ) -> list[RangePartition]:
+        ranges = plan_ranges(
+            start,
+            end,
+            max_records=self.options.max_records_per_partition,
+            min_pieces=self.options.min_partitions,
+        )
+        return [self._partition(r, end, **filters) for r in ranges]
+
+    @staticmethod
+    def _partition(r: Range, end: SourceOffsets, **filters: Any) -> RangePartition:
+        identity = tuple(sorted(end.identities.get(r.topic, {}).items()))
+        return RangePartition(
+            r.topic,
+            r.partition,
+            r.start,
+            r.end,
+            identity=identity,
+            from_beginning=r.from_beginning,
+            **filters,
+        )
 
     def read_range(self, part: RangePartition) -> Iterator[pa.RecordBatch]:
         """The records of one input partition as Spark Arrow batches (run in a task)."""
+        if part.identity and not self._same_topic_as_planned(part):
+            return
         if self.options.output == "ranges":
-            yield pa.RecordBatch.from_pylist(
-                [
-                    {
-                        "topic": part.topic,
-                        "partition": part.partition,
-                        "start_offset": part.start,
-                        "end_offset": part.end,
-                    }
-                ],
-                schema=RANGES_ARROW_SCHEMA,
-            )
+            row = {
+                "topic": part.topic,
+                "partition": part.partition,
+                "start_offset": part.start,
+                "end_offset": part.end,
+            }
+            yield pa.RecordBatch.from_pylist([row], schema=RANGES_ARROW_SCHEMA)
             return
         client = self.client
         position = part.start
@@ -220,13 +319,13 @@ class _TopicReader:
                         include_headers=self.options.include_headers,
                     )
                     return
-                records, position, _ = client.fetch_records(
+                records, following, _ = client.fetch_records(
                     part.topic, part.partition, position, end_offset=part.end
                 )
             except OffsetOutOfRange as error:
                 position = self._data_loss(part, position, error)
                 continue
-            if records.num_rows == 0:
+            if following <= position:
                 raise RobustMQError(
                     f"topic {part.topic} partition {part.partition} ends before offset {part.end}, "
                     f"which was planned as committed",
@@ -234,33 +333,54 @@ class _TopicReader:
                     partition=part.partition,
                     offset=position,
                 )
-            yield to_spark_batch(
-                records, part.topic, part.partition, include_headers=self.options.include_headers
+            position = following  # past offsets without records too, where the log has a gap
+            if records.num_rows:
+                yield to_spark_batch(
+                    records, part.topic, part.partition, include_headers=self.options.include_headers
+                )
+
+    def _same_topic_as_planned(self, part: RangePartition) -> bool:
+        """False (after a warning) when the topic was deleted or re-created since the range was
+        planned and ``failOnDataLoss=false``; raises when it is true."""
+        try:
+            current: dict[str, int] | None = identity_of(self.client.meta.describe_topic(part.topic).topic)
+        except TopicNotFound:
+            current = None
+        if current is not None and same_topic(dict(part.identity), current):
+            return True
+        what = "deleted" if current is None else "deleted and re-created"
+        message = (
+            f"topic {part.topic} was {what} after records {part.start}-{part.end - 1} of partition "
+            f"{part.partition} were planned for reading; they are lost"
+        )
+        self._report_loss(message, part, part.start)
+        return False
+
+    def _report_loss(self, message: str, part: RangePartition, offset: int) -> None:
+        if self.options.fail_on_data_loss:
+            raise RobustMQError(
+                f"{message}; {DATA_LOSS_HINT}", topic=part.topic, partition=part.partition, offset=offset
             )
+        log.warning("%s; going on without them (failOnDataLoss=false)", message)
 
     def _data_loss(self, part: RangePartition, position: int, error: OffsetOutOfRange) -> int:
         earliest = int(error.fields.get("earliest_offset", -1))
         if earliest <= position:
             raise error
+        if part.from_beginning and position == part.start:
+            return min(earliest, part.end)  # a log the query had not read before starts later: no loss
         message = (
             f"records {position}-{min(earliest, part.end) - 1} of topic {part.topic} partition "
             f"{part.partition} were removed by retention before this query read them"
         )
-        if self.options.fail_on_data_loss:
-            raise RobustMQError(
-                message + "; set failOnDataLoss=false to skip them",
-                topic=part.topic,
-                partition=part.partition,
-                offset=position,
-            ) from error
-        log.warning("%s; skipping them (failOnDataLoss=false)", message)
+        self._report_loss(message, part, position)
         return min(earliest, part.end)
 
 
-class RobustMQBatchReader(_TopicReader, DataSourceReader):
-    """``spark.read.format("robustmq")``: ``startingOffsets`` (default earliest) to ``endingOffsets``
-    (default latest), narrowed on the nodes by the ``key``, ``tags``, ``minTimestamp`` and
-    ``maxTimestamp`` options.
+class RobustMQBatchReader(TopicReader, DataSourceReader):
+    """``spark.read.format("robustmq")``: from the starting options (default earliest) to the
+    ending options (default latest), narrowed on the nodes by the ``key``, ``tags``,
+    ``minTimestamp`` and ``maxTimestamp`` options.
 
     SQL filters are evaluated by Spark; the reader does not implement ``pushFilters``.
     PySpark 4.2 reuses a relation's pushed-down plan for a later query on the same
@@ -270,131 +390,26 @@ class RobustMQBatchReader(_TopicReader, DataSourceReader):
     """
 
     def partitions(self) -> Sequence[InputPartition]:
-        topics = self.topics()
+        topics = self.topics(refresh_s=0)
         start = self.start_offsets(topics)
-        end: Offsets = {}
-        for (topic, partition), (_, high) in self.ends(topics).items():
-            value = high
-            ending = self.options.ending
-            if isinstance(ending, dict) and partition in ending.get(topic, {}):
-                given = ending[topic][partition]
-                value = high if given == -1 else min(given, high)
-            end.setdefault(topic, {})[str(partition)] = value
+        end = self.end_offsets(self._existing(topics))
         options = self.options
-        filters = {
-            "tags": options.tags,
-            "min_timestamp_ms": options.min_timestamp_ms,
-            "max_timestamp_ms": options.max_timestamp_ms,
-        }
-        if options.key is None:
-            parts = self.split(start, end, **filters)
-        else:  # a keyed record lives in its key's hash partition only
-            for topic, partitions in end.items():
-                home = str(partition_for_key(options.key, len(partitions)))
-                end[topic] = {home: partitions[home]}
-            parts = self.split(start, end, key=options.key, **filters)
+        if options.key is not None:  # a keyed record lives in its key's hash partition only
+            key, count = options.key, self.client.metadata.partitions
+            end = {(t, p): o for (t, p), o in end.items() if p == partition_for_key(key, count(t))}
+        # A batch's start never passes its end (a starting offset or timestamp after the ending one).
+        first = {tp: min(start.positions.get(tp, 0), stop) for tp, stop in end.items()}
+        parts = self.input_partitions(
+            SourceOffsets(first, start.identities),
+            SourceOffsets(end, start.identities),
+            key=options.key,
+            tags=options.tags,
+            min_timestamp_ms=options.min_timestamp_ms,
+            max_timestamp_ms=options.max_timestamp_ms,
+        )
         return parts or [RangePartition("", 0, 0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
         if partition.end > partition.start:
             yield from self.read_range(partition)
-
-
-@dataclass
-class _StreamState:
-    target: Offsets | None = None  # Trigger.AvailableNow: where this run stops
-    latest: Offsets | None = None  # the last high watermarks seen, for reportLatestOffset
-    committed: Offsets | None = None  # what the group last got
-    pending: dict[str, Any] = field(default_factory=dict)
-
-
-class RobustMQStreamReader(_TopicReader, DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """``spark.readStream.format("robustmq")`` with admission control and ``Trigger.AvailableNow``."""
-
-    def __init__(self, options: SourceOptions) -> None:
-        super().__init__(options)
-        self._state = _StreamState()
-
-    def initialOffset(self) -> dict:
-        return self.start_offsets(self.topics(refresh_s=0))
-
-    def _high_watermarks(self) -> Offsets:
-        ends = self.ends(self.topics())
-        latest: Offsets = {}
-        for (topic, partition), (_, high) in sorted(ends.items()):
-            latest.setdefault(topic, {})[str(partition)] = high
-        self._state.latest = latest
-        return latest
-
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        # Spark asks for the next batch's end only once the batch ending at `start` is in its commit
-        # log (or `start` is where the query begins), so `start` is safe to give the group now;
-        # commit() comes a batch later and, for a run's last batch, only at the next start.
-        self._commit_group(start)
-        latest = self._high_watermarks()
-        if self._state.target is not None:  # AvailableNow: never past what existed at the start
-            latest = {
-                t: {p: min(o, self._state.target.get(t, {}).get(p, 0)) for p, o in ps.items()}
-                for t, ps in latest.items()
-            }
-        available = {
-            (t, p): max(0, o - start.get(t, {}).get(p, 0)) for t, ps in latest.items() for p, o in ps.items()
-        }
-        total = sum(available.values())
-        if isinstance(limit, ReadMinRows) and total < limit.min_rows:
-            return start
-        if not isinstance(limit, ReadMaxRows) or total <= limit.max_rows:
-            return latest
-        # Share the row budget in proportion to what each partition has waiting.
-        budget = limit.max_rows
-        shares = {tp: budget * count // total for tp, count in available.items()}
-        left = budget - sum(shares.values())
-        for tp in sorted(available, key=lambda tp: available[tp] - shares[tp], reverse=True):
-            if left <= 0:
-                break
-            if shares[tp] < available[tp]:
-                shares[tp] += 1
-                left -= 1
-        end: Offsets = {}
-        for (topic, partition), share in shares.items():
-            end.setdefault(topic, {})[partition] = start.get(topic, {}).get(partition, 0) + share
-        return end
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        limit = self.options.max_records_per_trigger
-        return ReadMaxRows(limit) if limit else ReadAllAvailable()
-
-    def reportLatestOffset(self) -> dict | None:
-        return self._state.latest
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        self._state.target = self._high_watermarks()
-
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return self.split(start, end)
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition)
-        yield from self.read_range(partition)
-
-    def commit(self, end: dict) -> None:
-        """Record the processed offsets in the OffsetManager (``group`` option), for lag and restarts."""
-        self._commit_group(end)
-
-    def _commit_group(self, offsets: Offsets) -> None:
-        if self.options.group is None or offsets == self._state.committed:
-            return
-        self._state.committed = offsets
-        for topic, partitions in offsets.items():
-            try:
-                self.client.commit_offsets(
-                    self.options.group, topic, {int(p): o for p, o in partitions.items()}
-                )
-            except RobustMQError as error:  # the checkpoint is the source of truth; lag shows it
-                log.warning(
-                    "could not commit group %s offsets for %s: %s", self.options.group, topic, error.message
-                )
-
-    def stop(self) -> None:
-        pass

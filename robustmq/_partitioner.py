@@ -19,11 +19,59 @@ import pyarrow as pa
 from robustmq._frame import crc32c
 from robustmq.errors import InvalidRequest
 
-__all__ = ["Partitioner", "partition_for_key"]
+__all__ = ["Partitioner", "partition_for_key", "partitions_for_keys"]
 
 
 def partition_for_key(key: bytes, partitions: int) -> int:
     return crc32c(key) % partitions
+
+
+def _crc32c_table() -> np.ndarray:
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):  # reflected Castagnoli polynomial
+        table = np.where(table & 1, (table >> 1) ^ np.uint32(0x82F63B78), table >> 1).astype(np.uint32)
+    return table
+
+
+_CRC32C_TABLE = _crc32c_table()
+_VECTOR_KEY_BYTES = 256  # longer keys are hashed one by one: a column pass per byte would cost more
+
+
+def _crc32c_column(chunk: pa.BinaryArray) -> np.ndarray:
+    """CRC-32C of every value of a binary array (nulls hash as empty), one numpy pass per byte
+    position over the keys at least that long: no Python code runs per key."""
+    count = len(chunk)
+    offsets = np.frombuffer(chunk.buffers()[1], np.int32, count=chunk.offset + count + 1)[chunk.offset :]
+    lengths = np.diff(offsets).astype(np.int64)
+    data = chunk.buffers()[2]
+    if not count or not lengths.any() or data is None:
+        return np.zeros(count, dtype=np.uint32)
+    if lengths.max() > _VECTOR_KEY_BYTES:
+        return np.fromiter((crc32c(k or b"") for k in chunk.to_pylist()), dtype=np.uint32, count=count)
+    raw = np.frombuffer(data, np.uint8)
+    order = np.argsort(-lengths, kind="stable")  # the keys still going at byte j are a prefix
+    starts, ordered = offsets[:-1].astype(np.int64)[order], lengths[order]
+    crc = np.full(count, 0xFFFFFFFF, dtype=np.uint32)
+    for j in range(int(ordered[0])):
+        going = int(np.searchsorted(-ordered, -j, side="left"))  # keys longer than j
+        head = crc[:going]
+        crc[:going] = _CRC32C_TABLE[(head ^ raw[starts[:going] + j]) & 0xFF] ^ (head >> 8)
+    result = np.empty(count, dtype=np.uint32)
+    result[order] = crc ^ np.uint32(0xFFFFFFFF)
+    return result
+
+
+def partitions_for_keys(keys: pa.Array | pa.ChunkedArray, partitions: int) -> np.ndarray:
+    """:func:`partition_for_key` of every key of a binary column, as int64; -1 where a key is null."""
+    chunks = keys.chunks if isinstance(keys, pa.ChunkedArray) else [keys]
+    parts = []
+    for chunk in chunks:
+        chunk = chunk.cast(pa.binary()) if chunk.type != pa.binary() else chunk
+        hashed = (_crc32c_column(chunk) % partitions).astype(np.int64)
+        if chunk.null_count:
+            hashed[chunk.is_null().to_numpy(zero_copy_only=False)] = -1
+        parts.append(hashed)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 class Partitioner:

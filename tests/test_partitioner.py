@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from robustmq._partitioner import Partitioner, partition_for_key
+from robustmq._partitioner import Partitioner, partition_for_key, partitions_for_keys
 from robustmq._records import build_records
 from robustmq.errors import InvalidRequest
 
@@ -43,3 +46,21 @@ def test_split_tables_by_key_column_and_stickiness() -> None:
     assert sorted(split) == [0, 1] and "partition" not in split[0].column_names
     with pytest.raises(InvalidRequest):
         partitioner.split("t", 1, explicit)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    keys=st.lists(st.none() | st.binary(max_size=40) | st.binary(min_size=250, max_size=300), max_size=60),
+    skip=st.integers(0, 5),
+    partitions=st.integers(1, 50),
+)
+def test_partitions_for_keys_agree_with_partition_for_key(
+    keys: list[bytes | None], skip: int, partitions: int
+) -> None:
+    """The column-wise hash (sliced and chunked columns, nulls, keys short and long) is the per-key one."""
+    column = pa.chunked_array(
+        [pa.array(keys, pa.binary()).slice(skip), pa.array([b"tail", None], pa.binary())]
+    )
+    expected = [-1 if k is None else partition_for_key(k, partitions) for k in [*keys[skip:], b"tail", None]]
+    assert partitions_for_keys(column, partitions).tolist() == expected
+    assert partitions_for_keys(pa.array([], pa.binary()), partitions).dtype == np.int64

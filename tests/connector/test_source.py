@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 import robustmq
 from robustmq._embedded import EmbeddedCluster
 from robustmq._records import build_records
+from robustmq.errors import Unavailable
 
 pytestmark = pytest.mark.spark
 
@@ -186,7 +190,7 @@ def test_stream_admission_control_and_available_now(spark, cluster, client, tmp_
         spark.readStream.format("robustmq")
         .option("metaAddress", cluster.meta_address)
         .option("topic", topic)
-        .option("maxRecordsPerTrigger", 300)
+        .option("maxOffsetsPerTrigger", 300)  # Kafka's name for maxRecordsPerTrigger
         .option("group", "spark-test")
         .load()
         .writeStream.foreachBatch(lambda frame, _: sizes.append(frame.count()))
@@ -303,10 +307,176 @@ def test_readers_are_picklable_without_clients(cluster) -> None:  # type: ignore
     import pickle
 
     from robustmq.connector import SourceOptions
-    from robustmq.connector._source import RobustMQStreamReader
+    from robustmq.connector._stream import RobustMQStreamReader
 
-    reader = RobustMQStreamReader(SourceOptions.parse({"topic": "x", "metaAddress": cluster.meta_address}))
+    options = SourceOptions.parse({"topic": "x", "metaAddress": cluster.meta_address}, "readStream")
+    reader = RobustMQStreamReader(options)
     assert reader.client is not None  # opens the process-wide client on the "driver"
     copy = pickle.loads(pickle.dumps(reader))
     assert copy.options == reader.options
     assert set(vars(copy)) == {"options", "_topics_cache", "_state"}
+
+
+def _stream(spark, cluster: EmbeddedCluster, checkpoint: Path, **options: object):  # type: ignore[no-untyped-def]
+    """Run a readStream to its end (Trigger.AvailableNow): ``(values read, the query's exception)``."""
+    values: list[bytes] = []
+    reader = spark.readStream.format("robustmq").option("metaAddress", cluster.meta_address)
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    query = (
+        reader.load()
+        .writeStream.foreachBatch(lambda frame, _: values.extend(bytes(r.value) for r in frame.collect()))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with contextlib.suppress(StreamingQueryException):  # returned below
+        query.awaitTermination(180)
+    return values, query.exception()
+
+
+def _recreate(client: robustmq.Client, topic: str, partitions: int) -> None:
+    """Delete ``topic`` and create it again, once its node has dropped the old shards."""
+    client.delete_topic(topic)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.create_topic(topic, partitions)
+            return
+        except Unavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _values(count: int, prefix: bytes = b"v", start: int = 0) -> list[bytes]:
+    return [prefix + b"%d" % i for i in range(start, start + count)]
+
+
+def _send(client: robustmq.Client, topic: str, values: list[bytes]) -> None:
+    with client.producer() as producer:
+        producer.send_batch(topic, build_records(values)).result(60)
+
+
+def test_kafka_style_starting_and_ending_options(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
+    topic = _topic(client, 2)
+    _produce(client, topic, 200)
+    stored = [r for p in range(2) for r in client.read(topic, p, 0, 1000).to_pylist()]
+
+    def since(partition: int, timestamp_ms: int) -> int:
+        times = [r["timestamp"].timestamp() * 1000 for r in stored if r["partition"] == partition]
+        return sum(1 for t in times if t >= timestamp_ms)
+
+    by_partition = f'{{"{topic}": {{"0": {BASE_MS + 150_000}, "1": {BASE_MS}}}}}'
+    df = _read(spark, cluster, topic, startingOffsetsByTimestamp=by_partition)
+    assert df.count() == since(0, BASE_MS + 150_000) + since(1, BASE_MS)
+    assert _read(spark, cluster, topic, endingTimestamp=BASE_MS + 100_000).count() == 100
+    assigned = spark.read.format("robustmq").option("metaAddress", cluster.meta_address)
+    assigned = assigned.option("assign", f'{{"{topic}": [1]}}').load()
+    assert {r.partition for r in assigned.select("partition").collect()} == {1}
+    assert assigned.count() == sum(1 for r in stored if r["partition"] == 1)
+    with pytest.raises(Exception, match=r"option 'startingTimestamp': topic .* has no record at or after"):
+        _read(
+            spark,
+            cluster,
+            topic,
+            startingTimestamp=BASE_MS + 10**9,
+            startingOffsetsByTimestampStrategy="error",
+        ).count()
+
+
+def test_stream_options_that_do_not_apply_fail_naming_them(spark, cluster, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    topic = _topic(client, 1)
+    _, error = _stream(spark, cluster, tmp_path / "ck", topic=topic, key="k1")
+    assert error is not None and "option 'key': applies to spark.read only" in str(error)
+
+
+def test_min_offsets_per_trigger_waits_for_enough_records(spark, cluster, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    topic = _topic(client, 1)
+    sizes: list[int] = []
+    query = (
+        spark.readStream.format("robustmq")
+        .option("metaAddress", cluster.meta_address)
+        .option("topic", topic)
+        .option("minOffsetsPerTrigger", 150)
+        .option("maxTriggerDelay", "1h")
+        .load()
+        .writeStream.foreachBatch(lambda frame, _: sizes.append(frame.count()))
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(processingTime="0.2 seconds")
+        .start()
+    )
+    try:
+
+        def wait_for(count: int) -> None:
+            deadline = time.monotonic() + 60
+            while sum(sizes) < count and time.monotonic() < deadline and query.exception() is None:
+                time.sleep(0.1)
+
+        _send(client, topic, _values(200))
+        wait_for(200)
+        _send(client, topic, _values(50, start=200))
+        time.sleep(2)  # ten triggers: none may take 50 records, fewer than the minimum
+        assert sizes == [200]
+        _send(client, topic, _values(100, start=250))
+        wait_for(350)
+    finally:
+        query.stop()
+    assert sizes == [200, 150]
+
+
+def _forget_identities(checkpoint: Path) -> None:
+    """Make the checkpoint look written before offsets carried topic identities."""
+    for path in (checkpoint / "offsets").iterdir():
+        if path.name.isdigit():
+            *head, offsets = path.read_text().splitlines()
+            stripped = {k: v for k, v in json.loads(offsets).items() if k != "@topics"}
+            path.write_text("\n".join([*head, json.dumps(stripped)]))
+            (path.parent / f".{path.name}.crc").unlink(missing_ok=True)
+
+
+def test_offsets_gone_back_fail_the_stream_or_are_read_again(spark, cluster, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Without identities (a checkpoint written before they existed), only offsets show the loss."""
+    topic, checkpoint = _topic(client, 1), tmp_path / "ck"
+    _send(client, topic, _values(100, b"old"))
+    assert len(_stream(spark, cluster, checkpoint, topic=topic)[0]) == 100
+    _forget_identities(checkpoint)
+    _recreate(client, topic, 1)
+    _send(client, topic, _values(30, b"new"))  # offsets 0-29: below the 100 already read
+    values, error = _stream(spark, cluster, checkpoint, topic=topic)
+    assert values == [] and error is not None
+    assert "went back from 100 to 30" in str(error) and "failOnDataLoss=false" in str(error)
+    values, error = _stream(spark, cluster, checkpoint, topic=topic, failOnDataLoss="false")
+    assert error is None and values == _values(30, b"new")  # the new topic, from its beginning
+    _send(client, topic, _values(5, b"new", 30))
+    assert _stream(spark, cluster, checkpoint, topic=topic)[0] == _values(5, b"new", 30)
+
+
+def test_a_topic_recreated_past_the_old_offsets_is_detected(spark, cluster, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    topic, checkpoint = _topic(client, 1), tmp_path / "ck"
+    _send(client, topic, _values(10, b"old"))
+    assert len(_stream(spark, cluster, checkpoint, topic=topic)[0]) == 10
+    _recreate(client, topic, 1)
+    _send(client, topic, _values(40, b"new"))  # offsets grow past 10: only the identity tells
+    values, error = _stream(spark, cluster, checkpoint, topic=topic)
+    assert values == [] and error is not None and "deleted and re-created" in str(error)
+    values, error = _stream(spark, cluster, checkpoint, topic=topic, failOnDataLoss="false")
+    assert error is None and values == _values(40, b"new")
+
+
+def test_a_deleted_pattern_topic_fails_the_stream_or_drops_off(
+    spark, cluster, client, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    prefix, checkpoint = f"d{uuid.uuid4().hex[:6]}", tmp_path / "ck"
+    for name in ("a", "b"):
+        client.create_topic(f"{prefix}-{name}", 1)
+        _send(client, f"{prefix}-{name}", _values(5, name.encode()))
+    pattern = {"topicPattern": f"{prefix}-.*"}
+    assert len(_stream(spark, cluster, checkpoint, **pattern)[0]) == 10
+    _send(client, f"{prefix}-b", _values(3, b"b", 5))  # never read: lost with the topic
+    client.delete_topic(f"{prefix}-b")
+    _send(client, f"{prefix}-a", _values(2, b"a", 5))
+    values, error = _stream(spark, cluster, checkpoint, **pattern)
+    assert values == [] and error is not None and f"topic {prefix}-b was deleted" in str(error)
+    values, error = _stream(spark, cluster, checkpoint, failOnDataLoss="false", **pattern)
+    assert error is None and values == [b"a5", b"a6"]

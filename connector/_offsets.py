@@ -1,0 +1,271 @@
+"""The source's offsets and the pure decisions made on them: what a micro-batch covers, the checks
+that catch records going missing between two micro-batches, and admission control.
+
+Format, as Spark checkpoints it (JSON-friendly primitives)::
+
+    {"orders": {"0": 1200, "1": 1187},                       next offset per partition
+     "@topics": {"orders": {"created_ms": 1763800000000}}}    identity of each topic read
+
+``@`` cannot start a topic name, so the identity entry never collides with a
+topic. A topic's identity (:func:`identity_of`) is its creation time, plus
+its ``incarnation`` where the Meta Service's ``Topic`` message has that
+field; two identities are compared on the keys both have, so checkpoints
+written before an identity key existed stay readable. Checkpoints without
+``@topics`` (written before it existed) have unknown identities, which are
+never taken for a change.
+
+Data loss (Kafka's ``failOnDataLoss``): between the end of one micro-batch
+and the next planning, :func:`find_data_loss` reports a topic that vanished,
+a topic deleted and re-created (another identity), and a partition whose
+high watermark is below the offset already read (offsets gone back: the
+topic was re-created, or a node lost acknowledged records). Records removed
+by retention are found when a read starts below the log start. With
+``failOnDataLoss=false`` the query goes on: a vanished topic is dropped, and
+a re-created topic or a partition whose offsets went back is read again
+from the beginning of its log (Kafka's source would jump to the latest
+offset instead, skipping what the new topic already holds).
+
+Everything here is pure (values in, values out, time passed in), so it is
+tested without Spark or a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "IDENTITY_KEY",
+    "Admission",
+    "DataLoss",
+    "Range",
+    "SourceOffsets",
+    "admit",
+    "find_data_loss",
+    "identity_of",
+    "plan_ranges",
+    "same_topic",
+]
+
+IDENTITY_KEY = "@topics"
+
+TopicPartition = tuple[str, int]
+Identity = Mapping[str, int]
+
+
+def identity_of(topic: Any) -> dict[str, int]:
+    """The identity of a ``robustmq_pb2.Topic``: ``created_ms``, and ``incarnation`` where the
+    message has such a field (set)."""
+    identity = {"created_ms": int(topic.created_ms)}
+    incarnation = int(getattr(topic, "incarnation", 0) or 0)
+    if incarnation:
+        identity["incarnation"] = incarnation
+    return identity
+
+
+def same_topic(first: Identity | None, second: Identity | None) -> bool:
+    """False only when both identities are known and differ on a key they share."""
+    if not first or not second:
+        return True
+    return all(first[key] == second[key] for key in first.keys() & second.keys())
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOffsets:
+    """Where a micro-batch ends: the next offset per (topic, partition), and the topics' identities."""
+
+    positions: Mapping[TopicPartition, int]
+    identities: Mapping[str, Identity] = field(default_factory=dict)
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> SourceOffsets:
+        positions = {
+            (topic, int(partition)): int(offset)
+            for topic, partitions in data.items()
+            if topic != IDENTITY_KEY
+            for partition, offset in partitions.items()
+        }
+        identities = {t: dict(i) for t, i in data.get(IDENTITY_KEY, {}).items()}
+        return SourceOffsets(positions, identities)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for (topic, partition), offset in sorted(self.positions.items()):
+            data.setdefault(topic, {})[str(partition)] = offset
+        identities = {t: dict(sorted(i.items())) for t, i in sorted(self.identities.items()) if t in data}
+        if identities:
+            data[IDENTITY_KEY] = identities
+        return data
+
+    @property
+    def topics(self) -> set[str]:
+        return {topic for topic, _ in self.positions}
+
+    def by_topic(self) -> dict[str, dict[int, int]]:
+        grouped: dict[str, dict[int, int]] = {}
+        for (topic, partition), offset in self.positions.items():
+            grouped.setdefault(topic, {})[partition] = offset
+        return grouped
+
+
+@dataclass(frozen=True, slots=True)
+class DataLoss:
+    """Records a query had not read that are gone; ``restart`` lists the partitions to read again
+    from the beginning of their log when the query goes on (``failOnDataLoss=false``)."""
+
+    topic: str
+    message: str
+    restart: frozenset[TopicPartition] = frozenset()
+
+
+def find_data_loss(
+    start: SourceOffsets,
+    high_watermarks: Mapping[TopicPartition, int],
+    identities: Mapping[str, Identity],
+    vanished: set[str],
+) -> list[DataLoss]:
+    """What went missing since ``start``, given the partitions' current high watermarks, the
+    topics' current identities and the topics that no longer exist."""
+    losses = []
+    for topic, partitions in sorted(start.by_topic().items()):
+        unread = ", ".join(f"{p}: {o}" for p, o in sorted(partitions.items()))
+        if topic in vanished:
+            losses.append(
+                DataLoss(
+                    topic,
+                    f"topic {topic} was deleted; its records from the offsets not yet read ({unread}) on "
+                    "are lost",
+                )
+            )
+            continue
+        if not same_topic(start.identities.get(topic), identities.get(topic)):
+            current = sorted(tp for tp in high_watermarks if tp[0] == topic)
+            losses.append(
+                DataLoss(
+                    topic,
+                    f"topic {topic} was deleted and re-created (identity {dict(start.identities[topic])} "
+                    f"became {dict(identities[topic])}): the old topic's records from the offsets not yet "
+                    f"read ({unread}) on are lost, and the new topic's offsets are not comparable",
+                    frozenset(current),
+                )
+            )
+            continue
+        for partition, offset in sorted(partitions.items()):
+            high = high_watermarks.get((topic, partition))
+            if high is None:
+                losses.append(
+                    DataLoss(topic, f"partition {partition} of topic {topic} is gone (read up to {offset})")
+                )
+            elif high < offset:
+                losses.append(
+                    DataLoss(
+                        topic,
+                        f"offsets of topic {topic} partition {partition} went back from {offset} to {high}: "
+                        "the topic was probably deleted and re-created, or a node lost records it had "
+                        "acknowledged",
+                        frozenset({(topic, partition)}),
+                    )
+                )
+    return losses
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """Records ``[start, end)`` of one partition; ``from_beginning`` when ``start`` is the start of a
+    log the query had not read before (a new partition, or one read again after data loss), so a
+    log start above ``start`` is not a loss."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    from_beginning: bool
+
+
+def plan_ranges(
+    start: SourceOffsets, end: SourceOffsets, *, max_records: int, min_pieces: int
+) -> list[Range]:
+    """The ranges of a micro-batch ``(start, end]``: at most ``max_records`` each, and at least
+    ``min_pieces`` while ranges can be split. Deterministic in ``start`` and ``end``, so a
+    replayed batch reads exactly the same records.
+
+    A partition is read from the beginning of its log when it is new, when its topic's identity
+    differs between ``start`` and ``end``, or when its end is below its start (offsets went back).
+    """
+    ranges = []
+    for (topic, partition), stop in sorted(end.positions.items()):
+        first = start.positions.get((topic, partition))
+        fresh = (
+            first is None
+            or not same_topic(start.identities.get(topic), end.identities.get(topic))
+            or stop < first
+        )
+        first = 0 if fresh else first
+        assert first is not None
+        if stop > first:
+            ranges.append(Range(topic, partition, first, stop, fresh))
+    pieces = [
+        Range(r.topic, r.partition, s, min(s + max_records, r.end), r.from_beginning and s == r.start)
+        for r in ranges
+        for s in range(r.start, r.end, max_records)
+    ]
+    while len(pieces) < min_pieces:
+        widest = max(range(len(pieces)), key=lambda i: pieces[i].end - pieces[i].start, default=None)
+        if widest is None or pieces[widest].end - pieces[widest].start < 2:
+            break
+        piece = pieces.pop(widest)
+        middle = (piece.start + piece.end) // 2
+        pieces[widest:widest] = [
+            Range(piece.topic, piece.partition, piece.start, middle, piece.from_beginning),
+            Range(piece.topic, piece.partition, middle, piece.end, False),
+        ]
+    return pieces
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Admission control settings: Spark's read limit plus ``minRecordsPerTrigger``."""
+
+    max_rows: int | None = None
+    min_rows: int | None = None
+    max_delay_ms: int = 15 * 60_000
+
+
+def admit(
+    start: Mapping[TopicPartition, int],
+    latest: Mapping[TopicPartition, int],
+    admission: Admission,
+    *,
+    now_ms: int,
+    last_trigger_ms: int,
+) -> tuple[dict[TopicPartition, int], int]:
+    """The end of the next micro-batch and the new last-trigger time (Kafka's rules).
+
+    ``start`` holds where each partition's batch starts (0 for a partition read from its
+    beginning). With ``min_rows``, a batch waits until that many records are available or
+    ``max_delay_ms`` has passed since the last trigger (the first call always triggers, as in
+    Kafka). With ``max_rows``, the budget is shared among partitions in proportion to what each
+    has waiting.
+    """
+    available = {tp: max(0, high - start.get(tp, 0)) for tp, high in latest.items()}
+    total = sum(available.values())
+    if admission.min_rows is not None:
+        if now_ms - last_trigger_ms >= admission.max_delay_ms:
+            last_trigger_ms = now_ms
+        elif total < admission.min_rows:
+            return {tp: start.get(tp, 0) for tp in latest}, last_trigger_ms
+        else:
+            last_trigger_ms = now_ms
+    if admission.max_rows is None or total <= admission.max_rows:
+        return dict(latest), last_trigger_ms
+    budget = admission.max_rows
+    shares = {tp: budget * count // total for tp, count in available.items()}
+    left = budget - sum(shares.values())
+    for tp in sorted(available, key=lambda tp: (available[tp] - shares[tp], tp), reverse=True):
+        if left <= 0:
+            break
+        if shares[tp] < available[tp]:
+            shares[tp] += 1
+            left -= 1
+    return {tp: start.get(tp, 0) + share for tp, share in shares.items()}, last_trigger_ms

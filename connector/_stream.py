@@ -1,0 +1,187 @@
+"""``spark.readStream.format("robustmq")``: planning micro-batches on the driver.
+
+Planning (``latestOffset``) runs on the driver up to ~86 times a second under
+a zero-second trigger. While no batch is due (nothing new, or fewer records
+than ``minRecordsPerTrigger``) it costs one ``ListOffsets`` request per
+storage node (topic lists for ``topicPattern`` are refreshed at most every
+5 s); when a batch is about to be planned, one more Meta Service call fetches
+the topics' identities, to tell a re-created topic from the one the query was
+reading. The reader lives in one long-running Python process on
+the driver for the whole run, so the state below (last trigger time, warnings
+given) lasts a run; nothing that must survive a restart is kept in it.
+
+Data loss between two micro-batches (:func:`._offsets.find_data_loss`) fails
+the query with a message naming what is lost, or, with ``failOnDataLoss=false``,
+is logged once and skipped: vanished topics are dropped and re-created ones
+read from the beginning of their log.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+
+from robustmq.errors import RobustMQError
+
+from ._offsets import Admission, DataLoss, SourceOffsets, admit, find_data_loss, identity_of, same_topic
+from ._options import SourceOptions
+from ._source import DATA_LOSS_HINT, RangePartition, TopicReader
+
+__all__ = ["RobustMQStreamReader"]
+
+log = logging.getLogger("robustmq.connector")
+
+TopicPartition = tuple[str, int]
+_MAX_WARNINGS_KEPT = 1000
+
+
+@dataclass
+class _StreamState:
+    target: dict[TopicPartition, int] | None = None  # Trigger.AvailableNow: where this run stops
+    latest: dict[str, Any] | None = None  # the last high watermarks seen, for reportLatestOffset
+    committed: SourceOffsets | None = None  # what the group last got
+    last_trigger_ms: int = 0  # minRecordsPerTrigger: when the last batch was let through (Kafka: 0)
+    warned: set[str] = field(default_factory=set)  # data loss already logged (failOnDataLoss=false)
+
+
+class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("robustmq")`` with admission control, ``Trigger.AvailableNow``
+    and Kafka's ``failOnDataLoss``."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        super().__init__(options)
+        self._state = _StreamState()
+
+    def initialOffset(self) -> dict:
+        return self.start_offsets(self.topics(refresh_s=0)).to_json()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        # Spark asks for the next batch's end only once the batch ending at `start` is in its commit
+        # log (or `start` is where the query begins), so `start` is safe to give the group now;
+        # commit() comes a batch later and, for a run's last batch, only at the next start.
+        begin = SourceOffsets.from_json(start)
+        self._commit_group(begin)
+        end = self._plan(begin, limit)
+        return start if end is None else end.to_json()
+
+    def _plan(self, begin: SourceOffsets, limit: ReadLimit) -> SourceOffsets | None:
+        """The end of the next micro-batch, or None when there is nothing to read yet.
+
+        Decided twice at most: first with the identities the checkpoint holds (no Meta Service
+        call), then, only if that plans a batch, again with the topics' current identities, so a
+        batch is never planned on a re-created topic while an idle or waiting stream stays cheap.
+        """
+        topics = self.topics()
+        ends, vanished = self.snapshot(sorted(set(topics) | begin.topics))
+        vanished = (vanished | (begin.topics - set(topics))) & begin.topics  # read before, gone now
+        latest = {tp: high for tp, (_, high) in ends.items()}
+        if self._state.target is not None:  # AvailableNow: never past what existed at the start
+            latest = {tp: min(high, self._state.target.get(tp, 0)) for tp, high in latest.items()}
+        identities: dict[str, Mapping[str, int]] = dict(begin.identities)
+        admission, now_ms = self._admission(limit), int(time.time() * 1000)
+        for checked in (False, True):
+            losses = find_data_loss(begin, latest, identities, vanished)
+            restart = frozenset().union(*(loss.restart for loss in losses))
+            first = {tp: 0 if tp in restart else begin.positions.get(tp, 0) for tp in latest}
+            stop, last_trigger_ms = admit(
+                first, latest, admission, now_ms=now_ms, last_trigger_ms=self._state.last_trigger_ms
+            )
+            idle = stop == first and not vanished
+            if idle or checked:
+                break
+            identities = self.identities(topics)
+            gone = {t for t in topics if t not in identities}  # deleted since the snapshot
+            vanished |= gone & begin.topics
+            latest = {tp: high for tp, high in latest.items() if tp[0] not in gone}
+            self._forget_stale_metadata(identities)
+        self._report(losses)
+        self._state.latest = SourceOffsets(latest, identities).to_json()
+        self._state.last_trigger_ms = last_trigger_ms
+        return None if idle else SourceOffsets(stop, identities)
+
+    def _admission(self, limit: ReadLimit) -> Admission:
+        if isinstance(limit, ReadAllAvailable):  # e.g. Trigger.Once: everything, at once
+            return Admission()
+        options = self.options
+        waits = self._state.target is None  # AvailableNow must end: it never waits for more
+        return Admission(
+            max_rows=limit.max_rows if isinstance(limit, ReadMaxRows) else None,
+            min_rows=options.min_records_per_trigger if waits else None,
+            max_delay_ms=options.max_trigger_delay_ms,
+        )
+
+    def _forget_stale_metadata(self, identities: Mapping[str, Mapping[str, int]]) -> None:
+        """Drop the client's cached layout of topics re-created since it was cached (another
+        partition count, say); the next planning reads the new one."""
+        metadata = self.client.metadata
+        for topic, identity in identities.items():
+            if not same_topic(identity_of(metadata.topic(topic)), identity):
+                metadata.invalidate(topic)
+
+    def _report(self, losses: list[DataLoss]) -> None:
+        if not losses:
+            return
+        if self.options.fail_on_data_loss:
+            message = "; ".join(loss.message for loss in losses)
+            raise RobustMQError(f"{message}; {DATA_LOSS_HINT}", topic=losses[0].topic)
+        for loss in losses:
+            if loss.message not in self._state.warned:
+                if len(self._state.warned) >= _MAX_WARNINGS_KEPT:
+                    self._state.warned.clear()
+                self._state.warned.add(loss.message)
+                action = "reading it again from the beginning" if loss.restart else "going on without it"
+                log.warning("%s; %s (failOnDataLoss=false)", loss.message, action)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        options = self.options
+        if options.max_records_per_trigger:
+            return ReadMaxRows(options.max_records_per_trigger)
+        if options.min_records_per_trigger:
+            return ReadMinRows(options.min_records_per_trigger)
+        return ReadAllAvailable()
+
+    def reportLatestOffset(self) -> dict | None:
+        return self._state.latest
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        ends, _ = self.snapshot(self.topics(refresh_s=0))
+        self._state.target = {tp: high for tp, (_, high) in ends.items()}
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return self.input_partitions(SourceOffsets.from_json(start), SourceOffsets.from_json(end))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        yield from self.read_range(partition)
+
+    def commit(self, end: dict) -> None:
+        """Record the processed offsets in the OffsetManager (``group`` option), for lag and restarts."""
+        self._commit_group(SourceOffsets.from_json(end))
+
+    def _commit_group(self, offsets: SourceOffsets) -> None:
+        if self.options.group is None or offsets == self._state.committed:
+            return
+        self._state.committed = offsets
+        for topic, partitions in sorted(offsets.by_topic().items()):
+            try:
+                self.client.commit_offsets(self.options.group, topic, partitions)
+            except RobustMQError as error:  # the checkpoint is the source of truth; lag shows it
+                log.warning(
+                    "could not commit group %s offsets for %s: %s", self.options.group, topic, error.message
+                )
+
+    def stop(self) -> None:
+        pass

@@ -1,0 +1,189 @@
+"""Option checking of the robustmq data source, without Spark: unknown, inapplicable and refused
+options are errors naming them; Kafka's names are aliases; docs/spark.md lists every option."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from robustmq.connector import SinkOptions, SourceOptions
+from robustmq.errors import InvalidConfig
+
+DOCS = Path(__file__).parents[2] / "docs" / "spark.md"
+
+
+def _read(mode: str = "read", **options: str) -> SourceOptions:
+    return SourceOptions.parse({"metaAddress": "127.0.0.1:7070", **options}, mode)
+
+
+@pytest.mark.parametrize("mode", ["read", "readStream"])
+def test_an_unknown_option_is_an_error_naming_it(mode: str) -> None:
+    with pytest.raises(InvalidConfig, match=r"option 'colour': unknown option for spark\.read"):
+        _read(mode, topic="t", colour="red")
+    with pytest.raises(InvalidConfig, match=r"option 'startingOffset'.*did you mean 'startingOffsets'"):
+        _read(mode, topic="t", startingOffset="latest")
+
+
+@pytest.mark.parametrize(
+    "mode, options, name",
+    [
+        ("readStream", {"key": "k"}, "key"),
+        ("readStream", {"tags": "eu"}, "tags"),
+        ("readStream", {"minTimestamp": "1"}, "minTimestamp"),
+        ("readStream", {"maxTimestamp": "1"}, "maxTimestamp"),
+        ("readStream", {"endingOffsets": "latest"}, "endingOffsets"),
+        ("readStream", {"endingTimestamp": "1"}, "endingTimestamp"),
+        ("read", {"maxRecordsPerTrigger": "5"}, "maxRecordsPerTrigger"),
+        ("read", {"maxOffsetsPerTrigger": "5"}, "maxOffsetsPerTrigger"),
+        ("read", {"minOffsetsPerTrigger": "5"}, "minOffsetsPerTrigger"),
+        ("read", {"acks": "all"}, "acks"),
+        ("readStream", {"maxRequestBytes": "100000"}, "maxRequestBytes"),
+    ],
+)
+def test_an_option_of_another_kind_of_query_is_an_error_naming_it(
+    mode: str, options: dict, name: str
+) -> None:
+    with pytest.raises(InvalidConfig, match=f"option '{name}': applies to .* only, not to spark.{mode}"):
+        _read(mode, topic="t", **options)
+
+
+@pytest.mark.parametrize("mode", ["write", "writeStream"])
+def test_sink_refuses_source_options(mode: str) -> None:
+    for name, value in [("startingOffsets", "earliest"), ("failOnDataLoss", "false"), ("subscribe", "t")]:
+        with pytest.raises(InvalidConfig, match=f"option '{name}': applies to spark.read"):
+            SinkOptions.parse({"topic": "t", name: value}, ["value"], mode)
+    with pytest.raises(InvalidConfig, match=r"option 'colour': unknown option for df\.write"):
+        SinkOptions.parse({"topic": "t", "colour": "red"}, ["value"], mode)
+
+
+def test_kafka_names_are_aliases() -> None:
+    options = _read(
+        "readStream",
+        subscribe="a, b",
+        maxOffsetsPerTrigger="100",
+        minOffsetsPerTrigger="10",
+        maxTriggerDelay="30s",
+    )
+    assert options.topics == ("a", "b")
+    assert (options.max_records_per_trigger, options.min_records_per_trigger) == (100, 10)
+    assert options.max_trigger_delay_ms == 30_000
+    assert _read("readStream", subscribePattern="a.*").topic_pattern == "a.*"
+    sink = SinkOptions.parse({"topic": "t", "kafka.acks": "-1"}, ["value"], "writeStream")
+    assert sink.acks == "all"
+
+
+def test_spark_lower_cases_option_names() -> None:
+    options = SourceOptions.parse({"subscribe": "a", "maxoffsetspertrigger": "7"}, "readStream")
+    assert options.max_records_per_trigger == 7
+    with pytest.raises(InvalidConfig, match="option 'maxOffsetsPerTrigger'"):
+        SourceOptions.parse({"subscribe": "a", "maxoffsetspertrigger": "many"}, "readStream")
+
+
+def test_a_name_and_its_alias_together_are_an_error() -> None:
+    with pytest.raises(InvalidConfig, match="option 'subscribe': means the same as 'topic'"):
+        _read(topic="a", subscribe="b")
+    with pytest.raises(InvalidConfig, match="set either 'topic' or 'topicPattern'"):
+        _read(topic="a", topicPattern="b.*")
+    with pytest.raises(InvalidConfig, match="set either 'startingOffsets' or 'startingTimestamp'"):
+        _read(topic="a", startingOffsets="latest", startingTimestamp="5")
+
+
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("kafka.bootstrap.servers", "metaAddress"),
+        ("kafka.group.id", "group"),
+        ("groupIdPrefix", "group"),
+        ("kafka.max.poll.records", "Kafka's Java client"),
+        ("kafkaConsumer.pollTimeoutMs", "requestTimeoutS"),
+        ("fetchOffset.numRetries", "retries"),
+        ("path", "topic option"),
+    ],
+)
+def test_kafka_options_without_an_equivalent_are_refused_with_the_reason(name: str, reason: str) -> None:
+    with pytest.raises(InvalidConfig, match=f"option '{name}': not supported: .*{reason}"):
+        _read(topic="t", **{name: "x"})
+
+
+def test_spark_own_options_reach_the_stream_writer_and_are_accepted() -> None:
+    options = {"topic": "t", "checkpointlocation": "/tmp/ck", "queryname": "q"}
+    assert SinkOptions.parse(options, ["value"], "writeStream").topic == "t"
+    with pytest.raises(InvalidConfig, match="option 'checkpointlocation'"):
+        SinkOptions.parse(options, ["value"], "write")
+
+
+def test_timestamp_options() -> None:
+    by_partition = '{"t": {"0": 1000, "1": 2000}}'
+    options = _read(
+        topic="t", startingOffsetsByTimestamp=by_partition, startingOffsetsByTimestampStrategy="error"
+    )
+    assert options.starting_by_timestamp == {"t": {0: 1000, 1: 2000}}
+    assert options.starting_timestamp_strategy == "error"
+    assert _read(topic="t", startingTimestamp="5").starting_timestamp_strategy == "latest"
+    assert _read(topic="t", endingTimestamp="9").ending_timestamp_ms == 9
+    assert _read(topic="t", endingOffsetsByTimestamp=by_partition).ending_by_timestamp == {
+        "t": {0: 1000, 1: 2000}
+    }
+    with pytest.raises(InvalidConfig, match="option 'startingOffsetsByTimestampStrategy': applies only with"):
+        _read(topic="t", startingOffsetsByTimestampStrategy="error")
+    with pytest.raises(InvalidConfig, match=r"option 'startingOffsetsByTimestamp': .*milliseconds"):
+        _read(topic="t", startingOffsetsByTimestamp='{"t": {"0": -1}}')
+    with pytest.raises(
+        InvalidConfig, match="option 'endingOffsetsByTimestamp': names topics that are not read"
+    ):
+        _read(topic="t", endingOffsetsByTimestamp='{"u": {"0": 1}}')
+
+
+def test_assign() -> None:
+    options = _read(assign='{"b": [1, 0], "a": [2]}')
+    assert options.topics == ("a", "b") and options.assign == {"a": (2,), "b": (0, 1)}
+    with pytest.raises(InvalidConfig, match="option 'assign'"):
+        _read(assign='{"b": "0"}')
+    with pytest.raises(
+        InvalidConfig, match=r"option 'startingOffsets': topic 'a': partitions \[0\] are not assigned"
+    ):
+        _read(assign='{"a": [2]}', startingOffsets='{"a": {"0": 5}}')
+
+
+def test_trigger_limits() -> None:
+    with pytest.raises(
+        InvalidConfig, match="option 'maxTriggerDelay': applies only with minRecordsPerTrigger"
+    ):
+        _read("readStream", topic="t", maxTriggerDelay="5s")
+    with pytest.raises(InvalidConfig, match="option 'maxTriggerDelay': expected a duration"):
+        _read("readStream", topic="t", minRecordsPerTrigger="5", maxTriggerDelay="soon")
+    with pytest.raises(
+        InvalidConfig, match="option 'minOffsetsPerTrigger': 50 is above maxOffsetsPerTrigger"
+    ):
+        _read("readStream", topic="t", minOffsetsPerTrigger="50", maxOffsetsPerTrigger="10")
+    assert _read("readStream", topic="t", minRecordsPerTrigger="5").max_trigger_delay_ms == 15 * 60_000
+
+
+def test_filters_do_not_combine_with_ranges_output() -> None:
+    with pytest.raises(InvalidConfig, match="option 'key': does not apply with output=ranges"):
+        _read(topic="t", output="ranges", key="k")
+
+
+@pytest.mark.parametrize(
+    "options, name",
+    [
+        ({"acks": "0"}, "acks"),
+        ({"acks": "2"}, "acks"),
+        ({"maxRequestBytes": "1000"}, "maxRequestBytes"),
+        ({"maxRequestBytes": str(100 * 1024 * 1024)}, "maxRequestBytes"),
+    ],
+)
+def test_bad_sink_values_name_the_option(options: dict, name: str) -> None:
+    with pytest.raises(InvalidConfig, match=f"option '{name}'"):
+        SinkOptions.parse({"topic": "t", **options}, ["value"])
+
+
+def test_docs_list_every_option_as_the_table_has_it() -> None:
+    from robustmq.connector._option_table import documented, render_docs
+
+    text = DOCS.read_text()
+    assert documented(text) == render_docs(), (
+        "docs/spark.md's option tables differ from connector/_option_table.py; regenerate them with "
+        "python -c \"from robustmq.connector import _option_table as t; t.rewrite('docs/spark.md')\""
+    )

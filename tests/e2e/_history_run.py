@@ -1,0 +1,252 @@
+"""One history run: a real cluster, the workers and the nemesis, then healing and the final reads.
+
+:func:`run` starts ``robustmq meta`` and ``robustmq storage-node`` (see
+:mod:`tests.e2e._history_nemesis`), creates the topics, runs the workers and
+the nemesis for ``settings.duration_s``, stops them (each bounded by a
+timeout; a thread that does not stop is recorded as ``stuck``), heals every
+fault, and then:
+
+1. probes every partition with one write, retried for ``probe_timeout_s``
+   (liveness after healing: no accepted write is ``stuck``);
+2. settles topics whose delete or create was left in doubt;
+3. records each topic's existence (``final_topic``), each partition's
+   segment chain (``final_chain``) and a full read of each partition from its
+   earliest offset to its high watermark (``final_read``, bounded by
+   ``final_timeout_s``), so the checker can tell a lost write from an unseen one.
+
+The processes are stopped in ``finally`` whatever happens.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import robustmq
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq.errors import RobustMQError, TopicNotFound
+from tests.e2e._history import INFO, OK, History, write_value
+from tests.e2e._history_nemesis import Cluster, Nemesis, faults_of
+from tests.e2e._history_worker import Worker, refused
+from tests.e2e._history_workload import Settings, TopicPlan, TopicSlot
+
+__all__ = ["run"]
+
+FINAL = "final"
+
+
+def run(settings: Settings, root: Path, cluster: Cluster | None = None) -> History:
+    """Run ``settings`` against a fresh cluster under ``root``; return the recorded history."""
+    history = History()
+    cluster = cluster or Cluster(root)
+    stop = threading.Event()
+    nemesis: Nemesis | None = None
+    try:
+        cluster.start()
+        with robustmq.connect(cluster.meta_address, timeout_s=settings.client_timeout_s) as client:
+            slots = [_create(client, plan, history, settings) for plan in settings.topics]
+        workers = [
+            Worker(index, settings, slots, history, cluster.meta_address, stop)
+            for index in range(len(settings.worker_seeds))
+        ]
+        nemesis = Nemesis(faults_of(cluster), settings.faults, history, stop)
+        for thread in (*workers, nemesis):
+            thread.start()
+        time.sleep(settings.duration_s)
+        stop.set()
+        nemesis.join(settings.nemesis_join_s)
+        if nemesis.is_alive():
+            _stuck(history, f"the nemesis did not finish its step within {settings.nemesis_join_s}s")
+        nemesis.heal_all()
+        deadline = time.monotonic() + settings.worker_join_s
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+            if worker.is_alive():
+                _stuck(history, f"worker {worker.process} did not stop within {settings.worker_join_s}s")
+        with robustmq.connect(cluster.meta_address, timeout_s=settings.client_timeout_s) as client:
+            _final(client, slots, history, settings)
+    finally:
+        stop.set()
+        if nemesis is not None:
+            nemesis.heal_all()
+        cluster.stop()
+    return history
+
+
+def _stuck(history: History, what: str) -> None:
+    history.complete(history.invoke("harness", "stuck", {"what": what}), INFO)
+
+
+def _create(client: robustmq.Client, plan: TopicPlan, history: History, settings: Settings) -> TopicSlot:
+    deadline = time.monotonic() + settings.admin_timeout_s
+    while True:
+        invocation = history.invoke("setup", "create", {"topic": plan.name, "inc": 1})
+        try:
+            client.create_topic(
+                plan.name,
+                plan.partitions,
+                engine=plan.engine,
+                segment_bytes_max=plan.segment_bytes_max,
+                roll_interval_ms=plan.roll_interval_ms,
+            )
+        except RobustMQError as error:
+            history.complete(invocation, INFO, error=repr(error))
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+            continue
+        history.complete(invocation, OK)
+        return TopicSlot(plan)
+
+
+def _final(client: robustmq.Client, slots: list[TopicSlot], history: History, settings: Settings) -> None:
+    rng = random.Random(settings.seed ^ 0x5EED)
+    live: dict[str, int] = {}
+    for slot in slots:
+        inc = _settle(client, slot, history, settings)
+        if inc is None:
+            continue
+        live[slot.name] = inc
+        producer_id = rng.getrandbits(62)
+        for partition in range(slot.plan.partitions):
+            _probe(client, slot.name, inc, partition, producer_id, history, settings)
+    time.sleep(1.0)  # let the node answer what it still holds from before the heal
+    for slot in slots:
+        if slot.name not in live:
+            continue
+        chains = _describe(client, slot.name, settings)
+        for partition in range(slot.plan.partitions):
+            value: dict[str, Any] = {"topic": slot.name, "inc": live[slot.name], "partition": partition}
+            invocation = history.invoke(FINAL, "final_chain", value)
+            if chains is None:
+                history.complete(invocation, INFO, error="describe_topic did not answer")
+            else:
+                history.complete(invocation, OK, {**value, "segments": chains[partition]})
+            _final_read(client, value, history, settings)
+
+
+def _settle(client: robustmq.Client, slot: TopicSlot, history: History, settings: Settings) -> int | None:
+    """The incarnation that exists now (None: none does), recorded as ``final_topic``."""
+    exists = _describe(client, slot.name, settings) is not None
+    if slot.doubt is None:
+        inc, expected = slot.inc, True
+    else:
+        inc, expected = slot.doubt[1], exists  # a doubtful delete or create: existence settles it
+    value = {"topic": slot.name, "inc": inc, "expected": expected, "exists": exists}
+    history.complete(history.invoke(FINAL, "final_topic", value), OK)
+    return inc if exists else None
+
+
+def _describe(client: robustmq.Client, topic: str, settings: Settings) -> dict[int, list[list[Any]]] | None:
+    deadline = time.monotonic() + settings.final_timeout_s
+    while True:
+        try:
+            description = client.describe_topic(topic)
+        except TopicNotFound:
+            return None
+        except RobustMQError:
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.5)
+            continue
+        return {
+            shard.partition: [
+                [s.epoch, s.start_offset, s.end_offset, pb.SegmentState.Name(s.state)] for s in shard.segments
+            ]
+            for shard in description.shards
+        }
+
+
+def _probe(
+    client: robustmq.Client,
+    topic: str,
+    inc: int,
+    partition: int,
+    producer_id: int,
+    history: History,
+    settings: Settings,
+) -> None:
+    """One write to the partition, retried (same sequence) until it is acknowledged."""
+    sequence = 0  # one producer id per topic, one sequence per partition
+    value = write_value(topic, inc, FINAL, partition)
+    deadline = time.monotonic() + settings.probe_timeout_s
+    while True:
+        invocation = history.invoke(
+            FINAL,
+            "produce",
+            {
+                "topic": topic,
+                "inc": inc,
+                "writes": [[partition, value]],
+                "producer_id": producer_id,
+                "sequence": sequence,
+            },
+        )
+        try:
+            answer = client.produce(
+                topic,
+                partition,
+                robustmq.build_records([value.encode()]),
+                producer_id=producer_id,
+                sequence=sequence,
+            )
+        except RobustMQError as error:
+            definite = refused(error)
+            history.complete(
+                invocation,
+                INFO,
+                {
+                    **invocation.value,
+                    "acked": [],
+                    "failed": [value] if definite else [],
+                    "unknown": [] if definite else [value],
+                },
+                repr(error),
+            )
+            if definite or time.monotonic() > deadline:
+                _stuck(
+                    history,
+                    f"no write to {topic} partition {partition} accepted within "
+                    f"{settings.probe_timeout_s}s after healing ({error!r})",
+                )
+                return
+            time.sleep(0.5)
+            continue
+        acked = [[value, partition, answer.base_offset, answer.epoch, answer.duplicate]]
+        history.complete(invocation, OK, {**invocation.value, "acked": acked, "failed": [], "unknown": []})
+        return
+
+
+def _final_read(client: robustmq.Client, value: dict[str, Any], history: History, settings: Settings) -> None:
+    invocation = history.invoke(FINAL, "final_read", value)
+    deadline = time.monotonic() + settings.final_timeout_s
+    topic, partition = value["topic"], value["partition"]
+    error: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            earliest, high_watermark = client.list_offsets(topic)[partition]
+            records: list[list[Any]] = []
+            position = earliest
+            while position < high_watermark:
+                table = client.read(topic, partition, position, 10_000)
+                if table.num_rows == 0:
+                    break
+                offsets = table.column("offset").to_pylist()
+                values = table.column("value").to_pylist()
+                records += [
+                    [o, v.decode("utf-8", "replace") if v is not None else None]
+                    for o, v in zip(offsets, values, strict=True)
+                ]
+                position = offsets[-1] + 1
+        except RobustMQError as failure:
+            error = failure
+            time.sleep(0.5)
+            continue
+        history.complete(
+            invocation, OK, {**value, "earliest": earliest, "hw": high_watermark, "records": records}
+        )
+        return
+    history.complete(invocation, INFO, error=f"no full read within {settings.final_timeout_s}s: {error!r}")

@@ -225,7 +225,9 @@ class Worker(threading.Thread):
                     "partition": pa.array([p for p, _ in writes], pa.int32()),
                 }
             )
-            with self._op("send_batch", {"topic": slot.name, "inc": inc, "writes": writes}) as op:
+            with self._op(
+                "send_batch", {"topic": slot.name, "inc": inc, "writes": [list(w) for w in writes]}
+            ) as op:
                 producer = self._producer()
                 values = [v for _, v in writes]
                 try:

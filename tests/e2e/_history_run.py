@@ -11,8 +11,11 @@ fault, and then:
 2. settles topics whose delete or create was left in doubt;
 3. records each topic's existence (``final_topic``), each partition's
    segment chain (``final_chain``) and a full read of each partition from its
-   earliest offset to its high watermark (``final_read``, bounded by
-   ``final_timeout_s``), so the checker can tell a lost write from an unseen one.
+   earliest offset to its high watermark (``final_read``), so the checker can
+   tell a lost write from an unseen one.
+
+The whole final phase ends within ``final_timeout_s`` (what it could not do by
+then is recorded as ``info``, which the checker reports as ``stuck``).
 
 The processes are stopped in ``finally`` whatever happens.
 """
@@ -103,21 +106,27 @@ def _create(client: robustmq.Client, plan: TopicPlan, history: History, settings
 
 
 def _final(client: robustmq.Client, slots: list[TopicSlot], history: History, settings: Settings) -> None:
+    """Probe, settle and read everything back; the whole phase ends by ``final_timeout_s``."""
     rng = random.Random(settings.seed ^ 0x5EED)
+    deadline = time.monotonic() + settings.final_timeout_s
     live: dict[str, int] = {}
     for slot in slots:
-        inc = _settle(client, slot, history, settings)
+        inc = _settle(client, slot, history, deadline)
         if inc is None:
             continue
         live[slot.name] = inc
         producer_id = rng.getrandbits(62)
         for partition in range(slot.plan.partitions):
-            _probe(client, slot.name, inc, partition, producer_id, history, settings)
+            probe_deadline = min(deadline, time.monotonic() + settings.probe_timeout_s)
+            _probe(client, slot.name, inc, partition, producer_id, history, probe_deadline)
     time.sleep(1.0)  # let the node answer what it still holds from before the heal
     for slot in slots:
         if slot.name not in live:
             continue
-        chains = _describe(client, slot.name, settings)
+        try:
+            chains = _describe(client, slot.name, deadline)
+        except RobustMQError:
+            chains = None
         for partition in range(slot.plan.partitions):
             value: dict[str, Any] = {"topic": slot.name, "inc": live[slot.name], "partition": partition}
             invocation = history.invoke(FINAL, "final_chain", value)
@@ -125,12 +134,17 @@ def _final(client: robustmq.Client, slots: list[TopicSlot], history: History, se
                 history.complete(invocation, INFO, error="describe_topic did not answer")
             else:
                 history.complete(invocation, OK, {**value, "segments": chains[partition]})
-            _final_read(client, value, history, settings)
+            _final_read(client, value, history, deadline)
 
 
-def _settle(client: robustmq.Client, slot: TopicSlot, history: History, settings: Settings) -> int | None:
-    """The incarnation that exists now (None: none does), recorded as ``final_topic``."""
-    exists = _describe(client, slot.name, settings) is not None
+def _settle(client: robustmq.Client, slot: TopicSlot, history: History, deadline: float) -> int | None:
+    """The incarnation that exists now (None: none does, or the Meta Service cannot say),
+    recorded as ``final_topic``."""
+    try:
+        exists = _describe(client, slot.name, deadline) is not None
+    except RobustMQError as error:
+        _stuck(history, f"cannot tell whether topic {slot.name} exists after healing: {error!r}")
+        return None
     if slot.doubt is None:
         inc, expected = slot.inc, True
     else:
@@ -140,8 +154,9 @@ def _settle(client: robustmq.Client, slot: TopicSlot, history: History, settings
     return inc if exists else None
 
 
-def _describe(client: robustmq.Client, topic: str, settings: Settings) -> dict[int, list[list[Any]]] | None:
-    deadline = time.monotonic() + settings.final_timeout_s
+def _describe(client: robustmq.Client, topic: str, deadline: float) -> dict[int, list[list[Any]]] | None:
+    """Each partition's segment chain; None if the topic does not exist; raises the last error
+    if the Meta Service gave no answer by ``deadline``."""
     while True:
         try:
             description = client.describe_topic(topic)
@@ -149,7 +164,7 @@ def _describe(client: robustmq.Client, topic: str, settings: Settings) -> dict[i
             return None
         except RobustMQError:
             if time.monotonic() > deadline:
-                return None
+                raise
             time.sleep(0.5)
             continue
         return {
@@ -167,12 +182,12 @@ def _probe(
     partition: int,
     producer_id: int,
     history: History,
-    settings: Settings,
+    deadline: float,
 ) -> None:
     """One write to the partition, retried (same sequence) until it is acknowledged."""
     sequence = 0  # one producer id per topic, one sequence per partition
     value = write_value(topic, inc, FINAL, partition)
-    deadline = time.monotonic() + settings.probe_timeout_s
+    started = time.monotonic()
     while True:
         invocation = history.invoke(
             FINAL,
@@ -210,7 +225,7 @@ def _probe(
                 _stuck(
                     history,
                     f"no write to {topic} partition {partition} accepted within "
-                    f"{settings.probe_timeout_s}s after healing ({error!r})",
+                    f"{time.monotonic() - started:.0f}s after healing ({error!r})",
                 )
                 return
             time.sleep(0.5)
@@ -220,9 +235,9 @@ def _probe(
         return
 
 
-def _final_read(client: robustmq.Client, value: dict[str, Any], history: History, settings: Settings) -> None:
+def _final_read(client: robustmq.Client, value: dict[str, Any], history: History, deadline: float) -> None:
     invocation = history.invoke(FINAL, "final_read", value)
-    deadline = time.monotonic() + settings.final_timeout_s
+    started = time.monotonic()
     topic, partition = value["topic"], value["partition"]
     error: BaseException | None = None
     while time.monotonic() < deadline:
@@ -249,4 +264,6 @@ def _final_read(client: robustmq.Client, value: dict[str, Any], history: History
             invocation, OK, {**value, "earliest": earliest, "hw": high_watermark, "records": records}
         )
         return
-    history.complete(invocation, INFO, error=f"no full read within {settings.final_timeout_s}s: {error!r}")
+    history.complete(
+        invocation, INFO, error=f"no full read within {time.monotonic() - started:.0f}s: {error!r}"
+    )

@@ -328,9 +328,13 @@ class Worker(threading.Thread):
                     linger_ms=0, delivery_timeout_s=4.0, request_timeout_s=2.0, max_block_s=2.0
                 )
                 try:
-                    future = poison.send(slot.name, value, partition=partition, tags=[POISON_TAG])
                     try:
-                        future.result(10.0)
+                        future = poison.send(slot.name, value, partition=partition, tags=[POISON_TAG])
+                    except RobustMQError as error:  # refused before it was queued
+                        op.finish(*_outcome([], [value], []), repr(error))
+                        return
+                    try:
+                        meta = future.result(10.0)
                     except RobustMQError as error:
                         definite = future.done() and refused(error)
                         op.finish(
@@ -338,9 +342,7 @@ class Worker(threading.Thread):
                             repr(error),
                         )
                         return
-                    op.finish(
-                        OK, {"acked": [[value, partition, -1, None, False]], "failed": [], "unknown": []}
-                    )
+                    op.finish(*_outcome([[value, meta.partition, meta.offset, None, False]], [], []))
                 finally:
                     with suppress(RobustMQError):
                         poison.close(timeout_s=5.0)
@@ -436,7 +438,8 @@ class Worker(threading.Thread):
                 slot.doubt = ("create", slot.inc)
 
     def admin(self, action: str, slot: TopicSlot, inc: int) -> bool:
-        """Run a delete or create until its outcome is known (True) or ``admin_timeout_s`` passes."""
+        """Run a delete or create until its outcome is known (True), ``admin_timeout_s`` passes
+        or the run stops (False: the final phase settles it)."""
         assert self.client is not None
         deadline = time.monotonic() + self.settings.admin_timeout_s
         tried = False
@@ -467,7 +470,7 @@ class Worker(threading.Thread):
                 except RobustMQError as error:
                     op.finish(INFO, error=repr(error))
             tried = True
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or self.stop_event.is_set():
                 return False
             time.sleep(0.5)
 

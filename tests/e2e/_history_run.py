@@ -6,16 +6,17 @@ the nemesis for ``settings.duration_s``, stops them (each bounded by a
 timeout; a thread that does not stop is recorded as ``stuck``), heals every
 fault, and then:
 
-1. probes every partition with one write, retried for ``probe_timeout_s``
-   (liveness after healing: no accepted write is ``stuck``);
-2. settles topics whose delete or create was left in doubt;
+1. settles topics whose delete or create was left in doubt;
+2. probes every partition with one write, retried until it is acknowledged
+   (liveness after healing: a partition that accepts no write is ``stuck``);
 3. records each topic's existence (``final_topic``), each partition's
    segment chain (``final_chain``) and a full read of each partition from its
    earliest offset to its high watermark (``final_read``), so the checker can
    tell a lost write from an unseen one.
 
-The whole final phase ends within ``final_timeout_s`` (what it could not do by
-then is recorded as ``info``, which the checker reports as ``stuck``).
+Probing ends within ``probe_timeout_s`` and reading within ``final_timeout_s``,
+each partition having at least one try; what could not be done by then is
+recorded as ``info``, which the checker reports as ``stuck``.
 
 The processes are stopped in ``finally`` whatever happens.
 """
@@ -106,9 +107,10 @@ def _create(client: robustmq.Client, plan: TopicPlan, history: History, settings
 
 
 def _final(client: robustmq.Client, slots: list[TopicSlot], history: History, settings: Settings) -> None:
-    """Probe, settle and read everything back; the whole phase ends by ``final_timeout_s``."""
+    """Settle and probe (within ``probe_timeout_s``), then read everything back (within
+    ``final_timeout_s``); each partition gets at least one try."""
     rng = random.Random(settings.seed ^ 0x5EED)
-    deadline = time.monotonic() + settings.final_timeout_s
+    deadline = time.monotonic() + settings.probe_timeout_s
     live: dict[str, int] = {}
     for slot in slots:
         inc = _settle(client, slot, history, deadline)
@@ -117,9 +119,9 @@ def _final(client: robustmq.Client, slots: list[TopicSlot], history: History, se
         live[slot.name] = inc
         producer_id = rng.getrandbits(62)
         for partition in range(slot.plan.partitions):
-            probe_deadline = min(deadline, time.monotonic() + settings.probe_timeout_s)
-            _probe(client, slot.name, inc, partition, producer_id, history, probe_deadline)
+            _probe(client, slot.name, inc, partition, producer_id, history, deadline)
     time.sleep(1.0)  # let the node answer what it still holds from before the heal
+    deadline = time.monotonic() + settings.final_timeout_s
     for slot in slots:
         if slot.name not in live:
             continue
@@ -240,7 +242,7 @@ def _final_read(client: robustmq.Client, value: dict[str, Any], history: History
     started = time.monotonic()
     topic, partition = value["topic"], value["partition"]
     error: BaseException | None = None
-    while time.monotonic() < deadline:
+    while True:
         try:
             earliest, high_watermark = client.list_offsets(topic)[partition]
             records: list[list[Any]] = []
@@ -258,6 +260,8 @@ def _final_read(client: robustmq.Client, value: dict[str, Any], history: History
                 position = offsets[-1] + 1
         except RobustMQError as failure:
             error = failure
+            if time.monotonic() > deadline:
+                break
             time.sleep(0.5)
             continue
         history.complete(

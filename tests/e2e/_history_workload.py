@@ -77,8 +77,8 @@ class Settings:
     lock_timeout_s: float = 15.0
     worker_join_s: float = 40.0  # longer than any one operation (send: 18 s, then closing the producer)
     nemesis_join_s: float = 75.0  # longer than a restart (ready within 60 s)
-    probe_timeout_s: float = 30.0
-    final_timeout_s: float = 90.0  # the whole final phase: probes, settling, chains and reads
+    probe_timeout_s: float = 30.0  # settling topics and probing every partition, all together
+    final_timeout_s: float = 60.0  # chains and full reads of every partition, all together
 
     @classmethod
     def derive(cls, seed: int, variant: str) -> Settings:

@@ -79,13 +79,17 @@ class _Recording:
         self.completed = False
 
     def finish(self, type_: str, value: dict[str, Any] | None = None, error: str | None = None) -> None:
-        if not self.completed:
-            self.completed = True
-            self.history.complete(self.invocation, type_, {**self.invocation.value, **(value or {})}, error)
+        if self.completed:
+            return
+        self.completed = True
+        writes = self.invocation.value.get("writes")
+        if value is None and writes is not None:  # ended without an outcome: every write is unknown
+            value = {"acked": [], "failed": [], "unknown": [v for _, v in writes]}
+        self.history.complete(self.invocation, type_, {**self.invocation.value, **(value or {})}, error)
 
 
 class Worker(threading.Thread):
-    """See the module docstring. ``client_factory`` makes the worker's client (the public API)."""
+    """See the module docstring; ``run`` is the thread's body and ends when ``stop`` is set."""
 
     def __init__(
         self,

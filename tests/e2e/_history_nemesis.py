@@ -2,7 +2,8 @@
 
 A :class:`Cluster` is a ``robustmq meta`` process and a ``robustmq
 storage-node`` process on loopback with fixed ports and data directories, so
-either can be killed and started again at the same address. Faults:
+either can be killed and started again at the same address; everything they
+print goes to ``meta.log`` and ``node.log`` beside their data. Faults:
 
 - :class:`Crash`: SIGKILL, then start again (heal);
 - :class:`Pause`: SIGSTOP, then SIGCONT (heal): the process holds its
@@ -40,8 +41,11 @@ class Cluster:
     def __init__(self, root: Path) -> None:
         self.meta_port, self.node_port = free_port(), free_port()
         self.meta_address = f"127.0.0.1:{self.meta_port}"
+        root.mkdir(parents=True, exist_ok=True)
+        self.log_paths = {"meta": root / "meta.log", "node": root / "node.log"}
         self.meta = ServerProcess(
-            ["meta", "--data-dir", str(root / "meta"), "--meta-port", str(self.meta_port)]
+            ["meta", "--data-dir", str(root / "meta"), "--meta-port", str(self.meta_port)],
+            log_path=self.log_paths["meta"],
         )
         self.node = ServerProcess(
             [
@@ -52,7 +56,8 @@ class Cluster:
                 str(self.node_port),
                 "--meta",
                 self.meta_address,
-            ]
+            ],
+            log_path=self.log_paths["node"],
         )
 
     def start(self) -> Cluster:
@@ -67,9 +72,6 @@ class Cluster:
                     os.kill(server.pid, signal.SIGCONT)  # a paused process cannot act on SIGTERM
         self.node.stop()
         self.meta.stop()
-
-    def logs(self) -> dict[str, str]:
-        return {"node": "".join(self.node.output), "meta": "".join(self.meta.output)}
 
 
 class Fault:

@@ -31,11 +31,18 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """A ``robustmq`` subcommand run as a child process; ready once it prints ``ready``."""
+    """A ``robustmq`` subcommand run as a child process; ready once it prints ``ready``.
 
-    def __init__(self, args: Sequence[str], *, env: dict[str, str] | None = None) -> None:
+    ``output`` keeps its last lines in memory; with ``log_path``, everything it
+    prints (over every start) is also appended to that file.
+    """
+
+    def __init__(
+        self, args: Sequence[str], *, env: dict[str, str] | None = None, log_path: Path | None = None
+    ) -> None:
         self.args = [sys.executable, "-m", "robustmq.cli", *args]
         self.env = {**os.environ, **(env or {})}
+        self.log_path = log_path
         self.process: subprocess.Popen[str] | None = None
         self.output: list[str] = []
         self._ready = threading.Event()
@@ -59,12 +66,22 @@ class ServerProcess:
 
     def _pump(self, process: subprocess.Popen[str]) -> None:
         assert process.stdout is not None
-        for line in process.stdout:
-            self.output.append(line)
-            if len(self.output) > 2000:
-                del self.output[:1000]
-            if line.strip() == "ready":
-                self._ready.set()
+        log = self.log_path.open("a") if self.log_path is not None else None
+        try:
+            for line in process.stdout:
+                if log is not None:
+                    log.write(line)
+                self._take(line)
+        finally:
+            if log is not None:
+                log.close()
+
+    def _take(self, line: str) -> None:
+        self.output.append(line)
+        if len(self.output) > 2000:
+            del self.output[:1000]
+        if line.strip() == "ready":
+            self._ready.set()
 
     @property
     def pid(self) -> int:

@@ -42,14 +42,13 @@ def run_and_check(variant: str, test: str, tmp_path: Path) -> None:
     analysis = check(history.ops())
     print(analysis.report(), flush=True)
     if not analysis.valid:
-        for name, text in cluster.logs().items():
-            (tmp_path / f"{name}.log").write_text(text)
         marker = "-m long " if variant == "long" else ""
         target = f"tests/e2e/test_history.py::{test}"
         rerun = f"{SEED_VARIABLE}={seed} .venv/bin/python -m pytest {marker}-s '{target}'"
         pytest.fail(
             f"history seed {seed} ({variant}) has anomalies:\n{analysis.report()}\n"
-            f"history: {saved}, server logs: {tmp_path}/node.log, meta.log\nrerun: {rerun}",
+            f"history: {saved}; server logs: {cluster.log_paths['node']}, {cluster.log_paths['meta']}\n"
+            f"rerun: {rerun}",
             pytrace=False,
         )
 

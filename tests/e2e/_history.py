@@ -70,6 +70,7 @@ __all__ = [
     "Op",
     "check",
     "value_tag",
+    "write_outcome",
     "write_value",
 ]
 
@@ -131,6 +132,18 @@ class History:
     @staticmethod
     def load(path: Path) -> list[Op]:
         return [Op(**json.loads(line)) for line in path.read_text().splitlines() if line]
+
+
+def write_outcome(acked: list[Any], failed: list[str], unknown: list[str]) -> tuple[str, dict[str, Any]]:
+    """A write's completion type and value: ``ok`` iff every record was acknowledged, ``fail``
+    iff every record certainly failed, else ``info``."""
+    if acked and not failed and not unknown:
+        type_ = OK
+    elif failed and not acked and not unknown:
+        type_ = FAIL
+    else:
+        type_ = INFO
+    return type_, {"acked": acked, "failed": failed, "unknown": unknown}
 
 
 def write_value(topic: str, inc: int, process: str, counter: int) -> str:

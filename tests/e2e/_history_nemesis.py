@@ -1,9 +1,8 @@
 """Faults for history runs: small classes with ``inject()`` and ``heal()`` over real processes.
 
-A :class:`Cluster` is a ``robustmq meta`` process and a ``robustmq
-storage-node`` process on loopback with fixed ports and data directories, so
-either can be killed and started again at the same address; everything they
-print goes to ``meta.log`` and ``node.log`` beside their data. Faults:
+The processes are a :class:`tests.e2e._procs.Cluster` (``robustmq meta`` and
+``robustmq storage-node`` on loopback, restartable at the same address).
+Faults:
 
 - :class:`Crash`: SIGKILL, then start again (heal);
 - :class:`Pause`: SIGSTOP, then SIGCONT (heal): the process holds its
@@ -24,54 +23,14 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 from tests.e2e._history import INFO, History
-from tests.e2e._procs import ServerProcess, free_port
+from tests.e2e._procs import Cluster, ServerProcess
 
-__all__ = ["FAULT_KINDS", "CleanRestart", "Cluster", "Crash", "Fault", "FaultStep", "Nemesis", "Pause"]
+__all__ = ["FAULT_KINDS", "CleanRestart", "Crash", "Fault", "FaultStep", "Nemesis", "Pause"]
 
 FAULT_KINDS = ("kill_node", "kill_meta", "pause_node", "pause_meta", "restart_node", "restart_meta")
 CLEAN_STOP_S = 20.0  # a clean stop that takes longer than this is reported as stuck
-
-
-class Cluster:
-    """The Meta Service and one storage node, each its own process."""
-
-    def __init__(self, root: Path) -> None:
-        self.meta_port, self.node_port = free_port(), free_port()
-        self.meta_address = f"127.0.0.1:{self.meta_port}"
-        root.mkdir(parents=True, exist_ok=True)
-        self.log_paths = {"meta": root / "meta.log", "node": root / "node.log"}
-        self.meta = ServerProcess(
-            ["meta", "--data-dir", str(root / "meta"), "--meta-port", str(self.meta_port)],
-            log_path=self.log_paths["meta"],
-        )
-        self.node = ServerProcess(
-            [
-                "storage-node",
-                "--data-dir",
-                str(root / "node"),
-                "--node-port",
-                str(self.node_port),
-                "--meta",
-                self.meta_address,
-            ],
-            log_path=self.log_paths["node"],
-        )
-
-    def start(self) -> Cluster:
-        self.meta.start()
-        self.node.start()
-        return self
-
-    def stop(self) -> None:
-        for server in (self.node, self.meta):
-            if server.alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(server.pid, signal.SIGCONT)  # a paused process cannot act on SIGTERM
-        self.node.stop()
-        self.meta.stop()
 
 
 class Fault:

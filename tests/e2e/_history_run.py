@@ -32,10 +32,11 @@ from typing import Any
 import robustmq
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import RobustMQError, TopicNotFound
-from tests.e2e._history import INFO, OK, History, write_value
-from tests.e2e._history_nemesis import Cluster, Nemesis, faults_of
+from tests.e2e._history import INFO, OK, History, write_outcome, write_value
+from tests.e2e._history_nemesis import Nemesis, faults_of
 from tests.e2e._history_worker import Worker, refused
 from tests.e2e._history_workload import Settings, TopicPlan, TopicSlot
+from tests.e2e._procs import Cluster
 
 __all__ = ["run"]
 
@@ -45,7 +46,7 @@ FINAL = "final"
 def run(settings: Settings, root: Path, cluster: Cluster | None = None) -> History:
     """Run ``settings`` against a fresh cluster under ``root``; return the recorded history."""
     history = History()
-    cluster = cluster or Cluster(root)
+    cluster = cluster or Cluster(root, log_dir=root)
     stop = threading.Event()
     nemesis: Nemesis | None = None
     try:
@@ -212,17 +213,8 @@ def _probe(
             )
         except RobustMQError as error:
             definite = refused(error)
-            history.complete(
-                invocation,
-                INFO,
-                {
-                    **invocation.value,
-                    "acked": [],
-                    "failed": [value] if definite else [],
-                    "unknown": [] if definite else [value],
-                },
-                repr(error),
-            )
+            type_, outcome = write_outcome([], [value] if definite else [], [] if definite else [value])
+            history.complete(invocation, type_, {**invocation.value, **outcome}, repr(error))
             if definite or time.monotonic() > deadline:
                 _stuck(
                     history,
@@ -232,8 +224,10 @@ def _probe(
                 return
             time.sleep(0.5)
             continue
-        acked = [[value, partition, answer.base_offset, answer.epoch, answer.duplicate]]
-        history.complete(invocation, OK, {**invocation.value, "acked": acked, "failed": [], "unknown": []})
+        type_, outcome = write_outcome(
+            [[value, partition, answer.base_offset, answer.epoch, answer.duplicate]], [], []
+        )
+        history.complete(invocation, type_, {**invocation.value, **outcome})
         return
 
 

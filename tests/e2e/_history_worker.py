@@ -47,7 +47,7 @@ from robustmq.errors import (
     TopicAlreadyExists,
     TopicNotFound,
 )
-from tests.e2e._history import FAIL, INFO, OK, History, Op, write_value
+from tests.e2e._history import FAIL, INFO, OK, History, Op, write_outcome, write_value
 from tests.e2e._history_workload import Settings, TopicSlot
 
 __all__ = ["Worker", "node_silent", "refused"]
@@ -127,17 +127,26 @@ class Worker(threading.Thread):
                     operation = self.rng.choices(*self._choices)[0]
                     slot = self.rng.choice(self.slots)
                     try:
-                        getattr(self, f"op_{operation}")(slot)
+                        if operation == "recreate":
+                            self.op_recreate(slot)
+                        else:
+                            with self._shared(slot) as inc:
+                                if inc is not None:  # else the topic is busy or in doubt: skip
+                                    getattr(self, f"op_{operation}")(slot, inc)
                     except Exception:  # recorded as info by the operation; keep the worker going
                         log.exception("worker %s: %s on %s", self.process, operation, slot.name)
                         time.sleep(0.1)
         finally:
             self._drop_producer()
 
+    @property
+    def _client(self) -> robustmq.Client:
+        assert self.client is not None, "only while run() is running"
+        return self.client
+
     def _producer(self) -> robustmq.Producer:
         if self.producer is None:
-            assert self.client is not None
-            self.producer = self.client.producer(
+            self.producer = self._client.producer(
                 linger_ms=2,
                 delivery_timeout_s=self.settings.delivery_timeout_s,
                 request_timeout_s=self.settings.request_timeout_s,
@@ -178,256 +187,224 @@ class Worker(threading.Thread):
 
     # -- writes --------------------------------------------------------------------------
 
-    def op_send(self, slot: TopicSlot) -> None:
-        with self._shared(slot) as inc:
-            if inc is None:
-                return
-            writes: list[list[Any]] = [
-                [self.rng.choice([None, self._partition(slot)]), self._value(slot, inc)]
-                for _ in range(self.rng.randint(1, 8))
-            ]
-            tainted = False
-            with self._op("send", {"topic": slot.name, "inc": inc, "writes": writes}) as op:
-                producer = self._producer()
-                futures: list[tuple[str, robustmq.RecordFuture]] = []
-                failed: list[str] = []
-                for position, (partition, value) in enumerate(writes):
-                    try:
-                        futures.append((value, producer.send(slot.name, value, partition=partition)))
-                    except RobustMQError:  # never queued: nothing of it or what follows was sent
-                        failed = [v for _, v in writes[position:]]
-                        break
-                acked: list[list[Any]] = []
-                unknown: list[str] = []
-                deadline = (
-                    time.monotonic() + self.settings.delivery_timeout_s + self.settings.request_timeout_s + 5
-                )
-                for value, future in futures:
-                    try:
-                        meta = future.result(max(0.1, deadline - time.monotonic()))
-                    except RobustMQError as error:
-                        tainted |= not future.done()
-                        (failed if future.done() and refused(error) else unknown).append(value)
-                        continue
-                    acked.append([value, meta.partition, meta.offset, None, False])
-                    slot.acked(inc, meta.partition, meta.offset)
-                op.finish(*_outcome(acked, failed, unknown))
-            if tainted:
-                self._drop_producer()
-
-    def op_send_batch(self, slot: TopicSlot) -> None:
-        with self._shared(slot) as inc:
-            if inc is None:
-                return
-            count = self.rng.randint(1, 40)
-            writes: list[tuple[int, str]] = [
-                (self._partition(slot), self._value(slot, inc)) for _ in range(count)
-            ]
-            table = pa.table(
-                {
-                    "value": pa.array([v.encode() for _, v in writes], pa.binary()),
-                    "partition": pa.array([p for p, _ in writes], pa.int32()),
-                }
+    def op_send(self, slot: TopicSlot, inc: int) -> None:
+        writes: list[list[Any]] = [
+            [self.rng.choice([None, self._partition(slot)]), self._value(slot, inc)]
+            for _ in range(self.rng.randint(1, 8))
+        ]
+        tainted = False
+        with self._op("send", {"topic": slot.name, "inc": inc, "writes": writes}) as op:
+            producer = self._producer()
+            futures: list[tuple[str, robustmq.RecordFuture]] = []
+            failed: list[str] = []
+            for position, (partition, value) in enumerate(writes):
+                try:
+                    futures.append((value, producer.send(slot.name, value, partition=partition)))
+                except RobustMQError:  # never queued: nothing of it or what follows was sent
+                    failed = [v for _, v in writes[position:]]
+                    break
+            acked: list[list[Any]] = []
+            unknown: list[str] = []
+            deadline = (
+                time.monotonic() + self.settings.delivery_timeout_s + self.settings.request_timeout_s + 5
             )
-            with self._op(
-                "send_batch", {"topic": slot.name, "inc": inc, "writes": [list(w) for w in writes]}
-            ) as op:
-                producer = self._producer()
-                values = [v for _, v in writes]
+            for value, future in futures:
                 try:
-                    future = producer.send_batch(slot.name, table)
-                except RobustMQError as error:  # nothing was queued
-                    op.finish(FAIL, {"acked": [], "failed": values, "unknown": []}, repr(error))
-                    return
-                try:
-                    metas = future.result(
-                        self.settings.delivery_timeout_s + self.settings.request_timeout_s + 5
-                    )
-                except Exception as error:  # some batches may have landed
-                    op.finish(INFO, {"acked": [], "failed": [], "unknown": values}, repr(error))
-                    if not future.done():
-                        self._drop_producer()
-                    return
-                rows: dict[int, list[str]] = {}
-                for partition, value in writes:
-                    rows.setdefault(partition, []).append(value)
-                acked = []
-                for meta in metas:  # batches in order; each takes the next rows of its partition
-                    taken, rows[meta.partition] = (
-                        rows[meta.partition][: meta.record_count],
-                        rows[meta.partition][meta.record_count :],
-                    )
-                    for i, value in enumerate(taken):
-                        offset = meta.base_offset + i if meta.base_offset >= 0 else -1
-                        acked.append([value, meta.partition, offset, None, meta.duplicate])
-                        slot.acked(inc, meta.partition, offset)
-                left = [v for values_left in rows.values() for v in values_left]
-                op.finish(*_outcome(acked, [], left))
-
-    def op_produce(self, slot: TopicSlot) -> None:
-        with self._shared(slot) as inc:
-            if inc is None:
-                return
-            assert self.client is not None
-            partition = self._partition(slot)
-            values = [self._value(slot, inc) for _ in range(self.rng.randint(1, 10))]
-            key = (slot.name, inc, partition)
-            sequence = self.sequences.get(key, 0)
-            self.sequences[key] = sequence + 1
-            producer_id = self.producer_ids.setdefault((slot.name, inc), self.rng.getrandbits(62))
-            writes = [[partition, v] for v in values]
-            with self._op(
-                "produce",
-                {
-                    "topic": slot.name,
-                    "inc": inc,
-                    "writes": writes,
-                    "producer_id": producer_id,
-                    "sequence": sequence,
-                },
-            ) as op:
-                try:
-                    answer = self.client.produce(
-                        slot.name,
-                        partition,
-                        robustmq.build_records([v.encode() for v in values]),
-                        producer_id=producer_id,
-                        sequence=sequence,
-                    )
+                    meta = future.result(max(0.1, deadline - time.monotonic()))
                 except RobustMQError as error:
-                    type_, outcome = _outcome(
-                        [], values if refused(error) else [], [] if refused(error) else values
-                    )
-                    op.finish(type_, {**outcome, "node_silent": node_silent(error)}, repr(error))
-                    return
-                offsets = [
-                    answer.base_offset + i if answer.base_offset >= 0 else -1 for i in range(len(values))
-                ]
-                for offset in offsets:
-                    slot.acked(inc, partition, offset)
-                acked: list[list[Any]] = [
-                    [
-                        v,
-                        partition,
-                        offsets[i],
-                        answer.epoch,
-                        answer.duplicate,
-                    ]
-                    for i, v in enumerate(values)
-                ]
-                op.finish(*_outcome(acked, [], []))
+                    tainted |= not future.done()
+                    (failed if future.done() and refused(error) else unknown).append(value)
+                    continue
+                acked.append([value, meta.partition, meta.offset, None, False])
+                slot.acked(inc, meta.partition, meta.offset)
+            op.finish(*write_outcome(acked, failed, unknown))
+        if tainted:
+            self._drop_producer()
 
-    def op_send_invalid(self, slot: TopicSlot) -> None:
-        """A record the node must refuse with a typed error, at once; it must never be read."""
-        with self._shared(slot) as inc:
-            if inc is None:
+    def op_send_batch(self, slot: TopicSlot, inc: int) -> None:
+        count = self.rng.randint(1, 40)
+        writes: list[tuple[int, str]] = [
+            (self._partition(slot), self._value(slot, inc)) for _ in range(count)
+        ]
+        table = pa.table(
+            {
+                "value": pa.array([v.encode() for _, v in writes], pa.binary()),
+                "partition": pa.array([p for p, _ in writes], pa.int32()),
+            }
+        )
+        with self._op(
+            "send_batch", {"topic": slot.name, "inc": inc, "writes": [list(w) for w in writes]}
+        ) as op:
+            producer = self._producer()
+            values = [v for _, v in writes]
+            try:
+                future = producer.send_batch(slot.name, table)
+            except RobustMQError as error:  # nothing was queued
+                op.finish(FAIL, {"acked": [], "failed": values, "unknown": []}, repr(error))
                 return
-            assert self.client is not None
-            partition = self._partition(slot)
-            value = self._value(slot, inc)
-            with self._op(
-                "send_invalid", {"topic": slot.name, "inc": inc, "writes": [[partition, value]]}
-            ) as op:
-                poison = self.client.producer(
-                    linger_ms=0, delivery_timeout_s=4.0, request_timeout_s=2.0, max_block_s=2.0
+            try:
+                metas = future.result(self.settings.delivery_timeout_s + self.settings.request_timeout_s + 5)
+            except Exception as error:  # some batches may have landed
+                op.finish(INFO, {"acked": [], "failed": [], "unknown": values}, repr(error))
+                if not future.done():
+                    self._drop_producer()
+                return
+            rows: dict[int, list[str]] = {}
+            for partition, value in writes:
+                rows.setdefault(partition, []).append(value)
+            acked = []
+            for meta in metas:  # batches in order; each takes the next rows of its partition
+                taken, rows[meta.partition] = (
+                    rows[meta.partition][: meta.record_count],
+                    rows[meta.partition][meta.record_count :],
                 )
+                for i, value in enumerate(taken):
+                    offset = meta.base_offset + i if meta.base_offset >= 0 else -1
+                    acked.append([value, meta.partition, offset, None, meta.duplicate])
+                    slot.acked(inc, meta.partition, offset)
+            left = [v for values_left in rows.values() for v in values_left]
+            op.finish(*write_outcome(acked, [], left))
+
+    def op_produce(self, slot: TopicSlot, inc: int) -> None:
+        partition = self._partition(slot)
+        values = [self._value(slot, inc) for _ in range(self.rng.randint(1, 10))]
+        key = (slot.name, inc, partition)
+        sequence = self.sequences.get(key, 0)
+        self.sequences[key] = sequence + 1
+        producer_id = self.producer_ids.setdefault((slot.name, inc), self.rng.getrandbits(62))
+        writes = [[partition, v] for v in values]
+        with self._op(
+            "produce",
+            {
+                "topic": slot.name,
+                "inc": inc,
+                "writes": writes,
+                "producer_id": producer_id,
+                "sequence": sequence,
+            },
+        ) as op:
+            try:
+                answer = self._client.produce(
+                    slot.name,
+                    partition,
+                    robustmq.build_records([v.encode() for v in values]),
+                    producer_id=producer_id,
+                    sequence=sequence,
+                )
+            except RobustMQError as error:
+                type_, outcome = write_outcome(
+                    [], values if refused(error) else [], [] if refused(error) else values
+                )
+                op.finish(type_, {**outcome, "node_silent": node_silent(error)}, repr(error))
+                return
+            offsets = [answer.base_offset + i if answer.base_offset >= 0 else -1 for i in range(len(values))]
+            for offset in offsets:
+                slot.acked(inc, partition, offset)
+            acked: list[list[Any]] = [
+                [
+                    v,
+                    partition,
+                    offsets[i],
+                    answer.epoch,
+                    answer.duplicate,
+                ]
+                for i, v in enumerate(values)
+            ]
+            op.finish(*write_outcome(acked, [], []))
+
+    def op_send_invalid(self, slot: TopicSlot, inc: int) -> None:
+        """A record the node must refuse with a typed error, at once; it must never be read."""
+        partition = self._partition(slot)
+        value = self._value(slot, inc)
+        with self._op("send_invalid", {"topic": slot.name, "inc": inc, "writes": [[partition, value]]}) as op:
+            poison = self._client.producer(
+                linger_ms=0, delivery_timeout_s=4.0, request_timeout_s=2.0, max_block_s=2.0
+            )
+            try:
                 try:
-                    try:
-                        future = poison.send(slot.name, value, partition=partition, tags=[POISON_TAG])
-                    except RobustMQError as error:  # refused before it was queued
-                        op.finish(*_outcome([], [value], []), repr(error))
-                        return
-                    try:
-                        meta = future.result(10.0)
-                    except RobustMQError as error:
-                        definite = future.done() and refused(error)
-                        op.finish(
-                            *_outcome([], [value] if definite else [], [] if definite else [value]),
-                            repr(error),
-                        )
-                        return
-                    op.finish(*_outcome([[value, meta.partition, meta.offset, None, False]], [], []))
-                finally:
-                    with suppress(RobustMQError):
-                        poison.close(timeout_s=5.0)
+                    future = poison.send(slot.name, value, partition=partition, tags=[POISON_TAG])
+                except RobustMQError as error:  # refused before it was queued
+                    op.finish(*write_outcome([], [value], []), repr(error))
+                    return
+                try:
+                    meta = future.result(10.0)
+                except RobustMQError as error:
+                    definite = future.done() and refused(error)
+                    op.finish(
+                        *write_outcome([], [value] if definite else [], [] if definite else [value]),
+                        repr(error),
+                    )
+                    return
+                op.finish(*write_outcome([[value, meta.partition, meta.offset, None, False]], [], []))
+            finally:
+                with suppress(RobustMQError):
+                    poison.close(timeout_s=5.0)
 
     # -- reads ---------------------------------------------------------------------------
 
-    def op_read(self, slot: TopicSlot) -> None:
-        with self._shared(slot) as inc:
-            if inc is None:
-                return
-            assert self.client is not None
-            partition = self._partition(slot)
-            end = slot.known_end(inc, partition)
-            offset = 0 if self.rng.random() < 0.3 else self.rng.randint(0, end)
-            value = {"topic": slot.name, "inc": inc, "partition": partition, "offset": offset}
-            with self._op("read", value) as op:
-                try:
-                    table = self.client.read(slot.name, partition, offset, self.rng.randint(1, 300))
-                except OffsetOutOfRange as error:
-                    op.finish(FAIL, error=repr(error))
-                    return
-                op.finish(OK, {"records": _records(table, with_partition=False)})
-
-    def op_consume(self, slot: TopicSlot) -> None:
-        with self._shared(slot) as inc:
-            if inc is None:
-                return
-            assert self.client is not None
-            base = {
-                "topic": slot.name,
-                "inc": inc,
-                "group": f"g{self.process}",
-                "session": next(self.sessions),
-            }
-            consumer = None
-            with self._op("subscribe", base) as op:
-                consumer = self.client.consumer(
-                    slot.name, group=base["group"], start="earliest", auto_commit=False, max_wait_ms=200
-                )
-                op.finish(OK, {"positions": sorted([p, o] for p, o in consumer.positions().items())})
-            if consumer is None:
-                return
+    def op_read(self, slot: TopicSlot, inc: int) -> None:
+        partition = self._partition(slot)
+        end = slot.known_end(inc, partition)
+        offset = 0 if self.rng.random() < 0.3 else self.rng.randint(0, end)
+        value = {"topic": slot.name, "inc": inc, "partition": partition, "offset": offset}
+        with self._op("read", value) as op:
             try:
-                for _ in range(self.rng.randint(1, 4)):
-                    polled = False
-                    with self._op("poll", base) as op:
-                        table = consumer.poll(timeout_s=1.0, max_records=self.rng.randint(1, 100))
-                        op.finish(OK, {"records": _records(table, with_partition=True)})
-                        polled = True
-                    if not polled:
-                        return  # unknown what the consumer holds now: end the session
-                if self.rng.random() < 0.7:
-                    offsets = sorted([p, o] for p, o in consumer.positions().items())
-                    with self._op("commit", {**base, "offsets": offsets}) as op:
-                        consumer.commit()
-                        op.finish(OK)
-            finally:
-                consumer.close()
+                table = self._client.read(slot.name, partition, offset, self.rng.randint(1, 300))
+            except OffsetOutOfRange as error:
+                op.finish(FAIL, error=repr(error))
+                return
+            op.finish(OK, {"records": _records(table, with_partition=False)})
+
+    def op_consume(self, slot: TopicSlot, inc: int) -> None:
+        base = {
+            "topic": slot.name,
+            "inc": inc,
+            "group": f"g{self.process}",
+            "session": next(self.sessions),
+        }
+        consumer = None
+        with self._op("subscribe", base) as op:
+            consumer = self._client.consumer(
+                slot.name, group=base["group"], start="earliest", auto_commit=False, max_wait_ms=200
+            )
+            op.finish(OK, {"positions": sorted([p, o] for p, o in consumer.positions().items())})
+        if consumer is None:
+            return
+        try:
+            for _ in range(self.rng.randint(1, 4)):
+                polled = False
+                with self._op("poll", base) as op:
+                    table = consumer.poll(timeout_s=1.0, max_records=self.rng.randint(1, 100))
+                    op.finish(OK, {"records": _records(table, with_partition=True)})
+                    polled = True
+                if not polled:
+                    return  # unknown what the consumer holds now: end the session
+            if self.rng.random() < 0.7:
+                offsets = sorted([p, o] for p, o in consumer.positions().items())
+                with self._op("commit", {**base, "offsets": offsets}) as op:
+                    consumer.commit()
+                    op.finish(OK)
+        finally:
+            consumer.close()
 
     # -- seals and topics ------------------------------------------------------------------
 
-    def op_seal(self, slot: TopicSlot) -> None:
-        with self._shared(slot) as inc:
-            if inc is None:
+    def op_seal(self, slot: TopicSlot, inc: int) -> None:
+        partition = self._partition(slot)
+        with self._op("seal", {"topic": slot.name, "inc": inc, "partition": partition}) as op:
+            try:
+                answer = self._client.seal(slot.name, partition)
+            except InvalidRequest as error:  # nothing to seal
+                op.finish(FAIL, error=repr(error))
                 return
-            assert self.client is not None
-            partition = self._partition(slot)
-            with self._op("seal", {"topic": slot.name, "inc": inc, "partition": partition}) as op:
-                try:
-                    answer = self.client.seal(slot.name, partition)
-                except InvalidRequest as error:  # nothing to seal
-                    op.finish(FAIL, error=repr(error))
-                    return
-                op.finish(
-                    OK,
-                    {
-                        "epoch": answer.sealed.epoch,
-                        "end": answer.sealed.end_offset,
-                        "next_epoch": answer.next.epoch,
-                    },
-                )
+            op.finish(
+                OK,
+                {
+                    "epoch": answer.sealed.epoch,
+                    "end": answer.sealed.end_offset,
+                    "next_epoch": answer.next.epoch,
+                },
+            )
 
     def op_recreate(self, slot: TopicSlot) -> None:
         """Delete the topic and create it again: a new incarnation with an empty log."""
@@ -444,17 +421,16 @@ class Worker(threading.Thread):
     def admin(self, action: str, slot: TopicSlot, inc: int) -> bool:
         """Run a delete or create until its outcome is known (True), ``admin_timeout_s`` passes
         or the run stops (False: the final phase settles it)."""
-        assert self.client is not None
         deadline = time.monotonic() + self.settings.admin_timeout_s
         tried = False
         while True:
             with self._op(action, {"topic": slot.name, "inc": inc}) as op:
                 try:
                     if action == "delete":
-                        self.client.delete_topic(slot.name)
+                        self._client.delete_topic(slot.name)
                     else:
                         plan = slot.plan
-                        self.client.create_topic(
+                        self._client.create_topic(
                             plan.name,
                             plan.partitions,
                             engine=plan.engine,
@@ -477,16 +453,6 @@ class Worker(threading.Thread):
             if time.monotonic() > deadline or self.stop_event.is_set():
                 return False
             time.sleep(0.5)
-
-
-def _outcome(acked: list[Any], failed: list[str], unknown: list[str]) -> tuple[str, dict[str, Any]]:
-    if acked and not failed and not unknown:
-        type_ = OK
-    elif failed and not acked and not unknown:
-        type_ = FAIL
-    else:
-        type_ = INFO
-    return type_, {"acked": acked, "failed": failed, "unknown": unknown}
 
 
 def _records(table: pa.Table, *, with_partition: bool) -> list[list[Any]]:

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.e2e._history import check
-from tests.e2e._history_nemesis import Cluster
 from tests.e2e._history_run import run
 from tests.e2e._history_workload import Settings
+from tests.e2e._procs import Cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +35,7 @@ def run_and_check(variant: str, test: str, tmp_path: Path) -> None:
     seed = _seed()
     settings = Settings.derive(seed, variant)
     print(settings.describe(), flush=True)
-    cluster = Cluster(tmp_path / "cluster")
+    cluster = Cluster(tmp_path / "cluster", log_dir=tmp_path / "cluster")
     history = run(settings, tmp_path / "cluster", cluster)
     saved = tmp_path / "history.jsonl"
     history.dump(saved)

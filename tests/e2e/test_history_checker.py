@@ -10,7 +10,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from tests.e2e._history import FAIL, INFO, OK, History, check, value_tag, write_value
+from tests.e2e._history import FAIL, INFO, OK, History, check, value_tag, write_outcome, write_value
 
 
 class Build:
@@ -38,23 +38,10 @@ class Build:
         duplicate: bool = False,
     ) -> None:
         writes = [[p, v] for v, p, _ in acked] + [[0, v] for v in [*failed, *unknown]]
-        if acked and not failed and not unknown:
-            type_ = OK
-        elif failed and not acked and not unknown:
-            type_ = FAIL
-        else:
-            type_ = INFO
-        self.op(
-            process,
-            f,
-            {"topic": topic, "inc": inc, "writes": writes},
-            type_,
-            {
-                "acked": [[v, p, o, epoch, duplicate] for v, p, o in acked],
-                "failed": list(failed),
-                "unknown": list(unknown),
-            },
+        type_, outcome = write_outcome(
+            [[v, p, o, epoch, duplicate] for v, p, o in acked], list(failed), list(unknown)
         )
+        self.op(process, f, {"topic": topic, "inc": inc, "writes": writes}, type_, outcome)
 
     def read(
         self, topic: str, inc: int, partition: int, offset: int, values: list[str], f: str = "read"

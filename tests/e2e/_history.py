@@ -238,7 +238,8 @@ class _Checker:
                 if invocation is not None:
                     self.pairs.append((invocation, op))
                 if op.f == "stuck":
-                    self.found["stuck"].append({"process": op.process, "what": op.value, "at": op.time})
+                    what = op.value.get("what", op.value) if isinstance(op.value, dict) else op.value
+                    self.found["stuck"].append({"process": op.process, "what": what, "at": op.time})
         for target, start in injected.values():  # never healed
             self.faults.append((target, start, float("inf")))
         for invocation in open_ops.values():

@@ -10,7 +10,8 @@ invocation and a completion in the :class:`History`:
   and sequence; its answer carries the epoch the write went to; a timeout
   records whether the storage node itself stayed silent) and
   ``send_invalid`` (a record the node must refuse: a 70 kB tag);
-- ``read`` (``Client.read`` from a random known offset);
+- ``read`` (``Client.read`` or one ``Client.fetch_records``, from offset 0
+  or a random acknowledged offset);
 - ``consume``: a consumer session of group ``g{process}``: ``subscribe``,
   one to four ``poll``\\ s, often a ``commit`` of what it polled;
 - ``seal`` (``Client.seal``);
@@ -346,10 +347,14 @@ class Worker(threading.Thread):
         partition = self._partition(slot)
         end = slot.known_end(inc, partition)
         offset = 0 if self.rng.random() < 0.3 else self.rng.randint(0, end)
-        value = {"topic": slot.name, "inc": inc, "partition": partition, "offset": offset}
+        via = self.rng.choice(["read", "fetch_records"])
+        value = {"topic": slot.name, "inc": inc, "partition": partition, "offset": offset, "via": via}
         with self._op("read", value) as op:
             try:
-                table = self._client.read(slot.name, partition, offset, self.rng.randint(1, 300))
+                if via == "read":
+                    table = self._client.read(slot.name, partition, offset, self.rng.randint(1, 300))
+                else:  # one fetch, as far as the node's byte limit goes
+                    table, _next, _high_watermark = self._client.fetch_records(slot.name, partition, offset)
             except OffsetOutOfRange as error:
                 op.finish(FAIL, error=repr(error))
                 return

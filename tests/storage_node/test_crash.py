@@ -14,6 +14,7 @@ from robustmq.storage_node import RocksDBEngine, SegmentEngine, StorageAdapter
 from tests.e2e._procs import kill_at_random_moment
 
 ROUNDS = 20
+MAX_ROUNDS = 60  # on a loaded machine a child may be killed before it acknowledged anything
 
 
 def _run_child(kind: str, root: Path, round_number: int, rng: random.Random) -> list[str]:
@@ -54,7 +55,7 @@ def test_sigkill_never_loses_an_acknowledged_batch(kind: str, tmp_path: Path) ->
     rng = random.Random(20_261_122)
     acked: list[tuple[str, int, int, str]] = []
     previous_total = 0
-    for round_number in range(ROUNDS):
+    for round_number in range(MAX_ROUNDS):
         lines = _run_child(kind, tmp_path, round_number, rng)
         for line in lines:
             _, shard, base, count, label = line.split()
@@ -66,5 +67,7 @@ def test_sigkill_never_loses_an_acknowledged_batch(kind: str, tmp_path: Path) ->
             engine.close()
         assert total >= previous_total
         previous_total = total
+        if round_number + 1 >= ROUNDS and len(acked) > ROUNDS:
+            break
     assert len(acked) > ROUNDS, "the children acknowledged too little to test anything"
     assert os.listdir(tmp_path)

@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test check bench-quick clean-venv
+.PHONY: demo test test-long check bench-quick clean-venv
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "robustmq needs Python >= 3.11; set PYTHON=python3.11")'
@@ -22,6 +22,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) scripts/check
+
+# The long history run (tests marked `long`, about 15 minutes): thousands of operations, tens of faults.
+test-long: $(STAMP)
+	$(PY) -m pytest -q -rA -m long tests
 
 bench-quick: $(STAMP)
 	$(PY) benchmarks/bench_storage.py --quick

@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 
 from robustmq._proto import robustmq_pb2_grpc as pb_grpc
+from robustmq._ready import announce_ready
 from robustmq.errors import RobustMQError, Unavailable
 
 from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
@@ -177,7 +178,7 @@ def run_meta(*, data_dir: str | Path, host: str = "127.0.0.1", port: int = DEFAU
             logger.error("the meta service cannot start: %s", exc)
             return 1
         try:
-            print("ready", flush=True)
+            announce_ready()
             while not stopping.wait(0.5):
                 pass
         finally:

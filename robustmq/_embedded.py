@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from robustmq._ready import announce_ready
 from robustmq.errors import RobustMQError
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ def run_server(*, data_dir: str | Path, host: str, meta_port: int, node_port: in
     from robustmq.storage_node._node import tune_gc_for_serving
 
     tune_gc_for_serving()
-    print("ready", flush=True)
+    announce_ready()
     stop.wait()
     cluster.stop()
     return 0

@@ -56,6 +56,7 @@ from robustmq.errors import (
     RecordBatchTooLarge,
     RequestTimeout,
     RobustMQError,
+    SegmentSealed,
     StaleEpoch,
 )
 
@@ -577,7 +578,7 @@ class Producer:
             self._client.metadata.invalidate(batch.topic, batch.partition)
             with self._wakeup:
                 if not self._abandoned:  # under the lock: close() may be failing the queue
-                    batch.retry_at = time.monotonic() + min(0.05 * 2 ** min(batch.attempts, 5), 1.0)
+                    batch.retry_at = time.monotonic() + _retry_delay_s(error, batch.attempts)
                     state.batches.appendleft(batch)
                     state.in_flight = None
                     self._wakeup.notify_all()
@@ -593,6 +594,15 @@ class Producer:
             self._buffered -= batch.size
             self._outstanding -= 1
             self._wakeup.notify_all()
+
+
+def _retry_delay_s(error: BaseException, attempts: int) -> float:
+    """Back-off before the next attempt. A sealed segment is routine (every seal answers the
+    writes held during it so): the refreshed metadata names the next epoch, so the first
+    two such retries go at once instead of adding 100 ms to every write a seal touched."""
+    if isinstance(error, SegmentSealed) and attempts <= 2:
+        return 0.0
+    return min(0.05 * 2 ** min(attempts, 5), 1.0)
 
 
 def _retriable(error: BaseException) -> bool:

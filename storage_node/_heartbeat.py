@@ -45,6 +45,9 @@ __all__ = ["DeletionLedger", "Heartbeat"]
 log = logging.getLogger("robustmq.node")
 
 _MAX_ACKS_PER_BEAT = 1000
+# Each report is under ~300 bytes (shard names have at most 249 characters): 10,000 stay
+# well below the Meta Service's 4 MiB message limit.
+_MAX_PROGRESS_PER_BEAT = 10_000
 _WOKEN_GATHER_S = 0.05
 
 
@@ -105,7 +108,7 @@ class Heartbeat(threading.Thread):
     def beat(self) -> None:
         """One heartbeat; raises if the Meta Service did not answer."""
         node = self._node
-        changed = node.take_changed()
+        changed = node.take_changed(_MAX_PROGRESS_PER_BEAT)
         progress = []
         reserved: dict[str, int] = {}
         states = []

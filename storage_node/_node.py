@@ -37,7 +37,6 @@ import logging
 import os
 import queue
 import signal
-import sys
 import threading
 import time
 import uuid
@@ -51,6 +50,7 @@ import zmq
 from robustmq._frame import crc32c
 from robustmq._node_protocol import MAX_HEADER_BYTES, error_response, table_payload
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq._ready import announce_ready
 from robustmq.errors import (
     Busy,
     InvalidRequest,
@@ -275,10 +275,16 @@ class StorageNode:
         for request in self.waiters.release(shard):
             self._submit_read(request)
 
-    def take_changed(self) -> set[str]:
-        """The shards written since the last call (the heartbeat reports their progress)."""
+    def take_changed(self, most: int) -> set[str]:
+        """Up to ``most`` of the shards written since they were last taken (the heartbeat
+        reports their progress); the rest wait for the next beat, so one beat's request
+        stays far below the Meta Service's message limit however many shards changed."""
         with self._changed_lock:
-            changed, self._changed = self._changed, set()
+            if len(self._changed) <= most:
+                changed, self._changed = self._changed, set()
+                return changed
+            changed = set(sorted(self._changed)[:most])
+            self._changed -= changed
         return changed
 
     def restore_changed(self, shards: set[str]) -> None:
@@ -632,10 +638,7 @@ def run_storage_node(
         log.error("storage node could not start: %s", error.message)
         return 1
     tune_gc_for_serving()
-    # One write: print() writes the newline separately, and a log line from another
-    # thread (stderr often shares the pipe) could land in between.
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
+    announce_ready()
     stop.wait()
     node.stop()
     return 0

@@ -35,6 +35,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from robustmq._ready import announce_ready
+
 from ._delta import PARTITION_BY, TABLE_SCHEMA, DeltaAppender, delta_spark_available
 from ._table import MIN_ORPHAN_RETENTION_HOURS, prepare_table
 
@@ -246,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print("ready", flush=True)
+    announce_ready()
     while query.isActive and not stop.is_set():
         try:
             query.awaitTermination(1)

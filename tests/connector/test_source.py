@@ -17,6 +17,7 @@ import robustmq
 from robustmq._embedded import EmbeddedCluster
 from robustmq._records import build_records
 from robustmq.errors import Unavailable
+from tests.e2e._procs import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -259,9 +260,14 @@ def test_records_lost_to_retention_fail_or_are_skipped(spark, cluster, client, t
         for _start in range(0, 4000, 200):
             producer.send_batch(topic, build_records([b"x" * 200] * 200)).result(30)
     assert cluster.node is not None
-    cluster.node._manager.driver("segment").enforce_retention()
+    node = cluster.node
+
+    def retention_applied() -> bool:  # seals run in the background: retry until they have happened
+        node.manager.driver("segment").enforce_retention()
+        return bool(client.list_offsets(topic)[0][0] > 0)
+
+    wait_until(retention_applied, timeout_s=30, interval_s=0.2)
     earliest = client.list_offsets(topic)[0][0]
-    assert earliest > 0
     stale = f'{{"{topic}": {{"0": 0}}}}'
     with pytest.raises(Exception, match="removed by retention"):
         _read(spark, cluster, topic, startingOffsets=stale).count()

@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,11 +31,18 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """A ``robustmq`` subcommand run as a child process; ready once it prints ``ready``."""
+    """A ``robustmq`` subcommand run as a child process; ready once it prints ``ready``.
 
-    def __init__(self, args: Sequence[str], *, env: dict[str, str] | None = None) -> None:
+    ``output`` keeps its last lines in memory; with ``log_path``, everything it
+    prints (over every start) is also appended to that file.
+    """
+
+    def __init__(
+        self, args: Sequence[str], *, env: dict[str, str] | None = None, log_path: Path | None = None
+    ) -> None:
         self.args = [sys.executable, "-m", "robustmq.cli", *args]
         self.env = {**os.environ, **(env or {})}
+        self.log_path = log_path
         self.process: subprocess.Popen[str] | None = None
         self.output: list[str] = []
         self._ready = threading.Event()
@@ -59,12 +66,22 @@ class ServerProcess:
 
     def _pump(self, process: subprocess.Popen[str]) -> None:
         assert process.stdout is not None
-        for line in process.stdout:
-            self.output.append(line)
-            if len(self.output) > 2000:
-                del self.output[:1000]
-            if line.strip() == "ready":
-                self._ready.set()
+        log = self.log_path.open("a") if self.log_path is not None else None
+        try:
+            for line in process.stdout:
+                if log is not None:
+                    log.write(line)
+                self._take(line)
+        finally:
+            if log is not None:
+                log.close()
+
+    def _take(self, line: str) -> None:
+        self.output.append(line)
+        if len(self.output) > 2000:
+            del self.output[:1000]
+        if line.strip() == "ready":
+            self._ready.set()
 
     @property
     def pid(self) -> int:
@@ -101,6 +118,46 @@ class ServerProcess:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) / 1024
         return 0.0
+
+
+class Cluster:
+    """A ``robustmq meta`` process and a ``robustmq storage-node`` process on loopback.
+
+    Ports and data directories (under ``root``) are fixed, so either process can
+    be killed or paused and started again at the same address. With ``log_dir``,
+    everything each one prints goes to ``meta.log`` / ``node.log`` there.
+    ``stop`` continues paused processes first (a stopped process cannot act on
+    SIGTERM), then stops both by their pids.
+    """
+
+    def __init__(self, root: Path, *, io_workers: int | None = None, log_dir: Path | None = None) -> None:
+        self.meta_port, self.node_port = free_port(), free_port()
+        self.meta_address = f"127.0.0.1:{self.meta_port}"
+        if log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_paths = {name: log_dir / f"{name}.log" for name in ("meta", "node")} if log_dir else {}
+        self.meta = ServerProcess(
+            ["meta", "--data-dir", str(root / "meta"), "--meta-port", str(self.meta_port)],
+            log_path=self.log_paths.get("meta"),
+        )
+        node = ["storage-node", "--data-dir", str(root / "node"), "--node-port", str(self.node_port)]
+        node += ["--meta", self.meta_address]
+        if io_workers is not None:
+            node += ["--io-workers", str(io_workers)]
+        self.node = ServerProcess(node, log_path=self.log_paths.get("node"))
+
+    def start(self) -> Cluster:
+        self.meta.start()
+        self.node.start()
+        return self
+
+    def stop(self) -> None:
+        for server in (self.node, self.meta):
+            if server.alive():
+                with suppress(ProcessLookupError):
+                    os.kill(server.pid, signal.SIGCONT)
+        self.node.stop()
+        self.meta.stop()
 
 
 @contextmanager

@@ -18,40 +18,9 @@ import robustmq
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records, encode_batch
 from robustmq.errors import RobustMQError
-from tests.e2e._procs import ServerProcess, free_port, running
+from tests.e2e._procs import Cluster, free_port, running
 
 pytestmark = pytest.mark.e2e
-
-
-class Cluster:
-    """A Meta Service process and a storage node process; either can be killed and restarted."""
-
-    def __init__(self, root: Path) -> None:
-        self.meta_port, self.node_port = free_port(), free_port()
-        self.meta_address = f"127.0.0.1:{self.meta_port}"
-        self.meta = ServerProcess(
-            ["meta", "--data-dir", str(root / "meta"), "--meta-port", str(self.meta_port)]
-        )
-        self.node = ServerProcess(
-            [
-                "storage-node",
-                "--data-dir",
-                str(root / "node"),
-                "--node-port",
-                str(self.node_port),
-                "--meta",
-                self.meta_address,
-            ]
-        )
-
-    def start(self) -> Cluster:
-        self.meta.start()
-        self.node.start()
-        return self
-
-    def stop(self) -> None:
-        self.node.stop()
-        self.meta.stop()
 
 
 @pytest.fixture

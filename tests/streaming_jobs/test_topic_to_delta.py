@@ -14,6 +14,7 @@ from deltalake import DeltaTable
 from robustmq._records import build_records
 from robustmq.streaming_jobs import delta_spark_available, read_table, start_topic_to_delta
 from robustmq.streaming_jobs.topic_to_delta import _failure_message, parser
+from tests.e2e._procs import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -229,9 +230,14 @@ def test_records_lost_to_retention_fail_clearly_or_skip(spark, cluster, client, 
     for start in range(300, 4000, 400):
         _produce_days(client, topic, start, min(400, 4000 - start), value_bytes=200)
     assert cluster.node is not None
-    cluster.node.manager.driver("segment").enforce_retention()
+    node = cluster.node
+
+    def retention_applied() -> bool:  # seals run in the background: retry until they have happened
+        node.manager.driver("segment").enforce_retention()
+        return bool(client.list_offsets(topic)[0][0] > 300)
+
+    wait_until(retention_applied, timeout_s=30, interval_s=0.2)
     earliest = client.list_offsets(topic)[0][0]
-    assert earliest > 300
 
     failed = _run_job(spark, cluster, topic, table, checkpoint).exception()
     assert failed is not None

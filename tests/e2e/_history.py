@@ -1,0 +1,602 @@
+"""A history of operations against the log, and the checker that judges it.
+
+The history is data, as in Jepsen: every operation a process runs is recorded
+twice, once when it is invoked and once when it completes, as an :class:`Op`
+(``process, type, f, value, time``). A completion is ``ok`` (it happened),
+``fail`` (it certainly did not happen) or ``info`` (unknown: a timeout, a lost
+answer, a crash of the server while it ran). A timeout is never ``fail``.
+
+:func:`check` is a pure function of a history (no clock, no I/O, no
+randomness); it returns an :class:`Analysis` with the anomalies it found,
+each with a count and a few examples (shortest first), and separately what a
+run with faults tolerates. Replication will reuse it unchanged: it knows
+topics, incarnations, partitions, offsets and values, not nodes.
+
+Values identify their write: ``{topic}#{incarnation}/{process}/{counter}``
+(:func:`write_value`), so a value read twice, or read in another incarnation
+of its topic, is told apart from a new write. An incarnation is one life of a
+topic between its creation and its deletion; a deleted and re-created topic
+starts a new, empty log.
+
+Shapes of ``value`` by ``f`` (completions repeat the invocation's keys):
+
+- writes (``send``, ``send_batch``, ``produce``, ``send_invalid``): invoke
+  ``{topic, inc, writes: [[partition or None, value]]}``; completion
+  ``{topic, inc, acked: [[value, partition, offset, epoch, duplicate]],
+  failed: [value], unknown: [value]}`` (offset -1: acknowledged without an
+  offset; epoch None: not known). ``ok`` iff every record was acknowledged.
+- ``read``: ``{topic, inc, partition, offset}`` -> ``records: [[offset, value]]``.
+- ``final_read`` (after healing, the whole partition): ``earliest, hw, records``.
+- ``final_chain``: ``segments: [[epoch, start, end, state]]`` (end -1: active).
+- consumer sessions: ``subscribe`` ``{topic, inc, group, session}`` ->
+  ``positions: [[partition, offset]]``; ``poll`` -> ``records: [[partition,
+  offset, value]]``; ``commit`` ``{..., offsets: [[partition, offset]]}``.
+  One process uses a group at a time, and a group without a commit starts at
+  offset 0 (``start="earliest"``; the runs set no retention).
+- ``seal``: ``{topic, inc, partition}`` -> ``epoch, end, next_epoch``.
+- ``delete``, ``create``: ``{topic, inc}`` (a ``fail`` with ``missing`` or
+  ``exists``: the topic was not in the state its history implies);
+  ``final_topic``: ``{topic, inc, expected, exists}`` after healing.
+- nemesis: ``inject`` / ``heal`` ``{fault, target}`` (``target``: ``node`` or
+  ``meta``); an operation overlapping a fault (or within ``HEAL_GRACE_S`` of
+  its heal) is excused from the availability checks.
+- ``stuck``: the harness saw something hang (a thread past its deadline, no
+  write possible after healing); always an anomaly.
+
+Thread-safety: :class:`History` may be appended to from any thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FAIL",
+    "INFO",
+    "INVOKE",
+    "OK",
+    "WRITE_FUNCTIONS",
+    "Analysis",
+    "Finding",
+    "History",
+    "Op",
+    "check",
+    "value_tag",
+    "write_outcome",
+    "write_value",
+]
+
+INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
+WRITE_FUNCTIONS = frozenset({"send", "send_batch", "produce", "send_invalid"})
+EXAMPLES = 5
+HEAL_GRACE_S = 2.0  # after a fault is healed, clients reconnect and servers reload state
+
+Log = tuple[str, int, int]  # (topic, incarnation, partition)
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One line of a history. ``time`` is seconds since the run started."""
+
+    index: int
+    process: str
+    type: str
+    f: str
+    value: Any
+    time: float
+    error: str | None = None
+
+
+class History:
+    """An append-only, thread-safe list of :class:`Op`; one open operation per process."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._start = clock()
+        self._lock = threading.Lock()
+        self._ops: list[Op] = []
+
+    def _append(self, process: str, type_: str, f: str, value: Any, error: str | None) -> Op:
+        with self._lock:
+            op = Op(len(self._ops), process, type_, f, value, round(self._clock() - self._start, 4), error)
+            self._ops.append(op)
+            return op
+
+    def invoke(self, process: str, f: str, value: Any) -> Op:
+        return self._append(process, INVOKE, f, value, None)
+
+    def complete(self, invocation: Op, type_: str, value: Any = None, error: str | None = None) -> Op:
+        assert type_ in (OK, FAIL, INFO), type_
+        return self._append(
+            invocation.process, type_, invocation.f, invocation.value if value is None else value, error
+        )
+
+    def ops(self) -> list[Op]:
+        with self._lock:
+            return list(self._ops)
+
+    def dump(self, path: Path) -> None:
+        """One JSON object per line; :meth:`load` reads it back (to re-check a saved run)."""
+        with path.open("w") as out:
+            for op in self.ops():
+                out.write(json.dumps(asdict(op)) + "\n")
+
+    @staticmethod
+    def load(path: Path) -> list[Op]:
+        return [Op(**json.loads(line)) for line in path.read_text().splitlines() if line]
+
+
+def write_outcome(acked: list[Any], failed: list[str], unknown: list[str]) -> tuple[str, dict[str, Any]]:
+    """A write's completion type and value: ``ok`` iff every record was acknowledged, ``fail``
+    iff every record certainly failed, else ``info``."""
+    if acked and not failed and not unknown:
+        type_ = OK
+    elif failed and not acked and not unknown:
+        type_ = FAIL
+    else:
+        type_ = INFO
+    return type_, {"acked": acked, "failed": failed, "unknown": unknown}
+
+
+def write_value(topic: str, inc: int, process: str, counter: int) -> str:
+    return f"{topic}#{inc}/{process}/{counter}"
+
+
+def value_tag(value: str) -> tuple[str, int] | None:
+    """``(topic, incarnation)`` a value was written for, or None if it is not one of ours."""
+    head, _, _rest = value.partition("/")
+    topic, sep, inc = head.rpartition("#")
+    if not sep or not inc.isdigit() or not _rest:
+        return None
+    return topic, int(inc)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    count: int
+    examples: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    """What :func:`check` found; ``valid`` iff there is no anomaly."""
+
+    anomalies: dict[str, Finding]
+    tolerated: dict[str, Finding]
+    stats: dict[str, int]
+
+    @property
+    def valid(self) -> bool:
+        return not self.anomalies
+
+    def report(self) -> str:
+        lines = [f"valid: {self.valid}"]
+        for title, findings in (("anomalies", self.anomalies), ("tolerated", self.tolerated)):
+            lines.append(f"{title}:" + ("" if findings else " none"))
+            for name, finding in sorted(findings.items()):
+                lines.append(f"  {name}: {finding.count}")
+                lines.extend(f"    {json.dumps(example, sort_keys=True)}" for example in finding.examples)
+        lines.append("operations: " + ", ".join(f"{k} {v}" for k, v in sorted(self.stats.items())))
+        return "\n".join(lines)
+
+
+@dataclass(slots=True)
+class _Obs:
+    """One sighting of a value at an offset: an acknowledgement or a read."""
+
+    log: Log
+    offset: int
+    value: str
+    kind: str  # "ack" | "read" | "poll" | "final_read"
+    op: int
+
+
+@dataclass(slots=True)
+class _Checker:
+    ops: list[Op]
+    found: dict[str, list[Any]] = field(default_factory=lambda: defaultdict(list))
+    tolerated: dict[str, list[Any]] = field(default_factory=lambda: defaultdict(list))
+    pairs: list[tuple[Op, Op]] = field(default_factory=list)
+    attempted: dict[str, tuple[str, int]] = field(default_factory=dict)
+    acked: dict[str, tuple[Log, int, int | None, bool, str]] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+    unknown: set[str] = field(default_factory=set)
+    obs: list[_Obs] = field(default_factory=list)
+    final_logs: set[Log] = field(default_factory=set)
+    faults: list[tuple[str, float, float]] = field(default_factory=list)  # (target, injected, healed)
+
+    # -- pairing and collection ------------------------------------------------------
+
+    def pair(self) -> None:
+        open_ops: dict[str, Op] = {}
+        injected: dict[str, tuple[str, float]] = {}
+        for op in self.ops:
+            if op.process == "nemesis" and op.f == "inject" and op.type == INVOKE:
+                injected[op.value["fault"]] = (op.value["target"], op.time)
+            elif (
+                op.process == "nemesis"
+                and op.f == "heal"
+                and op.type != INVOKE
+                and op.value["fault"] in injected
+            ):
+                target, start = injected.pop(op.value["fault"])
+                self.faults.append((target, start, op.time))
+            if op.type == INVOKE:
+                if op.process in open_ops:  # the earlier one never completed
+                    self._stuck_op(open_ops[op.process])
+                open_ops[op.process] = op
+            else:
+                invocation = open_ops.pop(op.process, None)
+                if invocation is not None:
+                    self.pairs.append((invocation, op))
+                if op.f == "stuck":
+                    what = op.value.get("what", op.value) if isinstance(op.value, dict) else op.value
+                    self.found["stuck"].append({"process": op.process, "what": what, "at": op.time})
+        for target, start in injected.values():  # never healed
+            self.faults.append((target, start, float("inf")))
+        for invocation in open_ops.values():
+            self._stuck_op(invocation)
+            if invocation.f in WRITE_FUNCTIONS:
+                for _partition, value in invocation.value["writes"]:
+                    self.attempted[value] = (invocation.value["topic"], invocation.value["inc"])
+                    self.unknown.add(value)
+
+    def _stuck_op(self, op: Op) -> None:
+        self.found["stuck"].append(
+            {"process": op.process, "f": op.f, "invoked_at": op.time, "never": "completed"}
+        )
+
+    def collect(self) -> None:
+        for invocation, done in self.pairs:
+            value = done.value
+            if done.f in WRITE_FUNCTIONS:
+                self._collect_write(invocation, done)
+            elif done.f in ("delete", "create", "final_topic"):
+                self._topic(done)
+            elif done.type != OK:
+                if done.f == "final_read":
+                    self.found["stuck"].append({"final_read": _log_of(invocation.value), "error": done.error})
+            elif done.f in ("read", "final_read"):
+                log = _log_of(value)
+                for offset, read in value["records"]:
+                    self.obs.append(_Obs(log, offset, read, done.f, done.index))
+                if done.f == "final_read":
+                    self.final_logs.add(log)
+            elif done.f == "poll":
+                for partition, offset, read in value["records"]:
+                    log = (value["topic"], value["inc"], partition)
+                    self.obs.append(_Obs(log, offset, read, "poll", done.index))
+
+    def _topic(self, done: Op) -> None:
+        """lost_topic: a topic nobody deleted is gone; resurrected: a deleted one is still there."""
+        value = done.value
+        where = {"topic": value["topic"], "inc": value["inc"]}
+        if done.f == "delete" and done.type == FAIL and value.get("missing"):
+            self.found["lost_topic"].append({**where, "why": "the delete found no topic"})
+        elif done.f == "create" and done.type == FAIL and value.get("exists"):
+            self.found["resurrected"].append({**where, "why": "the create after a delete found the topic"})
+        elif done.f == "final_topic" and value["expected"] and not value["exists"]:
+            self.found["lost_topic"].append({**where, "why": "missing after healing"})
+
+    def _collect_write(self, invocation: Op, done: Op) -> None:
+        topic, inc = invocation.value["topic"], invocation.value["inc"]
+        for _partition, value in invocation.value["writes"]:
+            self.attempted[value] = (topic, inc)
+        for value, partition, offset, epoch, duplicate in done.value.get("acked", []):
+            log = (topic, inc, partition)
+            self.acked[value] = (log, offset, epoch, duplicate, done.f)
+            if offset >= 0:
+                self.obs.append(_Obs(log, offset, value, "ack", done.index))
+        self.failed.update(done.value.get("failed", []))
+        self.unknown.update(done.value.get("unknown", []))
+
+    # -- analyses ----------------------------------------------------------------------
+
+    def offsets(self) -> None:
+        """inconsistent_offsets / reused_offset: two values at one offset of one log."""
+        at: dict[tuple[Log, int], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+        for seen in self.obs:
+            at[(seen.log, seen.offset)][seen.value].add(seen.kind)
+        for (log, offset), values in at.items():
+            if len(values) < 2:
+                continue
+            example = {
+                "log": list(log),
+                "offset": offset,
+                "values": {v: sorted(k) for v, k in values.items()},
+            }
+            acked_here = [v for v, kinds in values.items() if "ack" in kinds]
+            self.found["reused_offset" if len(acked_here) > 1 else "inconsistent_offsets"].append(example)
+
+    def placement(self) -> None:
+        """duplicate, resurrected, misplaced, phantom_read, aborted_read."""
+        where: dict[str, set[tuple[Log, int]]] = defaultdict(set)
+        for seen in self.obs:
+            where[seen.value].add((seen.log, seen.offset))
+        read_values = {seen.value for seen in self.obs if seen.kind != "ack"}
+        known_in: dict[str, set[tuple[str, int]]] = defaultdict(set)  # value -> (topic, inc) it was seen in
+        for seen in self.obs:
+            known_in[seen.value].add(seen.log[:2])
+        for value, places in where.items():
+            tag = self.attempted.get(value)
+            if tag is None:
+                if value in read_values:
+                    self.found["phantom_read"].append({"value": value, "at": _places(places)})
+                continue
+            home = [p for p in places if p[0][:2] == tag]
+            away = [p for p in places if p[0][:2] != tag]
+            if len(home) > 1:
+                self.found["duplicate"].append({"value": value, "at": _places(home)})
+            for log, offset in away:
+                if log[0] != tag[0]:
+                    self.found["misplaced"].append(
+                        {"value": value, "written_to": list(tag), "read_in": list(log)}
+                    )
+                    continue
+                self.found["resurrected"].append(
+                    {
+                        "value": value,
+                        "written_to_incarnation": tag[1],
+                        "read_in": list(log),
+                        "offset": offset,
+                        "write": self._outcome(value),
+                        "was_in_its_incarnation": tag in known_in[value],
+                    }
+                )
+        for value in sorted(self.failed & read_values):
+            self.found["aborted_read"].append({"value": value, "read_at": _places(where[value])})
+
+    def _outcome(self, value: str) -> str:
+        if value in self.acked:
+            return "acknowledged"
+        return "failed" if value in self.failed else "unknown"
+
+    def losses(self) -> None:
+        """lost_write: acknowledged, yet missing from the final read of its log, or its offset
+        lies inside the range one read returned (a read returns a contiguous range) while no
+        read ever returned it. Otherwise ``unseen`` (tolerated)."""
+        read_in: dict[Log, set[str]] = defaultdict(set)
+        spans: dict[tuple[int, Log], list[int]] = {}  # (op, log) -> [lowest, highest] offset read
+        for seen in self.obs:
+            if seen.kind != "ack":
+                read_in[seen.log].add(seen.value)
+                span = spans.setdefault((seen.op, seen.log), [seen.offset, seen.offset])
+                span[0], span[1] = min(span[0], seen.offset), max(span[1], seen.offset)
+        covered: dict[Log, list[list[int]]] = defaultdict(list)
+        for (_op, log), span in spans.items():
+            covered[log].append(span)
+        for value, (log, offset, _epoch, _dup, _f) in sorted(self.acked.items()):
+            if value in read_in[log]:
+                continue
+            example = {"value": value, "log": list(log), "offset": offset}
+            passed = [span for span in covered[log] if span[0] <= offset <= span[1]] if offset >= 0 else []
+            if log in self.final_logs:
+                self.found["lost_write"].append({**example, "why": "missing from the final read"})
+            elif passed:
+                self.found["lost_write"].append({**example, "why": f"a read returned offsets {passed[0]}"})
+            else:
+                self.tolerated["unseen"].append(
+                    {**example, "why": "acknowledged; never read before deletion"}
+                )
+        everything_read = set().union(*read_in.values()) if read_in else set()
+        for value in sorted(self.unknown - everything_read - set(self.acked)):
+            self.tolerated["unseen"].append({"value": value, "why": "outcome unknown; never read"})
+        indeterminate = sorted(self.unknown - set(self.acked))
+        if indeterminate:
+            self.tolerated["indeterminate_write"] = indeterminate
+
+    def contiguity(self) -> None:
+        """noncontiguous: a read whose offsets skip or go back, a final log with a hole or not
+        starting at 0, a segment chain with a gap."""
+        for _invocation, done in self.pairs:
+            if done.type != OK:
+                continue
+            if done.f == "read":
+                offsets = [offset for offset, _ in done.value["records"]]
+                expected = list(range(done.value["offset"], done.value["offset"] + len(offsets)))
+                if offsets != expected:
+                    self.found["noncontiguous"].append(
+                        {
+                            "read": _log_of(done.value),
+                            "from": done.value["offset"],
+                            "offsets": _brief(offsets),
+                        }
+                    )
+            elif done.f == "final_read":
+                value = done.value
+                offsets = [offset for offset, _ in value["records"]]
+                if value["earliest"] != 0 or offsets != list(range(value["earliest"], value["hw"])):
+                    self.found["noncontiguous"].append(
+                        {
+                            "final_read": _log_of(value),
+                            "earliest": value["earliest"],
+                            "hw": value["hw"],
+                            "offsets": _brief(offsets),
+                        }
+                    )
+            elif done.f == "final_chain":
+                self._chain(done.value)
+
+    def _chain(self, value: dict[str, Any]) -> None:
+        segments = sorted(value["segments"])
+        good = bool(segments) and segments[0][0] == 0 and segments[0][1] == 0
+        for (epoch, _start, end, _state), (next_epoch, next_start, _end, _s) in itertools.pairwise(segments):
+            good = good and next_epoch == epoch + 1 and end == next_start
+        good = good and bool(segments) and segments[-1][2] == -1
+        if not good:
+            self.found["noncontiguous"].append({"chain": _log_of(value), "segments": segments})
+
+    def seals(self) -> None:
+        """write_outside_epoch: a write acknowledged in epoch E at an offset the chain gives to
+        another epoch (past E's sealed end, or before E's start); inconsistent_seal: two
+        different ends recorded for one sealed epoch."""
+        ends: dict[tuple[Log, int], set[int]] = defaultdict(set)
+        for _invocation, done in self.pairs:
+            if done.type != OK:
+                continue
+            if done.f == "seal":
+                ends[(_log_of(done.value), done.value["epoch"])].add(done.value["end"])
+            elif done.f == "final_chain":
+                for epoch, _start, end, _state in done.value["segments"]:
+                    if end >= 0:
+                        ends[(_log_of(done.value), epoch)].add(end)
+        for (log, epoch), seen in ends.items():
+            if len(seen) > 1:
+                self.found["inconsistent_seal"].append(
+                    {"log": list(log), "epoch": epoch, "ends": sorted(seen)}
+                )
+        for value, (log, offset, epoch, duplicate, _f) in self.acked.items():
+            if epoch is None or duplicate or offset < 0:
+                continue
+            end = min(ends.get((log, epoch), {1 << 62}))
+            start = max(ends.get((log, epoch - 1), {0}))
+            if not start <= offset < end:
+                self.found["write_outside_epoch"].append(
+                    {
+                        "value": value,
+                        "log": list(log),
+                        "offset": offset,
+                        "epoch": epoch,
+                        "epoch_range": [start, end],
+                    }
+                )
+
+    def consumers(self) -> None:
+        """nonmonotonic_poll / poll_skip for assigned consumers with group commits."""
+        committed: dict[tuple[str, int, str], dict[int, set[int]]] = defaultdict(dict)
+        expected: dict[tuple[str, str], dict[int, int]] = {}
+        for _invocation, done in self.pairs:
+            value = done.value
+            if done.f not in ("subscribe", "poll", "commit"):
+                continue
+            group_key = (value["topic"], value["inc"], value["group"])
+            session = (done.process, value["session"])
+            if done.f == "subscribe" and done.type == OK:
+                expected[session] = {}
+                for partition, position in value["positions"]:
+                    allowed = committed[group_key].get(partition, {0})
+                    if position not in allowed:
+                        name = "poll_skip" if position > max(allowed) else "nonmonotonic_poll"
+                        self.found[name].append(
+                            {
+                                "group": list(group_key),
+                                "partition": partition,
+                                "started_at": position,
+                                "committed": sorted(allowed),
+                            }
+                        )
+                    expected[session][partition] = position
+            elif done.f == "poll" and done.type == OK and session in expected:
+                self._poll(group_key, expected[session], value["records"])
+            elif done.f == "poll":
+                expected.pop(session, None)  # unknown what it consumed: stop judging this session
+            elif done.f == "commit" and done.type != FAIL:
+                for partition, offset in value["offsets"]:
+                    position = expected.get(session, {}).get(partition)
+                    if position is not None and offset > position:
+                        self.found["poll_skip"].append(
+                            {
+                                "group": list(group_key),
+                                "partition": partition,
+                                "committed": offset,
+                                "consumed_to": position,
+                            }
+                        )
+                    # an unknown outcome leaves both the old and the new offset possible
+                    before = committed[group_key].get(partition, {0}) if done.type == INFO else set()
+                    committed[group_key][partition] = before | {offset}
+
+    def _poll(self, group_key: tuple[str, int, str], positions: dict[int, int], records: list[Any]) -> None:
+        for partition, offset, value in records:
+            position = positions.get(partition)
+            if position is not None and offset != position:
+                name = "poll_skip" if offset > position else "nonmonotonic_poll"
+                self.found[name].append(
+                    {
+                        "group": list(group_key),
+                        "partition": partition,
+                        "expected": position,
+                        "got": offset,
+                        "value": value,
+                    }
+                )
+            positions[partition] = offset + 1
+
+    def _faulty(self, start: float, end: float, targets: tuple[str, ...]) -> bool:
+        """True if a fault on one of ``targets`` was active (or just healed) during [start, end]."""
+        return any(
+            target in targets and injected <= end and start <= healed + HEAL_GRACE_S
+            for target, injected, healed in self.faults
+        )
+
+    def availability(self) -> None:
+        """stalled_write: the storage node, up and not paused, left a write unanswered for the
+        client's whole timeout (the Meta Service may have been down: writes must not wait for it).
+        invalid_not_refused: with no fault at all, a record the node must refuse was not
+        refused with a typed error before the producer's delivery timeout."""
+        for invocation, done in self.pairs:
+            window = (invocation.time, done.time)
+            if done.f == "produce" and done.type == INFO and done.value.get("node_silent"):
+                if not self._faulty(*window, ("node",)):
+                    self.found["stalled_write"].append(
+                        {"op": done.index, "from": window[0], "to": window[1], "error": done.error}
+                    )
+            elif (
+                done.f == "send_invalid" and done.type != FAIL and not self._faulty(*window, ("node", "meta"))
+            ):
+                self.found["invalid_not_refused"].append(
+                    {"op": done.index, "type": done.type, "error": done.error}
+                )
+
+    def stats(self) -> dict[str, int]:
+        counts: Counter[str] = Counter()
+        for op in self.ops:
+            if op.type != INVOKE:
+                counts[f"{op.f} {op.type}"] += 1
+        return dict(counts)
+
+
+def _log_of(value: dict[str, Any]) -> Log:
+    return (value["topic"], value["inc"], value["partition"])
+
+
+def _places(places: Iterable[tuple[Log, int]]) -> list[list[Any]]:
+    return sorted([*log, offset] for log, offset in places)
+
+
+def _brief(offsets: list[int], most: int = 12) -> list[int] | str:
+    if len(offsets) <= most:
+        return offsets
+    return f"{offsets[: most // 2]} ... {offsets[-most // 2 :]} ({len(offsets)} offsets)"
+
+
+def _finding(examples: list[Any]) -> Finding:
+    shortest = sorted(examples, key=lambda example: len(json.dumps(example, sort_keys=True)))
+    return Finding(len(examples), tuple(shortest[:EXAMPLES]))
+
+
+def check(ops: list[Op]) -> Analysis:
+    """Judge a history; see the module docstring for the properties."""
+    checker = _Checker(sorted(ops, key=lambda op: op.index))
+    checker.pair()
+    checker.collect()
+    checker.offsets()
+    checker.placement()
+    checker.losses()
+    checker.contiguity()
+    checker.seals()
+    checker.consumers()
+    checker.availability()
+    return Analysis(
+        anomalies={name: _finding(examples) for name, examples in checker.found.items() if examples},
+        tolerated={name: _finding(examples) for name, examples in checker.tolerated.items() if examples},
+        stats=checker.stats(),
+    )

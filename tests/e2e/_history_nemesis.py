@@ -1,0 +1,181 @@
+"""Faults for history runs: small classes with ``inject()`` and ``heal()`` over real processes.
+
+The processes are a :class:`tests.e2e._procs.Cluster` (``robustmq meta`` and
+``robustmq storage-node`` on loopback, restartable at the same address).
+Faults:
+
+- :class:`Crash`: SIGKILL, then start again (heal);
+- :class:`Pause`: SIGSTOP, then SIGCONT (heal): the process holds its
+  sockets but answers nothing, so callers time out with unknown outcomes;
+- :class:`CleanRestart`: SIGTERM (a clean stop), then start again.
+
+:class:`Nemesis` runs a schedule of faults on its own thread, one at a time,
+and records each step in the history (``process="nemesis"``, ``f`` =
+``inject`` or ``heal``). Whatever happens, :meth:`Nemesis.heal_all` and
+:meth:`Cluster.stop` (called from ``finally``) continue paused processes and
+stop every process the cluster started, by its pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from dataclasses import dataclass
+
+from tests.e2e._history import INFO, History
+from tests.e2e._procs import Cluster, ServerProcess
+
+__all__ = ["FAULT_KINDS", "CleanRestart", "Crash", "Fault", "FaultStep", "Nemesis", "Pause"]
+
+FAULT_KINDS = ("kill_node", "kill_meta", "pause_node", "pause_meta", "restart_node", "restart_meta")
+CLEAN_STOP_S = 20.0  # a clean stop that takes longer than this is reported as stuck
+
+
+class Fault:
+    """One kind of fault against one process; ``heal`` undoes ``inject`` (and nothing else)."""
+
+    def __init__(self, name: str, target: str, server: ServerProcess) -> None:
+        self.name = name
+        self.target = target  # "node" (a storage node) or "meta" (the Meta Service)
+        self.server = server
+        self.active = False
+
+    def inject(self) -> str | None:
+        """Inflict the fault; returns a note on anything that went wrong (None if nothing did)."""
+        self.active = True
+        return self._inject()
+
+    def heal(self) -> str | None:
+        if not self.active:
+            return None
+        self.active = False
+        return self._heal()
+
+    def _inject(self) -> str | None:
+        raise NotImplementedError
+
+    def _heal(self) -> str | None:
+        raise NotImplementedError
+
+
+class Crash(Fault):
+    """SIGKILL; healing starts the process again (it must print ``ready``)."""
+
+    def _inject(self) -> str | None:
+        self.server.kill()
+        return None
+
+    def _heal(self) -> str | None:
+        self.server.start()
+        return None
+
+
+class Pause(Fault):
+    """SIGSTOP; healing sends SIGCONT."""
+
+    def _inject(self) -> str | None:
+        os.kill(self.server.pid, signal.SIGSTOP)
+        return None
+
+    def _heal(self) -> str | None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.server.pid, signal.SIGCONT)
+        return None
+
+
+class CleanRestart(Fault):
+    """SIGTERM and wait for a clean exit; healing starts the process again."""
+
+    def _inject(self) -> str | None:
+        code = self.server.stop(timeout_s=CLEAN_STOP_S)
+        if code != 0:
+            return f"{self.name}: the clean stop ended with exit code {code} (SIGKILL after {CLEAN_STOP_S}s?)"
+        return None
+
+    def _heal(self) -> str | None:
+        self.server.start()
+        return None
+
+
+def faults_of(cluster: Cluster) -> dict[str, Fault]:
+    return {
+        "kill_node": Crash("kill_node", "node", cluster.node),
+        "kill_meta": Crash("kill_meta", "meta", cluster.meta),
+        "pause_node": Pause("pause_node", "node", cluster.node),
+        "pause_meta": Pause("pause_meta", "meta", cluster.meta),
+        "restart_node": CleanRestart("restart_node", "node", cluster.node),
+        "restart_meta": CleanRestart("restart_meta", "meta", cluster.meta),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class FaultStep:
+    """Wait ``gap_s``, inject ``fault``, hold it ``hold_s``, heal."""
+
+    gap_s: float
+    fault: str
+    hold_s: float
+
+
+class Nemesis(threading.Thread):
+    """Runs a fault schedule until it ends or ``stop`` is set; a fault is healed before the next.
+
+    A fault that cannot be injected or healed (a process that does not come
+    back ready) is recorded as ``stuck`` and ends the schedule.
+    """
+
+    def __init__(
+        self,
+        faults: dict[str, Fault],
+        schedule: tuple[FaultStep, ...],
+        history: History,
+        stop: threading.Event,
+    ) -> None:
+        super().__init__(name="history-nemesis", daemon=True)
+        self.faults = faults
+        self.schedule = schedule
+        self.history = history
+        self._stop_event = stop
+        self._lock = threading.Lock()  # inject/heal from this thread and heal_all from the runner
+        self.done = 0
+
+    def run(self) -> None:
+        for step in self.schedule:
+            if self._stop_event.wait(step.gap_s):
+                return
+            if not self._step("inject", step.fault):
+                return
+            self._stop_event.wait(step.hold_s)  # once stopping, heal at once
+            if not self._step("heal", step.fault):
+                return
+            self.done += 1
+
+    def _step(self, action: str, name: str) -> bool:
+        fault = self.faults[name]
+        invocation = self.history.invoke("nemesis", action, {"fault": name, "target": fault.target})
+        try:
+            with self._lock:
+                note = fault.inject() if action == "inject" else fault.heal()
+        except Exception as error:
+            self.history.complete(invocation, INFO, error=repr(error))
+            self._stuck(f"{action} {name} failed: {error!r}")
+            return False
+        self.history.complete(invocation, INFO)
+        if note is not None:
+            self._stuck(note)
+        return True
+
+    def _stuck(self, what: str) -> None:
+        invocation = self.history.invoke("nemesis", "stuck", {"what": what})
+        self.history.complete(invocation, INFO)
+
+    def heal_all(self) -> None:
+        """Heal every active fault (idempotent; safe to call from ``finally``)."""
+        for name, fault in self.faults.items():
+            if fault.active:
+                try:
+                    self._step("heal", name)
+                except Exception as error:  # keep healing the others; the cluster stop kills by pid
+                    self._stuck(f"heal {name} failed: {error!r}")

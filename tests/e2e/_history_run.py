@@ -1,0 +1,267 @@
+"""One history run: a real cluster, the workers and the nemesis, then healing and the final reads.
+
+:func:`run` starts ``robustmq meta`` and ``robustmq storage-node`` (see
+:mod:`tests.e2e._history_nemesis`), creates the topics, runs the workers and
+the nemesis for ``settings.duration_s``, stops them (each bounded by a
+timeout; a thread that does not stop is recorded as ``stuck``), heals every
+fault, and then:
+
+1. settles topics whose delete or create was left in doubt;
+2. probes every partition with one write, retried until it is acknowledged
+   (liveness after healing: a partition that accepts no write is ``stuck``);
+3. records each topic's existence (``final_topic``), each partition's
+   segment chain (``final_chain``) and a full read of each partition from its
+   earliest offset to its high watermark (``final_read``), so the checker can
+   tell a lost write from an unseen one.
+
+Probing ends within ``probe_timeout_s`` and reading within ``final_timeout_s``,
+each partition having at least one try; what could not be done by then is
+recorded as ``info``, which the checker reports as ``stuck``.
+
+The processes are stopped in ``finally`` whatever happens.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import robustmq
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq.errors import RobustMQError, TopicNotFound
+from tests.e2e._history import INFO, OK, History, write_outcome, write_value
+from tests.e2e._history_nemesis import Nemesis, faults_of
+from tests.e2e._history_worker import Worker, refused
+from tests.e2e._history_workload import Settings, TopicPlan, TopicSlot
+from tests.e2e._procs import Cluster
+
+__all__ = ["run"]
+
+FINAL = "final"
+
+
+def run(settings: Settings, root: Path, cluster: Cluster | None = None) -> History:
+    """Run ``settings`` against a fresh cluster under ``root``; return the recorded history."""
+    history = History()
+    cluster = cluster or Cluster(root, log_dir=root)
+    stop = threading.Event()
+    nemesis: Nemesis | None = None
+    try:
+        cluster.start()
+        with robustmq.connect(cluster.meta_address, timeout_s=settings.client_timeout_s) as client:
+            slots = [_create(client, plan, history, settings) for plan in settings.topics]
+        workers = [
+            Worker(index, settings, slots, history, cluster.meta_address, stop)
+            for index in range(len(settings.worker_seeds))
+        ]
+        nemesis = Nemesis(faults_of(cluster), settings.faults, history, stop)
+        for thread in (*workers, nemesis):
+            thread.start()
+        time.sleep(settings.duration_s)
+        stop.set()
+        nemesis.join(settings.nemesis_join_s)
+        if nemesis.is_alive():
+            _stuck(history, f"the nemesis did not finish its step within {settings.nemesis_join_s}s")
+        nemesis.heal_all()
+        deadline = time.monotonic() + settings.worker_join_s
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+            if worker.is_alive():
+                _stuck(history, f"worker {worker.process} did not stop within {settings.worker_join_s}s")
+        with robustmq.connect(cluster.meta_address, timeout_s=settings.client_timeout_s) as client:
+            _final(client, slots, history, settings)
+    finally:
+        stop.set()
+        if nemesis is not None:
+            nemesis.heal_all()
+        cluster.stop()
+    return history
+
+
+def _stuck(history: History, what: str) -> None:
+    history.complete(history.invoke("harness", "stuck", {"what": what}), INFO)
+
+
+def _create(client: robustmq.Client, plan: TopicPlan, history: History, settings: Settings) -> TopicSlot:
+    deadline = time.monotonic() + settings.admin_timeout_s
+    while True:
+        invocation = history.invoke("setup", "create", {"topic": plan.name, "inc": 1})
+        try:
+            client.create_topic(
+                plan.name,
+                plan.partitions,
+                engine=plan.engine,
+                segment_bytes_max=plan.segment_bytes_max,
+                roll_interval_ms=plan.roll_interval_ms,
+            )
+        except RobustMQError as error:
+            history.complete(invocation, INFO, error=repr(error))
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+            continue
+        history.complete(invocation, OK)
+        return TopicSlot(plan)
+
+
+def _final(client: robustmq.Client, slots: list[TopicSlot], history: History, settings: Settings) -> None:
+    """Settle and probe (within ``probe_timeout_s``), then read everything back (within
+    ``final_timeout_s``); each partition gets at least one try."""
+    rng = random.Random(settings.seed ^ 0x5EED)
+    deadline = time.monotonic() + settings.probe_timeout_s
+    live: dict[str, int] = {}
+    for slot in slots:
+        inc = _settle(client, slot, history, deadline)
+        if inc is None:
+            continue
+        live[slot.name] = inc
+        producer_id = rng.getrandbits(62)
+        for partition in range(slot.plan.partitions):
+            _probe(client, slot.name, inc, partition, producer_id, history, deadline)
+    time.sleep(1.0)  # let the node answer what it still holds from before the heal
+    deadline = time.monotonic() + settings.final_timeout_s
+    for slot in slots:
+        if slot.name not in live:
+            continue
+        try:
+            chains = _describe(client, slot.name, deadline)
+        except RobustMQError:
+            chains = None
+        for partition in range(slot.plan.partitions):
+            value: dict[str, Any] = {"topic": slot.name, "inc": live[slot.name], "partition": partition}
+            invocation = history.invoke(FINAL, "final_chain", value)
+            if chains is None:
+                history.complete(invocation, INFO, error="describe_topic did not answer")
+            else:
+                history.complete(invocation, OK, {**value, "segments": chains[partition]})
+            _final_read(client, value, history, deadline)
+
+
+def _settle(client: robustmq.Client, slot: TopicSlot, history: History, deadline: float) -> int | None:
+    """The incarnation that exists now (None: none does, or the Meta Service cannot say),
+    recorded as ``final_topic``."""
+    try:
+        exists = _describe(client, slot.name, deadline) is not None
+    except RobustMQError as error:
+        _stuck(history, f"cannot tell whether topic {slot.name} exists after healing: {error!r}")
+        return None
+    if slot.doubt is None:
+        inc, expected = slot.inc, True
+    else:
+        inc, expected = slot.doubt[1], exists  # a doubtful delete or create: existence settles it
+    value = {"topic": slot.name, "inc": inc, "expected": expected, "exists": exists}
+    history.complete(history.invoke(FINAL, "final_topic", value), OK)
+    return inc if exists else None
+
+
+def _describe(client: robustmq.Client, topic: str, deadline: float) -> dict[int, list[list[Any]]] | None:
+    """Each partition's segment chain; None if the topic does not exist; raises the last error
+    if the Meta Service gave no answer by ``deadline``."""
+    while True:
+        try:
+            description = client.describe_topic(topic)
+        except TopicNotFound:
+            return None
+        except RobustMQError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+            continue
+        return {
+            shard.partition: [
+                [s.epoch, s.start_offset, s.end_offset, pb.SegmentState.Name(s.state)] for s in shard.segments
+            ]
+            for shard in description.shards
+        }
+
+
+def _probe(
+    client: robustmq.Client,
+    topic: str,
+    inc: int,
+    partition: int,
+    producer_id: int,
+    history: History,
+    deadline: float,
+) -> None:
+    """One write to the partition, retried (same sequence) until it is acknowledged."""
+    sequence = 0  # one producer id per topic, one sequence per partition
+    value = write_value(topic, inc, FINAL, partition)
+    started = time.monotonic()
+    while True:
+        invocation = history.invoke(
+            FINAL,
+            "produce",
+            {
+                "topic": topic,
+                "inc": inc,
+                "writes": [[partition, value]],
+                "producer_id": producer_id,
+                "sequence": sequence,
+            },
+        )
+        try:
+            answer = client.produce(
+                topic,
+                partition,
+                robustmq.build_records([value.encode()]),
+                producer_id=producer_id,
+                sequence=sequence,
+            )
+        except RobustMQError as error:
+            definite = refused(error)
+            type_, outcome = write_outcome([], [value] if definite else [], [] if definite else [value])
+            history.complete(invocation, type_, {**invocation.value, **outcome}, repr(error))
+            if definite or time.monotonic() > deadline:
+                _stuck(
+                    history,
+                    f"no write to {topic} partition {partition} accepted within "
+                    f"{time.monotonic() - started:.0f}s after healing ({error!r})",
+                )
+                return
+            time.sleep(0.5)
+            continue
+        type_, outcome = write_outcome(
+            [[value, partition, answer.base_offset, answer.epoch, answer.duplicate]], [], []
+        )
+        history.complete(invocation, type_, {**invocation.value, **outcome})
+        return
+
+
+def _final_read(client: robustmq.Client, value: dict[str, Any], history: History, deadline: float) -> None:
+    invocation = history.invoke(FINAL, "final_read", value)
+    started = time.monotonic()
+    topic, partition = value["topic"], value["partition"]
+    error: BaseException | None = None
+    while True:
+        try:
+            earliest, high_watermark = client.list_offsets(topic)[partition]
+            records: list[list[Any]] = []
+            position = earliest
+            while position < high_watermark:
+                table = client.read(topic, partition, position, 10_000)
+                if table.num_rows == 0:
+                    break
+                offsets = table.column("offset").to_pylist()
+                values = table.column("value").to_pylist()
+                records += [
+                    [o, v.decode("utf-8", "replace") if v is not None else None]
+                    for o, v in zip(offsets, values, strict=True)
+                ]
+                position = offsets[-1] + 1
+        except RobustMQError as failure:
+            error = failure
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+            continue
+        history.complete(
+            invocation, OK, {**value, "earliest": earliest, "hw": high_watermark, "records": records}
+        )
+        return
+    history.complete(
+        invocation, INFO, error=f"no full read within {time.monotonic() - started:.0f}s: {error!r}"
+    )

@@ -1,0 +1,228 @@
+"""Settings of a history run, all derived from one seed, and the topics' shared state.
+
+:meth:`Settings.derive` turns ``(seed, variant)`` into every choice a run
+makes before it starts: topics and their engines, segment limits, the
+operation mix, each worker's own seed and the nemesis schedule. The workers
+draw everything else from their own ``random.Random``; only the interleaving
+of threads and the timing of the servers differ between two runs of a seed.
+
+:class:`TopicSlot` is what the workers share about one topic: its current
+incarnation and a readers-writer lock. Data operations hold it shared, a
+delete + re-create holds it exclusively, so every operation knows which
+incarnation it ran against and no write of an incarnation is in progress
+while it is deleted.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from tests.e2e._history_nemesis import FAULT_KINDS, FaultStep
+
+__all__ = ["VARIANTS", "RWLock", "Settings", "TopicPlan", "TopicSlot"]
+
+OPERATIONS = ("send", "send_batch", "produce", "read", "consume", "seal", "recreate", "send_invalid")
+
+
+@dataclass(frozen=True, slots=True)
+class _Variant:
+    duration_s: float
+    workers: int
+    topics: int
+    faults_of_each_kind: int
+    extra_faults: int
+    gap_s: tuple[float, float]
+    pause_s: tuple[float, float]
+    down_s: tuple[float, float]
+
+
+VARIANTS = {
+    # make test: one fault of each kind plus up to two more, ~45 s of operations.
+    "short": _Variant(42.0, 3, 2, 1, 2, (0.5, 2.0), (0.5, 2.5), (0.0, 1.0)),
+    # make test-long: tens of faults, ~10 minutes of operations; some pauses outlast every timeout
+    # (the node's Meta Service calls give up after 10 s).
+    "long": _Variant(600.0, 4, 3, 8, 24, (1.0, 8.0), (0.5, 14.0), (0.0, 4.0)),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPlan:
+    name: str
+    partitions: int
+    engine: str
+    segment_bytes_max: int
+    roll_interval_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything a run decides up front; :meth:`describe` prints it."""
+
+    seed: int
+    variant: str
+    duration_s: float
+    topics: tuple[TopicPlan, ...]
+    weights: tuple[tuple[str, int], ...]
+    worker_seeds: tuple[int, ...]
+    faults: tuple[FaultStep, ...]
+    client_timeout_s: float = 5.0
+    delivery_timeout_s: float = 10.0
+    request_timeout_s: float = 3.0
+    admin_timeout_s: float = 25.0
+    lock_timeout_s: float = 15.0
+    worker_join_s: float = 40.0  # longer than any one operation (send: 18 s, then closing the producer)
+    nemesis_join_s: float = 75.0  # longer than a restart (ready within 60 s)
+    probe_timeout_s: float = 30.0  # settling topics and probing every partition, all together
+    final_timeout_s: float = 60.0  # chains and full reads of every partition, all together
+
+    @classmethod
+    def derive(cls, seed: int, variant: str) -> Settings:
+        shape = VARIANTS[variant]
+        rng = random.Random(seed)
+        topics = tuple(
+            TopicPlan(
+                name=f"h{index}",
+                partitions=rng.randint(1, 3),
+                engine=rng.choice(["segment", "segment", "rocksdb"]),  # memory loses data on restart
+                segment_bytes_max=rng.choice([64 * 1024, 128 * 1024, 1 << 20]),
+                roll_interval_ms=rng.choice([1500, 3000, 10_000, 600_000]),
+            )
+            for index in range(shape.topics)
+        )
+        weights = (
+            ("send", rng.randint(15, 30)),
+            ("send_batch", rng.randint(5, 15)),
+            ("produce", rng.randint(10, 20)),
+            ("read", rng.randint(10, 20)),
+            ("consume", rng.randint(10, 20)),
+            ("seal", rng.randint(3, 8)),
+            ("recreate", rng.choice([1, 1, 2])),  # rarer: long-lived logs get read back in full
+            ("send_invalid", 1),
+        )
+        worker_seeds = tuple(rng.randrange(1 << 63) for _ in range(shape.workers))
+        kinds = [kind for kind in FAULT_KINDS for _ in range(shape.faults_of_each_kind)]
+        kinds += [rng.choice(FAULT_KINDS) for _ in range(rng.randint(0, shape.extra_faults))]
+        rng.shuffle(kinds)
+        faults = tuple(
+            FaultStep(
+                gap_s=round(rng.uniform(*shape.gap_s), 2),
+                fault=kind,
+                hold_s=round(rng.uniform(*(shape.pause_s if kind.startswith("pause") else shape.down_s)), 2),
+            )
+            for kind in kinds
+        )
+        return cls(seed, variant, shape.duration_s, topics, weights, worker_seeds, faults)
+
+    def describe(self) -> str:
+        lines = [
+            f"history run: seed={self.seed} variant={self.variant} duration_s={self.duration_s} "
+            f"workers={len(self.worker_seeds)}",
+            "timeouts: "
+            + ", ".join(
+                f"{name}={getattr(self, name)}"
+                for name in (
+                    "client_timeout_s",
+                    "delivery_timeout_s",
+                    "request_timeout_s",
+                    "admin_timeout_s",
+                    "lock_timeout_s",
+                    "probe_timeout_s",
+                    "final_timeout_s",
+                )
+            ),
+        ]
+        lines += [
+            f"topic {t.name}: {t.partitions} partitions, engine {t.engine}, segment_bytes_max "
+            f"{t.segment_bytes_max}, roll_interval_ms {t.roll_interval_ms}"
+            for t in self.topics
+        ]
+        lines.append("operation weights: " + ", ".join(f"{name} {weight}" for name, weight in self.weights))
+        lines.append("worker seeds: " + ", ".join(str(s) for s in self.worker_seeds))
+        lines.append(
+            f"faults ({len(self.faults)}): "
+            + ", ".join(f"{s.fault}(gap {s.gap_s}s, hold {s.hold_s}s)" for s in self.faults)
+        )
+        return "\n".join(lines)
+
+
+class RWLock:
+    """Many shared holders or one exclusive holder; a waiting exclusive holder blocks new shared ones."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    @contextmanager
+    def shared(self, timeout_s: float) -> Iterator[bool]:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            got = self._cond.wait_for(
+                lambda: not self._exclusive and not self._waiting, max(0.0, deadline - time.monotonic())
+            )
+            if got:
+                self._shared += 1
+        try:
+            yield got
+        finally:
+            if got:
+                with self._cond:
+                    self._shared -= 1
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self, timeout_s: float) -> Iterator[bool]:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._waiting += 1
+            got = self._cond.wait_for(
+                lambda: not self._exclusive and not self._shared, max(0.0, deadline - time.monotonic())
+            )
+            self._waiting -= 1
+            if got:
+                self._exclusive = True
+            self._cond.notify_all()
+        try:
+            yield got
+        finally:
+            if got:
+                with self._cond:
+                    self._exclusive = False
+                    self._cond.notify_all()
+
+
+@dataclass(slots=True)
+class TopicSlot:
+    """One topic as the workers share it. ``inc`` changes only under the exclusive lock.
+
+    ``doubt`` is set when a delete or create could not be settled before its
+    deadline: the topic is then left alone until the final phase settles it
+    (``("delete", k)``: incarnation k may still exist; ``("create", k)``:
+    incarnation k may exist).
+    """
+
+    plan: TopicPlan
+    inc: int = 1
+    doubt: tuple[str, int] | None = None
+    lock: RWLock = field(default_factory=RWLock)
+    ends: dict[tuple[int, int], int] = field(default_factory=dict)  # (inc, partition) -> acked end
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    def acked(self, inc: int, partition: int, offset: int) -> None:
+        with self._guard:
+            key = (inc, partition)
+            self.ends[key] = max(self.ends.get(key, 0), offset + 1)
+
+    def known_end(self, inc: int, partition: int) -> int:
+        with self._guard:
+            return self.ends.get((inc, partition), 0)

@@ -1,0 +1,386 @@
+"""The history checker on hand-written histories: each anomaly is found, a clean history passes.
+
+These prove the checker can fail; the end-to-end runs (``test_history.py``)
+only show it did not, so each analysis has a history here that it must flag.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+from tests.e2e._history import FAIL, INFO, OK, History, check, value_tag, write_outcome, write_value
+
+
+class Build:
+    """Writes a history the way the workers do, with a fake clock (1 s per line)."""
+
+    def __init__(self) -> None:
+        ticks = itertools.count()
+        self.history = History(clock=lambda: float(next(ticks)))
+
+    def op(self, process: str, f: str, value: Any, type_: str = OK, done: Any = None) -> None:
+        invocation = self.history.invoke(process, f, value)
+        self.history.complete(invocation, type_, {**value, **(done or {})})
+
+    def write(
+        self,
+        topic: str,
+        inc: int,
+        acked: list[tuple[str, int, int]] = (),  # type: ignore[assignment]
+        *,
+        failed: list[str] = (),  # type: ignore[assignment]
+        unknown: list[str] = (),  # type: ignore[assignment]
+        epoch: int | None = None,
+        f: str = "send",
+        process: str = "0",
+        duplicate: bool = False,
+    ) -> None:
+        writes = [[p, v] for v, p, _ in acked] + [[0, v] for v in [*failed, *unknown]]
+        type_, outcome = write_outcome(
+            [[v, p, o, epoch, duplicate] for v, p, o in acked], list(failed), list(unknown)
+        )
+        self.op(process, f, {"topic": topic, "inc": inc, "writes": writes}, type_, outcome)
+
+    def read(
+        self, topic: str, inc: int, partition: int, offset: int, values: list[str], f: str = "read"
+    ) -> None:
+        records = [[offset + i, v] for i, v in enumerate(values)]
+        self.op(
+            "1",
+            f,
+            {"topic": topic, "inc": inc, "partition": partition, "offset": offset},
+            OK,
+            {"records": records},
+        )
+
+    def final(
+        self,
+        topic: str,
+        inc: int,
+        partition: int,
+        records: list[tuple[int, str]],
+        earliest: int = 0,
+        hw: int | None = None,
+    ) -> None:
+        hw = (records[-1][0] + 1 if records else earliest) if hw is None else hw
+        self.op(
+            "final",
+            "final_read",
+            {"topic": topic, "inc": inc, "partition": partition},
+            OK,
+            {"earliest": earliest, "hw": hw, "records": [list(r) for r in records]},
+        )
+
+    def chain(self, topic: str, inc: int, partition: int, segments: list[tuple[int, int, int]]) -> None:
+        self.op(
+            "final",
+            "final_chain",
+            {"topic": topic, "inc": inc, "partition": partition},
+            OK,
+            {"segments": [[e, s, end, "ACTIVE" if end < 0 else "SEALED"] for e, s, end in segments]},
+        )
+
+    def session(self, process: str, topic: str, inc: int, group: str, session: int) -> dict[str, Any]:
+        return {"topic": topic, "inc": inc, "group": group, "session": session, "process": process}
+
+    def subscribe(self, s: dict[str, Any], positions: list[tuple[int, int]]) -> None:
+        process = s["process"]
+        key = {k: v for k, v in s.items() if k != "process"}
+        self.op(process, "subscribe", key, OK, {"positions": [list(p) for p in positions]})
+
+    def poll(self, s: dict[str, Any], records: list[tuple[int, int, str]], type_: str = OK) -> None:
+        key = {k: v for k, v in s.items() if k != "process"}
+        self.op(s["process"], "poll", key, type_, {"records": [list(r) for r in records]})
+
+    def commit(self, s: dict[str, Any], offsets: list[tuple[int, int]], type_: str = OK) -> None:
+        key = {k: v for k, v in s.items() if k != "process"}
+        self.op(s["process"], "commit", {**key, "offsets": [list(o) for o in offsets]}, type_)
+
+    def written(self, count: int = 10) -> Build:
+        """Writes of ``v(0) .. v(count - 1)`` with unknown outcomes, so reading them is no phantom."""
+        self.write("t", 1, unknown=[v(n) for n in range(count)], process="9")
+        return self
+
+    def anomalies(self) -> set[str]:
+        return set(check(self.history.ops()).anomalies)
+
+
+def v(n: int, inc: int = 1, topic: str = "t", process: str = "0") -> str:
+    return write_value(topic, inc, process, n)
+
+
+def clean() -> Build:
+    """Writes, reads, a consumer session with commits, a seal, a delete and re-create, final reads."""
+    b = Build()
+    b.write("t", 1, [(v(0), 0, 0), (v(1), 0, 1)], epoch=0, f="produce")
+    b.write("t", 1, [(v(2), 0, 2)])
+    b.write("t", 1, unknown=[v(3)])  # outcome unknown, never read: tolerated
+    b.op("2", "seal", {"topic": "t", "inc": 1, "partition": 0}, OK, {"epoch": 0, "end": 3, "next_epoch": 1})
+    b.write("t", 1, [(v(4), 0, 3)], epoch=1, f="produce")
+    b.read("t", 1, 0, 1, [v(1), v(2)])
+    s = b.session("3", "t", 1, "g3", 1)
+    b.subscribe(s, [(0, 0)])
+    b.poll(s, [(0, 0, v(0)), (0, 1, v(1))])
+    b.commit(s, [(0, 2)])
+    s2 = b.session("3", "t", 1, "g3", 2)
+    b.subscribe(s2, [(0, 2)])
+    b.poll(s2, [(0, 2, v(2))])
+    b.op("4", "delete", {"topic": "t", "inc": 1})
+    b.op("4", "create", {"topic": "t", "inc": 2})
+    b.write("t", 2, [(v(0, inc=2), 0, 0)])
+    s3 = b.session("3", "t", 2, "g3", 3)
+    b.subscribe(s3, [(0, 0)])  # the group's offsets went with the old incarnation
+    b.final("t", 2, 0, [(0, v(0, inc=2))])
+    b.chain("t", 2, 0, [(0, 0, -1)])
+    return b
+
+
+def test_a_clean_history_passes_and_tolerates_unknown_writes() -> None:
+    analysis = check(clean().history.ops())
+    assert analysis.valid, analysis.report()
+    assert analysis.tolerated["unseen"].count == 2  # v(3) unknown; v(4) acked, its incarnation deleted unread
+    assert "indeterminate_write" in analysis.tolerated
+
+
+def test_values_name_their_incarnation() -> None:
+    assert value_tag(write_value("a#b", 3, "7", 12)) == ("a#b", 3)
+    assert value_tag("garbage") is None
+
+
+def test_lost_write_after_the_final_read_and_after_a_read_passed_it() -> None:
+    b = Build()
+    b.write("t", 1, [(v(0), 0, 0), (v(1), 0, 1)])
+    b.final("t", 1, 0, [(0, v(0))])  # log ends at 1: v(1) is gone
+    assert "lost_write" in b.anomalies()
+    b = Build()  # an incarnation with no final read: a read returned a range holding the offset
+    b.write("t", 1, [(v(1), 0, 1)])
+    b.read("t", 1, 0, 0, [v(0), v(7), v(8)])
+    b.write("t", 1, [(v(0), 0, 0), (v(7), 0, 1), (v(8), 0, 2)], process="1")
+    assert "lost_write" in b.anomalies()
+
+
+def test_an_offset_no_read_covered_is_unseen_not_lost() -> None:
+    b = Build()
+    b.write("t", 1, [(v(n), 0, n) for n in range(6)])
+    b.read("t", 1, 0, 0, [v(0), v(1)])
+    b.read("t", 1, 0, 4, [v(4), v(5)])  # offsets 2 and 3 were never in a read's range
+    analysis = check(b.history.ops())
+    assert analysis.valid, analysis.report()
+    assert analysis.tolerated["unseen"].count == 2
+
+
+def test_duplicate_one_value_at_two_offsets() -> None:
+    b = Build()
+    b.write("t", 1, [(v(0), 0, 0)])
+    b.final("t", 1, 0, [(0, v(0)), (1, v(0))])
+    assert b.anomalies() == {"duplicate"}
+
+
+def test_inconsistent_offsets_and_reused_offsets() -> None:
+    b = Build()
+    b.write("t", 1, [(v(0), 0, 0)])
+    b.write("t", 1, unknown=[v(1)], process="1")
+    b.read("t", 1, 0, 0, [v(1)])
+    assert "inconsistent_offsets" in b.anomalies()
+    b = Build()
+    b.write("t", 1, [(v(0), 0, 0)])
+    b.write("t", 1, [(v(1), 0, 0)], process="1")
+    assert "reused_offset" in b.anomalies()
+
+
+def test_aborted_read_of_a_failed_write() -> None:
+    b = Build()
+    b.write("t", 1, failed=[v(0)])
+    b.read("t", 1, 0, 0, [v(0)])
+    assert b.anomalies() == {"aborted_read"}
+
+
+def test_phantom_and_misplaced_reads() -> None:
+    b = Build()
+    b.read("t", 1, 0, 0, ["never written"])
+    assert b.anomalies() == {"phantom_read"}
+    b = Build()
+    b.write("u", 1, [(v(0, topic="u"), 0, 0)])
+    b.read("t", 1, 0, 0, [v(0, topic="u")])
+    assert "misplaced" in b.anomalies()
+
+
+def test_resurrected_a_deleted_incarnations_record_in_the_new_one() -> None:
+    b = Build()
+    b.write("t", 1, [(v(0), 0, 0)])
+    b.op("4", "delete", {"topic": "t", "inc": 1})
+    b.op("4", "create", {"topic": "t", "inc": 2})
+    b.write("t", 2, [(v(0, inc=2), 0, 1)])
+    b.final("t", 2, 0, [(0, v(0)), (1, v(0, inc=2))])
+    found = check(b.history.ops()).anomalies
+    assert set(found) == {"resurrected"}
+    assert found["resurrected"].examples[0]["write"] == "acknowledged"
+
+
+def test_nonmonotonic_poll_and_poll_skip_within_a_session() -> None:
+    b = Build().written()
+    s = b.session("3", "t", 1, "g", 1)
+    b.subscribe(s, [(0, 0)])
+    b.poll(s, [(0, 0, v(0)), (0, 1, v(1))])
+    b.poll(s, [(0, 1, v(1))])
+    assert b.anomalies() == {"nonmonotonic_poll"}
+    b = Build().written()
+    s = b.session("3", "t", 1, "g", 1)
+    b.subscribe(s, [(0, 0)])
+    b.poll(s, [(0, 0, v(0)), (0, 2, v(2))])
+    assert b.anomalies() == {"poll_skip"}
+
+
+def test_a_group_starting_past_or_before_its_commit() -> None:
+    for start, anomaly in ((7, "poll_skip"), (2, "nonmonotonic_poll")):
+        b = Build().written()
+        s = b.session("3", "t", 1, "g", 1)
+        b.subscribe(s, [(0, 0)])
+        b.poll(s, [(0, o, v(o)) for o in range(5)])
+        b.commit(s, [(0, 5)])
+        b.subscribe(b.session("3", "t", 1, "g", 2), [(0, start)])
+        assert b.anomalies() == {anomaly}, start
+
+
+def test_an_unknown_commit_allows_both_offsets_and_a_commit_past_the_reads_is_a_skip() -> None:
+    b = Build().written()
+    s = b.session("3", "t", 1, "g", 1)
+    b.subscribe(s, [(0, 0)])
+    b.poll(s, [(0, 0, v(0)), (0, 1, v(1))])
+    b.commit(s, [(0, 2)], INFO)
+    b.subscribe(b.session("3", "t", 1, "g", 2), [(0, 0)])
+    b.subscribe(b.session("3", "t", 1, "g", 3), [(0, 2)])
+    assert b.anomalies() == set()
+    s = b.session("3", "t", 1, "g", 4)
+    b.subscribe(s, [(0, 2)])
+    b.commit(s, [(0, 9)])
+    assert b.anomalies() == {"poll_skip"}
+
+
+def test_noncontiguous_reads_final_logs_and_chains() -> None:
+    b = Build()
+    b.read("t", 1, 0, 0, [v(0)])
+    b.op(
+        "1",
+        "read",
+        {"topic": "t", "inc": 1, "partition": 0, "offset": 0},
+        OK,
+        {"records": [[0, v(0)], [2, v(2)]]},
+    )
+    b.write("t", 1, [(v(0), 0, 0), (v(2), 0, 2)])
+    assert "noncontiguous" in b.anomalies()
+    b = Build()
+    b.write("t", 1, [(v(5), 0, 5)])
+    b.final("t", 1, 0, [(5, v(5))], earliest=5)  # a topic with no retention starts at 0
+    assert b.anomalies() == {"noncontiguous"}
+    b = Build()
+    b.chain("t", 1, 0, [(0, 0, 10), (1, 12, -1)])
+    assert b.anomalies() == {"noncontiguous"}
+
+
+def test_write_acknowledged_past_its_epochs_sealed_end() -> None:
+    b = Build()
+    b.op("2", "seal", {"topic": "t", "inc": 1, "partition": 0}, OK, {"epoch": 0, "end": 3, "next_epoch": 1})
+    b.write("t", 1, [(v(5), 0, 5)], epoch=0, f="produce")
+    assert b.anomalies() == {"write_outside_epoch"}
+    b = Build()
+    b.chain("t", 1, 0, [(0, 0, 3), (1, 3, -1)])
+    b.write("t", 1, [(v(1), 0, 1)], epoch=1, f="produce")
+    assert b.anomalies() == {"write_outside_epoch"}
+    b = Build()
+    b.op("2", "seal", {"topic": "t", "inc": 1, "partition": 0}, OK, {"epoch": 0, "end": 3, "next_epoch": 1})
+    b.chain("t", 1, 0, [(0, 0, 4), (1, 4, -1)])
+    assert b.anomalies() == {"inconsistent_seal"}
+
+
+def test_stuck_operations_and_final_reads_that_time_out() -> None:
+    b = Build()
+    b.history.invoke("0", "send", {"topic": "t", "inc": 1, "writes": [[0, v(0)]]})
+    found = check(b.history.ops())
+    assert set(found.anomalies) == {"stuck"}
+    assert "unseen" in found.tolerated  # its write's outcome is unknown
+    b = Build()
+    b.op("final", "final_read", {"topic": "t", "inc": 1, "partition": 0}, INFO)
+    assert b.anomalies() == {"stuck"}
+
+
+def test_examples_are_shortest_first_and_bounded() -> None:
+    b = Build()
+    for n in (1000000, 1, 100):
+        b.write("t", 1, [(v(n), 0, n)])
+        b.final("t", 1, 0, [(n, v(n)), (n + 1, v(n))], earliest=n)
+    finding = check(b.history.ops()).anomalies["duplicate"]
+    assert finding.count == 3
+    assert [len(str(e)) for e in finding.examples] == sorted(len(str(e)) for e in finding.examples)
+
+
+def test_a_dumped_history_checks_the_same(tmp_path: Path) -> None:
+    b = clean()
+    b.write("t", 2, [(v(9, inc=2), 0, 1)])  # acknowledged, missing from the final read
+    path = tmp_path / "history.jsonl"
+    b.history.dump(path)
+    again = check(History.load(path))
+    assert again == check(b.history.ops())
+    assert set(again.anomalies) == {"lost_write"}
+
+
+def test_lost_and_resurrected_topics() -> None:
+    b = Build()
+    b.op("4", "delete", {"topic": "t", "inc": 1}, FAIL, {"missing": True})
+    assert b.anomalies() == {"lost_topic"}
+    b = Build()
+    b.op("final", "final_topic", {"topic": "t", "inc": 1, "expected": True, "exists": False})
+    assert b.anomalies() == {"lost_topic"}
+    b = Build()
+    b.op("4", "delete", {"topic": "t", "inc": 1})
+    b.op("4", "create", {"topic": "t", "inc": 2}, FAIL, {"exists": True})
+    assert b.anomalies() == {"resurrected"}
+
+
+def _silent_produce(b: Build, value: str) -> None:
+    b.op(
+        "0",
+        "produce",
+        {"topic": "t", "inc": 1, "writes": [[0, value]]},
+        INFO,
+        {"acked": [], "failed": [], "unknown": [value], "node_silent": True},
+    )
+
+
+def test_stalled_write_unless_the_storage_node_was_down() -> None:
+    b = Build()
+    _silent_produce(b, v(0))
+    assert b.anomalies() == {"stalled_write"}
+    b = Build()  # only the Meta Service was down: writes to the node must still be answered
+    b.op("nemesis", "inject", {"fault": "kill_meta", "target": "meta"}, INFO)
+    _silent_produce(b, v(0))
+    b.op("nemesis", "heal", {"fault": "kill_meta", "target": "meta"}, INFO)
+    assert b.anomalies() == {"stalled_write"}
+    b = Build()
+    b.op("nemesis", "inject", {"fault": "pause_node", "target": "node"}, INFO)
+    _silent_produce(b, v(0))
+    b.op("nemesis", "heal", {"fault": "pause_node", "target": "node"}, INFO)
+    _silent_produce(b, v(1))  # within the grace period after the heal
+    assert b.anomalies() == set()
+
+
+def test_an_invalid_write_must_be_refused_when_nothing_is_broken() -> None:
+    b = Build()
+    b.op(
+        "0",
+        "send_invalid",
+        {"topic": "t", "inc": 1, "writes": [[0, v(0)]]},
+        FAIL,
+        {"acked": [], "failed": [v(0)], "unknown": []},
+    )
+    assert b.anomalies() == set()
+    b.op(
+        "0",
+        "send_invalid",
+        {"topic": "t", "inc": 1, "writes": [[0, v(1)]]},
+        INFO,
+        {"acked": [], "failed": [], "unknown": [v(1)]},
+    )
+    assert b.anomalies() == {"invalid_not_refused"}

@@ -1,0 +1,52 @@
+"""The history run's settings and topic lock, without any server."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from tests.e2e._history_nemesis import FAULT_KINDS
+from tests.e2e._history_workload import RWLock, Settings
+from tests.e2e._procs import wait_until
+
+
+def test_everything_derives_from_the_seed() -> None:
+    assert Settings.derive(7, "short") == Settings.derive(7, "short")
+    assert Settings.derive(7, "short") != Settings.derive(8, "short")
+    described = Settings.derive(7, "short").describe()
+    assert "seed=7" in described and "faults (" in described and "worker seeds" in described
+
+
+def test_every_fault_kind_runs_in_both_variants() -> None:
+    for seed in range(20):
+        short = Counter(step.fault for step in Settings.derive(seed, "short").faults)
+        long = Counter(step.fault for step in Settings.derive(seed, "long").faults)
+        assert set(short) == set(FAULT_KINDS) and sum(short.values()) <= len(FAULT_KINDS) + 2
+        assert all(long[kind] >= 8 for kind in FAULT_KINDS)
+
+
+def test_an_exclusive_holder_keeps_shared_ones_out_and_a_waiting_one_goes_first() -> None:
+    lock = RWLock()
+    with lock.exclusive(1.0) as got:
+        assert got
+        with lock.shared(0.01) as shared:
+            assert not shared
+    with lock.shared(1.0) as first:
+        assert first
+        waiting = threading.Event()
+        done = threading.Event()
+
+        def writer() -> None:
+            waiting.set()
+            with lock.exclusive(30.0) as got_it:
+                assert got_it
+            done.set()
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        assert waiting.wait(30.0)
+        wait_until(lambda: lock._waiting > 0, timeout_s=30.0, interval_s=0.001)  # the writer is queued
+        with lock.shared(0.01) as late:
+            assert not late  # a new reader waits behind the queued writer
+    thread.join(30.0)
+    assert done.is_set()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -150,6 +151,7 @@ def main() -> None:
                     results[name] = summary(progress)
     finally:
         spark.stop()
+        shutil.rmtree(root, ignore_errors=True)  # ~100 MB of tables, logs and checkpoints
     results["large_over_small_add_batch_p50"] = round(
         results["large"]["add_batch_p50_ms"] / max(1.0, results["small"]["add_batch_p50_ms"]), 2
     )

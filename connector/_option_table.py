@@ -349,8 +349,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("maxTimestamp", BATCH_READ, _integer(0), None, "only records at or before this time (ms)",
            elsewhere=_FILTER),
     Option("output", READ, _choice("records", "ranges"), "records",
-           "`ranges`: one row `(topic, partition, start_offset, end_offset)` per offset range instead of "
-           'records (see "Jobs that move data themselves")'),
+           "`ranges`: one row `(topic, partition, start_offset, end_offset, created_ms, incarnation, "
+           'from_beginning)` per offset range instead of records (see "Jobs that move data themselves")'),
     Option("topic", WRITE, _text, None, "the topic to write to; overrides a `topic` column"),
     Option("acks", WRITE, _acks, "1",
            "`1` (the leader's durable append), `all` (every in-sync replica; Kafka's `-1`) or `quorum`",

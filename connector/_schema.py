@@ -35,14 +35,22 @@ ARROW_SCHEMA = pa.schema(
 )
 
 
-# ``output=ranges``: one row per offset range of a micro-batch instead of its records.
-RANGES_SCHEMA = "topic string, partition int, start_offset long, end_offset long"
+# ``output=ranges``: one row per offset range of a micro-batch instead of its records, with the
+# topic's identity when the range was planned (null: unknown) and whether it starts a log the query
+# had not read before (``RangePartition.from_beginning``), so a job can read it as the source would.
+RANGES_SCHEMA = (
+    "topic string, partition int, start_offset long, end_offset long, created_ms long, incarnation long, "
+    "from_beginning boolean"
+)
 RANGES_ARROW_SCHEMA = pa.schema(
     [
         pa.field("topic", pa.string()),
         pa.field("partition", pa.int32()),
         pa.field("start_offset", pa.int64()),
         pa.field("end_offset", pa.int64()),
+        pa.field("created_ms", pa.int64()),
+        pa.field("incarnation", pa.int64()),
+        pa.field("from_beginning", pa.bool_()),
     ]
 )
 

@@ -289,11 +289,15 @@ class TopicReader:
         if part.identity and not self._same_topic_as_planned(part):
             return
         if self.options.output == "ranges":
+            identity = dict(part.identity)
             row = {
                 "topic": part.topic,
                 "partition": part.partition,
                 "start_offset": part.start,
                 "end_offset": part.end,
+                "created_ms": identity.get("created_ms"),
+                "incarnation": identity.get("incarnation"),
+                "from_beginning": part.from_beginning,
             }
             yield pa.RecordBatch.from_pylist([row], schema=RANGES_ARROW_SCHEMA)
             return

@@ -3,7 +3,7 @@
 from ._delta import TABLE_SCHEMA, DeltaAppender, delta_spark_available, partition_app_id, read_table
 from ._table import TableLocation, prepare_table
 from .errors import TableConflict, TableMismatch
-from .topic_to_delta import spark_session, start_topic_to_delta
+from .topic_to_delta import default_group, spark_session, start_topic_to_delta
 
 __all__ = [
     "TABLE_SCHEMA",
@@ -11,6 +11,7 @@ __all__ = [
     "TableConflict",
     "TableLocation",
     "TableMismatch",
+    "default_group",
     "delta_spark_available",
     "partition_app_id",
     "prepare_table",

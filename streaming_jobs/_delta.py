@@ -5,18 +5,26 @@ Two writers:
 - **delta-rs** (``deltalake``, always available; the path that runs and is
   tested here). Tasks write Parquet files through the table URI's filesystem
   (``_table.table_filesystem``); the driver commits all of a micro-batch's files
-  in **one** Delta version (``_table.AppendLog``).
+  in **one** Delta version (``_commit_log.AppendLog``).
 - **delta-spark** (when ``io.delta`` classes are on Spark's class path):
   ``df.write.format("delta")`` with ``txnAppId``/``txnVersion``, which Delta
   enforces itself.
 
 Exactly once, by content (delta-rs)
     Each commit also sets, per topic partition it wrote, a Delta ``txn``
-    action ``robustmq/<topic>/<partition>@<created_ms>`` whose version is the
-    offset up to which that partition's records are in the table
-    (``created_ms`` tells a re-created topic from the old one). Before writing,
-    the driver reads these ends and writes only records at or past them:
+    action ``robustmq/<topic>/<partition>@incarnation=<n>`` whose version is
+    the offset up to which that partition's records are in the table. The
+    topic's incarnation is unique per creation of a topic name, so a topic
+    deleted and re-created never shares an entry with the old one. (Tables
+    written before incarnations were used hold ``robustmq/<topic>/<partition>@<created_ms>``
+    entries; they still count for the topic they name, and the next commit
+    records the new form. Topics created before the Meta Service handed out
+    incarnations keep the ``created_ms`` form.) Before writing, the driver
+    reads these ends and writes only records at or past them:
 
+    - a micro-batch's offset ranges are merged per partition first (the source
+      cuts a partition's range into pieces of ``maxRecordsPerPartition``), so
+      every piece is measured against the table's end once;
     - a replayed micro-batch (after a crash, or a checkpoint spelled another
       way) finds its ranges in the table and writes nothing;
     - after a checkpoint reset, Spark restarts at batch 0 from the group's
@@ -25,6 +33,13 @@ Exactly once, by content (delta-rs)
       table is skipped and nothing after it is lost;
     - a range that starts past the table's end (the group moved) is read from
       the table's end, so the table has no gap.
+
+    The topic identity of a range is the one the source planned it with (the
+    ``output=ranges`` rows carry it), and tasks check it before reading, so a
+    topic re-created while a batch is in flight is data loss (below), never its
+    new records written under the old topic's offsets. Rows of the records
+    output carry no identity: that path takes the topic's identity when the
+    batch commits.
 
     The writer's identity lives in the checkpoint: Spark's persistent query id
     (``sql.streaming.queryId``), recorded as ``txn (query id, batch id)`` in
@@ -35,7 +50,8 @@ Exactly once, by content (delta-rs)
 
 Data loss
     Tasks read offset ranges with the ``robustmq`` source's own reader, so
-    records removed by retention fail the batch with the source's message
+    records removed by retention, or a topic deleted or re-created since the
+    batch was planned, fail the batch with the source's message
     (``failOnDataLoss=true``, the default) or are skipped with a warning
     (``false``); the table's end still moves past them.
 
@@ -49,11 +65,13 @@ timestamp's UTC date); tables written either way are protocol (1, 2), and
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -61,7 +79,8 @@ import pyarrow.parquet as pq
 
 from robustmq._records import HEADERS_TYPE, TAGS_TYPE
 
-from ._table import AppendLog, TableLocation, WrittenFile, table_filesystem
+from ._commit_log import AppendLog
+from ._table import TableLocation, WrittenFile, file_stats, open_table, table_filesystem
 
 __all__ = ["TABLE_SCHEMA", "DeltaAppender", "delta_spark_available", "partition_app_id", "read_table"]
 
@@ -83,8 +102,14 @@ TABLE_SCHEMA = pa.schema(
 PARTITION_BY = ["date"]
 _DATA_COLUMNS = [f.name for f in TABLE_SCHEMA if f.name != "date"]
 _DATA_SCHEMA = TABLE_SCHEMA.remove(TABLE_SCHEMA.get_field_index("date"))
-_FILES_SCHEMA = "path string, size long, date string, records long, min_offset long, max_offset long"
+_FILES_SCHEMA = "path string, size long, date string, records long, stats string"
+_SPARK_SCHEMA = (
+    "topic string, partition int, offset long, key binary, value binary, timestamp timestamp, "
+    "tags array<string>, headers array<struct<key:string,value:binary>>, date date"
+)
 MAX_RECORDS_PER_TASK = 1_000_000  # as the source's maxRecordsPerPartition: bounds a task's memory
+
+Identity = tuple[tuple[str, int], ...]  # a topic's identity as the source plans it (empty: unknown)
 
 
 def delta_spark_available(spark: Any) -> bool:
@@ -96,9 +121,61 @@ def delta_spark_available(spark: Any) -> bool:
     return "DeltaSparkSessionExtension" in (spark.conf.get("spark.sql.extensions", "") or "")
 
 
-def partition_app_id(topic: str, partition: int, created_ms: int) -> str:
+def partition_app_id(topic: str, partition: int, incarnation: int) -> str:
     """The Delta ``txn`` app id holding how far a topic partition (of one incarnation) is in the table."""
-    return f"robustmq/{topic}/{partition}@{created_ms}"
+    return f"robustmq/{topic}/{partition}@incarnation={incarnation}"
+
+
+def _app_ids(topic: str, partition: int, identity: Identity) -> tuple[str, str | None]:
+    """The app id a commit sets for the partition, and an older one whose end counts while it has none."""
+    values = dict(identity)
+    legacy = f"robustmq/{topic}/{partition}@{values['created_ms']}" if "created_ms" in values else None
+    incarnation = values.get("incarnation", 0)
+    if incarnation:
+        return partition_app_id(topic, partition, incarnation), legacy
+    assert legacy is not None, f"topic {topic} has no identity"
+    return legacy, None
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """Records ``[start, end)`` of a topic partition in a micro-batch, as the source planned them."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    identity: Identity = ()
+    from_beginning: bool = False
+
+    @staticmethod
+    def from_row(row: Any) -> _Piece:
+        """A row of the source's ``output=ranges``."""
+        values = {"created_ms": row.created_ms, "incarnation": row.incarnation}
+        identity = tuple(sorted((k, int(v)) for k, v in values.items() if v is not None))
+        return _Piece(
+            row.topic, row.partition, row.start_offset, row.end_offset, identity, bool(row.from_beginning)
+        )
+
+
+def _merge_pieces(pieces: list[_Piece]) -> list[_Piece]:
+    """One piece per topic partition: the source cuts a partition's range into contiguous pieces."""
+    merged: dict[tuple[str, int], _Piece] = {}
+    for piece in sorted(pieces, key=lambda p: (p.topic, p.partition, p.start)):
+        if piece.end <= piece.start:
+            continue
+        key = (piece.topic, piece.partition)
+        current = merged.get(key)
+        if current is None:
+            merged[key] = piece
+        elif piece.start == current.end and piece.identity == current.identity:
+            merged[key] = replace(current, end=piece.end)
+        else:
+            raise AssertionError(
+                f"the ranges of topic {piece.topic} partition {piece.partition} in one micro-batch are not "
+                f"contiguous: [{current.start}, {current.end}) then [{piece.start}, {piece.end})"
+            )
+    return list(merged.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +187,8 @@ class _Range:
     first: int
     end: int
     app_id: str
+    identity: Identity
+    from_beginning: bool
 
 
 def _write_dated_files(
@@ -126,17 +205,16 @@ def _write_dated_files(
         )
         label = day.isoformat() if day is not None else "__HIVE_DEFAULT_PARTITION__"
         relative = f"date={label}/part-{prefix}-{uuid.uuid4().hex}.parquet"
+        data = rows.select(_DATA_COLUMNS).cast(_DATA_SCHEMA)
         with filesystem.open_output_stream(relative) as out:
-            pq.write_table(rows.select(_DATA_COLUMNS).cast(_DATA_SCHEMA), out, compression="snappy")
+            pq.write_table(data, out, compression="snappy")
             size = out.tell()
-        offsets = rows.column("offset")
         yield {
             "path": relative,
             "size": size,
             "date": None if day is None else label,
             "records": rows.num_rows,
-            "min_offset": pc.min(offsets).as_py(),
-            "max_offset": pc.max(offsets).as_py(),
+            "stats": file_stats(data),
         }
 
 
@@ -146,7 +224,10 @@ def _write_records(
     """The ``mapInArrow`` function of the records path: rows at or past their partition's first offset."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches(list(batches))
+        received = list(batches)
+        if not received:  # an empty Spark partition
+            return
+        table = pa.Table.from_batches(received)
         keep = None
         for (topic, partition), first in firsts.items():
             mine = pc.and_(
@@ -176,14 +257,17 @@ def _write_ranges(
         from robustmq.connector import SourceOptions
         from robustmq.connector._source import RangePartition, RobustMQBatchReader
 
-        for topic, partition, start, end in ranges:
+        for topic, partition, start, end, identity, from_beginning in ranges:
             options = {
                 "metaAddress": meta_address,
                 "topic": topic,
                 "failOnDataLoss": "true" if fail_on_data_loss else "false",
             }
             reader = RobustMQBatchReader(SourceOptions.parse(options))
-            batches = list(reader.read(RangePartition(topic, partition, start, end)))
+            part = RangePartition(
+                topic, partition, start, end, identity=identity, from_beginning=from_beginning
+            )
+            batches = list(reader.read(part))
             if batches:
                 table = pa.Table.from_batches(batches)
                 yield from _write_dated_files(table, uri, storage_options, f"{prefix}-{partition}-{start}")
@@ -201,12 +285,12 @@ class DeltaAppender:
         It must exist (``prepare_table`` creates it).
     meta_address
         The Meta Service: tasks read offset ranges (the source's ``output=ranges``) from the
-        nodes, and the driver asks for topics' creation times.
+        nodes, and the driver asks for topics' identities where a batch does not carry them.
     storage_options
         Passed to delta-rs and its filesystem layer (e.g. S3 endpoint and keys).
     fail_on_data_loss
-        As the source's ``failOnDataLoss``: records removed by retention fail the batch, or
-        (False) are skipped with a warning.
+        As the source's ``failOnDataLoss``: records removed by retention, or a topic deleted or
+        re-created since the batch was planned, fail the batch, or (False) are skipped with a warning.
 
     The appender keeps the table's commit log open between micro-batches (one
     per driver; ``foreachBatch`` calls it from one thread at a time).
@@ -240,13 +324,13 @@ class DeltaAppender:
         started = time.monotonic()
         prefix = f"{batch_id:010d}-{uuid.uuid4().hex[:8]}"
         if "start_offset" in frame.columns:  # the source's output=ranges mode
-            todo = self._plan([tuple(row) for row in frame.collect()])
+            todo = self._plan([_Piece.from_row(row) for row in frame.collect()])
             files = self._write_ranges(frame, todo, prefix)
         else:
             from pyspark.sql import functions as F
 
             bounds = frame.groupBy("topic", "partition").agg(F.min("offset"), F.max("offset")).collect()
-            todo = self._plan([(t, p, low, high + 1) for t, p, low, high in bounds])
+            todo = self._plan([_Piece(t, p, low, high + 1) for t, p, low, high in bounds])
             firsts = {(r.topic, r.partition): r.first for r in todo}
             write = _write_records(self.location.uri, self.storage_options, firsts, prefix)
             files = frame.select(*_DATA_COLUMNS).mapInArrow(write, _FILES_SCHEMA).collect() if todo else []
@@ -267,35 +351,45 @@ class DeltaAppender:
             time.monotonic() - started,
         )
 
-    def _plan(self, ranges: list[tuple[str, int, int, int]]) -> list[_Range]:
-        """What of ``ranges`` the table does not hold yet, from each partition's end in the table."""
+    def _plan(self, pieces: list[_Piece]) -> list[_Range]:
+        """What of the batch's ``pieces`` the table does not hold yet, from each partition's end in it."""
         assert self._log is not None
-        created = {topic: self._created_ms(topic) for topic in sorted({r[0] for r in ranges if r[3] > r[2]})}
+        asked: dict[str, Identity | None] = {}  # identities asked now, for pieces planned without one
         todo = []
-        for topic, partition, start, end in ranges:
-            if end <= start or created.get(topic) is None:
-                continue
-            app_id = partition_app_id(topic, partition, created[topic])  # type: ignore[arg-type]
+        for piece in _merge_pieces(pieces):
+            identity = piece.identity
+            if not identity:
+                if piece.topic not in asked:
+                    asked[piece.topic] = self._identity_now(piece.topic)
+                identity = asked[piece.topic] or ()
+                if not identity:
+                    continue
+            app_id, legacy = _app_ids(piece.topic, piece.partition, identity)
             held = self._log.end_offset(app_id)
-            if held is not None and held < start:  # the ranges path reads from the table's end
+            if held is None and legacy is not None:
+                held = self._log.end_offset(legacy)
+            if held is not None and held < piece.start:  # the ranges path reads from the table's end
                 log.warning(
                     "the table holds %s partition %d up to offset %d, and this batch starts at %d",
-                    topic,
-                    partition,
+                    piece.topic,
+                    piece.partition,
                     held,
-                    start,
+                    piece.start,
                 )
-            first = start if held is None else held
-            if first < end:
-                todo.append(_Range(topic, partition, first, end, app_id))
+            first = piece.start if held is None else held
+            if first < piece.end:
+                fresh = piece.from_beginning and held is None
+                todo.append(_Range(piece.topic, piece.partition, first, piece.end, app_id, identity, fresh))
         return todo
 
-    def _created_ms(self, topic: str) -> int | None:
+    def _identity_now(self, topic: str) -> Identity | None:
+        from robustmq.connector._offsets import identity_of
         from robustmq.connector._source import client_for
         from robustmq.errors import TopicNotFound
 
         try:
-            return int(client_for(self.meta_address).describe_topic(topic).topic.created_ms)
+            described = client_for(self.meta_address).describe_topic(topic).topic
+            return tuple(sorted(identity_of(described).items()))
         except TopicNotFound:
             if self.fail_on_data_loss:
                 raise TopicNotFound(
@@ -308,10 +402,11 @@ class DeltaAppender:
 
     def _write_ranges(self, frame: Any, todo: list[_Range], prefix: str) -> list[Any]:
         pieces = [
-            (r.topic, r.partition, low, min(low + MAX_RECORDS_PER_TASK, r.end))
+            (r.topic, r.partition, low, min(low + MAX_RECORDS_PER_TASK, r.end), r.identity,
+             r.from_beginning and low == r.first)
             for r in todo
             for low in range(r.first, r.end, MAX_RECORDS_PER_TASK)
-        ]
+        ]  # fmt: skip
         if not pieces:
             return []
         write = _write_ranges(
@@ -336,26 +431,19 @@ class DeltaAppender:
         )
 
 
-def read_table(spark: Any, table_path: str) -> Any:
+def _spark_path(path: str) -> str:
+    """A path as Spark's file sources take it: glob characters escaped (Spark globs every path)."""
+    return re.sub(r"([\\{}\[\]*?])", r"\\\1", path)
+
+
+def read_table(spark: Any, table_path: str, storage_options: Mapping[str, str] | None = None) -> Any:
     """A Delta table as a Spark DataFrame: through delta-spark if present, else its current files."""
     if delta_spark_available(spark):
         return spark.read.format("delta").load(table_path)
-    from deltalake import DeltaTable
-
-    files = DeltaTable(table_path).file_uris()
-    schema = ", ".join(
-        [
-            "topic string",
-            "partition int",
-            "offset long",
-            "key binary",
-            "value binary",
-            "timestamp timestamp",
-            "tags array<string>",
-            "headers array<struct<key:string,value:binary>>",
-            "date date",
-        ]
-    )
+    location = TableLocation.parse(table_path)
+    # delta-rs gives percent-encoded locations (without a scheme for local files); Spark takes paths.
+    files = [_spark_path(unquote(uri)) for uri in open_table(location, storage_options).file_uris()]
     if not files:
-        return spark.createDataFrame([], schema)
-    return spark.read.schema(schema).option("basePath", table_path).parquet(*files)
+        return spark.createDataFrame([], _SPARK_SCHEMA)
+    base = str(location.local_dir) if location.local_dir is not None else unquote(location.uri)
+    return spark.read.schema(_SPARK_SCHEMA).option("basePath", base).parquet(*files)

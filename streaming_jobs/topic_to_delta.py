@@ -18,7 +18,8 @@ Run it::
 
 Records that retention removed before the job read them fail the job with a
 message saying so (``--fail-on-data-loss true``, the default), or are skipped
-with a warning (``false``).
+with a warning (``false``), as are records of a topic deleted or re-created
+while the job was reading it.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from typing import Any
 from robustmq._ready import announce_ready
 
 from ._delta import PARTITION_BY, TABLE_SCHEMA, DeltaAppender, delta_spark_available
-from ._table import prepare_table
+from ._table import MIN_ORPHAN_RETENTION_HOURS, prepare_table
 
-__all__ = ["main", "parser", "spark_session", "start_topic_to_delta"]
+__all__ = ["default_group", "main", "parser", "spark_session", "start_topic_to_delta"]
 
 log = logging.getLogger("robustmq.jobs")
 
@@ -80,10 +81,12 @@ def start_topic_to_delta(
 ) -> Any:
     """Prepare the table (create or check it, vacuum orphans) and start the query; returns it.
 
-    ``group`` defaults to one derived from the table's URI, so a run with a new
-    checkpoint resumes from where the previous one's group got. A table of
-    another shape raises :class:`~robustmq.streaming_jobs.errors.TableMismatch`
-    before the query starts.
+    ``group`` defaults to one named after the Delta table's id, so a run with a
+    new checkpoint resumes from where the previous one's group got, whichever
+    way the table's path is spelled, and a table dropped and rebuilt at the same
+    path (another id) starts from the beginning of the topic. A table of another
+    shape raises :class:`~robustmq.streaming_jobs.errors.TableMismatch` before the
+    query starts.
     """
     location = prepare_table(
         table_path,
@@ -92,7 +95,7 @@ def start_topic_to_delta(
         storage_options=storage_options,
         orphan_retention_hours=orphan_retention_hours,
     )
-    group = group or "robustmq-topic-to-delta-" + hashlib.sha256(location.uri.encode()).hexdigest()[:16]
+    group = group or default_group(location.table_id)
     # Without delta-spark, tasks read each micro-batch's offset ranges straight from the nodes as
     # Arrow and write Parquet: the records never become JVM rows (slow for nested columns).
     output = "records" if delta_spark_available(spark) else "ranges"
@@ -131,6 +134,11 @@ def start_topic_to_delta(
     return writer.start()
 
 
+def default_group(table_id: str) -> str:
+    """The job's consumer group for the Delta table of this id (``metaData.id``)."""
+    return f"robustmq-topic-to-delta-{table_id}"
+
+
 def _boolean(text: str) -> bool:
     if text.strip().lower() not in ("true", "false"):
         raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
@@ -142,6 +150,19 @@ def _storage_option(text: str) -> tuple[str, str]:
     if not equals or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return key.strip(), value
+
+
+def _retention_hours(text: str) -> int:
+    try:
+        hours = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of hours, got {text!r}") from None
+    if hours != -1 and hours < MIN_ORPHAN_RETENTION_HOURS:
+        raise argparse.ArgumentTypeError(
+            f"expected -1 (never) or at least {MIN_ORPHAN_RETENTION_HOURS} hours, got {hours}: a shorter "
+            "retention could delete the files of a batch another job on the table is about to commit"
+        )
+    return hours
 
 
 def parser() -> argparse.ArgumentParser:
@@ -180,9 +201,10 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--orphan-retention-hours",
-        type=int,
+        type=_retention_hours,
         default=168,
-        help="vacuum unreferenced files older than this at start (default 168; -1 never)",
+        help=f"vacuum unreferenced files older than this at start (default 168, at least "
+        f"{MIN_ORPHAN_RETENTION_HOURS}; -1 never)",
     )
     parser.add_argument("--master", default="local[2]")
     return parser

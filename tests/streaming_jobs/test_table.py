@@ -1,4 +1,4 @@
-"""The job's Delta table without Spark: locations, shape checks, and the append log's commits."""
+"""The job's Delta table without Spark: locations, shape checks, orphans, file statistics."""
 
 from __future__ import annotations
 
@@ -8,52 +8,20 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from robustmq.streaming_jobs import TABLE_SCHEMA, TableConflict, TableLocation, TableMismatch, prepare_table
-from robustmq.streaming_jobs._table import CHECKPOINT_EVERY, AppendLog, WrittenFile, table_filesystem
-
-
-def _log(location: TableLocation, storage_options: dict[str, str] | None = None) -> AppendLog:
-    return AppendLog(location, TABLE_SCHEMA, ["date"], storage_options=storage_options)
-
-
-def _file(
-    location: TableLocation, storage_options: dict[str, str] | None = None, offset: int = 0
-) -> WrittenFile:
-    """A real one-row Parquet file in the table, written the way tasks write them."""
-    rows = pa.table(
-        {
-            "topic": ["t"],
-            "partition": pa.array([0], pa.int32()),
-            "offset": pa.array([offset], pa.int64()),
-            "key": pa.array([None], pa.binary()),
-            "value": pa.array([b"v"], pa.binary()),
-            "timestamp": pa.array([0], pa.timestamp("us", tz="UTC")),
-            "tags": pa.array([None], TABLE_SCHEMA.field("tags").type),
-            "headers": pa.array([None], TABLE_SCHEMA.field("headers").type),
-        }
-    )
-    relative = f"date=1970-01-01/part-{uuid.uuid4().hex}.parquet"
-    with table_filesystem(location.uri, storage_options).open_output_stream(relative) as out:
-        pq.write_table(rows, out)
-        size = out.tell()
-    return WrittenFile(relative, size, "1970-01-01", 1, offset, offset)
-
-
-def _offsets(location: TableLocation, storage_options: dict[str, str] | None = None) -> list[int]:
-    table = DeltaTable(location.uri, storage_options=storage_options)
-    return sorted(
-        table.to_pyarrow_dataset().to_table(columns=["offset"], use_threads=False)["offset"].to_pylist()
-    )
+from robustmq.errors import InvalidConfig
+from robustmq.streaming_jobs import TABLE_SCHEMA, TableLocation, TableMismatch, prepare_table
+from robustmq.streaming_jobs._table import MIN_ORPHAN_RETENTION_HOURS
+from tests.streaming_jobs._tables import append_log, table_offsets, write_file
 
 
 def test_locations_name_one_table_however_typed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     spellings = ["cp", "./cp", "cp/", str(tmp_path / "cp"), (tmp_path / "cp").as_uri()]
-    assert {TableLocation.parse(s).local_dir for s in spellings} == {tmp_path / "cp"}
+    locations = {TableLocation.parse(s) for s in spellings}
+    assert locations == {TableLocation((tmp_path / "cp").as_uri(), local_dir=tmp_path / "cp")}
     s3 = TableLocation.parse("s3://bucket/tables/orders/")
     assert (s3.uri, s3.bucket, s3.prefix, s3.local_dir) == (
         "s3://bucket/tables/orders",
@@ -64,59 +32,17 @@ def test_locations_name_one_table_however_typed(tmp_path: Path, monkeypatch: pyt
     assert TableLocation.parse("gs://b/t/").uri == "gs://b/t"
 
 
-def test_concurrent_writers_append_blindly_but_never_share_a_partition(tmp_path: Path) -> None:
-    location = prepare_table(str(tmp_path / "t"), TABLE_SCHEMA, ["date"])
-    first, second = _log(location), _log(location)
-    start = first.version
-    assert first.commit([_file(location, offset=0)], {"p0": 1}) == start + 1
-    # The second log is one version behind: it reads the first's commit, which is blind for it.
-    assert second.commit([_file(location, offset=100)], {"p1": 101}) == start + 2
-    assert second.end_offset("p0") == 1
-    with pytest.raises(TableConflict, match="same topic partitions"):
-        first.commit([_file(location, offset=200)], {"p1": 201})
-    table = DeltaTable(location.uri)
-    assert (table.version(), table.transaction_version("p0"), table.transaction_version("p1")) == (
-        start + 2,
-        1,
-        101,
-    )
-    assert _offsets(location) == [0, 100]
+def test_s3_prefixes_are_percent_decoded_as_delta_rs_decodes_them() -> None:
+    location = TableLocation.parse("s3://bucket/my%20tables/a%25b/")
+    assert (location.uri, location.prefix) == ("s3://bucket/my%20tables/a%25b", "my tables/a%b")
 
 
-def test_a_metadata_change_under_the_writer_is_a_conflict(tmp_path: Path) -> None:
-    location = prepare_table(str(tmp_path / "t"), TABLE_SCHEMA, ["date"])
-    writer = _log(location)
-    DeltaTable(location.uri).alter.set_table_description("changed by someone else")
-    with pytest.raises(TableConflict, match="metadata"):
-        writer.commit([_file(location)], {"p0": 1})
-
-
-def test_the_log_checkpoints_every_so_many_versions(tmp_path: Path) -> None:
-    location = prepare_table(str(tmp_path / "t"), TABLE_SCHEMA, ["date"])
-    writer = _log(location)
-    commits = CHECKPOINT_EVERY - writer.version
-    for offset in range(commits):
-        writer.commit([], {"p0": offset + 1})
-    last = json.loads((tmp_path / "t" / "_delta_log" / "_last_checkpoint").read_text())
-    assert last["version"] == CHECKPOINT_EVERY
-    assert DeltaTable(location.uri).transaction_version("p0") == writer.end_offset("p0") == commits
-
-
-@pytest.mark.parametrize("direct", [True, False])
-def test_s3_tables_commit_directly_or_through_delta_rs(s3_server, direct: bool) -> None:  # type: ignore[no-untyped-def]
-    bucket = f"b{uuid.uuid4().hex[:8]}"
-    s3_server.boto3_client().create_bucket(Bucket=bucket)
-    options = dict(s3_server.storage_options)
-    if not direct:
-        options["timeout"] = "60s"  # an object_store option boto3 has no name for: delta-rs commits
-    location = prepare_table(f"s3://{bucket}/t", TABLE_SCHEMA, ["date"], storage_options=options)
-    first, second = _log(location, options), _log(location, options)
-    assert (first._objects is not None) == direct
-    first.commit([_file(location, options, offset=0)], {"p0": 1})
-    second.commit([_file(location, options, offset=1)], {"p1": 2})
-    table = DeltaTable(location.uri, storage_options=options)
-    assert (table.transaction_version("p0"), table.transaction_version("p1")) == (1, 2)
-    assert _offsets(location, options) == [0, 1]
+@pytest.mark.parametrize("name", ["50%", "p%20q", "br[1]", "a|b"])
+def test_local_paths_delta_rs_cannot_use_are_refused(tmp_path: Path, name: str) -> None:
+    """delta-rs decodes '%' in local paths (files land elsewhere) and panics on '[' or '|'."""
+    with pytest.raises(InvalidConfig, match="delta-rs cannot use"):
+        prepare_table(str(tmp_path / name / "t"), TABLE_SCHEMA, ["date"])
+    assert not (tmp_path / name).exists()
 
 
 @pytest.mark.parametrize(
@@ -152,10 +78,21 @@ def test_tables_of_another_shape_are_refused_naming_the_difference(tmp_path: Pat
     assert DeltaTable(path).version() == version
 
 
+def test_prepare_names_the_table_by_its_id(tmp_path: Path) -> None:
+    """A table dropped and rebuilt at the same path is another table (the job's group follows it)."""
+    import shutil
+
+    first = prepare_table(str(tmp_path / "t"), TABLE_SCHEMA, ["date"])
+    assert first.table_id == str(DeltaTable(first.uri).metadata().id)
+    assert prepare_table(first.uri, TABLE_SCHEMA, ["date"]).table_id == first.table_id
+    shutil.rmtree(tmp_path / "t")
+    assert prepare_table(str(tmp_path / "t"), TABLE_SCHEMA, ["date"]).table_id != first.table_id
+
+
 def test_orphans_are_vacuumed_only_past_the_retention(tmp_path: Path) -> None:
     location = prepare_table(str(tmp_path / "t"), TABLE_SCHEMA, ["date"])
-    kept = _file(location)
-    _log(location).commit([kept], {"p0": 1})
+    kept = write_file(location)
+    append_log(location).commit([kept], {"p0": 1})
     day = tmp_path / "t" / "date=1970-01-01"
     old, young = day / "part-old.parquet", day / "part-young.parquet"
     old.write_bytes(b"x")
@@ -164,3 +101,43 @@ def test_orphans_are_vacuumed_only_past_the_retention(tmp_path: Path) -> None:
     os.utime(day / Path(kept.path).name, (0, 0))
     prepare_table(str(tmp_path / "t"), TABLE_SCHEMA, ["date"], orphan_retention_hours=1)
     assert not old.exists() and young.exists() and (day / Path(kept.path).name).exists()
+
+
+def test_a_starting_job_keeps_the_files_of_a_batch_in_flight(tmp_path: Path) -> None:
+    """Jobs of different topics may share a table: one starting must not break another's commit."""
+    location = prepare_table(str(tmp_path / "t"), TABLE_SCHEMA, ["date"])
+    running = append_log(location)
+    in_flight = write_file(location, offset=0)  # a task of the running job wrote it; the commit is pending
+    with pytest.raises(InvalidConfig, match="below"):
+        prepare_table(str(tmp_path / "t"), TABLE_SCHEMA, ["date"], orphan_retention_hours=0)
+    prepare_table(
+        str(tmp_path / "t"), TABLE_SCHEMA, ["date"], orphan_retention_hours=MIN_ORPHAN_RETENTION_HOURS
+    )
+    running.commit([in_flight], {"p0": 1})
+    assert table_offsets(location) == [0]
+
+
+def test_add_actions_carry_the_files_sizes_and_statistics(s3_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Sizes are the objects' sizes; stats hold bounds and a null count per column (data skipping)."""
+    bucket = f"b{uuid.uuid4().hex[:8]}"
+    client = s3_server.boto3_client()
+    client.create_bucket(Bucket=bucket)
+    options = s3_server.storage_options
+    remote = prepare_table(f"s3://{bucket}/t", TABLE_SCHEMA, ["date"], storage_options=options)
+    written = write_file(remote, options)
+    assert client.head_object(Bucket=bucket, Key=f"t/{written.path}")["ContentLength"] == written.size
+
+    location = prepare_table(str(tmp_path / "t"), TABLE_SCHEMA, ["date"])
+    written = write_file(location, offset=5, keys=[b"k", None, None])
+    assert (tmp_path / "t" / written.path).stat().st_size == written.size
+    append_log(location).commit([written], {"p0": 8})
+    commit = (tmp_path / "t" / "_delta_log" / f"{1:020d}.json").read_text().splitlines()
+    stats = json.loads(next(json.loads(line)["add"]["stats"] for line in commit if '"add"' in line))
+    assert stats["numRecords"] == 3
+    assert stats["minValues"] == {"partition": 0, "offset": 5}
+    assert stats["maxValues"] == {"partition": 0, "offset": 7}
+    assert stats["nullCount"] == {
+        "topic": 0, "partition": 0, "offset": 0, "key": 2, "value": 0, "timestamp": 0, "tags": 3, "headers": 3
+    }  # fmt: skip
+    actions = pa.table(DeltaTable(location.uri).get_add_actions(flatten=True))
+    assert actions.column("null_count.key").to_pylist() == [2]  # delta-rs reads them back

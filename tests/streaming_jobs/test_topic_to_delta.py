@@ -300,7 +300,175 @@ def test_command_line_options_of_the_job(capsys: pytest.CaptureFixture[str]) -> 
     }
     defaults = parser().parse_args(required)
     assert defaults.fail_on_data_loss is True and defaults.orphan_retention_hours == 168
-    for bad in (["--fail-on-data-loss", "maybe"], ["--storage-option", "no-equals-sign"]):
+    assert parser().parse_args([*required, "--orphan-retention-hours", "-1"]).orphan_retention_hours == -1
+    for bad in (
+        ["--fail-on-data-loss", "maybe"],
+        ["--storage-option", "no-equals-sign"],
+        ["--orphan-retention-hours", "0"],  # would delete the files of batches in flight
+        ["--orphan-retention-hours", "soon"],
+    ):
         with pytest.raises(SystemExit) as exited:
             parser().parse_args([*required, *bad])
         assert exited.value.code == 2 and "expected" in capsys.readouterr().err
+
+
+# -- regression tests of the review of defects 15-18 ----------------------------------------------
+
+
+def _produce(client, topic: str, label: str, count: int) -> None:  # type: ignore[no-untyped-def]
+    with client.producer() as producer:
+        producer.send_batch(
+            topic,
+            build_records(
+                [b"%s%d" % (label.encode(), i) for i in range(count)], timestamps_ms=[BASE_MS] * count
+            ),
+        ).result(60)
+
+
+def _values(table: str) -> list[bytes]:
+    data = DeltaTable(table).to_pyarrow_dataset().to_table(columns=["value"], use_threads=False)
+    return sorted(data.column("value").to_pylist())
+
+
+def _ranges_query(spark, cluster, topic: str, table: str, checkpoint: str, batch, **options):  # type: ignore[no-untyped-def]
+    """The source's ranges into a foreachBatch function, Trigger.AvailableNow; waits for the end."""
+    from pyspark.errors import StreamingQueryException
+
+    reader = (
+        spark.readStream.format("robustmq")
+        .option("metaAddress", cluster.meta_address)
+        .option("topic", topic)
+        .option("output", "ranges")
+    )
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    query = (
+        reader.load()
+        .writeStream.foreachBatch(batch)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    with contextlib.suppress(StreamingQueryException):
+        query.awaitTermination(300)
+    return query
+
+
+def test_a_batch_whose_partition_range_is_split_in_pieces_is_written_once(
+    spark, cluster, client, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The source cuts a partition's range into pieces of maxRecordsPerPartition (1M by default; 1,000
+    here): each piece used to be compared with the table's end alone, and rewritten from it."""
+    from robustmq.streaming_jobs import TABLE_SCHEMA, DeltaAppender, prepare_table
+
+    topic = f"p{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, 1)
+    table = prepare_table(str(tmp_path / "table"), TABLE_SCHEMA, ["date"]).uri
+    appender = DeltaAppender(table, meta_address=cluster.meta_address)
+    checkpoint = str(tmp_path / "ck")
+    _produce(client, topic, "a", 10)
+    run = _ranges_query(spark, cluster, topic, table, checkpoint, appender, maxRecordsPerPartition=1000)
+    assert run.exception() is None  # the table now holds offsets 0..9
+    _produce(client, topic, "b", 2500)  # one batch of 2,500: pieces [10,1010) [1010,2010) [2010,2510)
+    run = _ranges_query(spark, cluster, topic, table, checkpoint, appender, maxRecordsPerPartition=1000)
+    assert run.exception() is None
+    assert _rows(table) == (2510, 2510)
+
+
+def _create_again(client, topic: str) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.create_topic(topic, 1)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_a_topic_recreated_while_a_batch_is_in_flight_keeps_the_new_topic_whole(
+    spark, cluster, client, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The batch's ranges were planned (and read as rows) for the old topic; the job must not write
+    the new topic's records at those offsets, nor skip them later."""
+    from robustmq.streaming_jobs import TABLE_SCHEMA, DeltaAppender, prepare_table
+
+    topic = f"x{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, 1)
+    table = prepare_table(str(tmp_path / "table"), TABLE_SCHEMA, ["date"]).uri
+    checkpoint = str(tmp_path / "ck")
+
+    def run(fail_on_data_loss: bool, *, recreate: bool = False):  # type: ignore[no-untyped-def]
+        appender = DeltaAppender(
+            table, meta_address=cluster.meta_address, fail_on_data_loss=fail_on_data_loss
+        )
+
+        def batch(frame, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+            if recreate:  # the batch is cached (read) first, as a job writing it twice would
+                frame = frame.persist()
+                frame.count()
+                client.delete_topic(topic)
+                _create_again(client, topic)
+                _produce(client, topic, "new", 80)  # more than the batch planned: it reads silently
+            appender(frame, batch_id)
+
+        flag = "true" if fail_on_data_loss else "false"
+        return _ranges_query(spark, cluster, topic, table, checkpoint, batch, failOnDataLoss=flag)
+
+    _produce(client, topic, "old", 20)
+    assert run(True).exception() is None
+    _produce(client, topic, "old", 40)  # old20..old39 follow: the next batch plans [20, 60)
+    failed = run(True, recreate=True).exception()
+    assert failed is not None and "re-created" in str(failed), failed
+    assert _values(table) == sorted(b"old%d" % i for i in range(20)), "the new topic's records were written"
+    assert run(False).exception() is None  # go on without the old topic's lost records
+    expected = sorted([b"old%d" % i for i in range(20)] + [b"new%d" % i for i in range(80)])
+    assert _values(table) == expected
+
+
+def test_a_table_rebuilt_at_its_path_gets_the_whole_topic(spark, cluster, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The default group follows the table (its Delta id), not its path."""
+    import shutil
+
+    topic = f"g{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, 1)
+    _produce(client, topic, "a", 20)
+    table = str(tmp_path / "table")
+    assert _run_job(spark, cluster, topic, table, str(tmp_path / "ck1")).exception() is None
+    assert _rows(table) == (20, 20)
+    shutil.rmtree(table)  # the operator drops the table to rebuild it (and starts a new checkpoint)
+    _produce(client, topic, "b", 5)
+    assert _run_job(spark, cluster, topic, table, str(tmp_path / "ck2")).exception() is None
+    assert _rows(table) == (25, 25), "the rebuilt table started where the old table's group was"
+
+
+def test_a_group_moved_ahead_of_the_table_leaves_no_gap(spark, cluster, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    from robustmq.streaming_jobs import default_group
+
+    topic = f"h{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, 1)
+    table, checkpoint = str(tmp_path / "table"), tmp_path / "ck"
+    _produce(client, topic, "a", 20)
+    assert _run_job(spark, cluster, topic, table, str(checkpoint)).exception() is None
+    _produce(client, topic, "b", 40)
+    group = default_group(str(DeltaTable(table).metadata().id))
+    assert client.group_offsets(group, topic) == {0: 20}
+    client.commit_offsets(group, topic, {0: 50})  # someone moves the group past the table's end
+    shutil.rmtree(checkpoint)
+    assert _run_job(spark, cluster, topic, table, str(checkpoint)).exception() is None
+    assert _rows(table) == (60, 60)
+
+
+def test_read_table_of_a_path_with_url_characters(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from robustmq.streaming_jobs import TABLE_SCHEMA, prepare_table
+    from tests.streaming_jobs._tables import append_log, write_file
+
+    location = prepare_table(str(tmp_path / "my tables #1?" / "t"), TABLE_SCHEMA, ["date"])
+    append_log(location).commit([write_file(location, offset=7)], {"p0": 8})
+    for spelling in (str(location.local_dir), location.uri):
+        assert [r["offset"] for r in read_table(spark, spelling).collect()] == [7]

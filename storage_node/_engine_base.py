@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from robustmq._frame import FLAG_REENCODED, decode_frames, encode_header
-from robustmq._records import READ_SCHEMA
+from robustmq._records import READ_SCHEMA, tag_rows
 from robustmq.errors import InvalidRequest, OffsetOutOfRange, StaleEpoch
 
 from ._adapter import AppendRequest, MiB, ReadResult, ShardOffsets, StorageAdapter
@@ -307,11 +307,11 @@ class EngineBase(StorageAdapter):
 def _tag_mask(records: pa.Table, tag: str) -> np.ndarray:
     """Which rows carry ``tag`` (vectorised over the list column)."""
     mask = np.zeros(records.num_rows, dtype=bool)
-    tags = records.column("tags").combine_chunks()
-    if len(tags):
-        flat = pc.list_flatten(tags)
-        parents = pc.list_parent_indices(tags)
-        mask[pc.filter(parents, pc.equal(flat, tag)).to_numpy(zero_copy_only=False)] = True
+    tags = records.column("tags")
+    if tags.null_count < len(tags):
+        flat, rows = tag_rows(tags)
+        if len(flat):
+            mask[rows[pc.fill_null(pc.equal(flat, tag), False).to_numpy(zero_copy_only=False)]] = True
     return mask
 
 

@@ -49,7 +49,7 @@ from robustmq._records import coerce_records
 from robustmq.errors import DuplicateSequenceMismatch, InvalidRequest, OutOfOrderSequence
 
 from ._options import SinkOptions
-from ._requests import REQUEST_OVERHEAD_BYTES, RequestCutter, canonical_request
+from ._requests import REQUEST_OVERHEAD_BYTES, RequestCutter
 from ._source import client_for
 
 __all__ = ["RobustMQBatchWriter", "RobustMQStreamWriter", "producer_id_for"]
@@ -151,7 +151,7 @@ class _Task:
             answer = self.client.produce(
                 target[0],
                 target[1],
-                canonical_request(records),
+                records,  # encoded canonically by the client (robustmq._records.encode_batch)
                 producer_id=self.producer_id,
                 sequence=sequence,
                 acks=self.options.acks,

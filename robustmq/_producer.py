@@ -46,6 +46,8 @@ from robustmq._records import (
     RECORD_SCHEMA,
     TAGS_TYPE,
     TIMESTAMP_TYPE,
+    check_record,
+    check_record_limits,
     coerce_records,
     encode_batch,
     now_ms,
@@ -88,9 +90,9 @@ class RecordMetadata:
 class BatchMetadata:
     topic: str
     partition: int
-    base_offset: int  # -1: a duplicate older than the node's producer window
+    base_offset: int  # offset of the batch's first record; for a duplicate, the original's
     record_count: int
-    duplicate: bool
+    duplicate: bool  # a retry of a batch the node had already stored: stored once, not twice
 
 
 class _Batch:
@@ -314,6 +316,10 @@ class Producer:
     ) -> RecordFuture:
         """Queue one record; the future resolves once the node has it durably.
 
+        A record that breaks a node's per-record limit (key or tag size, tag
+        count, timestamp range; see ``robustmq._records``) raises
+        ``InvalidRecordBatch`` here, so it cannot fail the batch it would join.
+
         This is the per-record hot path: it takes one lock, appends to a few
         lists and makes one small object.
         """
@@ -321,6 +327,8 @@ class Producer:
             value = value.encode()
         if key.__class__ is str:
             key = key.encode()
+        if key is not None or tags is not None or timestamp_ms is not None:
+            check_record(key, tags, timestamp_ms)  # type: ignore[arg-type]
         size = (len(value) if value else 0) + (len(key) if key else 0) + 32
         if size > self._batch_bytes * 16:
             raise RecordBatchTooLarge(f"a {size}-byte record is too large to send", topic=topic)
@@ -378,12 +386,17 @@ class Producer:
         return count
 
     def send_batch(self, topic: str, records: pa.Table | pa.RecordBatch) -> Future[list[BatchMetadata]]:
-        """Queue a whole Arrow table (the bulk path); resolves to one entry per batch sent."""
+        """Queue a whole Arrow table (the bulk path); resolves to one entry per batch sent.
+
+        A table with a record that breaks a per-record limit raises
+        ``InvalidRecordBatch`` (naming the row and the limit) and queues nothing.
+        """
         table = pa.Table.from_batches([records]) if isinstance(records, pa.RecordBatch) else records
         partition_column = table.column("partition") if "partition" in table.column_names else None
         if partition_column is not None:
             table = table.drop_columns(["partition"])
         table = coerce_records(table)
+        check_record_limits(table)  # the whole table is refused at once, as the node would
         if table.column("timestamp").null_count:  # the producer's clock, as for send()
             stamps = pc.fill_null(table.column("timestamp"), pa.scalar(now_ms(), TIMESTAMP_TYPE))
             table = table.set_column(2, "timestamp", stamps)

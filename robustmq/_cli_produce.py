@@ -49,6 +49,7 @@ import pyarrow as pa
 from robustmq._client import Client, connect
 from robustmq._progress import Progress
 from robustmq._records import HEADERS_TYPE, TAGS_TYPE, TIMESTAMP_TYPE, coerce_records, now_ms
+from robustmq._request_limits import FRAMING_BYTES
 from robustmq._transport import MAX_MESSAGE_BYTES
 from robustmq.errors import InvalidRequest, RecordBatchTooLarge, RobustMQError
 
@@ -58,7 +59,6 @@ ROWS_PER_TABLE = 10_000
 BYTES_PER_TABLE = 2 * 1024 * 1024
 MAX_IN_FLIGHT_TABLES = 16  # with BYTES_PER_TABLE: well inside the producer's 64 MiB buffer
 READ_BYTES = 1024 * 1024
-FRAMING_BYTES = 4096  # what a one-record Arrow IPC stream adds to its bytes, with room to spare
 INTERRUPT_FLUSH_S = 30.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Names for separators a shell makes awkward to type (``--key-separator TAB``).

@@ -9,6 +9,8 @@ compared with a wide margin (a loaded 2-core machine), far below the old waits.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import robustmq
+from robustmq.errors import RequestTimeout, RobustMQError
 from tests.e2e._cli import cli, popen_cli, stderr_lines
 from tests.e2e._procs import Cluster
 
@@ -73,3 +76,26 @@ def test_with_the_node_down_every_command_ends_within_its_timeout(cluster: Clust
         lines = describe.stdout.splitlines()
         assert any(line.startswith("partitions 0, 1: leader ") for line in lines), describe.stdout
         assert "unreachable" in describe.stdout or "not alive" in describe.stdout, describe.stdout
+
+
+def test_closing_a_producer_waits_no_longer_than_asked_with_a_hung_node(cluster: Cluster) -> None:
+    """A node that holds the connection but never answers (paused): close(timeout_s=1) kept
+    waiting for the request in flight (up to its 30 s deadline) and then joined for 10 s more."""
+    with robustmq.connect(cluster.meta_address) as client:
+        client.create_topic("hung", 1)
+        with client.producer() as producer:
+            producer.send("hung", b"before").result(30)  # connected and routed
+        producer = client.producer()
+        os.kill(cluster.node.pid, signal.SIGSTOP)
+        try:
+            future = producer.send("hung", b"never acknowledged")
+            time.sleep(0.5)  # on its way: in flight to the paused node
+            started = time.monotonic()
+            with pytest.raises(RequestTimeout):
+                producer.close(timeout_s=1.0)
+            closed_s = time.monotonic() - started
+            with pytest.raises(RobustMQError):
+                future.result(10)
+        finally:
+            os.kill(cluster.node.pid, signal.SIGCONT)
+    assert closed_s < 1.0 + 4.0, closed_s

@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@# setuptools warns about every editable install of a package whose folder shares its name
-	@# (a 10-line banner on the first `make demo`); the layout is deliberate (docs/architecture.md).
+	@# (a 10-line banner on the first `make demo`); the layout is deliberate (README, "Layout").
 	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e '.[dev]'
 	@# Spark registers data sources it finds with pkgutil.iter_modules(), which does not see modules
 	@# served by an editable install's finder; a link in site-packages makes format("robustmq") work.

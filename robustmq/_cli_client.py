@@ -302,7 +302,7 @@ def _print_record(row: dict[str, Any], fmt: str) -> None:
             {
                 "partition": row["partition"],
                 "offset": row["offset"],
-                "timestamp": row["timestamp"].isoformat() if row["timestamp"] else None,
+                "timestamp": _iso(row["timestamp"]) if row["timestamp"] else None,
                 "key": _text(row["key"]),
                 "value": _text(row["value"]),
                 "tags": row["tags"],
@@ -473,6 +473,8 @@ def _known(value: int) -> int | None:
 
 def _when(ms: int) -> str | None:
     """ISO 8601 in UTC with milliseconds (``2026-11-23T14:02:03.123Z``), or ``None`` for "never"."""
-    if ms <= 0:
-        return None
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return _iso(datetime.fromtimestamp(ms / 1000, UTC)) if ms > 0 else None
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

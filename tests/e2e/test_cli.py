@@ -353,6 +353,11 @@ def test_json_output_is_typed_and_every_listing_has_it(meta: str) -> None:
     assert by_partition[0]["committed"] == 0 and ISO_UTC.match(by_partition[0]["committed_at"])
     assert by_partition[1]["committed"] is None and by_partition[1]["committed_at"] is None
     assert by_partition[1]["lag"] is None or isinstance(by_partition[1]["lag"], int)
+    with robustmq.connect(meta) as client, client.producer() as producer:
+        producer.send("typed", b"v", partition=1, timestamp_ms=1_763_900_000_123).result(30)
+    done = cli("consume", "typed", "--partition", "1", "--max-records", "1", "--meta", meta)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["timestamp"] == "2025-11-23T12:13:20.123Z"
 
 
 def test_groups_for_a_topic_lists_only_the_groups_that_read_it(meta: str) -> None:

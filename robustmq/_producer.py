@@ -397,8 +397,10 @@ class Producer:
         """``(partitions, the largest record, the bytes of a batch)`` for ``topic``.
 
         Cached per producer: a topic's partition count and ``max_batch_bytes``
-        never change. A batch is ``batch_bytes`` or less, and always small
-        enough for the topic (its limit less the request's framing).
+        never change, but a topic can be deleted and re-created with others, so a
+        batch that fails for good drops the entry (see ``_completed``). A batch is
+        ``batch_bytes`` or less, and always small enough for the topic (its limit
+        less the request's framing).
         """
         config = self._client.metadata.topic(topic).config
         record_limit = batch_limit(config.max_batch_bytes) - FRAMING_BYTES
@@ -626,6 +628,10 @@ class Producer:
                     self._wakeup.notify_all()
                     return
         if error is not None:
+            # A batch that failed for good may have been cut for a topic that is gone (deleted,
+            # perhaps re-created with other partitions or limits): read the topic again next time.
+            self._topics.pop(batch.topic, None)
+            self._client.metadata.invalidate(batch.topic)
             batch.finish(error=error)
         else:
             assert done is not None

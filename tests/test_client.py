@@ -8,6 +8,7 @@ wrong type, a record the node could never take. And the client's
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 import robustmq
-from robustmq.errors import InvalidConfig, InvalidRequest, RecordBatchTooLarge, TopicNotFound
+from robustmq.errors import InvalidConfig, InvalidRequest, RecordBatchTooLarge, ShardNotFound, TopicNotFound
 from robustmq.meta import MetaServer
 from tests.e2e._procs import free_port
 
@@ -110,3 +111,21 @@ def test_a_record_above_the_limits_is_refused_at_once_naming_the_limit(client: r
         # Many small records above the topic's limit together are split, not refused.
         producer.send_batch("small", pa.table({"value": [b"z" * 1000] * 500})).result(60)
     assert client.list_offsets("small")[0][1] == 500
+
+
+def test_a_producer_follows_a_topic_recreated_with_fewer_partitions(client: robustmq.Client) -> None:
+    """The producer's cached partition count is forgotten when the topic turns out to be gone.
+
+    Round robin over a stale count of 4 would aim every other record at a
+    partition the new topic lacks, for as long as the producer lives.
+    """
+    client.create_topic("shrinks", 4)
+    with client.producer(linger_ms=0) as producer:
+        for value in range(4):
+            producer.send("shrinks", b"%d" % value).result(10)
+        client.delete_topic("shrinks")
+        client.create_topic("shrinks", 1)
+        with contextlib.suppress(TopicNotFound, ShardNotFound, InvalidRequest):
+            producer.send("shrinks", b"first").result(10)  # may still see the old partitioning
+        offsets = [producer.send("shrinks", b"%d" % value).result(10).offset for value in range(6)]
+    assert offsets == sorted(offsets) and len(set(offsets)) == 6

@@ -8,7 +8,6 @@ wrong type, a record the node could never take. And the client's
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from pathlib import Path
@@ -116,8 +115,9 @@ def test_a_record_above_the_limits_is_refused_at_once_naming_the_limit(client: r
 def test_a_producer_follows_a_topic_recreated_with_fewer_partitions(client: robustmq.Client) -> None:
     """The producer's cached partition count is forgotten when the topic turns out to be gone.
 
-    Round robin over a stale count of 4 would aim every other record at a
-    partition the new topic lacks, for as long as the producer lives.
+    Round robin over a stale count of 4 would aim three records in four at
+    partitions the new topic lacks, for as long as the producer lives. One
+    record may fail (the one that finds out); every later one is written.
     """
     client.create_topic("shrinks", 4)
     with client.producer(linger_ms=0) as producer:
@@ -125,7 +125,11 @@ def test_a_producer_follows_a_topic_recreated_with_fewer_partitions(client: robu
             producer.send("shrinks", b"%d" % value).result(10)
         client.delete_topic("shrinks")
         client.create_topic("shrinks", 1)
-        with contextlib.suppress(TopicNotFound, ShardNotFound, InvalidRequest):
-            producer.send("shrinks", b"first").result(10)  # may still see the old partitioning
-        offsets = [producer.send("shrinks", b"%d" % value).result(10).offset for value in range(6)]
-    assert offsets == sorted(offsets) and len(set(offsets)) == 6
+        offsets, failures = [], []
+        for value in range(12):
+            try:
+                offsets.append(producer.send("shrinks", b"%d" % value).result(10).offset)
+            except (TopicNotFound, ShardNotFound, InvalidRequest) as error:
+                failures.append(error)
+    assert len(failures) <= 1, failures
+    assert offsets == list(range(len(offsets)))

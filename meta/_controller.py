@@ -107,14 +107,26 @@ class MetaController:
         )
 
     def _check_format(self) -> None:
-        version = self._store.get(keys.VERSION_KEY)
-        if version is None:
-            self._store.write({keys.VERSION_KEY: keys.FORMAT_VERSION.to_bytes(4, "big")})
-        elif int.from_bytes(version, "big") != keys.FORMAT_VERSION:
+        """Refuse a store of another format; upgrade a format-1 store (index its pending deletions)."""
+        raw = self._store.get(keys.VERSION_KEY)
+        version = keys.FORMAT_VERSION if raw is None else int.from_bytes(raw, "big")
+        if version not in (1, keys.FORMAT_VERSION):
             raise RobustMQError(
-                f"meta store format {int.from_bytes(version, 'big')} is not supported "
-                f"(this version reads format {keys.FORMAT_VERSION})",
-                version=int.from_bytes(version, "big"),
+                f"meta store format {version} is not supported "
+                f"(this version reads formats 1 and {keys.FORMAT_VERSION})",
+                version=version,
+            )
+        if raw is not None and version == keys.FORMAT_VERSION:
+            return
+        ws = WriteSet()
+        indexed = self._nodes.stage_build_index(ws) if version == 1 else 0
+        ws.put(keys.VERSION_KEY, keys.FORMAT_VERSION.to_bytes(4, "big"))
+        ws.commit(self._store)
+        if version == 1:
+            logger.info(
+                "meta store upgraded to format %d (%d pending deletions indexed)",
+                keys.FORMAT_VERSION,
+                indexed,
             )
 
     def close(self) -> None:
@@ -144,7 +156,7 @@ class MetaController:
             needed = config.replication_factor
             self._require_live(live, needed)  # say so once, for the topic, not for its first shard
             shards = [shard_name(name, p) for p in range(config.partitions)]
-            dropping = self._nodes.holders_pending(shards)
+            dropping = self._nodes.holders_pending(name)
             load = Counter(self._load)
             segments = []
             for shard in shards:
@@ -266,7 +278,7 @@ class MetaController:
             load = Counter(self._load)
             load[active.leader] -= 1
             live = self._live_node_ids()
-            held = self._nodes.holders_pending([shard]).get(shard, set()) & live
+            held = self._nodes.holders_pending(topic, partition).get(shard, set()) & live
             replicas = place_replicas(
                 live - held, load, rf, preferred=active.replicas, shard=shard, dropping=len(held), sticky=True
             )
@@ -395,6 +407,7 @@ class MetaController:
                 )
             node = pb.NodeInfo(node_id=node_id, address=address, registered_ms=_now_ms())
             self._nodes.stage_put(node, ws)
+            self._nodes.stage_index(node_id, True, ws)  # a removed node back: what it owes counts again
             logger.info("registered node %s at %s", node_id, address)
         elif address and address != node.address:
             node.address = address
@@ -454,7 +467,9 @@ class MetaController:
         active segments, unless ``force``. Its segments stay in their chains as
         they are: a shard whose active segment it leads has no reachable leader
         until a node registers again with this id (replication will move them).
-        Shards it still owes a deletion stay owed, in case it comes back.
+        Shards it still owes a deletion stay owed, in case it comes back, but
+        leave the index placement reads (see :mod:`._nodes`), so they cost
+        nothing on creates and seals.
         Returns the removed registration and the shards whose active segment it leads.
         """
         node_id = require_node_id(node_id)
@@ -481,6 +496,7 @@ class MetaController:
             view = self._node_view(node)
             ws = WriteSet()
             ws.delete(keys.node_key(node_id))
+            self._nodes.stage_index(node_id, False, ws)
             ws.commit(self._store)
             self._liveness.forget(node_id)
         logger.warning("removed node %s (%s); it led %d active segments", node_id, node.address, len(led))

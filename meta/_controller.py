@@ -241,16 +241,29 @@ class MetaController:
     # -- segments ----------------------------------------------------------
 
     def seal_segment(
-        self, shard: str, epoch: int, end_offset: int, node_id: str
+        self, shard: str, epoch: int, end_offset: int, node_id: str, incarnation: int | None = None
     ) -> tuple[pb.Segment, pb.Segment]:
         """Seal the active segment at ``end_offset`` and open epoch + 1 on placed nodes.
 
         Idempotent: the same request again after success gets the same answer.
+        ``incarnation`` (None: not checked) is the topic incarnation the node
+        seals; a seal of any other one (a late seal of a deleted topic) is
+        refused with ``ShardNotFound`` and changes nothing, so it can never seal
+        a re-created topic's chain.
         """
         topic, partition = split_shard(shard)
         node_id = require_node_id(node_id)
         with self._locked():
             chain = self._topics.chain(topic, partition)
+            current = self._topics.require(topic).incarnation
+            if incarnation is not None and incarnation != current:
+                raise ShardNotFound(
+                    f"shard {shard!r} of incarnation {incarnation} was deleted "
+                    f"(the topic's incarnation is {current})",
+                    shard=shard,
+                    incarnation=incarnation,
+                    current_incarnation=current,
+                )
             active = chain[-1]
             if epoch < active.epoch:
                 repeated = self._repeated_seal(topic, partition, epoch, end_offset, node_id)
@@ -353,7 +366,8 @@ class MetaController:
 
         Only the active segment's leader's reports count as a shard's high
         watermark (and reserved offset, which only grows); reports for unknown
-        shards (deleted since) and malformed ones are ignored. ``shard_count`` is
+        shards (deleted since), for another incarnation than the topic's
+        current one, and malformed ones are ignored. ``shard_count`` is
         informational. ``deleted`` acknowledges deletions the node has carried
         out; they are forgotten. The answer lists
         the deletions still pending for the node (at most
@@ -377,7 +391,14 @@ class MetaController:
             ][:MAX_DELETIONS_PER_BEAT]
             accepted = {}
             reserved = {}
-            for shard, topic, partition, values, reserve in reports:
+            incarnations: dict[str, int | None] = {}  # topic -> its current incarnation (None: gone)
+            for shard, topic, partition, values, reserve, incarnation in reports:
+                if incarnation is not None:  # a report about another incarnation is stale: ignored
+                    if topic not in incarnations:
+                        record = self._topics.get(topic)
+                        incarnations[topic] = None if record is None else record.incarnation
+                    if incarnations[topic] != incarnation:
+                        continue
                 if not self._leads(node_id, topic, partition):
                     continue
                 reserve = max(reserve, self._reserved.get(shard, 0))
@@ -609,8 +630,9 @@ def _acknowledged_deletions(node_id: str, deleted: Sequence[pb.ShardDeletion]) -
 
 def _usable_progress(
     node_id: str, progress: Sequence[pb.ShardProgress]
-) -> list[tuple[str, str, int, tuple[int, int], int]]:
-    """The well-formed progress reports: ``(shard, topic, partition, (hw, log_start), reserved)``.
+) -> list[tuple[str, str, int, tuple[int, int], int, int | None]]:
+    """The well-formed progress reports:
+    ``(shard, topic, partition, (hw, log_start), reserved, incarnation or None)``.
 
     A bad report is skipped with a warning instead of failing the heartbeat: a
     node whose beats were refused would be declared dead over one bad number.
@@ -627,7 +649,8 @@ def _usable_progress(
         if hw < 0 or not 0 <= log_start <= hw or (reserved and reserved < hw):
             skipped.append(entry.shard)
             continue
-        reports.append((entry.shard, topic, partition, (hw, log_start), max(reserved, 0)))
+        incarnation = int(entry.incarnation) if entry.HasField("incarnation") else None
+        reports.append((entry.shard, topic, partition, (hw, log_start), max(reserved, 0), incarnation))
     if skipped:
         logger.warning(
             "node %s reported %d malformed shard progress entries (first: %r); ignored",

@@ -513,6 +513,38 @@ def test_a_recreated_topic_avoids_nodes_still_holding_the_old_shards(client: Met
     assert leaders(client.describe_topic(client.create_topic("x").name)) == ["n1"]
 
 
+def test_a_seal_of_another_incarnation_is_refused_and_changes_nothing(client: MetaClient) -> None:
+    register(client, "n1")
+    first = client.create_topic("s").incarnation
+    assert client.seal_segment("s_0", 0, 10, "n1", incarnation=first).next.epoch == 1
+    client.delete_topic("s")
+    assert drop_pending(client, "n1") == ["s_0"]
+    second = client.create_topic("s").incarnation
+    with pytest.raises(ShardNotFound) as refused:  # a late repeat of the deleted topic's seal
+        client.seal_segment("s_0", 0, 10, "n1", incarnation=first)
+    fields = refused.value.fields
+    assert (fields["incarnation"], fields["current_incarnation"]) == (first, second)
+    assert [segment.end_offset for segment in client.get_shard("s_0").segments] == [-1]
+    assert client.seal_segment("s_0", 0, 3, "n1", incarnation=second).sealed.end_offset == 3
+    assert client.seal_segment("s_0", 1, 5, "n1").next.epoch == 2  # a node that names none: not checked
+
+
+def test_progress_of_another_incarnation_is_ignored(client: MetaClient) -> None:
+    register(client, "n1")
+    first = client.create_topic("p", engine="memory").incarnation
+    client.delete_topic("p")
+    drop_pending(client, "n1")
+    second = client.create_topic("p", engine="memory").incarnation
+    stale = {"p_0": first}  # a beat gathered before the deletion, answered after the re-creation
+    client.heartbeat("n1", "", progress=[("p_0", 42, 0)], reserved={"p_0": 10_042}, incarnations=stale)
+    info = client.get_shard("p_0")
+    assert (info.high_watermark, info.reserved_offset) == (-1, -1)
+    current = {"p_0": second}
+    client.heartbeat("n1", "", progress=[("p_0", 7, 0)], reserved={"p_0": 10_007}, incarnations=current)
+    info = client.get_shard("p_0")
+    assert (info.high_watermark, info.reserved_offset) == (7, 10_007)
+
+
 def test_a_removed_node_keeps_its_deletions_and_owes_them_again_when_it_returns(client: MetaClient) -> None:
     register(client, "n1", "n2")
     incarnation = client.create_topic("x").incarnation  # x_0 on n1

@@ -1,10 +1,11 @@
 """The node's dealings with the Meta Service and its queue order, in-process, with real servers.
 
 A real Meta Service and a real storage node run in this process on loopback
-(free ports). Faults are real ones: a network that delivers a request but
-loses its answer (a gRPC interceptor on the node's own channel: the Meta
-Service really runs the call), a shard directory removed under the node, a
-worker queue kept full by a flood of real requests.
+(free ports). Faults are real ones (``_meta_network``): a network that holds a
+call or loses its answer (gRPC interceptors on the node's own channel: the
+Meta Service really runs the call), a shard directory removed under the node,
+a worker queue kept full by a flood of real requests. Seals and what waits
+for them are in ``test_node_seals.py``.
 """
 
 from __future__ import annotations
@@ -13,112 +14,15 @@ import random
 import shutil
 import threading
 import time
-from collections import Counter
-from collections.abc import Iterator
-from concurrent.futures import Future
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import grpc
-import pytest
-
 import robustmq
-from robustmq._meta_client import MetaClient
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._records import build_records, encode_batch
+from robustmq._records import build_records
 from robustmq.errors import RobustMQError, SegmentSealed, Unavailable
-from robustmq.meta import MetaServer
-from robustmq.storage_node import NodeConfig, StorageNode
+from robustmq.storage_node import StorageNode
 from tests.e2e._procs import wait_until
-
-
-class _LostAnswer(grpc.RpcError):
-    """What a client sees when the network lost the answer of a call the server ran."""
-
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.DEADLINE_EXCEEDED
-
-    def details(self) -> str:
-        return "the answer was lost on the way back (test network)"
-
-    def trailing_metadata(self) -> tuple[()]:
-        return ()
-
-
-class LosingNetwork(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    """Delivers every call; while armed, loses the answers of the named methods.
-
-    ``budget`` answers are lost at most (None: every one while armed); ``lost``
-    counts them. The server has run the call when its answer is lost. ``calls``
-    counts every call by method.
-    """
-
-    def __init__(self, methods: set[str], *, budget: int | None = None) -> None:
-        self.methods = methods
-        self.budget = budget
-        self.lost = 0
-        self.calls: Counter[str] = Counter()  # every call the node made, by method
-        self.armed = threading.Event()
-        self._lock = threading.Lock()
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        method = details.method.rsplit("/", 1)[-1]
-        with self._lock:
-            self.calls[method] += 1
-        outcome = continuation(details, request)
-        if not self.armed.is_set() or method not in self.methods:
-            return outcome
-        outcome.result() if outcome.exception() is None else None  # the server has answered
-        with self._lock:
-            if self.budget is not None and self.lost >= self.budget:
-                return outcome
-            self.lost += 1
-        raise _LostAnswer()
-
-
-@dataclass
-class Cluster:
-    meta: MetaServer
-    node: StorageNode
-    client: robustmq.Client
-    network: LosingNetwork
-    meta_client: MetaClient
-
-    def restart_node(self) -> None:
-        """Stop the node cleanly and start it again on its data directory (a new port)."""
-        self.node.stop()
-        self.node = StorageNode(self.node.config, meta=self.meta_client).start()
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Any]:
-    started: list[tuple[Cluster, grpc.Channel]] = []
-
-    def make(*, methods: set[str] = frozenset(), budget: int | None = None, **node: Any) -> Cluster:  # type: ignore[assignment]
-        meta = MetaServer(tmp_path / "meta", port=0).start()
-        network = LosingNetwork(set(methods), budget=budget)
-        channel = grpc.intercept_channel(grpc.insecure_channel(meta.address), network)
-        config = NodeConfig(data_dir=tmp_path / "node", meta_address=meta.address, port=0, **node)
-        meta_client = MetaClient(meta.address, timeout_s=5, channel=channel)
-        storage = StorageNode(config, meta=meta_client).start()
-        client = robustmq.connect(meta.address, timeout_s=20)
-        cluster = Cluster(meta, storage, client, network, meta_client)
-        started.append((cluster, channel))
-        return cluster
-
-    yield make
-    for cluster, channel in started:
-        cluster.client.close()
-        cluster.node.stop()
-        channel.close()
-        cluster.meta.stop()
-
-
-def _produce(shard: str, epoch: int, values: list[bytes]) -> tuple[pb.NodeRequest, tuple[Any, ...]]:
-    produce = pb.ProduceRequest(shard=shard, epoch=epoch, producer_id=-1, producer_sequence=-1)
-    request = pb.NodeRequest(produce=produce)
-    return request, (encode_batch(build_records(values)),)
+from tests.storage_node._meta_network import chain, outcome, produce
 
 
 def _create_with_a_record(client: robustmq.Client, *topics: str) -> None:
@@ -128,13 +32,6 @@ def _create_with_a_record(client: robustmq.Client, *topics: str) -> None:
     with client.producer() as producer:
         for topic in topics:
             producer.send(topic, b"first").result(10)
-
-
-def _outcome(future: Future[Any]) -> Any:
-    try:
-        return future.result(30)[0]
-    except RobustMQError as error:
-        return error
 
 
 # -- defect 3: a seal whose answer is lost --------------------------------------------------
@@ -152,7 +49,7 @@ def test_a_seal_whose_answer_is_lost_acknowledges_nothing_past_the_sealed_end(ma
     while (len(acks) < 60 or acks[-1][0] < 2) and time.monotonic() < deadline:
         values = [b"%06d" % (sequence + i) + rng.randbytes(2000) for i in range(5)]  # ~10 kB a request
         route = client.metadata.write_route("fenced", 0)
-        request, payload = _produce(route.shard, route.epoch, values)
+        request, payload = produce(route.shard, route.epoch, values)
         try:
             answer = client.transport.call(route.address, request, payload, timeout_s=10)[0].produce
         except (SegmentSealed, Unavailable, RobustMQError) as error:
@@ -165,9 +62,9 @@ def test_a_seal_whose_answer_is_lost_acknowledges_nothing_past_the_sealed_end(ma
         sequence += 5
     assert cluster.network.lost == 1, "the test network should have lost one seal answer"
     assert acks[-1][0] >= 2, "writes should have gone on through two more seals"
-    chain = {segment.epoch: segment for segment in client.describe_topic("fenced").shards[0].segments}
+    by_epoch = chain(client, "fenced")
     for epoch, base, count, _ in acks:
-        segment = chain[epoch]
+        segment = by_epoch[epoch]
         end = segment.end_offset if segment.end_offset >= 0 else float("inf")
         assert segment.start_offset <= base and base + count <= end, (
             f"records {base}..{base + count} acknowledged in epoch {epoch}, "
@@ -185,15 +82,15 @@ def test_writes_naming_a_huge_epoch_cost_at_most_one_lookup_a_second(make_cluste
     client = cluster.client
     _create_with_a_record(client, "hostile")
     route = client.metadata.write_route("hostile", 0)
-    before = cluster.network.calls["GetShard"]
+    before = cluster.gate.calls["GetShard"]
     started = time.monotonic()
     answers = []
     for _ in range(50):
-        request, payload = _produce(route.shard, 2**32 - 1, [b"from the future"])
-        answers.append(_outcome(client.transport.request(route.address, request, payload)))
+        request, payload = produce(route.shard, 2**32 - 1, [b"from the future"])
+        answers.append(outcome(client.transport.request(route.address, request, payload)))
     elapsed = time.monotonic() - started
     assert all(type(answer).__name__ == "StaleEpoch" for answer in answers), answers[:3]
-    lookups = cluster.network.calls["GetShard"] - before
+    lookups = cluster.gate.calls["GetShard"] - before
     assert lookups <= 1 + elapsed, f"{lookups} GetShard calls for 50 requests in {elapsed:.2f}s"
     assert client.read("hostile", 0, 0, 10).column("value").to_pylist() == [b"first"]
 
@@ -207,17 +104,17 @@ def test_an_explicit_seal_takes_effect_at_its_place_in_the_queue(make_cluster: A
     _create_with_a_record(client, "busy", "order")
     busy = client.metadata.write_route("busy", 0)
     order = client.metadata.write_route("order", 0)
-    big, big_payload = _produce(busy.shard, busy.epoch, [b"x" * 1000] * 8000)  # keeps the worker busy
-    late, late_payload = _produce(order.shard, order.epoch, [b"after the seal"])
+    big, big_payload = produce(busy.shard, busy.epoch, [b"x" * 1000] * 8000)  # keeps the worker busy
+    late, late_payload = produce(order.shard, order.epoch, [b"after the seal"])
     transport = client.transport
     first = transport.request(busy.address, big, big_payload)
     seal = transport.request(order.address, pb.NodeRequest(seal=pb.SealRequest(shard=order.shard)))
     after = transport.request(order.address, late, late_payload)
-    assert not isinstance(_outcome(first), RobustMQError)
-    sealed = _outcome(seal)
+    assert not isinstance(outcome(first), RobustMQError)
+    sealed = outcome(seal)
     assert not isinstance(sealed, RobustMQError), sealed
     assert sealed.seal.sealed.end_offset == 1, "the seal must not take in a write queued after it"
-    answer = _outcome(after)
+    answer = outcome(after)
     assert isinstance(answer, SegmentSealed), f"a write to the sealed epoch was answered {answer}"
 
 
@@ -233,12 +130,12 @@ def test_a_request_that_fails_in_the_group_commit_fails_alone(make_cluster: Any)
     shutil.rmtree(broken_dir)  # a real fault no validation can see: the next append to it fails
     routes = {topic: client.metadata.write_route(topic, 0) for topic in ("busy", "broken", "fine")}
     transport = client.transport
-    big, big_payload = _produce(routes["busy"].shard, 0, [b"x" * 1000] * 8000)
+    big, big_payload = produce(routes["busy"].shard, 0, [b"x" * 1000] * 8000)
     futures = [transport.request(routes["busy"].address, big, big_payload)]
     for topic in ("fine", "broken", "fine", "fine"):
-        request, payload = _produce(routes[topic].shard, 0, [topic.encode()])
+        request, payload = produce(routes[topic].shard, 0, [topic.encode()])
         futures.append(transport.request(routes[topic].address, request, payload))
-    outcomes = [_outcome(future) for future in futures]
+    outcomes = [outcome(future) for future in futures]
     assert isinstance(outcomes[2], Unavailable), outcomes[2]
     for index in (0, 1, 3, 4):
         assert not isinstance(outcomes[index], RobustMQError), f"request {index} failed: {outcomes[index]}"
@@ -271,14 +168,14 @@ def test_a_full_worker_queue_does_not_lose_a_deletion(make_cluster: Any) -> None
     client = cluster.client
     _create_with_a_record(client, "gone", "flood")
     route = client.metadata.write_route("flood", 0)
-    request, payload = _produce(route.shard, route.epoch, [b"f" * 1000] * 500)
+    request, payload = produce(route.shard, route.epoch, [b"f" * 1000] * 500)
     stop = threading.Event()
 
     def flood() -> None:  # keeps the single worker's one-slot queue full
         while not stop.is_set():
             futures = [client.transport.request(route.address, request, payload) for _ in range(16)]
             for future in futures:
-                _outcome(future)
+                outcome(future)
 
     flooders = [threading.Thread(target=flood) for _ in range(4)]
     for flooder in flooders:

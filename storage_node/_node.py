@@ -16,8 +16,9 @@ Threads and what bounds them:
   or its deadline. A read of a shard not resolved since start is handed to the
   shard's I/O worker, which parks it until the Meta Service has answered.
 - **control** (``control_threads``, default 2): the only threads besides the
-  heartbeat that call the Meta Service (shard lookups, seal probes and seals,
-  each one call with a short deadline); see ``_control``.
+  heartbeat that call the Meta Service (shard lookups, seal probes and seals;
+  each call with the short deadline ``control_timeout_s``, at most three
+  calls a job); see ``_control``.
 - **heartbeat** (1): liveness, shard progress and the deletion protocol with
   the Meta Service, and retention; see ``_heartbeat``.
 
@@ -27,7 +28,17 @@ Service outage does not stall writes to shards the node already serves.
 Frames are received and sent zero-copy (``copy=False``): a produce payload
 goes from the socket to ``writev`` without a copy, and a fetch sends the
 frames as read from disk. SIGTERM stops the front end, lets the workers finish
-what they hold, answers parked fetches, and closes the engines.
+what they hold, answers parked fetches, answers ``Unavailable`` to requests
+that arrived but were not read yet (up to :data:`_STOP_ANSWERS`), and closes
+the engines.
+
+Fetches and incarnations: a fetch may name the topic incarnation it expects
+(``FetchRequest.incarnation``); a node serving an older one answers
+``Unavailable`` (retriable: it has not dropped it yet), a newer one
+``IncarnationMismatch`` (the topic was deleted and created again; these
+offsets are another topic's). A long poll that did not name one is held to
+the incarnation it first read: released by a deletion, it never reads the
+re-created topic at the same offset.
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._ready import announce_ready
 from robustmq.errors import (
     Busy,
+    IncarnationMismatch,
     InvalidRequest,
     OffsetOutOfRange,
     RobustMQError,
@@ -98,6 +110,7 @@ class NodeConfig:
     control_threads: int = 2
     control_timeout_s: float = 2.0  # deadline of each Meta Service call of the control threads
     max_parked_per_worker: int = 4096  # requests waiting for the Meta Service or a seal, per worker
+    seal_hold_max_ms: int = 10_000  # longest a write or seal request waits for a seal to settle
 
 
 class StorageNode:
@@ -139,6 +152,9 @@ class StorageNode:
                 queue_size=config.queue_requests_per_worker,
                 max_group_requests=config.max_group_requests,
                 max_parked=config.max_parked_per_worker,
+                # One shard whose seal cannot settle holds at most an eighth of the node's budget.
+                max_held_bytes=config.max_queued_bytes // 8,
+                hold_s=config.seal_hold_max_ms / 1000,
             )
             for i in range(config.io_workers)
         ]
@@ -299,6 +315,10 @@ class StorageNode:
         """A worker dropped ``shard`` of ``incarnation``: acknowledge it with the next beat, now."""
         self._heartbeat.ledger.done(shard, incarnation)
         self._heartbeat.wake()
+
+    def deletion_failed(self, shard: str, incarnation: int) -> None:
+        """A worker could not drop ``shard`` of ``incarnation``: the next answer that lists it retries."""
+        self._heartbeat.ledger.abandon(shard, incarnation)
 
     def want_reservation(self, shard: str) -> None:
         """A memory-engine write needs offsets reserved: report ``shard`` with the next beat, now."""
@@ -511,6 +531,7 @@ class StorageNode:
 
     def _fetch(self, request: Request, state: NodeShard) -> None:
         ask = request.message.fetch
+        _check_incarnation(request, state)
         engine, name = state.engine, state.engine_shard
         offsets = engine.list_offsets(name)
         high_watermark = offsets.log_end_offset
@@ -596,6 +617,31 @@ class StorageNode:
             ),
             (table_payload(result.records),),
         )
+
+
+def _check_incarnation(request: Request, state: NodeShard) -> None:
+    """Raise unless ``state`` is the incarnation the fetch expects (see the module docstring).
+
+    The expected one is the request's ``incarnation`` field, else the one it read
+    first (a long poll read again after its wait); the first read records it.
+    """
+    ask = request.message.fetch
+    expected = ask.incarnation if ask.HasField("incarnation") else request.incarnation
+    if expected < 0 or expected == state.incarnation:
+        request.incarnation = state.incarnation
+        return
+    fields = {"shard": state.name, "incarnation": expected, "current_incarnation": state.incarnation}
+    if expected > state.incarnation:
+        raise Unavailable(
+            f"shard {state.name} of incarnation {expected} is not served here yet (this node still has "
+            f"incarnation {state.incarnation}); retry",
+            **fields,
+        )
+    raise IncarnationMismatch(
+        f"shard {state.name} of incarnation {expected} was deleted; its topic was created again "
+        f"(incarnation {state.incarnation}), whose offsets are another log",
+        **fields,
+    )
 
 
 def _drain(socket: zmq.Socket[Any], handle: Callable[[list[Any]], None], most: int = 1000) -> None:

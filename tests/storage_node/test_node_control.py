@@ -19,10 +19,17 @@ from typing import Any
 import robustmq
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records
-from robustmq.errors import RobustMQError, SegmentSealed, Unavailable
+from robustmq.errors import (
+    IncarnationMismatch,
+    RobustMQError,
+    SegmentSealed,
+    ShardNotFound,
+    Unavailable,
+)
 from robustmq.storage_node import StorageNode
 from tests.e2e._procs import wait_until
 from tests.storage_node._meta_network import chain, outcome, produce
+from tests.storage_node._meta_network import seal as seal_request
 
 
 def _create_with_a_record(client: robustmq.Client, *topics: str) -> None:
@@ -220,3 +227,200 @@ def test_memory_writes_past_the_reservation_wait_for_more_and_go_through(make_cl
         producer.send_batch("burst", build_records(values)).result(60)
     assert client.list_offsets("burst") == {0: (0, 50_000)}
     assert client.describe_topic("burst").shards[0].reserved_offset >= 50_000
+
+
+# -- late answers and other incarnations ----------------------------------------------------
+
+
+def test_a_lookup_answer_older_than_a_seal_does_not_reopen_the_sealed_epoch(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client, transport = cluster.client, cluster.client.transport
+    client.create_topic("t", 1)
+    route = client.metadata.write_route("t", 0)
+    first = transport.call(route.address, *produce(route.shard, 0, [b"r%d" % i for i in range(10)]))
+    assert first[0].produce.base_offset == 0
+    time.sleep(1.1)  # past the refresh rate limit of the install
+    # A write naming epoch 1 makes the node refresh t_0; the Meta Service answers (epoch 0
+    # active) but the answer is slow to come back.
+    cluster.gate.hold("GetShard", "answer", 1)
+    refresh = transport.request(route.address, *produce(route.shard, 1, [b"from epoch 1"]))
+    wait_until(lambda: cluster.gate.holding == 1, timeout_s=10)
+    # Meanwhile the other control thread probes and seals epoch 0 at 10.
+    sealed = transport.call(route.address, seal_request(route.shard), timeout_s=20)[0].seal
+    assert (sealed.sealed.end_offset, sealed.next.epoch) == (10, 1)
+    cluster.gate.release()  # the old view (epoch 0 active) now reaches the worker
+    answer = outcome(refresh)
+    assert not isinstance(answer, RobustMQError) and answer.produce.epoch == 1, answer
+    late = outcome(transport.request(route.address, *produce(route.shard, 0, [b"late"])))
+    assert chain(client, "t")[0].end_offset == 10
+    assert isinstance(late, SegmentSealed), f"a write in sealed epoch 0 was answered {late}"
+    assert cluster.node.directory.cached("t_0").epoch == 1  # type: ignore[union-attr]
+
+
+def _recreate(client: robustmq.Client, topic: str) -> int:
+    """Create ``topic`` again once the node has dropped the old one; its new incarnation."""
+    created: list[int] = []
+
+    def create() -> bool:
+        try:
+            created.append(client.create_topic(topic, 1).incarnation)
+            return True
+        except Unavailable:  # the node has not reported the old shard dropped yet
+            return False
+
+    wait_until(create, timeout_s=20, interval_s=0.2)
+    client.metadata.invalidate(topic)
+    return created[0]
+
+
+def test_a_late_seal_of_a_deleted_topic_never_seals_the_recreated_one(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client, transport, node = cluster.client, cluster.client.transport, cluster.node
+    client.create_topic("t", 1)
+    route = client.metadata.write_route("t", 0)
+    transport.call(route.address, *produce(route.shard, 0, [b"old%d" % i for i in range(10)]))
+    cluster.gate.hold("SealSegment", "request", 1)  # the seal is slow to reach the Meta Service
+    sealing = transport.request(route.address, seal_request(route.shard))
+    wait_until(lambda: cluster.gate.holding == 1, timeout_s=10)
+    client.delete_topic("t")
+    wait_until(lambda: "t_0" not in node.directory.local_names(), timeout_s=15)
+    assert isinstance(outcome(sealing), ShardNotFound)
+    _recreate(client, "t")
+    route = client.metadata.write_route("t", 0)
+    assert route.epoch == 0
+    transport.call(route.address, *produce(route.shard, 0, [b"new0", b"new1", b"new2"]))
+    cluster.gate.release()  # the old seal (epoch 0, end 10) reaches the Meta Service now
+    wait_until(lambda: cluster.gate.passed == 1, timeout_s=10)
+    assert chain(client, "t")[0].end_offset == -1, "a seal of the deleted topic sealed the new one"
+    for i in range(20):
+        answer = transport.call(route.address, *produce(route.shard, 0, [b"n%d" % i]))[0].produce
+        assert (answer.epoch, answer.base_offset) == (0, 3 + i)
+    sealed = transport.call(route.address, seal_request(route.shard))[0].seal
+    assert (sealed.sealed.end_offset, sealed.next.epoch) == (23, 1)
+
+
+def test_a_long_poll_released_by_a_deletion_never_reads_the_recreated_topic(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client, transport = cluster.client, cluster.client.transport
+    client.create_topic("t", 1)
+    route = client.metadata.write_route("t", 0)
+    transport.call(route.address, *produce(route.shard, 0, [b"old%d" % i for i in range(10)]))
+    poll = pb.NodeRequest(fetch=pb.FetchRequest(shard=route.shard, offset=10, max_wait_ms=20_000))
+    polling = transport.request(route.address, poll, timeout_s=60)
+    wait_until(lambda: len(cluster.node.waiters) == 1, timeout_s=10)
+    # Released by the deletion, the poll looks its shard up again; that lookup reaches the
+    # Meta Service only after the topic was created again and written to.
+    lookup = cluster.gate.hold("GetShard", "request", 1)
+    client.delete_topic("t")
+    wait_until(lambda: cluster.gate.holding == 1, timeout_s=15)
+    _recreate(client, "t")
+    route = client.metadata.write_route("t", 0)
+    writes = transport.request(route.address, *produce(route.shard, 0, [b"new%d" % i for i in range(20)]))
+    lookup.set()
+    answer = outcome(polling)
+    assert isinstance(answer, IncarnationMismatch), f"the long poll of the deleted topic got {answer}"
+    assert outcome(writes).produce.base_offset == 0
+
+
+def test_a_fetch_naming_another_incarnation_is_refused(make_cluster: Any) -> None:
+    cluster = make_cluster()
+    client, transport = cluster.client, cluster.client.transport
+    old = client.create_topic("t", 1).incarnation
+    route = client.metadata.write_route("t", 0)
+    transport.call(route.address, *produce(route.shard, 0, [b"a", b"b", b"c"]))
+
+    def fetch(incarnation: int) -> Any:
+        request = pb.FetchRequest(shard=route.shard, offset=0, incarnation=incarnation)
+        return outcome(transport.request(route.address, pb.NodeRequest(fetch=request)))
+
+    assert fetch(old).fetch.next_offset == 3
+    ahead = fetch(old + 1)  # a reader that knows a newer topic than this node serves: retriable
+    assert isinstance(ahead, Unavailable) and ahead.fields["current_incarnation"] == old, ahead
+    client.delete_topic("t")
+    new = _recreate(client, "t")
+    transport.call(route.address, *produce(route.shard, 0, [b"x"] * 5))
+    gone = fetch(old)
+    assert isinstance(gone, IncarnationMismatch) and not gone.retriable, gone
+    assert (gone.fields["incarnation"], gone.fields["current_incarnation"]) == (old, new)
+    assert fetch(new).fetch.next_offset == 5
+
+
+def test_requests_for_a_missing_shard_cost_at_most_one_lookup_a_second(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client, transport = cluster.client, cluster.client.transport
+    _create_with_a_record(client, "t")
+    address = client.metadata.write_route("t", 0).address
+    before = cluster.gate.calls["GetShard"]
+    started = time.monotonic()
+    outcomes = [  # one client, one request at a time, naming a shard that does not exist
+        outcome(transport.request(address, *produce("no-such-topic_0", 0, [b"x"]))) for _ in range(200)
+    ]
+    elapsed = time.monotonic() - started
+    assert all(isinstance(answer, ShardNotFound) for answer in outcomes), outcomes[:3]
+    lookups = cluster.gate.calls["GetShard"] - before
+    assert lookups <= 2 + 2 * elapsed, f"{lookups} GetShard calls for 200 requests in {elapsed:.2f}s"
+
+
+# -- one failing item -----------------------------------------------------------------------
+
+
+def test_a_failing_seal_answer_does_not_drop_the_answers_drained_with_it(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client, transport, node = cluster.client, cluster.client.transport, cluster.node
+    for topic in ("t", "busy", "u"):
+        client.create_topic(topic, 1)
+    routes = {topic: client.metadata.write_route(topic, 0) for topic in ("t", "busy", "u")}
+    for topic in ("t", "busy"):  # served: t holds records, busy is resolved
+        transport.call(routes[topic].address, *produce(routes[topic].shard, 0, [b"x"] * 10))
+    shards = node.config.data_dir / "segment" / "shards"
+    (directory,) = [path for path in shards.iterdir() if path.name.startswith("t_0")]
+    shutil.rmtree(directory)  # t_0's roll after its seal will fail
+    seal_answer = cluster.gate.hold("SealSegment", "answer", 1)
+    sealing = transport.request(routes["t"].address, seal_request(routes["t"].shard), timeout_s=60)
+    wait_until(lambda: cluster.gate.holding == 1, timeout_s=10)
+    lookup_answer = cluster.gate.hold("GetShard", "answer", 1)
+    first_u = transport.request(routes["u"].address, *produce(routes["u"].shard, 0, [b"u"]), timeout_s=60)
+    wait_until(lambda: cluster.gate.holding == 2, timeout_s=10)
+    # Keep the worker busy, so that both answers are drained in one batch, the seal's first.
+    big = produce(routes["busy"].shard, 0, [b"b" * 1000] * 8000)
+    busy = [transport.request(routes["busy"].address, *big) for _ in range(3)]
+    time.sleep(0.05)
+    seal_answer.set()
+    wait_until(lambda: cluster.gate.passed == 1, timeout_s=10, interval_s=0.001)
+    lookup_answer.set()
+    wait_until(lambda: cluster.gate.passed == 2, timeout_s=10, interval_s=0.001)
+    assert outcome(first_u).produce.base_offset == 0
+    assert outcome(transport.request(routes["u"].address, *produce(routes["u"].shard, 0, [b"u2"]))).produce
+    assert outcome(sealing).seal.sealed.end_offset == 10  # committed, though the local roll failed
+    assert all(not isinstance(outcome(future), RobustMQError) for future in busy)
+
+
+# -- stopping -------------------------------------------------------------------------------
+
+
+def test_stop_answers_held_writes_seal_requests_and_parked_lookups(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1, methods={"SealSegment"})
+    client, transport = cluster.client, cluster.client.transport
+    client.create_topic("t", 1)
+    client.create_topic("fresh", 1)
+    route = client.metadata.write_route("t", 0)
+    fresh = client.metadata.write_route("fresh", 0)
+    transport.call(route.address, *produce(route.shard, 0, [b"x"] * 10))
+    lookup = cluster.gate.hold("GetShard", "answer", 1)
+    parked = transport.request(fresh.address, *produce(fresh.shard, 0, [b"parked"]), timeout_s=60)
+    wait_until(lambda: cluster.gate.holding == 1, timeout_s=10)
+    cluster.network.armed.set()
+    sealing = transport.request(route.address, seal_request(route.shard), timeout_s=60)
+    wait_until(lambda: cluster.network.lost >= 1, timeout_s=10)
+    held = transport.request(route.address, *produce(route.shard, 0, [b"held"]), timeout_s=60)
+    # the lookup's request, the seal request and the held write
+    wait_until(lambda: cluster.node._workers[0].parked == 3, timeout_s=10)
+    stopper = threading.Thread(target=cluster.node.stop)
+    stopper.start()
+    outcomes = [outcome(future, 20) for future in (sealing, held, parked)]
+    lookup.set()
+    stopper.join(60)
+    assert [type(answer).__name__ for answer in outcomes] == ["Unavailable"] * 3, outcomes
+    assert not stopper.is_alive()
+
+

@@ -86,6 +86,7 @@ log = logging.getLogger("robustmq.node")
 MiB = 1024 * 1024
 _RESULTS = "inproc://robustmq-node-results"
 _READS = ("fetch", "read_by_key", "read_by_tag", "scan", "offset_for_timestamp", "list_offsets")
+_STOP_ANSWERS = 100_000  # requests still unread at stop() that are answered Unavailable, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,15 +358,37 @@ class StorageNode:
             for request in self.waiters.expire(time.monotonic()):
                 self._answer_fetch_empty(request)
         # Forward the answers workers and readers send while they drain, until stop() says
-        # they are done; then answer the fetches still parked.
+        # they are done; then answer the fetches still parked. Requests that arrive meanwhile
+        # (or arrived but were not read) are answered Unavailable, up to a bound.
+        refused = 0
         drain_until = time.monotonic() + 120
         while time.monotonic() < drain_until and not self._drained.is_set():
             if self._results.poll(50):
                 self._answer(self._results.recv_multipart(copy=False))
+            refused += self._refuse_unread(_STOP_ANSWERS - refused)
         while self._results.poll(10):
             self._answer(self._results.recv_multipart(copy=False))
         for request in self.waiters.expire(float("inf")):
             self._answer_fetch_empty(request)
+        self._refuse_unread(_STOP_ANSWERS - refused)
+
+    def _refuse_unread(self, most: int) -> int:
+        """Answer ``Unavailable`` to up to ``most`` requests waiting in the ROUTER; how many."""
+        refused = 0
+        error = Unavailable(f"storage node {self.node_id} is stopping; try again")
+        while refused < most:
+            try:
+                parts = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            refused += 1
+            try:
+                message = pb.NodeRequest.FromString(bytes(parts[1].buffer)) if len(parts) > 1 else None
+            except Exception:  # malformed: answered with correlation id 0, as _route does
+                message = None
+            correlation_id = message.correlation_id if message is not None else 0
+            self._router.send_multipart([parts[0], error_response(correlation_id, error).SerializeToString()])
+        return refused
 
     def _answer(self, parts: list[Any]) -> None:
         """Send a worker's or reader's reply (identity first) back through the ROUTER."""

@@ -21,6 +21,7 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records
 from robustmq.errors import (
     IncarnationMismatch,
+    RequestTimeout,
     RobustMQError,
     SegmentSealed,
     ShardNotFound,
@@ -424,3 +425,21 @@ def test_stop_answers_held_writes_seal_requests_and_parked_lookups(make_cluster:
     assert not stopper.is_alive()
 
 
+def test_stop_answers_requests_the_front_end_has_not_read(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client, transport = cluster.client, cluster.client.transport
+    client.create_topic("fresh", 1)
+    fresh = client.metadata.write_route("fresh", 0)
+    lookup = cluster.gate.hold("GetShard", "answer", 1)  # keeps stop() waiting for the control threads
+    parked = transport.request(fresh.address, *produce(fresh.shard, 0, [b"parked"]), timeout_s=60)
+    wait_until(lambda: cluster.gate.holding == 1, timeout_s=10)
+    stopper = threading.Thread(target=cluster.node.stop)
+    stopper.start()
+    assert isinstance(outcome(parked, 20), Unavailable)  # the workers are done: nobody reads requests
+    time.sleep(0.3)
+    status = pb.NodeRequest(status=pb.StatusRequest())
+    late = [outcome(transport.request(fresh.address, status, timeout_s=5), 10) for _ in range(20)]
+    lookup.set()
+    stopper.join(60)
+    assert not any(isinstance(answer, RequestTimeout) for answer in late), late[:3]
+    assert all(isinstance(answer, Unavailable) for answer in late), late[:3]

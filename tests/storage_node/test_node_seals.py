@@ -29,6 +29,17 @@ def _topic_with_records(cluster: Any, topic: str, count: int) -> Any:
     return route
 
 
+def _seal_with_its_answer_lost(cluster: Any, route: Any) -> tuple[Any, Any]:
+    """Ask to seal ``route``'s shard while seal answers are lost, then write to it: the seal
+    request and the write, both waiting for a seal whose outcome is unknown."""
+    transport = cluster.client.transport
+    cluster.network.armed.set()
+    sealing = transport.request(route.address, seal(route.shard), timeout_s=60)
+    wait_until(lambda: cluster.network.lost >= 1, timeout_s=10)
+    held = transport.request(route.address, *produce(route.shard, 0, [b"held"]), timeout_s=60)
+    return sealing, held
+
+
 def test_seal_requests_waiting_for_an_unsettled_seal_count_as_parked(make_cluster: Any) -> None:
     cluster = make_cluster(io_workers=1, max_parked_per_worker=8, methods={"SealSegment"})
     transport, node = cluster.client.transport, cluster.node
@@ -91,12 +102,9 @@ def test_writes_held_by_one_unsettled_seal_do_not_stall_other_shards(make_cluste
 
 def test_writes_held_past_the_hold_bound_are_answered_and_never_written(make_cluster: Any) -> None:
     cluster = make_cluster(io_workers=1, seal_hold_max_ms=500, methods={"SealSegment"})
-    client, transport = cluster.client, cluster.client.transport
+    client = cluster.client
     route = _topic_with_records(cluster, "t", 10)
-    cluster.network.armed.set()
-    sealing = transport.request(route.address, seal(route.shard), timeout_s=60)
-    wait_until(lambda: cluster.network.lost >= 1, timeout_s=10)
-    held = transport.request(route.address, *produce(route.shard, 0, [b"held"]), timeout_s=60)
+    sealing, held = _seal_with_its_answer_lost(cluster, route)
     answer = outcome(held, 10)
     assert isinstance(answer, Unavailable) and "held" in answer.message, answer
     assert isinstance(outcome(sealing, 10), Unavailable)  # the seal request waited as long
@@ -109,10 +117,7 @@ def test_an_unsettled_seal_completes_after_a_meta_restart(make_cluster: Any) -> 
     cluster = make_cluster(io_workers=1, methods={"SealSegment"})
     client, transport = cluster.client, cluster.client.transport
     route = _topic_with_records(cluster, "t", 10)
-    cluster.network.armed.set()
-    sealing = transport.request(route.address, seal(route.shard), timeout_s=60)
-    wait_until(lambda: cluster.network.lost >= 1, timeout_s=10)
-    held = transport.request(route.address, *produce(route.shard, 0, [b"held"]), timeout_s=60)
+    sealing, held = _seal_with_its_answer_lost(cluster, route)
     cluster.restart_meta()
     cluster.network.armed.clear()
     answer = outcome(sealing)

@@ -32,6 +32,7 @@ from robustmq.errors import (
     ShardNotFound,
     StaleEpoch,
     TopicAlreadyExists,
+    TopicNotFound,
     Unavailable,
 )
 from robustmq.storage_node import shard_name
@@ -216,9 +217,20 @@ class MetaController:
         logger.info("deleted topic %s", name)
 
     def get_shard(self, shard: str) -> pb.ShardInfo:
+        """The shard's chain and leader.
+
+        ``ShardNotFound`` / ``TopicNotFound`` name the newest incarnation handed
+        out so far (``last_incarnation``): a storage node remembers the miss for
+        a moment, and a request naming a newer incarnation shows it a topic
+        created since.
+        """
         topic, partition = split_shard(shard)
         with self._locked():
-            chain = self._topics.chain(topic, partition)
+            try:
+                chain = self._topics.chain(topic, partition)
+            except (ShardNotFound, TopicNotFound) as error:
+                last = self._topics.last_incarnation()
+                raise type(error)(error.message, **error.fields, last_incarnation=last) from None
             leader = self._nodes.get(chain[-1].leader)
             addresses = {leader.node_id: leader.address} if leader is not None else {}
             return self._shard_info(self._topics.require(topic), partition, chain, addresses)

@@ -32,12 +32,11 @@ No item ever waits for the Meta Service on this thread:
   (in order, bounded: ``Busy`` past ``max_parked``) and a ``lookup`` job is
   submitted; its answer installs the shard (or fails the parked requests) and
   the parked requests run at the answer's place in the queue. Reads park the
-  same way and go back to the readers. A ``NotLeader`` answer is reused for
-  :data:`NOT_LEADER_TTL_S` and a ``ShardNotFound`` / ``TopicNotFound`` from
-  the Meta Service for :data:`NOT_FOUND_TTL_S` (at most 1,024 shards), so a
+  same way and go back to the readers. A ``NotLeader``, ``ShardNotFound`` or
+  ``TopicNotFound`` answer is remembered for a moment (``_not_here``), so a
   client naming a shard that is not here costs at most one lookup per
-  interval, not one per request. (A topic created within that second after
-  such an answer is served once it runs out.)
+  interval, not one per request; a request naming a topic incarnation newer
+  than such an answer knew of is looked up again (a topic created since).
 - **Late answers.** A lookup's view of the chain can be older than what this
   node did since (a seal): it is ignored (epochs only go up, see ``_shards``),
   and so is a view of an older incarnation than the one served.
@@ -67,7 +66,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,12 +77,10 @@ from robustmq._records import now_ms
 from robustmq.errors import (
     Busy,
     InvalidRequest,
-    NotLeader,
     RobustMQError,
     SegmentSealed,
     ShardNotFound,
     StaleEpoch,
-    TopicNotFound,
     Unavailable,
 )
 
@@ -92,12 +89,11 @@ from ._batch import prepare_batch
 from ._control import Job, MetaAnswer, MetaControl
 from ._driver_manager import split_shard_name
 from ._engine_base import check_producer
+from ._not_here import NotHere, named_incarnation
 from ._sealing import Sealer
 from ._shards import NodeShard, ShardDirectory
 
 __all__ = [
-    "NOT_FOUND_TTL_S",
-    "NOT_LEADER_TTL_S",
     "REFRESH_INTERVAL_S",
     "DeleteShard",
     "IOWorker",
@@ -111,9 +107,6 @@ __all__ = [
 log = logging.getLogger("robustmq.node")
 
 REFRESH_INTERVAL_S = 1.0  # at most one epoch refresh per shard in this long
-NOT_LEADER_TTL_S = 0.5  # a NotLeader answer is reused this long (a hot loop of misrouted requests)
-NOT_FOUND_TTL_S = 1.0  # a ShardNotFound / TopicNotFound from the Meta Service is reused this long
-_NOT_HERE_MAX = 1024
 
 
 @dataclass(slots=True)
@@ -277,7 +270,7 @@ class IOWorker(threading.Thread):
         self.parked = 0  # requests parked for lookups or waiting for seals (held writes, seal requests)
         self._group: list[tuple[Request, NodeShard, AppendRequest]] = []
         self._awaiting: dict[str, _Awaiting] = {}
-        self._not_here: OrderedDict[str, tuple[float, RobustMQError]] = OrderedDict()
+        self._not_here = NotHere()
         self._sealer = Sealer(self)
 
     def submit(self, request: Request) -> bool:
@@ -414,6 +407,7 @@ class IOWorker(threading.Thread):
                     f"a produce request carries exactly one payload frame, not {len(item.payloads)}",
                     shard=produce.shard,
                 )
+            state.check_incarnation(produce.incarnation if produce.HasField("incarnation") else -1)
             state.check_write(produce.epoch)
             producer_id, producer_sequence = producer_fields(produce)
             batch = prepare_batch(item.payloads[0].buffer, max_batch_bytes=state.config.max_batch_bytes)
@@ -515,12 +509,12 @@ class IOWorker(threading.Thread):
 
     def _resolve(self, shard: str, item: Request) -> None:
         """``shard`` is not served here yet: park ``item`` and look the shard up."""
-        cached = self._not_here.get(shard)
-        if cached is not None and time.monotonic() < cached[0]:
-            self.fail(item, cached[1])
+        remembered = self._not_here.answer(
+            shard, named_incarnation(item.message), time.monotonic(), looking=shard in self._awaiting
+        )
+        if remembered is not None:
+            self.fail(item, remembered)
             return
-        if cached is not None:
-            del self._not_here[shard]
         try:
             split_shard_name(shard)  # a malformed name is InvalidRequest before any lookup
         except RobustMQError as error:
@@ -570,7 +564,6 @@ class IOWorker(threading.Thread):
         if awaiting is None:
             return
         error = answer.error
-        ttl = NOT_FOUND_TTL_S if isinstance(error, ShardNotFound | TopicNotFound) else 0.0
         if error is None:
             try:
                 self._take_view(answer.shard, answer)
@@ -579,12 +572,8 @@ class IOWorker(threading.Thread):
             except Exception as failure:  # an engine failing to create the shard: answer, do not strand
                 log.exception("could not serve shard %s", answer.shard)
                 error = Unavailable(f"could not open shard {answer.shard}: {failure}", shard=answer.shard)
-        if isinstance(error, NotLeader):
-            ttl = NOT_LEADER_TTL_S
-        if ttl and error is not None:
-            self._not_here[answer.shard] = (time.monotonic() + ttl, error)
-            while len(self._not_here) > _NOT_HERE_MAX:
-                self._not_here.popitem(last=False)
+        if error is not None:
+            self._not_here.remember(answer.shard, error, time.monotonic())
         for request in awaiting.requests:
             self.parked -= 1
             request.parked = False
@@ -619,7 +608,7 @@ class IOWorker(threading.Thread):
             state = None
         if state is None:
             self.directory.install(answer.view)
-            self._not_here.pop(shard, None)
+            self._not_here.forget(shard)
         elif state.seal is None or state.seal.end_offset < 0:
             moved = self.directory.adopt(state, info)
             if (

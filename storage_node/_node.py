@@ -64,7 +64,6 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._ready import announce_ready
 from robustmq.errors import (
     Busy,
-    IncarnationMismatch,
     InvalidRequest,
     OffsetOutOfRange,
     RobustMQError,
@@ -649,22 +648,8 @@ def _check_incarnation(request: Request, state: NodeShard) -> None:
     first (a long poll read again after its wait); the first read records it.
     """
     ask = request.message.fetch
-    expected = ask.incarnation if ask.HasField("incarnation") else request.incarnation
-    if expected < 0 or expected == state.incarnation:
-        request.incarnation = state.incarnation
-        return
-    fields = {"shard": state.name, "incarnation": expected, "current_incarnation": state.incarnation}
-    if expected > state.incarnation:
-        raise Unavailable(
-            f"shard {state.name} of incarnation {expected} is not served here yet (this node still has "
-            f"incarnation {state.incarnation}); retry",
-            **fields,
-        )
-    raise IncarnationMismatch(
-        f"shard {state.name} of incarnation {expected} was deleted; its topic was created again "
-        f"(incarnation {state.incarnation}), whose offsets are another log",
-        **fields,
-    )
+    state.check_incarnation(ask.incarnation if ask.HasField("incarnation") else request.incarnation)
+    request.incarnation = state.incarnation
 
 
 def _drain(socket: zmq.Socket[Any], handle: Callable[[list[Any]], None], most: int = 1000) -> None:

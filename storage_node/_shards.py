@@ -64,6 +64,7 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import now_ms
 from robustmq._wire import shard_config_of
 from robustmq.errors import (
+    IncarnationMismatch,
     NotLeader,
     RobustMQError,
     SegmentSealed,
@@ -171,6 +172,28 @@ class NodeShard:
     grouped: int = 0  # records of this shard in the worker's current group
     reserve_wanted: int = 0  # memory engine: an offset a refused write needed reserved
     reported_end: int = 0  # the log end the heartbeat last reported (it alone writes this)
+
+    def check_incarnation(self, expected: int) -> None:
+        """Raise unless a request expecting topic incarnation ``expected`` (-1: any) may use this shard.
+
+        An older one was deleted: ``IncarnationMismatch`` (its offsets are another
+        log's now). A newer one: ``Unavailable`` (retriable; this node has not
+        dropped the deleted incarnation it still serves).
+        """
+        if expected < 0 or expected == self.incarnation:
+            return
+        fields = {"shard": self.name, "incarnation": expected, "current_incarnation": self.incarnation}
+        if expected > self.incarnation:
+            raise Unavailable(
+                f"shard {self.name} of incarnation {expected} is not served here yet (this node still "
+                f"has incarnation {self.incarnation}); retry",
+                **fields,
+            )
+        raise IncarnationMismatch(
+            f"shard {self.name} of incarnation {expected} was deleted; its topic was created again "
+            f"(incarnation {self.incarnation}), whose offsets are another log",
+            **fields,
+        )
 
     def check_write(self, epoch: int) -> None:
         """Raise unless a write addressed to ``epoch`` may go ahead on this node."""

@@ -350,18 +350,20 @@ class RemoveNodeResponse(_message.Message):
     def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., led_shards: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
-    __slots__ = ("shard", "epoch", "acks", "producer_id", "producer_sequence")
+    __slots__ = ("shard", "epoch", "acks", "producer_id", "producer_sequence", "incarnation")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ACKS_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     shard: str
     epoch: int
     acks: Acks
     producer_id: int
     producer_sequence: int
-    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., acks: _Optional[_Union[Acks, str]] = ..., producer_id: _Optional[int] = ..., producer_sequence: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., acks: _Optional[_Union[Acks, str]] = ..., producer_id: _Optional[int] = ..., producer_sequence: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("shard", "offset", "max_bytes", "max_wait_ms", "max_records", "incarnation")

@@ -551,6 +551,18 @@ def test_a_seal_of_another_incarnation_is_refused_and_changes_nothing(client: Me
     assert client.seal_segment("s_0", 1, 5, "n1").next.epoch == 2  # a node that names none: not checked
 
 
+def test_a_lookup_that_finds_nothing_names_the_newest_incarnation(client: MetaClient) -> None:
+    register(client, "n1")
+    with pytest.raises((ShardNotFound, TopicNotFound)) as never:
+        client.get_shard("nothing_0")
+    assert never.value.fields["last_incarnation"] == 0  # no topic was ever created
+    created = client.create_topic("g").incarnation
+    client.delete_topic("g")
+    with pytest.raises((ShardNotFound, TopicNotFound)) as gone:
+        client.get_shard("g_0")
+    assert gone.value.fields["last_incarnation"] == created
+
+
 def test_progress_of_another_incarnation_is_ignored(client: MetaClient) -> None:
     register(client, "n1")
     first = client.create_topic("p", engine="memory").incarnation

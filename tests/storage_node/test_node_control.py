@@ -323,7 +323,7 @@ def test_a_long_poll_released_by_a_deletion_never_reads_the_recreated_topic(make
     assert outcome(writes).produce.base_offset == 0
 
 
-def test_a_fetch_naming_another_incarnation_is_refused(make_cluster: Any) -> None:
+def test_a_read_or_write_naming_another_incarnation_is_refused(make_cluster: Any) -> None:
     cluster = make_cluster()
     client, transport = cluster.client, cluster.client.transport
     old = client.create_topic("t", 1).incarnation
@@ -334,16 +334,52 @@ def test_a_fetch_naming_another_incarnation_is_refused(make_cluster: Any) -> Non
         request = pb.FetchRequest(shard=route.shard, offset=0, incarnation=incarnation)
         return outcome(transport.request(route.address, pb.NodeRequest(fetch=request)))
 
+    def write(incarnation: int) -> Any:
+        request, payload = produce(route.shard, 0, [b"w"])
+        request.produce.incarnation = incarnation
+        return outcome(transport.request(route.address, request, payload))
+
     assert fetch(old).fetch.next_offset == 3
     ahead = fetch(old + 1)  # a reader that knows a newer topic than this node serves: retriable
     assert isinstance(ahead, Unavailable) and ahead.fields["current_incarnation"] == old, ahead
+    assert isinstance(write(old + 1), Unavailable)
     client.delete_topic("t")
     new = _recreate(client, "t")
     transport.call(route.address, *produce(route.shard, 0, [b"x"] * 5))
     gone = fetch(old)
     assert isinstance(gone, IncarnationMismatch) and not gone.retriable, gone
     assert (gone.fields["incarnation"], gone.fields["current_incarnation"]) == (old, new)
-    assert fetch(new).fetch.next_offset == 5
+    late = write(old)  # a producer whose batch was meant for the deleted topic
+    assert isinstance(late, IncarnationMismatch), f"a write to the deleted topic was answered {late}"
+    assert write(new).produce.base_offset == 5
+    assert fetch(new).fetch.next_offset == 6
+
+
+def test_a_topic_created_again_right_after_a_miss_is_served_at_once(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client, transport, node = cluster.client, cluster.client.transport, cluster.node
+    client.create_topic("t", 1)
+    route = client.metadata.write_route("t", 0)
+    transport.call(route.address, *produce(route.shard, 0, [b"old"]))
+    client.delete_topic("t")
+    wait_until(lambda: "t_0" not in node.directory.local_names(), timeout_s=15)
+
+    def create_after_a_miss() -> bool:
+        # A producer with stale metadata writes to the deleted shard just before the create:
+        # the node's lookup finds no such topic and remembers that for a moment.
+        stale = outcome(transport.request(route.address, *produce(route.shard, 0, [b"stale"])))
+        assert isinstance(stale, ShardNotFound), stale
+        try:
+            client.create_topic("t", 1)
+            return True
+        except Unavailable:  # the node has not reported the old shard dropped yet
+            return False
+
+    wait_until(create_after_a_miss, timeout_s=20, interval_s=0.2)
+    client.metadata.invalidate("t")
+    with client.producer() as producer:  # names the new incarnation: the remembered miss is not its
+        assert producer.send("t", b"new").result(10).offset == 0
+    assert client.read("t", 0, 0, 10).column("value").to_pylist() == [b"new"]
 
 
 def test_requests_for_a_missing_shard_cost_at_most_one_lookup_a_second(make_cluster: Any) -> None:

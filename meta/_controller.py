@@ -32,6 +32,7 @@ from robustmq.errors import (
     ShardNotFound,
     StaleEpoch,
     TopicAlreadyExists,
+    TopicNotFound,
     Unavailable,
 )
 from robustmq.storage_node import shard_name
@@ -107,14 +108,26 @@ class MetaController:
         )
 
     def _check_format(self) -> None:
-        version = self._store.get(keys.VERSION_KEY)
-        if version is None:
-            self._store.write({keys.VERSION_KEY: keys.FORMAT_VERSION.to_bytes(4, "big")})
-        elif int.from_bytes(version, "big") != keys.FORMAT_VERSION:
+        """Refuse a store of another format; upgrade a format-1 store (index its pending deletions)."""
+        raw = self._store.get(keys.VERSION_KEY)
+        version = keys.FORMAT_VERSION if raw is None else int.from_bytes(raw, "big")
+        if version not in (1, keys.FORMAT_VERSION):
             raise RobustMQError(
-                f"meta store format {int.from_bytes(version, 'big')} is not supported "
-                f"(this version reads format {keys.FORMAT_VERSION})",
-                version=int.from_bytes(version, "big"),
+                f"meta store format {version} is not supported "
+                f"(this version reads formats 1 and {keys.FORMAT_VERSION})",
+                version=version,
+            )
+        if raw is not None and version == keys.FORMAT_VERSION:
+            return
+        ws = WriteSet()
+        indexed = self._nodes.stage_build_index(ws) if version == 1 else 0
+        ws.put(keys.VERSION_KEY, keys.FORMAT_VERSION.to_bytes(4, "big"))
+        ws.commit(self._store)
+        if version == 1:
+            logger.info(
+                "meta store upgraded to format %d (%d pending deletions indexed)",
+                keys.FORMAT_VERSION,
+                indexed,
             )
 
     def close(self) -> None:
@@ -144,7 +157,7 @@ class MetaController:
             needed = config.replication_factor
             self._require_live(live, needed)  # say so once, for the topic, not for its first shard
             shards = [shard_name(name, p) for p in range(config.partitions)]
-            dropping = self._nodes.holders_pending(shards)
+            dropping = self._nodes.holders_pending(name)
             load = Counter(self._load)
             segments = []
             for shard in shards:
@@ -204,9 +217,20 @@ class MetaController:
         logger.info("deleted topic %s", name)
 
     def get_shard(self, shard: str) -> pb.ShardInfo:
+        """The shard's chain and leader.
+
+        ``ShardNotFound`` / ``TopicNotFound`` name the newest incarnation handed
+        out so far (``last_incarnation``): a storage node remembers the miss for
+        a moment, and a request naming a newer incarnation shows it a topic
+        created since.
+        """
         topic, partition = split_shard(shard)
         with self._locked():
-            chain = self._topics.chain(topic, partition)
+            try:
+                chain = self._topics.chain(topic, partition)
+            except (ShardNotFound, TopicNotFound) as error:
+                last = self._topics.last_incarnation()
+                raise type(error)(error.message, **error.fields, last_incarnation=last) from None
             leader = self._nodes.get(chain[-1].leader)
             addresses = {leader.node_id: leader.address} if leader is not None else {}
             return self._shard_info(self._topics.require(topic), partition, chain, addresses)
@@ -229,16 +253,29 @@ class MetaController:
     # -- segments ----------------------------------------------------------
 
     def seal_segment(
-        self, shard: str, epoch: int, end_offset: int, node_id: str
+        self, shard: str, epoch: int, end_offset: int, node_id: str, incarnation: int | None = None
     ) -> tuple[pb.Segment, pb.Segment]:
         """Seal the active segment at ``end_offset`` and open epoch + 1 on placed nodes.
 
         Idempotent: the same request again after success gets the same answer.
+        ``incarnation`` (None: not checked) is the topic incarnation the node
+        seals; a seal of any other one (a late seal of a deleted topic) is
+        refused with ``ShardNotFound`` and changes nothing, so it can never seal
+        a re-created topic's chain.
         """
         topic, partition = split_shard(shard)
         node_id = require_node_id(node_id)
         with self._locked():
             chain = self._topics.chain(topic, partition)
+            current = self._topics.require(topic).incarnation
+            if incarnation is not None and incarnation != current:
+                raise ShardNotFound(
+                    f"shard {shard!r} of incarnation {incarnation} was deleted "
+                    f"(the topic's incarnation is {current})",
+                    shard=shard,
+                    incarnation=incarnation,
+                    current_incarnation=current,
+                )
             active = chain[-1]
             if epoch < active.epoch:
                 repeated = self._repeated_seal(topic, partition, epoch, end_offset, node_id)
@@ -266,7 +303,7 @@ class MetaController:
             load = Counter(self._load)
             load[active.leader] -= 1
             live = self._live_node_ids()
-            held = self._nodes.holders_pending([shard]).get(shard, set()) & live
+            held = self._nodes.holders_pending(topic, partition).get(shard, set()) & live
             replicas = place_replicas(
                 live - held, load, rf, preferred=active.replicas, shard=shard, dropping=len(held), sticky=True
             )
@@ -341,7 +378,8 @@ class MetaController:
 
         Only the active segment's leader's reports count as a shard's high
         watermark (and reserved offset, which only grows); reports for unknown
-        shards (deleted since) and malformed ones are ignored. ``shard_count`` is
+        shards (deleted since), for another incarnation than the topic's
+        current one, and malformed ones are ignored. ``shard_count`` is
         informational. ``deleted`` acknowledges deletions the node has carried
         out; they are forgotten. The answer lists
         the deletions still pending for the node (at most
@@ -365,7 +403,14 @@ class MetaController:
             ][:MAX_DELETIONS_PER_BEAT]
             accepted = {}
             reserved = {}
-            for shard, topic, partition, values, reserve in reports:
+            incarnations: dict[str, int | None] = {}  # topic -> its current incarnation (None: gone)
+            for shard, topic, partition, values, reserve, incarnation in reports:
+                if incarnation is not None:  # a report about another incarnation is stale: ignored
+                    if topic not in incarnations:
+                        record = self._topics.get(topic)
+                        incarnations[topic] = None if record is None else record.incarnation
+                    if incarnations[topic] != incarnation:
+                        continue
                 if not self._leads(node_id, topic, partition):
                     continue
                 reserve = max(reserve, self._reserved.get(shard, 0))
@@ -395,6 +440,7 @@ class MetaController:
                 )
             node = pb.NodeInfo(node_id=node_id, address=address, registered_ms=_now_ms())
             self._nodes.stage_put(node, ws)
+            self._nodes.stage_index(node_id, True, ws)  # a removed node back: what it owes counts again
             logger.info("registered node %s at %s", node_id, address)
         elif address and address != node.address:
             node.address = address
@@ -454,7 +500,9 @@ class MetaController:
         active segments, unless ``force``. Its segments stay in their chains as
         they are: a shard whose active segment it leads has no reachable leader
         until a node registers again with this id (replication will move them).
-        Shards it still owes a deletion stay owed, in case it comes back.
+        Shards it still owes a deletion stay owed, in case it comes back, but
+        leave the index placement reads (see :mod:`._nodes`), so they cost
+        nothing on creates and seals.
         Returns the removed registration and the shards whose active segment it leads.
         """
         node_id = require_node_id(node_id)
@@ -481,6 +529,7 @@ class MetaController:
             view = self._node_view(node)
             ws = WriteSet()
             ws.delete(keys.node_key(node_id))
+            self._nodes.stage_index(node_id, False, ws)
             ws.commit(self._store)
             self._liveness.forget(node_id)
         logger.warning("removed node %s (%s); it led %d active segments", node_id, node.address, len(led))
@@ -593,8 +642,9 @@ def _acknowledged_deletions(node_id: str, deleted: Sequence[pb.ShardDeletion]) -
 
 def _usable_progress(
     node_id: str, progress: Sequence[pb.ShardProgress]
-) -> list[tuple[str, str, int, tuple[int, int], int]]:
-    """The well-formed progress reports: ``(shard, topic, partition, (hw, log_start), reserved)``.
+) -> list[tuple[str, str, int, tuple[int, int], int, int | None]]:
+    """The well-formed progress reports:
+    ``(shard, topic, partition, (hw, log_start), reserved, incarnation or None)``.
 
     A bad report is skipped with a warning instead of failing the heartbeat: a
     node whose beats were refused would be declared dead over one bad number.
@@ -611,7 +661,8 @@ def _usable_progress(
         if hw < 0 or not 0 <= log_start <= hw or (reserved and reserved < hw):
             skipped.append(entry.shard)
             continue
-        reports.append((entry.shard, topic, partition, (hw, log_start), max(reserved, 0)))
+        incarnation = int(entry.incarnation) if entry.HasField("incarnation") else None
+        reports.append((entry.shard, topic, partition, (hw, log_start), max(reserved, 0), incarnation))
     if skipped:
         logger.warning(
             "node %s reported %d malformed shard progress entries (first: %r); ignored",

@@ -13,6 +13,7 @@ import struct
 __all__ = [
     "FORMAT_VERSION",
     "GROUP",
+    "HOLDER",
     "INCARNATION_KEY",
     "NODE",
     "PENDING",
@@ -21,6 +22,7 @@ __all__ = [
     "TOPIC",
     "VERSION_KEY",
     "decode_group_key",
+    "decode_holder_key",
     "decode_incarnation",
     "decode_offset_key",
     "decode_offset_value",
@@ -30,6 +32,8 @@ __all__ = [
     "encode_offset_value",
     "encode_progress",
     "group_key",
+    "holder_key",
+    "holders_prefix",
     "node_key",
     "offset_key",
     "offsets_prefix",
@@ -45,13 +49,14 @@ __all__ = [
     "topic_key",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the "E" index of pending deletions by shard (built from "D" when opening a 1)
 VERSION_KEY = b"V"
 TOPIC = b"T"
 SEGMENT = b"S"
 SEALED_BY = b"R"
 NODE = b"N"
 PENDING = b"D"
+HOLDER = b"E"
 OFFSET = b"O"
 GROUP = b"G"
 PROGRESS = b"P"
@@ -119,6 +124,26 @@ def decode_pending_key(key: bytes) -> tuple[str, str, int]:
     shard, position = _read_text(key, position)
     incarnation = _U64.unpack_from(key, position)[0] if len(key) >= position + _U64.size else 0
     return node_id, shard, int(incarnation)
+
+
+def holders_prefix(topic: str, partition: int | None = None) -> bytes:
+    """The pending deletions of one topic's shards (or of one shard), indexed by shard."""
+    prefix = HOLDER + text(topic)
+    return prefix if partition is None else prefix + _U32.pack(partition)
+
+
+def holder_key(topic: str, partition: int, node_id: str, incarnation: int) -> bytes:
+    """The index entry of the pending deletion ``pending_key(node_id, shard, incarnation)``."""
+    return holders_prefix(topic, partition) + text(node_id) + _U64.pack(incarnation)
+
+
+def decode_holder_key(key: bytes) -> tuple[str, int, str, int]:
+    """``(topic, partition, node_id, incarnation)`` of a holder index key."""
+    topic, position = _read_text(key, len(HOLDER))
+    (partition,) = _U32.unpack_from(key, position)
+    node_id, position = _read_text(key, position + _U32.size)
+    (incarnation,) = _U64.unpack_from(key, position)
+    return topic, int(partition), node_id, int(incarnation)
 
 
 def encode_incarnation(incarnation: int) -> bytes:

@@ -1,4 +1,4 @@
-"""The storage node registry and pending shard deletions, as stored (keys ``N`` and ``D``).
+"""The storage node registry and pending shard deletions, as stored (keys ``N``, ``D`` and ``E``).
 
 A node record holds what does not change between heartbeats: its id, the
 address of its ZeroMQ front end and when it first registered. Liveness lives
@@ -14,6 +14,17 @@ The incarnation makes a late or repeated deletion harmless: a node drops only
 its local shard of that incarnation, never a newer topic of the same name.
 Kept in the store so that a Meta Service restart does not forget what nodes
 still have to drop. Not locked here: the controller's lock covers it.
+
+Placement asks which nodes still owe a deletion of a given shard (a new
+topic's shard, the next epoch of a sealed one) on every create and seal. The
+``D`` keys are ordered by node, so each deletion also has an index entry ``E``
+ordered by topic and partition: that question costs one prefix scan over the
+holders of that topic (or shard), whatever else is pending. The index covers
+registered nodes only: removing a node takes its entries out of the index (its
+``D`` entries stay, so a node that comes back under that id still gets its
+deletions, and is indexed again when it registers), so deletions a removed
+node can never carry out cost nothing on the hot path. Every change of a ``D``
+key changes its ``E`` key in the same batch.
 """
 
 from __future__ import annotations
@@ -21,9 +32,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq.storage_node import shard_name
 
 from . import _keys as keys
 from ._store import MetaStore, WriteSet
+from ._validation import split_shard
 
 __all__ = ["MAX_DELETIONS_PER_BEAT", "MAX_NODES", "NodeTable"]
 
@@ -68,20 +81,47 @@ class NodeTable:
                 break
         return pending
 
-    def holders_pending(self, shards: Iterable[str]) -> dict[str, set[str]]:
-        """For each of ``shards``, the nodes that have not yet dropped an older shard of that name."""
-        wanted = set(shards)
+    def holders_pending(self, topic: str, partition: int | None = None) -> dict[str, set[str]]:
+        """For each shard of ``topic`` (or its shard ``partition``), the registered nodes that
+        have not yet dropped an older shard of that name (one scan of the index)."""
         holders: dict[str, set[str]] = {}
-        for key, _ in self._store.scan(keys.pending_prefix()):
-            node_id, shard, _ = keys.decode_pending_key(key)
-            if shard in wanted:
-                holders.setdefault(shard, set()).add(node_id)
+        for key, _ in self._store.scan(keys.holders_prefix(topic, partition)):
+            _, index, node_id, _ = keys.decode_holder_key(key)
+            holders.setdefault(shard_name(topic, index), set()).add(node_id)
         return holders
 
     def stage_pending(self, node_id: str, shard: str, incarnation: int, ws: WriteSet) -> None:
         ws.put(keys.pending_key(node_id, shard, incarnation), b"")
+        ws.put(_holder_key(node_id, shard, incarnation), b"")
 
     def stage_done(self, node_id: str, deletions: Iterable[tuple[str, int]], ws: WriteSet) -> None:
         """The node has dropped these shards: forget them (unknown ones are ignored)."""
         for shard, incarnation in deletions:
             ws.delete(keys.pending_key(node_id, shard, incarnation))
+            ws.delete(_holder_key(node_id, shard, incarnation))
+
+    def stage_index(self, node_id: str, indexed: bool, ws: WriteSet) -> None:
+        """Put ``node_id``'s pending deletions into the index (it registers) or take them out
+        (it is removed); its ``D`` entries stay either way. Costs one scan of its own entries."""
+        for key, _ in self._store.scan(keys.pending_prefix(node_id)):
+            _, shard, incarnation = keys.decode_pending_key(key)
+            if indexed:
+                ws.put(_holder_key(node_id, shard, incarnation), b"")
+            else:
+                ws.delete(_holder_key(node_id, shard, incarnation))
+
+    def stage_build_index(self, ws: WriteSet) -> int:
+        """Index every registered node's pending deletions (opening a format-1 store); how many."""
+        registered = {node.node_id for node in self.all()}
+        count = 0
+        for key, _ in self._store.scan(keys.PENDING):
+            node_id, shard, incarnation = keys.decode_pending_key(key)
+            if node_id in registered:
+                ws.put(_holder_key(node_id, shard, incarnation), b"")
+                count += 1
+        return count
+
+
+def _holder_key(node_id: str, shard: str, incarnation: int) -> bytes:
+    topic, partition = split_shard(shard)
+    return keys.holder_key(topic, partition, node_id, incarnation)

@@ -165,8 +165,9 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
 
     @_answers_errors
     def SealSegment(self, request: pb.SealSegmentRequest, context: Any) -> pb.SealSegmentResponse:
+        incarnation = request.incarnation if request.HasField("incarnation") else None
         sealed, following = self._controller.seal_segment(
-            request.shard, request.epoch, request.end_offset, request.node_id
+            request.shard, request.epoch, request.end_offset, request.node_id, incarnation
         )
         return pb.SealSegmentResponse(sealed=sealed, next=following)
 

@@ -140,7 +140,14 @@ class RocksDBMetaStore:
 
     def scan(self, prefix: bytes, *, start: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         self._check_open()
-        iterator = self._db.iter()
+        # The upper bound stops the iterator at the prefix's end: without it, finding that
+        # the prefix is over means skipping every deleted key that follows it (a deleted
+        # 10,000-partition topic leaves tens of thousands), on every scan.
+        options = rocksdict.ReadOptions()
+        end = _prefix_end(prefix)
+        if end is not None:
+            options.set_iterate_upper_bound(end)
+        iterator = self._db.iter(options)
         iterator.seek(max(prefix, start))
         while iterator.valid():
             key = bytes(iterator.key())
@@ -167,6 +174,14 @@ class RocksDBMetaStore:
             return
         self._closed = True
         self._db.close()
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with ``prefix`` (None: there is none)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
 @dataclass(slots=True)

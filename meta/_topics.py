@@ -53,11 +53,14 @@ class TopicTable:
         topics = [pb.Topic.FromString(raw) for _, raw in self._store.scan(keys.TOPIC)]
         return sorted(topics, key=lambda topic: topic.name)
 
+    def last_incarnation(self) -> int:
+        """The newest incarnation handed out so far (0: none yet)."""
+        raw = self._store.get(keys.INCARNATION_KEY)
+        return keys.decode_incarnation(raw) if raw is not None else 0
+
     def next_incarnation(self, now_ms: int) -> int:
         """The incarnation for a topic created now (see the module docstring)."""
-        raw = self._store.get(keys.INCARNATION_KEY)
-        last = keys.decode_incarnation(raw) if raw is not None else 0
-        return max(last + 1, now_ms)
+        return max(self.last_incarnation() + 1, now_ms)
 
     def stage_create(self, topic: pb.Topic, first_segments: list[pb.Segment], ws: WriteSet) -> None:
         ws.put(keys.topic_key(topic.name), topic.SerializeToString())

@@ -303,7 +303,11 @@ class Client:
             limit = 0 if end_offset is None else max(end_offset - offset, 1)
             return pb.NodeRequest(
                 fetch=pb.FetchRequest(
-                    shard=route.shard, offset=offset, max_bytes=max_bytes, max_records=limit
+                    shard=route.shard,
+                    offset=offset,
+                    max_bytes=max_bytes,
+                    max_records=limit,
+                    incarnation=route.incarnation if route.incarnation >= 0 else None,
                 )
             )
 

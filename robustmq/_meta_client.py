@@ -329,9 +329,16 @@ class MetaClient:
     def get_shard(self, shard: str) -> pb.ShardInfo:
         return self._call(self._stub.GetShard, pb.ShardRequest(shard=shard), "read")
 
-    def seal_segment(self, shard: str, epoch: int, end_offset: int, node_id: str) -> pb.SealSegmentResponse:
-        """Seal ``epoch`` of ``shard`` at ``end_offset`` (exclusive); ``.sealed`` and ``.next``."""
-        request = pb.SealSegmentRequest(shard=shard, epoch=epoch, end_offset=end_offset, node_id=node_id)
+    def seal_segment(
+        self, shard: str, epoch: int, end_offset: int, node_id: str, incarnation: int | None = None
+    ) -> pb.SealSegmentResponse:
+        """Seal ``epoch`` of ``shard`` at ``end_offset`` (exclusive); ``.sealed`` and ``.next``.
+
+        With ``incarnation``, the service refuses (``ShardNotFound``) unless it is the topic's current one.
+        """
+        request = pb.SealSegmentRequest(
+            shard=shard, epoch=epoch, end_offset=end_offset, node_id=node_id, incarnation=incarnation
+        )
         return self._call(self._stub.SealSegment, request, "idempotent")
 
     # -- nodes -------------------------------------------------------------
@@ -348,14 +355,18 @@ class MetaClient:
         shard_count: int = 0,
         deleted: Iterable[tuple[str, int]] = (),
         reserved: Mapping[str, int] | None = None,
+        incarnations: Mapping[str, int] | None = None,
     ) -> pb.HeartbeatResponse:
         """Report liveness and ``(shard, high_watermark, log_start_offset)`` per changed shard.
 
         ``deleted`` acknowledges the ``(shard, incarnation)`` deletions the node has
         carried out; the answer's ``deletions`` are the ones still pending.
-        ``reserved`` gives a reserved offset for some of the reported shards.
+        ``reserved`` gives a reserved offset for some of the reported shards;
+        ``incarnations`` the topic incarnation a report is about (the service
+        ignores a report of another incarnation than the topic's current one).
         """
         reserved = reserved or {}
+        incarnations = incarnations or {}
         request = pb.HeartbeatRequest(
             node_id=node_id,
             address=address,
@@ -365,6 +376,7 @@ class MetaClient:
                     high_watermark=hw,
                     log_start_offset=log_start,
                     reserved_offset=reserved.get(shard, 0),
+                    incarnation=incarnations.get(shard),
                 )
                 for shard, hw, log_start in progress
             ],

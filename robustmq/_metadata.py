@@ -30,6 +30,7 @@ class Route:
     shard: str
     address: str
     epoch: int
+    incarnation: int = -1  # the topic incarnation the route was resolved for (-1: unknown)
 
 
 class Metadata:
@@ -90,19 +91,21 @@ class Metadata:
 
     def write_route(self, topic: str, partition: int) -> Route:
         info = self.shard(topic, partition)
-        return Route(topic, partition, info.shard, info.leader_address, info.segments[-1].epoch)
+        return Route(
+            topic, partition, info.shard, info.leader_address, info.segments[-1].epoch, info.incarnation
+        )
 
     def read_route(self, topic: str, partition: int, offset: int | None = None) -> Route:
         info = self.shard(topic, partition)
         active = info.segments[-1]
         if offset is None or offset >= active.start_offset or not info.segments:
-            return Route(topic, partition, info.shard, info.leader_address, active.epoch)
+            return Route(topic, partition, info.shard, info.leader_address, active.epoch, info.incarnation)
         for segment in info.segments:
             if segment.start_offset <= offset < segment.end_offset and segment.replicas:
                 address = self._node_address(segment.replicas[0])
                 if address:
-                    return Route(topic, partition, info.shard, address, segment.epoch)
-        return Route(topic, partition, info.shard, info.leader_address, active.epoch)
+                    return Route(topic, partition, info.shard, address, segment.epoch, info.incarnation)
+        return Route(topic, partition, info.shard, info.leader_address, active.epoch, info.incarnation)
 
     def _node_address(self, node_id: str) -> str:
         fetched, nodes = self._nodes

@@ -598,6 +598,7 @@ class Producer:
                     acks=self._acks,
                     producer_id=self._producer_id,
                     producer_sequence=batch.sequence if self._producer_id >= 0 else -1,
+                    incarnation=route.incarnation if route.incarnation >= 0 else None,
                 )
             )
             future = self._client.transport.request(

@@ -19,6 +19,8 @@ in-process or over the network.
     |                                                       a node restart runs it
     +-- TopicNotFound                  UNKNOWN_TOPIC
     +-- ShardNotFound                  UNKNOWN_SHARD
+    |   +-- IncarnationMismatch        INCARNATION_MISMATCH
+    |                                  the topic was deleted and created again since
     +-- TopicAlreadyExists             TOPIC_EXISTS
     +-- ShardAlreadyExists             SHARD_EXISTS
     +-- OffsetOutOfRange               OFFSET_OUT_OF_RANGE
@@ -52,6 +54,7 @@ __all__ = [
     "CorruptRecordBatch",
     "DuplicateSequenceMismatch",
     "EngineClosed",
+    "IncarnationMismatch",
     "InvalidConfig",
     "InvalidRecordBatch",
     "InvalidRequest",
@@ -154,6 +157,17 @@ class TopicNotFound(RobustMQError):
 
 class ShardNotFound(RobustMQError):
     code = "UNKNOWN_SHARD"
+
+
+class IncarnationMismatch(ShardNotFound):
+    """A read named a topic incarnation that was deleted: the topic now is a new one.
+
+    Its offsets are another log's, so reading on at the same offset would
+    mix two topics. Not retriable. Fields: ``shard``, ``incarnation`` (the one
+    asked for), ``current_incarnation`` (the one the node serves).
+    """
+
+    code = "INCARNATION_MISMATCH"
 
 
 class TopicAlreadyExists(RobustMQError):

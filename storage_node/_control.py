@@ -3,30 +3,39 @@
 The front end and the I/O workers never wait for the Meta Service: a request
 that needs its answer is parked by the shard's I/O worker, which hands a
 :class:`Job` to :class:`MetaControl`. A small pool of control threads
-(default 2) runs each job as one Meta Service call and posts a
+(default 2) runs each job against the Meta Service and posts a
 :class:`MetaAnswer` back into that worker's queue, where it is handled in
 queue order with the shard's writes. Jobs:
 
-- ``lookup``: ``GetShard`` plus the topic's config (cached per topic and
-  incarnation), to resolve a shard the node has not served since it started
-  or to refresh it when a client names a newer epoch. Installing a
-  memory-engine shard this node leads also reserves its first offsets (a
-  heartbeat report, see ``_shards``) before the answer goes back;
+- ``lookup``: ``GetShard`` plus, the first time for a topic incarnation,
+  ``DescribeTopic`` for its config (cached per topic and incarnation), to
+  resolve a shard the node has not served since it started or to refresh it
+  when a client names a newer epoch. Installing a memory-engine shard this
+  node leads also reserves its first offsets (a ``Heartbeat`` report, see
+  ``_shards``) before the answer goes back: up to three calls;
 - ``probe``: ``GetShard`` just before a seal, so that a seal only pauses
   writes once the Meta Service is known to answer;
-- ``seal``: ``SealSegment(epoch, end)``; the worker repeats the identical call
-  until the answer is definite (the Meta Service makes an identical repeat
-  idempotent).
+- ``seal``: ``SealSegment(epoch, end, incarnation)``; the worker repeats the
+  identical call until the answer is definite (the Meta Service makes an
+  identical repeat idempotent, and refuses a seal of any other incarnation
+  than the topic's current one).
+
+Every job and answer names the topic incarnation it is about (-1: not known
+yet, a lookup of a shard the node does not serve), so the worker drops an
+answer about another incarnation than the shard it serves now: nothing of a
+deleted topic can touch a re-created one. A deletion also cancels the probes
+and seals of that incarnation still waiting here (:meth:`MetaControl.cancel`).
 
 Bounded: at most ``max_jobs`` jobs wait (``submit`` returns False past that;
 the worker answers ``Busy`` or retries later). When a call fails because the
 Meta Service is unreachable, further calls fail fast with ``Unavailable`` for
 :data:`UNREACHABLE_HOLD_S`, so a dead Meta Service costs one timeout per
 window, not one per job. Each call's deadline is the control client's
-``timeout_s`` (the node gives it a short one).
+``timeout_s`` (the node gives it a short one, ``control_timeout_s``), so a
+job takes at most three times that.
 
-Thread-safety: ``submit`` may be called from any thread; answers are posted
-through the callable each job carries.
+Thread-safety: ``submit`` and ``cancel`` may be called from any thread;
+answers are posted through the callable each job carries.
 """
 
 from __future__ import annotations
@@ -55,12 +64,13 @@ _CONFIGS = 4096  # topic configs cached (one per topic; a description can be lar
 
 @dataclass(frozen=True, slots=True)
 class MetaAnswer:
-    """What a job found out, posted to the worker that asked."""
+    """What a job found out, posted to the worker that asked (``kind`` to ``incarnation``: the job's)."""
 
     kind: Literal["lookup", "probe", "seal"]
     shard: str
     epoch: int = -1
     end_offset: int = -1
+    incarnation: int = -1
     view: ShardView | None = None  # lookup (with the config) and probe (config unset)
     sealed: pb.SealSegmentResponse | None = None
     error: RobustMQError | None = None
@@ -68,12 +78,26 @@ class MetaAnswer:
 
 @dataclass(frozen=True, slots=True)
 class Job:
+    """One piece of work for the control threads; ``incarnation`` -1: not known (a first lookup)."""
+
     kind: Literal["lookup", "probe", "seal"]
     shard: str
     deliver: Callable[[MetaAnswer], Any]
     epoch: int = -1
     end_offset: int = -1
+    incarnation: int = -1
     install: bool = False  # a lookup for a shard the node will create if it holds it
+
+    def answer(
+        self,
+        *,
+        view: ShardView | None = None,
+        sealed: pb.SealSegmentResponse | None = None,
+        error: RobustMQError | None = None,
+    ) -> MetaAnswer:
+        return MetaAnswer(
+            self.kind, self.shard, self.epoch, self.end_offset, self.incarnation, view, sealed, error
+        )
 
 
 class MetaControl:
@@ -115,6 +139,20 @@ class MetaControl:
             self._ready.notify()
         return True
 
+    def cancel(self, shard: str, incarnation: int) -> int:
+        """Drop the probes and seals of ``shard`` up to ``incarnation`` still waiting (it was
+        deleted); how many. One already running is refused by the Meta Service (its
+        incarnation is not the topic's) and its answer is dropped by the worker."""
+        with self._ready:
+            kept = deque(
+                job
+                for job in self._jobs
+                if job is None or job.kind == "lookup" or job.shard != shard or job.incarnation > incarnation
+            )
+            cancelled = len(self._jobs) - len(kept)
+            self._jobs = kept
+        return cancelled
+
     def _loop(self) -> None:
         while True:
             with self._ready:
@@ -127,13 +165,7 @@ class MetaControl:
                 answer = self._run(job)
             except Exception as error:  # a bug must not strand the worker's parked requests
                 log.exception("control job %s for %s failed", job.kind, job.shard)
-                answer = MetaAnswer(
-                    job.kind,
-                    job.shard,
-                    job.epoch,
-                    job.end_offset,
-                    error=Unavailable(f"control failed: {error}"),
-                )
+                answer = job.answer(error=Unavailable(f"control failed: {error}"))
             job.deliver(answer)
 
     def _run(self, job: Job) -> MetaAnswer:
@@ -142,20 +174,21 @@ class MetaControl:
             error: RobustMQError = Unavailable(
                 f"the Meta Service is unreachable; shard {job.shard} cannot be resolved now", shard=job.shard
             )
-            return MetaAnswer(job.kind, job.shard, job.epoch, job.end_offset, error=error)
+            return job.answer(error=error)
         try:
             if job.kind == "seal":
-                sealed = self._meta.seal_segment(job.shard, job.epoch, job.end_offset, self._node_id)
-                return MetaAnswer(job.kind, job.shard, job.epoch, job.end_offset, sealed=sealed)
+                sealed = self._meta.seal_segment(
+                    job.shard, job.epoch, job.end_offset, self._node_id, incarnation=job.incarnation
+                )
+                return job.answer(sealed=sealed)
             info = self._meta.get_shard(job.shard)
             config = self._config(info) if job.kind == "lookup" else pb.TopicConfig()
             reserved = self._reserve(info) if job.install and config.engine == "memory" else -1
-            view = ShardView(info, config, reserved)
-            return MetaAnswer(job.kind, job.shard, job.epoch, job.end_offset, view=view)
+            return job.answer(view=ShardView(info, config, reserved))
         except RobustMQError as error:
             if isinstance(error, Unavailable | RequestTimeout | Busy) and "address" in error.fields:
                 self._unreachable_until = time.monotonic() + UNREACHABLE_HOLD_S  # a transport failure
-            return MetaAnswer(job.kind, job.shard, job.epoch, job.end_offset, error=error)
+            return job.answer(error=error)
 
     def _reserve(self, info: pb.ShardInfo) -> int:
         """Reserve the first offsets of a memory-engine shard this node is about to create."""
@@ -163,7 +196,13 @@ class MetaControl:
             return -1
         start = start_of(info, self._node_id)
         reserved = start + RESERVE_RECORDS
-        self._meta.heartbeat(self._node_id, "", [(info.shard, start, start)], reserved={info.shard: reserved})
+        self._meta.heartbeat(
+            self._node_id,
+            "",
+            [(info.shard, start, start)],
+            reserved={info.shard: reserved},
+            incarnations={info.shard: info.incarnation},
+        )
         return reserved
 
     def _config(self, info: pb.ShardInfo) -> pb.TopicConfig:

@@ -8,7 +8,10 @@ heartbeat thread sends the Meta Service one ``Heartbeat``:
   memory-engine shard starts again); for a memory-engine shard also an
   offset reserved ahead of its log end (at least ``RESERVE_RECORDS``, four
   beats of its recent rate), which its worker may then acknowledge up to
-  (posted back as ``Reserved``);
+  (posted back as ``Reserved``). Each report names its shard's incarnation:
+  the Meta Service ignores one about another incarnation than the topic's
+  current one, and the worker one for another than it serves, so a report
+  from before a deletion never counts for a re-created topic;
 - ``deleted``: the deletions this node carried out and has not yet had
   acknowledged.
 
@@ -111,6 +114,7 @@ class Heartbeat(threading.Thread):
         changed = node.take_changed(_MAX_PROGRESS_PER_BEAT)
         progress = []
         reserved: dict[str, int] = {}
+        incarnations: dict[str, int] = {}
         states = []
         for shard in sorted(changed):
             state = node.directory.cached(shard)
@@ -121,6 +125,7 @@ class Heartbeat(threading.Thread):
             except ShardNotFound:
                 continue
             progress.append((shard, offsets.log_end_offset, offsets.earliest_offset))
+            incarnations[shard] = state.incarnation
             if state.ack_limit is not None:
                 log_end = offsets.log_end_offset
                 window = max(RESERVE_RECORDS, 4 * (log_end - state.reported_end))
@@ -129,7 +134,13 @@ class Heartbeat(threading.Thread):
         done = self.ledger.to_acknowledge()
         try:
             answer = node.meta.heartbeat(
-                node.node_id, node.address, progress, node.directory.count, deleted=done, reserved=reserved
+                node.node_id,
+                node.address,
+                progress,
+                node.directory.count,
+                deleted=done,
+                reserved=reserved,
+                incarnations=incarnations,
             )
         except Exception:  # reported again with the next beat
             node.restore_changed(changed)

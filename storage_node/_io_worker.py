@@ -18,13 +18,28 @@ error and the rest of the group is written; if the group's append fails as a
 whole, its requests are appended again one by one, so only the request that
 fails gets the error.
 
+Each item is handled under its own error handling: an unexpected failure on
+one item answers only that item and what it holds (the requests parked for a
+lookup it answers, the seal requests and held writes of the shard whose seal
+answer it carries: that shard is marked failed, ``ShardFailed``), logs it,
+and the worker goes on with the next item. A deletion that fails is handed
+back to the heartbeat, which queues it again with the next answer that lists
+it.
+
 No item ever waits for the Meta Service on this thread:
 
 - **Unknown shard.** A request for a shard not resolved since start is parked
   (in order, bounded: ``Busy`` past ``max_parked``) and a ``lookup`` job is
   submitted; its answer installs the shard (or fails the parked requests) and
   the parked requests run at the answer's place in the queue. Reads park the
-  same way and go back to the readers.
+  same way and go back to the readers. A ``NotLeader``, ``ShardNotFound`` or
+  ``TopicNotFound`` answer is remembered for a moment (``_not_here``), so a
+  client naming a shard that is not here costs at most one lookup per
+  interval, not one per request; a request naming a topic incarnation newer
+  than such an answer knew of is looked up again (a topic created since).
+- **Late answers.** A lookup's view of the chain can be older than what this
+  node did since (a seal): it is ignored (epochs only go up, see ``_shards``),
+  and so is a view of an older incarnation than the one served.
 - **Newer epoch.** A write naming an epoch above the node's parks for a
   ``lookup`` refresh, at most once per :data:`REFRESH_INTERVAL_S` per shard;
   within that interval it is answered ``StaleEpoch`` at once, so a client
@@ -51,7 +66,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +77,6 @@ from robustmq._records import now_ms
 from robustmq.errors import (
     Busy,
     InvalidRequest,
-    NotLeader,
     RobustMQError,
     SegmentSealed,
     ShardNotFound,
@@ -75,6 +89,7 @@ from ._batch import prepare_batch
 from ._control import Job, MetaAnswer, MetaControl
 from ._driver_manager import split_shard_name
 from ._engine_base import check_producer
+from ._not_here import NotHere, named_incarnation
 from ._sealing import Sealer
 from ._shards import NodeShard, ShardDirectory
 
@@ -92,8 +107,6 @@ __all__ = [
 log = logging.getLogger("robustmq.node")
 
 REFRESH_INTERVAL_S = 1.0  # at most one epoch refresh per shard in this long
-_NOT_HERE_TTL_S = 0.5  # a NotLeader answer is reused this long (a hot loop of misrouted requests)
-_NOT_HERE_MAX = 1024
 
 
 @dataclass(slots=True)
@@ -108,6 +121,8 @@ class Request:
     waited: bool = False
     answered: bool = False  # set by the node's reply()
     parked: bool = False  # parked or held by its I/O worker (answered later, not by a failed batch)
+    held_until: float = 0.0  # held for a seal: answered Unavailable at this time if still held
+    incarnation: int = -1  # fetches: the shard incarnation it read first (a long poll re-checks it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +253,8 @@ class IOWorker(threading.Thread):
         queue_size: int,
         max_group_requests: int,
         max_parked: int = 4096,
+        max_held_bytes: int = 64 * 1024 * 1024,
+        hold_s: float = 10.0,
     ) -> None:
         super().__init__(name=f"rmq-io-{index}", daemon=True)
         self._node = node
@@ -248,10 +265,12 @@ class IOWorker(threading.Thread):
         self.queue = WorkQueue(queue_size)
         self._max_group = max_group_requests
         self.max_parked = max_parked
-        self.parked = 0  # requests parked for lookups or held by seals
+        self.max_held_bytes = max_held_bytes  # payload a shard may hold while its seal settles
+        self.hold_s = hold_s  # longest a request waits for a seal
+        self.parked = 0  # requests parked for lookups or waiting for seals (held writes, seal requests)
         self._group: list[tuple[Request, NodeShard, AppendRequest]] = []
         self._awaiting: dict[str, _Awaiting] = {}
-        self._not_here: OrderedDict[str, tuple[float, RobustMQError]] = OrderedDict()
+        self._not_here = NotHere()
         self._sealer = Sealer(self)
 
     def submit(self, request: Request) -> bool:
@@ -272,16 +291,7 @@ class IOWorker(threading.Thread):
             after_stop: list[Any] = []
             if stop:
                 items, after_stop = items[: items.index(_STOP)], items[items.index(_STOP) + 1 :]
-            try:
-                self._process(items)
-            except Exception as error:  # a bug must not kill the worker or strand its requests
-                log.exception("I/O worker failed on a group of %d items", len(items))
-                grouped = [entry[0] for entry in self._group]
-                self._group.clear()
-                for item in [*items, *grouped]:
-                    request = item.request if isinstance(item, ParkRead) else item
-                    if isinstance(request, Request) and not request.parked:
-                        self.fail(request, error)
+            self._process(items)
             try:
                 self._sealer.tick(time.monotonic())
             except Exception:
@@ -310,20 +320,58 @@ class IOWorker(threading.Thread):
     def _process(self, items: list[Any]) -> None:
         for item in items:
             if isinstance(item, Request):
-                self.dispatch(item)
+                self.run_request(item)
                 continue
             self._flush()
-            if isinstance(item, MetaAnswer):
-                self._answered(item)
-            elif isinstance(item, ParkRead):
-                self._park_read(item)
-            elif isinstance(item, DeleteShard):
-                self._drop_deleted(item)
-            elif isinstance(item, Reserved):
-                self._reserved(item)
-            else:
-                log.error("I/O worker got an unknown item %r", item)
+            try:
+                self._handle(item)
+            except Exception as error:  # a bug or a failing engine: this item alone fails
+                log.exception("I/O worker failed on %s", _describe(item))
+                self._item_failed(item, error)
         self._flush()
+
+    def _handle(self, item: Any) -> None:
+        if isinstance(item, MetaAnswer):
+            self._answered(item)
+        elif isinstance(item, ParkRead):
+            self._park_read(item)
+        elif isinstance(item, DeleteShard):
+            self._drop_deleted(item)
+        elif isinstance(item, Reserved):
+            self._reserved(item)
+        else:
+            log.error("I/O worker got an unknown item %r", item)
+
+    def _item_failed(self, item: Any, error: Exception) -> None:
+        """Answer what ``item`` holds after handling it failed; leave its shard in a defined state."""
+        failure = (
+            error if isinstance(error, RobustMQError) else Unavailable(f"the storage node failed: {error}")
+        )
+        if isinstance(item, ParkRead):
+            if not item.request.parked:
+                self.fail(item.request, failure)
+        elif isinstance(item, MetaAnswer) and item.kind == "lookup":
+            awaiting = self._awaiting.pop(item.shard, None)
+            for request in awaiting.requests if awaiting is not None else ():
+                self.parked -= 1
+                request.parked = False
+                self.fail(request, failure)
+        elif isinstance(item, MetaAnswer):  # a probe or seal answer: where the seal stands is unknown
+            state = self.directory.cached(item.shard)
+            if state is not None and state.incarnation == item.incarnation:
+                state.fail(f"handling the answer to its seal failed ({error})")
+                self._sealer.end(state, state.blocked)
+        elif isinstance(item, DeleteShard):  # queued again with the next heartbeat answer listing it
+            self._node.deletion_failed(item.shard, item.incarnation)
+
+    def run_request(self, item: Request) -> None:
+        """Dispatch one request; if that fails unexpectedly, it alone gets the error."""
+        try:
+            self.dispatch(item)
+        except Exception as error:
+            log.exception("I/O worker failed on a request")
+            if not item.parked:
+                self.fail(item, Unavailable(f"the storage node failed on this request: {error}"))
 
     def dispatch(self, item: Request) -> None:
         """Route one write or seal request of this worker (also held and parked ones, when they run)."""
@@ -339,14 +387,11 @@ class IOWorker(threading.Thread):
         state = self.directory.cached(shard)
         if state is None:
             self._resolve(shard, item)
-        elif state.held is not None and body == "seal" and state.seal is not None:
-            state.seal.waiters.append(item)  # the seal under way is the one it asks for
-            item.parked = True
-        elif state.held is not None:
-            self._sealer.hold(state, item)
-        elif body == "seal":
+        elif body == "seal":  # while paused, it waits for the seal under way: the one it asks for
             self._flush()
             self._sealer.explicit(state, item)
+        elif state.held is not None:
+            self._sealer.hold(state, item)
         else:
             self._produce(state, item)
 
@@ -362,6 +407,7 @@ class IOWorker(threading.Thread):
                     f"a produce request carries exactly one payload frame, not {len(item.payloads)}",
                     shard=produce.shard,
                 )
+            state.check_incarnation(produce.incarnation if produce.HasField("incarnation") else -1)
             state.check_write(produce.epoch)
             producer_id, producer_sequence = producer_fields(produce)
             batch = prepare_batch(item.payloads[0].buffer, max_batch_bytes=state.config.max_batch_bytes)
@@ -387,14 +433,21 @@ class IOWorker(threading.Thread):
         if not self._group:
             return
         group, self._group = self._group, []
-        by_engine: dict[int, list[tuple[Request, NodeShard, AppendRequest]]] = {}
-        for entry in group:
-            by_engine.setdefault(id(entry[1].engine), []).append(entry)
-        touched: dict[str, NodeShard] = {}
-        for entries in by_engine.values():
-            self._append(entries[0][1].engine, entries, touched)
-        for _, state, _ in group:
-            state.grouped = 0
+        try:
+            by_engine: dict[int, list[tuple[Request, NodeShard, AppendRequest]]] = {}
+            for entry in group:
+                by_engine.setdefault(id(entry[1].engine), []).append(entry)
+            touched: dict[str, NodeShard] = {}
+            for entries in by_engine.values():
+                self._append(entries[0][1].engine, entries, touched)
+        except Exception as error:  # past the engine's own refusals: answer, never strand
+            log.exception("appending a group of %d requests failed", len(group))
+            for item, state, _ in group:
+                self.fail(item, Unavailable(f"append failed: {error}", shard=state.name))
+            touched = {}
+        finally:
+            for _, state, _ in group:
+                state.grouped = 0
         now = now_ms()
         for name, state in touched.items():
             self._node.written(name)
@@ -456,9 +509,11 @@ class IOWorker(threading.Thread):
 
     def _resolve(self, shard: str, item: Request) -> None:
         """``shard`` is not served here yet: park ``item`` and look the shard up."""
-        cached = self._not_here.get(shard)
-        if cached is not None and time.monotonic() < cached[0]:
-            self.fail(item, cached[1])
+        remembered = self._not_here.answer(
+            shard, named_incarnation(item.message), time.monotonic(), looking=shard in self._awaiting
+        )
+        if remembered is not None:
+            self.fail(item, remembered)
             return
         try:
             split_shard_name(shard)  # a malformed name is InvalidRequest before any lookup
@@ -517,43 +572,62 @@ class IOWorker(threading.Thread):
             except Exception as failure:  # an engine failing to create the shard: answer, do not strand
                 log.exception("could not serve shard %s", answer.shard)
                 error = Unavailable(f"could not open shard {answer.shard}: {failure}", shard=answer.shard)
-        if isinstance(error, NotLeader):
-            self._not_here[answer.shard] = (time.monotonic() + _NOT_HERE_TTL_S, error)
-            while len(self._not_here) > _NOT_HERE_MAX:
-                self._not_here.popitem(last=False)
+        if error is not None:
+            self._not_here.remember(answer.shard, error, time.monotonic())
         for request in awaiting.requests:
             self.parked -= 1
             request.parked = False
-            body = request.message.WhichOneof("body")
-            if body not in ("produce", "seal"):
-                if error is None:
-                    self._node.requeue_read(request)
-                else:
-                    self.fail(request, error)
-            elif error is not None and awaiting.everything:
+            try:
+                self._resume(request, error, everything=awaiting.everything)
+            except Exception as failure:
+                log.exception("I/O worker failed to resume a request parked for %s", answer.shard)
+                self.fail(request, Unavailable(f"the storage node failed on this request: {failure}"))
+
+    def _resume(self, request: Request, error: RobustMQError | None, *, everything: bool) -> None:
+        """Run a request that was parked for a lookup, now that the lookup is answered."""
+        body = request.message.WhichOneof("body")
+        if body not in ("produce", "seal"):
+            if error is None:
+                self._node.requeue_read(request)
+            else:
                 self.fail(request, error)
-            else:  # a failed refresh: the request finds out from the state as it is
-                self.dispatch(request)
+        elif error is not None and everything:
+            self.fail(request, error)
+        else:  # a failed refresh: the request finds out from the state as it is
+            self.run_request(request)
 
     def _take_view(self, shard: str, answer: MetaAnswer) -> None:
         assert answer.view is not None
         info = answer.view.info
         state = self.directory.cached(shard)
-        if state is not None and state.incarnation != info.incarnation:
+        if state is not None and info.incarnation < state.incarnation:
+            return  # a late answer about an incarnation older than the one served: nothing to take
+        if state is not None and info.incarnation > state.incarnation:
             # The topic was deleted and created again: this state is of the old one.
-            self._sealer.end(state, ShardNotFound(f"shard {shard} was deleted", shard=shard))
-            self.directory.forget(shard)
-            self._node.written(shard)  # its parked fetches find out
+            self._forget(state)
             state = None
         if state is None:
             self.directory.install(answer.view)
-            self._not_here.pop(shard, None)
+            self._not_here.forget(shard)
         elif state.seal is None or state.seal.end_offset < 0:
-            self.directory.adopt(state, info)
-            if state.seal is not None and state.seal.epoch != state.epoch:  # probing an epoch now gone
+            moved = self.directory.adopt(state, info)
+            if (
+                moved and state.seal is not None and state.seal.epoch != state.epoch
+            ):  # probing an epoch now gone
                 self._sealer.end(
                     state, SegmentSealed(f"segment epoch {state.seal.epoch} of {shard} is sealed")
                 )
+
+    def _forget(self, state: NodeShard) -> None:
+        """Stop serving ``state`` (its incarnation was deleted): answer what it holds, cancel its jobs."""
+        error = ShardNotFound(
+            f"shard {state.name} was deleted", shard=state.name, incarnation=state.incarnation
+        )
+        self._sealer.end(state, error)
+        self.directory.forget(state.name)
+        self._sealer.forget(state.name)
+        self.control.cancel(state.name, state.incarnation)
+        self._node.written(state.name)  # its parked fetches find out
 
     # -- seals ---------------------------------------------------------------------------
 
@@ -569,12 +643,18 @@ class IOWorker(threading.Thread):
     def _drop_deleted(self, item: DeleteShard) -> None:
         state = self.directory.cached(item.shard)
         if state is not None and state.incarnation <= item.incarnation:
-            self._sealer.end(state, ShardNotFound(f"shard {item.shard} was deleted", shard=item.shard))
-            self.directory.forget(item.shard)
-            self._sealer.forget(item.shard)
+            self._forget(state)
+        self.control.cancel(item.shard, item.incarnation)
         if self.directory.drop(item.shard, item.incarnation):
             log.info(
                 "deleted shard %s of incarnation %d (its topic was deleted)", item.shard, item.incarnation
             )
         self._node.deleted(item.shard, item.incarnation)
         self._node.written(item.shard)  # parked fetches find out
+
+
+def _describe(item: Any) -> str:
+    """A short name of a queue item for the log (a lookup answer can hold a large view)."""
+    shard = getattr(item, "shard", "")
+    kind = getattr(item, "kind", "")
+    return f"{type(item).__name__}{f' {kind}' if kind else ''} of {shard or '?'}"

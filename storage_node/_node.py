@@ -16,8 +16,9 @@ Threads and what bounds them:
   or its deadline. A read of a shard not resolved since start is handed to the
   shard's I/O worker, which parks it until the Meta Service has answered.
 - **control** (``control_threads``, default 2): the only threads besides the
-  heartbeat that call the Meta Service (shard lookups, seal probes and seals,
-  each one call with a short deadline); see ``_control``.
+  heartbeat that call the Meta Service (shard lookups, seal probes and seals;
+  each call with the short deadline ``control_timeout_s``, at most three
+  calls a job); see ``_control``.
 - **heartbeat** (1): liveness, shard progress and the deletion protocol with
   the Meta Service, and retention; see ``_heartbeat``.
 
@@ -27,7 +28,17 @@ Service outage does not stall writes to shards the node already serves.
 Frames are received and sent zero-copy (``copy=False``): a produce payload
 goes from the socket to ``writev`` without a copy, and a fetch sends the
 frames as read from disk. SIGTERM stops the front end, lets the workers finish
-what they hold, answers parked fetches, and closes the engines.
+what they hold, answers parked fetches, answers ``Unavailable`` to requests
+that arrived but were not read yet (up to :data:`_STOP_ANSWERS`), and closes
+the engines.
+
+Fetches and incarnations: a fetch may name the topic incarnation it expects
+(``FetchRequest.incarnation``); a node serving an older one answers
+``Unavailable`` (retriable: it has not dropped it yet), a newer one
+``IncarnationMismatch`` (the topic was deleted and created again; these
+offsets are another topic's). A long poll that did not name one is held to
+the incarnation it first read: released by a deletion, it never reads the
+re-created topic at the same offset.
 """
 
 from __future__ import annotations
@@ -74,6 +85,7 @@ log = logging.getLogger("robustmq.node")
 MiB = 1024 * 1024
 _RESULTS = "inproc://robustmq-node-results"
 _READS = ("fetch", "read_by_key", "read_by_tag", "scan", "offset_for_timestamp", "list_offsets")
+_STOP_ANSWERS = 100_000  # requests still unread at stop() that are answered Unavailable, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +110,7 @@ class NodeConfig:
     control_threads: int = 2
     control_timeout_s: float = 2.0  # deadline of each Meta Service call of the control threads
     max_parked_per_worker: int = 4096  # requests waiting for the Meta Service or a seal, per worker
+    seal_hold_max_ms: int = 10_000  # longest a write or seal request waits for a seal to settle
 
 
 class StorageNode:
@@ -139,6 +152,9 @@ class StorageNode:
                 queue_size=config.queue_requests_per_worker,
                 max_group_requests=config.max_group_requests,
                 max_parked=config.max_parked_per_worker,
+                # One shard whose seal cannot settle holds at most an eighth of the node's budget.
+                max_held_bytes=config.max_queued_bytes // 8,
+                hold_s=config.seal_hold_max_ms / 1000,
             )
             for i in range(config.io_workers)
         ]
@@ -300,6 +316,10 @@ class StorageNode:
         self._heartbeat.ledger.done(shard, incarnation)
         self._heartbeat.wake()
 
+    def deletion_failed(self, shard: str, incarnation: int) -> None:
+        """A worker could not drop ``shard`` of ``incarnation``: the next answer that lists it retries."""
+        self._heartbeat.ledger.abandon(shard, incarnation)
+
     def want_reservation(self, shard: str) -> None:
         """A memory-engine write needs offsets reserved: report ``shard`` with the next beat, now."""
         with self._changed_lock:
@@ -337,15 +357,37 @@ class StorageNode:
             for request in self.waiters.expire(time.monotonic()):
                 self._answer_fetch_empty(request)
         # Forward the answers workers and readers send while they drain, until stop() says
-        # they are done; then answer the fetches still parked.
+        # they are done; then answer the fetches still parked. Requests that arrive meanwhile
+        # (or arrived but were not read) are answered Unavailable, up to a bound.
+        refused = 0
         drain_until = time.monotonic() + 120
         while time.monotonic() < drain_until and not self._drained.is_set():
             if self._results.poll(50):
                 self._answer(self._results.recv_multipart(copy=False))
+            refused += self._refuse_unread(_STOP_ANSWERS - refused)
         while self._results.poll(10):
             self._answer(self._results.recv_multipart(copy=False))
         for request in self.waiters.expire(float("inf")):
             self._answer_fetch_empty(request)
+        self._refuse_unread(_STOP_ANSWERS - refused)
+
+    def _refuse_unread(self, most: int) -> int:
+        """Answer ``Unavailable`` to up to ``most`` requests waiting in the ROUTER; how many."""
+        refused = 0
+        error = Unavailable(f"storage node {self.node_id} is stopping; try again")
+        while refused < most:
+            try:
+                parts = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            refused += 1
+            try:
+                message = pb.NodeRequest.FromString(bytes(parts[1].buffer)) if len(parts) > 1 else None
+            except Exception:  # malformed: answered with correlation id 0, as _route does
+                message = None
+            correlation_id = message.correlation_id if message is not None else 0
+            self._router.send_multipart([parts[0], error_response(correlation_id, error).SerializeToString()])
+        return refused
 
     def _answer(self, parts: list[Any]) -> None:
         """Send a worker's or reader's reply (identity first) back through the ROUTER."""
@@ -511,6 +553,7 @@ class StorageNode:
 
     def _fetch(self, request: Request, state: NodeShard) -> None:
         ask = request.message.fetch
+        _check_incarnation(request, state)
         engine, name = state.engine, state.engine_shard
         offsets = engine.list_offsets(name)
         high_watermark = offsets.log_end_offset
@@ -596,6 +639,17 @@ class StorageNode:
             ),
             (table_payload(result.records),),
         )
+
+
+def _check_incarnation(request: Request, state: NodeShard) -> None:
+    """Raise unless ``state`` is the incarnation the fetch expects (see the module docstring).
+
+    The expected one is the request's ``incarnation`` field, else the one it read
+    first (a long poll read again after its wait); the first read records it.
+    """
+    ask = request.message.fetch
+    state.check_incarnation(ask.incarnation if ask.HasField("incarnation") else request.incarnation)
+    request.incarnation = state.incarnation
 
 
 def _drain(socket: zmq.Socket[Any], handle: Callable[[list[Any]], None], most: int = 1000) -> None:

@@ -11,13 +11,16 @@ queue (so each step happens in queue order with the shard's writes):
    once, at its place in the queue, and is answered ``Unavailable`` if the
    probe fails (which unpauses).
 2. **pause**: the probe answered and the segment is still ours, so writes are
-   held from here (in order, bounded by the worker's ``max_parked``: ``Busy``
-   past it) and ``end`` is the log end now: nothing past it is acknowledged
-   in this epoch.
-3. **seal**: ``SealSegment(epoch, end)``.
-   - Success: roll the local segment, adopt the next epoch, answer waiting
+   held from here and ``end`` is the log end now: nothing past it is
+   acknowledged in this epoch.
+3. **seal**: ``SealSegment(epoch, end, incarnation)``.
+   - Success: adopt the next epoch, roll the local segment, answer waiting
      seal requests, run the held writes (their epoch is sealed now, so they
-     get ``SegmentSealed`` and the client retries in the next epoch).
+     get ``SegmentSealed`` and the client retries in the next epoch). If the
+     roll fails (a full disk, a directory gone), the shard is marked failed
+     (``ShardFailed`` for every write until a restart re-runs recovery); the
+     seal requests are still answered (the seal is committed) and so are the
+     held writes.
    - Definite refusal (``InvalidRequest``, the topic is gone): unpause, run
      the held writes, retry later.
    - ``StaleEpoch`` (the chain moved without this seal): a probe settles it:
@@ -30,6 +33,20 @@ queue (so each step happens in queue order with the shard's writes):
      The Meta Service answers an identical repeat like the original, so a
      seal that was committed but whose answer was lost completes this way.
 
+What waits for a seal is bounded, so one shard whose seal cannot settle never
+stalls the others: held writes and waiting seal requests count against the
+worker's ``max_parked`` (``Busy`` past it); a shard holds at most
+``max_held_bytes`` of payload (``Busy`` past it, so it takes at most that
+share of the node's ``max_queued_bytes``); and nothing waits longer than
+``hold_s``: a held write or seal request is then answered ``Unavailable``
+(retriable; the write was not appended) whatever its client's own deadline,
+so a client that gave up long ago does not keep memory held.
+
+Every job and answer names the shard's incarnation; an answer about another
+incarnation than the one served now is ignored, and the Meta Service refuses
+a seal of an incarnation that is not the topic's current one, so a delayed
+seal of a deleted topic can never seal a re-created one.
+
 Crash behaviour: a node that restarts in the middle finds the chain the Meta
 Service kept when it resolves the shard (``ShardDirectory.install``): if the
 seal was committed, the local segment is rolled to the next epoch then.
@@ -40,7 +57,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import now_ms
@@ -81,6 +98,7 @@ class Sealer:
         self._reply = worker.reply
         self._timers: dict[str, float] = {}  # shard -> when to retry its seal
         self._seal_failures: dict[str, int] = {}  # shard -> consecutive failed attempts
+        self._paused: dict[str, NodeShard] = {}  # shards whose seal holds requests (for their expiry)
 
     def written(self, state: NodeShard, now: int) -> None:
         """``state`` was just written: start its seal if it is due and not backing off."""
@@ -97,52 +115,94 @@ class Sealer:
         self._seal_failures.pop(shard, None)
 
     def explicit(self, state: NodeShard, item: Request) -> None:
-        """A client asked to seal now: pause here, in queue order, and seal at this end."""
-        try:
-            state.check_write(state.epoch)
-            if state.segment_bytes == 0:
-                raise InvalidRequest(
-                    f"the active segment of {state.name} is empty; there is nothing to seal",
-                    shard=state.name,
-                )
-        except RobustMQError as error:
-            self._worker.fail(item, error)
-            return
+        """A client asked to seal now: pause here, in queue order, and seal at this end.
+
+        While the shard is paused by a seal, the request waits for that seal.
+        """
+        if state.held is None:
+            try:
+                state.check_write(state.epoch)
+                if state.segment_bytes == 0:
+                    raise InvalidRequest(
+                        f"the active segment of {state.name} is empty; there is nothing to seal",
+                        shard=state.name,
+                    )
+            except RobustMQError as error:
+                self._worker.fail(item, error)
+                return
         if state.seal is None:
             self.start(state, item)
-            if state.seal is None:  # the control queue is full; the request was answered
+            if state.seal is None:  # the request was answered (Busy)
                 return
-        else:
-            state.seal.waiters.append(item)
-            item.parked = True
+        elif not self._wait(state, item):
+            return
         if state.held is None:
             self._pause(state)
 
     def start(self, state: NodeShard, item: Request | None) -> None:
         state.seal = SealTask(epoch=state.epoch)
-        if item is not None:
-            state.seal.waiters.append(item)
-            item.parked = True
-        if not self._control.submit(Job("probe", state.name, self._worker.post, epoch=state.epoch)):
+        if item is not None and not self._wait(state, item):
+            state.seal = None
+            return
+        if not self._control.submit(self._job("probe", state)):
             self.end(state, Busy("the node's control queue is full; the seal is retried"))
             self._retry_later(state.name)
+
+    def _job(self, kind: Literal["probe", "seal"], state: NodeShard) -> Job:
+        assert state.seal is not None
+        end_offset = state.seal.end_offset if kind == "seal" else -1
+        return Job(
+            kind,
+            state.name,
+            self._worker.post,
+            epoch=state.seal.epoch,
+            end_offset=end_offset,
+            incarnation=state.incarnation,
+        )
 
     def _pause(self, state: NodeShard) -> None:
         """Hold the shard's writes from here on; the seal is for the log end now."""
         assert state.seal is not None
         state.held = deque()
+        state.held_bytes = 0
         state.seal.end_offset = state.log_end()
+        self._paused[state.name] = state
 
-    def hold(self, state: NodeShard, item: Request) -> None:
+    def _wait(self, state: NodeShard, item: Request) -> bool:
+        """Make ``item`` (a seal request) wait for ``state``'s seal; False if it was answered Busy."""
+        assert state.seal is not None
         if self._worker.parked >= self._worker.max_parked:
             self._worker.fail(
-                item, Busy(f"writes to {state.name} are held while its segment is sealed; retry")
+                item, Busy(f"too many requests wait for seals here; retry the seal of {state.name}")
+            )
+            return False
+        self._park(item)
+        state.seal.waiters.append(item)
+        return True
+
+    def hold(self, state: NodeShard, item: Request) -> None:
+        """Hold a write to ``state`` until its seal settles (bounded; see the module docstring)."""
+        assert state.held is not None
+        size = item.size_bytes
+        over = state.held and state.held_bytes + size > self._worker.max_held_bytes
+        if over or self._worker.parked >= self._worker.max_parked:
+            self._worker.fail(
+                item,
+                Busy(f"writes to {state.name} are held while its segment is sealed; retry", shard=state.name),
             )
             return
-        assert state.held is not None
+        self._park(item)
+        state.held.append(item)
+        state.held_bytes += size
+
+    def _park(self, item: Request) -> None:
         self._worker.parked += 1
         item.parked = True
-        state.held.append(item)
+        item.held_until = time.monotonic() + self._worker.hold_s
+
+    def _unpark(self, item: Request) -> None:
+        self._worker.parked -= 1
+        item.parked = False
 
     def probed(self, answer: MetaAnswer) -> None:
         state = self._state_of(answer)
@@ -180,8 +240,7 @@ class Sealer:
         task = state.seal
         assert task is not None and task.end_offset >= 0
         task.sending = True
-        job = Job("seal", state.name, self._worker.post, epoch=task.epoch, end_offset=task.end_offset)
-        if not self._control.submit(job):
+        if not self._control.submit(self._job("seal", state)):
             self._retry_later(state.name)
 
     def answered(self, answer: MetaAnswer) -> None:
@@ -193,7 +252,7 @@ class Sealer:
             assert answer.sealed is not None
             self._sealed(state, answer.sealed)
         elif isinstance(error, StaleEpoch):  # definite: the chain moved; find out where to
-            if not self._control.submit(Job("probe", state.name, self._worker.post, epoch=state.seal.epoch)):
+            if not self._control.submit(self._job("probe", state)):
                 self._retry_later(state.name)
         elif not _definite(error):
             state.seal.attempts += 1
@@ -214,14 +273,19 @@ class Sealer:
 
     def _state_of(self, answer: MetaAnswer) -> NodeShard | None:
         state = self._directory.cached(answer.shard)
-        if state is None or state.seal is None or state.seal.epoch != answer.epoch:
+        if (
+            state is None
+            or state.incarnation != answer.incarnation
+            or state.seal is None
+            or state.seal.epoch != answer.epoch
+        ):
             return None  # deleted, re-created or settled meanwhile: a stale answer
         return state
 
     def _sealed(self, state: NodeShard, answer: pb.SealSegmentResponse) -> None:
         task = state.seal
         assert task is not None
-        self._directory.sealed(state, answer.next)
+        self._directory.sealed(state, answer.next)  # a failed roll marks the shard failed, never raises
         log.info(
             "sealed %s epoch %d at offset %d; epoch %d is active",
             state.name,
@@ -231,11 +295,11 @@ class Sealer:
         )
         self._seal_failures.pop(state.name, None)
         self._timers.pop(state.name, None)
-        for waiter in task.waiters:
-            waiter.parked = False
-            seal = pb.SealResponse(sealed=answer.sealed, next=answer.next)
+        seal = pb.SealResponse(sealed=answer.sealed, next=answer.next)
+        while task.waiters:
+            waiter = task.waiters.popleft()
+            self._unpark(waiter)
             self._reply(waiter, pb.NodeResponse(correlation_id=waiter.message.correlation_id, seal=seal))
-        task.waiters.clear()
         self.end(state, None)
 
     def _settle(self, state: NodeShard, info: pb.ShardInfo) -> None:
@@ -251,22 +315,25 @@ class Sealer:
         self.end(state, SegmentSealed(f"segment epoch {task.epoch} of {state.name} was sealed elsewhere"))
 
     def end(self, state: NodeShard, error: RobustMQError | None, *, run_held: bool = True) -> None:
-        """Finish ``state``'s seal: answer waiting seal requests, run the held writes in order."""
+        """Finish ``state``'s seal: answer waiting seal requests, run the held writes in order.
+
+        Everything it held is answered or dispatched here, whatever the outcome.
+        """
         task, state.seal = state.seal, None
-        if task is not None and error is not None:
-            for waiter in task.waiters:
-                waiter.parked = False
-                self._worker.fail(waiter, error)
+        self._paused.pop(state.name, None)
+        stopping = Unavailable("the storage node is stopping; try again")
+        while task is not None and task.waiters:
+            waiter = task.waiters.popleft()
+            self._unpark(waiter)
+            self._worker.fail(waiter, error or stopping)
         held, state.held = state.held, None
-        if not held:
-            return
-        self._worker.parked -= len(held)
-        for request in held:
-            request.parked = False
+        state.held_bytes = 0
+        for request in held or ():
+            self._unpark(request)
             if isinstance(error, ShardNotFound) or not run_held:
-                self._worker.fail(request, error or Unavailable("the storage node is stopping; try again"))
+                self._worker.fail(request, error or stopping)
             else:
-                self._worker.dispatch(request)
+                self._worker.run_request(request)
 
     def _retry_later(self, shard: str) -> None:
         failures = self._seal_failures.get(shard, 0) + 1
@@ -275,7 +342,9 @@ class Sealer:
         self._timers[shard] = time.monotonic() + delay
 
     def tick(self, now: float) -> None:
-        """Retry the seals whose back-off is over."""
+        """Answer what waited ``hold_s`` for a seal; retry the seals whose back-off is over."""
+        for paused in list(self._paused.values()):
+            self._expire(paused, now)
         for name, due in list(self._timers.items()):
             if due > now:
                 continue
@@ -289,6 +358,36 @@ class Sealer:
                     self._send(state)
             elif state.seal is None and state.seal_due(now_ms()):
                 self.start(state, None)
+
+    def _expire(self, state: NodeShard, now: float) -> None:
+        """Answer ``state``'s seal requests and held writes that waited past ``hold_s`` (oldest first)."""
+        task = state.seal
+        if task is None or state.held is None:
+            self._paused.pop(state.name, None)
+            return
+        while task.waiters and task.waiters[0].held_until <= now:
+            waiter = task.waiters.popleft()
+            self._unpark(waiter)
+            self._worker.fail(
+                waiter,
+                Unavailable(
+                    f"the seal of {state.name} epoch {task.epoch} is not settled yet (the Meta Service "
+                    f"does not answer); ask again",
+                    shard=state.name,
+                ),
+            )
+        while state.held and state.held[0].held_until <= now:
+            request = state.held.popleft()
+            state.held_bytes -= request.size_bytes
+            self._unpark(request)
+            self._worker.fail(
+                request,
+                Unavailable(
+                    f"writes to {state.name} were held while the seal of its epoch {task.epoch} is "
+                    f"settled (the Meta Service does not answer); nothing was written, retry",
+                    shard=state.name,
+                ),
+            )
 
 
 def _definite(error: RobustMQError) -> bool:

@@ -32,6 +32,18 @@ Meta Service (:mod:`._io_worker`) and only then rolls the local segment.
 Writes carry the epoch they target: an older one gets ``SegmentSealed``
 (retriable after a metadata refresh).
 
+Epochs only go up. A view of the chain can arrive late (a lookup answered
+before a seal this node made since): :meth:`ShardDirectory.adopt` ignores a
+view older than the shard's epoch, and :meth:`NodeShard.advance`, the one
+place the epoch changes after install, asserts it never goes down. A sealed
+epoch is therefore never reopened here.
+
+A shard this node cannot continue is *blocked*: writes get the error it was
+blocked with. ``ShardFailed`` (retriable; a restart re-runs recovery) when
+rolling the local segment after a committed seal failed, so the files no
+longer match the chain; ``Unavailable`` when its local log cannot continue
+the active segment. Reads keep serving what it holds.
+
 Thread-safety: the directory's maps are guarded by one lock. A
 :class:`NodeShard` is installed, changed and forgotten only by the I/O worker
 that owns the shard (``crc32c(shard) % workers``); other threads (readers,
@@ -52,9 +64,12 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import now_ms
 from robustmq._wire import shard_config_of
 from robustmq.errors import (
+    IncarnationMismatch,
     NotLeader,
+    RobustMQError,
     SegmentSealed,
     ShardAlreadyExists,
+    ShardFailed,
     ShardNotFound,
     StaleEpoch,
     Unavailable,
@@ -130,7 +145,7 @@ class SealTask:
     end_offset: int = -1
     sending: bool = False  # a SealSegment for end_offset is out (or its outcome is unknown)
     attempts: int = 0
-    waiters: list[Any] = field(default_factory=list)  # explicit seal requests to answer
+    waiters: deque[Any] = field(default_factory=deque)  # explicit seal requests to answer, oldest first
 
 
 @dataclass(slots=True)
@@ -148,19 +163,42 @@ class NodeShard:
     segment_start: int
     segment_bytes: int = 0
     segment_created_ms: int = field(default_factory=now_ms)
-    blocked: str | None = None  # why this node cannot continue the shard's log, if it cannot
+    blocked: RobustMQError | None = None  # why this node cannot continue the shard's log, if it cannot
     refreshed_at: float = field(default_factory=time.monotonic)  # last view from the Meta Service
     seal: SealTask | None = None
     held: deque[Any] | None = None  # writes held while a seal is settling (None: not paused)
+    held_bytes: int = 0  # payload bytes of the held writes
     ack_limit: int | None = None  # memory engine: nothing is acknowledged past this (module docstring)
     grouped: int = 0  # records of this shard in the worker's current group
     reserve_wanted: int = 0  # memory engine: an offset a refused write needed reserved
     reported_end: int = 0  # the log end the heartbeat last reported (it alone writes this)
 
+    def check_incarnation(self, expected: int) -> None:
+        """Raise unless a request expecting topic incarnation ``expected`` (-1: any) may use this shard.
+
+        An older one was deleted: ``IncarnationMismatch`` (its offsets are another
+        log's now). A newer one: ``Unavailable`` (retriable; this node has not
+        dropped the deleted incarnation it still serves).
+        """
+        if expected < 0 or expected == self.incarnation:
+            return
+        fields = {"shard": self.name, "incarnation": expected, "current_incarnation": self.incarnation}
+        if expected > self.incarnation:
+            raise Unavailable(
+                f"shard {self.name} of incarnation {expected} is not served here yet (this node still "
+                f"has incarnation {self.incarnation}); retry",
+                **fields,
+            )
+        raise IncarnationMismatch(
+            f"shard {self.name} of incarnation {expected} was deleted; its topic was created again "
+            f"(incarnation {self.incarnation}), whose offsets are another log",
+            **fields,
+        )
+
     def check_write(self, epoch: int) -> None:
         """Raise unless a write addressed to ``epoch`` may go ahead on this node."""
         if self.blocked is not None:
-            raise Unavailable(self.blocked, shard=self.name)
+            raise self.blocked
         if not self.leader:
             raise NotLeader(
                 f"this node does not lead shard {self.name}; ask {self.leader_address or 'the Meta Service'}",
@@ -181,6 +219,29 @@ class NodeShard:
                 epoch=epoch,
                 current_epoch=self.epoch,
             )
+
+    def block(self, error: RobustMQError) -> None:
+        """Refuse every write from now on with ``error`` (the first reason stays)."""
+        if self.blocked is None:
+            self.blocked = error
+            log.error("%s", error.message)
+
+    def fail(self, reason: str) -> None:
+        """Mark the shard failed: writes get ``ShardFailed`` until a restart re-runs recovery."""
+        message = f"shard {self.name} failed: {reason}; writes are refused until the storage node restarts"
+        self.block(ShardFailed(message, shard=self.name, reason=reason))
+
+    def advance(self, active: pb.Segment, node_id: str) -> None:
+        """Make ``active`` (the chain's active segment) this shard's epoch. Epochs only go up."""
+        assert active.epoch >= self.epoch, (
+            f"shard {self.name}: epoch {self.epoch} would go back to {active.epoch}"
+        )
+        self.epoch = active.epoch
+        self.leader = active.leader == node_id
+        self.segment_start = active.start_offset
+        self.segment_bytes = 0
+        self.segment_created_ms = now_ms()
+        self.refreshed_at = time.monotonic()
 
     def seal_due(self, now: int) -> bool:
         if self.segment_bytes <= 0:
@@ -247,9 +308,10 @@ class ShardDirectory:
             if other < incarnation:
                 self.drop(shard, other)
                 log.info("dropped shard %s of incarnation %d: its topic was deleted", shard, other)
-            elif other > incarnation:
-                log.warning(
-                    "shard %s: keeping local incarnation %d, newer than the Meta Service's %d",
+            elif other > incarnation:  # never served: only a restored or foreign data directory has one
+                log.error(
+                    "shard %s: this node holds incarnation %d, newer than the Meta Service's %d (was the "
+                    "Meta Service's store restored from an older copy?); it is kept on disk and never served",
                     shard,
                     other,
                     incarnation,
@@ -294,40 +356,55 @@ class ShardDirectory:
             self._shards[shard] = state
         return state
 
-    def adopt(self, state: NodeShard, info: pb.ShardInfo) -> None:
-        """Take a newer view of the same incarnation (the chain may have moved on)."""
+    def adopt(self, state: NodeShard, info: pb.ShardInfo) -> bool:
+        """Take a newer view of the same incarnation (the chain may have moved on).
+
+        A view older than the shard's epoch (an answer that was on its way while
+        this node sealed) changes nothing and returns False.
+        """
+        assert info.incarnation == state.incarnation, "a view of another incarnation"
         active = info.segments[-1]
+        if active.epoch < state.epoch:
+            log.info(
+                "shard %s: ignoring a late view (epoch %d active) at epoch %d",
+                state.name,
+                active.epoch,
+                state.epoch,
+            )
+            return False
         state.refreshed_at = time.monotonic()
         state.leader_address = info.leader_address
         if active.epoch == state.epoch:
             state.leader = active.leader == self._node_id
-            return
+            return True
         log_end = state.log_end()
         own = next((s for s in info.segments if s.epoch == state.epoch), None)
         if state.leader and own is not None and 0 <= own.end_offset < log_end:
-            state.blocked = (
-                f"shard {state.name}: this node holds offsets up to {log_end} but epoch {state.epoch} "
-                f"was sealed at {own.end_offset}; writes are refused"
+            state.block(
+                Unavailable(
+                    f"shard {state.name}: this node holds offsets up to {log_end} but epoch {state.epoch} "
+                    f"was sealed at {own.end_offset}; writes are refused",
+                    shard=state.name,
+                )
             )
-            log.error("%s", state.blocked)
-        state.epoch = active.epoch
-        state.leader = active.leader == self._node_id
-        state.segment_start = active.start_offset
-        state.segment_created_ms = now_ms()
-        state.segment_bytes = 0
+        state.advance(active, self._node_id)
         if state.leader and log_end == state.segment_start:
             _roll(state)
         _check_continuity(state)
+        return True
 
     def sealed(self, state: NodeShard, following: pb.Segment) -> None:
-        """Adopt the next epoch the Meta Service opened after sealing ``state``'s segment."""
+        """Adopt the next epoch the Meta Service opened after sealing ``state``'s segment.
+
+        Then roll the local segment; if that fails (a full disk, a missing
+        directory) the shard is marked failed (``ShardFailed``): the chain has
+        moved on and nothing is left half-done on this thread.
+        """
+        assert following.epoch > state.epoch, (
+            f"shard {state.name}: epoch {following.epoch} follows {state.epoch}"
+        )
+        state.advance(following, self._node_id)
         _roll(state)
-        state.epoch = following.epoch
-        state.leader = following.leader == self._node_id
-        state.segment_start = following.start_offset
-        state.segment_bytes = 0
-        state.segment_created_ms = now_ms()
-        state.refreshed_at = time.monotonic()
 
     def forget(self, shard: str) -> NodeShard | None:
         """Stop serving ``shard`` (its state goes; local data stays until :meth:`drop`)."""
@@ -371,10 +448,16 @@ class ShardDirectory:
 
 
 def _roll(state: NodeShard) -> bool:
+    """Start a new local segment file (engines with files); on failure the shard is marked failed."""
     roll = getattr(state.engine, "roll", None)
     if roll is None:
         return False
-    roll(state.engine_shard)
+    try:
+        roll(state.engine_shard)
+    except Exception as error:  # the engine's file operations: ENOSPC, EIO, a directory gone
+        log.exception("shard %s: rolling to epoch %d failed", state.name, state.epoch)
+        state.fail(f"rolling its segment to epoch {state.epoch} failed ({error})")
+        return False
     return True
 
 
@@ -408,11 +491,13 @@ def _check_continuity(state: NodeShard) -> None:
         return
     log_end = state.log_end()
     if log_end < state.segment_start:
-        state.blocked = (
-            f"shard {state.name} ends at offset {log_end} on this node but its active segment "
-            f"(epoch {state.epoch}) starts at {state.segment_start}; this node cannot continue it"
+        state.block(
+            Unavailable(
+                f"shard {state.name} ends at offset {log_end} on this node but its active segment "
+                f"(epoch {state.epoch}) starts at {state.segment_start}; this node cannot continue it",
+                shard=state.name,
+            )
         )
-        log.error("%s", state.blocked)
 
 
 def _engine_config(config: pb.TopicConfig) -> ShardConfig:

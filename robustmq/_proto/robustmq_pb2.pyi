@@ -172,16 +172,18 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class ShardProgress(_message.Message):
-    __slots__ = ("shard", "high_watermark", "log_start_offset", "reserved_offset")
+    __slots__ = ("shard", "high_watermark", "log_start_offset", "reserved_offset", "incarnation")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     RESERVED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     shard: str
     high_watermark: int
     log_start_offset: int
     reserved_offset: int
-    def __init__(self, shard: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., reserved_offset: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, shard: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., reserved_offset: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class ShardDeletion(_message.Message):
     __slots__ = ("shard", "incarnation")
@@ -220,16 +222,18 @@ class ListNodesResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
 
 class SealSegmentRequest(_message.Message):
-    __slots__ = ("shard", "epoch", "end_offset", "node_id")
+    __slots__ = ("shard", "epoch", "end_offset", "node_id", "incarnation")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     shard: str
     epoch: int
     end_offset: int
     node_id: str
-    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., end_offset: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., end_offset: _Optional[int] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class SealSegmentResponse(_message.Message):
     __slots__ = ("sealed", "next")
@@ -346,32 +350,36 @@ class RemoveNodeResponse(_message.Message):
     def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., led_shards: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
-    __slots__ = ("shard", "epoch", "acks", "producer_id", "producer_sequence")
+    __slots__ = ("shard", "epoch", "acks", "producer_id", "producer_sequence", "incarnation")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ACKS_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     shard: str
     epoch: int
     acks: Acks
     producer_id: int
     producer_sequence: int
-    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., acks: _Optional[_Union[Acks, str]] = ..., producer_id: _Optional[int] = ..., producer_sequence: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., acks: _Optional[_Union[Acks, str]] = ..., producer_id: _Optional[int] = ..., producer_sequence: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("shard", "offset", "max_bytes", "max_wait_ms", "max_records")
+    __slots__ = ("shard", "offset", "max_bytes", "max_wait_ms", "max_records", "incarnation")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     shard: str
     offset: int
     max_bytes: int
     max_wait_ms: int
     max_records: int
-    def __init__(self, shard: _Optional[str] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., max_records: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, shard: _Optional[str] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., max_records: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class ReadByKeyRequest(_message.Message):
     __slots__ = ("shard", "key")

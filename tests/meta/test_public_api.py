@@ -75,7 +75,7 @@ def test_a_closed_controller_sends_callers_elsewhere(tmp_path: Path) -> None:
 
 def test_a_newer_store_format_is_refused(tmp_path: Path) -> None:
     store = RocksDBMetaStore(tmp_path / "store")
-    store.write({b"V": (2).to_bytes(4, "big")})
-    with pytest.raises(RobustMQError, match="format 2 is not supported"):
+    store.write({b"V": (3).to_bytes(4, "big")})
+    with pytest.raises(RobustMQError, match="format 3 is not supported"):
         MetaController(store)
     store.close()

@@ -133,13 +133,17 @@ def test_kill_9_keeps_every_acknowledged_batch_whole(tmp_path: Path) -> None:
 
 def test_key_layout_is_stable() -> None:
     """Golden bytes: if this fails, the on-disk format changed (bump FORMAT_VERSION)."""
-    assert keys.FORMAT_VERSION == 1
+    assert keys.FORMAT_VERSION == 2
     assert keys.topic_key("orders") == b"T\x00\x06orders"
     assert keys.segment_key("ab", 3, 258) == b"S\x00\x02ab\x00\x00\x00\x03\x00\x00\x01\x02"
     assert keys.seal_key("ab", 3, 1) == b"R\x00\x02ab\x00\x00\x00\x03\x00\x00\x00\x01"
     assert keys.node_key("n1") == b"N\x00\x02n1"
     assert keys.pending_key("n1", "ab_3") == b"D\x00\x02n1\x00\x04ab_3"
     assert keys.pending_key("n1", "ab_3", 258) == b"D\x00\x02n1\x00\x04ab_3" + b"\x00" * 6 + b"\x01\x02"
+    assert keys.holder_key("ab", 3, "n1", 258) == (
+        b"E\x00\x02ab\x00\x00\x00\x03\x00\x02n1" + b"\x00" * 6 + b"\x01\x02"
+    )
+    assert keys.decode_holder_key(keys.holder_key("ab", 3, "n1", 7)) == ("ab", 3, "n1", 7)
     assert keys.INCARNATION_KEY == b"I" and keys.encode_incarnation(258) == b"\x00" * 6 + b"\x01\x02"
     assert keys.offset_key("ab", "g", 2) == b"O\x00\x02ab\x00\x01g\x00\x00\x00\x02"
     assert keys.group_key("g", "ab") == b"G\x00\x01g\x00\x02ab"

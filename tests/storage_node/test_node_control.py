@@ -1,10 +1,11 @@
 """The node's dealings with the Meta Service and its queue order, in-process, with real servers.
 
 A real Meta Service and a real storage node run in this process on loopback
-(free ports). Faults are real ones: a network that delivers a request but
-loses its answer (a gRPC interceptor on the node's own channel: the Meta
-Service really runs the call), a shard directory removed under the node, a
-worker queue kept full by a flood of real requests.
+(free ports). Faults are real ones (``_meta_network``): a network that holds a
+call or loses its answer (gRPC interceptors on the node's own channel: the
+Meta Service really runs the call), a shard directory removed under the node,
+a worker queue kept full by a flood of real requests. Seals and what waits
+for them are in ``test_node_seals.py``.
 """
 
 from __future__ import annotations
@@ -13,112 +14,23 @@ import random
 import shutil
 import threading
 import time
-from collections import Counter
-from collections.abc import Iterator
-from concurrent.futures import Future
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import grpc
-import pytest
-
 import robustmq
-from robustmq._meta_client import MetaClient
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._records import build_records, encode_batch
-from robustmq.errors import RobustMQError, SegmentSealed, Unavailable
-from robustmq.meta import MetaServer
-from robustmq.storage_node import NodeConfig, StorageNode
+from robustmq._records import build_records
+from robustmq.errors import (
+    IncarnationMismatch,
+    RequestTimeout,
+    RobustMQError,
+    SegmentSealed,
+    ShardNotFound,
+    Unavailable,
+)
+from robustmq.storage_node import StorageNode
 from tests.e2e._procs import wait_until
-
-
-class _LostAnswer(grpc.RpcError):
-    """What a client sees when the network lost the answer of a call the server ran."""
-
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.DEADLINE_EXCEEDED
-
-    def details(self) -> str:
-        return "the answer was lost on the way back (test network)"
-
-    def trailing_metadata(self) -> tuple[()]:
-        return ()
-
-
-class LosingNetwork(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    """Delivers every call; while armed, loses the answers of the named methods.
-
-    ``budget`` answers are lost at most (None: every one while armed); ``lost``
-    counts them. The server has run the call when its answer is lost. ``calls``
-    counts every call by method.
-    """
-
-    def __init__(self, methods: set[str], *, budget: int | None = None) -> None:
-        self.methods = methods
-        self.budget = budget
-        self.lost = 0
-        self.calls: Counter[str] = Counter()  # every call the node made, by method
-        self.armed = threading.Event()
-        self._lock = threading.Lock()
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        method = details.method.rsplit("/", 1)[-1]
-        with self._lock:
-            self.calls[method] += 1
-        outcome = continuation(details, request)
-        if not self.armed.is_set() or method not in self.methods:
-            return outcome
-        outcome.result() if outcome.exception() is None else None  # the server has answered
-        with self._lock:
-            if self.budget is not None and self.lost >= self.budget:
-                return outcome
-            self.lost += 1
-        raise _LostAnswer()
-
-
-@dataclass
-class Cluster:
-    meta: MetaServer
-    node: StorageNode
-    client: robustmq.Client
-    network: LosingNetwork
-    meta_client: MetaClient
-
-    def restart_node(self) -> None:
-        """Stop the node cleanly and start it again on its data directory (a new port)."""
-        self.node.stop()
-        self.node = StorageNode(self.node.config, meta=self.meta_client).start()
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Any]:
-    started: list[tuple[Cluster, grpc.Channel]] = []
-
-    def make(*, methods: set[str] = frozenset(), budget: int | None = None, **node: Any) -> Cluster:  # type: ignore[assignment]
-        meta = MetaServer(tmp_path / "meta", port=0).start()
-        network = LosingNetwork(set(methods), budget=budget)
-        channel = grpc.intercept_channel(grpc.insecure_channel(meta.address), network)
-        config = NodeConfig(data_dir=tmp_path / "node", meta_address=meta.address, port=0, **node)
-        meta_client = MetaClient(meta.address, timeout_s=5, channel=channel)
-        storage = StorageNode(config, meta=meta_client).start()
-        client = robustmq.connect(meta.address, timeout_s=20)
-        cluster = Cluster(meta, storage, client, network, meta_client)
-        started.append((cluster, channel))
-        return cluster
-
-    yield make
-    for cluster, channel in started:
-        cluster.client.close()
-        cluster.node.stop()
-        channel.close()
-        cluster.meta.stop()
-
-
-def _produce(shard: str, epoch: int, values: list[bytes]) -> tuple[pb.NodeRequest, tuple[Any, ...]]:
-    produce = pb.ProduceRequest(shard=shard, epoch=epoch, producer_id=-1, producer_sequence=-1)
-    request = pb.NodeRequest(produce=produce)
-    return request, (encode_batch(build_records(values)),)
+from tests.storage_node._meta_network import chain, outcome, produce
+from tests.storage_node._meta_network import seal as seal_request
 
 
 def _create_with_a_record(client: robustmq.Client, *topics: str) -> None:
@@ -128,13 +40,6 @@ def _create_with_a_record(client: robustmq.Client, *topics: str) -> None:
     with client.producer() as producer:
         for topic in topics:
             producer.send(topic, b"first").result(10)
-
-
-def _outcome(future: Future[Any]) -> Any:
-    try:
-        return future.result(30)[0]
-    except RobustMQError as error:
-        return error
 
 
 # -- defect 3: a seal whose answer is lost --------------------------------------------------
@@ -152,7 +57,7 @@ def test_a_seal_whose_answer_is_lost_acknowledges_nothing_past_the_sealed_end(ma
     while (len(acks) < 60 or acks[-1][0] < 2) and time.monotonic() < deadline:
         values = [b"%06d" % (sequence + i) + rng.randbytes(2000) for i in range(5)]  # ~10 kB a request
         route = client.metadata.write_route("fenced", 0)
-        request, payload = _produce(route.shard, route.epoch, values)
+        request, payload = produce(route.shard, route.epoch, values)
         try:
             answer = client.transport.call(route.address, request, payload, timeout_s=10)[0].produce
         except (SegmentSealed, Unavailable, RobustMQError) as error:
@@ -165,9 +70,9 @@ def test_a_seal_whose_answer_is_lost_acknowledges_nothing_past_the_sealed_end(ma
         sequence += 5
     assert cluster.network.lost == 1, "the test network should have lost one seal answer"
     assert acks[-1][0] >= 2, "writes should have gone on through two more seals"
-    chain = {segment.epoch: segment for segment in client.describe_topic("fenced").shards[0].segments}
+    by_epoch = chain(client, "fenced")
     for epoch, base, count, _ in acks:
-        segment = chain[epoch]
+        segment = by_epoch[epoch]
         end = segment.end_offset if segment.end_offset >= 0 else float("inf")
         assert segment.start_offset <= base and base + count <= end, (
             f"records {base}..{base + count} acknowledged in epoch {epoch}, "
@@ -185,15 +90,15 @@ def test_writes_naming_a_huge_epoch_cost_at_most_one_lookup_a_second(make_cluste
     client = cluster.client
     _create_with_a_record(client, "hostile")
     route = client.metadata.write_route("hostile", 0)
-    before = cluster.network.calls["GetShard"]
+    before = cluster.gate.calls["GetShard"]
     started = time.monotonic()
     answers = []
     for _ in range(50):
-        request, payload = _produce(route.shard, 2**32 - 1, [b"from the future"])
-        answers.append(_outcome(client.transport.request(route.address, request, payload)))
+        request, payload = produce(route.shard, 2**32 - 1, [b"from the future"])
+        answers.append(outcome(client.transport.request(route.address, request, payload)))
     elapsed = time.monotonic() - started
     assert all(type(answer).__name__ == "StaleEpoch" for answer in answers), answers[:3]
-    lookups = cluster.network.calls["GetShard"] - before
+    lookups = cluster.gate.calls["GetShard"] - before
     assert lookups <= 1 + elapsed, f"{lookups} GetShard calls for 50 requests in {elapsed:.2f}s"
     assert client.read("hostile", 0, 0, 10).column("value").to_pylist() == [b"first"]
 
@@ -207,17 +112,17 @@ def test_an_explicit_seal_takes_effect_at_its_place_in_the_queue(make_cluster: A
     _create_with_a_record(client, "busy", "order")
     busy = client.metadata.write_route("busy", 0)
     order = client.metadata.write_route("order", 0)
-    big, big_payload = _produce(busy.shard, busy.epoch, [b"x" * 1000] * 8000)  # keeps the worker busy
-    late, late_payload = _produce(order.shard, order.epoch, [b"after the seal"])
+    big, big_payload = produce(busy.shard, busy.epoch, [b"x" * 1000] * 8000)  # keeps the worker busy
+    late, late_payload = produce(order.shard, order.epoch, [b"after the seal"])
     transport = client.transport
     first = transport.request(busy.address, big, big_payload)
     seal = transport.request(order.address, pb.NodeRequest(seal=pb.SealRequest(shard=order.shard)))
     after = transport.request(order.address, late, late_payload)
-    assert not isinstance(_outcome(first), RobustMQError)
-    sealed = _outcome(seal)
+    assert not isinstance(outcome(first), RobustMQError)
+    sealed = outcome(seal)
     assert not isinstance(sealed, RobustMQError), sealed
     assert sealed.seal.sealed.end_offset == 1, "the seal must not take in a write queued after it"
-    answer = _outcome(after)
+    answer = outcome(after)
     assert isinstance(answer, SegmentSealed), f"a write to the sealed epoch was answered {answer}"
 
 
@@ -233,12 +138,12 @@ def test_a_request_that_fails_in_the_group_commit_fails_alone(make_cluster: Any)
     shutil.rmtree(broken_dir)  # a real fault no validation can see: the next append to it fails
     routes = {topic: client.metadata.write_route(topic, 0) for topic in ("busy", "broken", "fine")}
     transport = client.transport
-    big, big_payload = _produce(routes["busy"].shard, 0, [b"x" * 1000] * 8000)
+    big, big_payload = produce(routes["busy"].shard, 0, [b"x" * 1000] * 8000)
     futures = [transport.request(routes["busy"].address, big, big_payload)]
     for topic in ("fine", "broken", "fine", "fine"):
-        request, payload = _produce(routes[topic].shard, 0, [topic.encode()])
+        request, payload = produce(routes[topic].shard, 0, [topic.encode()])
         futures.append(transport.request(routes[topic].address, request, payload))
-    outcomes = [_outcome(future) for future in futures]
+    outcomes = [outcome(future) for future in futures]
     assert isinstance(outcomes[2], Unavailable), outcomes[2]
     for index in (0, 1, 3, 4):
         assert not isinstance(outcomes[index], RobustMQError), f"request {index} failed: {outcomes[index]}"
@@ -271,14 +176,14 @@ def test_a_full_worker_queue_does_not_lose_a_deletion(make_cluster: Any) -> None
     client = cluster.client
     _create_with_a_record(client, "gone", "flood")
     route = client.metadata.write_route("flood", 0)
-    request, payload = _produce(route.shard, route.epoch, [b"f" * 1000] * 500)
+    request, payload = produce(route.shard, route.epoch, [b"f" * 1000] * 500)
     stop = threading.Event()
 
     def flood() -> None:  # keeps the single worker's one-slot queue full
         while not stop.is_set():
             futures = [client.transport.request(route.address, request, payload) for _ in range(16)]
             for future in futures:
-                _outcome(future)
+                outcome(future)
 
     flooders = [threading.Thread(target=flood) for _ in range(4)]
     for flooder in flooders:
@@ -323,3 +228,254 @@ def test_memory_writes_past_the_reservation_wait_for_more_and_go_through(make_cl
         producer.send_batch("burst", build_records(values)).result(60)
     assert client.list_offsets("burst") == {0: (0, 50_000)}
     assert client.describe_topic("burst").shards[0].reserved_offset >= 50_000
+
+
+# -- late answers and other incarnations ----------------------------------------------------
+
+
+def test_a_lookup_answer_older_than_a_seal_does_not_reopen_the_sealed_epoch(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client, transport = cluster.client, cluster.client.transport
+    client.create_topic("t", 1)
+    route = client.metadata.write_route("t", 0)
+    first = transport.call(route.address, *produce(route.shard, 0, [b"r%d" % i for i in range(10)]))
+    assert first[0].produce.base_offset == 0
+    time.sleep(1.1)  # past the refresh rate limit of the install
+    # A write naming epoch 1 makes the node refresh t_0; the Meta Service answers (epoch 0
+    # active) but the answer is slow to come back.
+    cluster.gate.hold("GetShard", "answer", 1)
+    refresh = transport.request(route.address, *produce(route.shard, 1, [b"from epoch 1"]))
+    wait_until(lambda: cluster.gate.holding == 1, timeout_s=10)
+    # Meanwhile the other control thread probes and seals epoch 0 at 10.
+    sealed = transport.call(route.address, seal_request(route.shard), timeout_s=20)[0].seal
+    assert (sealed.sealed.end_offset, sealed.next.epoch) == (10, 1)
+    cluster.gate.release()  # the old view (epoch 0 active) now reaches the worker
+    answer = outcome(refresh)
+    assert not isinstance(answer, RobustMQError) and answer.produce.epoch == 1, answer
+    late = outcome(transport.request(route.address, *produce(route.shard, 0, [b"late"])))
+    assert chain(client, "t")[0].end_offset == 10
+    assert isinstance(late, SegmentSealed), f"a write in sealed epoch 0 was answered {late}"
+    assert cluster.node.directory.cached("t_0").epoch == 1  # type: ignore[union-attr]
+
+
+def _recreate(client: robustmq.Client, topic: str) -> int:
+    """Create ``topic`` again once the node has dropped the old one; its new incarnation."""
+    created: list[int] = []
+
+    def create() -> bool:
+        try:
+            created.append(client.create_topic(topic, 1).incarnation)
+            return True
+        except Unavailable:  # the node has not reported the old shard dropped yet
+            return False
+
+    wait_until(create, timeout_s=20, interval_s=0.2)
+    client.metadata.invalidate(topic)
+    return created[0]
+
+
+def test_a_late_seal_of_a_deleted_topic_never_seals_the_recreated_one(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client, transport, node = cluster.client, cluster.client.transport, cluster.node
+    client.create_topic("t", 1)
+    route = client.metadata.write_route("t", 0)
+    transport.call(route.address, *produce(route.shard, 0, [b"old%d" % i for i in range(10)]))
+    cluster.gate.hold("SealSegment", "request", 1)  # the seal is slow to reach the Meta Service
+    sealing = transport.request(route.address, seal_request(route.shard))
+    wait_until(lambda: cluster.gate.holding == 1, timeout_s=10)
+    client.delete_topic("t")
+    wait_until(lambda: "t_0" not in node.directory.local_names(), timeout_s=15)
+    assert isinstance(outcome(sealing), ShardNotFound)
+    _recreate(client, "t")
+    route = client.metadata.write_route("t", 0)
+    assert route.epoch == 0
+    transport.call(route.address, *produce(route.shard, 0, [b"new0", b"new1", b"new2"]))
+    cluster.gate.release()  # the old seal (epoch 0, end 10) reaches the Meta Service now
+    wait_until(lambda: cluster.gate.passed == 1, timeout_s=10)
+    assert chain(client, "t")[0].end_offset == -1, "a seal of the deleted topic sealed the new one"
+    for i in range(20):
+        answer = transport.call(route.address, *produce(route.shard, 0, [b"n%d" % i]))[0].produce
+        assert (answer.epoch, answer.base_offset) == (0, 3 + i)
+    sealed = transport.call(route.address, seal_request(route.shard))[0].seal
+    assert (sealed.sealed.end_offset, sealed.next.epoch) == (23, 1)
+
+
+def test_a_long_poll_released_by_a_deletion_never_reads_the_recreated_topic(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client, transport = cluster.client, cluster.client.transport
+    client.create_topic("t", 1)
+    route = client.metadata.write_route("t", 0)
+    transport.call(route.address, *produce(route.shard, 0, [b"old%d" % i for i in range(10)]))
+    poll = pb.NodeRequest(fetch=pb.FetchRequest(shard=route.shard, offset=10, max_wait_ms=20_000))
+    polling = transport.request(route.address, poll, timeout_s=60)
+    wait_until(lambda: len(cluster.node.waiters) == 1, timeout_s=10)
+    # Released by the deletion, the poll looks its shard up again; that lookup reaches the
+    # Meta Service only after the topic was created again and written to.
+    lookup = cluster.gate.hold("GetShard", "request", 1)
+    client.delete_topic("t")
+    wait_until(lambda: cluster.gate.holding == 1, timeout_s=15)
+    _recreate(client, "t")
+    route = client.metadata.write_route("t", 0)
+    writes = transport.request(route.address, *produce(route.shard, 0, [b"new%d" % i for i in range(20)]))
+    lookup.set()
+    answer = outcome(polling)
+    assert isinstance(answer, IncarnationMismatch), f"the long poll of the deleted topic got {answer}"
+    assert outcome(writes).produce.base_offset == 0
+
+
+def test_a_read_or_write_naming_another_incarnation_is_refused(make_cluster: Any) -> None:
+    cluster = make_cluster()
+    client, transport = cluster.client, cluster.client.transport
+    old = client.create_topic("t", 1).incarnation
+    route = client.metadata.write_route("t", 0)
+    transport.call(route.address, *produce(route.shard, 0, [b"a", b"b", b"c"]))
+
+    def fetch(incarnation: int) -> Any:
+        request = pb.FetchRequest(shard=route.shard, offset=0, incarnation=incarnation)
+        return outcome(transport.request(route.address, pb.NodeRequest(fetch=request)))
+
+    def write(incarnation: int) -> Any:
+        request, payload = produce(route.shard, 0, [b"w"])
+        request.produce.incarnation = incarnation
+        return outcome(transport.request(route.address, request, payload))
+
+    assert fetch(old).fetch.next_offset == 3
+    ahead = fetch(old + 1)  # a reader that knows a newer topic than this node serves: retriable
+    assert isinstance(ahead, Unavailable) and ahead.fields["current_incarnation"] == old, ahead
+    assert isinstance(write(old + 1), Unavailable)
+    client.delete_topic("t")
+    new = _recreate(client, "t")
+    transport.call(route.address, *produce(route.shard, 0, [b"x"] * 5))
+    gone = fetch(old)
+    assert isinstance(gone, IncarnationMismatch) and not gone.retriable, gone
+    assert (gone.fields["incarnation"], gone.fields["current_incarnation"]) == (old, new)
+    late = write(old)  # a producer whose batch was meant for the deleted topic
+    assert isinstance(late, IncarnationMismatch), f"a write to the deleted topic was answered {late}"
+    assert write(new).produce.base_offset == 5
+    assert fetch(new).fetch.next_offset == 6
+
+
+def test_a_topic_created_again_right_after_a_miss_is_served_at_once(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client, transport, node = cluster.client, cluster.client.transport, cluster.node
+    client.create_topic("t", 1)
+    route = client.metadata.write_route("t", 0)
+    transport.call(route.address, *produce(route.shard, 0, [b"old"]))
+    client.delete_topic("t")
+    wait_until(lambda: "t_0" not in node.directory.local_names(), timeout_s=15)
+
+    def create_after_a_miss() -> bool:
+        # A producer with stale metadata writes to the deleted shard just before the create:
+        # the node's lookup finds no such topic and remembers that for a moment.
+        stale = outcome(transport.request(route.address, *produce(route.shard, 0, [b"stale"])))
+        assert isinstance(stale, ShardNotFound), stale
+        try:
+            client.create_topic("t", 1)
+            return True
+        except Unavailable:  # the node has not reported the old shard dropped yet
+            return False
+
+    wait_until(create_after_a_miss, timeout_s=20, interval_s=0.2)
+    client.metadata.invalidate("t")
+    with client.producer() as producer:  # names the new incarnation: the remembered miss is not its
+        assert producer.send("t", b"new").result(10).offset == 0
+    assert client.read("t", 0, 0, 10).column("value").to_pylist() == [b"new"]
+
+
+def test_requests_for_a_missing_shard_cost_at_most_one_lookup_a_second(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client, transport = cluster.client, cluster.client.transport
+    _create_with_a_record(client, "t")
+    address = client.metadata.write_route("t", 0).address
+    before = cluster.gate.calls["GetShard"]
+    started = time.monotonic()
+    outcomes = [  # one client, one request at a time, naming a shard that does not exist
+        outcome(transport.request(address, *produce("no-such-topic_0", 0, [b"x"]))) for _ in range(200)
+    ]
+    elapsed = time.monotonic() - started
+    assert all(isinstance(answer, ShardNotFound) for answer in outcomes), outcomes[:3]
+    lookups = cluster.gate.calls["GetShard"] - before
+    assert lookups <= 2 + 2 * elapsed, f"{lookups} GetShard calls for 200 requests in {elapsed:.2f}s"
+
+
+# -- one failing item -----------------------------------------------------------------------
+
+
+def test_a_failing_seal_answer_does_not_drop_the_answers_drained_with_it(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client, transport, node = cluster.client, cluster.client.transport, cluster.node
+    for topic in ("t", "busy", "u"):
+        client.create_topic(topic, 1)
+    routes = {topic: client.metadata.write_route(topic, 0) for topic in ("t", "busy", "u")}
+    for topic in ("t", "busy"):  # served: t holds records, busy is resolved
+        transport.call(routes[topic].address, *produce(routes[topic].shard, 0, [b"x"] * 10))
+    shards = node.config.data_dir / "segment" / "shards"
+    (directory,) = [path for path in shards.iterdir() if path.name.startswith("t_0")]
+    shutil.rmtree(directory)  # t_0's roll after its seal will fail
+    seal_answer = cluster.gate.hold("SealSegment", "answer", 1)
+    sealing = transport.request(routes["t"].address, seal_request(routes["t"].shard), timeout_s=60)
+    wait_until(lambda: cluster.gate.holding == 1, timeout_s=10)
+    lookup_answer = cluster.gate.hold("GetShard", "answer", 1)
+    first_u = transport.request(routes["u"].address, *produce(routes["u"].shard, 0, [b"u"]), timeout_s=60)
+    wait_until(lambda: cluster.gate.holding == 2, timeout_s=10)
+    # Keep the worker busy, so that both answers are drained in one batch, the seal's first.
+    big = produce(routes["busy"].shard, 0, [b"b" * 1000] * 8000)
+    busy = [transport.request(routes["busy"].address, *big) for _ in range(3)]
+    time.sleep(0.05)
+    seal_answer.set()
+    wait_until(lambda: cluster.gate.passed == 1, timeout_s=10, interval_s=0.001)
+    lookup_answer.set()
+    wait_until(lambda: cluster.gate.passed == 2, timeout_s=10, interval_s=0.001)
+    assert outcome(first_u).produce.base_offset == 0
+    assert outcome(transport.request(routes["u"].address, *produce(routes["u"].shard, 0, [b"u2"]))).produce
+    assert outcome(sealing).seal.sealed.end_offset == 10  # committed, though the local roll failed
+    assert all(not isinstance(outcome(future), RobustMQError) for future in busy)
+
+
+# -- stopping -------------------------------------------------------------------------------
+
+
+def test_stop_answers_held_writes_seal_requests_and_parked_lookups(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1, methods={"SealSegment"})
+    client, transport = cluster.client, cluster.client.transport
+    client.create_topic("t", 1)
+    client.create_topic("fresh", 1)
+    route = client.metadata.write_route("t", 0)
+    fresh = client.metadata.write_route("fresh", 0)
+    transport.call(route.address, *produce(route.shard, 0, [b"x"] * 10))
+    lookup = cluster.gate.hold("GetShard", "answer", 1)
+    parked = transport.request(fresh.address, *produce(fresh.shard, 0, [b"parked"]), timeout_s=60)
+    wait_until(lambda: cluster.gate.holding == 1, timeout_s=10)
+    cluster.network.armed.set()
+    sealing = transport.request(route.address, seal_request(route.shard), timeout_s=60)
+    wait_until(lambda: cluster.network.lost >= 1, timeout_s=10)
+    held = transport.request(route.address, *produce(route.shard, 0, [b"held"]), timeout_s=60)
+    # the lookup's request, the seal request and the held write
+    wait_until(lambda: cluster.node._workers[0].parked == 3, timeout_s=10)
+    stopper = threading.Thread(target=cluster.node.stop)
+    stopper.start()
+    outcomes = [outcome(future, 20) for future in (sealing, held, parked)]
+    lookup.set()
+    stopper.join(60)
+    assert [type(answer).__name__ for answer in outcomes] == ["Unavailable"] * 3, outcomes
+    assert not stopper.is_alive()
+
+
+def test_stop_answers_requests_the_front_end_has_not_read(make_cluster: Any) -> None:
+    cluster = make_cluster(io_workers=1)
+    client, transport = cluster.client, cluster.client.transport
+    client.create_topic("fresh", 1)
+    fresh = client.metadata.write_route("fresh", 0)
+    lookup = cluster.gate.hold("GetShard", "answer", 1)  # keeps stop() waiting for the control threads
+    parked = transport.request(fresh.address, *produce(fresh.shard, 0, [b"parked"]), timeout_s=60)
+    wait_until(lambda: cluster.gate.holding == 1, timeout_s=10)
+    stopper = threading.Thread(target=cluster.node.stop)
+    stopper.start()
+    assert isinstance(outcome(parked, 20), Unavailable)  # the workers are done: nobody reads requests
+    time.sleep(0.3)
+    status = pb.NodeRequest(status=pb.StatusRequest())
+    late = [outcome(transport.request(fresh.address, status, timeout_s=5), 10) for _ in range(20)]
+    lookup.set()
+    stopper.join(60)
+    assert not any(isinstance(answer, RequestTimeout) for answer in late), late[:3]
+    assert all(isinstance(answer, Unavailable) for answer in late), late[:3]

@@ -1,0 +1,26 @@
+"""Fixtures of the storage node tests: a node and a Meta Service over a faulty network."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.storage_node._meta_network import Cluster, start_cluster
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    """``make_cluster(methods=..., budget=..., **node_settings)``: a started :class:`Cluster`."""
+    started: list[Cluster] = []
+
+    def make(**settings: Any) -> Cluster:
+        cluster = start_cluster(tmp_path / f"cluster-{len(started)}", **settings)
+        started.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in started:
+        cluster.stop()

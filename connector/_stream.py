@@ -34,13 +34,14 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from robustmq.errors import RobustMQError
+from robustmq.errors import InvalidConfig, RobustMQError
 
 from ._offsets import Admission, DataLoss, SourceOffsets, admit, find_data_loss, identity_of, same_topic
 from ._options import SourceOptions
 from ._source import DATA_LOSS_HINT, RangePartition, TopicReader
+from ._spark_errors import reported_to_spark
 
-__all__ = ["RobustMQStreamReader"]
+__all__ = ["RefusedStreamReader", "RobustMQStreamReader"]
 
 log = logging.getLogger("robustmq.connector")
 
@@ -65,9 +66,11 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
         super().__init__(options)
         self._state = _StreamState()
 
+    @reported_to_spark
     def initialOffset(self) -> dict:
         return self.start_offsets(self.topics(refresh_s=0)).to_json()
 
+    @reported_to_spark
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         # Spark asks for the next batch's end only once the batch ending at `start` is in its commit
         # log (or `start` is where the query begins), so `start` is safe to give the group now;
@@ -156,13 +159,16 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
     def reportLatestOffset(self) -> dict | None:
         return self._state.latest
 
+    @reported_to_spark
     def prepareForTriggerAvailableNow(self) -> None:
         ends, _ = self.snapshot(self.topics(refresh_s=0))
         self._state.target = {tp: high for tp, (_, high) in ends.items()}
 
+    @reported_to_spark
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         return self.input_partitions(SourceOffsets.from_json(start), SourceOffsets.from_json(end))
 
+    @reported_to_spark
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
         yield from self.read_range(partition)
@@ -182,6 +188,43 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
                 log.warning(
                     "could not commit group %s offsets for %s: %s", self.options.group, topic, error.message
                 )
+
+    def stop(self) -> None:
+        pass
+
+
+class RefusedStreamReader(DataSourceStreamReader):
+    """The stream reader of a query whose options do not apply to a stream (``endingOffsets``...).
+
+    ``load()`` cannot tell a stream from a batch query, so such an option is known to be wrong
+    only when Spark asks for a stream reader, as the query starts. An exception raised by
+    ``DataSource.streamReader`` reaches the user as PySpark 4.2's ``UnboundLocalError: cannot
+    access local variable 'reader'`` (its runner's ``finally: reader.stop()``), so
+    ``streamReader`` returns this reader instead, and the first call Spark makes
+    (``getDefaultReadLimit``, at the query's start) raises the options' error.
+    """
+
+    def __init__(self, error: InvalidConfig) -> None:
+        self.error = error
+
+    @reported_to_spark
+    def _refuse(self) -> Any:
+        raise self.error
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return self._refuse()
+
+    def initialOffset(self) -> dict:
+        return self._refuse()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        return self._refuse()
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return self._refuse()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self._refuse()
 
     def stop(self) -> None:
         pass

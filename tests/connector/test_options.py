@@ -48,6 +48,20 @@ def test_an_option_of_another_kind_of_query_is_an_error_naming_it(
         _read(mode, topic="t", **options)
 
 
+def test_load_takes_the_options_of_either_kind_of_reading_but_not_both() -> None:
+    """load() cannot tell spark.read from spark.readStream; options of both kinds cannot be right."""
+    assert _read("load", topic="t", endingOffsets="latest").ending == "latest"
+    assert _read("load", topic="t", maxOffsetsPerTrigger="5").max_records_per_trigger == 5
+    with pytest.raises(
+        InvalidConfig, match=r"option 'maxOffsetsPerTrigger': applies to spark\.readStream only, and 'key' to"
+    ):
+        _read("load", topic="t", key="k", maxOffsetsPerTrigger="5")
+    with pytest.raises(InvalidConfig, match=r"option 'acks': applies to df.write, df.writeStream only"):
+        _read("load", topic="t", acks="all")
+    with pytest.raises(InvalidConfig, match=r"option 'colour': unknown option for spark.read/readStream"):
+        _read("load", topic="t", colour="red")
+
+
 @pytest.mark.parametrize("mode", ["write", "writeStream"])
 def test_sink_refuses_source_options(mode: str) -> None:
     for name, value in [("startingOffsets", "earliest"), ("failOnDataLoss", "false"), ("subscribe", "t")]:

@@ -391,12 +391,6 @@ def test_kafka_style_starting_and_ending_options(spark, cluster, client) -> None
         ).count()
 
 
-def test_stream_options_that_do_not_apply_fail_naming_them(spark, cluster, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    topic = _topic(client, 1)
-    _, error = _stream(spark, cluster, tmp_path / "ck", topic=topic, key="k1")
-    assert error is not None and "option 'key': applies to spark.read only" in str(error)
-
-
 def test_min_offsets_per_trigger_waits_for_enough_records(spark, cluster, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     topic = _topic(client, 1)
     sizes: list[int] = []

@@ -58,7 +58,7 @@ Ends = dict[TopicPartition, tuple[int, int]]  # (earliest, high watermark)
 _clients: dict[str, Any] = {}
 _clients_lock = threading.Lock()
 
-DATA_LOSS_HINT = "set failOnDataLoss=false to go on without them (docs/spark.md, 'Data loss')"
+DATA_LOSS_HINT = "set failOnDataLoss=false to go on (docs/spark.md, 'Data loss')"
 
 
 def client_for(address: str, timeout_s: float = 30.0) -> Any:

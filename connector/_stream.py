@@ -36,7 +36,16 @@ from pyspark.sql.streaming.datasource import (
 
 from robustmq.errors import InvalidConfig, RobustMQError
 
-from ._offsets import Admission, DataLoss, SourceOffsets, admit, find_data_loss, identity_of, same_topic
+from ._offsets import (
+    Admission,
+    DataLoss,
+    LastSeen,
+    SourceOffsets,
+    admit,
+    find_data_loss,
+    identity_of,
+    same_topic,
+)
 from ._options import SourceOptions
 from ._source import DATA_LOSS_HINT, RangePartition, TopicReader
 from ._spark_errors import reported_to_spark
@@ -55,6 +64,7 @@ class _StreamState:
     latest: dict[str, Any] | None = None  # the last high watermarks seen, for reportLatestOffset
     committed: SourceOffsets | None = None  # what the group last got
     last_trigger_ms: int = 0  # minRecordsPerTrigger: when the last batch was let through (Kafka: 0)
+    seen: LastSeen | None = None  # the ends of the last planning that found no loss, for loss messages
     warned: set[str] = field(default_factory=set)  # data loss already logged (failOnDataLoss=false)
 
 
@@ -90,13 +100,13 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
         topics = self.topics()
         ends, vanished = self.snapshot(sorted(set(topics) | begin.topics))
         vanished = (vanished | (begin.topics - set(topics))) & begin.topics  # read before, gone now
-        latest = {tp: high for tp, (_, high) in ends.items()}
+        highs = latest = {tp: high for tp, (_, high) in ends.items()}
         if self._state.target is not None:  # AvailableNow: never past what existed at the start
             latest = {tp: min(high, self._state.target.get(tp, 0)) for tp, high in latest.items()}
         identities: dict[str, Mapping[str, int]] = dict(begin.identities)
         admission, now_ms = self._admission(limit), int(time.time() * 1000)
         for checked in (False, True):
-            losses = find_data_loss(begin, latest, identities, vanished)
+            losses = find_data_loss(begin, latest, identities, vanished, self._state.seen)
             restart = frozenset().union(*(loss.restart for loss in losses))
             first = {tp: 0 if tp in restart else begin.positions.get(tp, 0) for tp in latest}
             stop, last_trigger_ms = admit(
@@ -111,6 +121,8 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
             latest = {tp: high for tp, high in latest.items() if tp[0] not in gone}
             self._forget_stale_metadata(identities)
         self._report(losses)
+        if not losses:
+            self._state.seen = LastSeen(SourceOffsets(highs, identities), now_ms)
         self._state.latest = SourceOffsets(latest, identities).to_json()
         self._state.last_trigger_ms = last_trigger_ms
         return None if idle else SourceOffsets(stop, identities)

@@ -464,6 +464,30 @@ def test_a_topic_recreated_past_the_old_offsets_is_detected(spark, cluster, clie
     assert error is None and values == _values(40, b"new")
 
 
+def test_the_stream_reader_says_what_a_recreated_topic_lost(cluster, client) -> None:  # type: ignore[no-untyped-def]
+    """Within a run the reader knows the old topic's last ends: read to them, nothing it saw is lost."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from robustmq.connector import SourceOptions
+    from robustmq.connector._stream import RobustMQStreamReader
+    from robustmq.errors import RobustMQError
+
+    topic = _topic(client, 1)
+    _send(client, topic, _values(30, b"old"))
+    options = SourceOptions.parse({"metaAddress": cluster.meta_address, "topic": topic}, "readStream")
+    reader = RobustMQStreamReader(options)
+    end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())  # a batch up to offset 30
+    assert reader.latestOffset(end, ReadAllAvailable()) == end  # idle: read to the end
+    _recreate(client, topic, 1)
+    _send(client, topic, _values(40, b"new"))
+    with pytest.raises(RobustMQError) as raised:
+        reader.latestOffset(end, ReadAllAvailable())
+    message = raised.value.message
+    assert "deleted and re-created" in message and "nothing it saw is lost" in message, message
+    assert "{" not in message and "created_ms" not in message, message
+    assert "failOnDataLoss=false reads it from there" in message, message  # what to do, by its real name
+
+
 def test_a_deleted_pattern_topic_fails_the_stream_or_drops_off(
     spark, cluster, client, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]

@@ -3,6 +3,7 @@ options are errors naming them; Kafka's names are aliases; docs/spark.md lists e
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,20 @@ def test_docs_list_every_option_as_the_table_has_it() -> None:
         "docs/spark.md's option tables differ from connector/_option_table.py; regenerate them with "
         "python -c \"from robustmq.connector import _option_table as t; t.rewrite('docs/spark.md')\""
     )
+
+
+def test_the_readme_creates_the_topics_its_spark_example_writes_to() -> None:
+    """A write does not create its topic: a README example that skips `topic create` fails."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    writes = [
+        (block.start() + write.start(), write.group(1))
+        for block in re.finditer(r"```python\n.*?```", readme, re.S)
+        for write in re.finditer(
+            r'\.write(?:Stream)?\.format\("robustmq"\)(.*?)\.(?:start|save)\(', block.group(), re.S
+        )
+    ]
+    assert writes, "the README's Python examples no longer write to a topic"
+    for at, chain in writes:
+        for topic in re.findall(r'\.option\("topic", "([^"]+)"\)', chain):
+            created = re.search(rf"topic create {re.escape(topic)}\b", readme[:at])
+            assert created, f"README writes to {topic!r} before creating it (robustmq topic create {topic})"

@@ -11,7 +11,9 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "robustmq needs Python >= 3.11; set PYTHON=python3.11")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	@# setuptools warns about every editable install of a package whose folder shares its name
+	@# (a 10-line banner on the first `make demo`); the layout is deliberate (README, "Layout").
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e '.[dev]'
 	@# Spark registers data sources it finds with pkgutil.iter_modules(), which does not see modules
 	@# served by an editable install's finder; a link in site-packages makes format("robustmq") work.
 	ln -sf "$(CURDIR)/pyspark_robustmq.py" "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/pyspark_robustmq.py"

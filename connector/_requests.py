@@ -32,7 +32,7 @@ import pyarrow as pa
 from robustmq._records import encode_batch
 from robustmq.errors import RecordBatchTooLarge
 
-__all__ = ["REQUEST_OVERHEAD_BYTES", "RequestCutter", "canonical_request", "encode_request", "row_bytes"]
+__all__ = ["REQUEST_OVERHEAD_BYTES", "RequestCutter", "encode_request", "row_bytes"]
 
 # Schema message, record batch metadata (22 buffers, 11 field nodes), 8-byte padding of every
 # buffer, the offsets' extra entries and the end-of-stream marker: about 1.3 kB measured.
@@ -89,17 +89,12 @@ def row_bytes(records: pa.Table) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
-def canonical_request(records: pa.Table) -> pa.Table:
-    """The rows of one request as one chunk of fresh buffers, so that the same rows always encode
-    to the same bytes, however they were chunked or sliced before (the IPC writer's output for a
-    sliced array differs from the one for a copy of it, and the node compares replays by checksum)."""
-    arrays = [pa.concat_arrays(column.chunks) for column in records.columns]  # copies, offset 0
-    return pa.Table.from_arrays(arrays, schema=records.schema)
-
-
 def encode_request(records: pa.Table) -> pa.Buffer:
-    """The IPC payload of one request: one record batch (see :func:`canonical_request`)."""
-    return encode_batch(canonical_request(records))
+    """The IPC payload of one request: :func:`robustmq._records.encode_batch`, which every client
+    uses, writes the rows as one record batch of fresh buffers, so the same rows always encode to
+    the same bytes however they were chunked or sliced before (the node compares replays by the
+    checksum of these bytes)."""
+    return encode_batch(records)
 
 
 class RequestCutter:

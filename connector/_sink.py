@@ -55,7 +55,7 @@ from robustmq.errors import (
 )
 
 from ._options import SinkOptions, option_error
-from ._requests import REQUEST_OVERHEAD_BYTES, RequestCutter, canonical_request
+from ._requests import REQUEST_OVERHEAD_BYTES, RequestCutter
 from ._source import client_for
 from ._spark_errors import reported_to_spark
 
@@ -178,7 +178,7 @@ class _Task:
             answer = self.client.produce(
                 target[0],
                 target[1],
-                canonical_request(records),
+                records,  # encoded canonically by the client (robustmq._records.encode_batch)
                 producer_id=self.producer_id,
                 sequence=sequence,
                 acks=self.options.acks,

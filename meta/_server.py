@@ -16,8 +16,11 @@ synced before its RPC answered.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import signal
 import sys
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,17 +50,43 @@ STOP_GRACE_S = 2.0
 
 logger = logging.getLogger("robustmq.meta")
 
+# The reason in gRPC's bind failure line: "... (Error in bind for address '...': Address already in use)".
+_BIND_REASON = re.compile(r"Error in bind for address '[^']*': ([^)]+)\)")
+
 
 def _join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _bind(server: Any, address: str) -> tuple[int, Exception | None]:
-    """The bound port (0 on failure) and why it failed: gRPC returns 0 or raises, by version."""
-    try:
-        return int(server.add_insecure_port(address)), None
-    except RuntimeError as exc:
-        return 0, exc
+def _bind(server: Any, address: str) -> tuple[int, str]:
+    """The bound port (0 on failure) and why the bind failed.
+
+    gRPC's C core reports a failed bind itself, on file descriptor 2
+    (``E... add_port.cc:83] Failed to add port ...``), before the caller can say
+    anything. The bind runs with descriptor 2 pointed at a temporary file: if
+    it fails, the reason is taken from that text into the caller's one line;
+    if it succeeds, whatever was written there goes on to stderr (nothing is
+    lost). gRPC returns 0 or raises, by version.
+    """
+    with tempfile.TemporaryFile() as captured:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(captured.fileno(), 2)
+        try:
+            port, failure = int(server.add_insecure_port(address)), ""
+        except RuntimeError as exc:
+            port, failure = 0, str(exc)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        captured.seek(0)
+        logged = captured.read().decode(errors="replace")
+    if port:
+        if logged:
+            sys.stderr.write(logged)
+        return port, ""
+    reason = _BIND_REASON.search(logged)
+    return 0, reason.group(1) if reason else (failure.split(";")[0] or "address in use?")
 
 
 class MetaServer:
@@ -71,6 +100,10 @@ class MetaServer:
         Where to listen; port 0 picks a free port (see :attr:`address`).
     node_timeout_ms
         A storage node is dead once its last heartbeat is older than this.
+    max_replication_factor
+        The largest replication factor a topic may have: 1 until replication
+        exists (a larger one is refused with ``InvalidConfig``). Tests of
+        replica placement, which replication will build on, raise it.
 
     Examples
     --------
@@ -84,8 +117,11 @@ class MetaServer:
         host: str = "127.0.0.1",
         port: int = DEFAULT_META_PORT,
         node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS,
+        *,
+        max_replication_factor: int = 1,
     ) -> None:
         self._data_dir = Path(data_dir)
+        self._max_replication_factor = max_replication_factor
         self._host = host
         self._port = port
         self._node_timeout_ms = node_timeout_ms
@@ -112,13 +148,11 @@ class MetaServer:
                 # on the same port would silently share its traffic.
                 options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
             )
-            pb_grpc.add_MetaServiceServicer_to_server(MetaServicer(controller), server)
-            port, cause = _bind(server, self.address)
+            servicer = MetaServicer(controller, max_replication_factor=self._max_replication_factor)
+            pb_grpc.add_MetaServiceServicer_to_server(servicer, server)
+            port, why = _bind(server, self.address)
             if port == 0:
-                raise Unavailable(
-                    f"cannot listen on {self.address}: {cause or 'address in use?'}",
-                    address=self.address,
-                ) from cause
+                raise Unavailable(f"cannot listen on {self.address}: {why}", address=self.address)
             server.start()
         except BaseException:
             store.close()
@@ -175,7 +209,7 @@ def run_meta(*, data_dir: str | Path, host: str = "127.0.0.1", port: int = DEFAU
         try:
             server = MetaServer(data_dir, host=host, port=port).start()
         except RobustMQError as exc:
-            logger.error("the meta service cannot start: %s", exc)
+            print(f"robustmq meta: the meta service cannot start: {exc}", file=sys.stderr, flush=True)
             return 1
         try:
             announce_ready()

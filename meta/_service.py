@@ -40,6 +40,7 @@ from robustmq.errors import (
 )
 
 from ._controller import MetaController
+from ._validation import require_replication_factor
 
 __all__ = ["MetaServicer", "status_of"]
 
@@ -112,13 +113,19 @@ def _answers_errors(handler: _Handler) -> _Handler:
 
 
 class MetaServicer(pb_grpc.MetaServiceServicer):
-    """``MetaService`` over a :class:`MetaController`."""
+    """``MetaService`` over a :class:`MetaController`.
 
-    def __init__(self, controller: MetaController) -> None:
+    ``max_replication_factor`` is the largest factor ``CreateTopic`` accepts
+    (1 until replication exists; see :func:`require_replication_factor`).
+    """
+
+    def __init__(self, controller: MetaController, *, max_replication_factor: int = 1) -> None:
         self._controller = controller
+        self._max_replication_factor = max_replication_factor
 
     @_answers_errors
     def CreateTopic(self, request: pb.CreateTopicRequest, context: Any) -> pb.Topic:
+        require_replication_factor(request.config, self._max_replication_factor)
         return self._controller.create_topic(request.name, request.config)
 
     @_answers_errors

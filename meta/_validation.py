@@ -22,6 +22,7 @@ __all__ = [
     "require_address",
     "require_group",
     "require_node_id",
+    "require_replication_factor",
     "require_topic",
     "split_shard",
     "validated_topic_config",
@@ -109,8 +110,9 @@ def validated_topic_config(config: pb.TopicConfig) -> pb.TopicConfig:
     """
     filled = with_defaults(config)
     if not 1 <= filled.partitions <= MAX_PARTITIONS:
+        bound = "at least 1" if filled.partitions < 1 else f"at most {MAX_PARTITIONS:,}"
         raise InvalidConfig(
-            f"partitions must be between 1 and {MAX_PARTITIONS}, got {filled.partitions}",
+            f"partitions must be {bound}, got {filled.partitions}",
             field="partitions",
             value=filled.partitions,
         )
@@ -141,3 +143,23 @@ def validated_topic_config(config: pb.TopicConfig) -> pb.TopicConfig:
         )
     shard_config_of(filled)  # validates sizes, intervals and retention (InvalidConfig)
     return filled
+
+
+def require_replication_factor(config: pb.TopicConfig, max_replication_factor: int) -> None:
+    """Refuse a replication factor the cluster cannot honour.
+
+    Records are kept only by the active segment's leader until replication is
+    built, so a factor above 1 would promise copies that do not exist. The
+    Meta Service's ``max_replication_factor`` is 1 in every release without
+    replication; the tests of replica placement (which replication will use)
+    raise it.
+    """
+    factor = with_defaults(config).replication_factor
+    if factor > max_replication_factor:
+        raise InvalidConfig(
+            f"replication_factor {factor} is not supported yet: records are kept only by each "
+            f"segment's leader, and replication comes with the replication release; use "
+            f"replication_factor {max_replication_factor}",
+            field="replication_factor",
+            value=factor,
+        )

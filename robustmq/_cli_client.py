@@ -16,10 +16,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import IO, Any
 
+from robustmq._cli_produce import plural
 from robustmq._client import Client, connect
 from robustmq._consumer import Consumer, first_offsets
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq.errors import InvalidRequest
+from robustmq.errors import InvalidConfig, InvalidRequest, RobustMQError
 
 __all__ = [
     "cmd_consume",
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 STATES = {pb.ACTIVE: "active", pb.SEALED: "sealed", pb.TIERED: "tiered"}
+LEADER_WAIT_S = 5.0  # how long `topic describe` waits for a leader's offsets
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: IO[str] = sys.stdout) -> None:
@@ -47,45 +49,41 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: IO[s
 # -- topic ----------------------------------------------------------------------------------
 
 
+# The flag of each topic setting, to name it in an error about the setting.
+FLAGS = {
+    "partitions": "--partitions",
+    "replication_factor": "--replication-factor",
+    "engine": "--engine",
+    "segment_bytes_max": "--segment-bytes",
+    "retention_ms": "--retention-ms",
+    "retention_bytes": "--retention-bytes",
+    "cleanup_policy": "--cleanup",
+}
+
+
 def cmd_topic(args: argparse.Namespace) -> int:
     with connect(args.meta_address, timeout_s=args.timeout_s) as client:
         if args.action == "create":
-            settings = {
-                k: v
-                for k, v in {
-                    "segment_bytes_max": args.segment_bytes,
-                    "retention_ms": args.retention_ms,
-                    "retention_bytes": args.retention_bytes,
-                    "cleanup_policy": args.cleanup,
-                }.items()
-                if v is not None
-            }
-            topic = client.create_topic(
-                args.name,
-                args.partitions,
-                replication_factor=args.replication_factor,
-                engine=args.engine,
-                **settings,
-            )
-            print(
-                f"created topic {topic.name} with {topic.config.partitions} partitions "
-                f"({topic.config.engine} engine, replication factor {topic.config.replication_factor})"
-            )
+            _create(client, args)
         elif args.action == "list":
-            topics = client.meta.list_topics()
-            print_table(
-                ["topic", "partitions", "engine", "rf", "retention_ms"],
+            topics = sorted(client.meta.list_topics(), key=lambda t: t.name)
+            keys = ["name", "partitions", "engine", "replication_factor", "retention_ms"]
+            rows = [
                 [
-                    [
-                        t.name,
-                        t.config.partitions,
-                        t.config.engine,
-                        t.config.replication_factor,
-                        t.config.retention_ms,
-                    ]
-                    for t in sorted(topics, key=lambda t: t.name)
-                ],
-            )
+                    t.name,
+                    t.config.partitions,
+                    t.config.engine,
+                    t.config.replication_factor,
+                    t.config.retention_ms,
+                ]
+                for t in topics
+            ]
+            if args.json:
+                _print_rows_or(rows, keys, True, "")
+            else:
+                _print_rows_or(
+                    rows, ["topic", "partitions", "engine", "rf", "retention_ms"], False, "no topics"
+                )
         elif args.action == "describe":
             _describe(client, args.name, args.json)
         elif args.action == "delete":
@@ -94,20 +92,57 @@ def cmd_topic(args: argparse.Namespace) -> int:
     return 0
 
 
+def _create(client: Client, args: argparse.Namespace) -> None:
+    settings = {
+        k: v
+        for k, v in {
+            "segment_bytes_max": args.segment_bytes,
+            "retention_ms": args.retention_ms,
+            "retention_bytes": args.retention_bytes,
+            "cleanup_policy": args.cleanup,
+        }.items()
+        if v is not None
+    }
+    try:
+        topic = client.create_topic(
+            args.name,
+            args.partitions,
+            replication_factor=args.replication_factor,
+            engine=args.engine,
+            **settings,
+        )
+    except InvalidConfig as error:
+        flag = FLAGS.get(str(error.fields.get("field")))
+        if flag is None:
+            raise
+        raise InvalidConfig(f"{flag}: {error.message}", **error.fields) from None
+    print(
+        f"created topic {topic.name} with {plural(topic.config.partitions, 'partition')} "
+        f"({topic.config.engine} engine, replication factor {topic.config.replication_factor})"
+    )
+
+
 def _describe(client: Client, name: str, as_json: bool) -> None:
+    """The topic's config and chains, and each leader's offsets; never fails for a dead leader.
+
+    This is the command to diagnose a leader that is down, so a leader that
+    does not answer is reported (offsets unknown) instead of failing the
+    command: each leader is asked once, with at most a few seconds' wait.
+    """
     description = client.describe_topic(name)
-    offsets = client.list_offsets(name)
-    nodes = {node.node_id: node.address for node in client.list_nodes()}
+    nodes = {node.node_id: node for node in client.list_nodes()}
+    offsets, problems = _leader_offsets(client, description, nodes)
     config = description.topic.config
+    keys = ["partition", "leader", "address", "epoch", "segments", "earliest", "high_watermark"]
     rows = []
     for shard in sorted(description.shards, key=lambda s: s.partition):
         active = shard.segments[-1]
-        earliest, high_watermark = offsets.get(shard.partition, (-1, -1))
+        earliest, high_watermark = offsets.get(shard.partition, (None, None))
         rows.append(
             [
                 shard.partition,
                 active.leader,
-                nodes.get(active.leader, "?"),
+                shard.leader_address,
                 active.epoch,
                 len(shard.segments),
                 earliest,
@@ -115,43 +150,64 @@ def _describe(client: Client, name: str, as_json: bool) -> None:
             ]
         )
     if as_json:
-        print(
-            json.dumps(
-                {
-                    "topic": name,
-                    "config": _config_dict(config),
-                    "partitions": [
-                        dict(
-                            zip(
-                                [
-                                    "partition",
-                                    "leader",
-                                    "address",
-                                    "epoch",
-                                    "segments",
-                                    "earliest",
-                                    "high_watermark",
-                                ],
-                                row,
-                                strict=True,
-                            )
-                        )
-                        for row in rows
-                    ],
-                },
-                indent=2,
-            )
-        )
+        partitions = [
+            {**dict(zip(keys, row, strict=True)), "leader_problem": problems.get(row[0])} for row in rows
+        ]
+        print(json.dumps({"topic": name, "config": _config_dict(config), "partitions": partitions}, indent=2))
         return
     print(
-        f"topic {name}: {config.partitions} partitions, {config.engine} engine, "
+        f"topic {name}: {plural(config.partitions, 'partition')}, {config.engine} engine, "
         f"replication factor {config.replication_factor}, cleanup {config.cleanup_policy}"
     )
     print(
         f"  segment_bytes_max={config.segment_bytes_max} roll_interval_ms={config.roll_interval_ms} "
         f"retention_ms={config.retention_ms} retention_bytes={config.retention_bytes}"
     )
-    print_table(["partition", "leader", "address", "epoch", "segments", "earliest", "high_watermark"], rows)
+    print_table(keys, [[("?" if v is None else v) for v in row] for row in rows])
+    for problem in sorted(set(problems.values())):
+        affected = sorted(p for p, why in problems.items() if why == problem)
+        print(f"partitions {', '.join(map(str, affected))}: {problem}; offsets unknown")
+
+
+def _leader_offsets(
+    client: Client, description: pb.TopicDescription, nodes: dict[str, pb.NodeInfo]
+) -> tuple[dict[int, tuple[int, int]], dict[int, str]]:
+    """``({partition: (earliest, high watermark)}, {partition: why its leader did not say})``."""
+    by_leader: dict[str, list[pb.ShardInfo]] = {}
+    for shard in description.shards:
+        by_leader.setdefault(shard.segments[-1].leader, []).append(shard)
+    offsets: dict[int, tuple[int, int]] = {}
+    problems: dict[int, str] = {}
+    for leader, shards in by_leader.items():
+        node = nodes.get(leader)
+        address = shards[0].leader_address
+        why = None
+        if node is None:
+            why = f"leader {leader} is not a registered storage node"
+        elif not node.alive:
+            last = _when(node.last_heartbeat_ms) or "never"
+            why = f"leader {leader} at {address} is not alive (last heartbeat {last})"
+        else:
+            request = pb.NodeRequest(list_offsets=pb.ListOffsetsRequest(shards=[s.shard for s in shards]))
+            try:
+                response, _ = client.transport.call(
+                    address, request, timeout_s=min(client.timeout_s, LEADER_WAIT_S)
+                )
+                infos = list(response.list_offsets.shards)
+            except RobustMQError as error:
+                if error.retriable:
+                    why = f"leader {leader} at {address} is unreachable ({error.message})"
+                infos = []
+            if len(infos) == len(shards):
+                for shard, info in zip(shards, infos, strict=True):
+                    offsets[shard.partition] = (int(info.log_start_offset), int(info.high_watermark))
+                continue
+            if why is None:  # the node does not serve some of them yet: ask the usual way
+                ends = client.list_offsets(description.topic.name)
+                offsets.update({s.partition: ends[s.partition] for s in shards})
+                continue
+        problems.update({shard.partition: why for shard in shards})
+    return offsets, problems
 
 
 def _config_dict(config: pb.TopicConfig) -> dict[str, Any]:
@@ -246,7 +302,7 @@ def _print_record(row: dict[str, Any], fmt: str) -> None:
             {
                 "partition": row["partition"],
                 "offset": row["offset"],
-                "timestamp": row["timestamp"].isoformat() if row["timestamp"] else None,
+                "timestamp": _iso(row["timestamp"]) if row["timestamp"] else None,
                 "key": _text(row["key"]),
                 "value": _text(row["value"]),
                 "tags": row["tags"],
@@ -277,25 +333,31 @@ def cmd_groups(args: argparse.Namespace) -> int:
                     f"no consumer group {args.group_name!r}: it has no committed offsets",
                     group=args.group_name,
                 )
-            print(f"deleted group {args.group_name} ({removed} committed offsets)")
+            print(f"deleted group {args.group_name} ({plural(removed, 'committed offset')})")
             return 0
         if args.topic:
             client.describe_topic(args.topic)  # an unknown topic is an error, not "no groups"
         groups = [args.group] if args.group else client.list_groups()
         rows = []
         for group in groups:
-            for lag in client.group_lag(group, args.topic or "").partitions:
-                rows.append(
-                    [
-                        group,
-                        lag.topic,
-                        lag.partition,
-                        _unknown(lag.committed),
-                        _unknown(lag.high_watermark),
-                        _unknown(lag.lag),
-                        _when(lag.commit_time_ms),
-                    ]
-                )
+            lags = list(client.group_lag(group, args.topic or "").partitions)
+            if args.group and not args.topic and not lags:
+                raise InvalidRequest(f"no consumer group {group!r}: it has no committed offsets", group=group)
+            # A group is listed under a topic only if it has read it (committed an offset there).
+            if args.topic and all(lag.committed < 0 for lag in lags):
+                continue
+            rows += [
+                [
+                    group,
+                    lag.topic,
+                    lag.partition,
+                    _known(lag.committed),
+                    _known(lag.high_watermark),
+                    _known(lag.lag),
+                    _when(lag.commit_time_ms),
+                ]
+                for lag in lags
+            ]
     keys = ["group", "topic", "partition", "committed", "high_watermark", "lag", "committed_at"]
     _print_rows_or(rows, keys, args.json, "no consumer groups")
     return 0
@@ -309,7 +371,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         [
             node.node_id,
             node.address,
-            "yes" if node.alive else "no",
+            node.alive if args.json else ("yes" if node.alive else "no"),
             node.active_segments,
             _when(node.last_heartbeat_ms),
             _when(node.registered_ms),
@@ -327,7 +389,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     if removed.led_shards:
         shards = list(removed.led_shards)
         print(
-            f"it still led the active segment of {len(shards)} shards ({', '.join(shards[:5])}"
+            f"it still led the active segment of {plural(len(shards), 'shard')} ({', '.join(shards[:5])}"
             f"{', ...' if len(shards) > 5 else ''}): they have no leader until a node registers "
             f"again with id {removed.node.node_id}"
         )
@@ -335,17 +397,22 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def _print_rows_or(rows: list[list[Any]], keys: list[str], as_json: bool, nothing: str) -> None:
+    """A table, or a JSON array of objects (``None`` for an unknown value: JSON ``null``)."""
     if as_json:
         print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=2))
     elif rows:
-        print_table(keys, rows)
+        print_table(keys, [["-" if value is None else value for value in row] for row in rows])
     else:
         print(nothing)
 
 
 def cmd_segments(args: argparse.Namespace) -> int:
+    """``segments [list] TOPIC`` or ``segments seal TOPIC [PARTITION]``."""
+    action, topic, partition = _segments_words(args)
     with connect(args.meta_address, timeout_s=args.timeout_s) as client:
-        description = client.describe_topic(args.topic)
+        if action == "seal":
+            return _seal(client, topic, partition)
+        description = client.describe_topic(topic)
         rows = []
         for shard in sorted(description.shards, key=lambda s: s.partition):
             for segment in shard.segments:
@@ -364,9 +431,50 @@ def cmd_segments(args: argparse.Namespace) -> int:
     return 0
 
 
-def _unknown(value: int) -> int | str:
-    return "-" if value < 0 else value
+def _segments_words(args: argparse.Namespace) -> tuple[str, str, int | None]:
+    words = list(args.words)
+    action = (
+        words.pop(0) if words[0] in ("list", "seal") and (len(words) > 1 or words[0] == "seal") else "list"
+    )
+    if not words:
+        args.usage_error(f"segments {action} needs a TOPIC")
+    topic, rest = words[0], words[1:]
+    if action == "list" and rest:
+        args.usage_error(f"unexpected {rest[0]!r} (to seal: robustmq segments seal TOPIC [PARTITION])")
+    if len(rest) > 1 or (rest and not rest[0].isdigit()):
+        args.usage_error(
+            f"expected segments seal TOPIC [PARTITION], PARTITION a number, got {' '.join(rest)!r}"
+        )
+    return action, topic, int(rest[0]) if rest else None
 
 
-def _when(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S") if ms > 0 else "-"
+def _seal(client: Client, topic: str, partition: int | None) -> int:
+    """Seal one partition's active segment, or every partition's that holds records."""
+    partitions = [partition] if partition is not None else range(client.metadata.partitions(topic))
+    for number in partitions:
+        try:
+            sealed = client.seal(topic, number)
+        except InvalidRequest as error:
+            if partition is not None:
+                raise
+            print(f"{topic} partition {number}: not sealed: {error.message}")
+            continue
+        print(
+            f"sealed {topic} partition {number}: epoch {sealed.sealed.epoch} ends at offset "
+            f"{sealed.sealed.end_offset}; epoch {sealed.next.epoch} starts there, led by {sealed.next.leader}"
+        )
+    return 0
+
+
+def _known(value: int) -> int | None:
+    """A count the Meta Service reports as -1 when it does not know it: ``None`` then."""
+    return None if value < 0 else value
+
+
+def _when(ms: int) -> str | None:
+    """ISO 8601 in UTC with milliseconds (``2026-11-23T14:02:03.123Z``), or ``None`` for "never"."""
+    return _iso(datetime.fromtimestamp(ms / 1000, UTC)) if ms > 0 else None
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

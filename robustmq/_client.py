@@ -33,7 +33,13 @@ __all__ = ["Client", "connect"]
 
 
 def connect(address: str = "127.0.0.1:7070", *, timeout_s: float = 30.0) -> Client:
-    """A client for the cluster whose Meta Service listens at ``address`` (``host:port``)."""
+    """A client for the cluster whose Meta Service listens at ``address`` (``host:port``).
+
+    ``timeout_s`` bounds every call's waiting, retries included: a Meta Service
+    or storage node that is down (or restarting) is asked again until then. A
+    malformed ``address`` raises ``InvalidConfig`` at once; nothing connects
+    until the first call.
+    """
     return Client(address, timeout_s=timeout_s)
 
 
@@ -45,7 +51,9 @@ class Client:
 
         self.address = address
         self.timeout_s = timeout_s
-        self.meta = MetaClient(address, timeout_s=min(timeout_s, 10.0))
+        # Every wait of this client is bounded by timeout_s: a Meta Service call
+        # retries Unavailable (a restart, a failover) for that long, no shorter.
+        self.meta = MetaClient(address, timeout_s=timeout_s)
         self.metadata = Metadata(self.meta)
         self.transport = NodeTransport(timeout_s=timeout_s)
 
@@ -405,7 +413,7 @@ class Client:
                 if refreshed_unknown:  # still unknown after fresh metadata: it really is gone
                     raise
                 refreshed_unknown = True
-                self.metadata.invalidate(topic, partition)
+                self.metadata.invalidate(topic)  # the topic may be gone or re-created
                 continue
             except RobustMQError as error:
                 if not (error.retriable or isinstance(error, StaleEpoch)) or time.monotonic() >= deadline:

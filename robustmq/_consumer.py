@@ -14,6 +14,12 @@ them), so a crash never commits records the application had not seen through.
 Records removed by retention before they were read are data loss: by default
 ``poll`` raises ``OffsetOutOfRange``; ``on_data_loss="skip"`` jumps to the
 earliest retained offset and logs how many records were skipped.
+
+A partition whose fetches fail with a retriable error (its leader down or
+unreachable, a seal under way) is asked again with back-off (0.1 s doubling
+to 1 s); once they have failed for the client's ``timeout_s`` without a
+success in between, ``poll`` raises the last error (``Unavailable``...), so a
+consumer never waits silently for a leader that does not come back.
 """
 
 from __future__ import annotations
@@ -104,6 +110,8 @@ class Consumer:
         self._positions = self._starting_positions(start)
         self._committed = dict(self._positions)
         self._in_flight: dict[int, Future[Any]] = {}
+        # partition -> (when its fetches began to fail, when to ask again, the back-off)
+        self._failing: dict[int, tuple[float, float, float]] = {}
         self._last_commit = time.monotonic()
         self._closed = False
 
@@ -135,10 +143,18 @@ class Consumer:
         deadline = time.monotonic() + timeout_s
         self._maybe_commit()  # what earlier polls returned, never what this one will
         while True:
+            now = time.monotonic()
             for partition in self.partitions:
-                if partition not in self._in_flight:
+                failing = self._failing.get(partition)
+                if partition not in self._in_flight and (failing is None or failing[1] <= now):
                     self._in_flight[partition] = self._fetch(partition, max_records)
-            remaining = max(0.0, deadline - time.monotonic())
+            remaining = max(0.0, deadline - now)
+            if not self._in_flight:  # every partition waits for its next try
+                next_try = min(failing[1] for failing in self._failing.values())
+                time.sleep(max(0.0, min(remaining, next_try - now)))
+                if time.monotonic() >= deadline:
+                    return _empty()
+                continue
             finished, _ = wait(list(self._in_flight.values()), timeout=remaining, return_when=FIRST_COMPLETED)
             tables: list[pa.Table] = []
             try:
@@ -194,8 +210,10 @@ class Consumer:
                 max_records=max_records,
             )
         )
+        # The node answers a long poll after max_wait_ms at the latest; past that, the
+        # client's own timeout bounds the wait, as for every other request.
         future: Future[Any] = self._client.transport.request(
-            route.address, request, timeout_s=self._max_wait_ms / 1000 + 30
+            route.address, request, timeout_s=self._max_wait_ms / 1000 + self._client.timeout_s
         )
         future.requested_offset = offset  # type: ignore[attr-defined]
         return future
@@ -223,8 +241,10 @@ class Consumer:
         except RobustMQError as error:
             if error.retriable:
                 self._client.metadata.invalidate(self.topic, partition)
+                self._failed(partition, error)
                 return None
             raise
+        self._failing.pop(partition, None)
         fetch = response.fetch
         if fetch.next_offset <= offset:
             return None
@@ -235,6 +255,19 @@ class Consumer:
         return records.add_column(
             0, pa.field("partition", pa.int32()), pa.array([partition] * records.num_rows, pa.int32())
         )
+
+    def _failed(self, partition: int, error: RobustMQError) -> None:
+        """Back off after a retriable failure; raise once failures have lasted ``timeout_s``."""
+        now = time.monotonic()
+        since, _, backoff = self._failing.get(partition, (now, now, 0.05))
+        if now - since >= self._client.timeout_s:
+            raise type(error)(
+                f"{self.topic} partition {partition}: its fetches have failed for "
+                f"{now - since:.0f} s ({error.message})",
+                **{**error.fields, "topic": self.topic, "partition": partition},
+            ) from error
+        backoff = min(backoff * 2, 1.0)
+        self._failing[partition] = (since, now + backoff, backoff)
 
     def commit(self) -> None:
         """Commit the current positions of the group (no-op without a group)."""

@@ -16,6 +16,15 @@ missing Java is one line, not a Spark traceback after the cluster started.
 Ctrl-C and SIGTERM stop it within seconds (the producer thread checks a stop
 flag at least once a second) and still remove the directory. If the ETL does
 not catch up within ``catch_up_timeout_s`` the demo says so and exits 1.
+
+Signals and Py4J: a signal handler that raises while the main thread is
+inside a Py4J call breaks that call's connection (Py4J logs tracebacks, and
+every later call fails the same way), and Spark installs its own SIGINT
+handler, which makes a Py4J call from inside the handler. So the demo puts
+its own handler back once Spark has started, and that handler raises only
+while the main thread is in a plain Python wait (:meth:`_Demo.interruptible`);
+elsewhere it sets the stop flag, which the demo checks between steps and
+between Spark calls.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ __all__ = ["java_problem", "run_demo"]
 
 JAVA_MIN_VERSION = 17  # Spark 4
 STOP_WAIT_S = 5.0  # how long stopping waits for the producer thread
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 COUNTRIES = ["DE", "FR", "US", "BR", "JP", "IN", "GB", "ES"]
 REGIONS = {"DE": "eu", "FR": "eu", "GB": "eu", "ES": "eu", "US": "na", "BR": "sa", "JP": "apac", "IN": "apac"}
@@ -133,11 +143,8 @@ def run_demo(*, records: int = 400_000, keep: bool = False, catch_up_timeout_s: 
         print(f"robustmq demo: {problem}", file=sys.stderr, flush=True)
         return 1
 
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise _Interrupted(signum)
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     demo = _Demo(Path(tempfile.mkdtemp(prefix="robustmq-demo-")), records, catch_up_timeout_s)
+    previous = {sig: signal.signal(sig, demo.on_signal) for sig in STOP_SIGNALS}
     code = 1
     try:
         code = demo.run()
@@ -170,14 +177,41 @@ class _Demo:
         self.client: Any = None
         self.spark: Any = None
         self.stopping = threading.Event()
+        self.signalled: int | None = None
+        self._interruptible = False
         self.producer_thread: threading.Thread | None = None
         self.failure: list[BaseException] = []
+
+    # -- signals (see the module docstring) -------------------------------------------------
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signalled = signum
+        self.stopping.set()
+        if self._interruptible:
+            self._interruptible = False
+            raise _Interrupted(signum)
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Any:
+        """A stretch with no Py4J call in it: a signal may raise here."""
+        self.check()
+        self._interruptible = True
+        try:
+            yield
+        finally:
+            self._interruptible = False
+
+    def check(self) -> None:
+        """Raise for a signal that came while the main thread could not be interrupted."""
+        if self.signalled is not None:
+            raise _Interrupted(self.signalled)
 
     def run(self) -> int:
         from robustmq import connect
 
         _step("starting an embedded single-node cluster")
-        self.cluster.start()
+        with self.interruptible():
+            self.cluster.start()
         assert self.cluster.node is not None
         print(
             f"Meta Service {self.cluster.meta_address}, storage node {self.cluster.node.address}, "
@@ -189,13 +223,17 @@ class _Demo:
         query = self._start_etl()
         if query is None:
             return 1
+        self.check()
         self._produce()
         if not self._wait_for_etl(query):
             return 1
         query.stop()
+        self.check()
         print(f"the ETL committed group offsets for all {self.records:,} records; query stopped")
         self._seal()
+        self.check()
         ok = self._query()
+        self.check()
         print(f"\ndemo {'finished' if ok else 'FAILED'} in {time.monotonic() - self.began:.0f}s", flush=True)
         return 0 if ok else 1
 
@@ -208,6 +246,8 @@ class _Demo:
         except Exception as error:  # Py4J/JVM start-up failures have no better type
             print(f"robustmq demo: Spark did not start: {_first_line(error)}", file=sys.stderr, flush=True)
             return None
+        for sig in STOP_SIGNALS:  # SparkContext replaced SIGINT's handler with its own
+            signal.signal(sig, self.on_signal)
         self.spark.sparkContext.setLogLevel("ERROR")
         query = start_topic_to_delta(
             self.spark,
@@ -226,8 +266,9 @@ class _Demo:
         thread = threading.Thread(target=self._produce_loop, name="demo-producer", daemon=True)
         self.producer_thread = thread
         thread.start()
-        while thread.is_alive():  # short joins: a signal is handled within half a second
-            thread.join(0.5)
+        with self.interruptible():
+            while thread.is_alive():  # short joins: a signal is handled within half a second
+                thread.join(0.5)
         if self.failure:
             raise self.failure[0]
 
@@ -265,7 +306,8 @@ class _Demo:
             failed = query.exception()
             if failed is not None or time.monotonic() >= deadline:
                 break
-            time.sleep(0.5)
+            if self.stopping.wait(0.5):
+                self.check()
         progress.done()
         why = (
             f"the ETL query failed: {_first_line(failed)}"
@@ -303,10 +345,12 @@ class _Demo:
             "from orders"
         ).collect()[0]
         print(f"the table holds {total['rows']:,} rows, {total['distinct_records']:,} distinct records")
+        self.check()
         print("revenue by country:")
         spark.sql("""select country, count(*) as orders,
                             cast(sum(cast(amount as double)) as decimal(14, 2)) as revenue
                      from parsed group by country order by revenue desc""").show(truncate=False)
+        self.check()
         print("orders per hour:")
         spark.sql("""select date_format(date_trunc('hour', timestamp), 'yyyy-MM-dd HH:00') as hour,
                             count(*) as orders

@@ -46,7 +46,7 @@ import grpc
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._proto import robustmq_pb2_grpc as pb_grpc
-from robustmq._wire import error_from_info, topic_config
+from robustmq._wire import DEFAULT_TOPIC_CONFIG, error_from_info, topic_config
 from robustmq.errors import (
     Busy,
     InvalidConfig,
@@ -57,7 +57,13 @@ from robustmq.errors import (
     Unavailable,
 )
 
-__all__ = ["ERROR_METADATA_KEY", "PLACEMENT_WAIT_S", "MetaClient", "translate_rpc_error"]
+__all__ = [
+    "ERROR_METADATA_KEY",
+    "PLACEMENT_WAIT_S",
+    "MetaClient",
+    "require_meta_address",
+    "translate_rpc_error",
+]
 
 ERROR_METADATA_KEY = "robustmq-error-bin"
 _BACKOFF_FIRST_S = 0.05
@@ -76,6 +82,8 @@ _CHANNEL_OPTIONS = [
 
 # gRPC's words for a message past its size limit; "SERVER:"/"CLIENT:" says whose.
 _TOO_LARGE = re.compile(r"(?:(SERVER|CLIENT): )?(Received|Sent) message larger than max \((\d+) vs\. (\d+)\)")
+
+_HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]{1,253}")
 
 _Retry = Literal["read", "idempotent", "once"]
 _Response = TypeVar("_Response")
@@ -142,6 +150,47 @@ def _message_too_large(match: re.Match[str], address: str) -> MessageTooLarge:
     )
 
 
+def require_meta_address(address: str) -> str:
+    """``address`` if it names a Meta Service (``host:port``, ``[v6]:port``, ``unix:path``).
+
+    Checked before any connection is tried, so a typo is an ``InvalidConfig``
+    at once rather than ``Unavailable`` after the whole timeout of retries.
+    """
+    if not isinstance(address, str):
+        raise InvalidConfig(
+            f"the Meta Service address must be a string, got {address!r}", address=repr(address)
+        )
+    if address.startswith(("unix:", "unix-abstract:")):
+        return address
+    host, _, port = address.removeprefix("dns:///").rpartition(":")
+    if not host or not _HOST.fullmatch(host) or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise InvalidConfig(
+            f"invalid Meta Service address {address[:80]!r}: expected HOST:PORT (for example 127.0.0.1:7070)",
+            address=address[:80],
+        )
+    return address
+
+
+def _check_setting(name: str, value: Any) -> None:
+    """Refuse a topic setting of the wrong type, or an explicit 0.
+
+    proto3 sends 0 as "unset" (the default), so an explicit 0 must be refused
+    here. ``partitions`` and ``replication_factor`` get the service's own
+    wording for any value below 1, so every spelling of the mistake reads the
+    same. Unknown names are left to :func:`robustmq._wire.topic_config`.
+    """
+    default = DEFAULT_TOPIC_CONFIG.get(name)
+    if default is None or value is None:
+        return
+    if isinstance(default, str) != isinstance(value, str) or isinstance(value, bool | float):
+        kind = "a string" if isinstance(default, str) else "an integer"
+        raise InvalidConfig(f"{name} must be {kind}, got {value!r}", field=name, value=repr(value)[:80])
+    if name in ("partitions", "replication_factor") and value < 1:
+        raise InvalidConfig(f"{name} must be at least 1, got {value}", field=name, value=value)
+    if value == 0:
+        raise InvalidConfig(f"{name} cannot be 0 (leave it out for the default)", field=name, value=value)
+
+
 def _should_retry(error: RobustMQError, from_service: bool, retry: _Retry) -> bool:
     if retry == "read":
         return isinstance(error, Unavailable | Busy)
@@ -173,9 +222,9 @@ class MetaClient:
     """
 
     def __init__(self, address: str, *, timeout_s: float = 10.0, channel: grpc.Channel | None = None) -> None:
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
-        self.address = address
+        if not timeout_s > 0:
+            raise InvalidConfig(f"timeout_s must be positive, got {timeout_s!r}", timeout_s=timeout_s)
+        self.address = require_meta_address(address) if channel is None else address
         self.timeout_s = timeout_s
         self._owns_channel = channel is None
         self._channel = (
@@ -226,7 +275,7 @@ class MetaClient:
         ------
         InvalidConfig
             An unknown setting, or an explicit 0 (which the wire cannot tell from
-            "unset"); the service checks every other limit.
+            "unset"), with ``field`` naming it; the service checks every other limit.
         TopicAlreadyExists, Unavailable
             The name is taken; too few live storage nodes. A refusal the
             service marks ``settling`` (nodes that have not beaten since a
@@ -234,10 +283,12 @@ class MetaClient:
             of a same-name topic's shard) is asked again for up to
             :data:`PLACEMENT_WAIT_S` before it is raised.
         """
-        zeros = sorted(key for key, value in settings.items() if value == 0)
-        if zeros:
-            raise InvalidConfig(f"topic settings {zeros} cannot be 0", settings=zeros)
-        config = topic_config(**settings)
+        for key, value in sorted(settings.items()):
+            _check_setting(key, value)
+        try:
+            config = topic_config(**settings)
+        except ValueError as exc:  # protobuf's range check (int32, int64)
+            raise InvalidConfig(f"a topic setting is out of range: {exc}") from None
         request = pb.CreateTopicRequest(name=name, config=config)
         attempts = 0
 

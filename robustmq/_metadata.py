@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq.errors import InvalidRequest
 
 __all__ = ["Metadata", "Route"]
 
@@ -57,15 +58,35 @@ class Metadata:
         return int(self.topic(topic).config.partitions)
 
     def shard(self, topic: str, partition: int) -> pb.ShardInfo:
+        """The shard's chain; ``TopicNotFound`` for an unknown topic, ``InvalidRequest`` for a
+        partition it does not have (the topic is looked up first, so neither is reported as an
+        unknown shard)."""
         name = f"{topic}_{partition}"
-        with self._lock:
-            cached = self._shards.get(name)
-        if cached and time.monotonic() - cached[0] < self._ttl_s:
-            return cached[1]
+        cached = self._fresh_shard(name)
+        if cached is not None:
+            return cached
+        count = self.partitions(topic)
+        if not 0 <= partition < count:
+            raise InvalidRequest(
+                f"partition {partition} does not exist: topic {topic} has {count} partition"
+                f"{'' if count == 1 else 's'}",
+                topic=topic,
+                partition=partition,
+            )
+        cached = self._fresh_shard(name)  # reading the topic may have filled it
+        if cached is not None:
+            return cached
         info = self._meta.get_shard(name)
         with self._lock:
             self._shards[name] = (time.monotonic(), info)
         return info
+
+    def _fresh_shard(self, name: str) -> pb.ShardInfo | None:
+        with self._lock:
+            cached = self._shards.get(name)
+        if cached and time.monotonic() - cached[0] < self._ttl_s:
+            return cached[1]
+        return None
 
     def write_route(self, topic: str, partition: int) -> Route:
         info = self.shard(topic, partition)
@@ -91,9 +112,11 @@ class Metadata:
         return nodes.get(node_id, "")
 
     def invalidate(self, topic: str, partition: int | None = None) -> None:
+        """Forget one partition's chain (after a seal, a leader change), or, with no
+        ``partition``, everything about the topic (after a deletion, an unknown shard)."""
         with self._lock:
-            self._topics.pop(topic, None)
             if partition is None:
+                self._topics.pop(topic, None)
                 for name in [name for name in self._shards if name.rpartition("_")[0] == topic]:
                     del self._shards[name]
             else:

@@ -46,14 +46,23 @@ from robustmq._records import (
     RECORD_SCHEMA,
     TAGS_TYPE,
     TIMESTAMP_TYPE,
+    check_record,
+    check_record_limits,
     coerce_records,
     encode_batch,
     now_ms,
     null_column,
 )
+from robustmq._request_limits import (
+    FRAMING_BYTES,
+    ROW_OVERHEAD_BYTES,
+    batch_limit,
+    checked_send,
+    split_rows,
+    too_large,
+)
 from robustmq.errors import (
     InvalidRequest,
-    RecordBatchTooLarge,
     RequestTimeout,
     RobustMQError,
     SegmentSealed,
@@ -88,9 +97,9 @@ class RecordMetadata:
 class BatchMetadata:
     topic: str
     partition: int
-    base_offset: int  # -1: a duplicate older than the node's producer window
+    base_offset: int  # offset of the batch's first record; for a duplicate, the original's
     record_count: int
-    duplicate: bool
+    duplicate: bool  # a retry of a batch the node had already stored: stored once, not twice
 
 
 class _Batch:
@@ -287,7 +296,7 @@ class Producer:
         self._producer_id = secrets.randbits(62) if idempotent else -1
         self._partitioner = Partitioner(secrets.randbelow(1 << 16))
         self._round_robin = secrets.randbelow(1 << 16)  # send()'s own sequence (under _lock)
-        self._counts: dict[str, int] = {}
+        self._topics: dict[str, tuple[int, int, int]] = {}  # see _topic_limits
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._partitions: dict[tuple[str, int], _Partition] = {}
@@ -314,17 +323,34 @@ class Producer:
     ) -> RecordFuture:
         """Queue one record; the future resolves once the node has it durably.
 
+        A record that breaks a node's per-record limit (key or tag size, tag
+        count, timestamp range; see ``robustmq._records``) raises
+        ``InvalidRecordBatch`` here, so it cannot fail the batch it would join.
+
+        An argument of the wrong type (a str for ``tags``, an int for ``value``)
+        raises ``InvalidRequest`` naming it; a record too large for any request
+        to the topic raises ``RecordBatchTooLarge`` naming the limit (see
+        ``robustmq._request_limits``).
+
         This is the per-record hot path: it takes one lock, appends to a few
         lists and makes one small object.
         """
-        if value.__class__ is str:
-            value = value.encode()
-        if key.__class__ is str:
-            key = key.encode()
-        size = (len(value) if value else 0) + (len(key) if key else 0) + 32
-        if size > self._batch_bytes * 16:
-            raise RecordBatchTooLarge(f"a {size}-byte record is too large to send", topic=topic)
-        count = self._counts.get(topic) or self._partition_count(topic)
+        if (
+            value.__class__ is bytes
+            and (key is None or key.__class__ is bytes)
+            and tags is None
+            and headers is None
+            and partition is None
+            and timestamp_ms is None
+        ):
+            size = len(value) + (len(key) if key else 0) + ROW_OVERHEAD_BYTES
+        else:
+            value, key, size = checked_send(value, key, tags, headers, partition, timestamp_ms)
+        if key is not None or tags is not None or timestamp_ms is not None:
+            check_record(key, tags, timestamp_ms)
+        count, record_limit, batch_bytes = self._topics.get(topic) or self._topic_limits(topic)
+        if size > record_limit:
+            raise too_large(size, record_limit + FRAMING_BYTES, topic=topic)
         stamp = time.time_ns() // 1_000_000 if timestamp_ms is None else int(timestamp_ms)
         with self._lock:
             if self._closed:
@@ -338,7 +364,7 @@ class Producer:
                     )
                 chosen = partition
             elif key is not None:
-                chosen = partition_for_key(key, count)  # type: ignore[arg-type]
+                chosen = partition_for_key(key, count)
             else:
                 chosen = self._round_robin % count
                 self._round_robin += 1
@@ -348,19 +374,15 @@ class Producer:
                 self._buffered += size
             state = self._partitions.get((topic, chosen)) or self._partition(topic, chosen)
             batch = state.open
-            if (
-                batch is None
-                or len(batch.values) >= self._batch_records
-                or batch.size + size > self._batch_bytes
-            ):
+            if batch is None or len(batch.values) >= self._batch_records or batch.size + size > batch_bytes:
                 batch = state.open = _Batch(topic, chosen)
                 state.batches.append(batch)
                 self._outstanding += 1
             index = len(batch.values)
             if key is not None:
                 batch.keyed = True
-            batch.keys.append(key)  # type: ignore[arg-type]
-            batch.values.append(value)  # type: ignore[arg-type]
+            batch.keys.append(key)
+            batch.values.append(value)
             batch.stamps.append(stamp)
             if tags is not None:
                 batch.add_tags(index, tags)
@@ -371,30 +393,45 @@ class Producer:
                 self._wakeup.notify()
         return RecordFuture(batch, index, stamp)
 
-    def _partition_count(self, topic: str) -> int:
-        """Partition counts are cached per producer (a topic's count never changes)."""
-        count = self._client.metadata.partitions(topic)
-        self._counts[topic] = count
-        return count
+    def _topic_limits(self, topic: str) -> tuple[int, int, int]:
+        """``(partitions, the largest record, the bytes of a batch)`` for ``topic``.
+
+        Cached per producer: a topic's partition count and ``max_batch_bytes``
+        never change, but a topic can be deleted and re-created with others, so a
+        batch that fails for good drops the entry (see ``_completed``). A batch is
+        ``batch_bytes`` or less, and always small enough for the topic (its limit
+        less the request's framing).
+        """
+        config = self._client.metadata.topic(topic).config
+        record_limit = batch_limit(config.max_batch_bytes) - FRAMING_BYTES
+        limits = (int(config.partitions), record_limit, min(self._batch_bytes, record_limit))
+        self._topics[topic] = limits
+        return limits
 
     def send_batch(self, topic: str, records: pa.Table | pa.RecordBatch) -> Future[list[BatchMetadata]]:
-        """Queue a whole Arrow table (the bulk path); resolves to one entry per batch sent."""
+        """Queue a whole Arrow table (the bulk path); resolves to one entry per batch sent.
+
+        A table with a record that breaks a per-record limit raises
+        ``InvalidRecordBatch`` (naming the row and the limit) and queues nothing.
+        """
         table = pa.Table.from_batches([records]) if isinstance(records, pa.RecordBatch) else records
         partition_column = table.column("partition") if "partition" in table.column_names else None
         if partition_column is not None:
             table = table.drop_columns(["partition"])
         table = coerce_records(table)
+        check_record_limits(table)  # the whole table is refused at once, as the node would
         if table.column("timestamp").null_count:  # the producer's clock, as for send()
             stamps = pc.fill_null(table.column("timestamp"), pa.scalar(now_ms(), TIMESTAMP_TYPE))
             table = table.set_column(2, "timestamp", stamps)
         if partition_column is not None:
             table = table.append_column("partition", partition_column)
-        partitions = self._client.metadata.partitions(topic)
+        partitions, record_limit, _ = self._topics.get(topic) or self._topic_limits(topic)
         parts = self._partitioner.split(topic, partitions, table)
+        request_bytes = min(self._batch_bytes * 8, record_limit)
         chunks = [
             (chosen, chunk)
             for chosen, part in sorted(parts.items())
-            for chunk in _chunks(part, self._batch_bytes * 8)
+            for chunk in split_rows(part, request_bytes, topic=topic)
         ]
         batches: list[_Batch] = []
         with self._wakeup:
@@ -449,6 +486,13 @@ class Producer:
                 self._flushing -= 1
 
     def close(self, timeout_s: float | None = None) -> None:
+        """Flush (waiting at most ``timeout_s``), then stop the sender.
+
+        What is still unacknowledged after ``timeout_s`` is abandoned at once:
+        queued batches fail with ``RequestTimeout`` now, a batch in flight fails
+        when its request ends (its deadline, or the client's close) instead of
+        being retried, and ``close`` does not wait for it.
+        """
         if self._closed:
             return
         try:
@@ -456,6 +500,7 @@ class Producer:
         finally:
             with self._wakeup:
                 self._closed = True
+                self._abandoned = True  # after the flush: nothing to retry from here on
                 self._wakeup.notify_all()
             self._sender.join(timeout=10)
             self._fail_unsent()
@@ -463,7 +508,6 @@ class Producer:
     def _fail_unsent(self) -> None:
         """Fail the batches close() gave up on, so no future waits forever."""
         with self._wakeup:
-            self._abandoned = True
             unsent = [batch for state in self._partitions.values() for batch in state.batches]
             for state in self._partitions.values():
                 state.batches.clear()
@@ -510,7 +554,7 @@ class Producer:
         while True:
             ready: list[tuple[_Partition, _Batch]] = []
             with self._wakeup:
-                if self._closed and not self._outstanding:
+                if self._closed and (not self._outstanding or self._abandoned):
                     return
                 now = time.monotonic()
                 wait = 0.05
@@ -584,6 +628,10 @@ class Producer:
                     self._wakeup.notify_all()
                     return
         if error is not None:
+            # A batch that failed for good may have been cut for a topic that is gone (deleted,
+            # perhaps re-created with other partitions or limits): read the topic again next time.
+            self._topics.pop(batch.topic, None)
+            self._client.metadata.invalidate(batch.topic)
             batch.finish(error=error)
         else:
             assert done is not None
@@ -614,12 +662,3 @@ def _headers_array(headers: list[Any]) -> pa.Array:
     return pa.array(
         [None if row is None else [{"key": k, "value": v} for k, v in row] for row in headers], HEADERS_TYPE
     )
-
-
-def _chunks(table: pa.Table, max_bytes: int) -> list[pa.Table]:
-    """Split a table into pieces of at most about ``max_bytes`` (whole rows)."""
-    if table.num_rows == 0:
-        return []
-    per_row = max(table.nbytes / table.num_rows, 1.0)
-    rows = max(1, int(max_bytes / per_row))
-    return [table.slice(start, rows) for start in range(0, table.num_rows, rows)]

@@ -43,7 +43,7 @@ class Progress:
 
     def _line(self, now: float) -> str:
         rate = self.count / max(now - self._started, 1e-9)
-        line = f"{self._label}: {self.count:,} {self._unit} ({rate:,.0f}/s)"
+        line = f"{self._label}: {self._counted()} ({rate:,.0f}/s)"
         if self._total:
             fraction = min(self.count / self._total, 1.0)
             filled = int(fraction * 30)
@@ -54,5 +54,10 @@ class Progress:
         elapsed = time.monotonic() - self._started
         if self._tty:
             sys.stderr.write("\r" + self._line(time.monotonic()) + "\n")
-        sys.stderr.write(f"{self._label}: {self.count:,} {self._unit} in {elapsed:.1f}s\n")
+        sys.stderr.write(f"{self._label}: {self._counted()} in {elapsed:.1f}s\n")
         sys.stderr.flush()
+
+    def _counted(self) -> str:
+        """``1 record``, ``2 records`` (units are given in the plural)."""
+        unit = self._unit[:-1] if self.count == 1 and self._unit.endswith("s") else self._unit
+        return f"{self.count:,} {unit}"

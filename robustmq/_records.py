@@ -12,6 +12,16 @@ batch messages, end-of-stream marker) whose schema is :data:`RECORD_SCHEMA`::
 Offsets are not stored in the batch: record ``i`` of a batch appended at
 ``base_offset`` has offset ``base_offset + i``. Batches are built and checked
 with Arrow kernels only; nothing here loops over records in Python.
+
+The per-record limits every storage node enforces (:data:`MAX_KEY_BYTES`,
+:data:`MAX_TAG_BYTES`, :data:`MAX_TAGS_PER_RECORD`, :data:`MAX_TIMESTAMP_MS`)
+are defined here once, so clients can refuse a record before sending it
+(:func:`check_record`, :func:`check_record_limits`) with the same rule the
+node applies.
+
+:func:`encode_batch` is canonical: the same records give the same bytes
+however they were chunked or sliced, because an idempotent producer's replay
+is compared with what was stored by the CRC-32C of these bytes.
 """
 
 from __future__ import annotations
@@ -29,16 +39,24 @@ from robustmq.errors import InvalidRecordBatch, RecordBatchTooLarge
 
 __all__ = [
     "HEADERS_TYPE",
+    "MAX_KEY_BYTES",
+    "MAX_TAGS_PER_RECORD",
+    "MAX_TAG_BYTES",
+    "MAX_TIMESTAMP_MS",
     "READ_SCHEMA",
     "RECORD_SCHEMA",
     "TAGS_TYPE",
     "TIMESTAMP_TYPE",
     "build_records",
+    "canonical_batch",
+    "check_record",
+    "check_record_limits",
     "coerce_records",
     "decode_batch",
     "encode_batch",
     "now_ms",
     "null_column",
+    "tag_rows",
     "with_offsets",
 ]
 
@@ -60,6 +78,14 @@ RECORD_SCHEMA = pa.schema(
 READ_SCHEMA = pa.schema([pa.field("offset", pa.int64()), *RECORD_SCHEMA])
 
 _RECORD_TYPES = {field.name: field.type for field in RECORD_SCHEMA}
+
+# Limits of one record (see docs/format.md, "Limits"): a key is part of a RocksDB key in the key
+# index, a tag is a tag-index key with a 16-bit length, and readers cast timestamps to
+# microseconds and dates, which must not overflow.
+MAX_KEY_BYTES = 64 * 1024
+MAX_TAG_BYTES = 1024
+MAX_TAGS_PER_RECORD = 64
+MAX_TIMESTAMP_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last instant Spark can hold
 
 
 def now_ms() -> int:
@@ -178,24 +204,141 @@ def _cast_column(name: str, column: pa.ChunkedArray, target: pa.DataType) -> pa.
         ) from exc
 
 
+def tag_rows(tags: pa.Array | pa.ChunkedArray) -> tuple[pa.Array | pa.ChunkedArray, np.ndarray]:
+    """Every tag of a ``tags`` column, and the row each belongs to (two aligned sequences).
+
+    A null list slot may still span child values (legal Arrow); they are no
+    tags of anyone. ``pc.list_flatten`` skips them but ``pc.list_parent_indices``
+    does not, so the rows are derived from the slots' lengths (0 for a null
+    slot) instead, which agrees with the flattening for any array.
+    """
+    lengths = pc.fill_null(pc.list_value_length(tags), 0).to_numpy()
+    rows = np.repeat(np.arange(len(tags), dtype=np.int64), lengths)
+    flat = pc.list_flatten(tags)
+    assert len(flat) == len(rows)
+    return flat, rows
+
+
+def check_record_limits(records: pa.Table) -> tuple[int, int] | None:
+    """Raise :class:`InvalidRecordBatch` naming the first record that breaks a per-record limit.
+
+    ``records`` has :data:`RECORD_SCHEMA`. Null timestamps pass (a node fills
+    them with its clock). The error's fields name the limit (``limit``,
+    ``max``, ``column``, ``row``, ``size`` or ``value``). Returns the smallest
+    and largest timestamp set (ms), or None when every timestamp is null.
+    """
+    keys = records.column("key")
+    if keys.null_count < len(keys):
+        _check_at_most(pc.binary_length(keys), MAX_KEY_BYTES, "key", "max_key_bytes", "a key of {} bytes")
+    tags = records.column("tags")
+    if tags.null_count < len(tags):
+        counts = pc.list_value_length(tags)
+        _check_at_most(counts, MAX_TAGS_PER_RECORD, "tags", "max_tags_per_record", "{} tags")
+        flat, rows = tag_rows(tags)
+        if len(flat):  # lengths in UTF-8 bytes, as the tag index stores them
+            lengths = pc.binary_length(flat)
+            _check_at_most(
+                lengths, MAX_TAG_BYTES, "tags", "max_tag_bytes", "a tag of {} bytes of UTF-8", rows
+            )
+    stamps = records.column("timestamp")
+    if stamps.null_count == len(stamps):
+        return None
+    millis = stamps.cast(pa.int64())
+    bounds = pc.min_max(millis)
+    lowest, highest = bounds["min"].as_py(), bounds["max"].as_py()
+    if lowest < 0 or highest > MAX_TIMESTAMP_MS:
+        outside = pc.or_(pc.less(millis, 0), pc.greater(millis, MAX_TIMESTAMP_MS))
+        row = pc.index(pc.fill_null(outside, False), True).as_py()
+        _raise_bad_timestamp(row, millis[row].as_py())
+    return lowest, highest
+
+
+def check_record(key: bytes | None, tags: Sequence[str] | None, timestamp_ms: int | None) -> None:
+    """The per-record limits of :func:`check_record_limits` for one record (a producer's ``send``)."""
+    if key is not None and len(key) > MAX_KEY_BYTES:
+        _raise_limit(None, "key", "max_key_bytes", MAX_KEY_BYTES, "a key of {} bytes", len(key))
+    if tags is not None:
+        if len(tags) > MAX_TAGS_PER_RECORD:
+            _raise_limit(None, "tags", "max_tags_per_record", MAX_TAGS_PER_RECORD, "{} tags", len(tags))
+        for tag in tags:
+            if not isinstance(tag, str):
+                raise InvalidRecordBatch(f"a tag must be a string, not {type(tag).__name__}", column="tags")
+            if len(tag) * 4 > MAX_TAG_BYTES and len(tag.encode()) > MAX_TAG_BYTES:
+                size = len(tag.encode())
+                _raise_limit(None, "tags", "max_tag_bytes", MAX_TAG_BYTES, "a tag of {} bytes of UTF-8", size)
+    if timestamp_ms is not None and not 0 <= timestamp_ms <= MAX_TIMESTAMP_MS:
+        _raise_bad_timestamp(None, timestamp_ms)
+
+
+def _check_at_most(sizes: Any, maximum: int, column: str, limit: str, what: str, rows: Any = None) -> None:
+    """Raise naming ``limit`` if any of ``sizes`` (one per row, or per ``rows[i]``) is above ``maximum``."""
+    largest = pc.max(sizes).as_py()
+    if largest is None or largest <= maximum:
+        return
+    position = pc.index(pc.fill_null(pc.greater(sizes, maximum), False), True).as_py()
+    row = position if rows is None else int(rows[position])
+    _raise_limit(row, column, limit, maximum, what, sizes[position].as_py())
+
+
+def _raise_limit(row: int | None, column: str, limit: str, maximum: int, what: str, size: int) -> None:
+    where = {} if row is None else {"row": row}
+    raise InvalidRecordBatch(
+        f"{'a record' if row is None else f'record {row}'} has {what.format(size)}; "
+        f"the limit {limit} is {maximum}",
+        column=column,
+        size=size,
+        limit=limit,
+        max=maximum,
+        **where,
+    )
+
+
+def _raise_bad_timestamp(row: int | None, value: int) -> None:
+    where = {} if row is None else {"row": row}
+    raise InvalidRecordBatch(
+        f"{'a record' if row is None else f'record {row}'} has timestamp {value}, outside the "
+        f"supported range 0..{MAX_TIMESTAMP_MS} (milliseconds since 1970-01-01 UTC, up to "
+        "9999-12-31); a value in microseconds or nanoseconds is the usual cause",
+        column="timestamp",
+        **where,
+        value=value,
+        limit="timestamp",
+        min=0,
+        max=MAX_TIMESTAMP_MS,
+    )
+
+
+def canonical_batch(records: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
+    """The records as one record batch of fresh buffers (offset 0, nothing beyond its rows).
+
+    The IPC writer's bytes depend on more than the rows: a table's chunking
+    (one record-batch message per chunk), and for a sliced array the bits and
+    bytes its buffers hold beyond the slice. Copying each column into one
+    contiguous array removes both, so equal records encode to equal bytes.
+    Bytes under null slots are copied as they are.
+    """
+    if isinstance(records, pa.RecordBatch):
+        arrays = [pa.concat_arrays([column]) for column in records.columns]
+    else:
+        arrays = [
+            pa.concat_arrays(column.chunks) if column.num_chunks else pa.array([], column.type)
+            for column in records.columns
+        ]
+    return pa.RecordBatch.from_arrays(arrays, schema=RECORD_SCHEMA)
+
+
 def encode_batch(
     records: pa.Table | pa.RecordBatch, *, custom_metadata: dict[bytes, bytes] | None = None
 ) -> pa.Buffer:
-    """Serialise records of :data:`RECORD_SCHEMA` as one Arrow IPC stream.
+    """Serialise records of :data:`RECORD_SCHEMA` as one Arrow IPC stream, canonically.
 
-    ``custom_metadata`` is attached to every record batch message (readers of
-    tables ignore it).
+    The stream holds one record batch message (see :func:`canonical_batch`),
+    so the same records always give the same bytes. ``custom_metadata`` is
+    attached to that message (readers of tables ignore it; only a node writes it).
     """
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, RECORD_SCHEMA) as writer:
-        if custom_metadata is not None:
-            batches = [records] if isinstance(records, pa.RecordBatch) else records.to_batches()
-            for batch in batches:
-                writer.write_batch(batch, custom_metadata=custom_metadata)
-        elif isinstance(records, pa.RecordBatch):
-            writer.write_batch(records)
-        else:
-            writer.write_table(records)
+        writer.write_batch(canonical_batch(records), custom_metadata=custom_metadata)
     return sink.getvalue()
 
 
@@ -210,7 +353,10 @@ def decode_batch(payload: Any, *, max_bytes: int | None = None) -> pa.Table:
     refused before anything is decompressed: a few kB of zstd can declare a
     gigabyte, and every budget downstream (the batch limit, a fetch's
     ``max_bytes``, retention in bytes) counts stored bytes, so it bounds
-    memory only while stored bytes are what readers decode.
+    memory only while stored bytes are what readers decode. So is any custom
+    metadata on a batch message: Arrow C++ reads some of it as instructions
+    (a V4 message whose metadata says ``ARROW:experimental_compression`` is
+    decompressed, the Arrow 0.17 form), and no RobustMQ client writes any.
     """
     buffer = payload if isinstance(payload, pa.Buffer) else pa.py_buffer(payload)
     if max_bytes is not None and buffer.size > max_bytes:
@@ -245,40 +391,58 @@ _DICTIONARY_BATCH, _RECORD_BATCH = 2, 3  # MessageHeader union tags (Arrow's Mes
 
 
 def _refuse_compression(buffer: pa.Buffer) -> None:
-    """Raise if a (dictionary or record) batch message of the stream has a compressed body.
+    """Raise if a (dictionary or record) batch message of the stream may be decompressed.
 
+    That is: its ``compression`` field is set, or it carries custom metadata
+    (the legacy way to announce compression, and nothing a client needs).
     Reads only the messages' flatbuffer metadata (Arrow verifies it when it
     reads a message); bodies are sliced, never decompressed.
     """
     for message in pa.ipc.MessageReader.open_stream(buffer):
-        if message.type in ("record batch", "dictionary batch") and _has_body_compression(message.metadata):
+        if message.type not in ("record batch", "dictionary batch"):
+            continue
+        compressed, annotated = _batch_message_flags(message.metadata)
+        if compressed:
             raise InvalidRecordBatch(
                 "compressed Arrow IPC bodies are not accepted: write the stream without "
                 "IpcWriteOptions(compression=...)",
                 limit="compression",
             )
+        if annotated:
+            raise InvalidRecordBatch(
+                "custom metadata on an Arrow IPC record batch message is not accepted (Arrow reads "
+                "some of it as instructions, e.g. ARROW:experimental_compression): write the batches "
+                "without custom_metadata",
+                limit="batch_custom_metadata",
+            )
 
 
-def _has_body_compression(metadata: pa.Buffer) -> bool:
-    """Whether a Message flatbuffer's batch header has its ``compression`` field set."""
+def _batch_message_flags(metadata: pa.Buffer) -> tuple[bool, bool]:
+    """(``compression`` set, custom metadata present) for a batch Message flatbuffer."""
     data = memoryview(metadata)
     try:
         message = _table_at(data, 0)
+        annotated = _vector_length(data, _field_position(data, message, 4)) > 0  # Message.custom_metadata
         kind_at = _field_position(data, message, 1)  # Message.header_type
         header_at = _field_position(data, message, 2)  # Message.header
         if kind_at is None or header_at is None:
-            return False
+            return False, annotated
         header = _table_at(data, header_at)
         if data[kind_at] == _DICTIONARY_BATCH:
             batch_at = _field_position(data, header, 1)  # DictionaryBatch.data
             if batch_at is None:
-                return False
+                return False, annotated
             header = _table_at(data, batch_at)
         elif data[kind_at] != _RECORD_BATCH:
-            return False
-        return _field_position(data, header, 3) is not None  # RecordBatch.compression
+            return False, annotated
+        return _field_position(data, header, 3) is not None, annotated  # RecordBatch.compression
     except (struct.error, IndexError) as exc:
         raise InvalidRecordBatch(f"malformed Arrow IPC message metadata: {exc}") from exc
+
+
+def _vector_length(data: memoryview, position: int | None) -> int:
+    """The length of the flatbuffer vector whose offset is stored at ``position`` (0 if absent)."""
+    return 0 if position is None else int(struct.unpack_from("<I", data, _table_at(data, position))[0])
 
 
 def _table_at(data: memoryview, position: int) -> int:

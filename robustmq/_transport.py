@@ -12,6 +12,11 @@ refused at once (``Unavailable``) instead of waiting in a queue to be
 delivered after a reconnect, long after its caller gave up. In-flight
 requests per client are bounded (``max_in_flight``); past that, ``request``
 blocks until an answer frees a slot or the deadline passes.
+
+A request with a part (header or payload) above :data:`MAX_MESSAGE_BYTES`, a
+storage node's ZeroMQ message limit, is refused at once with
+``RecordBatchTooLarge``: the node would drop the connection instead of
+answering, and the caller would only learn of it at its deadline.
 """
 
 from __future__ import annotations
@@ -27,9 +32,12 @@ import zmq
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._wire import error_from_info
-from robustmq.errors import InvalidRequest, RequestTimeout, Unavailable
+from robustmq.errors import InvalidRequest, RecordBatchTooLarge, RequestTimeout, Unavailable
 
-__all__ = ["NodeTransport", "Reply"]
+__all__ = ["MAX_MESSAGE_BYTES", "NodeTransport", "Reply"]
+
+# A storage node's largest ZeroMQ message (``NodeConfig.max_message_bytes``, ZMQ_MAXMSGSIZE).
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 log = logging.getLogger("robustmq.client")
 
@@ -67,6 +75,17 @@ class NodeTransport:
         """Send ``message`` (its correlation id is set here) to the node at ``address``."""
         if self._closed.is_set():
             raise Unavailable("the client is closed")
+        for part in payloads:
+            size = memoryview(part).nbytes
+            if size > MAX_MESSAGE_BYTES:
+                raise RecordBatchTooLarge(
+                    f"a {size:,}-byte record batch is above a storage node's message limit of "
+                    f"{MAX_MESSAGE_BYTES:,} bytes (64 MiB): send fewer or smaller records at a time",
+                    size=size,
+                    limit="max_message_bytes",
+                    max=MAX_MESSAGE_BYTES,
+                    address=address,
+                )
         timeout = self._timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         if not self._slots.acquire(timeout=timeout):

@@ -106,9 +106,12 @@ def _timestamp_ms(text: str) -> int:
 
 
 def _separator(text: str) -> str:
+    """A literal separator, or a name for one a shell makes awkward (TAB, SPACE, COMMA, ...)."""
+    from robustmq._cli_produce import SEPARATOR_NAMES
+
     if not text:
         raise argparse.ArgumentTypeError("the separator must not be empty")
-    return text
+    return SEPARATOR_NAMES.get(text.upper(), text)
 
 
 # -- handlers -------------------------------------------------------------------------------
@@ -225,6 +228,7 @@ def _add_topic(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> N
         "--cleanup", choices=["delete", "compact"], default=None, help="compact: not supported yet"
     )
     listing = actions.add_parser("list", help="list topics")
+    listing.add_argument("--json", action="store_true")
     describe = actions.add_parser("describe", help="partitions, leaders, offsets")
     describe.add_argument("name")
     describe.add_argument("--json", action="store_true")
@@ -247,7 +251,11 @@ def _add_produce_consume(commands: argparse._SubParsersAction[OneLineArgumentPar
         '"timestamp", "partition"} per line',
     )
     produce.add_argument(
-        "--key-separator", type=_separator, default=None, help="text lines are KEY<sep>VALUE"
+        "--key-separator",
+        type=_separator,
+        default=None,
+        metavar="SEP",
+        help="every text line is KEY<SEP>VALUE; SEP is a string or TAB, SPACE, COMMA, SEMICOLON, PIPE",
     )
     produce.add_argument("--tag", action="append", default=None, help="tag every record (repeatable)")
     produce.add_argument("--acks", default="1", choices=["1", "all", "quorum"])
@@ -297,10 +305,16 @@ def _add_admin(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> N
     _common(group_delete)
     groups.set_defaults(handler=_client_command("cmd_groups"))
 
-    segments = commands.add_parser("segments", help="a topic's segment chains")
-    segments.add_argument("topic")
+    segments = commands.add_parser(
+        "segments",
+        help="a topic's segment chains; seal active segments",
+        usage="robustmq segments [list] TOPIC | robustmq segments seal TOPIC [PARTITION]",
+        description="List each partition's segment chain, or seal the active segment of one "
+        "partition (or of every partition holding records) now.",
+    )
+    segments.add_argument("words", nargs="+", metavar="[list|seal] TOPIC [PARTITION]")
     _common(segments)
-    segments.set_defaults(handler=_client_command("cmd_segments"))
+    segments.set_defaults(handler=_client_command("cmd_segments"), usage_error=segments.error)
 
     nodes = commands.add_parser("nodes", help="storage nodes: address, liveness, load")
     nodes.add_argument("--json", action="store_true")

@@ -3,7 +3,10 @@
 An engine stores shards: ordered logs of record batches whose offsets start at
 0 and are strictly contiguous. Writes are all-or-nothing per call: a request
 that fails validation raises before anything is written, and a group passed to
-:meth:`StorageAdapter.batch_write` is validated as a whole first. A write
+:meth:`StorageAdapter.batch_write` is validated as a whole first.
+:meth:`StorageAdapter.batch_write_each` is the storage node's group commit: a
+request refused on its own gets its error in its place and the others are
+written, with one durability barrier for all. A write
 returns only once its records are as durable as the engine promises (the
 ``segment`` and ``rocksdb`` engines: on disk after fsync; ``memory``: in RAM).
 
@@ -22,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from robustmq._records import READ_SCHEMA
-from robustmq.errors import InvalidConfig, InvalidRequest
+from robustmq.errors import InvalidConfig, InvalidRequest, RobustMQError
 
 __all__ = [
     "AppendRequest",
@@ -214,7 +217,27 @@ class StorageAdapter(ABC):
 
     @abstractmethod
     def batch_write(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
-        """Append many batches with one durability barrier (group commit)."""
+        """Append many batches with one durability barrier (group commit); all or nothing."""
+
+    def batch_write_each(self, requests: Sequence[AppendRequest]) -> list[AppendResult | RobustMQError]:
+        """Append many batches with one durability barrier, answering each on its own.
+
+        A request refused by itself (validation, a stale epoch, its producer's
+        window: ``DuplicateSequenceMismatch``, ``OutOfOrderSequence``) gets its
+        error in its place and is not written; the others are written as if it
+        had not been sent. A failure of the group as a whole (I/O, a closed
+        engine) raises and writes nothing. This default writes the requests one
+        by one (one barrier each); the engines override it with one group.
+        """
+        outcomes: list[AppendResult | RobustMQError] = []
+        for request in requests:
+            try:
+                outcomes.append(self.batch_write([request])[0])
+            except RobustMQError as error:
+                if error.retriable:
+                    raise
+                outcomes.append(error)
+        return outcomes
 
     @abstractmethod
     def read_frames(

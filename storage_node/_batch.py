@@ -24,7 +24,11 @@ record count                1 .. 2**32 - 1               frame header field (u32
 ``timestamp``               0 .. 253,402,300,799,999 ms  readers' ms->us casts and dates (UTC
                                                          1970-01-01 .. 9999-12-31T23:59:59.999)
 compressed IPC bodies       refused                      see :func:`robustmq._records.decode_batch`
+batch custom metadata       refused                      Arrow may act on it (legacy compression)
 ==========================  ===========================  =====================================
+
+The per-record limits are defined once, in ``robustmq._records`` (clients
+check them before sending), and re-exported here.
 
 Header values (``epoch`` u32, producer id and sequence i64) are checked with
 the request in ``_engine_base``. Headers (key/value pairs) are stored only
@@ -41,7 +45,18 @@ import pyarrow.compute as pc
 
 from robustmq._crc import crc32c
 from robustmq._frame import CLIENT_CRC_KEY
-from robustmq._records import TIMESTAMP_TYPE, coerce_records, decode_batch, encode_batch, now_ms
+from robustmq._records import (
+    MAX_KEY_BYTES,
+    MAX_TAG_BYTES,
+    MAX_TAGS_PER_RECORD,
+    MAX_TIMESTAMP_MS,
+    TIMESTAMP_TYPE,
+    check_record_limits,
+    coerce_records,
+    decode_batch,
+    encode_batch,
+    now_ms,
+)
 from robustmq.errors import InvalidRecordBatch, RecordBatchTooLarge
 
 __all__ = [
@@ -53,10 +68,6 @@ __all__ = [
     "prepare_batch",
 ]
 
-MAX_KEY_BYTES = 64 * 1024
-MAX_TAG_BYTES = 1024
-MAX_TAGS_PER_RECORD = 64
-MAX_TIMESTAMP_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last instant Spark can hold
 _MAX_RECORDS = 0xFFFF_FFFF
 
 
@@ -110,21 +121,19 @@ def prepare_batch(data: Any, *, max_batch_bytes: int) -> PreparedBatch:
             max=_MAX_RECORDS,
             size=count,
         )
-    _check_keys(records.column("key"))
-    _check_tags(records.column("tags"))
+    bounds = check_record_limits(records)
     if payload is None:
         payload = _encode_within(records, max_batch_bytes)
     checksum = payload_crc = crc32c(payload)
     timestamps = records.column("timestamp")
     reencoded = timestamps.null_count > 0
-    if reencoded:
-        filled = pc.fill_null(timestamps, pa.scalar(now_ms(), TIMESTAMP_TYPE))
-        records = records.set_column(2, "timestamp", filled)
-    stamps = records.column("timestamp").cast(pa.int64())
-    bounds = pc.min_max(stamps)
-    lowest, highest = bounds["min"].as_py(), bounds["max"].as_py()
-    if lowest < 0 or highest > MAX_TIMESTAMP_MS:
-        _raise_bad_timestamp(stamps)
+    if reencoded:  # the node's clock, which is within the limits
+        now = now_ms()
+        records = records.set_column(2, "timestamp", pc.fill_null(timestamps, pa.scalar(now, TIMESTAMP_TYPE)))
+        highest = now if bounds is None else max(bounds[1], now)
+    else:
+        assert bounds is not None
+        highest = bounds[1]
     if reencoded:
         payload = _encode_within(records, max_batch_bytes, {CLIENT_CRC_KEY: b"%d" % checksum})
         payload_crc = crc32c(payload)
@@ -132,7 +141,7 @@ def prepare_batch(data: Any, *, max_batch_bytes: int) -> PreparedBatch:
         payload=payload,
         records=records,
         record_count=count,
-        first_timestamp_ms=int(stamps[0].as_py()),
+        first_timestamp_ms=int(records.column("timestamp")[0].value),
         max_timestamp_ms=int(highest),
         checksum=checksum,
         payload_crc=payload_crc,
@@ -147,58 +156,6 @@ def _encode_within(
     if payload.size > max_batch_bytes:
         _raise_too_large(payload.size, max_batch_bytes)
     return payload
-
-
-def _check_keys(keys: pa.ChunkedArray) -> None:
-    if keys.null_count < len(keys):
-        _check_at_most(pc.binary_length(keys), MAX_KEY_BYTES, "key", "max_key_bytes", "a key of {} bytes")
-
-
-def _check_tags(tags: pa.ChunkedArray) -> None:
-    if tags.null_count == len(tags):
-        return
-    counts = pc.list_value_length(tags)
-    _check_at_most(counts, MAX_TAGS_PER_RECORD, "tags", "max_tags_per_record", "{} tags")
-    flat = pc.list_flatten(tags)
-    if len(flat):  # lengths in UTF-8 bytes, as the tag index stores them
-        lengths = pc.binary_length(flat)
-        rows = pc.list_parent_indices(tags)
-        _check_at_most(lengths, MAX_TAG_BYTES, "tags", "max_tag_bytes", "a tag of {} bytes of UTF-8", rows)
-
-
-def _check_at_most(sizes: Any, maximum: int, column: str, limit: str, what: str, rows: Any = None) -> None:
-    """Raise naming ``limit`` if any of ``sizes`` (one per row, or per ``rows[i]``) is above ``maximum``."""
-    largest = pc.max(sizes).as_py()
-    if largest is None or largest <= maximum:
-        return
-    position = pc.index(pc.greater(sizes, maximum), True).as_py()
-    row = position if rows is None else rows[position].as_py()
-    size = sizes[position].as_py()
-    raise InvalidRecordBatch(
-        f"record {row} has {what.format(size)}; the limit {limit} is {maximum}",
-        column=column,
-        row=row,
-        size=size,
-        limit=limit,
-        max=maximum,
-    )
-
-
-def _raise_bad_timestamp(stamps: pa.ChunkedArray) -> None:
-    outside = pc.or_(pc.less(stamps, 0), pc.greater(stamps, MAX_TIMESTAMP_MS))
-    row = pc.index(outside, True).as_py()
-    value = stamps[row].as_py()
-    raise InvalidRecordBatch(
-        f"record {row} has timestamp {value}, outside the supported range 0..{MAX_TIMESTAMP_MS} "
-        "(milliseconds since 1970-01-01 UTC, up to 9999-12-31); a value in microseconds or "
-        "nanoseconds is the usual cause",
-        column="timestamp",
-        row=row,
-        value=value,
-        limit="timestamp",
-        min=0,
-        max=MAX_TIMESTAMP_MS,
-    )
 
 
 def _raise_too_large(size: int, limit: int) -> None:

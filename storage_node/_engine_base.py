@@ -12,17 +12,19 @@ Idempotent producers' windows and the rule every engine applies to them are in
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from robustmq._frame import FLAG_REENCODED, decode_frames, encode_header
-from robustmq._records import READ_SCHEMA
-from robustmq.errors import InvalidRequest, OffsetOutOfRange, StaleEpoch
+from robustmq._records import READ_SCHEMA, tag_rows
+from robustmq.errors import InvalidRequest, OffsetOutOfRange, RobustMQError, StaleEpoch
 
-from ._adapter import AppendRequest, MiB, ReadResult, ShardOffsets, StorageAdapter
+from ._adapter import AppendRequest, AppendResult, MiB, ReadResult, ShardConfig, ShardOffsets, StorageAdapter
+from ._batch import prepare_batch
 
 __all__ = [
     "MAX_GROUP_CHARS",
@@ -32,6 +34,7 @@ __all__ = [
     "check_request",
     "check_start",
     "decode_frames",
+    "each_request",
     "frame_header",
     "stale_epoch",
 ]
@@ -52,6 +55,33 @@ def frame_header(request: AppendRequest, base_offset: int) -> bytes:
         payload_crc=batch.payload_crc if batch.payload_crc >= 0 else None,
         flags=FLAG_REENCODED if batch.reencoded else 0,
     )
+
+
+def each_request(
+    requests: Sequence[AppendRequest],
+    prepare: Callable[[AppendRequest], AppendRequest],
+    write_group: Callable[[list[AppendRequest], dict[int, RobustMQError]], list[AppendResult]],
+) -> list[AppendResult | RobustMQError]:
+    """``batch_write_each`` from an engine's two steps: validate each request, then one group.
+
+    ``write_group(prepared, refused)`` records the requests its admission
+    refuses in ``refused`` (by position in ``prepared``) instead of raising.
+    """
+    outcomes: list[AppendResult | RobustMQError | None] = [None] * len(requests)
+    prepared: list[AppendRequest] = []
+    positions: list[int] = []
+    for position, request in enumerate(requests):
+        try:
+            prepared.append(prepare(request))
+            positions.append(position)
+        except RobustMQError as error:
+            outcomes[position] = error
+    if prepared:
+        refused: dict[int, RobustMQError] = {}
+        results = write_group(prepared, refused)
+        for index, (position, result) in enumerate(zip(positions, results, strict=True)):
+            outcomes[position] = refused.get(index, result)
+    return [outcome for outcome in outcomes if outcome is not None]
 
 
 def stale_epoch(shard: str, current_epoch: int, epoch: int) -> StaleEpoch:
@@ -115,9 +145,20 @@ def check_group(group: str, offset: int = 0) -> None:
 
 
 class EngineBase(StorageAdapter):
-    """Reads by offset, key, tag and timestamp built on ``read_frames`` and three lookups."""
+    """Writes built on ``prepare`` and one group commit; reads by offset, key, tag and timestamp
+    built on ``read_frames`` and three lookups."""
 
     # -- what an engine provides -------------------------------------------
+
+    def _write_limits(self, shard: str) -> tuple[ShardConfig, int]:
+        """A writable shard's config and epoch; raises ``ShardNotFound`` or ``ShardFailed``."""
+        raise NotImplementedError
+
+    def _write_group(
+        self, prepared: list[AppendRequest], refused: dict[int, RobustMQError] | None
+    ) -> list[AppendResult]:
+        """One group commit of prepared requests (see :func:`each_request` for ``refused``)."""
+        raise NotImplementedError
 
     def _lookup_key(self, shard: str, key: bytes) -> int | None:
         raise NotImplementedError
@@ -127,6 +168,23 @@ class EngineBase(StorageAdapter):
 
     def _lookup_time(self, shard: str, timestamp_ms: int) -> int | None:
         raise NotImplementedError
+
+    # -- shared writes -------------------------------------------------------
+
+    def prepare(self, request: AppendRequest) -> AppendRequest:
+        """Validate one request without writing: the request with its batch prepared."""
+        config, epoch = self._write_limits(request.shard)
+        check_request(request)
+        batch = prepare_batch(request.records, max_batch_bytes=config.max_batch_bytes)
+        if request.epoch < epoch:
+            raise stale_epoch(request.shard, epoch, request.epoch)
+        return replace(request, records=batch)
+
+    def batch_write(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+        return self._write_group([self.prepare(request) for request in requests], None)
+
+    def batch_write_each(self, requests: Sequence[AppendRequest]) -> list[AppendResult | RobustMQError]:
+        return each_request(requests, self.prepare, self._write_group)
 
     # -- shared reads --------------------------------------------------------
 
@@ -307,11 +365,11 @@ class EngineBase(StorageAdapter):
 def _tag_mask(records: pa.Table, tag: str) -> np.ndarray:
     """Which rows carry ``tag`` (vectorised over the list column)."""
     mask = np.zeros(records.num_rows, dtype=bool)
-    tags = records.column("tags").combine_chunks()
-    if len(tags):
-        flat = pc.list_flatten(tags)
-        parents = pc.list_parent_indices(tags)
-        mask[pc.filter(parents, pc.equal(flat, tag)).to_numpy(zero_copy_only=False)] = True
+    tags = records.column("tags")
+    if tags.null_count < len(tags):
+        flat, rows = tag_rows(tags)
+        if len(flat):
+            mask[rows[pc.fill_null(pc.equal(flat, tag), False).to_numpy(zero_copy_only=False)]] = True
     return mask
 
 

@@ -11,7 +11,7 @@ big-endian unsigned integer, so keys sort by shard, then by offset::
     tag_index      sid be16(len) tag be64(base_offset)        (empty)               one per frame
     records        sid be64(base_offset)                      whole frame           rocksdb engine
     default        "N"                                        be32(next shard id)
-                   "S" name                                   JSON shard record
+                   "S" name                                   JSON shard record (see ShardRecord)
                    "C" sid                                    checkpoint (see SegmentEngine)
                    "E" sid be64(segment base)                 sealed segment record
                    "T" sid be64(segment base) tag             (empty): tags seen in a segment
@@ -90,15 +90,31 @@ def from_be64(data: bytes) -> int:
 
 
 class ShardRecord:
-    """A shard's durable registration: its id and config (as a dict)."""
+    """A shard's durable registration: its id and config (as a dict).
 
-    __slots__ = ("config", "created_ms", "name", "sid")
+    ``checksums_from`` (segment engine): the offset from which every frame of
+    the shard was written by a node that flags re-encoded payloads
+    (``FLAG_REENCODED``), so that an unflagged frame's payload is its
+    producer's bytes. Frames below it were written by an older node, which
+    re-encoded without a flag: recovery rebuilds their producer entries with
+    an unknown checksum. None: no node of this format has opened the shard yet.
+    """
 
-    def __init__(self, name: str, sid: int, config: dict[str, Any], created_ms: int) -> None:
+    __slots__ = ("checksums_from", "config", "created_ms", "name", "sid")
+
+    def __init__(
+        self,
+        name: str,
+        sid: int,
+        config: dict[str, Any],
+        created_ms: int,
+        checksums_from: int | None = None,
+    ) -> None:
         self.name = name
         self.sid = sid
         self.config = config
         self.created_ms = created_ms
+        self.checksums_from = checksums_from
 
 
 def _options(*, memtable_mib: int, cache: rocksdict.Cache) -> rocksdict.Options:
@@ -459,6 +475,37 @@ class IndexStore:
                 it.prev()
             it.seek_for_prev(producer_prefix)  # the previous producer's newest key
 
+    def expire_producers(
+        self,
+        wb: rocksdict.WriteBatch,
+        sid: int,
+        *,
+        earliest_offset: int,
+        written_before_ms: int,
+        unknown_written_ms: int,
+    ) -> list[int]:
+        """Delete (in ``wb``) every producer of a shard whose newest entry is expired; return their ids.
+
+        Expired: the entry's batch starts below ``earliest_offset`` (retention
+        removed it, and every older one) or it was written before
+        ``written_before_ms`` (an entry without a time counts as written at
+        ``unknown_written_ms``). One reverse seek per producer, newest key first.
+        """
+        self.check_open()
+        shard_prefix = b"W" + sid_bytes(sid)
+        expired = []
+        it = self._db.iter()
+        it.seek_for_prev(shard_prefix + b"\xff" * 16)
+        while it.valid() and it.key().startswith(shard_prefix):
+            producer_prefix = bytes(it.key()[: len(shard_prefix) + 8])
+            newest = decode_entry(bytes(it.value()))
+            written_ms = newest.written_ms or unknown_written_ms
+            if newest.base_offset < earliest_offset or written_ms < written_before_ms:
+                wb.delete_range(producer_prefix, producer_prefix + b"\xff" * 8)
+                expired.append(from_be64(producer_prefix[len(shard_prefix) :]))
+            it.seek_for_prev(producer_prefix)  # the previous producer's newest key
+        return expired
+
     def migrate_producer_windows(self) -> int:
         """Rewrite windows in the old ``P`` format as ``W`` entries (checksum unknown); return how many."""
         migrated = 0
@@ -491,7 +538,9 @@ class IndexStore:
             return sid
 
     def put_shard(self, record: ShardRecord) -> None:
-        body = {"sid": record.sid, "config": record.config, "created_ms": record.created_ms}
+        body: dict[str, Any] = {"sid": record.sid, "config": record.config, "created_ms": record.created_ms}
+        if record.checksums_from is not None:
+            body["checksums_from"] = record.checksums_from
         self.put_meta_sync(b"S" + record.name.encode(), json.dumps(body).encode())
 
     def delete_shard_record(self, name: str) -> None:
@@ -500,7 +549,9 @@ class IndexStore:
 
     def load_shards(self) -> list[ShardRecord]:
         return [
-            ShardRecord(key[1:].decode(), body["sid"], body["config"], body["created_ms"])
+            ShardRecord(
+                key[1:].decode(), body["sid"], body["config"], body["created_ms"], body.get("checksums_from")
+            )
             for key, body in ((k, json.loads(v)) for k, v in self.scan_meta(b"S"))
         ]
 

@@ -18,6 +18,7 @@ from rocksdict import WriteBatch
 from robustmq._records import now_ms
 from robustmq.errors import (
     EngineClosed,
+    RobustMQError,
     ShardAlreadyExists,
     ShardNotFound,
     StaleEpoch,
@@ -27,7 +28,14 @@ from ._adapter import AppendRequest, AppendResult, ShardConfig, validate_shard_n
 from ._batch import PreparedBatch
 from ._engine_base import EngineBase, check_group, stale_epoch
 from ._index_store import IndexStore, ShardRecord, be64
-from ._producer_state import IndexedWindow, ProducerEntry, Tail, TailCache, check_sequence
+from ._producer_state import (
+    PRODUCER_EXPIRATION_MS,
+    IndexedWindow,
+    PendingTail,
+    ProducerEntry,
+    TailCache,
+    check_sequence,
+)
 
 __all__ = ["IndexedEngine", "PendingBase", "ShardBase"]
 
@@ -56,7 +64,7 @@ class PendingBase:
     shard: ShardBase
     log_end: int
     epoch: int
-    producers: dict[int, Tail] = field(default_factory=dict)
+    producers: dict[int, PendingTail] = field(default_factory=dict)
 
 
 class IndexedEngine(EngineBase):
@@ -64,11 +72,13 @@ class IndexedEngine(EngineBase):
 
     _index: IndexStore
 
-    def _init_registry(self, index: IndexStore) -> None:
+    def _init_registry(self, index: IndexStore, producer_expiration_ms: int = PRODUCER_EXPIRATION_MS) -> None:
         self._index = index
         self._shards: dict[str, ShardBase] = {}
         self._registry = threading.RLock()
         self._producers = TailCache(load=index.producer_tail)
+        self._producer_expiration_ms = producer_expiration_ms
+        self._opened_ms = now_ms()  # stands in for the unknown write time of entries of the old layout
         self._closed = False
         migrated = index.migrate_producer_windows()
         if migrated:
@@ -170,10 +180,12 @@ class IndexedEngine(EngineBase):
 
     # -- producer windows (see _producer_state) ---------------------------------
 
-    def _window(self, pending: PendingBase, producer_id: int) -> Tail:
+    def _window(self, pending: PendingBase, producer_id: int) -> PendingTail:
         tail = pending.producers.get(producer_id)
         if tail is None:
-            tail = self._producers.get(pending.shard.sid, producer_id)
+            tail = pending.producers[producer_id] = PendingTail(
+                self._producers.get(pending.shard.sid, producer_id)
+            )
         return tail
 
     def _check_sequence(self, pending: PendingBase, request: AppendRequest) -> AppendResult | None:
@@ -195,7 +207,11 @@ class IndexedEngine(EngineBase):
         )
 
     def _admit(
-        self, requests: list[AppendRequest], pending: dict[str, PendingBase], wb: WriteBatch
+        self,
+        requests: list[AppendRequest],
+        pending: dict[str, PendingBase],
+        wb: WriteBatch,
+        refused: dict[int, RobustMQError] | None = None,
     ) -> list[AppendResult]:
         """Pass one of a group commit, before any byte is written: fence, deduplicate, number.
 
@@ -203,26 +219,39 @@ class IndexedEngine(EngineBase):
         its producer's window (replays of the group's own requests included);
         the new ones get consecutive base offsets and window entries (in
         ``wb``). A refusal raises here, so a group with one bad request writes
-        nothing. The caller then writes the non-duplicates at those offsets.
+        nothing; with ``refused`` given, it is recorded there under the
+        request's index instead (its result is a placeholder the caller must
+        not use) and the group goes on as if the request had not been sent.
+        The caller then writes the non-duplicates at those offsets.
         """
         cursors = {name: item.log_end for name, item in pending.items()}
         results = []
-        for request in requests:
+        now = now_ms()
+        for index, request in enumerate(requests):
             item = pending[request.shard]
             batch = request.records
             assert isinstance(batch, PreparedBatch)
-            if request.epoch < item.epoch:
-                raise item.shard.stale(request.epoch)
+            try:
+                if request.epoch < item.epoch:
+                    raise item.shard.stale(request.epoch)
+                idempotent = request.producer_id >= 0
+                duplicate = self._check_sequence(item, request) if idempotent else None
+            except RobustMQError as error:
+                if refused is None:
+                    raise
+                refused[index] = error
+                results.append(AppendResult(request.shard, -1, 0, duplicate=True))
+                continue
             item.epoch = request.epoch
-            idempotent = request.producer_id >= 0
-            duplicate = self._check_sequence(item, request) if idempotent else None
             if duplicate is not None:
                 results.append(duplicate)
                 continue
             base = cursors[request.shard]
             cursors[request.shard] = base + batch.record_count
             if idempotent:
-                entry = ProducerEntry(request.producer_sequence, base, batch.record_count, batch.checksum)
+                entry = ProducerEntry(
+                    request.producer_sequence, base, batch.record_count, batch.checksum, now
+                )
                 self._remember(item, wb, request.producer_id, entry)
             results.append(AppendResult(request.shard, base, batch.record_count))
         return results
@@ -230,11 +259,34 @@ class IndexedEngine(EngineBase):
     def _remember(self, pending: PendingBase, wb: WriteBatch, producer_id: int, entry: ProducerEntry) -> None:
         """Add a stored batch to its producer's window (in ``wb``; the cache only once durable)."""
         tail = self._window(pending, producer_id)
-        if tail.entries and entry.sequence <= tail.entries[-1].sequence:
+        last = tail.last()
+        if last is not None and entry.sequence <= last.sequence:
             return  # already remembered: a recovery rescanning frames a previous one indexed
         self._index.put_producer_entry(wb, pending.shard.sid, producer_id, tail.next_ordinal, entry)
-        pending.producers[producer_id] = tail.append(entry)
+        tail.append(entry)
+
+    @staticmethod
+    def _settle_producers(pending: PendingBase) -> None:
+        """The pending entries were written (a long rescan writes in steps): keep only the newest."""
+        for producer_id, tail in pending.producers.items():
+            pending.producers[producer_id] = PendingTail(tail.settled())
 
     def _publish_producers(self, pending: PendingBase) -> None:
         for producer_id, tail in pending.producers.items():
-            self._producers.put(pending.shard.sid, producer_id, tail)
+            self._producers.put(pending.shard.sid, producer_id, tail.settled())
+
+    def _expire_producers(self, state: ShardBase, earliest_offset: int, now: int) -> int:
+        """Forget producers whose newest entry is below ``earliest_offset`` or too old (lock held)."""
+        wb = self._index.new_batch()
+        expired = self._index.expire_producers(
+            wb,
+            state.sid,
+            earliest_offset=earliest_offset,
+            written_before_ms=now - self._producer_expiration_ms,
+            unknown_written_ms=self._opened_ms,
+        )
+        if expired:
+            self._index.write(wb)
+            self._producers.forget(state.sid, expired)
+            log.info("shard %s: forgot %d idle producers", state.name, len(expired))
+        return len(expired)

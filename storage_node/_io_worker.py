@@ -10,10 +10,13 @@ go into one FIFO.
 
 A worker blocks for its first item, drains what else is queued (up to
 ``max_group_requests``) and handles the items **in queue order**: consecutive
-produce requests form a group that is appended with one ``batch_write`` per
-engine (one fsync for the group); any other item first appends the group
-gathered before it, then runs. If a group's append fails, its requests are
-appended again one by one, so only the request that fails gets the error.
+produce requests form a group that is appended with one ``batch_write_each``
+per engine (one fsync for the group); any other item first appends the group
+gathered before it, then runs. A request the engine refuses on its own (a
+replay that does not match, a sequence out of order, a stale epoch) gets its
+error and the rest of the group is written; if the group's append fails as a
+whole, its requests are appended again one by one, so only the request that
+fails gets the error.
 
 No item ever waits for the Meta Service on this thread:
 
@@ -67,7 +70,7 @@ from robustmq.errors import (
     Unavailable,
 )
 
-from ._adapter import AppendRequest, StorageAdapter
+from ._adapter import AppendRequest, AppendResult, StorageAdapter
 from ._batch import prepare_batch
 from ._control import Job, MetaAnswer, MetaControl
 from ._driver_manager import split_shard_name
@@ -75,7 +78,16 @@ from ._engine_base import check_producer
 from ._sealing import Sealer
 from ._shards import NodeShard, ShardDirectory
 
-__all__ = ["REFRESH_INTERVAL_S", "DeleteShard", "IOWorker", "ParkRead", "Request", "Reserved", "WorkQueue"]
+__all__ = [
+    "REFRESH_INTERVAL_S",
+    "DeleteShard",
+    "IOWorker",
+    "ParkRead",
+    "Request",
+    "Reserved",
+    "WorkQueue",
+    "producer_fields",
+]
 
 log = logging.getLogger("robustmq.node")
 
@@ -186,6 +198,33 @@ class _Awaiting:
 
     everything: bool
     requests: list[Request] = field(default_factory=list)
+
+
+def producer_fields(produce: pb.ProduceRequest) -> tuple[int, int]:
+    """``(producer_id, producer_sequence)`` of a produce request; ``(-1, -1)`` if not idempotent.
+
+    The fields are ``optional``: a request without ``producer_id`` is not
+    idempotent (proto3 would otherwise read it as producer 0, sequence 0, and
+    take every later such request for a duplicate). A ``producer_id`` without
+    ``producer_sequence`` is sequence 0: a client built before the fields had
+    presence sends no bytes for a 0. Raises ``InvalidRequest`` for a sequence
+    without a producer and for values the frame cannot hold.
+    """
+    if not produce.HasField("producer_id"):
+        if produce.HasField("producer_sequence") and produce.producer_sequence != -1:
+            raise InvalidRequest(
+                "producer_sequence is set but producer_id is not",
+                shard=produce.shard,
+                producer_sequence=produce.producer_sequence,
+            )
+        return -1, -1
+    producer_id = produce.producer_id
+    if produce.HasField("producer_sequence"):
+        sequence = produce.producer_sequence
+    else:
+        sequence = 0 if producer_id >= 0 else -1
+    check_producer(producer_id, sequence)
+    return producer_id, sequence
 
 
 class IOWorker(threading.Thread):
@@ -324,7 +363,7 @@ class IOWorker(threading.Thread):
                     shard=produce.shard,
                 )
             state.check_write(produce.epoch)
-            check_producer(produce.producer_id, produce.producer_sequence)
+            producer_id, producer_sequence = producer_fields(produce)
             batch = prepare_batch(item.payloads[0].buffer, max_batch_bytes=state.config.max_batch_bytes)
         except Exception as error:
             if not isinstance(error, RobustMQError):
@@ -339,9 +378,7 @@ class IOWorker(threading.Thread):
                 self.fail(item, Busy(f"offsets of {state.name} are being reserved; retry", shard=state.name))
                 return
             state.grouped += batch.record_count
-        request = AppendRequest(
-            state.engine_shard, batch, produce.epoch, produce.producer_id, produce.producer_sequence
-        )
+        request = AppendRequest(state.engine_shard, batch, produce.epoch, producer_id, producer_sequence)
         self._group.append((item, state, request))
 
     # -- appending a group ----------------------------------------------------------------
@@ -369,8 +406,11 @@ class IOWorker(threading.Thread):
         entries: list[tuple[Request, NodeShard, AppendRequest]],
         touched: dict[str, NodeShard],
     ) -> None:
+        results: list[AppendResult | BaseException]
         try:
-            results = engine.batch_write([request for _, _, request in entries])
+            # A request refused on its own (its producer's window, a stale epoch) gets its error
+            # in its place; the rest of the group is written with one fsync.
+            results = list(engine.batch_write_each([request for _, _, request in entries]))
         except Exception as error:
             if len(entries) > 1:  # find the culprit: the others must not fail with it
                 log.warning(
@@ -379,16 +419,11 @@ class IOWorker(threading.Thread):
                 for entry in entries:
                     self._append(engine, [entry], touched)
                 return
-            item, state, _ = entries[0]
-            if isinstance(error, StaleEpoch):  # the engine saw a newer epoch than this node
-                error = SegmentSealed(error.message, shard=state.name)
-                state.refreshed_at = 0.0  # the client's retry may refresh at once
-            elif not isinstance(error, RobustMQError):
-                log.exception("append to %s failed", state.name)
-                error = Unavailable(f"append failed: {error}", shard=state.name)
-            self.fail(item, error)
-            return
+            results = [error]
         for (item, state, request), result in zip(entries, results, strict=True):
+            if isinstance(result, BaseException):
+                self._refuse(item, state, result)
+                continue
             if not result.duplicate:
                 state.segment_bytes += 64 + request.records.payload.size
             response = pb.NodeResponse(
@@ -403,6 +438,15 @@ class IOWorker(threading.Thread):
             )
             self.reply(item, response)
             touched[state.name] = state
+
+    def _refuse(self, item: Request, state: NodeShard, error: BaseException) -> None:
+        if isinstance(error, StaleEpoch):  # the engine saw a newer epoch than this node
+            error = SegmentSealed(error.message, shard=state.name)
+            state.refreshed_at = 0.0  # the client's retry may refresh at once
+        elif not isinstance(error, RobustMQError):
+            log.error("append to %s failed", state.name, exc_info=error)
+            error = Unavailable(f"append failed: {error}", shard=state.name)
+        self.fail(item, error)
 
     def fail(self, item: Request, error: BaseException) -> None:
         if not item.answered:

@@ -11,8 +11,11 @@ them) in offset order, and four indexes in plain dicts and lists:
 Each shard keeps at most ``retention_records`` records and
 ``retention_bytes`` bytes (the engine's defaults when the shard sets no
 limit): older frames are dropped after each append, the newest is always
-kept. Thread-safe: one lock per shard for writers; readers copy references
-under it.
+kept. Idempotent producers' windows go with their frames: a producer whose
+newest remembered batch was dropped is forgotten, and so is one idle for
+``producer_expiration_ms`` (checked by :meth:`MemoryEngine.enforce_retention`),
+so the windows are bounded by the retained frames. Thread-safe: one lock per
+shard for writers; readers copy references under it.
 """
 
 from __future__ import annotations
@@ -20,13 +23,13 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from robustmq._records import now_ms
-from robustmq.errors import EngineClosed, ShardAlreadyExists, ShardNotFound
+from robustmq.errors import EngineClosed, RobustMQError, ShardAlreadyExists, ShardNotFound
 
 from ._adapter import (
     AppendRequest,
@@ -37,17 +40,22 @@ from ._adapter import (
     ShardOffsets,
     validate_shard_name,
 )
-from ._batch import PreparedBatch, prepare_batch
+from ._batch import PreparedBatch
 from ._engine_base import (
     EngineBase,
     check_group,
-    check_request,
     check_start,
     distinct_tags,
     frame_header,
     stale_epoch,
 )
-from ._producer_state import GroupWindows, MemoryWindow, ProducerEntry, check_sequence
+from ._producer_state import (
+    PRODUCER_EXPIRATION_MS,
+    GroupWindows,
+    MemoryWindow,
+    ProducerEntry,
+    check_sequence,
+)
 
 __all__ = ["MemoryEngine"]
 
@@ -93,6 +101,8 @@ class MemoryEngine(EngineBase):
     max_records_per_shard, max_bytes_per_shard
         Retention applied to shards whose config leaves records or bytes
         unlimited, so memory is bounded whatever the config says.
+    producer_expiration_ms
+        An idempotent producer that stored nothing for this long is forgotten.
     """
 
     name = "memory"
@@ -103,8 +113,10 @@ class MemoryEngine(EngineBase):
         default_config: ShardConfig | None = None,
         max_records_per_shard: int = 1_000_000,
         max_bytes_per_shard: int = 256 * MiB,
+        producer_expiration_ms: int = PRODUCER_EXPIRATION_MS,
     ) -> None:
         self._default_config = default_config or ShardConfig()
+        self._producer_expiration_ms = producer_expiration_ms
         self._max_records = max_records_per_shard
         self._max_bytes = max_bytes_per_shard
         self._shards: dict[str, _Shard] = {}
@@ -153,20 +165,19 @@ class MemoryEngine(EngineBase):
 
     # -- writes --------------------------------------------------------------
 
-    def batch_write(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
-        prepared = []
-        for request in requests:
-            state = self._shard(request.shard)
-            check_request(request)
-            batch = prepare_batch(request.records, max_batch_bytes=state.config.max_batch_bytes)
-            if request.epoch < state.epoch:
-                raise stale_epoch(state.name, state.epoch, request.epoch)
-            prepared.append((state, replace(request, records=batch)))
+    def _write_limits(self, shard: str) -> tuple[ShardConfig, int]:
+        state = self._shard(shard)
+        return state.config, state.epoch
+
+    def _write_group(
+        self, requests: list[AppendRequest], refused: dict[int, RobustMQError] | None
+    ) -> list[AppendResult]:
+        prepared = [(self._shard(request.shard), request) for request in requests]
         states = sorted({id(state): state for state, _ in prepared}.values(), key=lambda state: state.name)
         for state in states:
             state.lock.acquire()
         try:
-            results = self._admit(prepared)
+            results = self._admit(prepared, refused)
             for (state, request), result in zip(prepared, results, strict=True):
                 if not result.duplicate:
                     self._append(state, request, result.base_offset)
@@ -179,34 +190,51 @@ class MemoryEngine(EngineBase):
                 state.lock.release()
 
     @staticmethod
-    def _admit(prepared: list[tuple[_Shard, AppendRequest]]) -> list[AppendResult]:
-        """Fence, deduplicate and number the whole group before anything is stored (locks held)."""
+    def _admit(
+        prepared: list[tuple[_Shard, AppendRequest]], refused: dict[int, RobustMQError] | None
+    ) -> list[AppendResult]:
+        """Fence, deduplicate and number the whole group before anything is stored (locks held).
+
+        A refusal raises, or with ``refused`` given is recorded there by
+        position (its result is a placeholder) and the group goes on without it.
+        """
         windows = {state.name: GroupWindows(state.producers) for state, _ in prepared}
         cursors = {state.name: state.log_end for state, _ in prepared}
         epochs = {state.name: state.epoch for state, _ in prepared}
         results = []
-        for state, request in prepared:
+        now = now_ms()
+        for index, (state, request) in enumerate(prepared):
             batch = request.records
             assert isinstance(batch, PreparedBatch)
-            if request.epoch < epochs[state.name]:
-                raise stale_epoch(state.name, epochs[state.name], request.epoch)
+            try:
+                if request.epoch < epochs[state.name]:
+                    raise stale_epoch(state.name, epochs[state.name], request.epoch)
+                duplicate = None
+                if request.producer_id >= 0:
+                    duplicate = check_sequence(
+                        windows[state.name].window(request.producer_id),
+                        shard=state.name,
+                        producer_id=request.producer_id,
+                        sequence=request.producer_sequence,
+                        record_count=batch.record_count,
+                        checksum=batch.checksum,
+                    )
+            except RobustMQError as error:
+                if refused is None:
+                    raise
+                refused[index] = error
+                results.append(AppendResult(state.name, -1, 0, duplicate=True))
+                continue
             epochs[state.name] = request.epoch
-            if request.producer_id >= 0:
-                duplicate = check_sequence(
-                    windows[state.name].window(request.producer_id),
-                    shard=state.name,
-                    producer_id=request.producer_id,
-                    sequence=request.producer_sequence,
-                    record_count=batch.record_count,
-                    checksum=batch.checksum,
-                )
-                if duplicate is not None:
-                    results.append(duplicate)
-                    continue
+            if duplicate is not None:
+                results.append(duplicate)
+                continue
             base = cursors[state.name]
             cursors[state.name] = base + batch.record_count
             if request.producer_id >= 0:
-                entry = ProducerEntry(request.producer_sequence, base, batch.record_count, batch.checksum)
+                entry = ProducerEntry(
+                    request.producer_sequence, base, batch.record_count, batch.checksum, now
+                )
                 windows[state.name].add(request.producer_id, entry)
             results.append(AppendResult(state.name, base, batch.record_count))
         for group in windows.values():
@@ -262,10 +290,10 @@ class MemoryEngine(EngineBase):
             for key in frame.keys.to_pylist():
                 if key is not None and state.keys.get(key, frame.next_offset) < frame.next_offset:
                     del state.keys[key]
-        if frame.producer_id >= 0:  # retention bounds the windows too; each keeps its last entry
+        if frame.producer_id >= 0:  # retention bounds the windows too
             window = state.producers.get(frame.producer_id)
-            if window is not None:
-                window.forget_before(frame.next_offset)
+            if window is not None and window.forget_before(frame.next_offset):
+                del state.producers[frame.producer_id]  # nothing it stored is left
         for tag in frame.tags:
             bases = state.tags[tag]
             while bases and bases[0] < frame.next_offset:
@@ -285,6 +313,9 @@ class MemoryEngine(EngineBase):
                 before = state.earliest
                 self._trim(state, now)
                 removed += state.earliest - before
+                idle_since = now - self._producer_expiration_ms
+                for producer_id in [p for p, w in state.producers.items() if w.expired(idle_since)]:
+                    del state.producers[producer_id]
         return removed
 
     # -- reads ---------------------------------------------------------------

@@ -2,9 +2,11 @@
 
 Per (shard, producer id) an engine remembers the last :data:`PRODUCER_WINDOW`
 (1,024) batches it stored as :class:`ProducerEntry` ``(sequence, base_offset,
-record_count, checksum)``, where ``checksum`` is the CRC-32C of the batch as
-the producer sent it (before the node filled any missing timestamp; -1 when
-unknown, for entries migrated from the format without checksums). Sequences
+record_count, checksum, written_ms)``, where ``checksum`` is the CRC-32C of the
+batch as the producer sent it (before the node filled any missing timestamp;
+-1 when unknown: entries migrated from the format without checksums, or
+rebuilt from frames an older node wrote) and ``written_ms`` the node's clock
+when it was stored (0: unknown, entries of the 28-byte format). Sequences
 must increase but may skip values (the Spark sink sends request ``k`` of
 micro-batch ``b`` as ``b * 2**20 + k``). :func:`check_sequence` decides a
 request against a producer's window:
@@ -22,11 +24,23 @@ request against a producer's window:
 
 Only a stored batch enters the window; a refused one changes nothing.
 
+**Expiry.** A producer's whole window is forgotten once its newest entry is
+below the shard's earliest retained offset (retention removed every batch it
+remembers) or older than ``producer_expiration_ms`` (default
+:data:`PRODUCER_EXPIRATION_MS`, one day, as Kafka's
+``producer.id.expiration.ms``), so producer state is bounded by the retained
+log and by the producers active in the last day. A forgotten producer is new
+again: its next batch is stored whatever its sequence.
+
 Indexed engines (segment, rocksdb) keep one small RocksDB key per entry, in the
 ``default`` column family, written in the group commit's WriteBatch::
 
     "W" sid be64(producer_id) be64(ordinal)  ->  sequence i64, base_offset i64,
-                                                 record_count u32, checksum i64
+                                                 record_count u32, checksum i64,
+                                                 written_ms i64
+
+(36 bytes; entries of the previous 28-byte layout, without ``written_ms``,
+still decode, with ``written_ms`` 0.)
 
 ``ordinal`` counts a producer's stored batches on the shard from 0; writing
 ordinal ``n`` deletes ordinal ``n - 1024``, so a write costs one put and one
@@ -37,8 +51,11 @@ the ordinals (about ten point reads). The last ordinal is found again with one
 reverse seek, so there is no per-producer head record. The previous format,
 ``"P" sid be64(producer_id)`` -> up to 16 x (sequence i64, base_offset i64,
 count u32), is migrated to ``W`` entries (checksum -1) when a data directory
-is opened. The memory engine keeps the same window in lists and also forgets
-entries whose frames its retention dropped (keeping each producer's last).
+is opened. During a group commit (or a recovery's rescan) a producer's
+:class:`PendingTail` holds the entries added since its cached tail, appended
+in O(1) and searched by bisection, so a group of N requests of one producer
+costs O(N log N). The memory engine keeps the same window in lists and also
+forgets entries whose frames its retention dropped.
 
 Thread-safety: a shard's windows change only under its write lock; the LRU has
 its own lock. Crash behaviour: entries are written with the frames' index
@@ -52,7 +69,7 @@ import bisect
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from robustmq.errors import DuplicateSequenceMismatch, OutOfOrderSequence
@@ -60,12 +77,14 @@ from robustmq.errors import DuplicateSequenceMismatch, OutOfOrderSequence
 from ._adapter import AppendResult
 
 __all__ = [
+    "PRODUCER_EXPIRATION_MS",
     "PRODUCER_WINDOW",
     "TAIL_ENTRIES",
     "UNKNOWN_CHECKSUM",
     "GroupWindows",
     "IndexedWindow",
     "MemoryWindow",
+    "PendingTail",
     "ProducerEntry",
     "Tail",
     "TailCache",
@@ -76,9 +95,11 @@ __all__ = [
 ]
 
 PRODUCER_WINDOW = 1024
+PRODUCER_EXPIRATION_MS = 24 * 3600 * 1000
 TAIL_ENTRIES = 4
 UNKNOWN_CHECKSUM = -1
-_ENTRY = struct.Struct(">qqIq")
+_ENTRY = struct.Struct(">qqIqq")
+_ENTRY_WITHOUT_TIME = struct.Struct(">qqIq")  # the layout before written_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,13 +108,18 @@ class ProducerEntry:
     base_offset: int
     record_count: int
     checksum: int  # CRC-32C of the producer's bytes; -1 unknown
+    written_ms: int = 0  # when the node stored it; 0 unknown
 
 
 def encode_entry(entry: ProducerEntry) -> bytes:
-    return _ENTRY.pack(entry.sequence, entry.base_offset, entry.record_count, entry.checksum)
+    return _ENTRY.pack(
+        entry.sequence, entry.base_offset, entry.record_count, entry.checksum, entry.written_ms
+    )
 
 
 def decode_entry(raw: bytes) -> ProducerEntry:
+    if len(raw) == _ENTRY_WITHOUT_TIME.size:
+        return ProducerEntry(*_ENTRY_WITHOUT_TIME.unpack(raw))
     return ProducerEntry(*_ENTRY.unpack(raw))
 
 
@@ -158,43 +184,93 @@ def check_sequence(
 
 @dataclass(frozen=True, slots=True)
 class Tail:
-    """A producer's next ordinal and its newest entries (oldest first), as a value.
+    """A producer's next ordinal and its newest (at most :data:`TAIL_ENTRIES`) entries, oldest first.
 
-    In a group commit a pending tail also holds every entry the group added
-    (so the group's own replays find them before they reach RocksDB);
-    :meth:`trimmed` keeps the cached copy small.
+    What the cache holds: every entry it names is in RocksDB.
     """
 
     next_ordinal: int = 0
     entries: tuple[ProducerEntry, ...] = ()
 
-    def append(self, entry: ProducerEntry) -> Tail:
-        return Tail(self.next_ordinal + 1, (*self.entries, entry))
 
-    def trimmed(self) -> Tail:
-        return Tail(self.next_ordinal, self.entries[-TAIL_ENTRIES:])
+class PendingTail:
+    """A producer's tail inside a group commit: a cached :class:`Tail` plus the entries added since.
+
+    The added entries are not in RocksDB yet (they are in the group's
+    WriteBatch), so the group's own replays must find them here. Appending is
+    O(1) and finding a sequence among them a bisection. Owned by one writer
+    (under its shard's lock); :meth:`settled` gives the value to cache once
+    the entries are durable.
+    """
+
+    __slots__ = ("_added", "_sequences", "base")
+
+    def __init__(self, base: Tail) -> None:
+        self.base = base
+        self._added: list[ProducerEntry] = []
+        self._sequences: list[int] = []
+
+    @property
+    def next_ordinal(self) -> int:
+        return self.base.next_ordinal + len(self._added)
 
     @property
     def first_ordinal(self) -> int:
-        """The ordinal of ``entries[0]``."""
-        return self.next_ordinal - len(self.entries)
+        """The ordinal of the oldest entry held in memory (base entries first)."""
+        return self.next_ordinal - len(self._added) - len(self.base.entries)
+
+    def last(self) -> ProducerEntry | None:
+        if self._added:
+            return self._added[-1]
+        return self.base.entries[-1] if self.base.entries else None
+
+    def first(self) -> ProducerEntry | None:
+        if self.base.entries:
+            return self.base.entries[0]
+        return self._added[0] if self._added else None
+
+    def at(self, ordinal: int) -> ProducerEntry:
+        """The in-memory entry of ``ordinal`` (``first_ordinal <= ordinal < next_ordinal``)."""
+        index = ordinal - self.first_ordinal
+        held = len(self.base.entries)
+        return self.base.entries[index] if index < held else self._added[index - held]
+
+    def append(self, entry: ProducerEntry) -> None:
+        self._added.append(entry)
+        self._sequences.append(entry.sequence)
+
+    def find(self, sequence: int) -> ProducerEntry | None:
+        """The in-memory entry with ``sequence``, if any (sequences ascend with ordinals)."""
+        index = bisect.bisect_left(self._sequences, sequence)
+        if index < len(self._sequences) and self._sequences[index] == sequence:
+            return self._added[index]
+        for entry in self.base.entries:
+            if entry.sequence == sequence:
+                return entry
+        return None
+
+    def settled(self) -> Tail:
+        """The tail to cache once the added entries are durable (the newest few)."""
+        newest = (*self.base.entries, *self._added[-TAIL_ENTRIES:])[-TAIL_ENTRIES:]
+        return Tail(self.next_ordinal, newest)
 
 
 class IndexedWindow(Window):
-    """A window seen through its tail, reading older entries with ``get(ordinal)``."""
+    """A window seen through its pending tail, reading older entries with ``get(ordinal)``."""
 
-    def __init__(self, tail: Tail, get: Callable[[int], ProducerEntry | None]) -> None:
+    def __init__(self, tail: PendingTail, get: Callable[[int], ProducerEntry | None]) -> None:
         self._tail = tail
         self._get = get
 
     def last(self) -> ProducerEntry | None:
-        return self._tail.entries[-1] if self._tail.entries else None
+        return self._tail.last()
 
     def _oldest_ordinal(self) -> int | None:
         """The oldest stored ordinal: stored ordinals are a contiguous run ending at the tail."""
-        low, high = max(0, self._tail.next_ordinal - PRODUCER_WINDOW), self._tail.first_ordinal
+        tail = self._tail
+        low, high = max(0, tail.next_ordinal - PRODUCER_WINDOW), tail.first_ordinal
         if low >= high:
-            return high if self._tail.entries else None
+            return high if tail.last() is not None else None
         while low < high:  # the first ordinal in [low, high] that is present
             middle = (low + high) // 2
             if self._get(middle) is None:
@@ -208,16 +284,13 @@ class IndexedWindow(Window):
         if ordinal is None:
             return None
         if ordinal >= self._tail.first_ordinal:
-            return self._tail.entries[ordinal - self._tail.first_ordinal]
+            return self._tail.at(ordinal)
         return self._get(ordinal)
 
     def find(self, sequence: int) -> ProducerEntry | None:
-        entries = self._tail.entries
-        if entries and sequence >= entries[0].sequence:
-            for entry in reversed(entries):
-                if entry.sequence == sequence:
-                    return entry
-            return None
+        first = self._tail.first()
+        if first is not None and sequence >= first.sequence:
+            return self._tail.find(sequence)
         low = self._oldest_ordinal()
         high = self._tail.first_ordinal - 1
         while low is not None and low <= high:  # sequences ascend with ordinals
@@ -261,10 +334,15 @@ class TailCache:
 
     def put(self, sid: int, producer_id: int, tail: Tail) -> None:
         with self._lock:
-            self._tails[(sid, producer_id)] = tail.trimmed()
+            self._tails[(sid, producer_id)] = tail
             self._tails.move_to_end((sid, producer_id))
             if len(self._tails) > self._capacity:
                 self._tails.popitem(last=False)
+
+    def forget(self, sid: int, producer_ids: Iterable[int]) -> None:
+        with self._lock:
+            for producer_id in producer_ids:
+                self._tails.pop((sid, producer_id), None)
 
     def forget_shard(self, sid: int) -> None:
         with self._lock:
@@ -302,10 +380,18 @@ class MemoryWindow(Window):
         if len(self.entries) > PRODUCER_WINDOW:
             del self.entries[0], self.sequences[0]
 
-    def forget_before(self, offset: int) -> None:
-        """Drop entries of frames retention removed (below ``offset``), keeping the last one."""
-        while len(self.entries) > 1 and self.entries[0].base_offset < offset:
-            del self.entries[0], self.sequences[0]
+    def forget_before(self, offset: int) -> bool:
+        """Drop entries of frames retention removed (below ``offset``); True if none is left."""
+        dropped = 0
+        while dropped < len(self.entries) and self.entries[dropped].base_offset < offset:
+            dropped += 1
+        if dropped:
+            del self.entries[:dropped], self.sequences[:dropped]
+        return not self.entries
+
+    def expired(self, written_before_ms: int) -> bool:
+        """Whether the newest entry was stored before ``written_before_ms`` (or nothing is left)."""
+        return not self.entries or self.entries[-1].written_ms < written_before_ms
 
 
 class GroupWindows:

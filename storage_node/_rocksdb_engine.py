@@ -12,15 +12,15 @@ reads back that record and nothing needs recovering.
 Frames are grouped in chunks by base offset (``base // CHUNK_RECORDS``); the
 time index restarts its running maximum in each chunk, and retention removes
 whole chunks from the front of a shard (by records, bytes or age) with all
-their index entries, in one synced WriteBatch.
+their index entries, in one synced WriteBatch, then forgets idle idempotent
+producers (see ``_producer_state``).
 """
 
 from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from rocksdict import WriteBatch
@@ -32,13 +32,14 @@ from robustmq._frame import (
     verify_payload,
 )
 from robustmq._records import now_ms
-from robustmq.errors import OffsetOutOfRange
+from robustmq.errors import OffsetOutOfRange, RobustMQError
 
 from ._adapter import AppendRequest, AppendResult, FrameRead, MiB, ShardConfig, ShardOffsets
-from ._batch import PreparedBatch, prepare_batch
-from ._engine_base import check_request, check_start, distinct_tags, frame_header
+from ._batch import PreparedBatch
+from ._engine_base import check_start, distinct_tags, frame_header
 from ._index_store import IndexStore, ShardRecord, sid_bytes
 from ._indexed_engine import IndexedEngine, PendingBase, ShardBase
+from ._producer_state import PRODUCER_EXPIRATION_MS
 
 __all__ = ["RocksDBEngine"]
 
@@ -74,10 +75,14 @@ class RocksDBEngine(IndexedEngine):
     name = "rocksdb"
 
     def __init__(
-        self, data_dir: str | os.PathLike[str], *, default_config: ShardConfig | None = None
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        default_config: ShardConfig | None = None,
+        producer_expiration_ms: int = PRODUCER_EXPIRATION_MS,
     ) -> None:
         self._default_config = default_config or ShardConfig()
-        self._init_registry(IndexStore(Path(data_dir) / "rocksdb", with_records=True))
+        self._init_registry(IndexStore(Path(data_dir) / "rocksdb", with_records=True), producer_expiration_ms)
         for record in self._index.load_shards():
             self._shards[record.name] = self._load(record)
 
@@ -123,15 +128,13 @@ class RocksDBEngine(IndexedEngine):
 
     # -- writes --------------------------------------------------------------
 
-    def batch_write(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
-        prepared = []
-        for request in requests:
-            state = self._state(request.shard)
-            check_request(request)
-            batch = prepare_batch(request.records, max_batch_bytes=state.config.max_batch_bytes)
-            if request.epoch < state.epoch:
-                raise state.stale(request.epoch)
-            prepared.append(replace(request, records=batch))
+    def _write_limits(self, shard: str) -> tuple[ShardConfig, int]:
+        state = self._state(shard)
+        return state.config, state.epoch
+
+    def _write_group(
+        self, prepared: list[AppendRequest], refused: dict[int, RobustMQError] | None
+    ) -> list[AppendResult]:
         states = self._lock_shards({request.shard for request in prepared})
         try:
             self._check_open()
@@ -140,7 +143,7 @@ class RocksDBEngine(IndexedEngine):
                 assert isinstance(locked, _Shard)
                 pending[locked.name] = self._begin(locked)
             wb = self._index.new_batch()
-            results = self._admit(prepared, pending, wb)  # type: ignore[arg-type]
+            results = self._admit(prepared, pending, wb, refused)  # type: ignore[arg-type]
             for request, result in zip(prepared, results, strict=True):
                 if not result.duplicate:
                     self._append_one(request, result.base_offset, pending[request.shard], wb)
@@ -270,7 +273,9 @@ class RocksDBEngine(IndexedEngine):
             if state is not None:
                 with state.lock:
                     if not state.deleted:
-                        removed += self._retain(state, now)  # type: ignore[arg-type]
+                        assert isinstance(state, _Shard)
+                        removed += self._retain(state, now)
+                        self._expire_producers(state, state.earliest, now)
         return removed
 
     def _retain(self, state: _Shard, now: int) -> int:

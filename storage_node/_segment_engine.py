@@ -6,7 +6,9 @@ Layout of a data directory::
     {data_dir}/shards/{shard}/{base:020d}.log    segment files of one shard (see _segment)
 
 Write path (:meth:`SegmentEngine.batch_write`; one call is one group commit):
-validate every batch first (nothing is written if one is bad); lock the touched
+validate every batch first (nothing is written if one is bad; with
+``batch_write_each``, the node's call, a request refused on its own is
+answered alone and the others are written); lock the touched
 shards; assign contiguous offsets; append each frame with one ``writev``,
 rolling to a new segment at the size or age limit; ``fdatasync`` every touched
 file once (concurrently when there are several); write the index entries, the
@@ -44,7 +46,7 @@ import bisect
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -54,7 +56,7 @@ from rocksdict import WriteBatch
 
 from robustmq._frame import FRAME_HEADER_SIZE
 from robustmq._records import now_ms
-from robustmq.errors import OffsetOutOfRange, Unavailable
+from robustmq.errors import OffsetOutOfRange, RobustMQError, Unavailable
 
 from ._adapter import (
     AppendRequest,
@@ -65,10 +67,11 @@ from ._adapter import (
     ShardConfig,
     ShardOffsets,
 )
-from ._batch import PreparedBatch, prepare_batch
-from ._engine_base import check_request, check_start, distinct_tags, frame_header
+from ._batch import PreparedBatch
+from ._engine_base import check_start, distinct_tags, frame_header
 from ._index_store import IndexStore, be64, sid_bytes
 from ._indexed_engine import IndexedEngine
+from ._producer_state import PRODUCER_EXPIRATION_MS
 from ._segment import fsync_directory, iter_headers, read_frame, segment_name
 from ._segment_recovery import SegmentRecovery
 from ._segment_state import (
@@ -99,6 +102,9 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
     fsync
         ``True`` (default) makes every acknowledged write durable with
         ``fdatasync``; ``False`` is only for measuring the CPU path.
+    producer_expiration_ms
+        An idempotent producer that stored nothing for this long is forgotten
+        by :meth:`enforce_retention` (see ``_producer_state``).
     """
 
     name = "segment"
@@ -110,6 +116,7 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
         default_config: ShardConfig | None = None,
         fsync: bool = True,
         truncate: Callable[[Path, int], None] = os.truncate,
+        producer_expiration_ms: int = PRODUCER_EXPIRATION_MS,
     ) -> None:
         self._root = Path(data_dir)
         self._truncate = truncate
@@ -118,7 +125,7 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
         self._default_config = default_config or ShardConfig()
         self._fsync = fsync
         self._sync_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rmq-fsync")
-        self._init_registry(IndexStore(self._root / "index"))
+        self._init_registry(IndexStore(self._root / "index"), producer_expiration_ms)
         try:
             self._open_all()
         except BaseException:
@@ -149,6 +156,7 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
             first.touch()
             fsync_directory(directory)
             fsync_directory(self._shards_dir)
+            record.checksums_from = start_offset  # every frame of it is written in this format
             self._index.put_shard(record)
             state = SegmentShard(shard, record.sid, config)
             state.view = View.of(
@@ -166,23 +174,19 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
 
     # -- writes --------------------------------------------------------------
 
-    def prepare(self, request: AppendRequest) -> AppendRequest:
-        """Validate one request without writing (the node checks each before grouping)."""
-        state = self._state(request.shard)
+    def _write_limits(self, shard: str) -> tuple[ShardConfig, int]:
+        state = self._state(shard)
         state.check_writable()
-        check_request(request)
-        batch = prepare_batch(request.records, max_batch_bytes=state.config.max_batch_bytes)
-        if request.epoch < state.epoch:
-            raise state.stale(request.epoch)
-        return replace(request, records=batch)
+        return state.config, state.epoch
 
-    def batch_write(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
-        prepared = [self.prepare(request) for request in requests]
+    def _write_group(
+        self, prepared: list[AppendRequest], refused: dict[int, RobustMQError] | None
+    ) -> list[AppendResult]:
         states = self._lock_shards({request.shard for request in prepared})
         try:
             self._check_open()
             pending = {state.name: self._begin(state) for state in states}  # type: ignore[arg-type]
-            return self._commit_group(prepared, pending)
+            return self._commit_group(prepared, pending, refused)
         finally:
             self._unlock(states)
 
@@ -197,9 +201,14 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
             last_index_offset=state.last_index_offset,
         )
 
-    def _commit_group(self, requests: list[AppendRequest], pending: dict[str, Pending]) -> list[AppendResult]:
+    def _commit_group(
+        self,
+        requests: list[AppendRequest],
+        pending: dict[str, Pending],
+        refused: dict[int, RobustMQError] | None,
+    ) -> list[AppendResult]:
         wb = self._index.new_batch()
-        results = self._admit(requests, pending, wb)  # type: ignore[arg-type]
+        results = self._admit(requests, pending, wb, refused)  # type: ignore[arg-type]
         handles: dict[Path, int] = {}
         now = now_ms()
         try:
@@ -444,7 +453,8 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
     # -- retention -------------------------------------------------------------
 
     def enforce_retention(self, now_ms_: int | None = None) -> int:
-        """Delete sealed segments past each shard's retention; return records removed."""
+        """Delete sealed segments past each shard's retention, then expire idle producers;
+        return records removed."""
         now = now_ms() if now_ms_ is None else now_ms_
         removed = 0
         for name in self.list_shards():
@@ -453,7 +463,9 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
                 continue
             with state.lock:
                 if not state.deleted:
-                    removed += self._retain(state, now)  # type: ignore[arg-type]
+                    assert isinstance(state, SegmentShard)
+                    removed += self._retain(state, now)
+                    self._expire_producers(state, state.view.earliest, now)
         return removed
 
     def _retain(self, state: SegmentShard, now: int) -> int:

@@ -11,6 +11,18 @@ later segments that no longer continue the offsets are set aside as
 from the frames under a durable marker. A crash at any instant therefore loses
 nothing acknowledged and never serves a corrupt frame.
 
+A checkpoint that is missing or ahead of the files (a damaged index) is
+inferred rather than replaced by a rescan of everything: it stood in the
+segment after the newest sealed record, so the steps above run from there
+and damage costs only the damaged segment and older ones, as with a
+checkpoint. With no sealed record either, every older file is checked frame
+by frame; the newest damaged one and every older one are set aside.
+
+Producer entries rebuilt from frames take the producer's checksum from the
+frame, except for unflagged frames below the shard record's
+``checksums_from`` (written by a node that re-encoded without a flag): their
+checksum is unknown and a replay is checked by its record count.
+
 :class:`SegmentRecovery` is a mixin of :class:`SegmentEngine`; it runs once,
 in the constructor, before the engine serves anything.
 """
@@ -28,14 +40,14 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from rocksdict import WriteBatch
 
-from robustmq._frame import FRAME_HEADER_SIZE, client_checksum, decode_payload
+from robustmq._frame import FLAG_REENCODED, FRAME_HEADER_SIZE, client_checksum, decode_payload
 from robustmq._records import now_ms
 from robustmq.errors import CorruptRecordBatch
 
 from ._adapter import ShardConfig
 from ._batch import PreparedBatch
 from ._index_store import IndexStore, ShardRecord, be64, sid_bytes
-from ._producer_state import ProducerEntry
+from ._producer_state import UNKNOWN_CHECKSUM, ProducerEntry
 from ._segment import (
     RecoveredFrame,
     iter_headers,
@@ -64,6 +76,8 @@ __all__ = ["SegmentRecovery"]
 
 log = logging.getLogger("robustmq.storage")
 
+_EVERY_OFFSET = 1 << 63  # checksums_from when every frame found predates the format
+
 
 class SegmentRecovery:
     """Recovery of a segment engine's shards on open (mixed into :class:`SegmentEngine`)."""
@@ -89,6 +103,8 @@ class SegmentRecovery:
         def _remember(
             self, pending: PendingBase, wb: WriteBatch, producer_id: int, entry: ProducerEntry
         ) -> None: ...
+        @staticmethod
+        def _settle_producers(pending: PendingBase) -> None: ...
 
     def _open_all(self) -> None:
         started = time.monotonic()
@@ -118,19 +134,108 @@ class SegmentRecovery:
             (directory / segment_name(0)).touch()
             files = [(0, directory / segment_name(0))]
         state = SegmentShard(record.name, record.sid, ShardConfig.from_dict(record.config))
+        sealed = self._load_sealed(record.sid, directory)
         start = self._load_checkpoint(record, dict(files))
+        beyond: list[int] | None = None  # with an inferred checkpoint: sealed records past it
         if start is None:
-            self._index.delete_shard_entries(record.sid)
-            sealed: dict[int, Segment] = {}
-            start = Checkpoint(files[0][0], 0, files[0][0], NOT_INDEXED, 0, now_ms(), NO_TIMESTAMP)
-        else:
-            sealed = self._load_sealed(record.sid, directory)
+            start, sealed, files = self._reconstruct_checkpoint(state, files, sealed)
+            beyond = sorted(base for base in sealed if base >= start.segment_base)
         state.last_index_offset = start.last_index_offset
         state.epoch = start.epoch
         trusted = self._trusted_chain(state, files, sealed, start.segment_base)
         tail = [(base, path) for base, path in files if base >= start.segment_base]
-        self._scan_tail(state, trusted, tail, start)
+        # Frames below ``checksums_from`` were written by a node that did not flag re-encoded
+        # payloads; when no node of this format has opened the shard yet, that is all of them.
+        checksums_from = _EVERY_OFFSET if record.checksums_from is None else record.checksums_from
+        self._scan_tail(state, trusted, tail, start, checksums_from=checksums_from, beyond=beyond)
+        if record.checksums_from is None:  # from here on every frame is flagged when re-encoded
+            record.checksums_from = state.view.log_end
+            self._index.put_shard(record)
         return state
+
+    def _reconstruct_checkpoint(
+        self, state: SegmentShard, files: list[tuple[int, Path]], sealed: dict[int, Segment]
+    ) -> tuple[Checkpoint, dict[int, Segment], list[tuple[int, Path]]]:
+        """Where to re-index from when the checkpoint is missing or ahead of the files.
+
+        A checkpoint is written with the sealed records of the same group
+        commits, so it stood in the segment after the newest sealed record:
+        recovery starts there, and the segments before it are checked as a
+        chain of sealed records, exactly as with a checkpoint (a damaged one
+        costs itself and older ones, never the log end). Without any sealed
+        record (the index lost them too) every older file is checked frame by
+        frame instead: walking back from the last, the first that is not
+        intact and contiguous is set aside with every older one, and the rest
+        is re-indexed from scratch.
+        """
+        bases = [base for base, _ in files]
+        recorded = [base for base in bases[:-1] if base in sealed]
+        epoch = 0
+        if recorded:
+            newest = max(recorded)
+            segment_base = bases[bases.index(newest) + 1]
+            epoch = self._last_epoch(state.sid, sealed[newest])
+            log.error(
+                "shard %s: no usable checkpoint; re-indexing from offset %d, after its sealed segments",
+                state.name,
+                segment_base,
+            )
+        else:
+            if len(files) > 1 or files[0][1].stat().st_size > 0:  # else: a shard never written to
+                log.error("shard %s: no usable checkpoint or sealed records; re-indexing it all", state.name)
+            files = self._verify_chain(state, files)
+            self._index.delete_shard_entries(state.sid)
+            sealed = {}
+            segment_base = files[0][0]
+        checkpoint = Checkpoint(segment_base, 0, segment_base, NOT_INDEXED, epoch, now_ms(), NO_TIMESTAMP)
+        return checkpoint, sealed, files
+
+    def _verify_chain(self, state: SegmentShard, files: list[tuple[int, Path]]) -> list[tuple[int, Path]]:
+        """Check every file but the last frame by frame; set aside the newest bad one and older ones.
+
+        A file passes when all of it is valid frames (CRCs checked) from its
+        base offset to where the next file starts. Returns the files kept.
+        """
+        expected = files[-1][0]
+        for number in range(len(files) - 2, -1, -1):
+            base, path = files[number]
+            end, size = base, 0
+            for frame in recover_frames(path, 0, base):
+                end, size = frame.header.next_offset, frame.position + frame.header.frame_length
+            if size != path.stat().st_size or end != expected:
+                log.error(
+                    "shard %s: %s is damaged (valid up to position %d, offset %d; the next segment "
+                    "starts at %d); setting aside %d segment(s), the shard now starts at offset %d",
+                    state.name,
+                    path,
+                    size,
+                    end,
+                    expected,
+                    number + 1,
+                    expected,
+                )
+                self._set_aside(files[: number + 1], "a damaged segment is at or after it")
+                return files[number + 1 :]
+            expected = base
+        return files
+
+    def _last_epoch(self, sid: int, segment: Segment) -> int:
+        """The epoch of a sealed segment's last frame (epochs never decrease along the log)."""
+        where = str(segment.path)
+        entry = self._index.lookup_position(sid, segment.end_offset - 1)
+        starts = [0] if entry is None or entry[0] < segment.base_offset else [entry[1], 0]
+        with open(segment.path, "rb", buffering=0) as handle:
+            for position in starts:
+                epoch = 0
+                try:
+                    for _, header in iter_headers(handle.fileno(), position, segment.size_bytes, where=where):
+                        epoch = header.epoch
+                    return epoch
+                except CorruptRecordBatch as exc:
+                    log.warning(
+                        "cannot read the epoch of %s from position %d: %s", where, position, exc.message
+                    )
+        return 0
 
     def _trusted_chain(
         self, state: SegmentShard, files: list[tuple[int, Path]], sealed: dict[int, Segment], active_base: int
@@ -193,6 +298,9 @@ class SegmentRecovery:
         raw = self._index.get_meta(b"C" + sid_bytes(record.sid))
         if raw is None:
             return None
+        if len(raw) != CHECKPOINT.size:
+            log.error("shard %s: its checkpoint is unreadable (%d bytes)", record.name, len(raw))
+            return None
         checkpoint = Checkpoint(*CHECKPOINT.unpack(raw))
         path = files.get(checkpoint.segment_base)
         if path is None or path.stat().st_size < checkpoint.position:
@@ -217,8 +325,19 @@ class SegmentRecovery:
         segments: list[Segment],
         files: list[tuple[int, Path]],
         start: Checkpoint,
+        *,
+        checksums_from: int,
+        beyond: list[int] | None,
     ) -> None:
-        """Re-index frames from the checkpoint on; truncate or set aside what is bad."""
+        """Re-index frames from the checkpoint on; truncate or set aside what is bad.
+
+        ``beyond`` is None for a checkpoint that was found. For an inferred one
+        the index may hold entries past the data (the checkpoint was lost or
+        ahead of the files): they are removed, with the sealed records of
+        segments at or after it (``beyond``, their bases), and if there were
+        any, the key index is rebuilt.
+        """
+        reconstructed = beyond is not None
         pending = Pending(
             state,
             start.next_offset,
@@ -227,7 +346,7 @@ class SegmentRecovery:
             last_index_offset=start.last_index_offset,
         )
         wb = self._index.new_batch()
-        if len(files) > 1 or files[0][1].stat().st_size > start.position:
+        if reconstructed or len(files) > 1 or files[0][1].stat().st_size > start.position:
             # Producer entries past the checkpoint are rebuilt from the frames like
             # every other index entry; drop any left by an earlier, interrupted rescan
             # (or an index ahead of its data) so each is remembered exactly once.
@@ -257,11 +376,12 @@ class SegmentRecovery:
                 segment = Segment(base, path, 0, base, NO_TIMESTAMP, now_ms(), False)
                 pending.last_index_offset = NOT_INDEXED
             for frame in recover_frames(path, segment.size_bytes, pending.log_end):
-                segment = self._reindex(wb, pending, segment, frame)
+                segment = self._reindex(wb, pending, segment, frame, checksums_from)
                 rescanned += 1
                 frames_in_batch += 1
                 if frames_in_batch >= 1000:  # bound what a long rescan holds in memory
                     self._index.write(wb)
+                    self._settle_producers(pending)  # their entries are in the index now
                     wb, frames_in_batch = self._index.new_batch(), 0
             segments.append(segment)
             file_size = path.stat().st_size
@@ -276,9 +396,13 @@ class SegmentRecovery:
         if rescanned:
             log.info("shard %s: re-indexed %d frames past its checkpoint", state.name, rescanned)
         rebuild_keys = self._index.get_meta(key_rebuild_marker(state.sid)) is not None
-        if damaged:  # nothing may still point at what was cut off
-            chunks = [base for base, _ in files if base >= segments[-1].base_offset]
-            rebuild_keys |= self._index.forget_from(wb, state.sid, pending.log_end, chunks)
+        if damaged or beyond is not None:  # nothing may still point at what was cut off or lost
+            chunks = {base for base, _ in files if base >= segments[-1].base_offset}
+            rebuild_keys |= self._index.forget_from(
+                wb, state.sid, pending.log_end, sorted(chunks | set(beyond or ()))
+            )
+            for base in beyond or ():  # the tail's own are written again below
+                wb.delete(b"E" + sid_bytes(state.sid) + be64(base))
             # Windows need nothing here: the rescan remembered only frames before the cut,
             # and entries past the checkpoint were dropped before it (see below).
         if rebuild_keys:
@@ -333,7 +457,9 @@ class SegmentRecovery:
         wb.delete(marker)
         return wb
 
-    def _reindex(self, wb: WriteBatch, pending: Pending, segment: Segment, frame: RecoveredFrame) -> Segment:
+    def _reindex(
+        self, wb: WriteBatch, pending: Pending, segment: Segment, frame: RecoveredFrame, checksums_from: int
+    ) -> Segment:
         header = frame.header
         buffer = pa.py_buffer(frame.payload)
         batch = PreparedBatch(
@@ -345,7 +471,10 @@ class SegmentRecovery:
         )
         self._index_frame(wb, pending, segment, header.base_offset, frame.position, batch)
         if header.producer_id >= 0:
-            checksum = client_checksum(header, frame.header_bytes, buffer)
+            if header.base_offset >= checksums_from or header.flags & FLAG_REENCODED:
+                checksum = client_checksum(header, frame.header_bytes, buffer)
+            else:  # an older node may have re-encoded it without a flag: check replays by count only
+                checksum = UNKNOWN_CHECKSUM
             entry = ProducerEntry(header.producer_sequence, header.base_offset, header.record_count, checksum)
             self._remember(pending, wb, header.producer_id, entry)
         pending.epoch = max(pending.epoch, header.epoch)

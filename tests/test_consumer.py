@@ -47,6 +47,7 @@ class _GappedLog:
         self.metadata = self
         self.transport = self
         self.commits: list[dict[int, int]] = []
+        self.timeout_s = 30.0
 
     # the parts of Client and Metadata the consumer uses
     def partitions(self, topic: str) -> int:

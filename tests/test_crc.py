@@ -9,7 +9,30 @@ from robustmq._crc import crc32c, crc32c_combine
 
 def test_combine_equals_the_crc_of_the_concatenation() -> None:
     rng = random.Random(7)
-    lengths = [0, 1, 2, 3, 4, 7, 8, 63, 64, 65, 1000, 4096, 65_537, 1 << 20]
+    lengths = [
+        0,
+        1,
+        2,
+        3,
+        4,
+        7,
+        8,
+        63,
+        64,
+        65,
+        15,
+        16,
+        255,
+        256,
+        1000,
+        1023,
+        1024,
+        4095,
+        4096,
+        65_537,
+        1 << 20,
+    ]
+    lengths += [rng.randrange(1, 300_000) for _ in range(20)]
     for _ in range(200):
         a = rng.randbytes(rng.choice(lengths[:10]))
         b = rng.randbytes(rng.choice(lengths))

@@ -7,6 +7,7 @@ instead of editing the expected bytes.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pyarrow as pa
@@ -71,7 +72,10 @@ def test_the_reencoded_flag_is_bit_0_of_byte_5_and_covered_by_the_crc() -> None:
 
 
 def test_a_crc_combined_from_the_payload_crc_is_the_same_crc() -> None:
-    for payload in (b"", b"payload", bytes(range(256)) * 300):
+    rng = random.Random(8)
+    payloads = [b"", b"payload", bytes(range(256)) * 300]
+    payloads += [rng.randbytes(length) for length in (1, 100, 4096, 123_457)]
+    for payload in payloads:
         read_twice = golden_header(payload)
         combined = golden_header(payload, payload_crc=crc32c(payload))
         assert read_twice == combined

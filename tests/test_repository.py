@@ -47,3 +47,20 @@ def test_benchmark_outputs_go_to_an_ignored_folder() -> None:
     assert _git("ls-files", str(out)) == "", "run outputs are tracked"
     assert _git("check-ignore", "--no-index", str(out / "bench_storage.json")).strip()
     assert _git("ls-files", "benchmarks/results") == ""
+
+
+def test_the_package_metadata_builds_without_deprecation_warnings() -> None:
+    """`make demo` printed setuptools' "project.license as a TOML table is deprecated" banner twice."""
+    script = (
+        "import warnings\n"
+        "from setuptools.config.pyprojecttoml import apply_configuration\n"
+        "from setuptools.dist import Distribution\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    apply_configuration(Distribution(), 'pyproject.toml')\n"
+        "print([f'{type(w.message).__name__}: {w.message}' for w in seen])\n"
+    )
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Deprecat" not in done.stdout, done.stdout

@@ -65,7 +65,13 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     (["topic", "create"], 2, "name", None),
     (["topic", "create", "t", "--partitions", "x"], 2, "--partitions", None),
     (["topic", "create", "bad/name", META], 2, "bad/name", None),
-    (["topic", "create", "t", "--partitions", "0", META], 2, "partitions", None),
+    (["topic", "create", "t", "--partitions", "0", META], 2, "--partitions", None),
+    (["topic", "create", "t", "--partitions", "-1", META], 2, "--partitions", None),
+    (["topic", "create", "t", "--segment-bytes", "0", META], 2, "--segment-bytes", None),
+    (["topic", "create", "t", "--segment-bytes", "1000", META], 2, "--segment-bytes", None),
+    (["topic", "create", "t", "--retention-ms", "0", META], 2, "--retention-ms", None),
+    (["topic", "create", "t", "--replication-factor", "3", META], 2, "replication release", None),
+    (["topic", "list", "--json", CLOSED], 1, "unavailable", None),
     (["topic", "create", "t", "--cleanup", "compact", META], 2, "cleanup", None),
     (["topic", "create", "t", "--cleanup", "shred"], 2, "--cleanup", None),
     (["topic", "describe", "nosuch", META], 2, "nosuch", None),
@@ -77,6 +83,8 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     (["produce", "known", "--format", "json", META], 2, "line 2", '{"value": "a"}\n[1]\n'),
     (["produce", "known", "--file", "/nonexistent/lines.txt", META], 2, "/nonexistent/lines.txt", None),
     (["produce", "known", "--key-separator", "", META], 2, "--key-separator", None),
+    (["produce", "known", "--key-separator", "TAB", META], 2, "line 2", "k\tv\nno key\n"),
+    (["produce", "known", "--format", "json", META], 2, "line 1", '{"value": "a", "partition": 2}\n'),
     (["produce", "known", "--linger-ms", "-1"], 2, "--linger-ms", None),
     (["produce", "known", CLOSED], 1, "unavailable", "x\n"),
     (["consume"], 2, "topic", None),
@@ -91,11 +99,17 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     (["consume", "known", "--timeout-s", "0"], 2, "--timeout-s", None),
     (["consume", "known", "--max-records", "1", CLOSED], 1, "unavailable", None),
     (["groups", "--topic", "nosuch", META], 2, "nosuch", None),
+    (["groups", "--group", "nosuch", META], 2, "nosuch", None),
     (["groups", "delete"], 2, "group", None),
     (["groups", "delete", "nosuch", META], 2, "nosuch", None),
     (["groups", CLOSED], 1, "unavailable", None),
-    (["segments"], 2, "topic", None),
+    (["segments"], 2, "TOPIC", None),
     (["segments", "nosuch", META], 2, "nosuch", None),
+    (["segments", "seal", META], 2, "TOPIC", None),
+    (["segments", "seal", "nosuch", META], 2, "nosuch", None),
+    (["segments", "seal", "known", "9", META], 2, "partition 9", None),
+    (["segments", "seal", "known", "x", META], 2, "PARTITION", None),
+    (["segments", "known", "0", META], 2, "seal", None),
     (["nodes", "--bogus"], 2, "--bogus", None),
     (["nodes", CLOSED], 1, "unavailable", None),
     (["node"], 2, "required", None),
@@ -213,12 +227,24 @@ def test_a_taken_node_port_is_one_line_and_exit_1(tmp_path: Path, meta: str) -> 
                 port,
             ],
             ["storage-node", "--data-dir", str(tmp_path / "n"), "--node-port", port, "--meta", meta],
+            # gRPC's C core printed its own "E... add_port.cc:83] Failed to add port" line first.
+            [
+                "server",
+                "--data-dir",
+                str(tmp_path / "m"),
+                "--meta-port",
+                port,
+                "--node-port",
+                str(free_port()),
+            ],
+            ["meta", "--data-dir", str(tmp_path / "o"), "--meta-port", port],
         ):
             done = cli(*arguments)
             lines = [line for line in done.stderr.splitlines() if line.strip()]
             assert done.returncode == 1, done.stderr
             assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
             assert port in lines[0] and "ready" not in done.stdout
+            assert "GRPC_VERBOSITY" not in lines[0] and "in use" in lines[0], lines
 
 
 def test_produce_from_an_open_pipe_flushes_on_a_timer_and_on_ctrl_c(meta: str) -> None:
@@ -294,3 +320,74 @@ def test_ctrl_c_flushes_the_lines_read_so_far(meta: str) -> None:
         assert producer.returncode == 130, stderr
         assert "Traceback" not in stderr and "2 records" in stderr, stderr
         assert client.read("lingering", 0, 0).column("value").to_pylist() == [b"a", b"b"]
+
+
+def _json(*arguments: str) -> object:
+    done = cli(*arguments)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+
+
+def test_json_output_is_typed_and_every_listing_has_it(meta: str) -> None:
+    with robustmq.connect(meta) as client:
+        client.create_topic("typed", 2)
+        client.commit_offsets("typed-group", "typed", {0: 0})
+    topics = _json("topic", "list", "--json", "--meta", meta)
+    assert isinstance(topics, list)
+    assert {
+        key: value
+        for key, value in next(t for t in topics if t["name"] == "typed").items()
+        if key != "retention_ms"
+    } == {"name": "typed", "partitions": 2, "engine": "segment", "replication_factor": 1}
+    nodes = _json("nodes", "--json", "--meta", meta)
+    assert isinstance(nodes, list) and nodes
+    for node in nodes:
+        assert node["alive"] is True
+        assert ISO_UTC.match(node["last_heartbeat"]) and ISO_UTC.match(node["registered"]), node
+    groups = _json("groups", "--group", "typed-group", "--json", "--meta", meta)
+    assert isinstance(groups, list)
+    by_partition = {row["partition"]: row for row in groups}
+    assert by_partition[0]["committed"] == 0 and ISO_UTC.match(by_partition[0]["committed_at"])
+    assert by_partition[1]["committed"] is None and by_partition[1]["committed_at"] is None
+    assert by_partition[1]["lag"] is None or isinstance(by_partition[1]["lag"], int)
+    with robustmq.connect(meta) as client, client.producer() as producer:
+        producer.send("typed", b"v", partition=1, timestamp_ms=1_763_900_000_123).result(30)
+    done = cli("consume", "typed", "--partition", "1", "--max-records", "1", "--meta", meta)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["timestamp"] == "2025-11-23T12:13:20.123Z"
+
+
+def test_groups_for_a_topic_lists_only_the_groups_that_read_it(meta: str) -> None:
+    with robustmq.connect(meta) as client:
+        client.create_topic("read-by-one", 1)
+        client.create_topic("read-by-other", 1)
+        client.commit_offsets("reader-one", "read-by-one", {0: 0})
+        client.commit_offsets("reader-other", "read-by-other", {0: 0})
+    rows = _json("groups", "--topic", "read-by-one", "--json", "--meta", meta)
+    assert isinstance(rows, list)
+    assert {row["group"] for row in rows} == {"reader-one"}
+    done = cli("groups", "--group", "reader-other", "--topic", "read-by-one", "--meta", meta)
+    assert done.returncode == 0 and "reader-other" not in done.stdout, done.stdout
+
+
+def test_segments_seal_seals_the_active_segments(meta: str) -> None:
+    with robustmq.connect(meta) as client:
+        client.create_topic("to-seal", 2)
+        with client.producer() as producer:
+            for value, partition in ((b"a", 0), (b"b", 0), (b"c", 1)):
+                producer.send("to-seal", value, partition=partition).result(30)
+        done = cli("segments", "seal", "to-seal", "1", "--meta", meta)
+        assert done.returncode == 0, done.stderr
+        assert "sealed to-seal partition 1" in done.stdout, done.stdout
+        chains = {shard.partition: list(shard.segments) for shard in client.describe_topic("to-seal").shards}
+        assert [segment.epoch for segment in chains[1]] == [0, 1] and len(chains[0]) == 1
+        done = cli("segments", "seal", "to-seal", "--meta", meta)
+        assert done.returncode == 0, done.stderr
+        assert "partition 1: not sealed" in done.stdout and "empty" in done.stdout, done.stdout
+        chains = {shard.partition: list(shard.segments) for shard in client.describe_topic("to-seal").shards}
+        assert len(chains[0]) == 2, chains  # partition 0 had records: sealed now
+        listed = cli("segments", "list", "to-seal", "--meta", meta)
+        assert listed.returncode == 0 and "sealed" in listed.stdout, listed.stderr

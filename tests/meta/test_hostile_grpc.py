@@ -63,7 +63,7 @@ class Target:
         self.client = MetaClient(self.server.address, timeout_s=CALL_TIMEOUT_S)
         for index in range(3):
             self.client.register_node(f"n{index}", f"tcp://127.0.0.1:{7101 + index}")
-        self.client.create_topic("base", partitions=2, replication_factor=2)
+        self.client.create_topic("base", partitions=2)
         self.client.commit_offsets("g", "base", {0: 5})
 
     def raw(self, method: str) -> Any:
@@ -148,10 +148,11 @@ def _invalid_requests() -> list[tuple[str, Any, grpc.StatusCode]]:
         ("CreateTopic", pb.CreateTopicRequest(name="t", config=config(retention_bytes=-2)), invalid),
         ("CreateTopic", pb.CreateTopicRequest(name="t", config=config(cleanup_policy="x")), invalid),
         ("CreateTopic", pb.CreateTopicRequest(name="base"), grpc.StatusCode.ALREADY_EXISTS),
+        ("CreateTopic", pb.CreateTopicRequest(name="t", config=config(replication_factor=2)), invalid),
         (
             "CreateTopic",
             pb.CreateTopicRequest(name="t", config=config(replication_factor=2**31 - 1)),
-            grpc.StatusCode.UNAVAILABLE,
+            invalid,
         ),
         ("DescribeTopic", pb.TopicRequest(name=""), invalid),
         ("DescribeTopic", pb.TopicRequest(name="missing"), not_found),

@@ -35,8 +35,15 @@ def test_signatures() -> None:
         "(*, data_dir: 'str | Path', host: 'str' = '127.0.0.1', port: 'int' = 7070) -> 'int'"
     )
     server = inspect.signature(MetaServer)
-    assert list(server.parameters) == ["data_dir", "host", "port", "node_timeout_ms"]
+    assert list(server.parameters) == [
+        "data_dir",
+        "host",
+        "port",
+        "node_timeout_ms",
+        "max_replication_factor",
+    ]
     assert server.parameters["node_timeout_ms"].default == 6000
+    assert server.parameters["max_replication_factor"].default == 1  # until replication exists
     client = inspect.signature(MetaClient)
     assert client.parameters["timeout_s"].kind is inspect.Parameter.KEYWORD_ONLY
     assert client.parameters["channel"].default is None

@@ -28,18 +28,27 @@ from robustmq.meta import MetaServer
 
 
 class Meta:
-    """A MetaServer on one directory and a client; ``restart`` reopens it on the same port."""
+    """A MetaServer on one directory and a client; ``restart`` reopens it on the same port.
+
+    Replica placement (what replication will use) is tested here, so this server
+    accepts replication factors up to 3; a default one refuses any above 1.
+    """
 
     def __init__(self, root: Path, node_timeout_ms: int = 6000) -> None:
         self.root = root
         self.node_timeout_ms = node_timeout_ms
-        self.server = MetaServer(root, port=0, node_timeout_ms=node_timeout_ms).start()
+        self.server = self._server(0)
         self.port = int(self.server.address.rsplit(":", 1)[1])
         self.client = MetaClient(self.server.address, timeout_s=5.0)
 
+    def _server(self, port: int) -> MetaServer:
+        return MetaServer(
+            self.root, port=port, node_timeout_ms=self.node_timeout_ms, max_replication_factor=3
+        ).start()
+
     def restart(self) -> None:
         self.server.stop(grace=1.0)
-        self.server = MetaServer(self.root, port=self.port, node_timeout_ms=self.node_timeout_ms).start()
+        self.server = self._server(self.port)
 
     def close(self) -> None:
         self.client.close()
@@ -138,7 +147,9 @@ def test_duplicate_topic(client: MetaClient) -> None:
         ("t", {"max_batch_bytes": 1 << 40}, InvalidConfig, {"field": "max_batch_bytes"}),
         ("t", {"roll_interval_ms": -1}, InvalidConfig, {"field": "roll_interval_ms"}),
         ("t", {"colour": "red"}, InvalidConfig, {"settings": ["colour"]}),  # refused by the client
-        ("t", {"partitions": 0}, InvalidConfig, {"settings": ["partitions"]}),  # ditto
+        ("t", {"partitions": 0}, InvalidConfig, {"field": "partitions", "value": 0}),  # ditto
+        ("t", {"retention_ms": 0}, InvalidConfig, {"field": "retention_ms", "value": 0}),  # ditto
+        ("t", {"partitions": "3"}, InvalidConfig, {"field": "partitions", "value": "'3'"}),  # ditto
     ],
 )
 def test_invalid_topics_are_refused_with_typed_errors(
@@ -164,6 +175,17 @@ def test_compaction_is_refused_until_it_exists(client: MetaClient) -> None:
     assert caught.value.fields == {"field": "cleanup_policy", "value": "compact"}
     assert "compaction comes with the tiering/compaction release" in caught.value.message
     assert client.list_topics() == []
+
+
+def test_a_replication_factor_above_1_is_refused_until_replication_exists(tmp_path: Path) -> None:
+    with MetaServer(tmp_path, port=0) as server, MetaClient(server.address, timeout_s=5.0) as client:
+        register(client, "n1", "n2", "n3")
+        with pytest.raises(InvalidConfig) as caught:
+            client.create_topic("t", replication_factor=3)
+        assert caught.value.fields == {"field": "replication_factor", "value": 3}
+        assert "replication comes with the replication release" in caught.value.message
+        assert client.list_topics() == []
+        assert client.create_topic("t", replication_factor=1).config.replication_factor == 1
 
 
 def test_too_few_live_nodes(client: MetaClient) -> None:

@@ -216,9 +216,11 @@ def test_lost_index_is_rebuilt_from_the_segments(tmp_path: Path) -> None:
     reopened.close()
 
 
-def test_a_broken_middle_segment_sets_aside_what_follows(
+def test_without_an_index_a_broken_middle_segment_costs_itself_and_older_ones(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """No checkpoint and no sealed records: every older file is checked; the damage never moves
+    the log end back over the intact segments after it (their offsets would be reused)."""
     engine = SegmentEngine(tmp_path, default_config=SMALL)
     engine.create_shard("t_0")
     fill(engine, "t_0", 2_000)
@@ -232,12 +234,17 @@ def test_a_broken_middle_segment_sets_aside_what_follows(
         handle.truncate(segments[2].size_bytes - 10)
     with caplog.at_level(logging.WARNING, logger="robustmq.storage"):
         reopened = SegmentEngine(tmp_path)
-    end = reopened.list_offsets("t_0").log_end_offset
-    assert segments[2].base_offset < end < segments[2].end_offset
-    check_all(reopened, "t_0", end)
-    assert list(middle.parent.glob("*.corrupt")), "later segments are kept aside for inspection"
+    offsets = reopened.list_offsets("t_0")
+    assert (offsets.earliest_offset, offsets.log_end_offset) == (segments[3].base_offset, 2_000)
+    records = reopened.read_by_offset("t_0", segments[3].base_offset, max_records=2_000, max_bytes=1 << 30)
+    assert records.records.column("offset").to_pylist() == list(range(segments[3].base_offset, 2_000))
+    assert sorted(p.name for p in middle.parent.glob("*.corrupt")) == [
+        Path(s.path).with_suffix(".corrupt").name for s in segments[:3]
+    ]
     assert "setting aside" in caplog.text
-    assert reopened.write("t_0", values(end, 5)).base_offset == end
+    assert reopened.write("t_0", values(2_000, 5)).base_offset == 2_000
+    assert reopened.read_by_key("t_0", b"key-5").records.column("offset").to_pylist() == [2_000]
+    assert reopened.read_by_key("t_0", b"key-3").records.column("offset").to_pylist() == [1_998]
     reopened.close()
 
 

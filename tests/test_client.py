@@ -1,0 +1,131 @@
+"""The Python client as a new user calls it, against a real embedded cluster on loopback.
+
+Every mistake gets the typed error that names it, at once: a malformed
+address, an unknown topic, a partition the topic lacks, a value or tags of the
+wrong type, a record the node could never take. And the client's
+``timeout_s`` is what bounds its waiting, for the Meta Service too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import robustmq
+from robustmq.errors import InvalidConfig, InvalidRequest, RecordBatchTooLarge, ShardNotFound, TopicNotFound
+from robustmq.meta import MetaServer
+from tests.e2e._procs import free_port
+
+
+@pytest.mark.parametrize("address", ["not an address", "127.0.0.1", "host:port", ":7070", "h:70000", ""])
+def test_a_malformed_address_is_invalid_config_before_anything_connects(address: str) -> None:
+    with pytest.raises(InvalidConfig) as caught:
+        robustmq.connect(address)
+    assert "HOST:PORT" in caught.value.message
+
+
+def test_an_unknown_topic_is_topic_not_found_and_a_missing_partition_is_named(
+    client: robustmq.Client,
+) -> None:
+    for call in (
+        lambda: client.read("nosuch", partition=0, offset=0),
+        lambda: client.read_by_key("nosuch", b"k", partition=0),
+        lambda: client.offset_for_timestamp("nosuch", 0, 0),
+        lambda: client.seal("nosuch", 0),
+    ):
+        with pytest.raises(TopicNotFound):
+            call()
+    client.create_topic("two-partitions", 2)
+    with pytest.raises(InvalidRequest) as caught:
+        client.read("two-partitions", partition=7, offset=0)
+    assert caught.value.fields == {"topic": "two-partitions", "partition": 7}
+    assert "partition 7 does not exist" in caught.value.message
+
+
+def test_the_client_timeout_bounds_meta_service_retries_not_a_fixed_10_s(tmp_path: Path) -> None:
+    """A Meta Service that is back after 11 s: a client allowed 40 s must not give up at 10 s."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    MetaServer(tmp_path, port=port).start().stop(grace=0.5)  # its store exists; nobody listens now
+    with robustmq.connect(address, timeout_s=40) as client:
+        outcome: list[object] = []
+        asking = threading.Thread(target=lambda: outcome.append(_topics_or_error(client)))
+        started = time.monotonic()
+        asking.start()
+        time.sleep(11.0)
+        assert asking.is_alive(), f"gave up after {time.monotonic() - started:.1f}s: {outcome}"
+        with MetaServer(tmp_path, port=port):
+            asking.join(30)
+        assert outcome == [[]], outcome
+
+
+def _topics_or_error(client: robustmq.Client) -> object:
+    try:
+        return client.list_topics()
+    except Exception as error:
+        return error
+
+
+def test_wrongly_typed_values_and_tags_are_invalid_requests_naming_the_argument(
+    client: robustmq.Client,
+) -> None:
+    client.create_topic("typed-send", 1)
+    with client.producer() as producer:
+        for arguments, options, named in (
+            ((5,), {}, "value"),
+            ((b"x",), {"key": 7}, "key"),
+            ((b"x",), {"tags": "eu"}, "tags"),
+            ((b"x",), {"tags": ["eu", 3]}, "tags"),
+            ((b"x",), {"headers": {"a": b"b"}}, "headers"),
+            ((b"x",), {"timestamp_ms": "now"}, "timestamp_ms"),
+            ((b"x",), {"partition": "0"}, "partition"),
+        ):
+            with pytest.raises(InvalidRequest) as caught:
+                producer.send("typed-send", *arguments, **options)
+            assert named in caught.value.message, caught.value.message
+        producer.send("typed-send", b"ok", tags=("eu",)).result(30)
+    stored = client.read("typed-send", 0, 0)
+    assert stored.column("tags").to_pylist() == [["eu"]]
+
+
+def test_a_record_above_the_limits_is_refused_at_once_naming_the_limit(client: robustmq.Client) -> None:
+    """Above the node's 64 MiB message limit the node dropped the connection: a 2-minute wait."""
+    client.create_topic("huge", 1, max_batch_bytes=128 * 1024 * 1024)
+    client.create_topic("small", 1, max_batch_bytes=64 * 1024)
+    big = b"x" * (65 * 1024 * 1024)
+    with client.producer() as producer:
+        for send in (
+            lambda: producer.send("huge", big).result(60),
+            lambda: producer.send_batch("huge", pa.table({"value": [big]})).result(60),
+            lambda: producer.send("small", b"y" * 100_000).result(60),
+            lambda: producer.send_batch("small", pa.table({"value": [b"y" * 100_000]})).result(60),
+        ):
+            with pytest.raises(RecordBatchTooLarge) as caught:
+                send()
+            assert caught.value.fields["limit"] in ("max_message_bytes", "max_batch_bytes")
+        # Many small records above the topic's limit together are split, not refused.
+        producer.send_batch("small", pa.table({"value": [b"z" * 1000] * 500})).result(60)
+    assert client.list_offsets("small")[0][1] == 500
+
+
+def test_a_producer_follows_a_topic_recreated_with_fewer_partitions(client: robustmq.Client) -> None:
+    """The producer's cached partition count is forgotten when the topic turns out to be gone.
+
+    Round robin over a stale count of 4 would aim every other record at a
+    partition the new topic lacks, for as long as the producer lives.
+    """
+    client.create_topic("shrinks", 4)
+    with client.producer(linger_ms=0) as producer:
+        for value in range(4):
+            producer.send("shrinks", b"%d" % value).result(10)
+        client.delete_topic("shrinks")
+        client.create_topic("shrinks", 1)
+        with contextlib.suppress(TopicNotFound, ShardNotFound, InvalidRequest):
+            producer.send("shrinks", b"first").result(10)  # may still see the old partitioning
+        offsets = [producer.send("shrinks", b"%d" % value).result(10).offset for value in range(6)]
+    assert offsets == sorted(offsets) and len(set(offsets)) == 6

@@ -13,11 +13,15 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from robustmq.errors import InvalidConfig
+
+from ._option_table import LOAD
 from ._options import SinkOptions, SourceOptions
 from ._schema import RANGES_SCHEMA, SPARK_SCHEMA
-from ._sink import RobustMQBatchWriter, RobustMQStreamWriter
-from ._source import RobustMQBatchReader
-from ._stream import RobustMQStreamReader
+from ._sink import RobustMQBatchWriter, RobustMQStreamWriter, check_target
+from ._source import RobustMQBatchReader, TopicReader
+from ._spark_errors import reported_to_spark
+from ._stream import RefusedStreamReader, RobustMQStreamReader
 
 __all__ = ["RobustMQDataSource"]
 
@@ -42,7 +46,19 @@ class RobustMQDataSource(DataSource):
     ``output`` (``records`` or ``ranges``), ``requestTimeoutS``.
 
     Writing: ``metaAddress``, ``topic`` (overrides a ``topic`` column), ``acks``,
-    ``maxRequestBytes``, ``requestTimeoutS``.
+    ``maxRequestBytes``, ``requestTimeoutS``; ``df.write`` needs ``.mode("append")`` (Spark
+    refuses its default mode for Python data sources) and refuses ``"overwrite"``.
+
+    When errors surface
+    -------------------
+    ``load()`` (``schema()``, which PySpark calls for ``spark.read`` and ``spark.readStream``
+    alike, without saying which): every option error that does not depend on the kind of query,
+    options of both kinds together, a topic or partition named by ``topic``/``assign`` that does
+    not exist, an unreachable Meta Service. An option of the other kind of query fails the batch
+    query's action (``reader()``) or the stream as it starts (``streamReader()``). Writes: at
+    ``save()``/``start()`` (``writer()``/``streamWriter()``), a missing target topic included.
+    Every :class:`~robustmq.errors.RobustMQError` reaches the user without our traceback
+    (:mod:`._spark_errors`).
 
     Examples
     --------
@@ -56,21 +72,44 @@ class RobustMQDataSource(DataSource):
     def name(cls) -> str:
         return "robustmq"
 
+    @reported_to_spark
     def schema(self) -> str:
-        ranges = any(k.lower() == "output" and v.strip().lower() == "ranges" for k, v in self.options.items())
-        return RANGES_SCHEMA if ranges else SPARK_SCHEMA
+        """Runs at ``load()`` of a read (a write brings its DataFrame's schema): checks the options
+        and the topics they name, so a mistake fails ``load()`` itself."""
+        options = SourceOptions.parse(self.options, LOAD)
+        TopicReader(options).check_named_topics()
+        return RANGES_SCHEMA if options.output == "ranges" else SPARK_SCHEMA
 
+    @reported_to_spark
     def reader(self, schema: StructType) -> DataSourceReader:
         return RobustMQBatchReader(SourceOptions.parse(self.options, "read"))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return RobustMQStreamReader(SourceOptions.parse(self.options, "readStream"))
+        try:
+            options = SourceOptions.parse(self.options, "readStream")
+        except InvalidConfig as error:  # raised here, PySpark 4.2 would report an UnboundLocalError
+            return RefusedStreamReader(error)
+        return RobustMQStreamReader(options)
 
+    @reported_to_spark
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return RobustMQBatchWriter(SinkOptions.parse(self.options, schema.fieldNames(), "write"))
+        if overwrite:
+            raise InvalidConfig(
+                'mode "overwrite": a topic is an append-only log, its records cannot be replaced; '
+                'write with .mode("append")',
+                option="mode",
+            )
+        options = SinkOptions.parse(self.options, schema.fieldNames(), "write")
+        check_target(options)
+        return RobustMQBatchWriter(options)
 
+    @reported_to_spark
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return RobustMQStreamWriter(SinkOptions.parse(self.options, schema.fieldNames(), "writeStream"))
+        # ``overwrite`` (outputMode "complete") appends the whole result every micro-batch, as
+        # Kafka's sink does: a stream's output mode is not a request to replace the topic.
+        options = SinkOptions.parse(self.options, schema.fieldNames(), "writeStream")
+        check_target(options)
+        return RobustMQStreamWriter(options)
 
 
 def register(spark: Any) -> None:

@@ -33,12 +33,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 __all__ = [
     "IDENTITY_KEY",
     "Admission",
     "DataLoss",
+    "LastSeen",
     "Range",
     "SourceOffsets",
     "admit",
@@ -119,34 +121,42 @@ class DataLoss:
     restart: frozenset[TopicPartition] = frozenset()
 
 
+@dataclass(frozen=True, slots=True)
+class LastSeen:
+    """The partitions' high watermarks as a stream last saw them (``ends.positions``), the topics'
+    identities then, and when (ms since the epoch). Kept in memory for one run: it lets a loss
+    message say what the query had not read, and that it had read all it saw."""
+
+    ends: SourceOffsets
+    at_ms: int
+
+
 def find_data_loss(
     start: SourceOffsets,
     high_watermarks: Mapping[TopicPartition, int],
     identities: Mapping[str, Identity],
     vanished: set[str],
+    last_seen: LastSeen | None = None,
 ) -> list[DataLoss]:
     """What went missing since ``start``, given the partitions' current high watermarks, the
-    topics' current identities and the topics that no longer exist."""
+    topics' current identities and the topics that no longer exist; ``last_seen`` (the ends of
+    an earlier planning of this run, if any) says how much of a vanished topic was unread."""
     losses = []
     for topic, partitions in sorted(start.by_topic().items()):
-        unread = ", ".join(f"{p}: {o}" for p, o in sorted(partitions.items()))
         if topic in vanished:
-            losses.append(
-                DataLoss(
-                    topic,
-                    f"topic {topic} was deleted; its records from the offsets not yet read ({unread}) on "
-                    "are lost",
-                )
-            )
+            lost = _what_was_lost(topic, partitions, start.identities.get(topic), last_seen)
+            losses.append(DataLoss(topic, f"topic {topic} was deleted; {lost}"))
             continue
         if not same_topic(start.identities.get(topic), identities.get(topic)):
             current = sorted(tp for tp in high_watermarks if tp[0] == topic)
+            old, new = _created(start.identities[topic]), _created(identities[topic])
+            lost = _what_was_lost(topic, partitions, start.identities.get(topic), last_seen)
             losses.append(
                 DataLoss(
                     topic,
-                    f"topic {topic} was deleted and re-created (identity {dict(start.identities[topic])} "
-                    f"became {dict(identities[topic])}): the old topic's records from the offsets not yet "
-                    f"read ({unread}) on are lost, and the new topic's offsets are not comparable",
+                    f"topic {topic} was deleted and re-created (the old one created {old}, the new one "
+                    f"{new}); of the old topic, {lost}; the new topic's offsets start again from 0, and "
+                    "failOnDataLoss=false reads it from there",
                     frozenset(current),
                 )
             )
@@ -155,7 +165,7 @@ def find_data_loss(
             high = high_watermarks.get((topic, partition))
             if high is None:
                 losses.append(
-                    DataLoss(topic, f"partition {partition} of topic {topic} is gone (read up to {offset})")
+                    DataLoss(topic, f"partition {partition} of topic {topic} is gone (read up to {offset:,})")
                 )
             elif high < offset:
                 losses.append(
@@ -168,6 +178,48 @@ def find_data_loss(
                     )
                 )
     return losses
+
+
+_LISTED_MAX = 8  # partitions named in a message; the rest are counted
+
+
+def _listed(items: list[str]) -> str:
+    more = len(items) - _LISTED_MAX
+    return ", ".join(items[:_LISTED_MAX]) + (f" and {more} more partitions" if more > 0 else "")
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _created(identity: Identity) -> str:
+    return _utc(int(identity["created_ms"])) if "created_ms" in identity else "at an unknown time"
+
+
+def _what_was_lost(
+    topic: str, read: Mapping[int, int], identity: Identity | None, last_seen: LastSeen | None
+) -> str:
+    """What of a topic that is gone the query had not read, as exactly as this run knows it."""
+    below = _listed([f"partition {p} below offset {o:,}" for p, o in sorted(read.items())])
+    seen = None
+    if last_seen is not None and identity and same_topic(identity, last_seen.ends.identities.get(topic)):
+        ends = {p: o for (t, p), o in last_seen.ends.positions.items() if t == topic}
+        seen = ends if set(read) <= set(ends) and topic in last_seen.ends.identities else None
+    if seen is None:
+        return f"the query had read {below}; any records it held past those are lost"
+    when = _utc(last_seen.at_ms) if last_seen is not None else ""
+    unread = {p: (o, seen[p]) for p, o in sorted(read.items()) if seen[p] > o}
+    if not unread:
+        return (
+            f"the query had read all it held when last seen at {when} ({below}): nothing it saw is lost, "
+            "only records written after that, if any"
+        )
+    count = sum(end - first for first, end in unread.values())
+    ranges = _listed([f"partition {p} offsets {first:,}-{end - 1:,}" for p, (first, end) in unread.items()])
+    return (
+        f"{count:,} records the query had not read when it last saw it at {when} are lost: {ranges} "
+        "(and any written after that)"
+    )
 
 
 @dataclass(frozen=True, slots=True)

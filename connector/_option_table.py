@@ -4,7 +4,9 @@ applies, how it is parsed, its default and what it means.
 :func:`resolve` checks a query's options against the table before anything
 else happens, so a misspelt option, an option of the wrong kind of query
 (``key`` on ``readStream``) or a Kafka option this connector cannot honour
-fails at planning with ``option 'NAME': ...`` instead of being ignored.
+fails with ``option 'NAME': ...`` instead of being ignored: at ``load()``,
+or, for an option of the other kind of query (which ``load()`` cannot tell),
+when Spark asks for the batch or stream reader.
 Kafka's names with the same meaning are accepted as aliases (``subscribe``,
 ``maxOffsetsPerTrigger``, ...); Kafka options that have no equivalent are
 refused with the reason (:data:`REFUSED`).
@@ -32,6 +34,7 @@ from typing import Any
 from robustmq.errors import InvalidConfig
 
 __all__ = [
+    "LOAD",
     "MAX_REQUEST_BYTES_LIMIT",
     "MODES",
     "OPTIONS",
@@ -53,6 +56,9 @@ MODES = {
     "write": "df.write",
     "writeStream": "df.writeStream",
 }
+# ``load()`` cannot tell a spark.read from a spark.readStream (PySpark gives the data source the
+# same call for both), so it checks options against reading of either kind.
+LOAD = "load"
 READ = frozenset({"read", "readStream"})
 WRITE = frozenset({"write", "writeStream"})
 BATCH_READ = frozenset({"read"})
@@ -397,8 +403,16 @@ def _where(modes: frozenset[str]) -> str:
     return ", ".join(MODES[mode] for mode in MODES if mode in modes)
 
 
+def _query(mode: str) -> tuple[frozenset[str], str]:
+    """The modes an option may have for ``mode`` (``load``: either reading), and how errors name it."""
+    if mode == LOAD:
+        return READ, "spark.read/readStream"
+    return frozenset({mode}), MODES[mode]
+
+
 def _lookup(key: str, mode: str) -> tuple[Option, str]:
     lowered = key.lower()
+    wanted, query = _query(mode)
     matches = [
         (option, spelled)
         for option in OPTIONS
@@ -406,37 +420,36 @@ def _lookup(key: str, mode: str) -> tuple[Option, str]:
         if spelled.lower() == lowered
     ]
     for option, spelled in matches:
-        if mode in option.modes:
+        if wanted & option.modes:
             return option, spelled
     if matches:
         spelled = matches[0][1]
         modes = frozenset().union(*(option.modes for option, _ in matches))
         hints = sorted({option.elsewhere for option, _ in matches if option.elsewhere})
         note = "".join(f"; {hint}" for hint in hints)
-        raise option_error(spelled, f"applies to {_where(modes)} only, not to {MODES[mode]}{note}")
+        raise option_error(spelled, f"applies to {_where(modes)} only, not to {query}{note}")
     for refused in REFUSED:
         if lowered == refused.name.lower() or (
             refused.name.endswith(".") and lowered.startswith(refused.name.lower())
         ):
             raise option_error(key, f"not supported: {refused.reason}")
-    known = sorted({s for option in OPTIONS if mode in option.modes for s in (option.name, *option.aliases)})
+    known = sorted({s for option in OPTIONS if wanted & option.modes for s in (option.name, *option.aliases)})
     close = difflib.get_close_matches(key, known, n=1) or difflib.get_close_matches(
         lowered, [k.lower() for k in known], n=1
     )
     hint = f"; did you mean '{next(k for k in known if k.lower() == close[0].lower())}'?" if close else ""
-    raise option_error(
-        key, f'unknown option for {MODES[mode]}.format("robustmq"){hint} (docs/spark.md lists them)'
-    )
+    raise option_error(key, f'unknown option for {query}.format("robustmq"){hint} (docs/spark.md lists them)')
 
 
 def resolve(options: Mapping[str, str], mode: str) -> dict[str, Given]:
     """Check every option against the table: ``{option name: Given}`` for those that were set.
 
+    ``mode`` is a key of :data:`MODES`, or :data:`LOAD` (an option of either kind of reading).
     Raises :class:`InvalidConfig` naming the option for an unknown one, one that does not apply to
     ``mode``, a refused Kafka option, or an option set twice (under its name and an alias).
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    if mode not in MODES and mode != LOAD:
+        raise ValueError(f"mode must be one of {[*MODES, LOAD]}, got {mode!r}")
     given: dict[str, Given] = {}
     for key, raw in options.items():
         if key.lower() in SPARK_OWN.get(mode, ()):

@@ -5,8 +5,14 @@ Each option is checked against the table in :mod:`._option_table` first
 checks here are the ones between options (``topic`` or ``topicPattern``, one
 way to give starting offsets, ...). Every error is an
 :class:`~robustmq.errors.InvalidConfig` whose message starts with the
-option's name, so a misconfigured query fails at planning with
-``option 'startingOffsets': ...`` rather than somewhere in a task.
+option's name (``option 'startingOffsets': ...``), raised on the driver
+before anything is read.
+
+Reading options are parsed twice: at ``load()`` in mode ``"load"``, which
+checks everything that does not depend on whether the query is a
+``spark.read`` or a ``spark.readStream`` (PySpark does not tell the data
+source at that point), and again when Spark asks for a batch or stream
+reader, which checks the rest.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._option_table import OPTIONS, Given, option_error, resolve
+from ._option_table import LOAD, OPTIONS, Given, option_error, resolve
 
 __all__ = ["DEFAULT_META", "SinkOptions", "SourceOptions", "option_error"]
 
@@ -94,8 +100,11 @@ class SourceOptions:
 
     @staticmethod
     def parse(options: Mapping[str, str], mode: str = "read") -> SourceOptions:
-        """Options of a ``spark.read`` (``mode="read"``) or ``spark.readStream`` (``"readStream"``)."""
+        """Options of a ``spark.read`` (``mode="read"``) or ``spark.readStream`` (``"readStream"``), or,
+        at ``load()``, of a reading of either kind (``"load"``)."""
         values = _Values(options, mode)
+        if mode == LOAD:
+            _check_one_kind_of_query(values)
         chosen = values.only_one("topic", "topicPattern", "assign")
         if chosen is None:
             raise option_error(
@@ -144,6 +153,20 @@ class SourceOptions:
             max_timestamp_ms=values["maxTimestamp"],
             output=values["output"],
             request_timeout_s=float(values["requestTimeoutS"]),
+        )
+
+
+def _check_one_kind_of_query(values: _Values) -> None:
+    """Options only a spark.read takes and options only a spark.readStream takes: one set is wrong."""
+    kinds: dict[str, list[str]] = {"read": [], "readStream": []}
+    for given in values.given.values():
+        if len(given.option.modes) == 1:
+            kinds[next(iter(given.option.modes))].append(given.spelled)
+    if kinds["read"] and kinds["readStream"]:
+        raise option_error(
+            kinds["readStream"][0],
+            f"applies to spark.readStream only, and '{kinds['read'][0]}' to spark.read only: a query "
+            "is one or the other",
         )
 
 

@@ -46,13 +46,20 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 
 from robustmq._partitioner import partitions_for_keys
 from robustmq._records import coerce_records
-from robustmq.errors import DuplicateSequenceMismatch, InvalidRequest, OutOfOrderSequence
+from robustmq.errors import (
+    DuplicateSequenceMismatch,
+    InvalidRequest,
+    OutOfOrderSequence,
+    RetriableError,
+    TopicNotFound,
+)
 
-from ._options import SinkOptions
+from ._options import SinkOptions, option_error
 from ._requests import REQUEST_OVERHEAD_BYTES, RequestCutter
 from ._source import client_for
+from ._spark_errors import reported_to_spark
 
-__all__ = ["RobustMQBatchWriter", "RobustMQStreamWriter", "producer_id_for"]
+__all__ = ["RobustMQBatchWriter", "RobustMQStreamWriter", "check_target", "producer_id_for"]
 
 log = logging.getLogger("robustmq.connector")
 
@@ -72,6 +79,26 @@ MISMATCH_CAUSES = (
 )
 
 Target = tuple[str, int]
+
+
+def check_target(options: SinkOptions) -> None:
+    """On the driver, before any task: the topic the ``topic`` option names exists (topics from a
+    ``topic`` column are known only in the tasks that meet them)."""
+    if options.topic is None:
+        return
+    client = client_for(options.meta_address, options.request_timeout_s)
+    try:
+        client.meta.describe_topic(options.topic)
+    except TopicNotFound:
+        raise option_error(
+            "topic",
+            f"topic {options.topic!r} does not exist; create it first "
+            f"(robustmq topic create {options.topic} --partitions N)",
+        ) from None
+    except RetriableError as error:
+        raise option_error(
+            "metaAddress", f"cannot reach the RobustMQ cluster at {options.meta_address}: {error.message}"
+        ) from error
 
 
 def producer_id_for(query: str, task_partition: int) -> int:
@@ -207,7 +234,15 @@ class _Task:
             yield from self._by_partition(table.filter(pc.equal(topics, topic)), topic)
 
     def _by_partition(self, table: pa.Table, topic: str) -> Iterator[tuple[Target, pa.Table]]:
-        count = self.client.metadata.partitions(topic)
+        try:
+            count = self.client.metadata.partitions(topic)
+        except TopicNotFound:
+            source = "the topic option" if self.options.topic is not None else "the 'topic' column"
+            raise TopicNotFound(
+                f"topic {topic!r} (from {source}) does not exist; create it first "
+                f"(robustmq topic create {topic} --partitions N)",
+                topic=topic,
+            ) from None
         records = coerce_records(table.select([c for c in _RECORD_COLUMNS if c in table.column_names]))
         if "partition" in table.column_names and table.column("partition").null_count < table.num_rows:
             targets = pc.fill_null(table.column("partition"), -1).to_numpy().astype(np.int64)
@@ -264,6 +299,7 @@ class RobustMQBatchWriter(_Writer, DataSourceArrowWriter):
         super().__init__(options)
         self.job = secrets.token_hex(8)  # made on the driver, shared by every task of this write
 
+    @reported_to_spark
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         from pyspark import TaskContext
 
@@ -286,6 +322,7 @@ class RobustMQBatchWriter(_Writer, DataSourceArrowWriter):
 class RobustMQStreamWriter(_Writer, DataSourceStreamArrowWriter):
     """``df.writeStream.format("robustmq")``: exactly-once for deterministic input."""
 
+    @reported_to_spark
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         from pyspark import TaskContext
 

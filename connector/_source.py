@@ -34,11 +34,19 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from robustmq._partitioner import partition_for_key
-from robustmq.errors import OffsetOutOfRange, RobustMQError, ShardNotFound, TopicNotFound, Unavailable
+from robustmq.errors import (
+    InvalidConfig,
+    OffsetOutOfRange,
+    RetriableError,
+    RobustMQError,
+    ShardNotFound,
+    TopicNotFound,
+)
 
 from ._offsets import Range, SourceOffsets, identity_of, plan_ranges, same_topic
 from ._options import SourceOptions, option_error
 from ._schema import RANGES_ARROW_SCHEMA, to_spark_batch
+from ._spark_errors import reported_to_spark
 
 __all__ = ["RangePartition", "RobustMQBatchReader", "TopicReader", "client_for"]
 
@@ -50,7 +58,7 @@ Ends = dict[TopicPartition, tuple[int, int]]  # (earliest, high watermark)
 _clients: dict[str, Any] = {}
 _clients_lock = threading.Lock()
 
-DATA_LOSS_HINT = "set failOnDataLoss=false to go on without them (docs/spark.md, 'Data loss')"
+DATA_LOSS_HINT = "set failOnDataLoss=false to go on (docs/spark.md, 'Data loss')"
 
 
 def client_for(address: str, timeout_s: float = 30.0) -> Any:
@@ -127,11 +135,37 @@ class TopicReader:
         """Driver-side calls, with the option to blame when the cluster cannot be reached."""
         try:
             return function(*args)
-        except Unavailable as error:
+        except RetriableError as error:  # unreachable, or no answer within requestTimeoutS
             raise option_error(
                 "metaAddress",
                 f"cannot reach the RobustMQ cluster at {self.options.meta_address}: {error.message}",
             ) from error
+
+    def _missing(self, topic: str) -> InvalidConfig:
+        return option_error(
+            "topic", f"topic {topic!r} does not exist at {self.options.meta_address} (robustmq topic list)"
+        )
+
+    def check_named_topics(self) -> None:
+        """At ``load()``: the Meta Service answers, and each topic and partition that ``topic`` or
+        ``assign`` names exists (one Meta Service call).
+
+        With ``failOnDataLoss=false`` a missing topic is left to planning, as before: a stream
+        restarted from its checkpoint then goes on without a topic deleted meanwhile, and a new
+        query still fails when it starts.
+        """
+        topics = {t.name: t for t in self._call(self.client.meta.list_topics)}
+        if not self.options.fail_on_data_loss:
+            return
+        for name in self.options.topics:
+            if name not in topics:
+                raise self._missing(name)
+        for name, partitions in (self.options.assign or {}).items():
+            count = int(topics[name].config.partitions)
+            if partitions and partitions[-1] >= count:
+                raise option_error(
+                    "assign", f"topic {name!r} has no partition {partitions[-1]} (it has {count})"
+                )
 
     def identities(self, topics: Sequence[str]) -> dict[str, Mapping[str, int]]:
         """The current identity of each of ``topics`` that exists (one Meta Service call)."""
@@ -170,7 +204,7 @@ class TopicReader:
         """``snapshot`` for planning a query's start: a missing topic or partition is a config error."""
         ends, vanished = self.snapshot(topics)
         if vanished:
-            raise option_error("topic", f"topic {sorted(vanished)[0]!r} does not exist")
+            raise self._missing(sorted(vanished)[0])
         for topic, partitions in (self.options.assign or {}).items():
             missing = sorted(p for p in partitions if (topic, p) not in ends)
             if missing:
@@ -393,6 +427,7 @@ class RobustMQBatchReader(TopicReader, DataSourceReader):
     Options are part of the relation, so they cannot leak between queries.
     """
 
+    @reported_to_spark
     def partitions(self) -> Sequence[InputPartition]:
         topics = self.topics(refresh_s=0)
         start = self.start_offsets(topics)
@@ -413,6 +448,7 @@ class RobustMQBatchReader(TopicReader, DataSourceReader):
         )
         return parts or [RangePartition("", 0, 0, 0)]
 
+    @reported_to_spark
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
         if partition.end > partition.start:

@@ -34,13 +34,23 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from robustmq.errors import RobustMQError
+from robustmq.errors import InvalidConfig, RobustMQError
 
-from ._offsets import Admission, DataLoss, SourceOffsets, admit, find_data_loss, identity_of, same_topic
+from ._offsets import (
+    Admission,
+    DataLoss,
+    LastSeen,
+    SourceOffsets,
+    admit,
+    find_data_loss,
+    identity_of,
+    same_topic,
+)
 from ._options import SourceOptions
 from ._source import DATA_LOSS_HINT, RangePartition, TopicReader
+from ._spark_errors import reported_to_spark
 
-__all__ = ["RobustMQStreamReader"]
+__all__ = ["RefusedStreamReader", "RobustMQStreamReader"]
 
 log = logging.getLogger("robustmq.connector")
 
@@ -54,6 +64,7 @@ class _StreamState:
     latest: dict[str, Any] | None = None  # the last high watermarks seen, for reportLatestOffset
     committed: SourceOffsets | None = None  # what the group last got
     last_trigger_ms: int = 0  # minRecordsPerTrigger: when the last batch was let through (Kafka: 0)
+    seen: LastSeen | None = None  # the ends of the last planning that found no loss, for loss messages
     warned: set[str] = field(default_factory=set)  # data loss already logged (failOnDataLoss=false)
 
 
@@ -65,9 +76,11 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
         super().__init__(options)
         self._state = _StreamState()
 
+    @reported_to_spark
     def initialOffset(self) -> dict:
         return self.start_offsets(self.topics(refresh_s=0)).to_json()
 
+    @reported_to_spark
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         # Spark asks for the next batch's end only once the batch ending at `start` is in its commit
         # log (or `start` is where the query begins), so `start` is safe to give the group now;
@@ -87,13 +100,13 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
         topics = self.topics()
         ends, vanished = self.snapshot(sorted(set(topics) | begin.topics))
         vanished = (vanished | (begin.topics - set(topics))) & begin.topics  # read before, gone now
-        latest = {tp: high for tp, (_, high) in ends.items()}
+        highs = latest = {tp: high for tp, (_, high) in ends.items()}
         if self._state.target is not None:  # AvailableNow: never past what existed at the start
             latest = {tp: min(high, self._state.target.get(tp, 0)) for tp, high in latest.items()}
         identities: dict[str, Mapping[str, int]] = dict(begin.identities)
         admission, now_ms = self._admission(limit), int(time.time() * 1000)
         for checked in (False, True):
-            losses = find_data_loss(begin, latest, identities, vanished)
+            losses = find_data_loss(begin, latest, identities, vanished, self._state.seen)
             restart = frozenset().union(*(loss.restart for loss in losses))
             first = {tp: 0 if tp in restart else begin.positions.get(tp, 0) for tp in latest}
             stop, last_trigger_ms = admit(
@@ -108,6 +121,8 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
             latest = {tp: high for tp, high in latest.items() if tp[0] not in gone}
             self._forget_stale_metadata(identities)
         self._report(losses)
+        if not losses:
+            self._state.seen = LastSeen(SourceOffsets(highs, identities), now_ms)
         self._state.latest = SourceOffsets(latest, identities).to_json()
         self._state.last_trigger_ms = last_trigger_ms
         return None if idle else SourceOffsets(stop, identities)
@@ -156,13 +171,16 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
     def reportLatestOffset(self) -> dict | None:
         return self._state.latest
 
+    @reported_to_spark
     def prepareForTriggerAvailableNow(self) -> None:
         ends, _ = self.snapshot(self.topics(refresh_s=0))
         self._state.target = {tp: high for tp, (_, high) in ends.items()}
 
+    @reported_to_spark
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         return self.input_partitions(SourceOffsets.from_json(start), SourceOffsets.from_json(end))
 
+    @reported_to_spark
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
         yield from self.read_range(partition)
@@ -182,6 +200,43 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
                 log.warning(
                     "could not commit group %s offsets for %s: %s", self.options.group, topic, error.message
                 )
+
+    def stop(self) -> None:
+        pass
+
+
+class RefusedStreamReader(DataSourceStreamReader):
+    """The stream reader of a query whose options do not apply to a stream (``endingOffsets``...).
+
+    ``load()`` cannot tell a stream from a batch query, so such an option is known to be wrong
+    only when Spark asks for a stream reader, as the query starts. An exception raised by
+    ``DataSource.streamReader`` reaches the user as PySpark 4.2's ``UnboundLocalError: cannot
+    access local variable 'reader'`` (its runner's ``finally: reader.stop()``), so
+    ``streamReader`` returns this reader instead, and the first call Spark makes
+    (``getDefaultReadLimit``, at the query's start) raises the options' error.
+    """
+
+    def __init__(self, error: InvalidConfig) -> None:
+        self.error = error
+
+    @reported_to_spark
+    def _refuse(self) -> Any:
+        raise self.error
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return self._refuse()
+
+    def initialOffset(self) -> dict:
+        return self._refuse()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        return self._refuse()
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return self._refuse()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self._refuse()
 
     def stop(self) -> None:
         pass

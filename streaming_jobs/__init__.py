@@ -1,9 +1,20 @@
-"""Spark jobs over RobustMQ topics: materialising topics into Delta tables (exactly once)."""
+"""Spark jobs over RobustMQ topics: materialising topics into Delta tables (exactly once).
+
+The names from :mod:`.topic_to_delta` are loaded on first use, so that
+``python -m robustmq.streaming_jobs.topic_to_delta`` runs the module once, as
+``__main__`` (importing it here first made runpy warn on every run).
+"""
+
+from typing import TYPE_CHECKING, Any
 
 from ._delta import TABLE_SCHEMA, DeltaAppender, delta_spark_available, partition_app_id, read_table
 from ._table import TableLocation, prepare_table
 from .errors import TableConflict, TableMismatch
-from .topic_to_delta import default_group, spark_session, start_topic_to_delta
+
+if TYPE_CHECKING:
+    from .topic_to_delta import default_group, spark_session, start_topic_to_delta
+
+_FROM_TOPIC_TO_DELTA = frozenset({"default_group", "spark_session", "start_topic_to_delta"})
 
 __all__ = [
     "TABLE_SCHEMA",
@@ -19,3 +30,11 @@ __all__ = [
     "spark_session",
     "start_topic_to_delta",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_TOPIC_TO_DELTA:
+        from . import topic_to_delta
+
+        return getattr(topic_to_delta, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,13 +13,17 @@ batches older than ``--orphan-retention-hours``.
 Run it::
 
     robustmq topic-to-delta --topic orders --table ./tables/orders --checkpoint ./checkpoints/orders
-    robustmq topic-to-delta --topic orders --table s3://bucket/orders --checkpoint ./checkpoints/orders \
+    robustmq topic-to-delta --topic orders --table s3://bucket/orders --checkpoint ./checkpoints/orders \\
         --storage-option AWS_REGION=eu-west-1 [--fail-on-data-loss false] [--available-now]
 
 Records that retention removed before the job read them fail the job with a
 message saying so (``--fail-on-data-loss true``, the default), or are skipped
 with a warning (``false``), as are records of a topic deleted or re-created
 while the job was reading it.
+
+The command line checks the Meta Service and the topic before it starts Spark
+or creates anything, and stops the query cleanly on Ctrl-C (SIGINT, exit 130)
+or SIGTERM (exit 143); see :func:`main`.
 """
 
 from __future__ import annotations
@@ -29,20 +33,50 @@ import hashlib
 import logging
 import os
 import re
-import signal
 import sys
-import threading
-from collections.abc import Sequence
+import urllib.parse
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from robustmq._ready import announce_ready
+from robustmq.errors import RetriableError, RobustMQError, TopicNotFound
 
 from ._delta import PARTITION_BY, TABLE_SCHEMA, DeltaAppender, delta_spark_available
+from ._stopping import BatchGate, BatchRefused, StopSignals
 from ._table import MIN_ORPHAN_RETENTION_HOURS, prepare_table
 
-__all__ = ["default_group", "main", "parser", "spark_session", "start_topic_to_delta"]
+__all__ = ["check_source", "default_group", "main", "parser", "spark_session", "start_topic_to_delta"]
 
 log = logging.getLogger("robustmq.jobs")
+
+PROG = "robustmq topic-to-delta"
+EXIT_FAILED, EXIT_USAGE = 1, 2
+STOP_WAIT_S = 600  # how long a stop waits for the micro-batch in progress before interrupting it
+
+DESCRIPTION = r"""Materialise topics into a Delta table, exactly once across restarts and
+checkpoint resets.
+
+The job reads the topics with Spark and appends every micro-batch to a Delta
+table partitioned by the records' UTC date. Each record lands once, keyed by
+(topic, partition, offset), however often the job is stopped or killed and
+started again (docs/spark.md, "Topics into Delta tables").
+
+examples:
+  robustmq topic-to-delta --topic orders --table ./tables/orders --checkpoint ./checkpoints/orders
+  robustmq topic-to-delta --topic orders --table s3://bucket/orders --checkpoint ./checkpoints/orders \
+      --storage-option AWS_REGION=eu-west-1 --available-now
+
+Before it starts Spark or creates anything, the job checks that the Meta
+Service answers and that every --topic exists. Records lost before the job
+read them (removed by retention, or their topic deleted or re-created) fail
+the job, or with --fail-on-data-loss false are skipped with a warning.
+
+exit codes: 0 done (--available-now); 1 the query failed, or the cluster did
+not answer; 2 bad arguments, no such topic, or a table of another shape; 130
+stopped by Ctrl-C (SIGINT); 143 stopped by SIGTERM. Either signal stops the
+query cleanly; a second one ends the job at once.
+"""
 
 
 def spark_session(app_name: str, *, master: str = "local[2]", shuffle_partitions: int = 2) -> Any:
@@ -78,16 +112,25 @@ def start_topic_to_delta(
     storage_options: dict[str, str] | None = None,
     fail_on_data_loss: bool = True,
     orphan_retention_hours: int | None = 168,
+    gate: Callable[[Callable[[Any, int], None]], BatchGate] | None = None,
 ) -> Any:
     """Prepare the table (create or check it, vacuum orphans) and start the query; returns it.
+
+    ``gate`` (``BatchGate``, say) wraps the job's ``foreachBatch`` function, so the caller can
+    stop the query between micro-batches (:mod:`._stopping`).
 
     ``group`` defaults to one named after the Delta table's id, so a run with a
     new checkpoint resumes from where the previous one's group got, whichever
     way the table's path is spelled, and a table dropped and rebuilt at the same
     path (another id) starts from the beginning of the topic. A table of another
     shape raises :class:`~robustmq.streaming_jobs.errors.TableMismatch` before the
-    query starts.
+    query starts. A ``topic`` that does not exist raises
+    :class:`~robustmq.errors.TopicNotFound` before the table is created (see
+    :func:`check_source`), unless ``fail_on_data_loss`` is false and the
+    checkpoint has progress: the restarted query then goes on without it.
     """
+    if _topics_must_exist(fail_on_data_loss, checkpoint):
+        check_source(meta_address, topic)
     location = prepare_table(
         table_path,
         TABLE_SCHEMA,
@@ -122,7 +165,7 @@ def start_topic_to_delta(
     )
     writer = (
         reader.load()
-        .writeStream.foreachBatch(appender)
+        .writeStream.foreachBatch(appender if gate is None else gate(appender))
         .option("checkpointLocation", checkpoint)
         .queryName(name)
     )
@@ -132,6 +175,39 @@ def start_topic_to_delta(
         else writer.trigger(processingTime=f"{trigger_seconds} seconds")
     )
     return writer.start()
+
+
+def check_source(meta_address: str, topic: str | None, *, timeout_s: float = 10.0) -> None:
+    """The Meta Service answers and each topic of ``topic`` (one name or a comma-separated list)
+    exists: one call, before Spark starts or anything is created.
+
+    Raises :class:`~robustmq.errors.TopicNotFound` naming the first missing topic, or a
+    :class:`~robustmq.errors.RetriableError` when the Meta Service does not answer within
+    ``timeout_s``. A ``topicPattern`` job may start before its topics exist, so it is not
+    checked. With ``failOnDataLoss=false`` callers skip the check, as the source does: a job
+    restarted from its checkpoint then goes on without a topic deleted meanwhile.
+    """
+    import robustmq
+
+    with robustmq.connect(meta_address, timeout_s=timeout_s) as client:
+        existing = set(client.list_topics())
+    for name in (t.strip() for t in (topic or "").split(",") if t.strip()):
+        if name not in existing:
+            raise TopicNotFound(f"topic {name!r} does not exist at {meta_address}", topic=name)
+
+
+def _topics_must_exist(fail_on_data_loss: bool, checkpoint: str) -> bool:
+    """Whether a missing ``--topic`` is an error before the start: always, except when lost records
+    are skipped and the checkpoint has progress (a restart goes on without a deleted topic, as the
+    source does). A checkpoint this process cannot list (a URI other than file://) counts as one
+    with progress."""
+    if fail_on_data_loss:
+        return True
+    parsed = urllib.parse.urlparse(checkpoint)
+    if parsed.scheme not in ("", "file"):
+        return False
+    offsets = Path(urllib.parse.unquote(parsed.path) if parsed.scheme else checkpoint) / "offsets"
+    return not (offsets.is_dir() and any(offsets.iterdir()))
 
 
 def default_group(table_id: str) -> str:
@@ -150,6 +226,21 @@ def _storage_option(text: str) -> tuple[str, str]:
     if not equals or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return key.strip(), value
+
+
+def _at_least(convert: Callable[[str], float], minimum: float, what: str) -> Callable[[str], Any]:
+    """An argument type: ``convert(text)``, at least ``minimum``; else an error saying ``what``."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not minimum <= value < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
 
 
 def _retention_hours(text: str) -> int:
@@ -171,25 +262,66 @@ def parser() -> argparse.ArgumentParser:
 
     parser = OneLineArgumentParser(
         prog="robustmq topic-to-delta",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--meta", default=os.environ.get("ROBUSTMQ_META", "127.0.0.1:7070"))
+    parser.add_argument(
+        "--meta",
+        default=os.environ.get("ROBUSTMQ_META", "127.0.0.1:7070"),
+        metavar="HOST:PORT",
+        help="the Meta Service (default: $ROBUSTMQ_META or 127.0.0.1:7070)",
+    )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--topic")
-    source.add_argument("--topic-pattern")
-    parser.add_argument("--table", required=True, help="Delta table: a path or a URI delta-rs accepts")
-    parser.add_argument("--checkpoint", required=True, help="Spark checkpoint directory")
-    parser.add_argument("--available-now", action="store_true", help="process what is there, then stop")
-    parser.add_argument("--trigger-seconds", type=float, default=1.0)
-    parser.add_argument("--max-records-per-trigger", type=int, default=None)
-    parser.add_argument("--group", default=None, help="consumer group (default: derived from the table)")
+    source.add_argument(
+        "--topic",
+        help="the topic to read, or a comma-separated list of topics "
+        "(--topic or --topic-pattern is required)",
+    )
+    source.add_argument(
+        "--topic-pattern",
+        metavar="REGEX",
+        help="read every topic whose whole name matches; topics created later are picked up",
+    )
+    parser.add_argument(
+        "--table", required=True, help="the Delta table: a path or a URI delta-rs accepts (s3://, file://...)"
+    )
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        help="the Spark checkpoint directory; a new one resumes from the --group's offsets",
+    )
+    parser.add_argument(
+        "--available-now",
+        action="store_true",
+        help="process what is there, then stop (default: off, keep running and read new records)",
+    )
+    parser.add_argument(
+        "--trigger-seconds",
+        type=_at_least(float, 0, "a number of seconds (0 or more)"),
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between micro-batches (default 1; 0: one right after another)",
+    )
+    parser.add_argument(
+        "--max-records-per-trigger",
+        type=_at_least(int, 1, "a positive integer"),
+        default=None,
+        metavar="N",
+        help="at most N records per micro-batch (default: everything waiting)",
+    )
+    parser.add_argument(
+        "--group",
+        default=None,
+        help="the consumer group the job commits to, for lag and restarts with a new checkpoint "
+        "(default: robustmq-topic-to-delta-ID, ID being the Delta table's id)",
+    )
     parser.add_argument(
         "--fail-on-data-loss",
         type=_boolean,
         default=True,
         metavar="{true,false}",
-        help="records removed by retention before the job read them: fail (true) or skip them (false)",
+        help="records lost before the job read them (retention, a topic deleted or re-created): "
+        "fail (true, the default) or skip them with a warning (false)",
     )
     parser.add_argument(
         "--storage-option",
@@ -197,35 +329,95 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a delta-rs storage option (repeatable), e.g. AWS_ENDPOINT_URL=http://127.0.0.1:9000",
+        help="a delta-rs storage option, repeatable, e.g. AWS_ENDPOINT_URL=http://127.0.0.1:9000 "
+        "(default: none; delta-rs then reads its settings from the environment)",
     )
     parser.add_argument(
         "--orphan-retention-hours",
         type=_retention_hours,
         default=168,
+        metavar="HOURS",
         help=f"vacuum unreferenced files older than this at start (default 168, at least "
         f"{MIN_ORPHAN_RETENTION_HOURS}; -1 never)",
     )
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--master",
+        default="local[2]",
+        metavar="URL",
+        help="the Spark master (default local[2]: two local cores)",
+    )
     return parser
 
 
+def options_table() -> str:
+    """The command's options as the Markdown table in docs/spark.md (a test keeps them equal)."""
+    lines = ["| option | meaning |", "|---|---|"]
+    for action in parser()._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        flag = action.option_strings[0]
+        if action.nargs != 0:
+            flag += f" {action.metavar or action.dest.upper()}"
+        required = " (required)" if action.required else ""
+        lines.append(f"| `{flag}`{required} | {str(action.help).replace('|', chr(92) + '|')} |")
+    return "\n".join(lines)
+
+
 def _failure_message(failure: Any) -> str:
-    """The RobustMQ error inside a Spark failure (a Python traceback wrapped in Java's), else the failure."""
+    """The RobustMQ error inside a Spark failure (a Python traceback wrapped in Java's), else the
+    failure's first line, in the command line's terms."""
     text = str(failure)
     found = re.findall(r"robustmq\.(?:streaming_jobs\.)?errors\.(\w+): ([^\n]+)", text)
     if found:
         name, message = found[-1]
-        return f"{name}: {message}"
-    return text.splitlines()[0] if text else repr(failure)
+        return _in_cli_terms(f"{name}: {message}")
+    return _in_cli_terms(text.splitlines()[0] if text else repr(failure))
+
+
+def _in_cli_terms(message: str) -> str:
+    """The source's hints name its option (``set failOnDataLoss=false``); here they name the flag."""
+    message = re.sub(r"\bset failOnDataLoss=false\b", "run with --fail-on-data-loss false", message)
+    return message.replace("failOnDataLoss", "--fail-on-data-loss")
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from robustmq.errors import RobustMQError
-
+    """``robustmq topic-to-delta``: exit codes 0 (done), 1 (the query failed, or the cluster did not
+    answer), 2 (bad arguments, no such topic, a table of another shape), 130 (SIGINT) and 143
+    (SIGTERM); every failure is one line on stderr."""
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = StopSignals()
+    stop.install()
+    try:
+        if _topics_must_exist(args.fail_on_data_loss, args.checkpoint):
+            check_source(args.meta, args.topic)
+    except TopicNotFound as error:
+        where = f"no such topic at the Meta Service {args.meta} (robustmq topic list shows the topics)"
+        return _fail(f"--topic {error.fields['topic']}: {where}", EXIT_USAGE)
+    except RetriableError as error:
+        return _fail(f"--meta {args.meta}: cannot reach the Meta Service: {error.message}", EXIT_FAILED)
+    if stop.event.is_set():
+        return stop.announce(PROG)
     spark = spark_session("robustmq-topic-to-delta", master=args.master)
+    stop.install()  # the SparkContext installed its own SIGINT handler
+    try:
+        return _run(spark, args, stop)
+    finally:
+        spark.stop()
+
+
+def _run(spark: Any, args: argparse.Namespace, stop: StopSignals) -> int:
+    gates: list[BatchGate] = []
+
+    def gate(batch: Callable[[Any, int], None]) -> BatchGate:
+        gates.append(BatchGate(batch))
+        return gates[-1]
+
     try:
         query = start_topic_to_delta(
             spark,
@@ -241,27 +433,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             storage_options=dict(args.storage_option) or None,
             fail_on_data_loss=args.fail_on_data_loss,
             orphan_retention_hours=None if args.orphan_retention_hours < 0 else args.orphan_retention_hours,
+            gate=gate,
         )
-    except RobustMQError as error:
-        spark.stop()
-        print(f"robustmq topic-to-delta: {error.message}", file=sys.stderr)
-        return 2
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    except RobustMQError as error:  # a table of another shape, a bad option: the input's; else the cluster's
+        return _fail(_in_cli_terms(error.message), EXIT_FAILED if error.retriable else EXIT_USAGE)
+    except Exception as error:  # Spark's (a checkpoint it cannot write, say): its first line, no traceback
+        log.debug("the query did not start", exc_info=True)
+        return _fail(f"the query did not start: {_failure_message(error)}", EXIT_FAILED)
     announce_ready()
-    while query.isActive and not stop.is_set():
+    while query.isActive and not stop.event.is_set():
         try:
             query.awaitTermination(1)
         except Exception:  # the query failed: query.exception() below says why
             break
-    if query.isActive:
+    if stop.event.is_set():
+        code = stop.announce(PROG)
+        # What follows is the stop this job asked for: Spark's and Py4J's reports of it are noise.
+        spark.sparkContext.setLogLevel("OFF")
+        logging.getLogger("py4j").setLevel(logging.CRITICAL)
+        for each in gates:
+            each.close(STOP_WAIT_S)
         query.stop()
+        failure = query.exception()
+        if failure is not None and BatchRefused.__name__ not in str(failure):
+            log.warning("the query failed while stopping: %s", _failure_message(failure))
+        return code
     failure = query.exception()
-    spark.stop()
     if failure is not None:
         log.debug("the query failed: %s", failure)
-        print(f"robustmq topic-to-delta: the query failed: {_failure_message(failure)}", file=sys.stderr)
-        return 1
+        return _fail(f"the query failed: {_failure_message(failure)}", EXIT_FAILED)
     return 0
 
 

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 from robustmq.connector._offsets import (
     Admission,
+    LastSeen,
     Range,
     SourceOffsets,
     admit,
@@ -60,9 +61,28 @@ def test_a_deleted_topic_or_partition_is_a_loss() -> None:
     start = SourceOffsets({("a", 0): 10, ("b", 0): 1, ("b", 1): 2}, {"a": OLD, "b": OLD})
     losses = find_data_loss(start, {("b", 0): 1}, {"b": OLD}, {"a"})
     assert [loss.topic for loss in losses] == ["a", "b"]
-    assert "topic a was deleted" in losses[0].message and "(0: 10)" in losses[0].message
+    assert "topic a was deleted" in losses[0].message and "partition 0 below offset 10" in losses[0].message
     assert "partition 1 of topic b is gone" in losses[1].message
     assert not losses[0].restart and not losses[1].restart
+
+
+def test_a_recreated_topic_says_exactly_what_was_lost_and_prints_no_raw_values() -> None:
+    """The old topic's ends as the query last saw them tell 'nothing it saw' from 'these records'."""
+    old = {"created_ms": 1_763_800_000_000, "incarnation": 7}
+    new = {"created_ms": 1_763_800_600_000, "incarnation": 9}
+    start = SourceOffsets({("a", 0): 25_612, ("a", 1): 34_879}, {"a": old})
+    read_to_the_end = LastSeen(SourceOffsets(dict(start.positions), {"a": old}), at_ms=1_763_800_300_000)
+    (loss,) = find_data_loss(start, {("a", 0): 3}, {"a": new}, set(), read_to_the_end)
+    assert "deleted and re-created" in loss.message and "nothing it saw is lost" in loss.message, loss.message
+    assert "08:31:40 UTC" in loss.message  # when it was last seen, in UTC
+    for raw in ("{", "': ", "25612", "created_ms"):
+        assert raw not in loss.message, loss.message
+    behind = LastSeen(SourceOffsets({("a", 0): 25_700, ("a", 1): 34_879}, {"a": old}), at_ms=0)
+    (loss,) = find_data_loss(start, {}, {}, {"a"}, behind)
+    assert "88 records" in loss.message and "partition 0 offsets 25,612-25,699" in loss.message, loss.message
+    another = LastSeen(SourceOffsets(dict(start.positions), {"a": new}), at_ms=0)  # not the old topic
+    (loss,) = find_data_loss(start, {}, {}, {"a"}, another)
+    assert "nothing it saw" not in loss.message and "partition 0 below offset 25,612" in loss.message
 
 
 def test_ranges_restart_fresh_partitions_from_the_beginning() -> None:

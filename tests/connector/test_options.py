@@ -3,6 +3,7 @@ options are errors naming them; Kafka's names are aliases; docs/spark.md lists e
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,20 @@ def test_an_option_of_another_kind_of_query_is_an_error_naming_it(
 ) -> None:
     with pytest.raises(InvalidConfig, match=f"option '{name}': applies to .* only, not to spark.{mode}"):
         _read(mode, topic="t", **options)
+
+
+def test_load_takes_the_options_of_either_kind_of_reading_but_not_both() -> None:
+    """load() cannot tell spark.read from spark.readStream; options of both kinds cannot be right."""
+    assert _read("load", topic="t", endingOffsets="latest").ending == "latest"
+    assert _read("load", topic="t", maxOffsetsPerTrigger="5").max_records_per_trigger == 5
+    with pytest.raises(
+        InvalidConfig, match=r"option 'maxOffsetsPerTrigger': applies to spark\.readStream only, and 'key' to"
+    ):
+        _read("load", topic="t", key="k", maxOffsetsPerTrigger="5")
+    with pytest.raises(InvalidConfig, match=r"option 'acks': applies to df.write, df.writeStream only"):
+        _read("load", topic="t", acks="all")
+    with pytest.raises(InvalidConfig, match=r"option 'colour': unknown option for spark.read/readStream"):
+        _read("load", topic="t", colour="red")
 
 
 @pytest.mark.parametrize("mode", ["write", "writeStream"])
@@ -187,3 +202,20 @@ def test_docs_list_every_option_as_the_table_has_it() -> None:
         "docs/spark.md's option tables differ from connector/_option_table.py; regenerate them with "
         "python -c \"from robustmq.connector import _option_table as t; t.rewrite('docs/spark.md')\""
     )
+
+
+def test_the_readme_creates_the_topics_its_spark_example_writes_to() -> None:
+    """A write does not create its topic: a README example that skips `topic create` fails."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    writes = [
+        (block.start() + write.start(), write.group(1))
+        for block in re.finditer(r"```python\n.*?```", readme, re.S)
+        for write in re.finditer(
+            r'\.write(?:Stream)?\.format\("robustmq"\)(.*?)\.(?:start|save)\(', block.group(), re.S
+        )
+    ]
+    assert writes, "the README's Python examples no longer write to a topic"
+    for at, chain in writes:
+        for topic in re.findall(r'\.option\("topic", "([^"]+)"\)', chain):
+            created = re.search(rf"topic create {re.escape(topic)}\b", readme[:at])
+            assert created, f"README writes to {topic!r} before creating it (robustmq topic create {topic})"

@@ -391,12 +391,6 @@ def test_kafka_style_starting_and_ending_options(spark, cluster, client) -> None
         ).count()
 
 
-def test_stream_options_that_do_not_apply_fail_naming_them(spark, cluster, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    topic = _topic(client, 1)
-    _, error = _stream(spark, cluster, tmp_path / "ck", topic=topic, key="k1")
-    assert error is not None and "option 'key': applies to spark.read only" in str(error)
-
-
 def test_min_offsets_per_trigger_waits_for_enough_records(spark, cluster, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     topic = _topic(client, 1)
     sizes: list[int] = []
@@ -468,6 +462,30 @@ def test_a_topic_recreated_past_the_old_offsets_is_detected(spark, cluster, clie
     assert values == [] and error is not None and "deleted and re-created" in str(error)
     values, error = _stream(spark, cluster, checkpoint, topic=topic, failOnDataLoss="false")
     assert error is None and values == _values(40, b"new")
+
+
+def test_the_stream_reader_says_what_a_recreated_topic_lost(cluster, client) -> None:  # type: ignore[no-untyped-def]
+    """Within a run the reader knows the old topic's last ends: read to them, nothing it saw is lost."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from robustmq.connector import SourceOptions
+    from robustmq.connector._stream import RobustMQStreamReader
+    from robustmq.errors import RobustMQError
+
+    topic = _topic(client, 1)
+    _send(client, topic, _values(30, b"old"))
+    options = SourceOptions.parse({"metaAddress": cluster.meta_address, "topic": topic}, "readStream")
+    reader = RobustMQStreamReader(options)
+    end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())  # a batch up to offset 30
+    assert reader.latestOffset(end, ReadAllAvailable()) == end  # idle: read to the end
+    _recreate(client, topic, 1)
+    _send(client, topic, _values(40, b"new"))
+    with pytest.raises(RobustMQError) as raised:
+        reader.latestOffset(end, ReadAllAvailable())
+    message = raised.value.message
+    assert "deleted and re-created" in message and "nothing it saw is lost" in message, message
+    assert "{" not in message and "created_ms" not in message, message
+    assert "failOnDataLoss=false reads it from there" in message, message  # what to do, by its real name
 
 
 def test_a_deleted_pattern_topic_fails_the_stream_or_drops_off(

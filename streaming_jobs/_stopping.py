@@ -1,0 +1,101 @@
+"""Stopping a topic-to-Delta query on Ctrl-C or SIGTERM: between micro-batches, in one line.
+
+Two things stand in the way of a clean stop of a Spark job driven from Python:
+
+- PySpark's SparkContext installs a SIGINT handler that cancels every job and
+  raises ``KeyboardInterrupt`` wherever the main thread is, usually inside a
+  Py4J call: tracebacks, and a job that dies of the signal. :class:`StopSignals`
+  replaces it (and SIGTERM's) with handlers that only note the signal; the main
+  loop acts on it.
+- ``StreamingQuery.stop()`` interrupts the query's thread. When that thread is
+  in a ``foreachBatch`` function, the interruption comes back as a Py4J error
+  whose whole text (Python traceback and Java stack) Spark 4.2 matches against
+  ``((.|\\r\\n|\\r|\\n)*)``, a regular expression that recurses once per
+  character: the query thread dies of ``StackOverflowError`` and prints a
+  thousand-line stack. :class:`BatchGate` therefore lets the micro-batch in
+  progress finish (and commit) before ``stop()``, and refuses the ones after it:
+  a refused batch's offsets are not committed, so the next run writes it, once.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["STOP_SIGNALS", "BatchGate", "BatchRefused", "StopSignals"]
+
+# What each stop signal prints, and the exit code it gives (a shell's 128 + the signal's number).
+STOP_SIGNALS = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143)}
+
+
+class BatchRefused(Exception):
+    """A micro-batch that started after :meth:`BatchGate.close`; nothing of it was written."""
+
+
+class BatchGate:
+    """A ``foreachBatch`` function around ``batch`` that can be closed between micro-batches.
+
+    ``__call__`` runs on Py4J's callback thread, ``close`` on the main thread; both take one
+    condition's lock, so after ``close`` returns True no micro-batch is running and none will.
+    """
+
+    def __init__(self, batch: Callable[[Any, int], None]) -> None:
+        self._batch = batch
+        self._changed = threading.Condition()
+        self._closed = False
+        self._running = False
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        with self._changed:
+            if self._closed:
+                raise BatchRefused(f"micro-batch {batch_id} not run: the job is stopping")
+            self._running = True
+        try:
+            self._batch(frame, batch_id)
+        finally:
+            with self._changed:
+                self._running = False
+                self._changed.notify_all()
+
+    def close(self, timeout_s: float) -> bool:
+        """Refuse the next micro-batches; wait up to ``timeout_s`` for the one in progress.
+
+        False when it was still running at the timeout (``stop()`` then interrupts it).
+        """
+        with self._changed:
+            self._closed = True
+            return self._changed.wait_for(lambda: not self._running, timeout_s)
+
+
+class StopSignals:
+    """Notes the first SIGINT or SIGTERM for the main loop, which stops the query when it sees it.
+
+    The handlers only set a flag, so a signal never raises inside a Py4J call. After the first
+    signal both go back to their defaults: a second one ends the process at once.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.event = threading.Event()
+
+    def install(self) -> None:
+        """Take SIGINT and SIGTERM (again: a new SparkContext installs its own SIGINT handler)."""
+        for number in STOP_SIGNALS:
+            signal.signal(number, self._note)
+
+    def _note(self, number: int, frame: Any) -> None:
+        if self.received is None:
+            self.received = number
+        self.event.set()
+        for other in STOP_SIGNALS:
+            signal.signal(other, signal.SIG_DFL)
+
+    def announce(self, prog: str) -> int:
+        """Print that the job is stopping (one line) and return its exit code."""
+        assert self.received is not None
+        name, code = STOP_SIGNALS[signal.Signals(self.received)]
+        print(f"{prog}: {name}; stopping the query", file=sys.stderr, flush=True)
+        return code

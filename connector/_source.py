@@ -11,8 +11,8 @@ are opened lazily and cached per Python worker process (workers are reused
 across tasks). Each input partition carries the identity its topic had when
 it was planned, and a task checks it before reading: a topic re-created in
 between is data loss, never a silent read of the new topic's records at the
-old offsets. (The check and the fetches are separate requests; a fetch that
-names the topic's incarnation would close that last gap.)
+old offsets. Fetches name the planned incarnation too, so a topic re-created
+between that check and a fetch is refused by the node and reported the same way.
 
 Batch reads narrow on the nodes through options: ``key`` reads only the key's
 hash partition and uses the key index, ``tags`` uses the tag index,
@@ -35,6 +35,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from robustmq._partitioner import partition_for_key
 from robustmq.errors import (
+    IncarnationMismatch,
     InvalidConfig,
     OffsetOutOfRange,
     RetriableError,
@@ -358,11 +359,20 @@ class TopicReader:
                     )
                     return
                 records, following, _ = client.fetch_records(
-                    part.topic, part.partition, position, end_offset=part.end
+                    part.topic,
+                    part.partition,
+                    position,
+                    end_offset=part.end,
+                    incarnation=dict(part.identity).get("incarnation"),
                 )
             except OffsetOutOfRange as error:
                 position = self._data_loss(part, position, error)
                 continue
+            except IncarnationMismatch:  # re-created between the check above and this fetch
+                client.metadata.invalidate(part.topic)
+                if not self._same_topic_as_planned(part):
+                    return
+                raise
             if following <= position:
                 raise RobustMQError(
                     f"topic {part.topic} partition {part.partition} ends before offset {part.end}, "

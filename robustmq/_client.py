@@ -290,8 +290,13 @@ class Client:
         *,
         end_offset: int | None = None,
         max_bytes: int = 16 << 20,
+        incarnation: int | None = None,
     ) -> tuple[pa.Table, int, int]:
         """One fetch from ``offset``: ``(records, next offset, high watermark)``; no waiting.
+
+        ``incarnation``: the topic incarnation the caller planned its offsets for
+        (default: the one the cached metadata names); a node serving another one
+        raises ``IncarnationMismatch`` instead of reading another log at these offsets.
 
         ``records`` has the read columns (offset first), at most up to ``end_offset``.
         The next offset is the node's (capped at ``end_offset``), which may be past
@@ -301,13 +306,14 @@ class Client:
 
         def fetch_request(route: Route) -> pb.NodeRequest:
             limit = 0 if end_offset is None else max(end_offset - offset, 1)
+            expected = route.incarnation if incarnation is None else incarnation
             return pb.NodeRequest(
                 fetch=pb.FetchRequest(
                     shard=route.shard,
                     offset=offset,
                     max_bytes=max_bytes,
                     max_records=limit,
-                    incarnation=route.incarnation if route.incarnation >= 0 else None,
+                    incarnation=expected if expected >= 0 else None,
                 )
             )
 

@@ -13,7 +13,10 @@ them), so a crash never commits records the application had not seen through.
 
 Records removed by retention before they were read are data loss: by default
 ``poll`` raises ``OffsetOutOfRange``; ``on_data_loss="skip"`` jumps to the
-earliest retained offset and logs how many records were skipped.
+earliest retained offset and logs how many records were skipped. A topic
+deleted and created again under its name is another log: the consumer's
+fetches name the incarnation it started on, so ``poll`` raises
+``IncarnationMismatch`` rather than read the new topic at the old positions.
 
 A partition whose fetches fail with a retriable error (its leader down or
 unreachable, a seal under way) is asked again with back-off (0.1 s doubling
@@ -100,7 +103,11 @@ class Consumer:
         self._auto_commit = auto_commit and group is not None
         self._auto_commit_interval_s = auto_commit_interval_s
         self._on_data_loss = on_data_loss
-        count = client.metadata.partitions(topic)
+        described = client.metadata.topic(topic)
+        count = int(described.config.partitions)
+        # Fetches name the incarnation the positions below are for: a topic deleted and created
+        # again under the name is another log, refused (IncarnationMismatch), never read on.
+        self._incarnation = int(described.incarnation) or None
         self.partitions = sorted(partitions) if partitions is not None else list(range(count))
         for partition in self.partitions:
             if not 0 <= partition < count:
@@ -208,6 +215,7 @@ class Consumer:
                 max_bytes=self._max_bytes,
                 max_wait_ms=self._max_wait_ms,
                 max_records=max_records,
+                incarnation=self._incarnation,
             )
         )
         # The node answers a long poll after max_wait_ms at the latest; past that, the

@@ -16,7 +16,14 @@ import pyarrow as pa
 import pytest
 
 import robustmq
-from robustmq.errors import InvalidConfig, InvalidRequest, RecordBatchTooLarge, ShardNotFound, TopicNotFound
+from robustmq.errors import (
+    IncarnationMismatch,
+    InvalidConfig,
+    InvalidRequest,
+    RecordBatchTooLarge,
+    ShardNotFound,
+    TopicNotFound,
+)
 from robustmq.meta import MetaServer
 from tests.e2e._procs import free_port
 
@@ -133,3 +140,26 @@ def test_a_producer_follows_a_topic_recreated_with_fewer_partitions(client: robu
                 failures.append(error)
     assert len(failures) <= 1, failures
     assert offsets == list(range(len(offsets)))
+
+
+def test_reads_planned_for_a_deleted_incarnation_are_refused_not_served_from_the_new_topic(
+    client: robustmq.Client,
+) -> None:
+    """A consumer, or a fetch naming the incarnation its offsets are for, never reads on
+    into a topic created again under the same name."""
+    client.create_topic("again", 1)
+    with client.producer() as producer:
+        producer.send_batch("again", pa.table({"value": [b"old"] * 5})).result(10)
+    old = client.metadata.topic("again").incarnation
+    consumer = client.consumer("again", start="earliest")
+    assert consumer.poll(timeout_s=5).num_rows == 5
+    client.delete_topic("again")
+    client.create_topic("again", 1)
+    with client.producer() as producer:
+        producer.send_batch("again", pa.table({"value": [b"new"] * 9})).result(10)
+    with pytest.raises(IncarnationMismatch):
+        client.fetch_records("again", 0, 0, incarnation=old)
+    with pytest.raises(IncarnationMismatch):
+        consumer.poll(timeout_s=5)
+    records, _, _ = client.fetch_records("again", 0, 0)  # no incarnation named: the topic as it is now
+    assert records.column("value").to_pylist() == [b"new"] * 9

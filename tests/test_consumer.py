@@ -50,8 +50,8 @@ class _GappedLog:
         self.timeout_s = 30.0
 
     # the parts of Client and Metadata the consumer uses
-    def partitions(self, topic: str) -> int:
-        return 1
+    def topic(self, name: str) -> pb.Topic:
+        return pb.Topic(name=name, config=pb.TopicConfig(partitions=1), incarnation=3)
 
     def read_route(self, topic: str, partition: int, offset: int | None = None) -> Route:
         return Route(topic, partition, f"{topic}_{partition}", "tcp://127.0.0.1:1", 0)

@@ -103,6 +103,7 @@ class Consumer:
         self._auto_commit = auto_commit and group is not None
         self._auto_commit_interval_s = auto_commit_interval_s
         self._on_data_loss = on_data_loss
+        client.metadata.invalidate(topic)  # the topic as it is now, not as a cache last saw it
         described = client.metadata.topic(topic)
         count = int(described.config.partitions)
         # Fetches name the incarnation the positions below are for: a topic deleted and created

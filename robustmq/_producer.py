@@ -224,8 +224,9 @@ class RecordFuture:
     def result(self, timeout: float | None = None) -> RecordMetadata:
         if not self._batch.done.wait(timeout):
             raise RequestTimeout(f"no acknowledgement within {timeout}s", topic=self._batch.topic)
-        if self._batch.error is not None:
-            raise self._batch.error
+        error = self._batch.error
+        if error is not None:  # shared by the batch's futures: raise a copy (see RobustMQError.again)
+            raise error.again() if isinstance(error, RobustMQError) else error
         base = self._batch.base_offset
         return RecordMetadata(
             self._batch.topic, self._batch.partition, base + self._index if base >= 0 else -1, self._timestamp

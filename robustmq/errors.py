@@ -104,6 +104,14 @@ class RobustMQError(Exception):
         # Keep fields when errors cross process boundaries (Spark pickles them).
         return (_rebuild, (type(self), self.message, self.fields))
 
+    def again(self) -> RobustMQError:
+        """A fresh copy to raise where one stored error answers many calls.
+
+        Raising the same object again and again chains every raiser's frames
+        (and whatever they hold, such as request payloads) onto its traceback.
+        """
+        return _rebuild(type(self), self.message, self.fields)
+
 
 def _rebuild(cls: type[RobustMQError], message: str, fields: dict[str, Any]) -> RobustMQError:
     return cls(message, **fields)

@@ -291,7 +291,10 @@ class IOWorker(threading.Thread):
             after_stop: list[Any] = []
             if stop:
                 items, after_stop = items[: items.index(_STOP)], items[items.index(_STOP) + 1 :]
-            self._process(items)
+            try:  # the thread must outlive any bug: a dead worker strands its shards' requests
+                self._process(items)
+            except Exception:
+                log.exception("I/O worker failed on a drained batch; it goes on with the next")
             try:
                 self._sealer.tick(time.monotonic())
             except Exception:
@@ -327,7 +330,10 @@ class IOWorker(threading.Thread):
                 self._handle(item)
             except Exception as error:  # a bug or a failing engine: this item alone fails
                 log.exception("I/O worker failed on %s", _describe(item))
-                self._item_failed(item, error)
+                try:
+                    self._item_failed(item, error)
+                except Exception:
+                    log.exception("I/O worker could not answer for %s", _describe(item))
         self._flush()
 
     def _handle(self, item: Any) -> None:

@@ -198,7 +198,7 @@ class NodeShard:
     def check_write(self, epoch: int) -> None:
         """Raise unless a write addressed to ``epoch`` may go ahead on this node."""
         if self.blocked is not None:
-            raise self.blocked
+            raise self.blocked.again()
         if not self.leader:
             raise NotLeader(
                 f"this node does not lead shard {self.name}; ask {self.leader_address or 'the Meta Service'}",
@@ -430,8 +430,13 @@ class ShardDirectory:
             return False
         engine = self._manager.driver(engine_name)
         name = engine_shard_name(shard, incarnation)
-        if name in engine.list_shards():
-            engine.delete_shard(name)
+        try:
+            if name in engine.list_shards():
+                engine.delete_shard(name)
+        except BaseException:  # still held: the deletion's retry must find it, not report it done
+            with self._lock:
+                self._local.setdefault(shard, {})[incarnation] = engine_name
+            raise
         return True
 
     def _adopt_local_segment(self, state: NodeShard) -> None:

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 
 import robustmq
+from robustmq._embedded import EmbeddedCluster
 from robustmq.errors import (
     IncarnationMismatch,
     InvalidConfig,
@@ -163,3 +164,19 @@ def test_reads_planned_for_a_deleted_incarnation_are_refused_not_served_from_the
         consumer.poll(timeout_s=5)
     records, _, _ = client.fetch_records("again", 0, 0)  # no incarnation named: the topic as it is now
     assert records.column("value").to_pylist() == [b"new"] * 9
+
+
+def test_a_new_consumer_reads_a_topic_another_client_re_created(
+    client: robustmq.Client, cluster: EmbeddedCluster
+) -> None:
+    """A consumer starts on the topic as it is now, not on the incarnation the client's
+    metadata cache saw last (which would refuse every fetch for the cache's minute)."""
+    client.create_topic("renewed", 1)
+    client.consumer("renewed").close()  # the client caches the first incarnation
+    with robustmq.connect(cluster.meta_address, timeout_s=30) as other:
+        other.delete_topic("renewed")
+        other.create_topic("renewed", 1)
+        with other.producer() as producer:
+            producer.send_batch("renewed", pa.table({"value": [b"new"] * 3})).result(10)
+    consumer = client.consumer("renewed", start="earliest")
+    assert consumer.poll(timeout_s=5).column("value").to_pylist() == [b"new"] * 3

@@ -200,6 +200,12 @@ def main() -> None:
     parser.add_argument("--producers", type=int, default=2, help="bulk producer processes")
     parser.add_argument("--send-records", type=int, default=2_000_000)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--latency-rate",
+        type=float,
+        default=0.0,
+        help="records/s of the ack-latency run (default: half the peak)",
+    )
     parser.add_argument("--shards", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
@@ -244,13 +250,14 @@ def main() -> None:
                 bulk_rates.append(args.records / span)
                 print(f"round {round_number}: bulk {bulk_rates[-1]:,.0f} records/s", flush=True)
             bulk_rate = statistics.median(bulk_rates)
+            pace = args.latency_rate or bulk_rate / 2
             # Latency comes before anything deletes gigabytes: this disk is mounted with `discard`,
             # and the trims after a large delete stall fsyncs for seconds.
             ((_, latencies),) = run_producers(
-                _latency_producer, [(meta_address, "latency", bulk_rate / 2, args.latency_seconds)]
+                _latency_producer, [(meta_address, "latency", pace, args.latency_seconds)]
             )
-            print(f"ack latency at {bulk_rate / 2:,.0f} records/s: {len(latencies)} batches", flush=True)
-            floor = raw_fsync_latency(root / "floor", bulk_rate / 2, args.latency_seconds)
+            print(f"ack latency at {pace:,.0f} records/s: {len(latencies)} batches", flush=True)
+            floor = raw_fsync_latency(root / "floor", pace, args.latency_seconds)
             ((_, started, finished),) = run_producers(
                 _send_producer, [(meta_address, "single", args.send_records)]
             )

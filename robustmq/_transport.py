@@ -43,6 +43,10 @@ log = logging.getLogger("robustmq.client")
 
 Reply = tuple[pb.NodeResponse, list[Any]]
 
+# Inbox names, unique in the process: ZeroMQ frees a closed socket's inproc name only later, on
+# its own thread, and a new transport can get the address (``id``) of one just closed.
+_INBOXES = itertools.count(1)
+
 
 class NodeTransport:
     """Futures-based requests to storage nodes; see the module docstring."""
@@ -50,7 +54,7 @@ class NodeTransport:
     def __init__(self, *, timeout_s: float = 30.0, max_in_flight: int = 4096) -> None:
         self._timeout_s = timeout_s
         self._context: zmq.Context[Any] = zmq.Context.instance()
-        self._endpoint = f"inproc://robustmq-client-{id(self)}"
+        self._endpoint = f"inproc://robustmq-client-{next(_INBOXES)}"
         self._inbox = self._context.socket(zmq.PULL)
         self._inbox.bind(self._endpoint)
         self._local = threading.local()

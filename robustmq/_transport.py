@@ -21,6 +21,7 @@ answering, and the caller would only learn of it at its deadline.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -124,6 +125,8 @@ class NodeTransport:
         if self._closed.is_set():
             return
         self._closed.set()
+        with contextlib.suppress(zmq.ZMQError):  # wake the I/O thread now, not at its next 50 ms poll
+            self._push().send(b"", zmq.NOBLOCK)
         self._thread.join(timeout=10)
         for push in self._pushes:
             push.close(linger=0)
@@ -159,6 +162,8 @@ class NodeTransport:
                         try:
                             parts = socket.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
+                            break
+                        if len(parts) == 1 and socket is self._inbox:  # close()'s wake-up
                             break
                         try:
                             if socket is self._inbox:

@@ -369,8 +369,7 @@ class TopicReader:
                 position = self._data_loss(part, position, error)
                 continue
             except IncarnationMismatch:  # re-created between the check above and this fetch
-                client.metadata.invalidate(part.topic)
-                if not self._same_topic_as_planned(part):
+                if not self._same_topic_as_planned(part):  # reads the topic uncached
                     return
                 raise
             if following <= position:

@@ -15,6 +15,9 @@ in-process or over the network.
     |   +-- NotLeader                  NOT_LEADER      yes  refresh metadata, retry
     |   +-- SegmentSealed              SEGMENT_SEALED  yes  refresh metadata, retry
     |   +-- RequestTimeout             TIMEOUT         yes  no answer before the deadline
+    |   +-- NotEnoughReplicas          NOT_ENOUGH_REPLICAS
+    |                                                  yes  acks=all: the ISR is below
+    |                                                       min_insync_replicas
     |   +-- ShardFailed                SHARD_FAILED    yes  the shard's files need recovery:
     |                                                       a node restart runs it
     +-- TopicNotFound                  UNKNOWN_TOPIC
@@ -59,6 +62,7 @@ __all__ = [
     "InvalidRecordBatch",
     "InvalidRequest",
     "MessageTooLarge",
+    "NotEnoughReplicas",
     "NotLeader",
     "OffsetOutOfRange",
     "OutOfOrderSequence",
@@ -144,6 +148,19 @@ class SegmentSealed(RetriableError):
 
 class RequestTimeout(RetriableError):
     code = "TIMEOUT"
+
+
+class NotEnoughReplicas(RetriableError):
+    """``acks=all`` was asked while the ISR is smaller than the topic's ``min_insync_replicas``.
+
+    Raised before the append when the ISR is already too small (nothing was
+    written), and after it when the ISR shrank below the minimum while the
+    request waited (the records may be stored: an idempotent producer's retry
+    settles it without duplicates). Fields: ``shard``, ``isr`` (its size),
+    ``min_insync_replicas``, ``appended`` (whether the records were written).
+    """
+
+    code = "NOT_ENOUGH_REPLICAS"
 
 
 class ShardFailed(Unavailable):

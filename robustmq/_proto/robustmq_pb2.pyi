@@ -36,7 +36,7 @@ class ErrorInfo(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., fields_json: _Optional[str] = ...) -> None: ...
 
 class TopicConfig(_message.Message):
-    __slots__ = ("partitions", "engine", "replication_factor", "segment_bytes_max", "roll_interval_ms", "retention_bytes", "retention_ms", "cleanup_policy", "max_batch_bytes", "retention_records")
+    __slots__ = ("partitions", "engine", "replication_factor", "segment_bytes_max", "roll_interval_ms", "retention_bytes", "retention_ms", "cleanup_policy", "max_batch_bytes", "retention_records", "min_insync_replicas")
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class TopicConfig(_message.Message):
     CLEANUP_POLICY_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_BYTES_FIELD_NUMBER: _ClassVar[int]
     RETENTION_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    MIN_INSYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     partitions: int
     engine: str
     replication_factor: int
@@ -57,7 +58,8 @@ class TopicConfig(_message.Message):
     cleanup_policy: str
     max_batch_bytes: int
     retention_records: int
-    def __init__(self, partitions: _Optional[int] = ..., engine: _Optional[str] = ..., replication_factor: _Optional[int] = ..., segment_bytes_max: _Optional[int] = ..., roll_interval_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., retention_ms: _Optional[int] = ..., cleanup_policy: _Optional[str] = ..., max_batch_bytes: _Optional[int] = ..., retention_records: _Optional[int] = ...) -> None: ...
+    min_insync_replicas: int
+    def __init__(self, partitions: _Optional[int] = ..., engine: _Optional[str] = ..., replication_factor: _Optional[int] = ..., segment_bytes_max: _Optional[int] = ..., roll_interval_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., retention_ms: _Optional[int] = ..., cleanup_policy: _Optional[str] = ..., max_batch_bytes: _Optional[int] = ..., retention_records: _Optional[int] = ..., min_insync_replicas: _Optional[int] = ...) -> None: ...
 
 class Topic(_message.Message):
     __slots__ = ("name", "config", "created_ms", "incarnation")
@@ -72,7 +74,7 @@ class Topic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ..., created_ms: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class Segment(_message.Message):
-    __slots__ = ("shard", "epoch", "start_offset", "end_offset", "state", "replicas", "leader")
+    __slots__ = ("shard", "epoch", "start_offset", "end_offset", "state", "replicas", "leader", "isr", "crc32c", "size_bytes")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +82,9 @@ class Segment(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
+    ISR_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     shard: str
     epoch: int
     start_offset: int
@@ -87,7 +92,10 @@ class Segment(_message.Message):
     state: SegmentState
     replicas: _containers.RepeatedScalarFieldContainer[str]
     leader: str
-    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., state: _Optional[_Union[SegmentState, str]] = ..., replicas: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ...) -> None: ...
+    isr: _containers.RepeatedScalarFieldContainer[str]
+    crc32c: int
+    size_bytes: int
+    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., state: _Optional[_Union[SegmentState, str]] = ..., replicas: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ..., isr: _Optional[_Iterable[str]] = ..., crc32c: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class ShardInfo(_message.Message):
     __slots__ = ("topic", "partition", "shard", "segments", "leader_address", "high_watermark", "incarnation", "reserved_offset")
@@ -110,20 +118,26 @@ class ShardInfo(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., leader_address: _Optional[str] = ..., high_watermark: _Optional[int] = ..., incarnation: _Optional[int] = ..., reserved_offset: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "address", "registered_ms", "last_heartbeat_ms", "alive", "active_segments")
+    __slots__ = ("node_id", "address", "registered_ms", "last_heartbeat_ms", "alive", "active_segments", "draining", "replica_segments", "stored_bytes")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_MS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     registered_ms: int
     last_heartbeat_ms: int
     alive: bool
     active_segments: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., registered_ms: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., alive: _Optional[bool] = ..., active_segments: _Optional[int] = ...) -> None: ...
+    draining: bool
+    replica_segments: int
+    stored_bytes: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., registered_ms: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., alive: _Optional[bool] = ..., active_segments: _Optional[int] = ..., draining: _Optional[bool] = ..., replica_segments: _Optional[int] = ..., stored_bytes: _Optional[int] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
     __slots__ = ("name", "config")
@@ -194,26 +208,30 @@ class ShardDeletion(_message.Message):
     def __init__(self, shard: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "address", "progress", "shard_count", "deleted")
+    __slots__ = ("node_id", "address", "progress", "shard_count", "deleted", "stored_bytes")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     SHARD_COUNT_FIELD_NUMBER: _ClassVar[int]
     DELETED_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     progress: _containers.RepeatedCompositeFieldContainer[ShardProgress]
     shard_count: int
     deleted: _containers.RepeatedCompositeFieldContainer[ShardDeletion]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ShardProgress, _Mapping]]] = ..., shard_count: _Optional[int] = ..., deleted: _Optional[_Iterable[_Union[ShardDeletion, _Mapping]]] = ...) -> None: ...
+    stored_bytes: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ShardProgress, _Mapping]]] = ..., shard_count: _Optional[int] = ..., deleted: _Optional[_Iterable[_Union[ShardDeletion, _Mapping]]] = ..., stored_bytes: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("interval_ms", "deletions")
+    __slots__ = ("interval_ms", "deletions", "assignments_version")
     INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     DELETIONS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_VERSION_FIELD_NUMBER: _ClassVar[int]
     interval_ms: int
     deletions: _containers.RepeatedCompositeFieldContainer[ShardDeletion]
-    def __init__(self, interval_ms: _Optional[int] = ..., deletions: _Optional[_Iterable[_Union[ShardDeletion, _Mapping]]] = ...) -> None: ...
+    assignments_version: int
+    def __init__(self, interval_ms: _Optional[int] = ..., deletions: _Optional[_Iterable[_Union[ShardDeletion, _Mapping]]] = ..., assignments_version: _Optional[int] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes",)
@@ -222,18 +240,24 @@ class ListNodesResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
 
 class SealSegmentRequest(_message.Message):
-    __slots__ = ("shard", "epoch", "end_offset", "node_id", "incarnation")
+    __slots__ = ("shard", "epoch", "end_offset", "node_id", "incarnation", "isr", "crc32c", "size_bytes")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    ISR_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     shard: str
     epoch: int
     end_offset: int
     node_id: str
     incarnation: int
-    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., end_offset: _Optional[int] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    isr: _containers.RepeatedScalarFieldContainer[str]
+    crc32c: int
+    size_bytes: int
+    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., end_offset: _Optional[int] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., isr: _Optional[_Iterable[str]] = ..., crc32c: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class SealSegmentResponse(_message.Message):
     __slots__ = ("sealed", "next")
@@ -349,6 +373,58 @@ class RemoveNodeResponse(_message.Message):
     led_shards: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., led_shards: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class UpdateIsrRequest(_message.Message):
+    __slots__ = ("shard", "incarnation", "epoch", "node_id", "isr")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ISR_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    incarnation: int
+    epoch: int
+    node_id: str
+    isr: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, shard: _Optional[str] = ..., incarnation: _Optional[int] = ..., epoch: _Optional[int] = ..., node_id: _Optional[str] = ..., isr: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReportReplicaRequest(_message.Message):
+    __slots__ = ("shard", "incarnation", "epoch", "node_id", "crc32c", "size_bytes")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    incarnation: int
+    epoch: int
+    node_id: str
+    crc32c: int
+    size_bytes: int
+    def __init__(self, shard: _Optional[str] = ..., incarnation: _Optional[int] = ..., epoch: _Optional[int] = ..., node_id: _Optional[str] = ..., crc32c: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class NodeIdRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class AssignmentsResponse(_message.Message):
+    __slots__ = ("shards", "assignments_version")
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    shards: _containers.RepeatedCompositeFieldContainer[ShardInfo]
+    assignments_version: int
+    def __init__(self, shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ..., assignments_version: _Optional[int] = ...) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("node_id", "undrain")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    UNDRAIN_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    undrain: bool
+    def __init__(self, node_id: _Optional[str] = ..., undrain: _Optional[bool] = ...) -> None: ...
+
 class ProduceRequest(_message.Message):
     __slots__ = ("shard", "epoch", "acks", "producer_id", "producer_sequence", "incarnation")
     SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -445,8 +521,48 @@ class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ReplicaFetchRequest(_message.Message):
+    __slots__ = ("shard", "incarnation", "epoch", "offset", "node_id", "max_bytes", "max_wait_ms")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    incarnation: int
+    epoch: int
+    offset: int
+    node_id: str
+    max_bytes: int
+    max_wait_ms: int
+    def __init__(self, shard: _Optional[str] = ..., incarnation: _Optional[int] = ..., epoch: _Optional[int] = ..., offset: _Optional[int] = ..., node_id: _Optional[str] = ..., max_bytes: _Optional[int] = ..., max_wait_ms: _Optional[int] = ...) -> None: ...
+
+class FenceRequest(_message.Message):
+    __slots__ = ("shard", "incarnation", "epoch")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    incarnation: int
+    epoch: int
+    def __init__(self, shard: _Optional[str] = ..., incarnation: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class ChecksumRequest(_message.Message):
+    __slots__ = ("shard", "incarnation", "start_offset", "end_offset")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    incarnation: int
+    start_offset: int
+    end_offset: int
+    def __init__(self, shard: _Optional[str] = ..., incarnation: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
+
 class NodeRequest(_message.Message):
-    __slots__ = ("correlation_id", "produce", "fetch", "read_by_key", "read_by_tag", "offset_for_timestamp", "list_offsets", "seal", "status", "scan")
+    __slots__ = ("correlation_id", "produce", "fetch", "read_by_key", "read_by_tag", "offset_for_timestamp", "list_offsets", "seal", "status", "scan", "replica_fetch", "fence", "checksum")
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCE_FIELD_NUMBER: _ClassVar[int]
     FETCH_FIELD_NUMBER: _ClassVar[int]
@@ -457,6 +573,9 @@ class NodeRequest(_message.Message):
     SEAL_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SCAN_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FETCH_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     correlation_id: int
     produce: ProduceRequest
     fetch: FetchRequest
@@ -467,7 +586,10 @@ class NodeRequest(_message.Message):
     seal: SealRequest
     status: StatusRequest
     scan: ScanRequest
-    def __init__(self, correlation_id: _Optional[int] = ..., produce: _Optional[_Union[ProduceRequest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., read_by_key: _Optional[_Union[ReadByKeyRequest, _Mapping]] = ..., read_by_tag: _Optional[_Union[ReadByTagRequest, _Mapping]] = ..., offset_for_timestamp: _Optional[_Union[OffsetForTimestampRequest, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., status: _Optional[_Union[StatusRequest, _Mapping]] = ..., scan: _Optional[_Union[ScanRequest, _Mapping]] = ...) -> None: ...
+    replica_fetch: ReplicaFetchRequest
+    fence: FenceRequest
+    checksum: ChecksumRequest
+    def __init__(self, correlation_id: _Optional[int] = ..., produce: _Optional[_Union[ProduceRequest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., read_by_key: _Optional[_Union[ReadByKeyRequest, _Mapping]] = ..., read_by_tag: _Optional[_Union[ReadByTagRequest, _Mapping]] = ..., offset_for_timestamp: _Optional[_Union[OffsetForTimestampRequest, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., status: _Optional[_Union[StatusRequest, _Mapping]] = ..., scan: _Optional[_Union[ScanRequest, _Mapping]] = ..., replica_fetch: _Optional[_Union[ReplicaFetchRequest, _Mapping]] = ..., fence: _Optional[_Union[FenceRequest, _Mapping]] = ..., checksum: _Optional[_Union[ChecksumRequest, _Mapping]] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
     __slots__ = ("base_offset", "record_count", "duplicate", "high_watermark", "epoch")
@@ -559,8 +681,42 @@ class StatusResponse(_message.Message):
     records_scanned: int
     def __init__(self, node_id: _Optional[str] = ..., shards: _Optional[int] = ..., uptime_ms: _Optional[int] = ..., queued_requests: _Optional[int] = ..., queued_bytes: _Optional[int] = ..., records_served: _Optional[int] = ..., records_scanned: _Optional[int] = ...) -> None: ...
 
+class ReplicaFetchResponse(_message.Message):
+    __slots__ = ("start_offset", "next_offset", "high_watermark", "log_end_offset", "active_epoch", "segment_end")
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_END_FIELD_NUMBER: _ClassVar[int]
+    start_offset: int
+    next_offset: int
+    high_watermark: int
+    log_end_offset: int
+    active_epoch: int
+    segment_end: int
+    def __init__(self, start_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., active_epoch: _Optional[int] = ..., segment_end: _Optional[int] = ...) -> None: ...
+
+class FenceResponse(_message.Message):
+    __slots__ = ("log_end_offset", "segment_start")
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_START_FIELD_NUMBER: _ClassVar[int]
+    log_end_offset: int
+    segment_start: int
+    def __init__(self, log_end_offset: _Optional[int] = ..., segment_start: _Optional[int] = ...) -> None: ...
+
+class ChecksumResponse(_message.Message):
+    __slots__ = ("crc32c", "size_bytes", "records")
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    crc32c: int
+    size_bytes: int
+    records: int
+    def __init__(self, crc32c: _Optional[int] = ..., size_bytes: _Optional[int] = ..., records: _Optional[int] = ...) -> None: ...
+
 class NodeResponse(_message.Message):
-    __slots__ = ("correlation_id", "error", "produce", "fetch", "read", "offset", "list_offsets", "seal", "status")
+    __slots__ = ("correlation_id", "error", "produce", "fetch", "read", "offset", "list_offsets", "seal", "status", "replica_fetch", "fence", "checksum")
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PRODUCE_FIELD_NUMBER: _ClassVar[int]
@@ -570,6 +726,9 @@ class NodeResponse(_message.Message):
     LIST_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     SEAL_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FETCH_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     correlation_id: int
     error: ErrorInfo
     produce: ProduceResponse
@@ -579,4 +738,7 @@ class NodeResponse(_message.Message):
     list_offsets: ListOffsetsResponse
     seal: SealResponse
     status: StatusResponse
-    def __init__(self, correlation_id: _Optional[int] = ..., error: _Optional[_Union[ErrorInfo, _Mapping]] = ..., produce: _Optional[_Union[ProduceResponse, _Mapping]] = ..., fetch: _Optional[_Union[FetchResponse, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., offset: _Optional[_Union[OffsetResponse, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsResponse, _Mapping]] = ..., seal: _Optional[_Union[SealResponse, _Mapping]] = ..., status: _Optional[_Union[StatusResponse, _Mapping]] = ...) -> None: ...
+    replica_fetch: ReplicaFetchResponse
+    fence: FenceResponse
+    checksum: ChecksumResponse
+    def __init__(self, correlation_id: _Optional[int] = ..., error: _Optional[_Union[ErrorInfo, _Mapping]] = ..., produce: _Optional[_Union[ProduceResponse, _Mapping]] = ..., fetch: _Optional[_Union[FetchResponse, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., offset: _Optional[_Union[OffsetResponse, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsResponse, _Mapping]] = ..., seal: _Optional[_Union[SealResponse, _Mapping]] = ..., status: _Optional[_Union[StatusResponse, _Mapping]] = ..., replica_fetch: _Optional[_Union[ReplicaFetchResponse, _Mapping]] = ..., fence: _Optional[_Union[FenceResponse, _Mapping]] = ..., checksum: _Optional[_Union[ChecksumResponse, _Mapping]] = ...) -> None: ...

@@ -109,6 +109,26 @@ class MetaServiceStub:
                 request_serializer=robustmq__pb2.RemoveNodeRequest.SerializeToString,
                 response_deserializer=robustmq__pb2.RemoveNodeResponse.FromString,
                 _registered_method=True)
+        self.UpdateIsr = channel.unary_unary(
+                '/robustmq.MetaService/UpdateIsr',
+                request_serializer=robustmq__pb2.UpdateIsrRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.Segment.FromString,
+                _registered_method=True)
+        self.ReportReplica = channel.unary_unary(
+                '/robustmq.MetaService/ReportReplica',
+                request_serializer=robustmq__pb2.ReportReplicaRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.Segment.FromString,
+                _registered_method=True)
+        self.ListAssignments = channel.unary_unary(
+                '/robustmq.MetaService/ListAssignments',
+                request_serializer=robustmq__pb2.NodeIdRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.AssignmentsResponse.FromString,
+                _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/robustmq.MetaService/DrainNode',
+                request_serializer=robustmq__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.NodeInfo.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -204,6 +224,30 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateIsr(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportReplica(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAssignments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -281,6 +325,26 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.RemoveNode,
                     request_deserializer=robustmq__pb2.RemoveNodeRequest.FromString,
                     response_serializer=robustmq__pb2.RemoveNodeResponse.SerializeToString,
+            ),
+            'UpdateIsr': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateIsr,
+                    request_deserializer=robustmq__pb2.UpdateIsrRequest.FromString,
+                    response_serializer=robustmq__pb2.Segment.SerializeToString,
+            ),
+            'ReportReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportReplica,
+                    request_deserializer=robustmq__pb2.ReportReplicaRequest.FromString,
+                    response_serializer=robustmq__pb2.Segment.SerializeToString,
+            ),
+            'ListAssignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAssignments,
+                    request_deserializer=robustmq__pb2.NodeIdRequest.FromString,
+                    response_serializer=robustmq__pb2.AssignmentsResponse.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=robustmq__pb2.DrainNodeRequest.FromString,
+                    response_serializer=robustmq__pb2.NodeInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -688,6 +752,114 @@ class MetaService:
             '/robustmq.MetaService/RemoveNode',
             robustmq__pb2.RemoveNodeRequest.SerializeToString,
             robustmq__pb2.RemoveNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateIsr(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/UpdateIsr',
+            robustmq__pb2.UpdateIsrRequest.SerializeToString,
+            robustmq__pb2.Segment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/ReportReplica',
+            robustmq__pb2.ReportReplicaRequest.SerializeToString,
+            robustmq__pb2.Segment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAssignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/ListAssignments',
+            robustmq__pb2.NodeIdRequest.SerializeToString,
+            robustmq__pb2.AssignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/DrainNode',
+            robustmq__pb2.DrainNodeRequest.SerializeToString,
+            robustmq__pb2.NodeInfo.FromString,
             options,
             channel_credentials,
             insecure,

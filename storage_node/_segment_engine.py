@@ -94,7 +94,7 @@ _T = TypeVar("_T")
 _STABLE_READ_ATTEMPTS = 4
 
 
-class SegmentEngine(IndexedEngine, SegmentRecovery, SegmentReplica):
+class SegmentEngine(SegmentReplica, IndexedEngine, SegmentRecovery):
     """Segment files + RocksDB indexes, crash-safe and group-committed.
 
     Parameters

@@ -16,8 +16,7 @@ import random
 import sys
 from pathlib import Path
 
-from robustmq.storage_node import SegmentEngine, ShardConfig
-from robustmq.storage_node._adapter import FrameAppend, FrameAppendResult
+from robustmq.storage_node import FrameAppend, FrameAppendResult, SegmentEngine, ShardConfig
 
 SHARD = "t_0"
 SHARED_END = 300

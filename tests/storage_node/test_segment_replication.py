@@ -27,8 +27,7 @@ from robustmq.errors import (
     StaleEpoch,
     Unavailable,
 )
-from robustmq.storage_node import SegmentEngine, ShardConfig
-from robustmq.storage_node._adapter import FrameAppend, FrameAppendResult
+from robustmq.storage_node import FrameAppend, FrameAppendResult, SegmentEngine, ShardConfig
 from robustmq.storage_node._index_store import IndexStore, sid_bytes
 from tests.e2e._procs import kill_at_random_moment
 

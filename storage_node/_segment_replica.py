@@ -383,10 +383,10 @@ class SegmentReplica:
             start = cut.position if number == cut.number else 0
             for _, keys in _frame_keys(segment, start, segment.size_bytes):
                 cut_keys.update(key for key in keys if key is not None)
-        missing = set()
+        missing: set[bytes] = set()
         for key in cut_keys:
-            latest = self._index.lookup_key(state.sid, key)
-            if latest is not None and latest >= end:
+            indexed = self._index.lookup_key(state.sid, key)
+            if indexed is not None and indexed >= end:
                 missing.add(key)
         for number in range(cut.number, -1, -1):
             if not missing:

@@ -395,9 +395,9 @@ class SegmentReplica:
             latest: dict[bytes, int] = {}
             limit = cut.position if number == cut.number else segment.size_bytes
             for base, keys in _frame_keys(segment, 0, limit):
-                for offset, key in enumerate(keys, base):
-                    if key in missing:
-                        latest[key] = offset
+                for offset, found in enumerate(keys, base):
+                    if found is not None and found in missing:
+                        latest[found] = offset
             for key, offset in latest.items():
                 self._index.put_key_entry(wb, state.sid, key, offset)
             missing.difference_update(latest)

@@ -385,3 +385,21 @@ def test_readers_during_truncations_see_one_log_or_the_other(tmp_path: Path) -> 
     assert reads[0] > 12
     for engine in (*leaders.values(), follower):
         engine.close()
+
+
+def test_a_producer_the_leader_forgot_is_forgotten_by_the_follower_too(tmp_path: Path) -> None:
+    """The leader expired an idle producer, which then started again at a lower sequence: the
+    follower's window must follow, so both answer the producer's retries alike."""
+    leader = SegmentEngine(tmp_path / "leader", default_config=SMALL, producer_expiration_ms=1_000)
+    follower = SegmentEngine(tmp_path / "follower", default_config=SMALL)
+    leader.create_shard(SHARD)
+    follower.create_shard(SHARD)
+    leader.write(SHARD, batch(0, 20), epoch=1, producer_id=9, producer_sequence=5)
+    assert leader.enforce_retention(now_ms_=2**50) == 0  # forgets the idle producer, keeps records
+    leader.write(SHARD, batch(20, 20), epoch=1, producer_id=9, producer_sequence=0)  # new again
+    copy(leader, follower)
+    for engine in (leader, follower):
+        retry = engine.write(SHARD, batch(20, 20), epoch=1, producer_id=9, producer_sequence=0)
+        assert retry.duplicate and retry.base_offset == 20
+    leader.close()
+    follower.close()

@@ -212,6 +212,8 @@ class Follower:
         if frames is None:
             self.retry(state.name, state.incarnation)
             return None
+        if frames and log_end == segment.start_offset:
+            _roll_at(state, segment.epoch)
         return state, frames
 
     def appended(self, item: ReplicaData, state: NodeShard) -> None:
@@ -247,6 +249,22 @@ class Follower:
         if fences is None:
             return False
         return bool(fences.fenced_epoch(state.name, state.incarnation) >= epoch)
+
+
+def _roll_at(state: NodeShard, epoch: int) -> None:
+    """Start a new local segment file where a copied epoch starts, as its leader did.
+
+    So every replica's files split where the chain's segments do (retention
+    removes the same records everywhere). A failure only leaves the epochs in
+    one file: the log stays correct.
+    """
+    roll = getattr(state.engine, "roll", None)
+    if roll is None or state.engine.list_segments(state.engine_shard)[-1].size_bytes == 0:
+        return
+    try:
+        roll(state.engine_shard)
+    except Exception:
+        log.exception("shard %s: starting a local segment for epoch %d failed", state.name, epoch)
 
 
 def _frames_until(

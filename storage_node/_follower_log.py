@@ -262,7 +262,10 @@ class CopyGroup:
         """Append every gathered answer that passes its checks (one call per engine)."""
         items, self._items = self._items, []
         by_engine: dict[int, list[tuple[ReplicaData, NodeShard, list[Any]]]] = {}
+        taken: set[str] = set()
         for item in items:
+            if item.target.shard in taken:  # a second answer at the same log end: the first one wins
+                continue
             try:
                 accepted = self._owner.accept(item)
             except Exception:
@@ -272,6 +275,10 @@ class CopyGroup:
             if accepted is None:
                 continue
             state, frames = accepted
+            taken.add(state.name)
+            if not frames:  # an empty long poll: only its high watermark was news
+                self._owner.appended(item, state)
+                continue
             by_engine.setdefault(id(state.engine), []).append((item, state, frames))
         for entries in by_engine.values():
             self._append(entries)

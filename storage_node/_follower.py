@@ -217,10 +217,18 @@ class Follower:
         return state, frames
 
     def appended(self, item: ReplicaData, state: NodeShard) -> None:
-        """``item``'s frames are durable here: wake readers, fetch on from the new log end."""
+        """``item``'s frames are durable here: wake readers, fetch on from the new log end; report
+        a sealed segment it completed."""
         if item.frames:
             self._node.written(state.name)
-        self.viewed(state)
+        # Nothing new and the source says the segment is sealed where this log ends: this view
+        # is behind (its lookup is on the way), so do not ask again at once.
+        caught_up = not item.frames and 0 <= item.segment_end <= state.log_end()
+        self._retarget(state, delay_s=0.2 if caught_up else 0.0)
+        end = item.target.segment_end
+        if item.frames and end >= 0 and state.log_end() >= end:
+            for copy in completed_segments(state, self.node_id):
+                self.report(copy)
 
     def retry(self, shard: str, incarnation: int) -> None:
         """Copying ``shard`` failed for now: fetch again after a back-off."""
@@ -383,6 +391,8 @@ class _Fetcher(threading.Thread):
                     self._out.pop(fetching.correlation_id, None)
                     del self._shards[shard]
                 continue
+            if fetching is not None and fetching.target == target and fetching.correlation_id:
+                continue  # the same fetch is out already: its answer serves
             if fetching is not None and fetching.target.sources == target.sources:
                 source, failures = fetching.source, fetching.failures
             else:

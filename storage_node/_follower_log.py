@@ -287,7 +287,9 @@ class CopyGroup:
         from ._adapter import FrameAppend  # type: ignore[attr-defined]
 
         engine: Any = entries[0][1].engine
-        appends = [FrameAppend(state.engine_shard, frames) for _, state, frames in entries]
+        appends = [
+            FrameAppend(state.engine_shard, frames, item.target.offset) for item, state, frames in entries
+        ]
         try:
             results: list[Any] = list(engine.append_frames_each(appends))
         except Exception as error:  # the whole call failed (a disk error): each shard retries later

@@ -555,6 +555,7 @@ class _FollowerControl(threading.Thread):
         self._reported: OrderedDict[tuple[str, int, int], None] = OrderedDict()
         self._addresses = _Addresses()
         self._want_addresses = False
+        self._assignments_retry_at = 0.0
 
     def wake(self) -> None:
         with self._ready:
@@ -605,8 +606,9 @@ class _FollowerControl(threading.Thread):
             self._call(self._refresh_addresses, meta)
         with self._ready:
             version = self._seen_version if self._seen_version != self._handled_version else 0
-        if version:
-            self._call(self._list_assignments, meta, version)
+        due = version and time.monotonic() >= self._assignments_retry_at
+        if due and not self._call(self._list_assignments, meta, version):
+            self._assignments_retry_at = time.monotonic() + 1.0  # the next beat may bring news
         self._lookups(meta)
         self._send_reports(meta)
 

@@ -513,7 +513,7 @@ def start_of(info: pb.ShardInfo, node_id: str) -> int:
     """
     first = next(s for s in info.segments if node_id in s.replicas)
     active = info.segments[-1]
-    if len(active.replicas) > 1 and active.leader != node_id:
+    if active.leader != node_id and any(len(segment.replicas) > 1 for segment in info.segments):
         return int(first.start_offset)  # a replica copies its segments whole, from their start
     start = max(first.start_offset, info.high_watermark, info.reserved_offset)
     if active.leader == node_id:

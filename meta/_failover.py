@@ -228,7 +228,11 @@ class ReplicaSupervisor:
     def _commit(
         self, task: FailoverTask, point: SealPoint, decision: IsrDecision, started: float
     ) -> tuple[pb.Segment, pb.Segment] | None:
-        committed = self._controller.commit_failover(task, point, decision)
+        try:
+            committed = self._controller.commit_failover(task, point, decision)
+        except RobustMQError as error:  # e.g. Unavailable: no agreeing holder is live any more
+            self._back_off(task.shard, f"the commit was refused: {error}")
+            return None
         elapsed_ms = (time.monotonic() - started) * 1000
         if committed is None:
             logger.info(

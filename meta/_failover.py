@@ -116,8 +116,9 @@ class ReplicaSupervisor:
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._caller: NodeRequests | None = None
-        self._in_hand: set[str] = set()  # shards a pool thread is failing over (only the loop thread adds)
-        self._in_hand_lock = threading.Lock()
+        # Shared by the loop thread and the pool threads, under _shared_lock:
+        self._shared_lock = threading.Lock()
+        self._in_hand: set[str] = set()  # shards a pool thread is failing over
         self._retry: dict[str, tuple[float, float, str]] = {}  # shard -> (not before, back-off s, reason)
         self._drained: dict[str, float] = {}  # shard -> when its leader was last asked to seal
 
@@ -161,11 +162,12 @@ class ReplicaSupervisor:
         now = time.monotonic()
         tasks = self._controller.failover_tasks()
         wanted = {task.shard for task in tasks}
-        for shard in [shard for shard in self._retry if shard not in wanted]:
-            del self._retry[shard]  # failed over, sealed by its leader, or back
+        with self._shared_lock:
+            for shard in [shard for shard in self._retry if shard not in wanted]:
+                del self._retry[shard]  # failed over, sealed by its leader, or back
         for task in tasks:
-            not_before = self._retry.get(task.shard, (0.0, 0.0, ""))[0]
-            with self._in_hand_lock:
+            with self._shared_lock:
+                not_before = self._retry.get(task.shard, (0.0, 0.0, ""))[0]
                 if (
                     task.shard in self._in_hand
                     or now < not_before
@@ -183,16 +185,17 @@ class ReplicaSupervisor:
             logger.exception("failover of %s epoch %d failed", task.shard, task.epoch)
             self._back_off(task.shard, "an unexpected error (logged above)")
         finally:
-            with self._in_hand_lock:
+            with self._shared_lock:
                 self._in_hand.discard(task.shard)
 
     def _back_off(self, shard: str, reason: str) -> None:
-        _, backoff_s, previous = self._retry.get(shard, (0.0, 0.0, ""))
-        backoff_s = min(max(backoff_s * 2, _FIRST_RETRY_S), MAX_RETRY_S)
+        with self._shared_lock:
+            _, backoff_s, previous = self._retry.get(shard, (0.0, 0.0, ""))
+            backoff_s = min(max(backoff_s * 2, _FIRST_RETRY_S), MAX_RETRY_S)
+            if len(self._retry) < _MAX_REMEMBERED or shard in self._retry:
+                self._retry[shard] = (time.monotonic() + backoff_s, backoff_s, reason)
         if reason != previous:
             logger.warning("failover of %s waits: %s (next try in %.1f s)", shard, reason, backoff_s)
-        if len(self._retry) < _MAX_REMEMBERED or shard in self._retry:
-            self._retry[shard] = (time.monotonic() + backoff_s, backoff_s, reason)
 
     # -- one failover ----------------------------------------------------------
 
@@ -255,7 +258,8 @@ class ReplicaSupervisor:
             list(following.replicas),
             elapsed_ms,
         )
-        self._retry.pop(task.shard, None)
+        with self._shared_lock:
+            self._retry.pop(task.shard, None)
         return committed
 
     def _ask(self, nodes: Iterable[tuple[str, str]], body: str, message: Any) -> dict[str, pb.NodeResponse]:

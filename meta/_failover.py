@@ -39,7 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq.errors import RobustMQError
+from robustmq.errors import RobustMQError, Unavailable
 
 from ._controller import MetaController
 from ._failover_rules import FailoverTask, IsrDecision, SealPoint, Waiting, decide_fence, decide_isr
@@ -87,7 +87,7 @@ class ReplicaSupervisor:
     controller
         The Meta Service's controller.
     caller_factory
-        Makes the node request client (``NodeCaller``); called once, in :meth:`start`.
+        Makes the node request client (``NodeCaller``); called once, when first needed.
     failover_check_ms, repair_interval_ms
         How often leaders are checked, and repair and drain run.
     node_timeout_s
@@ -123,7 +123,6 @@ class ReplicaSupervisor:
         self._drained: dict[str, float] = {}  # shard -> when its leader was last asked to seal
 
     def start(self) -> ReplicaSupervisor:
-        self._caller = self._caller_factory()
         self._pool = ThreadPoolExecutor(max_workers=self._max_parallel, thread_name_prefix="meta-failover")
         self._thread = threading.Thread(target=self._run, name="meta-supervisor", daemon=True)
         self._thread.start()
@@ -138,9 +137,19 @@ class ReplicaSupervisor:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        if self._caller is not None:
-            self._caller.close()
-            self._caller = None
+        with self._shared_lock:
+            caller, self._caller = self._caller, None
+        if caller is not None:
+            caller.close()
+
+    def _node_requests(self) -> NodeRequests:
+        """The node request client, made at first use (a cluster without replication needs none)."""
+        with self._shared_lock:
+            if self._caller is None:
+                if self._stopping.is_set():
+                    raise Unavailable("the meta service is stopping")
+                self._caller = self._caller_factory()
+            return self._caller
 
     # -- the loop ------------------------------------------------------------
 
@@ -267,13 +276,11 @@ class ReplicaSupervisor:
 
         A node that answers with an error or not at all is left out (logged at debug).
         """
-        assert self._caller is not None
+        caller = self._node_requests()
         futures: dict[str, Future[Any]] = {}
         for node_id, address in nodes:
             try:
-                futures[node_id] = self._caller.request(
-                    address, body, message, timeout_s=self._node_timeout_s
-                )
+                futures[node_id] = caller.request(address, body, message, timeout_s=self._node_timeout_s)
             except RobustMQError as error:
                 logger.debug("%s to %s not sent: %s", body, node_id, error)
         deadline = time.monotonic() + self._node_timeout_s + 1.0
@@ -307,7 +314,8 @@ class ReplicaSupervisor:
                 self._drained[shard] = now
             asked.append((shard, address))
         for shard, address in asked:
-            assert self._caller is not None
             # Not waited for: the node seals in its own time; the next round asks again if needed.
-            self._caller.request(address, "seal", pb.SealRequest(shard=shard), timeout_s=self._node_timeout_s)
+            self._node_requests().request(
+                address, "seal", pb.SealRequest(shard=shard), timeout_s=self._node_timeout_s
+            )
             logger.info("drain: asked %s to seal %s", address, shard)

@@ -242,8 +242,8 @@ class ReplicaControl:
     def failover_tasks(self) -> list[FailoverTask]:
         """The active segments of RF > 1 topics whose leader is not alive or no longer registered.
 
-        Cheap when every leader is alive (no scan): only the nodes that lead
-        something are checked.
+        Cheap: only the nodes that lead something are checked, and only the
+        chains of the shards a gone node leads are read.
         """
         with self._locked():
             registered = {node.node_id: node for node in self._nodes.all()}
@@ -264,14 +264,15 @@ class ReplicaControl:
                 return []
             topics: dict[str, pb.Topic | None] = {}
             tasks = []
-            for segment in self._topics.active_segments():
-                if segment.leader not in gone:
-                    continue
-                topic_name, _ = split_shard(segment.shard)
+            for shard in sorted({shard for node_id in gone for shard in self._load.led.get(node_id, ())}):
+                topic_name, partition = split_shard(shard)
                 if topic_name not in topics:
                     topics[topic_name] = self._topics.get(topic_name)
                 topic = topics[topic_name]
                 if topic is None or topic.config.replication_factor <= 1:
+                    continue
+                segment = self._topics.chain(topic_name, partition)[-1]
+                if segment.state != pb.ACTIVE or segment.leader not in gone:
                     continue
                 addresses = tuple(
                     (node_id, registered[node_id].address)

@@ -6,8 +6,7 @@ from typing import Any
 
 from robustmq._frame import encode_header
 from robustmq._proto import robustmq_pb2 as pb
-from storage_node._follower import _frames_until
-from storage_node._follower_log import plan_copy, visible_end
+from storage_node._follower_log import frames_until, plan_copy, visible_end
 
 ME, A, B = "node-me", "node-a", "node-b"
 
@@ -128,8 +127,8 @@ def _frame(base: int, count: int, epoch: int) -> bytes:
 def test_copied_frames_must_continue_the_log_and_stop_at_the_sealed_end() -> None:
     state: Any = _State(_chain(_segment(1, 0, -1, [A, ME], leader=A)), leader=False)
     frames = (_frame(10, 5, 1), _frame(15, 5, 1), _frame(20, 5, 1))
-    assert _frames_until(state, frames, 10, -1, 1) == list(frames)
-    assert _frames_until(state, frames, 10, 20, 1) == list(frames[:2])
-    assert _frames_until(state, frames, 10, 18, 1) is None  # a frame across the sealed end
-    assert _frames_until(state, frames, 12, -1, 1) is None  # does not start at the log end
-    assert _frames_until(state, (_frame(10, 5, 2),), 10, -1, 1) is None  # a later epoch's frame
+    assert frames_until(state, frames, 10, -1, 1) == list(frames)
+    assert frames_until(state, frames, 10, 20, 1) == list(frames[:2])
+    assert frames_until(state, frames, 10, 18, 1) is None  # a frame across the sealed end
+    assert frames_until(state, frames, 12, -1, 1) is None  # does not start at the log end
+    assert frames_until(state, (_frame(10, 5, 2),), 10, -1, 1) is None  # a later epoch's frame

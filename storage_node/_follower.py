@@ -57,6 +57,7 @@ from robustmq._frame import crc32c
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import (
     IncarnationMismatch,
+    InvalidRequest,
     RobustMQError,
     ShardNotFound,
     StaleEpoch,
@@ -407,6 +408,12 @@ class _FollowerControl(threading.Thread):
                 )
             except (ShardNotFound, TopicNotFound, IncarnationMismatch, StaleEpoch) as error:
                 log.info("report of %s epoch %d not needed: %s", copy.shard, copy.epoch, error.message)
+                self._done(key)
+                continue
+            except InvalidRequest as error:  # definite: this copy differs from the recorded one
+                log.error(
+                    "shard %s: sealed epoch %d here is refused: %s", copy.shard, copy.epoch, error.message
+                )
                 self._done(key)
                 continue
             except RobustMQError as error:

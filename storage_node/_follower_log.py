@@ -40,6 +40,8 @@ from robustmq._frame import decode_header
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import CorruptRecordBatch, RobustMQError, ShardFailed
 
+from ._adapter import FrameAppend
+
 if TYPE_CHECKING:
     from ._shards import NodeShard
 
@@ -334,8 +336,6 @@ class CopyGroup:
             self._append(entries)
 
     def _append(self, entries: list[tuple[ReplicaData, NodeShard, list[Any]]]) -> None:
-        from ._adapter import FrameAppend  # type: ignore[attr-defined]
-
         engine: Any = entries[0][1].engine
         appends = [
             FrameAppend(state.engine_shard, frames, item.target.offset) for item, state, frames in entries

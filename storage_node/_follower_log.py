@@ -231,7 +231,7 @@ def truncate_divergent(state: NodeShard, info: pb.ShardInfo) -> int | None:
             )
         if header.epoch > segment.epoch:
             continue
-        state.engine.truncate_to(state.engine_shard, segment.end_offset)  # type: ignore[attr-defined]
+        state.engine.truncate_to(state.engine_shard, segment.end_offset)
         log.warning(
             "shard %s: removed offsets %d..%d (epoch %d frames past its sealed end); they were never "
             "acknowledged to all replicas nor visible to readers",

@@ -97,7 +97,13 @@ def _identical(client: robustmq.Client, cluster: NodeCluster, shard: str, incarn
     wait_until(_try(lambda: all(_log_end(client, a, shard) == end for a in addresses)), timeout_s=30)
     sums = {address: _checksum(client, address, shard, incarnation, end) for address in addresses}
     assert len(set(sums.values())) == 1, sums
-    served = {address: _frames(client, address, shard, end) for address in addresses}
+    served: dict[str, bytes] = {}
+
+    def readable() -> bool:  # a follower serves up to the high watermark its next fetch brings
+        served.update({address: _frames(client, address, shard, end) for address in addresses})
+        return True
+
+    wait_until(_try(readable), timeout_s=10)
     assert len(set(served.values())) == 1
     assert len(next(iter(served.values()))) == next(iter(sums.values()))[1]
 

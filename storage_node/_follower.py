@@ -151,6 +151,14 @@ class Follower:
     def address_of(self, node_id: str) -> str | None:
         return self._control.address_of(node_id)
 
+    def refresh_nodes(self) -> None:
+        """Ask the Meta Service for the nodes' addresses and liveness again (soon, rate-limited)."""
+        self._control.want_nodes()
+
+    def alive(self, node_id: str) -> bool:
+        """Whether the Meta Service last listed ``node_id`` alive (True if not known yet)."""
+        return node_id not in self._control.dead()
+
     def deliver(self, item: Any) -> bool:
         """Hand ``item`` to its shard's I/O worker; False once the node stops."""
         shard = item.shard if isinstance(item, Assigned) else item.target.shard
@@ -263,6 +271,7 @@ class _Report:
 @dataclass(slots=True)
 class _Addresses:
     by_node: dict[str, str] = field(default_factory=dict)
+    dead: frozenset[str] = frozenset()
     refreshed_at: float = -1e9
 
 
@@ -311,10 +320,13 @@ class _FollowerControl(threading.Thread):
     def address_of(self, node_id: str) -> str | None:
         address = self._addresses.by_node.get(node_id)
         if address is None:
-            with self._ready:
-                self._want_addresses = True
-                self._ready.notify_all()
+            self.want_nodes()
         return address
+
+    def want_nodes(self) -> None:
+        with self._ready:
+            self._want_addresses = True
+            self._ready.notify_all()
 
     def run(self) -> None:
         node = self._follower._node
@@ -352,6 +364,10 @@ class _FollowerControl(threading.Thread):
         self._addresses.refreshed_at = time.monotonic()
         nodes = meta.list_nodes()
         self._addresses.by_node = {n.node_id: n.address for n in nodes if n.address}
+        self._addresses.dead = frozenset(n.node_id for n in nodes if not n.alive)
+
+    def dead(self) -> frozenset[str]:
+        return self._addresses.dead
 
     def _list_assignments(self, meta: Any, version: int) -> None:
         answer = meta.list_assignments(self._follower.node_id)

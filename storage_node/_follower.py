@@ -7,17 +7,16 @@ None) and hands it to the shard's fetcher with :meth:`Follower.want`.
 
 Threads:
 
-- **replica fetchers** (``replica_fetchers``, default 1): each owns the shards
-  ``crc32c(shard) % fetchers`` maps to it and one DEALER socket per node it
-  copies from. Per shard at most one ``ReplicaFetch`` is out; many shards'
-  fetches are in flight at once (pipelined). An answer goes to the shard's I/O
-  worker as a :class:`~._follower_log.ReplicaData` item, and nothing more is
-  sent for that shard until the worker has appended it and wants the next
-  offset: so the ``offset`` of every fetch is durable here and acknowledges
-  everything before it. A failed fetch tries the next source (a sealed
-  segment's other ``isr`` members) after a back-off (0.1 s doubling to 2 s);
-  a fetch without an answer within ``max_wait_ms`` plus ``timeout_s`` is
-  abandoned (its late answer is dropped by its correlation id).
+- **replica fetchers** (``replica_fetchers``, default 1; ``_replica_fetcher``):
+  each owns the shards ``crc32c(shard) % fetchers`` maps to it and one DEALER
+  socket per node it copies from. Per shard at most one ``ReplicaFetch`` is
+  out; many shards' fetches are in flight at once (pipelined). An answer goes
+  to the shard's I/O worker as a :class:`~._follower_log.ReplicaData` item,
+  and nothing more is sent for that shard until the worker has appended it
+  and wants the next offset: so the ``offset`` of every fetch is durable here
+  and acknowledges everything before it. A sealed segment is copied from a
+  live ``isr`` member first; a failed fetch tries the next one after a
+  back-off (0.1 s doubling to 2 s).
 - **follower control** (1): the Meta Service calls of the follower side:
   ``ListAssignments`` when the heartbeat brings an ``assignments_version``
   not handled yet, ``GetShard`` when a fetch answer shows the chain moved
@@ -25,7 +24,8 @@ Threads:
   second per shard), ``ListNodes`` for the addresses of the nodes it copies
   from, and ``ReportReplica`` for each sealed segment this node holds whole
   but is not in the ``isr`` of (with its ``checksum``; retried with back-off
-  until the Meta Service answers). Views go to the shards' I/O workers as
+  until the Meta Service answers; a refusal for a different CRC or length is
+  final and logged as an error). Views go to the shards' I/O workers as
   :class:`Assigned` items; installing and adopting them (with the truncation
   of a divergent tail) happens there.
 

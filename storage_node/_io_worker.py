@@ -336,6 +336,7 @@ class IOWorker(threading.Thread):
             state = self.directory.cached(name)
             if state is not None and self._node.worker_for(name) is self:
                 self._sealer.end(state, error, run_held=False)
+        self.leading.shutdown(error)
 
     # -- one drained batch, in queue order ---------------------------------------------
 

@@ -129,6 +129,12 @@ class Leading:
         if moved:
             self._node.hw_moved(state.name)
 
+    def shutdown(self, error: RobustMQError) -> None:
+        """The node stops: answer every request still waiting for its replicas."""
+        for state in self._states.values():
+            if state.replication is not None:
+                self._node.deliver(state.replication.drain(error))
+
     # -- ticks ---------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:

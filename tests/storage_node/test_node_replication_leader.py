@@ -88,7 +88,7 @@ def _outcome(future: Future[Any], timeout_s: float = 30) -> Any:
 @pytest.fixture
 def lead(tmp_path: Path) -> Iterator[Any]:
     """``lead(**node_settings)``: a :class:`Led` shard; everything stops at the end."""
-    started: list[tuple[MetaServer, StorageNode, robustmq.Client, NodeCaller, threading.Event]] = []
+    started: list[tuple[Any, ...]] = []
 
     def make(**settings: Any) -> Led:
         root = tmp_path / f"cluster-{len(started)}"
@@ -106,10 +106,11 @@ def lead(tmp_path: Path) -> Iterator[Any]:
                 for follower in FOLLOWERS:
                     beats.heartbeat(follower, "tcp://127.0.0.1:9")
 
-        threading.Thread(target=beat, daemon=True).start()
+        beating = threading.Thread(target=beat, daemon=True)
+        beating.start()
         client = robustmq.connect(meta.address, timeout_s=20)
         caller = NodeCaller(timeout_s=10)
-        started.append((meta, node, client, caller, stop))
+        started.append((meta, node, client, caller, stop, beating, beats))
         client.create_topic("t", 3, replication_factor=3)
         shards = client.describe_topic("t").shards
         partition = next(p for p, s in enumerate(shards) if s.segments[-1].leader == node.node_id)
@@ -118,8 +119,10 @@ def lead(tmp_path: Path) -> Iterator[Any]:
         return Led(meta, node, client, caller, shard.shard, partition, int(shard.incarnation))
 
     yield make
-    for meta, node, client, caller, stop in started:
+    for meta, node, client, caller, stop, beating, beats in started:
         stop.set()
+        beating.join(10)
+        beats.close()
         caller.close()
         client.close()
         node.stop()
@@ -193,6 +196,10 @@ def test_lagging_followers_leave_the_isr_then_acks_all_is_refused(lead: Any) -> 
 
 def test_replica_fetches_are_checked_and_a_fence_stops_writes(lead: Any) -> None:
     led = lead()
+    meta = MetaClient(led.meta.address)
+    stored = {node.node_id: node.stored_bytes for node in meta.list_nodes()}
+    meta.close()
+    assert stored[led.node.node_id] > 0  # reported with its heartbeats
     with pytest.raises(InvalidRequest):
         led.fetch_as("not-a-replica", 0)
     with pytest.raises(Unavailable):  # an epoch this node does not know yet: retriable

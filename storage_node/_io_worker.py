@@ -51,6 +51,10 @@ No item ever waits for the Meta Service on this thread:
   past a sealed end is ever acknowledged (see ``_sealing``).
 - **Memory engine.** A write that would pass the shard's reserved offset is
   answered ``Busy`` and the heartbeat is asked to reserve more (see ``_shards``).
+- **Replication** (RF > 1 shards this node leads): ``acks=all``/``quorum``
+  writes wait for their replicas after the append, ISR changes go through
+  the control threads, and ``Fence`` requests are handled here, in queue
+  order with the writes (see ``_leading``).
 - **Deletion.** A deletion ``(shard, incarnation)`` from the heartbeat forgets
   the shard if it is of that incarnation (held and parked requests get
   ``ShardNotFound``), drops the local data of that incarnation and reports it
@@ -336,6 +340,7 @@ class IOWorker(threading.Thread):
             state = self.directory.cached(name)
             if state is not None and self._node.worker_for(name) is self:
                 self._sealer.end(state, error, run_held=False)
+        self.leading.shutdown(error)
 
     # -- one drained batch, in queue order ---------------------------------------------
 

@@ -104,8 +104,12 @@ class Leading:
         # A duplicate older than its producer's window (no offset): wait for everything there is.
         end = result.base_offset + result.record_count if result.base_offset >= 0 else state.log_end()
         item.payloads = []  # written: its bytes need not be kept while it waits
-        deadline = time.monotonic() + self._ack_timeout_s
+        replication = state.replication
+        assert replication is not None
         acks = item.message.produce.acks
+        # acks=all is answered once the high watermark is at least its end; quorum may be earlier.
+        response.produce.high_watermark = end if acks == pb.ACKS_ALL else replication.high_watermark
+        deadline = time.monotonic() + self._ack_timeout_s
         self._held.setdefault(state.name, []).append(WaitingAck(item, end, acks, deadline, response))
 
     def appended(self, state: NodeShard, replication: LeaderState) -> None:
@@ -128,6 +132,12 @@ class Leading:
             self._node.deliver(answers)
         if moved:
             self._node.hw_moved(state.name)
+
+    def shutdown(self, error: RobustMQError) -> None:
+        """The node stops: answer every request still waiting for its replicas."""
+        for state in self._states.values():
+            if state.replication is not None:
+                self._node.deliver(state.replication.drain(error))
 
     # -- ticks ---------------------------------------------------------------------------
 

@@ -32,6 +32,16 @@ what they hold, answers parked fetches, answers ``Unavailable`` to requests
 that arrived but were not read yet (up to :data:`_STOP_ANSWERS`), and closes
 the engines.
 
+Replication (RF > 1, see ``docs/replication.md``): followers' ``ReplicaFetch``
+and ``Checksum`` requests are served by the readers (``_replica_serving``);
+``Fence`` goes to the shard's I/O worker (ordered with its appends). On a
+shard this node leads, the leader state (``_replication``) keeps the
+followers' positions, the ISR and the high watermark; reads (fetch, scan,
+reads by key or tag, offsets by timestamp, ``list_offsets``' ``high_watermark``)
+stop at the high watermark, and ``acks=all``/``quorum`` writes are answered when
+their replicas have them. RF 1 shards have no leader state and take the paths
+they always took.
+
 Fetches and incarnations: a fetch may name the topic incarnation it expects
 (``FetchRequest.incarnation``); a node serving an older one answers
 ``Unavailable`` (retriable: it has not dropped it yet), a newer one
@@ -341,15 +351,19 @@ class StorageNode:
         with self._changed_lock:
             self._changed.add(shard)
         state = self.directory.cached(shard)
-        released = self.waiters.release(replica_key(shard))
-        if state is None or state.replication is None:
-            released += self.waiters.release(shard)
+        if state is None or state.replicated:  # (a deleted shard: everyone finds out)
+            released = self.waiters.release(replica_key(shard))
+            if state is None or state.replication is None:
+                released += self.waiters.release(shard)
+        else:
+            released = self.waiters.release(shard)
         for request in released:
             self._submit_read(request)
 
     def hw_moved(self, shard: str) -> None:
-        """The high watermark of a shard led here moved: wake its readers' fetches."""
-        for request in self.waiters.release(shard):
+        """The high watermark of a shard led here moved: wake its readers' and followers' fetches
+        (a follower serves reads up to the high watermark it learns from its fetch answers)."""
+        for request in self.waiters.release(shard) + self.waiters.release(replica_key(shard)):
             self._submit_read(request)
 
     def deliver(self, answers: list[Any]) -> None:

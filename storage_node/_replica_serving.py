@@ -9,7 +9,8 @@
   ``offset``, verbatim (``engine.read_frames``), up to the leader's durable log
   end (active epoch) or the sealed segment's end. Nothing to send: the fetch
   long-polls (``WaitRegistry``, under its own key so that appends wake only
-  replica fetches) until an append or ``max_wait_ms``. A fetch naming an epoch
+  replica fetches) until an append, a move of the high watermark (followers
+  learn it at once: they serve reads up to it) or ``max_wait_ms``. A fetch naming an epoch
   newer than this node knows makes the shard's worker look it up
   (rate-limited) and is answered ``Unavailable`` (retriable).
 - ``Checksum(start, end)``: CRC-32C, bytes and records of the frames of a
@@ -132,12 +133,14 @@ def serve_replica_fetch(node: StorageNode, request: Request, state: NodeShard) -
             high_watermark=end,
         )
     replication = state.replication if active else None
+    moved = False
     if replication is not None and not request.waited:  # a released long poll was counted already
         moved, answers = replication.fetched(ask.node_id, ask.offset, time.monotonic())
         send_acks(node, answers)
         if moved:
             node.hw_moved(state.name)
-    if ask.offset == end and replication is not None:
+    # A fetch that moved the high watermark is answered at once: its follower learns it now.
+    if ask.offset == end and replication is not None and not moved:
         wait_ms = min(max(ask.max_wait_ms, 0), node.config.max_wait_ms)
         if wait_ms and not request.waited and not node.stopping.is_set():
             request.deadline = time.monotonic() + wait_ms / 1000

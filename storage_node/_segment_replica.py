@@ -320,9 +320,18 @@ class SegmentReplica:
                 state.failed = f"cutting its files to offset {end_offset} failed ({exc})"
                 log.error("shard %s failed, writes are refused until a restart: %s", shard, state.failed)
                 raise Unavailable(f"truncating {shard} failed: {exc}", shard=shard) from exc
-            clear = self._index.new_batch()
-            clear.delete(truncation_marker(state.sid))
-            self._index.write(clear, sync=True)
+            try:
+                self._clear_marker(state)
+            except Unavailable:
+                # Left set, the marker would make a later open cut acknowledged appends
+                # whose index entries a crash lost: no appends until a restart clears it.
+                state.failed = f"clearing its truncation marker failed after a truncation to {end_offset}"
+                raise
+
+    def _clear_marker(self, state: SegmentShard) -> None:
+        clear = self._index.new_batch()
+        clear.delete(truncation_marker(state.sid))
+        self._index.write(clear, sync=True)
 
     def _locate_cut(self, state: SegmentShard, view: View, end: int) -> _Cut:
         """The segment and byte position of the frame starting at ``end``, and the epoch before it."""
@@ -383,7 +392,11 @@ class SegmentReplica:
             start = cut.position if number == cut.number else 0
             for _, keys in _frame_keys(segment, start, segment.size_bytes):
                 cut_keys.update(key for key in keys if key is not None)
-        missing = {key for key in cut_keys if (self._index.lookup_key(state.sid, key) or -1) >= end}
+        missing: set[bytes] = set()
+        for key in cut_keys:
+            indexed = self._index.lookup_key(state.sid, key)
+            if indexed is not None and indexed >= end:
+                missing.add(key)
         for number in range(cut.number, -1, -1):
             if not missing:
                 break
@@ -391,9 +404,9 @@ class SegmentReplica:
             latest: dict[bytes, int] = {}
             limit = cut.position if number == cut.number else segment.size_bytes
             for base, keys in _frame_keys(segment, 0, limit):
-                for offset, key in enumerate(keys, base):
-                    if key in missing:
-                        latest[key] = offset
+                for offset, found in enumerate(keys, base):
+                    if found is not None and found in missing:
+                        latest[found] = offset
             for key, offset in latest.items():
                 self._index.put_key_entry(wb, state.sid, key, offset)
             missing.difference_update(latest)
@@ -413,11 +426,20 @@ class SegmentReplica:
         fsync_directory(active.path.parent)
 
     def _finish_truncation(
-        self, state: SegmentShard, checkpoint: Checkpoint, files: list[tuple[int, Path]]
+        self, state: SegmentShard, checkpoint: Checkpoint | None, files: list[tuple[int, Path]]
     ) -> list[tuple[int, Path]]:
-        """On open: cut the files to the checkpoint if a truncation's marker says it was not done."""
-        marker = truncation_marker(state.sid)
-        if self._index.get_meta(marker) is None:
+        """On open: cut the files to the checkpoint if a truncation's marker says it was not done.
+
+        Without a usable checkpoint (a damaged index) there is nothing to cut
+        to: the marker is dropped and recovery infers where the log ends.
+        """
+        if self._index.get_meta(truncation_marker(state.sid)) is None:
+            return files
+        if checkpoint is None:
+            log.error(
+                "shard %s: an interrupted truncation cannot be finished without a checkpoint", state.name
+            )
+            self._clear_marker(state)
             return files
         log.warning(
             "shard %s: finishing a truncation to offset %d that a stop interrupted",
@@ -436,9 +458,7 @@ class SegmentReplica:
             finally:
                 os.close(fd)
         fsync_directory(active.parent)
-        wb = self._index.new_batch()
-        wb.delete(marker)
-        self._index.write(wb, sync=True)
+        self._clear_marker(state)
         return kept
 
     # -- checksums -------------------------------------------------------------------

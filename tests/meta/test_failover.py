@@ -243,3 +243,25 @@ def test_a_meta_restart_moves_no_leadership_and_changes_every_assignments_versio
         assert sorted(node_id for node_id, _ in task.addresses) == sorted(others)
     finally:
         controller.close()
+
+
+def test_a_segment_grown_by_repair_remembers_the_replicas_it_was_placed_on(tmp_path: Path) -> None:
+    controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=300)
+    try:
+        for node_id in ("n1", "n2", "n3"):
+            controller.register_node(node_id, f"tcp://127.0.0.1:{7000 + int(node_id[1])}")
+        controller.create_topic("t", pb.TopicConfig(replication_factor=3))
+        leader, dying, survivor = controller.get_shard("t_0").segments[0].replicas
+        time.sleep(0.4)
+        for node_id in (leader, survivor, "n4"):
+            controller.heartbeat(node_id, f"tcp://127.0.0.1:{7000 + int(node_id[1])}", [], 0)
+        assert controller.repair() == ["t_0 epoch 0 + n4"]
+        assert list(controller.get_shard("t_0").segments[0].replicas) == [leader, dying, survivor, "n4"]
+        assert controller.repair() == []  # three live replicas again
+        time.sleep(0.4)
+        for node_id in (survivor, "n4"):
+            controller.heartbeat(node_id, "", [], 0)
+        (task,) = controller.failover_tasks()
+        assert (task.placed, task.replicas) == (3, (leader, dying, survivor, "n4"))
+    finally:
+        controller.close()

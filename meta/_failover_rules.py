@@ -18,7 +18,9 @@ function here so that every branch is tested without a cluster:
    no decision (the copies differ and nothing says which is right: the shard
    waits and an operator is told).
 3. :func:`chain_unchanged`: the commit happens only if the shard's active
-   segment is still the one fenced (same incarnation, epoch and leader).
+   segment is still the one fenced (same incarnation, epoch, leader and ISR:
+   the decision relied on that ISR, and a leader that could still change it
+   is not gone).
 
 No I/O, no clock, no lock: the caller (:mod:`._failover`) carries out the
 requests and the commit.
@@ -133,4 +135,5 @@ def chain_unchanged(task: FailoverTask, incarnation: int, active: pb.Segment) ->
         and active.state == pb.ACTIVE
         and active.epoch == task.epoch
         and active.leader == task.leader
+        and tuple(active.isr) == task.isr
     )

@@ -19,7 +19,8 @@ so numbers sort in numeric order within a prefix::
     "T" text(topic)                              Topic (protobuf, config with defaults filled)
     "S" text(topic) be32(partition) be32(epoch)  Segment (protobuf); a shard's chain in epoch order
     "R" text(topic) be32(partition) be32(epoch)  utf8(node id) that sealed this epoch
-    "N" text(node_id)                            NodeInfo (protobuf: node_id, address, registered_ms)
+    "N" text(node_id)                            NodeInfo (protobuf: node_id, address, registered_ms,
+                                                 draining)
     "D" text(node_id) text(shard) [be64(inc)]    (empty): shard of a deleted topic the node must drop, at
                                                  incarnation inc (no suffix: incarnation 0)
     "I"                                          be64(last topic incarnation handed out)

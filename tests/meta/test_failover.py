@@ -213,3 +213,29 @@ def test_a_failover_is_not_committed_if_the_chain_changed_meanwhile(tmp_path: Pa
         assert [(s.epoch, s.end_offset) for s in chain] == [(0, 40), (1, -1)]
     finally:
         controller.close()
+
+
+def test_a_meta_restart_moves_no_leadership_and_changes_every_assignments_version(tmp_path: Path) -> None:
+    controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=60_000)
+    for node_id in ("n1", "n2", "n3"):
+        controller.register_node(node_id, f"tcp://127.0.0.1:{7000 + int(node_id[1])}")
+    controller.create_topic("t", pb.TopicConfig(replication_factor=3))
+    leader = controller.get_shard("t_0").segments[0].leader
+    before = {
+        node_id: controller.heartbeat(node_id, "", [], 0).assignments_version for node_id in ("n2", "n3")
+    }
+    controller.close()
+
+    controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=60_000)
+    try:
+        others = [node_id for node_id in ("n1", "n2", "n3") if node_id != leader]
+        after = {node_id: controller.heartbeat(node_id, "", [], 0).assignments_version for node_id in others}
+        # The leader has not beaten since the restart, but it had no time to: it is not gone.
+        assert controller.failover_tasks() == []
+        assert all(after[node_id] != before.get(node_id) for node_id in others)
+        controller.remove_node(leader, force=True)  # no longer registered: it is gone
+        (task,) = controller.failover_tasks()
+        assert (task.shard, task.leader, task.epoch) == ("t_0", leader, 0)
+        assert sorted(node_id for node_id, _ in task.addresses) == sorted(others)
+    finally:
+        controller.close()

@@ -65,8 +65,10 @@ def test_holders_that_agree_become_the_sealed_isr_and_a_tie_is_no_decision() -> 
 
 def test_a_commit_needs_the_chain_unchanged() -> None:
     task = FailoverTask("t_0", 5, 2, "n1", 100, REPLICAS, REPLICAS, (("n2", "tcp://a:1"),))
-    active = pb.Segment(shard="t_0", epoch=2, state=pb.ACTIVE, leader="n1", start_offset=100)
+    active = pb.Segment(shard="t_0", epoch=2, state=pb.ACTIVE, leader="n1", start_offset=100, isr=REPLICAS)
     assert chain_unchanged(task, 5, active)
+    shrunk = pb.Segment(shard="t_0", epoch=2, state=pb.ACTIVE, leader="n1", start_offset=100, isr=["n1"])
+    assert not chain_unchanged(task, 5, shrunk)  # the leader changed its ISR: it is not gone
     assert not chain_unchanged(task, 6, active)  # the topic was re-created
     sealed_by_leader = pb.Segment(shard="t_0", epoch=3, state=pb.ACTIVE, leader="n1", start_offset=150)
     assert not chain_unchanged(task, 5, sealed_by_leader)

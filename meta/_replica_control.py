@@ -14,6 +14,7 @@ batch is durable.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
@@ -36,9 +37,10 @@ from ._validation import require_node_id, split_shard
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["MAX_EPOCH", "ReplicaControl"]
+__all__ = ["MAX_EPOCH", "REPAIR_RESCAN_S", "ReplicaControl"]
 
 MAX_EPOCH = 2**32 - 1
+REPAIR_RESCAN_S = 30.0
 
 logger = logging.getLogger("robustmq.meta")
 
@@ -52,6 +54,9 @@ class ReplicaControl:
     _liveness: Liveness
     _load: ClusterLoad
     _versions: AssignmentVersions
+    # (live, placeable, load) of the last repair round that found nothing to do, and until when
+    # that round's verdict holds; None: the next round reads every chain.
+    _repair_idle: tuple[tuple[frozenset[str], frozenset[str], ClusterLoad], float] | None = None
 
     def _locked(self) -> AbstractContextManager[None]:
         raise NotImplementedError  # the controller's
@@ -343,6 +348,15 @@ class ReplicaControl:
             if not live:
                 return done
             placeable = live - self._draining_ids()
+            # A round that found nothing to do reads every chain; the next one can only find
+            # something if nodes came or went, or segments changed (a new load object), so it
+            # is skipped until then, or until REPAIR_RESCAN_S passed (a dropped shard, a report).
+            now = time.monotonic()
+            key = (frozenset(live), frozenset(placeable), self._load)
+            idle = self._repair_idle
+            if idle is not None and idle[0][:2] == key[:2] and idle[0][2] is key[2] and now < idle[1]:
+                return done
+            self._repair_idle = None
             for topic in self._topics.all():
                 rf = topic.config.replication_factor
                 if rf <= 1:
@@ -357,6 +371,8 @@ class ReplicaControl:
                         done.append(f"{shard} epoch {chain[position].epoch} + {node_id}")
                         if len(done) >= limit:
                             return done
+            if not done:
+                self._repair_idle = (key, now + REPAIR_RESCAN_S)
         return done
 
     def _add_replica(self, topic: str, partition: int, segment: pb.Segment, node_id: str) -> None:

@@ -18,13 +18,15 @@ import pytest
 import zmq
 
 from robustmq._meta_client import MetaClient
+from robustmq._node_protocol import error_response
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq.errors import Unavailable
 from robustmq.meta import MetaServer
 from robustmq.meta._controller import MetaController
 from robustmq.meta._failover_rules import FailoverTask, IsrDecision, SealPoint
 from robustmq.meta._store import RocksDBMetaStore
 
-NODE_TIMEOUT_MS = 600
+NODE_TIMEOUT_MS = 1500  # heartbeats every 0.1 s: a loaded machine never misses this many
 
 
 class ScriptedNode:
@@ -146,7 +148,9 @@ def test_no_failover_without_a_majority_of_replicas(cluster: Cluster) -> None:
     client.create_topic("t", replication_factor=3)
     leader, first, second = client.get_shard("t_0").segments[0].replicas
     cluster.nodes[first].answers.update(fence=fenced_at(50), checksum=checksum(1, 2))
-    # second answers nothing (a pause): one answer of three cannot meet every quorum write.
+    # second refuses (an error answer does not count): one answer of three cannot meet every
+    # quorum write. (A node that does not answer at all is the same after its 1 s deadline.)
+    cluster.nodes[second].answers["fence"] = lambda request: error_response(0, Unavailable("paused"))
     cluster.beating.discard(leader)
     wait_for(lambda: cluster.nodes[first].bodies().count("fence") >= 2)  # it tried, backed off, tried
     assert len(client.get_shard("t_0").segments) == 1

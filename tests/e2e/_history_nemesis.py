@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAULT_KINDS",
+    "NET_FAULT_CATEGORIES",
     "CleanRestart",
     "Crash",
     "Fault",
@@ -57,6 +58,7 @@ __all__ = [
     "Pause",
     "faults_of",
     "net_fault_kinds",
+    "net_fault_name",
     "net_faults_of",
 ]
 
@@ -163,11 +165,19 @@ def faults_of(cluster: Cluster) -> dict[str, Fault]:
     }
 
 
+PER_NODE_KINDS = ("kill", "pause", "isolate", "cut_client")
+NET_FAULT_CATEGORIES = (*PER_NODE_KINDS, "kill_meta", "pause_meta", "isolate_meta", "split_nodes")
+
+
+def net_fault_name(category: str, host: str) -> str:
+    """The fault of ``category`` (one of ``NET_FAULT_CATEGORIES``) against ``host`` if per node."""
+    return f"{category}_{host}" if category in PER_NODE_KINDS else category
+
+
 def net_fault_kinds(node_hosts: Sequence[str]) -> tuple[str, ...]:
     """The fault names :func:`net_faults_of` gives for a cluster with ``node_hosts``."""
-    kinds = ("kill", "pause", "isolate", "cut_client")
-    per_node = [f"{kind}_{host}" for host in node_hosts for kind in kinds]
-    return (*per_node, "kill_meta", "pause_meta", "isolate_meta", "split_nodes")
+    per_node = [net_fault_name(kind, host) for host in node_hosts for kind in PER_NODE_KINDS]
+    return (*per_node, *NET_FAULT_CATEGORIES[len(PER_NODE_KINDS) :])
 
 
 def net_faults_of(cluster: NetCluster) -> dict[str, Fault]:

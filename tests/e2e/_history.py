@@ -43,12 +43,14 @@ Shapes of ``value`` by ``f`` (completions repeat the invocation's keys):
 - ``final_nodes`` (replicated runs): ``nodes: [[node_id, address]]``;
   ``final_replica``: one node's copy of one segment read from its files after
   the servers stopped: ``{topic, inc, partition, node, epoch, start, end,
-  sealed, in_isr, replica, whole, digest, size, problem, records: [[offset,
-  value]]}`` (an active segment up to the final high watermark). The copies
-  judged are the ISR members' (all whole copies when no ISR is recorded, as
-  with one replica): they must be whole and byte-identical
-  (``replica_missing``, ``replica_divergence``), and their records join the
-  reads in every offset and placement check.
+  sealed, in_isr, replica, whole, digest, size, crc32c, sealed_crc32c,
+  sealed_size, problem, records: [[offset, value]]}`` (``sealed_crc32c``: what
+  the Meta Service recorded at the seal, None if nothing; an active segment is
+  read up to the final high watermark). The copies judged are the ISR
+  members' (all whole copies when no ISR is recorded, as with one replica):
+  they must be whole, byte-identical and, once sealed, what the seal recorded
+  (``replica_missing``, ``replica_divergence``, ``seal_checksum_mismatch``);
+  their records join the reads in every offset and placement check.
 - ``stuck``: the harness saw something hang (a thread past its deadline, no
   write possible after healing); always an anomaly.
 
@@ -604,7 +606,9 @@ class _Checker:
 
     def replicas(self) -> None:
         """replica_missing: an ISR member's copy is not whole; replica_divergence: the judged
-        copies of one segment (or of an active one up to the high watermark) differ in bytes."""
+        copies of one segment (or of an active one up to the high watermark) differ in bytes;
+        seal_checksum_mismatch: a judged copy of a sealed segment is not the CRC-32C and size the
+        Meta Service recorded for it."""
         for (log, epoch), found in self.copies.items():
             judged = _judged(found)
             for copy in judged:
@@ -619,6 +623,18 @@ class _Checker:
                         }
                     )
             whole = [copy for copy in judged if copy["whole"]]
+            for copy in whole:
+                recorded = copy.get("sealed_crc32c")
+                if recorded is not None and (recorded, copy["sealed_size"]) != (copy["crc32c"], copy["size"]):
+                    self.found["seal_checksum_mismatch"].append(
+                        {
+                            "log": list(log),
+                            "epoch": epoch,
+                            "node": copy["node"],
+                            "recorded": [recorded, copy["sealed_size"]],
+                            "held": [copy["crc32c"], copy["size"]],
+                        }
+                    )
             if len({copy["digest"] for copy in whole}) > 1:
                 self.found["replica_divergence"].append(
                     {

@@ -156,9 +156,9 @@ def _replicas(cluster: NetCluster, history: History) -> None:
     }
     for chain in chains:
         log = (chain["topic"], chain["inc"], chain["partition"])
-        isr = {epoch: (members, replicas) for epoch, members, replicas in chain.get("replicas", [])}
+        isr = {row[0]: row[1:] for row in chain.get("replicas", [])}
         for epoch, start, end, _state in chain["segments"]:
-            members, replicas = isr.get(epoch, ([], []))
+            members, replicas, sealed_crc, sealed_size = isr.get(epoch, ([], [], None, 0))
             # The active segment: compare up to the high watermark only (beyond it is uncommitted).
             upto = end if end >= 0 else hw.get(log, -1)
             if upto < 0:
@@ -184,6 +184,9 @@ def _replicas(cluster: NetCluster, history: History) -> None:
                     "digest": copy.digest,
                     "size": copy.size,
                     "problem": copy.problem,
+                    "crc32c": copy.crc32c,
+                    "sealed_crc32c": sealed_crc if end >= 0 else None,
+                    "sealed_size": sealed_size,
                     "records": copy.records,
                 }
                 history.complete(history.invoke(FINAL, "final_replica", value), OK)

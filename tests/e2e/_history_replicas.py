@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from robustmq._crc import crc32c
 from robustmq._frame import FRAME_HEADER_SIZE, decode_header, decode_payload
 
 __all__ = ["ReplicaRange", "read_range", "shard_dir"]
@@ -32,6 +33,7 @@ class ReplicaRange:
     size: int
     records: list[list[Any]]  # [offset, value]
     problem: str | None = None
+    crc32c: int = 0  # CRC-32C of the frames' bytes, in order (what a sealed segment records)
 
 
 def shard_dir(data_dir: Path, shard: str, incarnation: int) -> Path:
@@ -46,7 +48,7 @@ def read_range(data_dir: Path, shard: str, incarnation: int, start: int, end: in
     if not folder.is_dir():
         return None
     digest = hashlib.sha256()
-    size = 0
+    crc = size = 0
     records: list[list[Any]] = []
     expected = start
     problem: str | None = None
@@ -64,6 +66,7 @@ def read_range(data_dir: Path, shard: str, incarnation: int, start: int, end: in
                     problem = f"{path.name}: frame at {header.base_offset}, expected {expected}"
                 frame = data[position : position + length]
                 digest.update(frame)
+                crc = crc32c(frame, crc)
                 size += length
                 table = decode_payload(pa.py_buffer(frame[FRAME_HEADER_SIZE:]))
                 for i, value in enumerate(table.column("value").to_pylist()):
@@ -72,4 +75,4 @@ def read_range(data_dir: Path, shard: str, incarnation: int, start: int, end: in
                 expected = following
             position += length
     whole = problem is None and (end < 0 or expected == end) and (size > 0 or start == end)
-    return ReplicaRange(whole, digest.hexdigest(), size, records, problem)
+    return ReplicaRange(whole, digest.hexdigest(), size, records, problem, crc)

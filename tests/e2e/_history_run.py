@@ -176,8 +176,8 @@ def _settle(client: robustmq.Client, slot: TopicSlot, history: History, deadline
 
 def _describe(client: robustmq.Client, topic: str, deadline: float) -> dict[int, dict[str, Any]] | None:
     """Each partition's segment chain (``segments``), shard name and incarnation, each segment's
-    ``[epoch, isr, replicas]`` (``replicas``); None if the topic does not exist; raises the last error
-    if the Meta Service gave no answer by ``deadline``."""
+    ``[epoch, isr, replicas, crc32c or None, size_bytes]`` (``replicas``); None if the topic
+    does not exist; raises the last error if the Meta Service gave no answer by ``deadline``."""
     while True:
         try:
             description = client.describe_topic(topic)
@@ -196,7 +196,16 @@ def _describe(client: robustmq.Client, topic: str, deadline: float) -> dict[int,
                 ],
                 "shard": shard.shard,
                 "incarnation": shard.incarnation,
-                "replicas": [[s.epoch, list(s.isr), list(s.replicas)] for s in shard.segments],
+                "replicas": [
+                    [
+                        s.epoch,
+                        list(s.isr),
+                        list(s.replicas),
+                        s.crc32c if s.HasField("crc32c") else None,
+                        s.size_bytes,
+                    ]
+                    for s in shard.segments
+                ],
             }
             for shard in description.shards
         }

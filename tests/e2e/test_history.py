@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._history import History, check
+from tests.e2e._history import INVOKE, History, check
 from tests.e2e._history_cluster import NetCluster
 from tests.e2e._history_netrun import run_net
 from tests.e2e._history_run import ReplicationUnavailable, run
@@ -37,7 +37,8 @@ def _seed() -> int:
     return int(chosen) if chosen else random.SystemRandom().randrange(1 << 32)
 
 
-def run_and_check(variant: str, test: str, tmp_path: Path) -> None:
+def run_and_check(variant: str, test: str, tmp_path: Path) -> int:
+    """Run ``variant``, fail on any anomaly; returns the number of nemesis rounds (heals)."""
     seed = _seed()
     settings = Settings.derive(seed, variant)
     print(settings.describe(), flush=True)
@@ -57,7 +58,8 @@ def run_and_check(variant: str, test: str, tmp_path: Path) -> None:
     saved = tmp_path / "history.jsonl"
     history.dump(saved)
     analysis = check(history.ops())
-    print(analysis.report(), flush=True)
+    rounds = sum(op.process == "nemesis" and op.f == "heal" and op.type != INVOKE for op in history.ops())
+    print(analysis.report(), f"nemesis rounds: {rounds}", sep="\n", flush=True)
     if not analysis.valid:
         marker = "-m long " if variant in ("long", "rf3_long", "rf1_net") else ""
         target = f"tests/e2e/test_history.py::{test}"
@@ -68,6 +70,7 @@ def run_and_check(variant: str, test: str, tmp_path: Path) -> None:
             f"rerun: {rerun}",
             pytrace=False,
         )
+    return rounds
 
 
 @pytest.mark.timeout(300)
@@ -89,7 +92,8 @@ def test_history_rf3_short(tmp_path: Path) -> None:
 @pytest.mark.long
 @pytest.mark.timeout(1800)
 def test_history_rf3_long(tmp_path: Path) -> None:
-    run_and_check("rf3_long", "test_history_rf3_long", tmp_path)
+    rounds = run_and_check("rf3_long", "test_history_rf3_long", tmp_path)
+    assert rounds >= 20, f"only {rounds} nemesis rounds ran (the issue asks for at least 20)"
 
 
 @pytest.mark.long

@@ -467,3 +467,11 @@ def test_histories_of_two_processes_merge_by_time() -> None:
         ("nemesis", "heal"),
         ("nemesis", "heal"),
     ]
+
+
+def test_a_sealed_copy_that_is_not_what_the_seal_recorded() -> None:
+    b = replicated()
+    replica(b, "a", 0, 0, 2, [v(0), v(1)], crc32c=7, sealed_crc32c=7, sealed_size=len(v(0) + v(1)))
+    assert b.anomalies() == set()
+    replica(b, "b", 0, 0, 2, [v(0), v(1)], crc32c=8, sealed_crc32c=7, sealed_size=len(v(0) + v(1)))
+    assert b.anomalies() == {"seal_checksum_mismatch"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import robustmq
+from robustmq._crc import crc32c
 from robustmq._frame import encode_header
 from robustmq._records import encode_batch
 from tests.e2e._history_replicas import read_range, shard_dir
@@ -41,6 +42,7 @@ def test_the_same_frames_give_the_same_digest_and_records(tmp_path: Path) -> Non
     assert first is not None and second is not None
     assert first.whole and second.whole and first.digest == second.digest and first.size == second.size
     assert first.records == [[0, "a"], [1, "b"], [2, "c"]]
+    assert first.crc32c == second.crc32c == crc32c(frames[0] + frames[1])
     assert read_range(one, "t_0", 8, 0, 3) is None  # another incarnation: nothing held
 
 

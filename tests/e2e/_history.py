@@ -46,7 +46,8 @@ Shapes of ``value`` by ``f`` (completions repeat the invocation's keys):
   sealed, in_isr, replica, whole, digest, size, crc32c, sealed_crc32c,
   sealed_size, problem, records: [[offset, value]]}`` (``sealed_crc32c``: what
   the Meta Service recorded at the seal, None if nothing; an active segment is
-  read up to the final high watermark). The copies judged are the ISR
+  read up to the final high watermark; ``records`` empty when an earlier copy
+  of the segment had the same digest, hence the same records). The copies judged are the ISR
   members' (all whole copies when no ISR is recorded, as with one replica):
   they must be whole, byte-identical and, once sealed, what the seal recorded
   (``replica_missing``, ``replica_divergence``, ``seal_checksum_mismatch``);

@@ -164,6 +164,7 @@ def _replicas(cluster: NetCluster, history: History) -> None:
             if upto < 0:
                 continue
             held = 0
+            recorded: set[str] = set()  # digests whose records are already in the history
             for node_id, host in sorted(hosts.items()):
                 copy = read_range(cluster.data_dir(host), chain["shard"], chain["incarnation"], start, upto)
                 if copy is None:
@@ -187,8 +188,10 @@ def _replicas(cluster: NetCluster, history: History) -> None:
                     "crc32c": copy.crc32c,
                     "sealed_crc32c": sealed_crc if end >= 0 else None,
                     "sealed_size": sealed_size,
-                    "records": copy.records,
+                    # Equal digests, equal records: keep one list per distinct copy (memory).
+                    "records": copy.records if copy.digest not in recorded else [],
                 }
+                recorded.add(copy.digest)
                 history.complete(history.invoke(FINAL, "final_replica", value), OK)
             if not held:
                 _stuck(history, f"no node has files of {log} epoch {epoch} (shard {chain['shard']})")

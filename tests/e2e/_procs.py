@@ -34,13 +34,21 @@ class ServerProcess:
     """A ``robustmq`` subcommand run as a child process; ready once it prints ``ready``.
 
     ``output`` keeps its last lines in memory; with ``log_path``, everything it
-    prints (over every start) is also appended to that file.
+    prints (over every start) is also appended to that file. ``wrapper`` is an
+    argv prefix that must exec the command (``ip netns exec NS``: the pid stays
+    the server's own, so signals reach it).
     """
 
     def __init__(
-        self, args: Sequence[str], *, env: dict[str, str] | None = None, log_path: Path | None = None
+        self,
+        args: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        wrapper: Sequence[str] = (),
     ) -> None:
-        self.args = [sys.executable, "-m", "robustmq.cli", *args]
+        self.command = list(args)
+        self.args = [*wrapper, sys.executable, "-m", "robustmq.cli", *args]
         self.env = {**os.environ, **(env or {})}
         self.log_path = log_path
         self.process: subprocess.Popen[str] | None = None
@@ -61,7 +69,7 @@ class ServerProcess:
         if not self._ready.wait(timeout_s):
             log = "".join(self.output[-40:])
             self.kill()
-            raise RuntimeError(f"{' '.join(self.args[3:])} did not print 'ready' in {timeout_s}s:\n{log}")
+            raise RuntimeError(f"{' '.join(self.command)} did not print 'ready' in {timeout_s}s:\n{log}")
         return self
 
     def _pump(self, process: subprocess.Popen[str]) -> None:

@@ -24,7 +24,7 @@ import pytest
 import robustmq
 from robustmq._node_client import NodeCaller
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._records import encode_batch
+from robustmq._records import coerce_records, encode_batch
 from robustmq.errors import NotEnoughReplicas, RobustMQError
 from tests.e2e._procs import ReplicatedCluster, wait_until
 
@@ -100,7 +100,9 @@ def _zombie_write(address: str, old: pb.Segment, outcome: dict[str, object]) -> 
     request = pb.ProduceRequest(shard="fenced_0", epoch=old.epoch, acks=pb.ACKS_ALL)
     caller = NodeCaller(timeout_s=20.0)
     try:
-        outcome["write"] = caller.call(address, "produce", request, (encode_batch(_values(5, "zombie")),))
+        outcome["write"] = caller.call(
+            address, "produce", request, (encode_batch(coerce_records(_values(5, "zombie"))),)
+        )
     except RobustMQError as error:
         outcome["write"] = error
     finally:
@@ -139,7 +141,7 @@ def test_acks_all_is_refused_below_min_insync_while_acks_1_works_and_nothing_is_
             follower.kill()
         wait_until(lambda: len(_active(client, "insync").isr) == 1, 30)
         with (
-            client.producer(acks="all", delivery_timeout_ms=3_000) as producer,
+            client.producer(acks="all", delivery_timeout_s=3.0) as producer,
             pytest.raises(NotEnoughReplicas),
         ):
             producer.send_batch("insync", _values(10, "refused")).result(30)
@@ -160,7 +162,7 @@ def test_acks_all_is_refused_below_min_insync_while_acks_1_works_and_nothing_is_
 
 def test_a_joining_node_takes_new_segments_and_no_existing_byte_moves(cluster: ReplicatedCluster) -> None:
     with robustmq.connect(cluster.meta_address) as client:
-        client.create_topic("grow", 3, replication_factor=3, segment_bytes=256 << 10)
+        client.create_topic("grow", 3, replication_factor=3, segment_bytes_max=256 << 10)
         stop = threading.Event()
         errors: list[BaseException] = []
 

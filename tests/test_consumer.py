@@ -17,6 +17,7 @@ from robustmq._frame import encode_header
 from robustmq._metadata import Route
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records, encode_batch
+from robustmq._retry import DEFAULT_RETRY
 
 
 class _Frame:
@@ -48,12 +49,13 @@ class _GappedLog:
         self.transport = self
         self.commits: list[dict[int, int]] = []
         self.timeout_s = 30.0
+        self.retry = DEFAULT_RETRY
 
     # the parts of Client and Metadata the consumer uses
     def topic(self, name: str) -> pb.Topic:
         return pb.Topic(name=name, config=pb.TopicConfig(partitions=1), incarnation=3)
 
-    def read_route(self, topic: str, partition: int, offset: int | None = None) -> Route:
+    def read_route(self, topic: str, partition: int, offset: int | None = None, **_: Any) -> Route:
         return Route(topic, partition, f"{topic}_{partition}", "tcp://127.0.0.1:1", 0)
 
     def invalidate(self, topic: str, partition: int | None = None) -> None:

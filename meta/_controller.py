@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -38,10 +37,12 @@ from robustmq.errors import (
 from robustmq.storage_node import shard_name
 
 from . import _keys as keys
+from ._chains import checked_isr, is_assigned, next_segment, reported_segment, sealed_segment
 from ._liveness import Liveness
+from ._load import AssignmentVersions, ClusterLoad
 from ._nodes import MAX_DELETIONS_PER_BEAT, MAX_NODES, NodeTable
 from ._offsets import OffsetTable, partition_lag
-from ._placement import place_replicas
+from ._placement import eligible_nodes, place_replicas
 from ._store import MetaStore, WriteSet
 from ._topics import TopicTable
 from ._validation import (
@@ -103,9 +104,9 @@ class MetaController:
             self._progress[shard_name(topic, partition)] = values
             if reserved:
                 self._reserved[shard_name(topic, partition)] = reserved
-        self._load: Counter[str] = Counter(
-            segment.leader for segment in self._topics.active_segments() if segment.leader
-        )
+        self._load = ClusterLoad(self._topics.all_segments())
+        self._versions = AssignmentVersions()
+        self._stored_bytes: dict[str, int] = {}  # node -> bytes it stores, as it last reported
 
     def _check_format(self) -> None:
         """Refuse a store of another format; upgrade a format-1 store (index its pending deletions)."""
@@ -156,15 +157,17 @@ class MetaController:
             live = self._live_node_ids()
             needed = config.replication_factor
             self._require_live(live, needed)  # say so once, for the topic, not for its first shard
+            placeable = live - self._draining_ids()
             shards = [shard_name(name, p) for p in range(config.partitions)]
             dropping = self._nodes.holders_pending(name)
-            load = Counter(self._load)
+            load = self._load.copy()
             segments = []
             for shard in shards:
                 held = dropping.get(shard, set()) & live
-                replicas = place_replicas(live - held, load, needed, shard=shard, dropping=len(held))
-                load[replicas[0]] += 1
-                segments.append(_first_segment(shard, replicas))
+                replicas = self._place(placeable - held, needed, load, shard=shard, dropping=len(held))
+                segment = _first_segment(shard, replicas)
+                load.add(segment)
+                segments.append(segment)
             now = _now_ms()
             topic = pb.Topic(
                 name=name, config=config, created_ms=now, incarnation=self._topics.next_incarnation(now)
@@ -173,6 +176,7 @@ class MetaController:
             self._topics.stage_create(topic, segments, ws)
             ws.commit(self._store)
             self._load = load
+            self._versions.bump_segments(segments)
         logger.info("created topic %s (%d partitions)", name, config.partitions)
         return topic
 
@@ -209,11 +213,10 @@ class MetaController:
                     self._nodes.stage_pending(node_id, segment.shard, incarnation, ws)
             ws.commit(self._store)
             for segment in segments:
-                if segment.state == pb.ACTIVE and segment.leader:
-                    self._load[segment.leader] -= 1
+                self._load.remove(segment)
                 self._progress.pop(segment.shard, None)
                 self._reserved.pop(segment.shard, None)
-            self._load = +self._load  # drop zero counts
+            self._versions.bump_segments(segments)
         logger.info("deleted topic %s", name)
 
     def get_shard(self, shard: str) -> pb.ShardInfo:
@@ -253,9 +256,24 @@ class MetaController:
     # -- segments ----------------------------------------------------------
 
     def seal_segment(
-        self, shard: str, epoch: int, end_offset: int, node_id: str, incarnation: int | None = None
+        self,
+        shard: str,
+        epoch: int,
+        end_offset: int,
+        node_id: str,
+        incarnation: int | None = None,
+        *,
+        isr: Sequence[str] = (),
+        crc32c: int | None = None,
+        size_bytes: int = 0,
     ) -> tuple[pb.Segment, pb.Segment]:
         """Seal the active segment at ``end_offset`` and open epoch + 1 on placed nodes.
+
+        ``isr`` are the replicas verified to hold the whole segment (the
+        leader included; empty: the leader alone); they become the sealed
+        segment's ``isr``, with ``crc32c`` and ``size_bytes`` recorded. The next
+        epoch is led by one of them (see :mod:`._placement`) and its ``isr`` is
+        its replicas among them.
 
         Idempotent: the same request again after success gets the same answer.
         ``incarnation`` (None: not checked) is the topic incarnation the node
@@ -267,28 +285,13 @@ class MetaController:
         node_id = require_node_id(node_id)
         with self._locked():
             chain = self._topics.chain(topic, partition)
-            current = self._topics.require(topic).incarnation
-            if incarnation is not None and incarnation != current:
-                raise ShardNotFound(
-                    f"shard {shard!r} of incarnation {incarnation} was deleted "
-                    f"(the topic's incarnation is {current})",
-                    shard=shard,
-                    incarnation=incarnation,
-                    current_incarnation=current,
-                )
+            self._require_incarnation(shard, topic, incarnation)
             active = chain[-1]
             if epoch < active.epoch:
                 repeated = self._repeated_seal(topic, partition, epoch, end_offset, node_id)
                 if repeated is not None:
                     return repeated
-            if epoch != active.epoch or active.leader != node_id:
-                raise StaleEpoch(
-                    f"shard {shard!r}: epoch {epoch} led by {node_id!r} is not the active "
-                    f"segment (epoch {active.epoch}, leader {active.leader!r})",
-                    shard=shard,
-                    epoch=epoch,
-                    current_epoch=active.epoch,
-                )
+            self._require_leader(active, epoch, node_id)
             if end_offset < active.start_offset:
                 raise InvalidRequest(
                     f"end_offset {end_offset} is before the segment's start {active.start_offset}",
@@ -299,44 +302,106 @@ class MetaController:
                 )
             if active.epoch >= _MAX_EPOCH:
                 raise InvalidRequest(f"shard {shard!r} has used every epoch", shard=shard)
-            rf = self._topics.require(topic).config.replication_factor
-            load = Counter(self._load)
-            load[active.leader] -= 1
-            live = self._live_node_ids()
-            held = self._nodes.holders_pending(topic, partition).get(shard, set()) & live
-            replicas = place_replicas(
-                live - held, load, rf, preferred=active.replicas, shard=shard, dropping=len(held), sticky=True
-            )
-            load[replicas[0]] += 1
-            sealed = pb.Segment()
-            sealed.CopyFrom(active)
-            sealed.state = pb.SEALED
-            sealed.end_offset = end_offset
-            sealed.leader = ""
-            following = pb.Segment(
-                shard=shard,
-                epoch=active.epoch + 1,
-                start_offset=end_offset,
-                end_offset=-1,
-                state=pb.ACTIVE,
-                replicas=replicas,
-                leader=replicas[0],
-            )
+            sealed = sealed_segment(active, end_offset, checked_isr(active, isr, node_id), crc32c, size_bytes)
+            load = self._load.copy()
+            load.replace(active, sealed)
+            following = self._following(topic, partition, [*chain[:-1], sealed], load)
+            load.add(following)
             ws = WriteSet()
             self._topics.stage_segment(topic, partition, sealed, ws)
             self._topics.stage_segment(topic, partition, following, ws)
             self._topics.stage_sealed_by(topic, partition, epoch, node_id, ws)
             ws.commit(self._store)
-            self._load = +load
+            self._load = load
+            self._versions.bump_segments((sealed, following))
         logger.info(
-            "sealed %s epoch %d at %d; epoch %d on %s",
+            "sealed %s epoch %d at %d (isr %s); epoch %d on %s",
             shard,
             epoch,
             end_offset,
+            list(sealed.isr),
             following.epoch,
-            list(replicas),
+            list(following.replicas),
         )
         return sealed, following
+
+    def _require_incarnation(self, shard: str, topic: str, incarnation: int | None) -> None:
+        """``ShardNotFound`` unless ``incarnation`` (None: not checked) is the topic's current one."""
+        current = self._topics.require(topic).incarnation
+        if incarnation is not None and incarnation != current:
+            raise ShardNotFound(
+                f"shard {shard!r} of incarnation {incarnation} was deleted "
+                f"(the topic's incarnation is {current})",
+                shard=shard,
+                incarnation=incarnation,
+                current_incarnation=current,
+            )
+
+    @staticmethod
+    def _require_leader(active: pb.Segment, epoch: int, node_id: str) -> None:
+        """``StaleEpoch`` unless ``node_id`` leads ``active`` and ``epoch`` is its epoch."""
+        if epoch != active.epoch or active.leader != node_id:
+            raise StaleEpoch(
+                f"shard {active.shard!r}: epoch {epoch} led by {node_id!r} is not the active "
+                f"segment (epoch {active.epoch}, leader {active.leader!r})",
+                shard=active.shard,
+                epoch=epoch,
+                current_epoch=active.epoch,
+            )
+
+    def _following(
+        self, topic: str, partition: int, chain: list[pb.Segment], load: ClusterLoad
+    ) -> pb.Segment:
+        """The epoch after ``chain[-1]`` (just sealed), placed by the rule of :mod:`._placement`.
+
+        If no node that holds the sealed segment may lead (they are all
+        draining), a live draining holder leads rather than refusing the seal:
+        a drain must never make a shard unwritable.
+        """
+        sealed = chain[-1]
+        shard = sealed.shard
+        rf = self._topics.require(topic).config.replication_factor
+        live = self._live_node_ids()
+        held = self._nodes.holders_pending(topic, partition).get(shard, set()) & live
+        placeable = eligible_nodes(live - self._draining_ids() - held, chain)
+        leaders = set(sealed.isr) & live
+        if not leaders & placeable:
+            placeable |= leaders
+        replicas = self._place(
+            placeable, rf, load, shard=shard, dropping=len(held), previous=sealed.replicas, leaders=leaders
+        )
+        return next_segment(sealed, replicas)
+
+    def _place(
+        self,
+        candidates: set[str],
+        count: int,
+        load: ClusterLoad,
+        *,
+        shard: str,
+        dropping: int = 0,
+        previous: Sequence[str] = (),
+        leaders: set[str] | None = None,
+    ) -> list[str]:
+        replicas = place_replicas(
+            candidates,
+            count,
+            leaders=load.leaders,
+            replicas=load.active_replicas,
+            previous=previous,
+            leader_candidates=leaders,
+            shard=shard,
+            dropping=dropping,
+        )
+        if len(replicas) < count:
+            logger.warning(
+                "%s is under-replicated: %d of %d replicas placed (%s); repair adds more later",
+                shard,
+                len(replicas),
+                count,
+                replicas,
+            )
+        return replicas
 
     def _repeated_seal(
         self, topic: str, partition: int, epoch: int, end_offset: int, node_id: str
@@ -373,6 +438,7 @@ class MetaController:
         shard_count: int,
         *,
         deleted: Sequence[pb.ShardDeletion] = (),
+        stored_bytes: int = 0,
     ) -> pb.HeartbeatResponse:
         """Mark a node alive (registering it if unknown), record its shards' progress.
 
@@ -385,6 +451,8 @@ class MetaController:
         the deletions still pending for the node (at most
         :data:`~robustmq.meta._nodes.MAX_DELETIONS_PER_BEAT`): each is repeated
         in every answer until acknowledged, so a lost answer loses nothing.
+        ``stored_bytes`` (memory only) is shown by ``list_nodes``; the answer's
+        ``assignments_version`` is the node's (see :mod:`._load`).
         """
         node_id = require_node_id(node_id)
         if address:
@@ -423,7 +491,11 @@ class MetaController:
             self._liveness.beat(node_id)
             self._progress.update(accepted)
             self._reserved.update(reserved)
-        return pb.HeartbeatResponse(deletions=deletions, interval_ms=self._interval_ms)
+            self._stored_bytes[node_id] = max(stored_bytes, 0)
+            version = self._versions.of(node_id)
+        return pb.HeartbeatResponse(
+            deletions=deletions, interval_ms=self._interval_ms, assignments_version=version
+        )
 
     def _stage_upsert_node(self, node_id: str, address: str, ws: WriteSet) -> pb.NodeInfo:
         """The node's record, staging a write if it is new or its address changed."""
@@ -465,11 +537,17 @@ class MetaController:
             registered_ms=node.registered_ms,
             last_heartbeat_ms=self._liveness.last_heartbeat_ms(node.node_id),
             alive=self._liveness.is_alive(node.node_id),
-            active_segments=self._load.get(node.node_id, 0),
+            active_segments=self._load.leaders.get(node.node_id, 0),
+            draining=node.draining,
+            replica_segments=self._load.held.get(node.node_id, 0),
+            stored_bytes=self._stored_bytes.get(node.node_id, 0),
         )
 
     def _live_node_ids(self) -> set[str]:
         return {node.node_id for node in self._nodes.all() if self._liveness.is_alive(node.node_id)}
+
+    def _draining_ids(self) -> set[str]:
+        return {node.node_id for node in self._nodes.all() if node.draining}
 
     def _require_live(self, live: set[str], needed: int) -> None:
         """Raise ``Unavailable`` if fewer than ``needed`` nodes are live, saying who has not beaten yet."""
@@ -477,7 +555,9 @@ class MetaController:
             return
         silent = [node.node_id for node in self._nodes.all() if not self._liveness.has_beaten(node.node_id)]
         if not silent:
-            place_replicas(live, self._load, needed)  # the plain "need N, have M"
+            raise Unavailable(
+                f"need {needed} live storage nodes, have {len(live)}", needed=needed, live=len(live)
+            )
         uptime_s = self._liveness.uptime_s()
         advice = (
             "running nodes beat every second: retry in a few seconds"
@@ -532,8 +612,96 @@ class MetaController:
             self._nodes.stage_index(node_id, False, ws)
             ws.commit(self._store)
             self._liveness.forget(node_id)
+            self._stored_bytes.pop(node_id, None)
         logger.warning("removed node %s (%s); it led %d active segments", node_id, node.address, len(led))
         return view, led
+
+    # -- replicas ----------------------------------------------------------
+
+    def update_isr(
+        self, shard: str, incarnation: int, epoch: int, node_id: str, isr: Sequence[str]
+    ) -> pb.Segment:
+        """Record the ISR of the active segment, as its leader asks; the segment as stored.
+
+        Refused with ``StaleEpoch`` unless ``node_id`` leads ``epoch`` and it
+        is the active one, with ``ShardNotFound`` if ``incarnation`` is not the
+        topic's current one, and with ``InvalidRequest`` unless ``isr``
+        contains the leader and only replicas of the segment. The same ISR
+        again writes nothing. Followers are not told (their assignments are
+        the same): no assignments version changes.
+        """
+        topic, partition = split_shard(shard)
+        node_id = require_node_id(node_id)
+        with self._locked():
+            active = self._topics.chain(topic, partition)[-1]
+            self._require_incarnation(shard, topic, incarnation)
+            self._require_leader(active, epoch, node_id)
+            members = checked_isr(active, isr, node_id)
+            if list(active.isr) == members:
+                return active
+            before = list(active.isr)
+            del active.isr[:]
+            active.isr.extend(members)
+            ws = WriteSet()
+            self._topics.stage_segment(topic, partition, active, ws)
+            ws.commit(self._store)
+        logger.info("%s epoch %d: ISR %s -> %s", shard, epoch, before, members)
+        return active
+
+    def report_replica(
+        self, shard: str, incarnation: int, epoch: int, node_id: str, crc32c: int, size_bytes: int
+    ) -> pb.Segment:
+        """Add ``node_id`` to sealed ``epoch``'s ``isr`` if its copy matches (see
+        :func:`._chains.reported_segment`); idempotent. The segment as stored."""
+        topic, partition = split_shard(shard)
+        node_id = require_node_id(node_id)
+        with self._locked():
+            self._topics.chain(topic, partition)  # ShardNotFound for a shard that is gone
+            self._require_incarnation(shard, topic, incarnation)
+            segment = self._topics.segment(topic, partition, epoch)
+            if segment is None:
+                raise InvalidRequest(f"shard {shard!r} has no epoch {epoch}", shard=shard, epoch=epoch)
+            reported = reported_segment(segment, node_id, crc32c, size_bytes)
+            if reported is None:
+                return segment
+            ws = WriteSet()
+            self._topics.stage_segment(topic, partition, reported, ws)
+            ws.commit(self._store)
+        logger.info("%s epoch %d: %s holds it whole; isr %s", shard, epoch, node_id, list(reported.isr))
+        return reported
+
+    def list_assignments(self, node_id: str) -> pb.AssignmentsResponse:
+        """Every shard where ``node_id`` must follow or copy a segment (:func:`._chains.is_assigned`),
+        with its chain and leader address, and the version this answers."""
+        node_id = require_node_id(node_id)
+        with self._locked():
+            version = self._versions.of(node_id)
+            wanted = sorted(
+                {split_shard(s.shard) for s in self._topics.all_segments() if is_assigned(node_id, s)}
+            )
+            addresses = {node.node_id: node.address for node in self._nodes.all()}
+            shards = []
+            for topic, partition in wanted:
+                record = self._topics.require(topic)
+                chain = self._topics.chain(topic, partition)
+                shards.append(self._shard_info(record, partition, chain, addresses))
+        return pb.AssignmentsResponse(shards=shards, assignments_version=version)
+
+    def drain_node(self, node_id: str, undrain: bool = False) -> pb.NodeInfo:
+        """Mark a registered node draining (no new placement; the Meta Service's background
+        worker asks it to seal the active segments it leads), or place on it again (``undrain``)."""
+        node_id = require_node_id(node_id)
+        with self._locked():
+            node = self._nodes.get(node_id)
+            if node is None:
+                raise InvalidRequest(f"no storage node {node_id!r} is registered", node_id=node_id)
+            if node.draining != (not undrain):
+                node.draining = not undrain
+                ws = WriteSet()
+                self._nodes.stage_put(node, ws)
+                ws.commit(self._store)
+                logger.info("node %s %s", node_id, "undrained" if undrain else "draining")
+            return self._node_view(node)
 
     # -- group offsets -----------------------------------------------------
 
@@ -624,6 +792,7 @@ def _first_segment(shard: str, replicas: list[str]) -> pb.Segment:
         state=pb.ACTIVE,
         replicas=replicas,
         leader=replicas[0],
+        isr=replicas,
     )
 
 

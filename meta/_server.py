@@ -100,10 +100,6 @@ class MetaServer:
         Where to listen; port 0 picks a free port (see :attr:`address`).
     node_timeout_ms
         A storage node is dead once its last heartbeat is older than this.
-    max_replication_factor
-        The largest replication factor a topic may have: 1 until replication
-        exists (a larger one is refused with ``InvalidConfig``). Tests of
-        replica placement, which replication will build on, raise it.
 
     Examples
     --------
@@ -117,11 +113,8 @@ class MetaServer:
         host: str = "127.0.0.1",
         port: int = DEFAULT_META_PORT,
         node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS,
-        *,
-        max_replication_factor: int = 1,
     ) -> None:
         self._data_dir = Path(data_dir)
-        self._max_replication_factor = max_replication_factor
         self._host = host
         self._port = port
         self._node_timeout_ms = node_timeout_ms
@@ -148,7 +141,7 @@ class MetaServer:
                 # on the same port would silently share its traffic.
                 options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
             )
-            servicer = MetaServicer(controller, max_replication_factor=self._max_replication_factor)
+            servicer = MetaServicer(controller)
             pb_grpc.add_MetaServiceServicer_to_server(servicer, server)
             port, why = _bind(server, self.address)
             if port == 0:

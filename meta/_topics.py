@@ -105,6 +105,11 @@ class TopicTable:
         raw = self._store.get(keys.segment_key(topic, partition, epoch))
         return None if raw is None else pb.Segment.FromString(raw)
 
+    def all_segments(self) -> Iterator[pb.Segment]:
+        """Every segment of every topic, by topic, partition and epoch (one scan)."""
+        for _, raw in self._store.scan(keys.SEGMENT):
+            yield pb.Segment.FromString(raw)
+
     def active_segments(self) -> Iterator[pb.Segment]:
         """Every ACTIVE segment of every topic (to rebuild load counts at start)."""
         for _, raw in self._store.scan(keys.SEGMENT):

@@ -30,6 +30,9 @@ from robustmq.errors import InvalidConfig, InvalidRequest, RobustMQError
 __all__ = [
     "AppendRequest",
     "AppendResult",
+    "Checksum",
+    "FrameAppend",
+    "FrameAppendResult",
     "FrameRead",
     "ReadResult",
     "SegmentInfo",
@@ -154,6 +157,40 @@ class FrameRead:
     @property
     def size_bytes(self) -> int:
         return sum(len(frame) for frame in self.frames)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameAppend:
+    """Frames a follower copied from its leader, to append verbatim at ``base_offset``.
+
+    ``frames`` are whole frames (header + payload, as :class:`FrameRead` hands
+    them out), in offset order, the first starting at ``base_offset``, which
+    must be the shard's log end. They keep the leader's epoch and producer
+    fields: the bytes stored are the bytes given.
+    """
+
+    shard: str
+    frames: Sequence[Any]  # bytes-like
+    base_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class FrameAppendResult:
+    """Where a :class:`FrameAppend` landed: ``[base_offset, next_offset)``, ``records`` of them."""
+
+    shard: str
+    base_offset: int
+    next_offset: int
+    records: int
+
+
+@dataclass(frozen=True, slots=True)
+class Checksum:
+    """CRC-32C, length and record count of the frame bytes (headers + payloads) of an offset range."""
+
+    crc32c: int
+    size_bytes: int
+    records: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +342,26 @@ class StorageAdapter(ABC):
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """Apply retention limits; return how many records were removed."""
         return 0
+
+    # -- replication (the segment engine; see docs/replication.md) -------------
+
+    def append_frames_each(self, appends: Sequence[FrameAppend]) -> list[FrameAppendResult | RobustMQError]:
+        """A follower's verbatim appends of its leader's frames, one durability barrier for all."""
+        raise self._no_replication()
+
+    def truncate_to(self, shard: str, end_offset: int) -> None:
+        """Cut a shard's log back to ``end_offset`` (a frame boundary), durably."""
+        raise self._no_replication()
+
+    def checksum(self, shard: str, start_offset: int, end_offset: int) -> Checksum:
+        """CRC-32C, size and record count of the frames covering ``[start_offset, end_offset)``."""
+        raise self._no_replication()
+
+    def _no_replication(self) -> InvalidRequest:
+        return InvalidRequest(
+            f"the {self.name} engine does not replicate (replication needs the segment engine)",
+            engine=self.name,
+        )
 
     @abstractmethod
     def close(self) -> None:

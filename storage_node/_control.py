@@ -205,6 +205,10 @@ class MetaControl:
         )
         return reserved
 
+    def topic_config(self, info: pb.ShardInfo) -> pb.TopicConfig:
+        """The topic's config at ``info``'s incarnation (cached; for the follower side's views)."""
+        return self._config(info)
+
     def _config(self, info: pb.ShardInfo) -> pb.TopicConfig:
         """The topic's config at ``info``'s incarnation, asked once per topic and incarnation.
 

@@ -146,6 +146,7 @@ class Heartbeat(threading.Thread):
             node.restore_changed(changed)
             raise
         self.ledger.acknowledged(done)
+        node.follower.assignments_seen(int(getattr(answer, "assignments_version", 0)))
         for state, log_end in states:
             state.reported_end = log_end
             node.worker_for(state.name).post(Reserved(state.name, state.incarnation, reserved[state.name]))

@@ -19,6 +19,7 @@ big-endian unsigned integer, so keys sort by shard, then by offset::
                    "W" sid be64(producer id) be64(ordinal)    producer entry (see _producer_state)
                    "P" sid be64(producer id)                  old producer window, migrated on open
                    "K" sid                                    (empty): key index rebuild under way
+                   "X" sid                                    (empty): truncation's file cut under way
 
 The time index is kept per chunk (a segment for the segment engine, a fixed
 offset range for the rocksdb engine): one entry per frame that raises the
@@ -319,7 +320,7 @@ class IndexStore:
 
     def lookup_key(self, sid: int, key: bytes) -> int | None:
         self.check_open()
-        value = self.keys.get(sid_bytes(sid) + _SID.pack(crc32c(key)) + key)
+        value = self.keys.get(self._key_entry(sid, key))
         return None if value is None else from_be64(value)
 
     def tag_frames(self, sid: int, tag: str, start_offset: int) -> Iterator[int]:
@@ -357,7 +358,7 @@ class IndexStore:
             families.append(self.records)
         for family in families:
             family.delete_range(low, high)
-        for tag in (b"C", b"E", b"T", b"P", b"K", b"W"):
+        for tag in (b"C", b"E", b"T", b"P", b"K", b"W", b"X"):
             self._db.delete_range(tag + low, tag + high)
 
     def delete_segment_entries(
@@ -405,6 +406,32 @@ class IndexStore:
                 ahead = ahead or (it.valid() and it.key().startswith(tag_prefix))
                 wb.delete_range(tag_prefix + be64(end_offset), tag_prefix + top, self._h_tags)
         return ahead
+
+    def chunk_max_timestamp(self, sid: int, chunk: int, end_offset: int) -> int | None:
+        """The running maximum timestamp of a time-index chunk over its frames below ``end_offset``.
+
+        Entries ascend in both key and value within a chunk: walk back from its
+        last entry past those at or after ``end_offset``. None if none is below.
+        """
+        self.check_open()
+        chunk_prefix = sid_bytes(sid) + be64(chunk)
+        it = self.times.iter()
+        it.seek_for_prev(chunk_prefix + b"\xff" * 8)
+        while it.valid() and it.key().startswith(chunk_prefix):
+            if from_be64(it.value()) < end_offset:
+                return from_be64(it.key()[12:]) - _TS_BIAS
+            it.prev()
+        return None
+
+    def put_key_entry(self, wb: rocksdict.WriteBatch, sid: int, key: bytes, offset: int) -> None:
+        wb.put(self._key_entry(sid, key), be64(offset), self._h_keys)
+
+    def delete_key_entry(self, wb: rocksdict.WriteBatch, sid: int, key: bytes) -> None:
+        wb.delete(self._key_entry(sid, key), self._h_keys)
+
+    @staticmethod
+    def _key_entry(sid: int, key: bytes) -> bytes:
+        return sid_bytes(sid) + _SID.pack(crc32c(key)) + key
 
     def clear_key_entries(self, wb: rocksdict.WriteBatch, sid: int) -> None:
         """Every key-index entry of a shard (before rebuilding them from the segments)."""
@@ -474,6 +501,11 @@ class IndexStore:
                 wb.delete(bytes(it.key()))
                 it.prev()
             it.seek_for_prev(producer_prefix)  # the previous producer's newest key
+
+    def forget_producer(self, wb: rocksdict.WriteBatch, sid: int, producer_id: int) -> None:
+        """Every entry of one producer on a shard (a leader forgot it: it expired there)."""
+        prefix = self._producer_prefix(sid, producer_id)
+        wb.delete_range(prefix, prefix + b"\xff" * 8)
 
     def expire_producers(
         self,

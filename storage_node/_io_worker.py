@@ -89,6 +89,8 @@ from ._batch import prepare_batch
 from ._control import Job, MetaAnswer, MetaControl
 from ._driver_manager import split_shard_name
 from ._engine_base import check_producer
+from ._follower import Assigned
+from ._follower_log import CopyGroup, ReplicaData
 from ._not_here import NotHere, named_incarnation
 from ._sealing import Sealer
 from ._shards import NodeShard, ShardDirectory
@@ -272,6 +274,8 @@ class IOWorker(threading.Thread):
         self._awaiting: dict[str, _Awaiting] = {}
         self._not_here = NotHere()
         self._sealer = Sealer(self)
+        # Copied answers (``_follower``) drained in one batch: appended together, one fsync.
+        self._copies = CopyGroup(node.follower) if getattr(node, "follower", None) is not None else None
 
     def submit(self, request: Request) -> bool:
         """A client's request (front end); False if the queue is full."""
@@ -325,6 +329,9 @@ class IOWorker(threading.Thread):
             if isinstance(item, Request):
                 self.run_request(item)
                 continue
+            if isinstance(item, ReplicaData) and self._copies is not None:
+                self._copies.add(item)
+                continue
             self._flush()
             try:
                 self._handle(item)
@@ -345,6 +352,8 @@ class IOWorker(threading.Thread):
             self._drop_deleted(item)
         elif isinstance(item, Reserved):
             self._reserved(item)
+        elif isinstance(item, Assigned):
+            self._assigned(item)
         else:
             log.error("I/O worker got an unknown item %r", item)
 
@@ -436,6 +445,8 @@ class IOWorker(threading.Thread):
     # -- appending a group ----------------------------------------------------------------
 
     def _flush(self) -> None:
+        if self._copies:
+            self._copies.flush()
         if not self._group:
             return
         group, self._group = self._group, []
@@ -623,6 +634,14 @@ class IOWorker(threading.Thread):
                 self._sealer.end(
                     state, SegmentSealed(f"segment epoch {state.seal.epoch} of {shard} is sealed")
                 )
+
+    def _assigned(self, item: Assigned) -> None:
+        """A view from the follower side (``ListAssignments``, a follower's lookup): take it."""
+        try:
+            self._take_view(item.shard, MetaAnswer("lookup", item.shard, view=item.view))
+        except RobustMQError as error:  # not (or no longer) on this node: nothing to copy
+            log.info("shard %s: not copied here: %s", item.shard, error.message)
+            self._node.follower.want(item.shard, None)
 
     def _forget(self, state: NodeShard) -> None:
         """Stop serving ``state`` (its incarnation was deleted): answer what it holds, cancel its jobs."""

@@ -73,6 +73,8 @@ from robustmq.errors import (
 
 from ._control import MetaControl
 from ._driver_manager import StorageDriverManager, split_shard_name
+from ._follower import Follower
+from ._follower_log import visible_end
 from ._heartbeat import Heartbeat
 from ._io_worker import IOWorker, ParkRead, Request
 from ._long_poll import WaitRegistry
@@ -111,6 +113,8 @@ class NodeConfig:
     control_timeout_s: float = 2.0  # deadline of each Meta Service call of the control threads
     max_parked_per_worker: int = 4096  # requests waiting for the Meta Service or a seal, per worker
     seal_hold_max_ms: int = 10_000  # longest a write or seal request waits for a seal to settle
+    replica_fetchers: int = 1  # threads copying other nodes' segments here (``_follower``)
+    replica_fetch_wait_ms: int = 500  # long poll of a follower's fetch that finds nothing new
 
 
 class StorageNode:
@@ -145,6 +149,14 @@ class StorageNode:
         self._changed: set[str] = set()
         self._changed_lock = threading.Lock()
         self._started = time.monotonic()
+        self.follower = Follower(
+            self,
+            fetchers=config.replica_fetchers,
+            max_wait_ms=config.replica_fetch_wait_ms,
+            max_bytes=min(config.max_fetch_bytes, 8 * MiB),
+            timeout_s=config.control_timeout_s,
+        )
+        self.directory.replication = self.follower
         self._workers = [
             IOWorker(
                 i,
@@ -194,6 +206,7 @@ class StorageNode:
         self.control.start()
         for thread in (*self._workers, *self._readers, self._heartbeat):
             thread.start()
+        self.follower.start()
         self._frontend_thread = threading.Thread(target=self._frontend_loop, name="rmq-frontend", daemon=True)
         self._frontend_thread.start()
         log.info(
@@ -222,6 +235,7 @@ class StorageNode:
             self._stopped.wait(60)
             return
         self.stopping.set()  # the front end stops reading the ROUTER
+        self.follower.stop()
         for worker in self._workers:
             if worker.is_alive():
                 worker.stop()
@@ -514,7 +528,7 @@ class StorageNode:
                     pb.ShardOffsetsInfo(
                         shard=state.name,
                         log_start_offset=offsets.earliest_offset,
-                        high_watermark=offsets.log_end_offset,
+                        high_watermark=visible_end(state, offsets.log_end_offset),
                         log_end_offset=offsets.log_end_offset,
                         epoch=state.epoch,
                     )
@@ -525,10 +539,11 @@ class StorageNode:
     def _scan(self, request: Request, state: NodeShard) -> None:
         ask = request.message.scan
         engine: Any = state.engine  # every engine scans (EngineBase), the interface does not say so
+        visible = visible_end(state, state.log_end())
         records = engine.scan(
             state.engine_shard,
             ask.start_offset,
-            ask.end_offset,
+            min(ask.end_offset, visible) if ask.end_offset >= 0 else visible,
             key=ask.key if ask.HasField("key") else None,
             tags=list(ask.tags),
             min_timestamp_ms=ask.min_timestamp_ms if ask.HasField("min_timestamp_ms") else None,
@@ -556,7 +571,7 @@ class StorageNode:
         _check_incarnation(request, state)
         engine, name = state.engine, state.engine_shard
         offsets = engine.list_offsets(name)
-        high_watermark = offsets.log_end_offset
+        high_watermark = visible_end(state, offsets.log_end_offset)
         if not offsets.earliest_offset <= ask.offset <= high_watermark:
             raise OffsetOutOfRange(
                 f"offset {ask.offset} of shard {ask.shard} is outside "
@@ -573,12 +588,12 @@ class StorageNode:
                 request.waited = True
 
                 def current() -> int:
-                    return int(engine.list_offsets(name).log_end_offset)
+                    return visible_end(state, int(engine.list_offsets(name).log_end_offset))
 
                 if self.waiters.park(ask.shard, ask.offset, request.deadline, request, current):
                     return
                 offsets = engine.list_offsets(name)
-                high_watermark = offsets.log_end_offset
+                high_watermark = visible_end(state, offsets.log_end_offset)
             if ask.offset == high_watermark:
                 self._answer_fetch_empty(request, offsets.earliest_offset, high_watermark)
                 return

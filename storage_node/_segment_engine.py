@@ -50,13 +50,13 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TypeVar
 
 from rocksdict import WriteBatch
 
 from robustmq._frame import FRAME_HEADER_SIZE
 from robustmq._records import now_ms
-from robustmq.errors import OffsetOutOfRange, RobustMQError, Unavailable
+from robustmq.errors import CorruptRecordBatch, OffsetOutOfRange, RobustMQError, Unavailable
 
 from ._adapter import (
     AppendRequest,
@@ -74,6 +74,7 @@ from ._indexed_engine import IndexedEngine
 from ._producer_state import PRODUCER_EXPIRATION_MS
 from ._segment import fsync_directory, iter_headers, read_frame, segment_name
 from ._segment_recovery import SegmentRecovery
+from ._segment_replica import SegmentReplica
 from ._segment_state import (
     CHECKPOINT,
     NO_TIMESTAMP,
@@ -89,8 +90,11 @@ __all__ = ["SegmentEngine"]
 
 log = logging.getLogger("robustmq.storage")
 
+_T = TypeVar("_T")
+_STABLE_READ_ATTEMPTS = 4
 
-class SegmentEngine(IndexedEngine, SegmentRecovery):
+
+class SegmentEngine(IndexedEngine, SegmentRecovery, SegmentReplica):
     """Segment files + RocksDB indexes, crash-safe and group-committed.
 
     Parameters
@@ -209,12 +213,29 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
     ) -> list[AppendResult]:
         wb = self._index.new_batch()
         results = self._admit(requests, pending, wb, refused)  # type: ignore[arg-type]
-        handles: dict[Path, int] = {}
-        now = now_ms()
-        try:
+
+        def append(handles: dict[Path, int], now: int) -> None:
             for request, result in zip(requests, results, strict=True):
                 if not result.duplicate:
                     self._append_one(request, result.base_offset, pending[request.shard], wb, handles, now)
+
+        self._commit(pending, wb, append)
+        return results
+
+    def _commit(
+        self, pending: dict[str, Pending], wb: WriteBatch, append: Callable[[dict[Path, int], int], None]
+    ) -> None:
+        """The durable half of a group commit (shard locks held).
+
+        ``append(handles, now)`` writes the frames (files it opens go in
+        ``handles``) and puts their index entries in ``wb``; then every touched
+        file is fsynced, the index entries and one checkpoint per shard are
+        written in ``wb``, and only then the new views are published. A failure
+        before the publish cuts the files back (see :meth:`_rollback`) and raises.
+        """
+        handles: dict[Path, int] = {}
+        try:
+            append(handles, now_ms())
             self._sync(handles)
         except BaseException as exc:  # a failed group keeps nothing, whatever the reason
             undone = self._rollback(pending.values())
@@ -234,7 +255,6 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
             raise
         for item in pending.values():
             self._publish(item)
-        return results
 
     def _append_one(
         self,
@@ -246,22 +266,36 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
         now: int,
     ) -> None:
         """Write one admitted request's frame at ``base``, rolling the segment if it is due."""
-        state = pending.shard
+        config = pending.shard.config
         batch = request.records
         assert isinstance(batch, PreparedBatch) and base == pending.log_end
         active = pending.segments[-1]
-        frame_length = FRAME_HEADER_SIZE + batch.payload.size
-        if active.size_bytes > 0 and (
-            active.size_bytes + frame_length > state.config.segment_bytes_max
-            or now - active.created_ms >= state.config.roll_interval_ms
-        ):
-            active = self._roll_pending(pending, wb, now)
-        header = frame_header(request, base)
+        due = active.size_bytes > 0 and (
+            active.size_bytes + FRAME_HEADER_SIZE + batch.payload.size > config.segment_bytes_max
+            or now - active.created_ms >= config.roll_interval_ms
+        )
+        self._append_frame(pending, wb, handles, now, frame_header(request, base), batch.payload, batch, due)
+
+    def _append_frame(
+        self,
+        pending: Pending,
+        wb: WriteBatch,
+        handles: dict[Path, int],
+        now: int,
+        header: Any,
+        payload: Any,
+        batch: PreparedBatch,
+        roll: bool,
+    ) -> None:
+        """Write one frame (``header`` + ``payload`` bytes) at the log end, rolling first if
+        ``roll``; its index entries go in ``wb``."""
+        base = pending.log_end
+        active = self._roll_pending(pending, wb, now) if roll else pending.segments[-1]
         fd = handles.get(active.path)
         if fd is None:
             pending.start_sizes.setdefault(active.path, active.size_bytes)
             fd = handles[active.path] = os.open(active.path, os.O_WRONLY | os.O_APPEND)
-        _write_all(fd, header, batch.payload)
+        frame_length = _write_all(fd, header, payload)
         self._index_frame(wb, pending, active, base, active.size_bytes, batch)
         pending.segments[-1] = replace(
             active,
@@ -403,32 +437,76 @@ class SegmentEngine(IndexedEngine, SegmentRecovery):
         end_offset: int | None = None,
     ) -> FrameRead:
         state = self._state(shard)
-        view = state.view
+        return self._stable(
+            state, lambda view: self._read_view(state, view, offset, max_bytes, max_records, end_offset)
+        )
+
+    def _stable(self, state: SegmentShard, read: Callable[[View], _T]) -> _T:
+        """Run ``read`` on a snapshot of the shard's view; again if a truncation replaced it meanwhile.
+
+        :meth:`truncate_to` publishes the cut view, then counts the truncation,
+        then cuts the files: a read that started before sees the count change
+        when it ends (or fails on the cut files) and runs again on the new
+        view, so no read mixes the two logs or sees frames appended after the cut
+        before they were published.
+        """
+        for _ in range(_STABLE_READ_ATTEMPTS):
+            generation = state.truncations
+            view = state.view
+            try:
+                result = read(view)
+            except (CorruptRecordBatch, OffsetOutOfRange):
+                if state.truncations == generation:
+                    raise
+                continue
+            if state.truncations == generation:
+                return result
+        raise Unavailable(
+            f"shard {state.name} was truncated during every attempt to read it", shard=state.name
+        )
+
+    def _read_view(
+        self,
+        state: SegmentShard,
+        view: View,
+        offset: int,
+        max_bytes: int,
+        max_records: int | None,
+        end_offset: int | None,
+    ) -> FrameRead:
+        shard = state.name
         self._check_range(shard, offset, ShardOffsets(shard, view.earliest, view.log_end))
         limit = view.log_end if end_offset is None else min(end_offset, view.log_end)
         if offset >= limit:
             return FrameRead(shard, offset, offset, view.log_end)
-        number = bisect.bisect_right(view.bases, offset) - 1
-        position = 0
-        entry = self._index.lookup_position(state.sid, offset)
-        if entry is not None and entry[0] >= view.segments[number].base_offset:
-            position = entry[1]
+        number, position = self._seek(state, view, offset)
         reader = _FrameCollector(offset, limit, max_bytes, max_records)
         while number < len(view.segments) and not reader.done:
             segment = view.segments[number]
-            try:
-                handle = open(segment.path, "rb", buffering=0)  # noqa: SIM115
-            except FileNotFoundError:  # retention removed it after our snapshot
-                raise OffsetOutOfRange(
-                    f"offset {offset} of shard {shard} was removed by retention",
-                    shard=shard,
-                    offset=offset,
-                ) from None
-            with handle:
+            with self._open_segment(segment, shard, offset) as handle:
                 reader.collect(handle.fileno(), position, segment.size_bytes, str(segment.path))
             number += 1
             position = 0
         return FrameRead(shard, offset, reader.next_offset, view.log_end, reader.frames)
+
+    def _seek(self, state: SegmentShard, view: View, offset: int) -> tuple[int, int]:
+        """The segment holding ``offset`` (its number in ``view``) and a frame position at or before it."""
+        number = bisect.bisect_right(view.bases, offset) - 1
+        entry = self._index.lookup_position(state.sid, offset)
+        if entry is not None and entry[0] >= view.segments[number].base_offset:
+            return number, entry[1]
+        return number, 0
+
+    @staticmethod
+    def _open_segment(segment: Segment, shard: str, offset: int) -> BinaryIO:
+        try:
+            return open(segment.path, "rb", buffering=0)
+        except FileNotFoundError:  # retention removed it after our snapshot
+            raise OffsetOutOfRange(
+                f"offset {offset} of shard {shard} was removed by retention",
+                shard=shard,
+                offset=offset,
+            ) from None
 
     def list_segments(self, shard: str) -> list[SegmentInfo]:
         state = self._state(shard)
@@ -539,8 +617,10 @@ class _FrameCollector:
                 return
 
 
-def _write_all(fd: int, header: bytes, payload: Any) -> None:
-    expected = len(header) + memoryview(payload).nbytes
+def _write_all(fd: int, header: Any, payload: Any) -> int:
+    """Append header + payload with one ``writev``; return the bytes written."""
+    expected = memoryview(header).nbytes + memoryview(payload).nbytes
     written = os.writev(fd, [header, payload])
     if written != expected:  # a short write to a regular file: the disk is full
         raise OSError(28, f"short write ({written} of {expected} bytes)")
+    return written

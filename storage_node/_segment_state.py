@@ -15,9 +15,15 @@ Sealed segment record (``"E" sid be64(base)``)::
 Key-index rebuild marker (``"K" sid``, empty): present while recovery rebuilds a
 shard's key index; an open that finds it rebuilds again.
 
+Truncation marker (``"X" sid``, empty): written with the checkpoint of a
+:meth:`SegmentEngine.truncate_to` before its files are cut, removed (synced)
+once they are; an open that finds it cuts the files to that checkpoint first
+(see ``_segment_replica``).
+
 Threading: a :class:`SegmentShard`'s mutable fields are guarded by its ``lock``
 (held by writers); readers take its :class:`View`, which is replaced whole on
-publish and never mutated.
+publish and never mutated, and check ``truncations`` (bumped after a truncated
+view is published) to see whether the files under their view were cut.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ __all__ = [
     "SegmentShard",
     "View",
     "key_rebuild_marker",
+    "truncation_marker",
 ]
 
 CHECKPOINT = struct.Struct(">QQQqIqq")
@@ -54,6 +61,10 @@ NOT_INDEXED = -(1 << 62)
 
 def key_rebuild_marker(sid: int) -> bytes:
     return b"K" + sid_bytes(sid)
+
+
+def truncation_marker(sid: int) -> bytes:
+    return b"X" + sid_bytes(sid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +106,7 @@ class SegmentShard(ShardBase):
         self.view = View.of((), 0)
         self.last_index_offset = NOT_INDEXED
         self.failed: str | None = None  # why the files no longer match the view (set once, never cleared)
+        self.truncations = 0  # views published by truncate_to (readers re-read when it moves)
 
     def check_writable(self) -> None:
         if self.failed is not None:

@@ -172,6 +172,8 @@ class NodeShard:
     grouped: int = 0  # records of this shard in the worker's current group
     reserve_wanted: int = 0  # memory engine: an offset a refused write needed reserved
     reported_end: int = 0  # the log end the heartbeat last reported (it alone writes this)
+    view: pb.ShardInfo | None = None  # the chain as last installed or adopted (replication)
+    follower_hw: int = -1  # a follower: the leader's high watermark it last learned (``_follower``)
 
     def check_incarnation(self, expected: int) -> None:
         """Raise unless a request expecting topic incarnation ``expected`` (-1: any) may use this shard.
@@ -265,6 +267,9 @@ class ShardDirectory:
         self._shards: dict[str, NodeShard] = {}
         self._local: dict[str, dict[int, str]] = {}  # shard -> incarnation -> engine holding it
         self._tombstones: OrderedDict[tuple[str, int], None] = OrderedDict()
+        # The follower side (``_follower.Follower``): truncates a divergent tail before a view is
+        # served (``prepare``) and starts copying after it (``viewed``); None: no replication.
+        self.replication: Any = None
         for engine_name in ("segment", "rocksdb"):
             if (root / engine_name).exists():
                 for name in manager.driver(engine_name).list_shards():
@@ -350,10 +355,15 @@ class ShardDirectory:
         )
         if engine_name == "memory":
             state.ack_limit = max(view.reserved, state.log_end())
+        state.view = info
+        if self.replication is not None:
+            self.replication.prepare(state, info)
         self._adopt_local_segment(state)
         _check_continuity(state)
         with self._lock:
             self._shards[shard] = state
+        if self.replication is not None:
+            self.replication.viewed(state)
         return state
 
     def adopt(self, state: NodeShard, info: pb.ShardInfo) -> bool:
@@ -374,9 +384,14 @@ class ShardDirectory:
             return False
         state.refreshed_at = time.monotonic()
         state.leader_address = info.leader_address
+        state.view = info
         if active.epoch == state.epoch:
             state.leader = active.leader == self._node_id
+            if self.replication is not None:
+                self.replication.viewed(state)
             return True
+        if self.replication is not None:  # RF > 1: a tail past a sealed end is removed first
+            self.replication.prepare(state, info)
         log_end = state.log_end()
         own = next((s for s in info.segments if s.epoch == state.epoch), None)
         if state.leader and own is not None and 0 <= own.end_offset < log_end:
@@ -391,6 +406,8 @@ class ShardDirectory:
         if state.leader and log_end == state.segment_start:
             _roll(state)
         _check_continuity(state)
+        if self.replication is not None:
+            self.replication.viewed(state)
         return True
 
     def sealed(self, state: NodeShard, following: pb.Segment) -> None:
@@ -403,8 +420,13 @@ class ShardDirectory:
         assert following.epoch > state.epoch, (
             f"shard {state.name}: epoch {following.epoch} follows {state.epoch}"
         )
+        sealed_at = state.epoch
         state.advance(following, self._node_id)
         _roll(state)
+        if state.view is not None:
+            state.view = _sealed_view(state.view, sealed_at, following)
+        if self.replication is not None:
+            self.replication.viewed(state)
 
     def forget(self, shard: str) -> NodeShard | None:
         """Stop serving ``shard`` (its state goes; local data stays until :meth:`drop`)."""
@@ -452,6 +474,20 @@ class ShardDirectory:
         state.segment_bytes = active.size_bytes if active.base_offset >= state.segment_start else 0
 
 
+def _sealed_view(view: pb.ShardInfo, epoch: int, following: pb.Segment) -> pb.ShardInfo:
+    """``view`` after this node sealed ``epoch`` at ``following``'s start and the Meta Service
+    opened ``following`` (until a lookup brings the recorded one, with the sealed ``isr``)."""
+    info = pb.ShardInfo()
+    info.CopyFrom(view)
+    if info.segments and info.segments[-1].epoch == epoch:
+        last = info.segments[-1]
+        last.end_offset = following.start_offset
+        last.state = pb.SEALED
+        last.leader = ""
+        info.segments.append(following)
+    return info
+
+
 def _roll(state: NodeShard) -> bool:
     """Start a new local segment file (engines with files); on failure the shard is marked failed."""
     roll = getattr(state.engine, "roll", None)
@@ -476,8 +512,10 @@ def start_of(info: pb.ShardInfo, node_id: str) -> int:
     reused offsets.
     """
     first = next(s for s in info.segments if node_id in s.replicas)
-    start = max(first.start_offset, info.high_watermark, info.reserved_offset)
     active = info.segments[-1]
+    if active.leader != node_id and any(len(segment.replicas) > 1 for segment in info.segments):
+        return int(first.start_offset)  # a replica copies its segments whole, from their start
+    start = max(first.start_offset, info.high_watermark, info.reserved_offset)
     if active.leader == node_id:
         start = max(start, active.start_offset)
     return start

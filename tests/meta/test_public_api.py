@@ -40,10 +40,8 @@ def test_signatures() -> None:
         "host",
         "port",
         "node_timeout_ms",
-        "max_replication_factor",
     ]
     assert server.parameters["node_timeout_ms"].default == 6000
-    assert server.parameters["max_replication_factor"].default == 1  # until replication exists
     client = inspect.signature(MetaClient)
     assert client.parameters["timeout_s"].kind is inspect.Parameter.KEYWORD_ONLY
     assert client.parameters["channel"].default is None

@@ -83,8 +83,10 @@ class Client:
         engine: str = "segment",
         **settings: Any,
     ) -> pb.Topic:
-        """Create a topic. Settings: segment_bytes_max, roll_interval_ms, retention_bytes,
-        retention_ms, retention_records, cleanup_policy, max_batch_bytes."""
+        """Create a topic. Settings: min_insync_replicas (``acks="all"`` needs an ISR of at least
+        this many; default a majority of ``replication_factor``), segment_bytes_max,
+        roll_interval_ms, retention_bytes, retention_ms, retention_records, cleanup_policy,
+        max_batch_bytes."""
         return self.meta.create_topic(
             name, partitions=partitions, replication_factor=replication_factor, engine=engine, **settings
         )
@@ -110,6 +112,12 @@ class Client:
         until a node registers with that id again).
         """
         return self.meta.remove_node(node_id, force=force)
+
+    def drain_node(self, node_id: str, *, undrain: bool = False) -> pb.NodeInfo:
+        """Stop placing segments on a node and move the leadership of its active segments off it
+        (``robustmq node drain``); ``undrain`` places on it again. Its replicas of sealed segments
+        stay readable."""
+        return self.meta.drain_node(node_id, undrain=undrain)
 
     # -- producers and consumers ---------------------------------------------------------
 

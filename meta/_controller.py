@@ -38,11 +38,13 @@ from robustmq.storage_node import shard_name
 
 from . import _keys as keys
 from ._chains import checked_isr, is_assigned, next_segment, reported_segment, sealed_segment
+from ._failover_rules import FailoverTask, IsrDecision, SealPoint, chain_unchanged
 from ._liveness import Liveness
 from ._load import AssignmentVersions, ClusterLoad
 from ._nodes import MAX_DELETIONS_PER_BEAT, MAX_NODES, NodeTable
 from ._offsets import OffsetTable, partition_lag
 from ._placement import eligible_nodes, place_replicas
+from ._repair import MAX_REPAIRS_PER_ROUND, repair_choices
 from ._store import MetaStore, WriteSet
 from ._topics import TopicTable
 from ._validation import (
@@ -702,6 +704,177 @@ class MetaController:
                 ws.commit(self._store)
                 logger.info("node %s %s", node_id, "undrained" if undrain else "draining")
             return self._node_view(node)
+
+    # -- failover, repair, drain (the background worker's side) -------------
+
+    def failover_tasks(self) -> list[FailoverTask]:
+        """The active segments of RF > 1 topics whose leader is not alive or no longer registered.
+
+        Cheap when every leader is alive (no scan): only the nodes that lead
+        something are checked.
+        """
+        with self._locked():
+            registered = {node.node_id: node for node in self._nodes.all()}
+            # Just after a restart no node has beaten yet: a leader is gone only once it had the
+            # whole timeout to beat (a running node beats every second), so a restart of the
+            # Meta Service never moves leadership by itself.
+            settled = self._liveness.uptime_s() > self._liveness.timeout_s
+            gone = {
+                node_id
+                for node_id in self._load.leaders
+                if node_id not in registered
+                or not (
+                    self._liveness.is_alive(node_id) or not (settled or self._liveness.has_beaten(node_id))
+                )
+            }
+            if not gone:
+                return []
+            topics: dict[str, pb.Topic | None] = {}
+            tasks = []
+            for segment in self._topics.active_segments():
+                if segment.leader not in gone:
+                    continue
+                topic_name, _ = split_shard(segment.shard)
+                if topic_name not in topics:
+                    topics[topic_name] = self._topics.get(topic_name)
+                topic = topics[topic_name]
+                if topic is None or topic.config.replication_factor <= 1:
+                    continue
+                addresses = tuple(
+                    (node_id, registered[node_id].address)
+                    for node_id in segment.replicas
+                    if node_id != segment.leader
+                    and node_id in registered
+                    and self._liveness.is_alive(node_id)
+                )
+                tasks.append(
+                    FailoverTask(
+                        shard=segment.shard,
+                        incarnation=topic.incarnation,
+                        epoch=segment.epoch,
+                        leader=segment.leader,
+                        start_offset=segment.start_offset,
+                        replicas=tuple(segment.replicas),
+                        isr=tuple(segment.isr),
+                        addresses=addresses,
+                    )
+                )
+        return tasks
+
+    def commit_failover(
+        self, task: FailoverTask, point: SealPoint, decision: IsrDecision
+    ) -> tuple[pb.Segment, pb.Segment] | None:
+        """Seal ``task``'s epoch at ``point`` and open the next on placed nodes, in one write.
+
+        Nothing is written (``None``) if the chain changed since ``task`` was
+        taken (:func:`._failover_rules.chain_unchanged`). The next leader is the
+        least loaded live agreeing holder.
+        """
+        topic, partition = split_shard(task.shard)
+        with self._locked():
+            record = self._topics.get(topic)
+            if record is None:
+                return None
+            chain = self._topics.chain(topic, partition)
+            active = chain[-1]
+            if not chain_unchanged(task, record.incarnation, active) or active.epoch >= _MAX_EPOCH:
+                return None
+            if point.end_offset < active.start_offset:
+                return None
+            sealed = sealed_segment(
+                active, point.end_offset, decision.isr, decision.crc32c, decision.size_bytes
+            )
+            load = self._load.copy()
+            load.replace(active, sealed)
+            following = self._following(topic, partition, [*chain[:-1], sealed], load)
+            load.add(following)
+            ws = WriteSet()
+            self._topics.stage_segment(topic, partition, sealed, ws)
+            self._topics.stage_segment(topic, partition, following, ws)
+            ws.commit(self._store)
+            self._load = load
+            self._versions.bump_segments((sealed, following))
+        return sealed, following
+
+    def repair(self, limit: int = MAX_REPAIRS_PER_ROUND) -> list[str]:
+        """Add one eligible live node to up to ``limit`` under-replicated segments; what was done.
+
+        See :mod:`._repair` for which segments and nodes qualify. The added node
+        is a replica, not in the ``isr``: it joins a sealed ``isr`` through
+        ``ReportReplica`` and an active one when the leader sees it caught up.
+        """
+        done: list[str] = []
+        with self._locked():
+            live = self._live_node_ids()
+            if not live:
+                return done
+            placeable = live - self._draining_ids()
+            for topic in self._topics.all():
+                rf = topic.config.replication_factor
+                if rf <= 1:
+                    continue
+                chains = self._topics.chains(topic.name)
+                dropping = self._nodes.holders_pending(topic.name)
+                for partition, chain in sorted(chains.items()):
+                    shard = shard_name(topic.name, partition)
+                    candidates = placeable - dropping.get(shard, set())
+                    for position, node_id in repair_choices(chain, rf, live, candidates, self._load):
+                        self._add_replica(topic.name, partition, chain[position], node_id)
+                        done.append(f"{shard} epoch {chain[position].epoch} + {node_id}")
+                        if len(done) >= limit:
+                            return done
+        return done
+
+    def _add_replica(self, topic: str, partition: int, segment: pb.Segment, node_id: str) -> None:
+        grown = pb.Segment()
+        grown.CopyFrom(segment)
+        grown.replicas.append(node_id)
+        load = self._load.copy()
+        load.replace(segment, grown)
+        ws = WriteSet()
+        self._topics.stage_segment(topic, partition, grown, ws)
+        ws.commit(self._store)
+        self._load = load
+        self._versions.bump_segments((grown,))
+        segment.CopyFrom(grown)  # the caller's chain sees it (one addition per segment and round)
+        logger.info(
+            "repair: %s epoch %d (%s) gets %s as a replica (replicas %s, isr %s)",
+            grown.shard,
+            grown.epoch,
+            "active" if grown.state == pb.ACTIVE else "sealed",
+            node_id,
+            list(grown.replicas),
+            list(grown.isr),
+        )
+
+    def drain_targets(self) -> list[tuple[str, str]]:
+        """``(shard, leader address)`` of each active segment a live draining node leads that
+        another live, not draining ISR member can take over (RF > 1): the worker asks the
+        leader to seal it, and placement moves the next epoch off the node."""
+        with self._locked():
+            nodes = {node.node_id: node for node in self._nodes.all()}
+            draining = {
+                node_id
+                for node_id, node in nodes.items()
+                if node.draining and self._liveness.is_alive(node_id) and self._load.leaders.get(node_id)
+            }
+            if not draining:
+                return []
+            targets = []
+            for segment in self._topics.active_segments():
+                if segment.leader not in draining:
+                    continue
+                takers = [
+                    node_id
+                    for node_id in segment.isr
+                    if node_id != segment.leader
+                    and node_id in nodes
+                    and not nodes[node_id].draining
+                    and self._liveness.is_alive(node_id)
+                ]
+                if takers:
+                    targets.append((segment.shard, nodes[segment.leader].address))
+        return targets
 
     # -- group offsets -----------------------------------------------------
 

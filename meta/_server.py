@@ -8,8 +8,12 @@ instead of an ever-growing queue. A request is at most ``MAX_REQUEST_BYTES``
 (4 MiB); a larger one is refused before it is read (the client raises
 :class:`~robustmq.errors.MessageTooLarge`).
 
-Stopping waits up to ``grace`` seconds for RPCs in flight, then closes the
-store. A crash at any point loses nothing acknowledged: every change was
+It runs a :class:`~robustmq.meta._failover.ReplicaSupervisor` (failover,
+repair, drain) on a background thread from start to stop.
+
+Stopping stops the supervisor (a failover in progress finishes; each is
+bounded by its node deadlines), waits up to ``grace`` seconds for RPCs in
+flight, then closes the store. A crash at any point loses nothing acknowledged: every change was
 synced before its RPC answered.
 """
 
@@ -34,6 +38,7 @@ from robustmq._ready import announce_ready
 from robustmq.errors import RobustMQError, Unavailable
 
 from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
+from ._failover import NodeRequests, ReplicaSupervisor
 from ._service import MetaServicer
 from ._store import RocksDBMetaStore
 
@@ -120,6 +125,7 @@ class MetaServer:
         self._node_timeout_ms = node_timeout_ms
         self._server: Any = None
         self._controller: MetaController | None = None
+        self._supervisor: ReplicaSupervisor | None = None
 
     @property
     def address(self) -> str:
@@ -153,6 +159,7 @@ class MetaServer:
         self._port = port
         self._server = server
         self._controller = controller
+        self._supervisor = ReplicaSupervisor(controller, _node_caller).start()
         logger.info("meta service listening on %s, data in %s", self.address, self._data_dir)
         return self
 
@@ -160,6 +167,9 @@ class MetaServer:
         """Stop taking RPCs, wait up to ``grace`` s for those in flight, close the store."""
         if self._server is None:
             return
+        assert self._supervisor is not None
+        self._supervisor.stop()
+        self._supervisor = None
         self._server.stop(grace).wait()
         assert self._controller is not None
         self._controller.close()
@@ -174,7 +184,19 @@ class MetaServer:
         self.stop()
 
 
-def run_meta(*, data_dir: str | Path, host: str = "127.0.0.1", port: int = DEFAULT_META_PORT) -> int:
+def _node_caller() -> NodeRequests:
+    from robustmq._node_client import NodeCaller  # imported late: it loads the ZeroMQ transport
+
+    return NodeCaller(timeout_s=1.0)
+
+
+def run_meta(
+    *,
+    data_dir: str | Path,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_META_PORT,
+    node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS,
+) -> int:
     """Run the Meta Service until SIGTERM or SIGINT (``robustmq meta``).
 
     Prints ``ready`` on stdout once RPCs are accepted; logs go to stderr.
@@ -200,7 +222,7 @@ def run_meta(*, data_dir: str | Path, host: str = "127.0.0.1", port: int = DEFAU
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         try:
-            server = MetaServer(data_dir, host=host, port=port).start()
+            server = MetaServer(data_dir, host=host, port=port, node_timeout_ms=node_timeout_ms).start()
         except RobustMQError as exc:
             print(f"robustmq meta: the meta service cannot start: {exc}", file=sys.stderr, flush=True)
             return 1

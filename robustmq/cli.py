@@ -130,7 +130,9 @@ def _separator(text: str) -> str:
 def _run_meta(args: argparse.Namespace) -> int:
     from robustmq.meta import run_meta
 
-    return run_meta(data_dir=args.data_dir, host=args.host, port=args.meta_port)
+    return run_meta(
+        data_dir=args.data_dir, host=args.host, port=args.meta_port, node_timeout_ms=args.node_timeout_ms
+    )
 
 
 def _run_node(args: argparse.Namespace) -> int:
@@ -247,6 +249,12 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     meta.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     meta.add_argument("--data-dir", default="./robustmq-data/meta", help="default ./robustmq-data/meta")
     meta.add_argument("--meta-port", type=_port, default=DEFAULT_META_PORT)
+    meta.add_argument(
+        "--node-timeout-ms",
+        type=_bounded_int(100, 3_600_000),
+        default=6000,
+        help="a storage node missing heartbeats this long is dead: its shards fail over (default 6000)",
+    )
     meta.set_defaults(handler=_run_meta)
 
     node = commands.add_parser("storage-node", help="run a storage node")

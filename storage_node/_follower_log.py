@@ -40,6 +40,8 @@ from robustmq._frame import decode_header
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import CorruptRecordBatch, RobustMQError, ShardFailed
 
+from ._adapter import FrameAppend
+
 if TYPE_CHECKING:
     from ._shards import NodeShard
 
@@ -49,7 +51,9 @@ __all__ = [
     "ReplicaData",
     "SealedCopy",
     "completed_segments",
+    "frames_until",
     "plan_copy",
+    "roll_at",
     "truncate_divergent",
     "visible_end",
 ]
@@ -227,7 +231,7 @@ def truncate_divergent(state: NodeShard, info: pb.ShardInfo) -> int | None:
             )
         if header.epoch > segment.epoch:
             continue
-        state.engine.truncate_to(state.engine_shard, segment.end_offset)  # type: ignore[attr-defined]
+        state.engine.truncate_to(state.engine_shard, segment.end_offset)
         log.warning(
             "shard %s: removed offsets %d..%d (epoch %d frames past its sealed end); they were never "
             "acknowledged to all replicas nor visible to readers",
@@ -239,6 +243,54 @@ def truncate_divergent(state: NodeShard, info: pb.ShardInfo) -> int | None:
         state.follower_hw = min(state.follower_hw, segment.end_offset)
         return segment.end_offset
     return None
+
+
+def roll_at(state: NodeShard, epoch: int) -> None:
+    """Start a new local segment file where a copied epoch starts, as its leader did.
+
+    So every replica's files split where the chain's segments do (retention
+    removes the same records everywhere). A failure only leaves the epochs in
+    one file: the log stays correct.
+    """
+    roll = getattr(state.engine, "roll", None)
+    if roll is None or state.engine.list_segments(state.engine_shard)[-1].size_bytes == 0:
+        return
+    try:
+        roll(state.engine_shard)
+    except Exception:
+        log.exception("shard %s: starting a local segment for epoch %d failed", state.name, epoch)
+
+
+def frames_until(
+    state: NodeShard, frames: tuple[Any, ...], log_end: int, end: int, epoch: int
+) -> list[Any] | None:
+    """The frames that continue ``log_end`` and stay below ``end`` (-1: no end); None if they do not fit.
+
+    Each frame must carry an epoch at most the copied segment's; the engine
+    checks every frame's CRC and contiguity again as it appends.
+    """
+    kept: list[Any] = []
+    expected = log_end
+    for frame in frames:
+        header = decode_header(frame, where=f"copied frame of {state.name}")
+        if header.base_offset != expected or header.epoch > epoch:
+            log.error(
+                "shard %s: a copied frame at %d (epoch %d) does not continue the log at %d (epoch %d)",
+                state.name,
+                header.base_offset,
+                header.epoch,
+                expected,
+                epoch,
+            )
+            return None
+        if end >= 0 and header.next_offset > end:
+            if header.base_offset < end:
+                log.error("shard %s: a copied frame crosses the sealed end %d", state.name, end)
+                return None
+            break
+        kept.append(frame)
+        expected = header.next_offset
+    return kept
 
 
 class CopyGroup:
@@ -284,8 +336,6 @@ class CopyGroup:
             self._append(entries)
 
     def _append(self, entries: list[tuple[ReplicaData, NodeShard, list[Any]]]) -> None:
-        from ._adapter import FrameAppend  # type: ignore[attr-defined]
-
         engine: Any = entries[0][1].engine
         appends = [
             FrameAppend(state.engine_shard, frames, item.target.offset) for item, state, frames in entries

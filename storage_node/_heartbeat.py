@@ -13,7 +13,11 @@ heartbeat thread sends the Meta Service one ``Heartbeat``:
   current one, and the worker one for another than it serves, so a report
   from before a deletion never counts for a re-created topic;
 - ``deleted``: the deletions this node carried out and has not yet had
-  acknowledged.
+  acknowledged;
+- ``stored_bytes``: the bytes under its data directory (measured every 30 s).
+
+The answer's ``assignments_version`` goes to the follower side
+(``Follower.assignments_seen``), which lists its assignments when it changed.
 
 The answer lists the deletions still pending for this node; the Meta Service
 repeats each one in every answer until a later request acknowledges it, so a
@@ -33,9 +37,12 @@ touches sealed segments, never a shard's writes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from robustmq.errors import RobustMQError, ShardNotFound
@@ -52,6 +59,17 @@ _MAX_ACKS_PER_BEAT = 1000
 # well below the Meta Service's 4 MiB message limit.
 _MAX_PROGRESS_PER_BEAT = 10_000
 _WOKEN_GATHER_S = 0.05
+_STORED_BYTES_EVERY_S = 30.0
+
+
+def _disk_usage(root: Path) -> int:
+    """Bytes of the regular files under ``root`` (files removed during the walk are skipped)."""
+    total = 0
+    for directory, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(directory, name), follow_symlinks=False).st_size
+    return total
 
 
 class DeletionLedger:
@@ -103,6 +121,8 @@ class Heartbeat(threading.Thread):
         self.ledger = DeletionLedger()
         self._wake = threading.Event()
         self._last_warning = 0.0
+        self._stored = 0
+        self._stored_at = float("-inf")
 
     def wake(self) -> None:
         """Beat now (a deletion is done: acknowledge it without waiting)."""
@@ -141,6 +161,7 @@ class Heartbeat(threading.Thread):
                 deleted=done,
                 reserved=reserved,
                 incarnations=incarnations,
+                stored_bytes=self._stored_bytes(),
             )
         except Exception:  # reported again with the next beat
             node.restore_changed(changed)
@@ -156,6 +177,15 @@ class Heartbeat(threading.Thread):
             item = DeleteShard(deletion.shard, int(deletion.incarnation))
             if not node.worker_for(deletion.shard).post(item):  # the node is stopping
                 self.ledger.abandon(deletion.shard, deletion.incarnation)
+
+    def _stored_bytes(self) -> int:
+        """Bytes under the node's data directory (``robustmq nodes``, placement), measured at most
+        every :data:`_STORED_BYTES_EVERY_S` (a walk of its files) and reported with every beat."""
+        now = time.monotonic()
+        if now - self._stored_at >= _STORED_BYTES_EVERY_S:
+            self._stored_at = now
+            self._stored = _disk_usage(self._node.config.data_dir)
+        return self._stored
 
     def run(self) -> None:
         node = self._node

@@ -51,6 +51,10 @@ No item ever waits for the Meta Service on this thread:
   past a sealed end is ever acknowledged (see ``_sealing``).
 - **Memory engine.** A write that would pass the shard's reserved offset is
   answered ``Busy`` and the heartbeat is asked to reserve more (see ``_shards``).
+- **Replication** (RF > 1 shards this node leads): ``acks=all``/``quorum``
+  writes wait for their replicas after the append, ISR changes go through
+  the control threads, and ``Fence`` requests are handled here, in queue
+  order with the writes (see ``_leading``).
 - **Deletion.** A deletion ``(shard, incarnation)`` from the heartbeat forgets
   the shard if it is of that incarnation (held and parked requests get
   ``ShardNotFound``), drops the local data of that incarnation and reports it
@@ -91,6 +95,7 @@ from ._driver_manager import split_shard_name
 from ._engine_base import check_producer
 from ._follower import Assigned
 from ._follower_log import CopyGroup, ReplicaData
+from ._leading import Leading
 from ._not_here import NotHere, named_incarnation
 from ._sealing import Sealer
 from ._shards import NodeShard, ShardDirectory
@@ -100,6 +105,7 @@ __all__ = [
     "DeleteShard",
     "IOWorker",
     "ParkRead",
+    "Refresh",
     "Request",
     "Reserved",
     "WorkQueue",
@@ -141,6 +147,14 @@ class DeleteShard:
 
     shard: str
     incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refresh:
+    """A request named ``epoch`` of ``shard``, newer than this node knows: look it up (rate-limited)."""
+
+    shard: str
+    epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +288,7 @@ class IOWorker(threading.Thread):
         self._awaiting: dict[str, _Awaiting] = {}
         self._not_here = NotHere()
         self._sealer = Sealer(self)
+        self.leading = Leading(self)
         # Copied answers (``_follower``) drained in one batch: appended together, one fsync.
         self._copies = CopyGroup(node.follower) if getattr(node, "follower", None) is not None else None
 
@@ -303,6 +318,10 @@ class IOWorker(threading.Thread):
                 self._sealer.tick(time.monotonic())
             except Exception:
                 log.exception("I/O worker failed to retry its seals")
+            try:
+                self.leading.tick(time.monotonic())
+            except Exception:
+                log.exception("I/O worker failed to look after its replicas")
             if stop:
                 self._shutdown(after_stop)
                 return
@@ -321,6 +340,7 @@ class IOWorker(threading.Thread):
             state = self.directory.cached(name)
             if state is not None and self._node.worker_for(name) is self:
                 self._sealer.end(state, error, run_held=False)
+        self.leading.shutdown(error)
 
     # -- one drained batch, in queue order ---------------------------------------------
 
@@ -352,6 +372,8 @@ class IOWorker(threading.Thread):
             self._drop_deleted(item)
         elif isinstance(item, Reserved):
             self._reserved(item)
+        elif isinstance(item, Refresh):
+            self._refresh(item)
         elif isinstance(item, Assigned):
             self._assigned(item)
         else:
@@ -391,7 +413,7 @@ class IOWorker(threading.Thread):
     def dispatch(self, item: Request) -> None:
         """Route one write or seal request of this worker (also held and parked ones, when they run)."""
         body = item.message.WhichOneof("body")
-        if body not in ("produce", "seal"):
+        if body not in ("produce", "seal", "fence"):
             self.fail(item, InvalidRequest(f"request {body!r} does not belong to an I/O worker"))
             return
         shard = getattr(item.message, body).shard
@@ -405,6 +427,9 @@ class IOWorker(threading.Thread):
         elif body == "seal":  # while paused, it waits for the seal under way: the one it asks for
             self._flush()
             self._sealer.explicit(state, item)
+        elif body == "fence":  # ordered with the appends queued before it
+            self._flush()
+            self.leading.fence(state, item)
         elif state.held is not None:
             self._sealer.hold(state, item)
         else:
@@ -424,6 +449,8 @@ class IOWorker(threading.Thread):
                 )
             state.check_incarnation(produce.incarnation if produce.HasField("incarnation") else -1)
             state.check_write(produce.epoch)
+            if state.replication is not None:  # RF > 1: acks=all needs enough in-sync replicas
+                self.leading.check_produce(state, state.replication, produce.acks)
             producer_id, producer_sequence = producer_fields(produce)
             batch = prepare_batch(item.payloads[0].buffer, max_batch_bytes=state.config.max_batch_bytes)
         except Exception as error:
@@ -467,8 +494,11 @@ class IOWorker(threading.Thread):
                 state.grouped = 0
         now = now_ms()
         for name, state in touched.items():
+            if state.replication is not None:
+                self.leading.appended(state, state.replication)
             self._node.written(name)
             self._sealer.written(state, now)
+        self.leading.flushed()
 
     def _append(
         self,
@@ -506,7 +536,10 @@ class IOWorker(threading.Thread):
                     epoch=state.epoch,
                 ),
             )
-            self.reply(item, response)
+            if state.replication is not None and item.message.produce.acks != pb.ACKS_LEADER:
+                self.leading.hold(state, item, result, response)  # answered when replicas have it
+            else:
+                self.reply(item, response)
             touched[state.name] = state
 
     def _refuse(self, item: Request, state: NodeShard, error: BaseException) -> None:
@@ -571,6 +604,10 @@ class IOWorker(threading.Thread):
     def _answered(self, answer: MetaAnswer) -> None:
         if answer.kind == "lookup":
             self._looked_up(answer)
+        elif answer.kind == "isr":
+            self.leading.isr_answered(answer)
+        elif answer.kind == "agree":
+            self._sealer.agreed(answer)
         elif answer.kind == "probe":
             self._sealer.probed(answer)
         else:
@@ -655,6 +692,20 @@ class IOWorker(threading.Thread):
         self._node.written(state.name)  # its parked fetches find out
 
     # -- seals ---------------------------------------------------------------------------
+
+    def _refresh(self, item: Refresh) -> None:
+        state = self.directory.cached(item.shard)
+        if state is not None and item.epoch > state.epoch:
+            self.look_up(state)
+
+    def look_up(self, state: NodeShard) -> None:
+        """Ask the Meta Service for ``state``'s chain, at most once per :data:`REFRESH_INTERVAL_S`,
+        parking nothing (a fetch naming a newer epoch, a refused ISR change)."""
+        if time.monotonic() - state.refreshed_at < REFRESH_INTERVAL_S or state.name in self._awaiting:
+            return
+        state.refreshed_at = time.monotonic()
+        if self.control.submit(Job("lookup", state.name, self.post)):
+            self._awaiting[state.name] = _Awaiting(False)
 
     def _reserved(self, item: Reserved) -> None:
         state = self.directory.cached(item.shard)

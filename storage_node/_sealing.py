@@ -13,7 +13,15 @@ queue (so each step happens in queue order with the shard's writes):
 2. **pause**: the probe answered and the segment is still ours, so writes are
    held from here and ``end`` is the log end now: nothing past it is
    acknowledged in this epoch.
-3. **seal**: ``SealSegment(epoch, end, incarnation)``.
+3. **agree** (RF > 1 only): wait until every ISR member's fetch offset reached
+   ``end`` (at most ``replica_lag_ms``: a member that does not is left out,
+   and the ISR maintenance shrinks it meanwhile); then a control thread asks
+   the members that reached it for ``Checksum(start, end)`` and compares each
+   with the leader's own; the members that agree (and the leader) are the
+   sealed segment's ``isr``, sent with its ``crc32c`` and ``size_bytes``. RF 1
+   skips this step and sends none of them (an empty ``isr`` is the leader
+   alone; no one would compare a CRC).
+4. **seal**: ``SealSegment(epoch, end, incarnation)``.
    - Success: adopt the next epoch, roll the local segment, answer waiting
      seal requests, run the held writes (their epoch is sealed now, so they
      get ``SegmentSealed`` and the client retries in the next epoch). If the
@@ -99,6 +107,8 @@ class Sealer:
         self._timers: dict[str, float] = {}  # shard -> when to retry its seal
         self._seal_failures: dict[str, int] = {}  # shard -> consecutive failed attempts
         self._paused: dict[str, NodeShard] = {}  # shards whose seal holds requests (for their expiry)
+        self._agreeing: dict[str, NodeShard] = {}  # RF > 1 seals waiting for the ISR to reach their end
+        self._lag_s = getattr(getattr(worker._node, "config", None), "replica_lag_ms", 5_000) / 1000
 
     def written(self, state: NodeShard, now: int) -> None:
         """``state`` was just written: start its seal if it is due and not backing off."""
@@ -158,6 +168,7 @@ class Sealer:
             epoch=state.seal.epoch,
             end_offset=end_offset,
             incarnation=state.incarnation,
+            agreement=state.seal.agreement if kind == "seal" else None,
         )
 
     def _pause(self, state: NodeShard) -> None:
@@ -232,9 +243,50 @@ class Sealer:
             if task.end_offset <= state.segment_start:
                 self.end(state, InvalidRequest(f"the active segment of {state.name} is empty"))
                 return
+            if state.replication is not None and task.agreement is None:
+                if task.agreeing_since < 0:
+                    task.agreeing_since = time.monotonic()
+                    self._agreeing[state.name] = state
+                    self._agree(state, time.monotonic())
+                return
             self._send(state)
         else:  # the chain moved on without us (or the seal was refused as stale): take it
             self._settle(state, info)
+
+    def _agree(self, state: NodeShard, now: float) -> None:
+        """Once the ISR reached the seal's end (or ``replica_lag_ms`` passed), ask for checksums."""
+        task, replication = state.seal, state.replication
+        if task is None or replication is None or replication.epoch != task.epoch:
+            self._agreeing.pop(state.name, None)  # settled, or the epoch moved (its probe finds out)
+            return
+        members = [*replication.isr, *(replication.pending or ())]
+        reached = tuple(dict.fromkeys(m for m in members if replication.position(m) >= task.end_offset))
+        if len(reached) < len(set(members)) and now - task.agreeing_since < self._lag_s:
+            return
+        del self._agreeing[state.name]
+        job = Job(
+            "agree",
+            state.name,
+            self._worker.post,
+            epoch=task.epoch,
+            end_offset=task.end_offset,
+            incarnation=state.incarnation,
+            isr=reached,
+            start_offset=state.segment_start,
+            engine=state.engine,
+            engine_shard=state.engine_shard,
+        )
+        if not self._control.submit(job):  # the control queue is full: ask again next tick
+            self._agreeing[state.name] = state
+
+    def agreed(self, answer: MetaAnswer) -> None:
+        """The replicas' checksums are in: seal with the members that agree."""
+        state = self._state_of(answer)
+        if state is None or state.seal is None or answer.end_offset != state.seal.end_offset:
+            return
+        assert answer.agreement is not None
+        state.seal.agreement = answer.agreement
+        self._send(state)
 
     def _send(self, state: NodeShard) -> None:
         task = state.seal
@@ -321,6 +373,7 @@ class Sealer:
         """
         task, state.seal = state.seal, None
         self._paused.pop(state.name, None)
+        self._agreeing.pop(state.name, None)
         stopping = Unavailable("the storage node is stopping; try again")
         while task is not None and task.waiters:
             waiter = task.waiters.popleft()
@@ -345,6 +398,8 @@ class Sealer:
         """Answer what waited ``hold_s`` for a seal; retry the seals whose back-off is over."""
         for paused in list(self._paused.values()):
             self._expire(paused, now)
+        for agreeing in list(self._agreeing.values()):
+            self._agree(agreeing, now)
         for name, due in list(self._timers.items()):
             if due > now:
                 continue

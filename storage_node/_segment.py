@@ -12,6 +12,7 @@ published after the last fsync, and check every frame's header and CRC. After
 a crash, :func:`recover_frames` walks a segment from a known-good position and
 stops at the first frame that is torn, fails its CRC or breaks offset
 continuity; the caller truncates the file there (logging path and position).
+:class:`FrameCollector` gathers whole frames of an offset range for reads.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from robustmq._frame import FRAME_HEADER_SIZE, FrameHeader, decode_header, verif
 from robustmq.errors import CorruptRecordBatch
 
 __all__ = [
+    "FrameCollector",
     "RecoveredFrame",
     "fsync_directory",
     "iter_headers",
@@ -141,3 +143,37 @@ def recover_frames(path: Path, position: int, expected_offset: int) -> Iterator[
             yield RecoveredFrame(position, header, head, payload)
             position += header.frame_length
             expected_offset = header.next_offset
+
+
+class FrameCollector:
+    """Gathers whole frames from ``offset`` up to a limit, a byte budget and a record budget."""
+
+    def __init__(self, offset: int, limit: int, max_bytes: int, max_records: int | None) -> None:
+        self.frames: list[bytes] = []
+        self.next_offset = offset
+        self._limit = limit
+        self._max_bytes = max_bytes
+        self._max_records = max_records if max_records is not None else 1 << 62
+        self._bytes = 0
+        self._records = 0
+        self.done = offset >= limit
+
+    def collect(self, fd: int, position: int, end_position: int, where: str) -> None:
+        for frame_position, header in iter_headers(fd, position, end_position, where=where):
+            if header.next_offset <= self.next_offset:
+                continue  # before the requested offset
+            if header.base_offset >= self._limit or (
+                self.frames
+                and (
+                    self._bytes + header.frame_length > self._max_bytes or self._records >= self._max_records
+                )
+            ):
+                self.done = True
+                return
+            self.frames.append(read_frame(fd, frame_position, header, where=where))
+            self._bytes += header.frame_length
+            self._records += header.next_offset - self.next_offset
+            self.next_offset = min(header.next_offset, self._limit)
+            if self.next_offset >= self._limit:
+                self.done = True
+                return

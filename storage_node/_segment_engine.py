@@ -35,8 +35,12 @@ frame headers from there. The time index is kept per segment (its running
 maximum restarts with each segment), so retention can drop a segment's entries
 without making any other segment's wrong.
 
+Replication's primitives (followers' verbatim appends, ``truncate_to``,
+``checksum``) are in ``_segment_replica``, a mixin sharing this write path.
+
 Threading: one lock per shard serialises its writers; readers take a snapshot
-of the shard's published ``View`` and never block. File descriptors are
+of the shard's published ``View`` and never block (a read that overlapped a
+``truncate_to`` runs again on the new view, see :meth:`SegmentEngine._stable`). File descriptors are
 opened per call, so thousands of shards hold no open files.
 """
 
@@ -72,7 +76,7 @@ from ._engine_base import check_start, distinct_tags, frame_header
 from ._index_store import IndexStore, be64, sid_bytes
 from ._indexed_engine import IndexedEngine
 from ._producer_state import PRODUCER_EXPIRATION_MS
-from ._segment import fsync_directory, iter_headers, read_frame, segment_name
+from ._segment import FrameCollector, fsync_directory, segment_name
 from ._segment_recovery import SegmentRecovery
 from ._segment_replica import SegmentReplica
 from ._segment_state import (
@@ -94,7 +98,7 @@ _T = TypeVar("_T")
 _STABLE_READ_ATTEMPTS = 4
 
 
-class SegmentEngine(IndexedEngine, SegmentRecovery, SegmentReplica):
+class SegmentEngine(SegmentReplica, IndexedEngine, SegmentRecovery):
     """Segment files + RocksDB indexes, crash-safe and group-committed.
 
     Parameters
@@ -480,7 +484,7 @@ class SegmentEngine(IndexedEngine, SegmentRecovery, SegmentReplica):
         if offset >= limit:
             return FrameRead(shard, offset, offset, view.log_end)
         number, position = self._seek(state, view, offset)
-        reader = _FrameCollector(offset, limit, max_bytes, max_records)
+        reader = FrameCollector(offset, limit, max_bytes, max_records)
         while number < len(view.segments) and not reader.done:
             segment = view.segments[number]
             with self._open_segment(segment, shard, offset) as handle:
@@ -581,40 +585,6 @@ class SegmentEngine(IndexedEngine, SegmentRecovery, SegmentReplica):
             )
         fsync_directory(doomed[0].path.parent)
         return sum(s.end_offset - s.base_offset for s in doomed)
-
-
-class _FrameCollector:
-    """Gathers whole frames from ``offset`` up to a limit, a byte budget and a record budget."""
-
-    def __init__(self, offset: int, limit: int, max_bytes: int, max_records: int | None) -> None:
-        self.frames: list[bytes] = []
-        self.next_offset = offset
-        self._limit = limit
-        self._max_bytes = max_bytes
-        self._max_records = max_records if max_records is not None else 1 << 62
-        self._bytes = 0
-        self._records = 0
-        self.done = offset >= limit
-
-    def collect(self, fd: int, position: int, end_position: int, where: str) -> None:
-        for frame_position, header in iter_headers(fd, position, end_position, where=where):
-            if header.next_offset <= self.next_offset:
-                continue  # before the requested offset
-            if header.base_offset >= self._limit or (
-                self.frames
-                and (
-                    self._bytes + header.frame_length > self._max_bytes or self._records >= self._max_records
-                )
-            ):
-                self.done = True
-                return
-            self.frames.append(read_frame(fd, frame_position, header, where=where))
-            self._bytes += header.frame_length
-            self._records += header.next_offset - self.next_offset
-            self.next_offset = min(header.next_offset, self._limit)
-            if self.next_offset >= self._limit:
-                self.done = True
-                return
 
 
 def _write_all(fd: int, header: Any, payload: Any) -> int:

@@ -383,7 +383,11 @@ class SegmentReplica:
             start = cut.position if number == cut.number else 0
             for _, keys in _frame_keys(segment, start, segment.size_bytes):
                 cut_keys.update(key for key in keys if key is not None)
-        missing = {key for key in cut_keys if (self._index.lookup_key(state.sid, key) or -1) >= end}
+        missing: set[bytes] = set()
+        for key in cut_keys:
+            indexed = self._index.lookup_key(state.sid, key)
+            if indexed is not None and indexed >= end:
+                missing.add(key)
         for number in range(cut.number, -1, -1):
             if not missing:
                 break
@@ -391,9 +395,9 @@ class SegmentReplica:
             latest: dict[bytes, int] = {}
             limit = cut.position if number == cut.number else segment.size_bytes
             for base, keys in _frame_keys(segment, 0, limit):
-                for offset, key in enumerate(keys, base):
-                    if key in missing:
-                        latest[key] = offset
+                for offset, found in enumerate(keys, base):
+                    if found is not None and found in missing:
+                        latest[found] = offset
             for key, offset in latest.items():
                 self._index.put_key_entry(wb, state.sid, key, offset)
             missing.difference_update(latest)

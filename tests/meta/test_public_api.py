@@ -32,7 +32,8 @@ def test_all_is_sorted_and_resolves() -> None:
 
 def test_signatures() -> None:
     assert str(inspect.signature(meta.run_meta)) == (
-        "(*, data_dir: 'str | Path', host: 'str' = '127.0.0.1', port: 'int' = 7070) -> 'int'"
+        "(*, data_dir: 'str | Path', host: 'str' = '127.0.0.1', port: 'int' = 7070, "
+        "node_timeout_ms: 'int' = 6000) -> 'int'"
     )
     server = inspect.signature(MetaServer)
     assert list(server.parameters) == [

@@ -6,8 +6,8 @@ from typing import Any
 
 from robustmq._frame import encode_header
 from robustmq._proto import robustmq_pb2 as pb
-from storage_node._follower import _frames_until
-from storage_node._follower_log import plan_copy, visible_end
+from robustmq._wire import topic_config
+from storage_node._follower_log import frames_until, plan_copy, visible_end
 
 ME, A, B = "node-me", "node-a", "node-b"
 
@@ -128,8 +128,88 @@ def _frame(base: int, count: int, epoch: int) -> bytes:
 def test_copied_frames_must_continue_the_log_and_stop_at_the_sealed_end() -> None:
     state: Any = _State(_chain(_segment(1, 0, -1, [A, ME], leader=A)), leader=False)
     frames = (_frame(10, 5, 1), _frame(15, 5, 1), _frame(20, 5, 1))
-    assert _frames_until(state, frames, 10, -1, 1) == list(frames)
-    assert _frames_until(state, frames, 10, 20, 1) == list(frames[:2])
-    assert _frames_until(state, frames, 10, 18, 1) is None  # a frame across the sealed end
-    assert _frames_until(state, frames, 12, -1, 1) is None  # does not start at the log end
-    assert _frames_until(state, (_frame(10, 5, 2),), 10, -1, 1) is None  # a later epoch's frame
+    assert frames_until(state, frames, 10, -1, 1) == list(frames)
+    assert frames_until(state, frames, 10, 20, 1) == list(frames[:2])
+    assert frames_until(state, frames, 10, 18, 1) is None  # a frame across the sealed end
+    assert frames_until(state, frames, 12, -1, 1) is None  # does not start at the log end
+    assert frames_until(state, (_frame(10, 5, 2),), 10, -1, 1) is None  # a later epoch's frame
+
+
+def _directory(tmp_path: Any, node_id: str) -> Any:
+    from types import SimpleNamespace
+
+    from storage_node._driver_manager import StorageDriverManager
+    from storage_node._follower import Follower
+    from storage_node._shards import ShardDirectory
+
+    manager = StorageDriverManager(tmp_path, fsync=False)
+    directory = ShardDirectory(manager, node_id, tmp_path)
+    directory.replication = Follower(SimpleNamespace(node_id=node_id))
+    return manager, directory
+
+
+def _write(state: Any, epoch: int, batches: int) -> None:
+    from robustmq._records import build_records
+    from storage_node._adapter import AppendRequest
+
+    requests = [AppendRequest(state.engine_shard, build_records([b"v"] * 10), epoch) for _ in range(batches)]
+    for result in state.engine.batch_write_each(requests):
+        assert not isinstance(result, BaseException), result
+
+
+def test_an_old_leader_adopting_its_sealed_epoch_truncates_the_unreplicated_tail(tmp_path: Any) -> None:
+    """Before: adopt() blocked the shard (Unavailable) and kept offsets 50..69, which the
+    chain gives to epoch 2; now they are removed and the node follows epoch 2 from 50."""
+    from storage_node._shards import ShardView
+
+    manager, directory = _directory(tmp_path, ME)
+    config = topic_config(partitions=1, engine="segment", replication_factor=3)
+    try:
+        state = directory.install(ShardView(_chain(_segment(1, 0, -1, [ME, A, B], leader=ME)), config))
+        _write(state, 1, 7)  # 0..69 in epoch 1; the followers copied 0..49
+        info = _chain(_segment(1, 0, 50, [ME, A, B], isr=[A, B]), _segment(2, 50, -1, [A, B, ME], leader=A))
+        assert directory.adopt(state, info)
+        assert state.log_end() == 50
+        assert state.blocked is None and not state.leader and state.epoch == 2
+        target = plan_copy(state.view, ME, 0, state.log_end())
+        assert target is not None and (target.epoch, target.offset, target.sources) == (2, 50, (A,))
+    finally:
+        manager.close()
+
+
+def test_a_tail_of_the_next_epoch_is_kept(tmp_path: Any) -> None:
+    from storage_node._shards import ShardView
+
+    manager, directory = _directory(tmp_path, ME)
+    config = topic_config(partitions=1, engine="segment", replication_factor=3)
+    try:
+        chain = _chain(_segment(1, 0, 50, [ME, A, B]), _segment(2, 50, -1, [ME, A, B], leader=ME))
+        state = directory.install(ShardView(chain, config))
+        _write(state, 1, 5)  # the sealed epoch 1, 0..49
+        _write(state, 2, 2)  # epoch 2, 50..69
+        info = _chain(
+            _segment(1, 0, 50, [ME, A, B]),
+            _segment(2, 50, 70, [ME, A, B], isr=[ME, A]),
+            _segment(3, 70, -1, [A, B, ME], leader=A),
+        )
+        assert directory.adopt(state, info)
+        assert state.log_end() == 70 and state.blocked is None
+    finally:
+        manager.close()
+
+
+def test_a_restarted_follower_truncates_before_it_serves(tmp_path: Any) -> None:
+    from storage_node._shards import ShardView
+
+    manager, directory = _directory(tmp_path, ME)
+    config = topic_config(partitions=1, engine="segment", replication_factor=3)
+    state = directory.install(ShardView(_chain(_segment(1, 0, -1, [ME, A, B], leader=ME)), config))
+    _write(state, 1, 7)
+    manager.close()
+    manager, directory = _directory(tmp_path, ME)
+    try:
+        info = _chain(_segment(1, 0, 40, [ME, A, B], isr=[A, B]), _segment(2, 40, -1, [A, B], leader=A))
+        state = directory.install(ShardView(info, config))
+        assert state.log_end() == 40 and state.blocked is None
+    finally:
+        manager.close()

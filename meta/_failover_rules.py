@@ -1,0 +1,136 @@
+"""The failover decision as pure functions: what the fenced replicas answered, in; what to seal, out.
+
+A failover (docs/replication.md, "Failover") seals the active segment of a
+shard whose leader is gone at the largest log end ``E`` any fenced replica
+holds, and opens the next epoch on a holder of ``E``. The rules, each a
+function here so that every branch is tested without a cluster:
+
+1. :func:`decide_fence`: the fenced replicas must be enough to meet every
+   ``quorum`` write, i.e. ``answers + quorum > replicas`` with ``quorum`` a
+   majority of the replica set (for an odd replica set: a majority answered),
+   **and** include at least one member of the recorded ISR (it holds every
+   ``acks=all`` record and everything below the high watermark). Otherwise
+   the shard waits: no unclean election. ``E`` is the largest log end among
+   the answers; the replicas whose log ends at ``E`` are the holders.
+2. :func:`decide_isr`: the holders' checksums of ``[start, E)``; the holders
+   in the group that agrees on ``(crc32c, size_bytes)`` and outnumbers every
+   other group become the sealed segment's ``isr``. A tie between groups is
+   no decision (the copies differ and nothing says which is right: the shard
+   waits and an operator is told).
+3. :func:`chain_unchanged`: the commit happens only if the shard's active
+   segment is still the one fenced (same incarnation, epoch and leader).
+
+No I/O, no clock, no lock: the caller (:mod:`._failover`) carries out the
+requests and the commit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from robustmq._proto import robustmq_pb2 as pb
+
+__all__ = [
+    "FailoverTask",
+    "IsrDecision",
+    "SealPoint",
+    "Waiting",
+    "chain_unchanged",
+    "decide_fence",
+    "decide_isr",
+    "quorum_of",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverTask:
+    """An active segment whose leader is gone, as the controller saw it (a snapshot)."""
+
+    shard: str
+    incarnation: int
+    epoch: int
+    leader: str
+    start_offset: int
+    replicas: tuple[str, ...]
+    isr: tuple[str, ...]
+    addresses: tuple[tuple[str, str], ...]  # (node id, address) of the other live replicas
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """No decision yet; ``reason`` says what is missing (it is logged)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SealPoint:
+    """Where to seal: ``end_offset`` (``E``) and the replicas whose log ends there."""
+
+    end_offset: int
+    holders: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class IsrDecision:
+    """The sealed segment's ``isr`` (the agreeing holders, in replica order) and its checksum."""
+
+    isr: tuple[str, ...]
+    crc32c: int
+    size_bytes: int
+
+
+def quorum_of(replica_count: int) -> int:
+    """How many replicas (the leader included) hold an ``acks=quorum`` record: a majority."""
+    return replica_count // 2 + 1
+
+
+def decide_fence(
+    replicas: Sequence[str], isr: Sequence[str], log_ends: Mapping[str, int], start_offset: int = 0
+) -> SealPoint | Waiting:
+    """Where to seal, given each fenced replica's log end (replicas that did not answer are absent).
+
+    ``start_offset`` is the segment's start: an ISR member holds at least that
+    much, so a largest log end below it means the answers are not to be trusted.
+    """
+    answered = {node: end for node, end in log_ends.items() if node in replicas}
+    needed = len(replicas) - quorum_of(len(replicas)) + 1
+    if len(answered) < needed:
+        return Waiting(
+            f"{len(answered)} of {len(replicas)} replicas answered the fence, {needed} needed "
+            f"to meet every quorum write (answered: {sorted(answered)})"
+        )
+    if not set(answered) & set(isr):
+        return Waiting(f"no ISR member ({sorted(isr)}) answered the fence (answered: {sorted(answered)})")
+    end = max(answered.values())
+    if end < start_offset:
+        return Waiting(f"every answer ends before the segment's start {start_offset}: {dict(answered)}")
+    holders = tuple(node for node in replicas if answered.get(node) == end)
+    return SealPoint(end, holders)
+
+
+def decide_isr(replicas: Sequence[str], checksums: Mapping[str, tuple[int, int]]) -> IsrDecision | Waiting:
+    """The sealed ``isr``, given the holders' ``(crc32c, size_bytes)`` of ``[start, E)``."""
+    if not checksums:
+        return Waiting("no holder of the end offset answered the checksum request")
+    groups = Counter(checksums.values()).most_common()
+    if len(groups) > 1 and groups[0][1] == groups[1][1]:
+        return Waiting(
+            f"the holders' copies differ with no majority: {dict(sorted(checksums.items()))} "
+            f"(crc32c, size_bytes); the shard waits for an operator"
+        )
+    (crc32c, size_bytes), _ = groups[0]
+    agreeing = tuple(node for node in replicas if checksums.get(node) == (crc32c, size_bytes))
+    return IsrDecision(agreeing, crc32c, size_bytes)
+
+
+def chain_unchanged(task: FailoverTask, incarnation: int, active: pb.Segment) -> bool:
+    """Whether ``active`` (the shard's active segment now) is still the one ``task`` fenced."""
+    return (
+        incarnation == task.incarnation
+        and active.state == pb.ACTIVE
+        and active.epoch == task.epoch
+        and active.leader == task.leader
+    )

@@ -1,0 +1,215 @@
+"""Failover, repair and drain through a real MetaServer, with scripted storage nodes.
+
+The storage nodes here are real ZeroMQ ROUTER sockets on 127.0.0.1 that answer
+``fence``, ``checksum`` and ``seal`` requests as each test scripts them: the
+Meta Service's side (its supervisor thread, NodeCaller, the controller's
+commit) runs for real; what a real node does with a fence is tested on the
+node's side.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from robustmq._meta_client import MetaClient
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq.meta import MetaServer
+from robustmq.meta._controller import MetaController
+from robustmq.meta._failover_rules import FailoverTask, IsrDecision, SealPoint
+from robustmq.meta._store import RocksDBMetaStore
+
+NODE_TIMEOUT_MS = 600
+
+
+class ScriptedNode:
+    """A ROUTER socket answering node requests from ``answers[body](request) -> NodeResponse``."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.answers: dict[str, Callable[[pb.NodeRequest], pb.NodeResponse]] = {}
+        self.received: list[pb.NodeRequest] = []
+        self._socket = zmq.Context.instance().socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        port = self._socket.bind_to_random_port("tcp://127.0.0.1")
+        self.address = f"tcp://127.0.0.1:{port}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if not self._socket.poll(50):
+                continue
+            identity, raw, *_ = self._socket.recv_multipart()
+            request = pb.NodeRequest.FromString(raw)
+            self.received.append(request)
+            body = request.WhichOneof("body")
+            answer = self.answers.get(body or "")
+            if answer is None:
+                continue  # no answer: the caller times out
+            response = answer(request)
+            response.correlation_id = request.correlation_id
+            self._socket.send_multipart([identity, response.SerializeToString()])
+
+    def bodies(self) -> list[str]:
+        return [request.WhichOneof("body") or "" for request in list(self.received)]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self._socket.close()
+
+
+def fenced_at(log_end: int) -> Callable[[pb.NodeRequest], pb.NodeResponse]:
+    return lambda request: pb.NodeResponse(fence=pb.FenceResponse(log_end_offset=log_end))
+
+
+def checksum(crc: int, size: int) -> Callable[[pb.NodeRequest], pb.NodeResponse]:
+    return lambda request: pb.NodeResponse(checksum=pb.ChecksumResponse(crc32c=crc, size_bytes=size))
+
+
+class Cluster:
+    def __init__(self, root: Path, count: int) -> None:
+        self.server = MetaServer(root, port=0, node_timeout_ms=NODE_TIMEOUT_MS).start()
+        self.client = MetaClient(self.server.address, timeout_s=5.0)
+        self.nodes = {f"n{i}": ScriptedNode(f"n{i}") for i in range(1, count + 1)}
+        self.beating = set(self.nodes)
+        for node in self.nodes.values():
+            self.client.register_node(node.node_id, node.address)
+        self._stop = threading.Event()
+        self._beats = threading.Thread(target=self._beat, daemon=True)
+        self._beats.start()
+
+    def _beat(self) -> None:
+        with MetaClient(self.server.address, timeout_s=2.0) as client:
+            while not self._stop.wait(0.1):
+                for node_id in sorted(self.beating):
+                    client.heartbeat(node_id, "")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._beats.join(2)
+        self.client.close()
+        self.server.stop(grace=1.0)
+        for node in self.nodes.values():
+            node.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    made = Cluster(tmp_path, 3)
+    yield made
+    made.close()
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_dead_leader_fails_over_to_the_holder_of_the_largest_log_end(cluster: Cluster) -> None:
+    client = cluster.client
+    incarnation = client.create_topic("t", replication_factor=3).incarnation
+    leader, first, second = client.get_shard("t_0").segments[0].replicas
+    version = client.heartbeat(first, "").assignments_version
+    cluster.nodes[first].answers.update(fence=fenced_at(120), checksum=checksum(0xAB, 900))
+    cluster.nodes[second].answers.update(fence=fenced_at(80), checksum=checksum(0xCD, 600))
+    cluster.beating.discard(leader)
+
+    wait_for(lambda: len(client.get_shard("t_0").segments) == 2)
+    sealed, following = client.get_shard("t_0").segments
+    assert (sealed.state, sealed.end_offset, list(sealed.isr)) == (pb.SEALED, 120, [first])
+    assert (sealed.crc32c, sealed.size_bytes) == (0xAB, 900)
+    assert following.leader == first and following.start_offset == 120 and following.epoch == 1
+    assert leader not in following.replicas  # not live
+    assert list(following.isr) == [first]  # second lags: it copies the tail as a follower
+    assert client.heartbeat(first, "").assignments_version != version
+    fence = next(r.fence for r in cluster.nodes[second].received if r.WhichOneof("body") == "fence")
+    assert (fence.shard, fence.incarnation, fence.epoch) == ("t_0", incarnation, 0)
+    checksums = [r.checksum for r in cluster.nodes[first].received if r.WhichOneof("body") == "checksum"]
+    assert [(c.start_offset, c.end_offset) for c in checksums] == [(0, 120)]
+    assert "checksum" not in cluster.nodes[second].bodies()  # not a holder of E
+    # The lagging survivor reports the sealed segment once it holds it; the old leader too.
+    assert list(client.report_replica("t_0", incarnation, 0, second, 0xAB, 900).isr) == [first, second]
+
+
+def test_no_failover_without_a_majority_of_replicas(cluster: Cluster) -> None:
+    client = cluster.client
+    client.create_topic("t", replication_factor=3)
+    leader, first, second = client.get_shard("t_0").segments[0].replicas
+    cluster.nodes[first].answers.update(fence=fenced_at(50), checksum=checksum(1, 2))
+    # second answers nothing (a pause): one answer of three cannot meet every quorum write.
+    cluster.beating.discard(leader)
+    wait_for(lambda: cluster.nodes[first].bodies().count("fence") >= 2)  # it tried, backed off, tried
+    assert len(client.get_shard("t_0").segments) == 1
+    cluster.nodes[second].answers.update(fence=fenced_at(50), checksum=checksum(1, 2))
+    wait_for(lambda: len(client.get_shard("t_0").segments) == 2)
+    assert list(client.get_shard("t_0").segments[0].isr) == [first, second]
+
+
+def test_a_draining_leader_is_asked_to_seal_and_gets_no_new_segment(cluster: Cluster) -> None:
+    client = cluster.client
+    incarnation = client.create_topic("t", replication_factor=3).incarnation
+    leader = client.get_shard("t_0").segments[0].leader
+    cluster.nodes[leader].answers["seal"] = lambda request: pb.NodeResponse(seal=pb.SealResponse())
+    assert client.drain_node(leader).draining
+    wait_for(lambda: "seal" in cluster.nodes[leader].bodies())
+    seal = next(r.seal for r in cluster.nodes[leader].received if r.WhichOneof("body") == "seal")
+    assert seal.shard == "t_0"
+    # The node seals with its followers in the ISR: leadership moves off it.
+    replicas = list(client.get_shard("t_0").segments[0].replicas)
+    following = client.seal_segment(
+        "t_0", 0, 10, leader, incarnation, isr=replicas, crc32c=1, size_bytes=1
+    ).next
+    assert following.leader != leader and leader not in following.replicas
+    time.sleep(1.5)  # a repair round and a drain round: nothing more to ask of it
+    assert cluster.nodes[leader].bodies().count("seal") == 1
+
+
+def test_repair_adds_a_new_node_to_segments_a_dead_node_held(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, 4)
+    try:
+        client = cluster.client
+        cluster.beating.discard("n4")
+        wait_for(lambda: not {n.node_id: n for n in client.list_nodes()}["n4"].alive)
+        incarnation = client.create_topic("t", replication_factor=3).incarnation  # on n1, n2, n3
+        leader, first, second = client.get_shard("t_0").segments[0].replicas
+        client.seal_segment(
+            "t_0", 0, 10, leader, incarnation, isr=[leader, first, second], crc32c=5, size_bytes=6
+        )
+        cluster.beating.add("n4")
+        cluster.beating.discard(second)  # a follower dies: both segments are under-replicated
+        wait_for(lambda: all("n4" in s.replicas for s in client.get_shard("t_0").segments))
+        sealed, active = client.get_shard("t_0").segments
+        assert "n4" not in sealed.isr and "n4" not in active.isr
+        assert [s.shard for s in client.list_assignments("n4").shards] == ["t_0"]
+        assert list(client.report_replica("t_0", incarnation, 0, "n4", 5, 6).isr)[-1] == "n4"
+    finally:
+        cluster.close()
+
+
+def test_a_failover_is_not_committed_if_the_chain_changed_meanwhile(tmp_path: Path) -> None:
+    controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=60_000)
+    try:
+        for node_id in ("n1", "n2", "n3"):
+            controller.register_node(node_id, f"tcp://127.0.0.1:{7000 + int(node_id[1])}")
+        topic = controller.create_topic("t", pb.TopicConfig(replication_factor=3))
+        segment = controller.get_shard("t_0").segments[0]
+        task = FailoverTask(
+            "t_0", topic.incarnation, 0, segment.leader, 0, tuple(segment.replicas), tuple(segment.isr), ()
+        )
+        controller.seal_segment("t_0", 0, 40, segment.leader, isr=list(segment.replicas))  # the leader sealed
+        holders = tuple(segment.replicas[1:])
+        assert controller.commit_failover(task, SealPoint(30, holders), IsrDecision(holders, 1, 2)) is None
+        chain = controller.get_shard("t_0").segments
+        assert [(s.epoch, s.end_offset) for s in chain] == [(0, 40), (1, -1)]
+    finally:
+        controller.close()

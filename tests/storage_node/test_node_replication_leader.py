@@ -1,0 +1,246 @@
+"""The leader side of replication, driven by hand-made followers over the real node protocol.
+
+A real Meta Service and one real storage node run in-process on loopback; two
+more nodes are only registered with the Meta Service (and kept alive by the
+test's heartbeats), so the node leads an RF 3 shard whose followers are this
+test: it sends their ``ReplicaFetch`` requests with :class:`NodeCaller`, the
+client a real follower uses, and decides when each follower has fetched.
+That makes the high watermark, the acks, the ISR shrink, the timeouts and the
+fence observable one step at a time. The last test runs three real nodes
+(real followers) for the seal's agreement on checksums.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import robustmq
+from robustmq._meta_client import MetaClient
+from robustmq._node_client import NodeCaller
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq._records import build_records, encode_batch
+from robustmq.errors import (
+    InvalidRequest,
+    NotEnoughReplicas,
+    RequestTimeout,
+    RobustMQError,
+    Unavailable,
+)
+from robustmq.meta import MetaServer
+from robustmq.storage_node import NodeConfig, StorageNode
+from tests.e2e._procs import wait_until
+
+FOLLOWERS = ("fake-follower-1", "fake-follower-2")
+
+
+@dataclass
+class Led:
+    """A node leading shard ``shard`` (RF 3) whose two followers are the test."""
+
+    meta: MetaServer
+    node: StorageNode
+    client: robustmq.Client
+    caller: NodeCaller
+    shard: str
+    partition: int
+    incarnation: int
+
+    def produce(self, acks: int, values: list[bytes], timeout_s: float = 20) -> Future[Any]:
+        ask = pb.ProduceRequest(shard=self.shard, epoch=0, acks=acks, producer_id=-1, producer_sequence=-1)
+        payload = encode_batch(build_records(values))
+        return self.caller.request(self.node.address, "produce", ask, (payload,), timeout_s=timeout_s)
+
+    def fetch_as(self, follower: str, offset: int, *, epoch: int = 0, wait_ms: int = 0) -> pb.NodeResponse:
+        ask = pb.ReplicaFetchRequest(
+            shard=self.shard,
+            incarnation=self.incarnation,
+            epoch=epoch,
+            offset=offset,
+            node_id=follower,
+            max_wait_ms=wait_ms,
+        )
+        response, _ = self.caller.call(self.node.address, "replica_fetch", ask, timeout_s=10)
+        return response
+
+    def offsets(self) -> pb.ShardOffsetsInfo:
+        ask = pb.ListOffsetsRequest(shards=[self.shard])
+        response, _ = self.caller.call(self.node.address, "list_offsets", ask)
+        return response.list_offsets.shards[0]
+
+    def isr(self) -> list[str]:
+        return list(self.client.describe_topic("t").shards[self.partition].segments[-1].isr)
+
+
+def _outcome(future: Future[Any], timeout_s: float = 30) -> Any:
+    try:
+        return future.result(timeout_s)[0]
+    except RobustMQError as error:
+        return error
+
+
+@pytest.fixture
+def lead(tmp_path: Path) -> Iterator[Any]:
+    """``lead(**node_settings)``: a :class:`Led` shard; everything stops at the end."""
+    started: list[tuple[Any, ...]] = []
+
+    def make(**settings: Any) -> Led:
+        root = tmp_path / f"cluster-{len(started)}"
+        meta = MetaServer(root / "meta", port=0).start()
+        node = StorageNode(
+            NodeConfig(data_dir=root / "node", meta_address=meta.address, port=0, io_workers=1, **settings)
+        ).start()
+        beats = MetaClient(meta.address, timeout_s=5)
+        for follower in FOLLOWERS:  # registered and alive, never serving: the test speaks for them
+            beats.register_node(follower, "tcp://127.0.0.1:9")
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(0.5):
+                for follower in FOLLOWERS:
+                    beats.heartbeat(follower, "tcp://127.0.0.1:9")
+
+        beating = threading.Thread(target=beat, daemon=True)
+        beating.start()
+        client = robustmq.connect(meta.address, timeout_s=20)
+        caller = NodeCaller(timeout_s=10)
+        started.append((meta, node, client, caller, stop, beating, beats))
+        client.create_topic("t", 3, replication_factor=3)
+        shards = client.describe_topic("t").shards
+        partition = next(p for p, s in enumerate(shards) if s.segments[-1].leader == node.node_id)
+        shard = shards[partition]
+        assert set(shard.segments[-1].isr) == {node.node_id, *FOLLOWERS}
+        return Led(meta, node, client, caller, shard.shard, partition, int(shard.incarnation))
+
+    yield make
+    for meta, node, client, caller, stop, beating, beats in started:
+        stop.set()
+        beating.join(10)
+        beats.close()
+        caller.close()
+        client.close()
+        node.stop()
+        meta.stop()
+
+
+def test_acks_all_waits_for_every_isr_member_and_reads_stop_at_the_high_watermark(lead: Any) -> None:
+    led = lead()
+    both = led.produce(pb.ACKS_ALL, [b"a", b"b", b"c"])
+    wait_until(lambda: led.offsets().log_end_offset == 3, timeout_s=10)
+    assert not both.done()
+    assert led.offsets().high_watermark == 0  # appended, not committed: invisible to readers
+    assert led.client.read("t", led.partition, 0, 100).num_rows == 0
+
+    answer = led.fetch_as(FOLLOWERS[0], 0).replica_fetch  # the frames are served from offset 0 ...
+    assert (answer.next_offset, answer.log_end_offset, answer.high_watermark) == (3, 3, 0)
+    led.fetch_as(FOLLOWERS[0], 3)  # ... and acknowledged by the next fetch's offset
+    assert not both.done() and led.offsets().high_watermark == 0  # one ISR member still lacks them
+
+    led.fetch_as(FOLLOWERS[1], 3)
+    produced = _outcome(both)
+    assert not isinstance(produced, RobustMQError), produced
+    assert produced.produce.base_offset == 0
+    assert led.offsets().high_watermark == 3
+    assert led.client.read("t", led.partition, 0, 100).num_rows == 3
+
+
+def test_acks_quorum_needs_a_majority_and_acks_1_nobody(lead: Any) -> None:
+    led = lead()
+    assert not isinstance(_outcome(led.produce(pb.ACKS_LEADER, [b"x"])), RobustMQError)
+    quorum = led.produce(pb.ACKS_QUORUM, [b"y", b"z"])
+    wait_until(lambda: led.offsets().log_end_offset == 3, timeout_s=10)
+    assert not quorum.done()
+    led.fetch_as(FOLLOWERS[1], 3)  # leader + one follower: 2 of 3
+    assert _outcome(quorum).produce.base_offset == 1
+    assert led.offsets().high_watermark == 0  # the HW waits for the whole ISR
+
+
+def test_a_waiting_ack_times_out_and_a_long_poll_is_woken_by_an_append(lead: Any) -> None:
+    led = lead(ack_timeout_ms=300, replica_lag_ms=60_000)
+    assert isinstance(_outcome(led.produce(pb.ACKS_ALL, [b"late"])), RequestTimeout)
+    assert led.offsets().log_end_offset == 1  # stored, not confirmed: the client must retry
+    parked = led.caller.request(
+        led.node.address,
+        "replica_fetch",
+        pb.ReplicaFetchRequest(
+            shard=led.shard, incarnation=led.incarnation, offset=1, node_id=FOLLOWERS[0], max_wait_ms=20_000
+        ),
+        timeout_s=30,
+    )
+    led.produce(pb.ACKS_LEADER, [b"wake"]).result(10)
+    answer, frames = parked.result(10)
+    assert (answer.replica_fetch.next_offset, len(frames)) == (2, 1)
+
+
+def test_lagging_followers_leave_the_isr_then_acks_all_is_refused(lead: Any) -> None:
+    led = lead(replica_lag_ms=300, ack_timeout_ms=30_000)
+    waiting = led.produce(pb.ACKS_ALL, [b"v"])
+    wait_until(lambda: led.offsets().log_end_offset == 1, timeout_s=10)
+    led.fetch_as(FOLLOWERS[0], 1)  # follower 1 keeps up, follower 2 never fetches
+    assert not isinstance(_outcome(waiting), RobustMQError)  # answered once follower 2 was shrunk out
+    assert set(led.isr()) == {led.node.node_id, FOLLOWERS[0]}  # recorded by the Meta Service
+
+    led.produce(pb.ACKS_LEADER, [b"w"]).result(10)  # follower 1 stops fetching too
+    wait_until(lambda: led.isr() == [led.node.node_id], timeout_s=10)
+    refused = _outcome(led.produce(pb.ACKS_ALL, [b"no"]))
+    assert isinstance(refused, NotEnoughReplicas) and refused.fields["appended"] is False, refused
+    assert led.offsets().log_end_offset == 2  # nothing was written
+    assert not isinstance(_outcome(led.produce(pb.ACKS_QUORUM, [b"q"], timeout_s=2)), NotEnoughReplicas)
+
+
+def test_replica_fetches_are_checked_and_a_fence_stops_writes(lead: Any) -> None:
+    led = lead()
+    meta = MetaClient(led.meta.address)
+    stored = {node.node_id: node.stored_bytes for node in meta.list_nodes()}
+    meta.close()
+    assert stored[led.node.node_id] > 0  # reported with its heartbeats
+    with pytest.raises(InvalidRequest):
+        led.fetch_as("not-a-replica", 0)
+    with pytest.raises(Unavailable):  # an epoch this node does not know yet: retriable
+        led.fetch_as(FOLLOWERS[0], 0, epoch=7)
+    led.produce(pb.ACKS_LEADER, [b"a", b"b"]).result(10)
+    fence = pb.FenceRequest(shard=led.shard, incarnation=led.incarnation, epoch=0)
+    answer, _ = led.caller.call(led.node.address, "fence", fence)
+    assert (answer.fence.log_end_offset, answer.fence.segment_start) == (2, 0)
+    assert led.node.fences.fenced_epoch(led.shard, led.incarnation) == 0
+    assert isinstance(_outcome(led.produce(pb.ACKS_LEADER, [b"after"])), Unavailable)
+    led.fetch_as(FOLLOWERS[0], 2)
+    led.fetch_as(FOLLOWERS[1], 2)
+    assert led.offsets().high_watermark == 0  # nothing past the fence point becomes committed here
+
+
+def test_a_seal_records_the_replicas_that_agree_on_the_checksum(tmp_path: Path) -> None:
+    meta = MetaServer(tmp_path / "meta", port=0).start()
+    nodes = [
+        StorageNode(
+            NodeConfig(data_dir=tmp_path / f"node-{i}", meta_address=meta.address, port=0, io_workers=1)
+        ).start()
+        for i in range(3)
+    ]
+    client = robustmq.connect(meta.address, timeout_s=20)
+    try:
+        client.create_topic("t", 1, replication_factor=3)
+        for i in range(5):
+            client.produce("t", 0, build_records([b"%d" % i] * 4), acks="all")
+        route = client.metadata.write_route("t", 0)
+        response, _ = client.transport.call(
+            route.address, pb.NodeRequest(seal=pb.SealRequest(shard=route.shard))
+        )
+        sealed = response.seal.sealed
+        assert (sealed.end_offset, sorted(sealed.isr)) == (20, sorted(n.node_id for n in nodes))
+        incarnation = client.describe_topic("t").shards[0].incarnation
+        ask = pb.ChecksumRequest(shard=route.shard, incarnation=incarnation, start_offset=0, end_offset=20)
+        for node in nodes:
+            answer, _ = client.transport.call(node.address, pb.NodeRequest(checksum=ask))
+            assert (answer.checksum.crc32c, answer.checksum.size_bytes) == (sealed.crc32c, sealed.size_bytes)
+    finally:
+        client.close()
+        for node in nodes:
+            node.stop()
+        meta.stop()

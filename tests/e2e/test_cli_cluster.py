@@ -66,6 +66,28 @@ def test_a_three_node_cluster_starts_lists_its_nodes_reports_a_dead_one_and_stop
         assert len(nodes) == 3 and all(node["alive"] and not node["draining"] for node in nodes), nodes
         assert all((tmp_path / f"node-{number}").is_dir() for number in range(3))
 
+        created = cli("topic", "create", "r", "--replication-factor", "3", "--min-insync-replicas", "2",
+                      "--meta", meta)  # fmt: skip
+        assert created.returncode == 0 and "min in-sync replicas 2" in created.stdout, created.stderr
+        produced = cli("produce", "r", "--acks", "all", "--meta", meta, stdin="a\nb\nc\n")
+        assert produced.returncode == 0, produced.stderr
+        segments = json.loads(cli("segments", "r", "--json", "--meta", meta).stdout)
+        assert [(s["partition"], s["state"], len(s["replicas"])) for s in segments] == [(0, "active", 3)]
+        leader = segments[0]["leader"]
+        drained = cli("node", "drain", leader, "--meta", meta)
+        assert drained.returncode == 0 and "is draining" in drained.stdout, drained.stderr
+
+        def leads_of(node_id: str) -> tuple[bool, int]:
+            listing = json.loads(cli("nodes", "--json", "--meta", meta).stdout)
+            node = next(node for node in listing if node["node_id"] == node_id)
+            return node["draining"], node["leads"]
+
+        wait_until(lambda: leads_of(leader) == (True, 0), 30)
+        after = json.loads(cli("segments", "r", "--json", "--meta", meta).stdout)
+        assert after[-1]["state"] == "active" and after[-1]["leader"] != leader, after
+        assert cli("node", "drain", leader, "--undo", "--meta", meta).returncode == 0
+        assert leads_of(leader) == (False, 0)
+
         os.kill(pids["node-1"], signal.SIGKILL)
         wait_until(lambda: any("node-1" in line and "SIGKILL" in line for line in errors), 30)
         assert cluster.poll() is None, "the cluster keeps running without one node"

@@ -114,14 +114,26 @@ def _ports(host: str, meta_port: int, base_port: int, nodes: int) -> tuple[int, 
     return meta, node_ports
 
 
-def _children(root: Path, host: str, meta_port: int, node_ports: list[int]) -> list[_Child]:
+def _children(
+    root: Path, host: str, meta_port: int, node_ports: list[int], node_timeout_ms: int
+) -> list[_Child]:
     logs = root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     meta_address = f"{host}:{meta_port}"
     meta = _Child(
         "meta",
         meta_address,
-        ["meta", "--host", host, "--data-dir", str(root / "meta"), "--meta-port", str(meta_port)],
+        [
+            "meta",
+            "--host",
+            host,
+            "--data-dir",
+            str(root / "meta"),
+            "--meta-port",
+            str(meta_port),
+            "--node-timeout-ms",
+            str(node_timeout_ms),
+        ],
         logs / "meta.log",
     )
     nodes = [
@@ -234,12 +246,20 @@ def _report_exits(children: list[_Child]) -> None:
             )
 
 
-def run_cluster(*, nodes: int, data_dir: str | None, host: str, meta_port: int, base_port: int) -> int:
+def run_cluster(
+    *,
+    nodes: int,
+    data_dir: str | None,
+    host: str,
+    meta_port: int,
+    base_port: int,
+    node_timeout_ms: int = 6000,
+) -> int:
     """Run the cluster until a stop signal; the exit code (0 after a stop, 1 if it could not start)."""
     meta_port, node_ports = _ports(host, meta_port, base_port, nodes)
     root = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="robustmq-cluster-"))
     stop = threading.Event()
-    children = _children(root, host, meta_port, node_ports)
+    children = _children(root, host, meta_port, node_ports, node_timeout_ms)
     try:
         with _stop_signals(stop):
             for child in children:

@@ -179,6 +179,7 @@ def _cluster(args: argparse.Namespace) -> int:
         host=args.host,
         meta_port=args.meta_port,
         base_port=args.base_port,
+        node_timeout_ms=args.node_timeout_ms,
     )
 
 
@@ -242,6 +243,12 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         type=_port,
         default=DEFAULT_NODE_PORT,
         help="node i listens on BASE_PORT + i (default 7101); 0 picks free ports",
+    )
+    cluster.add_argument(
+        "--node-timeout-ms",
+        type=_bounded_int(100, 3_600_000),
+        default=6000,
+        help="the Meta Service's --node-timeout-ms: how long a silent node's shards wait to fail over",
     )
     cluster.set_defaults(handler=_cluster)
 

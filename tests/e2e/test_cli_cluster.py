@@ -8,58 +8,22 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
+from tests.e2e._cli import cli, cli_cluster, process_gone
 from tests.e2e._procs import ROOT, wait_until
-from tests.e2e.test_cli import cli
 
 pytestmark = pytest.mark.e2e
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # A zombie has exited; only its parent's wait() would remove it, and the cluster waited.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
 
 
 def test_a_three_node_cluster_starts_lists_its_nodes_reports_a_dead_one_and_stops_every_child(
     tmp_path: Path,
 ) -> None:
-    cluster = subprocess.Popen(
-        [sys.executable, "-m", "robustmq.cli", "cluster", "--nodes", "3", "--data-dir", str(tmp_path),
-         "--meta-port", "0", "--base-port", "0"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    lines: list[str] = []
-    errors: list[str] = []
-    assert cluster.stdout is not None and cluster.stderr is not None
-    threading.Thread(target=lambda: errors.extend(cluster.stderr), daemon=True).start()  # type: ignore[arg-type]
-    pids: dict[str, int] = {}
-    try:
-        for line in cluster.stdout:  # bounded: the cluster gives up after START_TIMEOUT_S
-            lines.append(line)
-            if line.strip() == "ready":
-                break
-        assert lines and lines[-1].strip() == "ready", "".join(lines) + "".join(errors)
-        for line in lines[:-1]:
-            words = line.split()
-            if words[0] in ("meta", "node-0", "node-1", "node-2"):
-                pids[words[0]] = int(words[words.index("pid") + 1])
-        assert set(pids) == {"meta", "node-0", "node-1", "node-2"}, lines
-        meta = next(line.split()[1] for line in lines if line.startswith("meta "))
-
+    with cli_cluster("--nodes", "3", "--data-dir", str(tmp_path)) as cluster:
+        assert set(cluster.pids) == {"meta", "node-0", "node-1", "node-2"}
+        meta = cluster.meta
         listed = cli("nodes", "--json", "--meta", meta)
         assert listed.returncode == 0, listed.stderr
         nodes = json.loads(listed.stdout)
@@ -88,58 +52,21 @@ def test_a_three_node_cluster_starts_lists_its_nodes_reports_a_dead_one_and_stop
         assert cli("node", "drain", leader, "--undo", "--meta", meta).returncode == 0
         assert leads_of(leader) == (False, 0)
 
-        os.kill(pids["node-1"], signal.SIGKILL)
-        wait_until(lambda: any("node-1" in line and "SIGKILL" in line for line in errors), 30)
-        assert cluster.poll() is None, "the cluster keeps running without one node"
-
-        cluster.send_signal(signal.SIGTERM)
-        assert cluster.wait(60) == 0, "".join(errors)
-        assert all(_gone(pid) for pid in pids.values()), pids
+        os.kill(cluster.pids["node-1"], signal.SIGKILL)
+        wait_until(lambda: any("node-1" in line and "SIGKILL" in line for line in cluster.errors), 30)
+        assert cluster.process.poll() is None, "the cluster keeps running without one node"
+        assert cluster.stop() == 0, "".join(cluster.errors)
+        assert all(process_gone(pid) for pid in cluster.pids.values()), cluster.pids
         assert (tmp_path / "meta").is_dir(), "an explicit --data-dir is kept"
-    finally:
-        if cluster.poll() is None:
-            cluster.kill()
-            cluster.wait(30)
-        for pid in pids.values():  # never leave a server behind, whatever failed above
-            if not _gone(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 def test_without_a_data_dir_ctrl_c_stops_it_and_removes_its_temporary_directory() -> None:
-    cluster = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "robustmq.cli",
-            "cluster",
-            "--nodes",
-            "1",
-            "--meta-port",
-            "0",
-            "--base-port",
-            "0",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert cluster.stdout is not None
-        lines = []
-        for line in cluster.stdout:
-            lines.append(line)
-            if line.strip() == "ready":
-                break
-        where = Path(next(line.split()[2] for line in lines if line.startswith("data in ")))
-        assert where.is_dir()
-        cluster.send_signal(signal.SIGINT)
-        assert cluster.wait(60) == 0
-        assert not where.exists()
-    finally:
-        if cluster.poll() is None:
-            cluster.kill()
-            cluster.wait(30)
+    with cli_cluster("--nodes", "1") as cluster:
+        assert cluster.data_dir.is_dir()
+        cluster.process.send_signal(signal.SIGINT)
+        assert cluster.process.wait(60) == 0
+        assert not cluster.data_dir.exists()
+        assert all(process_gone(pid) for pid in cluster.pids.values())
 
 
 def test_a_node_that_cannot_start_fails_the_start_in_one_line(tmp_path: Path) -> None:

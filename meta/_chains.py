@@ -149,9 +149,14 @@ def reported_segment(segment: pb.Segment, node_id: str, crc32c: int, size_bytes:
 
 def is_assigned(node_id: str, segment: pb.Segment) -> bool:
     """Whether ``node_id`` must follow or copy ``segment``: a replica of it if ACTIVE,
-    a replica not yet in its ``isr`` if SEALED (tiered segments are in object storage)."""
+    a replica not yet in its ``isr`` if SEALED (tiered segments are in object storage).
+
+    A sealed segment with no ``isr`` at all was sealed before ISRs were
+    recorded (replication factor 1, an older release): there is nobody to copy
+    it from and its one replica holds it, so it is nobody's assignment.
+    """
     if node_id not in segment.replicas:
         return False
     if segment.state == pb.ACTIVE:
         return True
-    return segment.state == pb.SEALED and node_id not in segment.isr
+    return segment.state == pb.SEALED and bool(segment.isr) and node_id not in segment.isr

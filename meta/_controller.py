@@ -4,10 +4,17 @@
 
 - durable, in the store (topics, segment chains, nodes, pending deletions,
   group offsets; layout in :mod:`robustmq.meta._store`);
-- derived, rebuilt from the store at start: ``load``, the number of ACTIVE
-  segments each node leads (what placement balances);
-- reported, memory only: node liveness and each shard's high watermark and log
-  start offset as its leader last reported them.
+- derived, rebuilt from the store at start: ``load``, the segments each node
+  leads and holds (:class:`~robustmq.meta._load.ClusterLoad`, what placement
+  balances);
+- reported, memory only: node liveness, the bytes each node stores, each
+  node's assignments version (:class:`~robustmq.meta._load.AssignmentVersions`)
+  and each shard's high watermark and log start offset as its leader last
+  reported them.
+
+The replication operations (ISR, replica reports, assignments, drain,
+failover and repair) are in the mixin :class:`~robustmq.meta._replica_control.ReplicaControl`,
+under the same rules.
 
 Every method runs under one lock, so what it reads and the single atomic batch
 it writes form one step, and the derived state is updated only after that
@@ -29,7 +36,6 @@ from robustmq.errors import (
     InvalidRequest,
     RobustMQError,
     ShardNotFound,
-    StaleEpoch,
     TopicAlreadyExists,
     TopicNotFound,
     Unavailable,
@@ -37,14 +43,12 @@ from robustmq.errors import (
 from robustmq.storage_node import shard_name
 
 from . import _keys as keys
-from ._chains import checked_isr, is_assigned, next_segment, reported_segment, sealed_segment
-from ._failover_rules import FailoverTask, IsrDecision, SealPoint, chain_unchanged
+from ._chains import checked_isr, sealed_segment
 from ._liveness import Liveness
 from ._load import AssignmentVersions, ClusterLoad
 from ._nodes import MAX_DELETIONS_PER_BEAT, MAX_NODES, NodeTable
 from ._offsets import OffsetTable, partition_lag
-from ._placement import eligible_nodes, place_replicas
-from ._repair import MAX_REPAIRS_PER_ROUND, repair_choices
+from ._replica_control import MAX_EPOCH, ReplicaControl
 from ._store import MetaStore, WriteSet
 from ._topics import TopicTable
 from ._validation import (
@@ -68,7 +72,6 @@ DEFAULT_NODE_TIMEOUT_MS = 6000
 GROUP_PAGE_DEFAULT = 1_000
 GROUP_PAGE_MAX = 10_000
 HEARTBEAT_INTERVAL_MS = 1000
-_MAX_EPOCH = 2**32 - 1
 
 logger = logging.getLogger("robustmq.meta")
 
@@ -77,7 +80,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class MetaController:
+class MetaController(ReplicaControl):
     """Topics, segments, nodes and group offsets behind one lock.
 
     Parameters
@@ -302,7 +305,7 @@ class MetaController:
                     end_offset=end_offset,
                     start_offset=active.start_offset,
                 )
-            if active.epoch >= _MAX_EPOCH:
+            if active.epoch >= MAX_EPOCH:
                 raise InvalidRequest(f"shard {shard!r} has used every epoch", shard=shard)
             sealed = sealed_segment(active, end_offset, checked_isr(active, isr, node_id), crc32c, size_bytes)
             load = self._load.copy()
@@ -326,84 +329,6 @@ class MetaController:
             list(following.replicas),
         )
         return sealed, following
-
-    def _require_incarnation(self, shard: str, topic: str, incarnation: int | None) -> None:
-        """``ShardNotFound`` unless ``incarnation`` (None: not checked) is the topic's current one."""
-        current = self._topics.require(topic).incarnation
-        if incarnation is not None and incarnation != current:
-            raise ShardNotFound(
-                f"shard {shard!r} of incarnation {incarnation} was deleted "
-                f"(the topic's incarnation is {current})",
-                shard=shard,
-                incarnation=incarnation,
-                current_incarnation=current,
-            )
-
-    @staticmethod
-    def _require_leader(active: pb.Segment, epoch: int, node_id: str) -> None:
-        """``StaleEpoch`` unless ``node_id`` leads ``active`` and ``epoch`` is its epoch."""
-        if epoch != active.epoch or active.leader != node_id:
-            raise StaleEpoch(
-                f"shard {active.shard!r}: epoch {epoch} led by {node_id!r} is not the active "
-                f"segment (epoch {active.epoch}, leader {active.leader!r})",
-                shard=active.shard,
-                epoch=epoch,
-                current_epoch=active.epoch,
-            )
-
-    def _following(
-        self, topic: str, partition: int, chain: list[pb.Segment], load: ClusterLoad
-    ) -> pb.Segment:
-        """The epoch after ``chain[-1]`` (just sealed), placed by the rule of :mod:`._placement`.
-
-        If no node that holds the sealed segment may lead (they are all
-        draining), a live draining holder leads rather than refusing the seal:
-        a drain must never make a shard unwritable.
-        """
-        sealed = chain[-1]
-        shard = sealed.shard
-        rf = self._topics.require(topic).config.replication_factor
-        live = self._live_node_ids()
-        held = self._nodes.holders_pending(topic, partition).get(shard, set()) & live
-        placeable = eligible_nodes(live - self._draining_ids() - held, chain)
-        leaders = set(sealed.isr) & live
-        if not leaders & placeable:
-            placeable |= leaders
-        replicas = self._place(
-            placeable, rf, load, shard=shard, dropping=len(held), previous=sealed.replicas, leaders=leaders
-        )
-        return next_segment(sealed, replicas)
-
-    def _place(
-        self,
-        candidates: set[str],
-        count: int,
-        load: ClusterLoad,
-        *,
-        shard: str,
-        dropping: int = 0,
-        previous: Sequence[str] = (),
-        leaders: set[str] | None = None,
-    ) -> list[str]:
-        replicas = place_replicas(
-            candidates,
-            count,
-            leaders=load.leaders,
-            replicas=load.active_replicas,
-            previous=previous,
-            leader_candidates=leaders,
-            shard=shard,
-            dropping=dropping,
-        )
-        if len(replicas) < count:
-            logger.warning(
-                "%s is under-replicated: %d of %d replicas placed (%s); repair adds more later",
-                shard,
-                len(replicas),
-                count,
-                replicas,
-            )
-        return replicas
 
     def _repeated_seal(
         self, topic: str, partition: int, epoch: int, end_offset: int, node_id: str
@@ -545,12 +470,6 @@ class MetaController:
             stored_bytes=self._stored_bytes.get(node.node_id, 0),
         )
 
-    def _live_node_ids(self) -> set[str]:
-        return {node.node_id for node in self._nodes.all() if self._liveness.is_alive(node.node_id)}
-
-    def _draining_ids(self) -> set[str]:
-        return {node.node_id for node in self._nodes.all() if node.draining}
-
     def _require_live(self, live: set[str], needed: int) -> None:
         """Raise ``Unavailable`` if fewer than ``needed`` nodes are live, saying who has not beaten yet."""
         if len(live) >= needed:
@@ -580,8 +499,9 @@ class MetaController:
 
         Refused (``InvalidRequest``) while the node is alive or still leads
         active segments, unless ``force``. Its segments stay in their chains as
-        they are: a shard whose active segment it leads has no reachable leader
-        until a node registers again with this id (replication will move them).
+        they are: a shard whose active segment it leads fails over (replication
+        factor above 1, see :mod:`._failover`) or, with factor 1, has no
+        reachable leader until a node registers again with this id.
         Shards it still owes a deletion stay owed, in case it comes back, but
         leave the index placement reads (see :mod:`._nodes`), so they cost
         nothing on creates and seals.
@@ -603,7 +523,8 @@ class MetaController:
                 raise InvalidRequest(
                     f"node {node_id!r} still leads the active segment of {len(led)} shards "
                     f"({', '.join(led[:5])}{', ...' if len(led) > 5 else ''}); removing it leaves them "
-                    f"without a leader: force the removal to do it anyway",
+                    f"without a leader until they fail over (replicated topics): drain it first "
+                    f"(`robustmq node drain`), or force the removal",
                     node_id=node_id,
                     led_shards=led[:10],
                     led_count=len(led),
@@ -617,264 +538,6 @@ class MetaController:
             self._stored_bytes.pop(node_id, None)
         logger.warning("removed node %s (%s); it led %d active segments", node_id, node.address, len(led))
         return view, led
-
-    # -- replicas ----------------------------------------------------------
-
-    def update_isr(
-        self, shard: str, incarnation: int, epoch: int, node_id: str, isr: Sequence[str]
-    ) -> pb.Segment:
-        """Record the ISR of the active segment, as its leader asks; the segment as stored.
-
-        Refused with ``StaleEpoch`` unless ``node_id`` leads ``epoch`` and it
-        is the active one, with ``ShardNotFound`` if ``incarnation`` is not the
-        topic's current one, and with ``InvalidRequest`` unless ``isr``
-        contains the leader and only replicas of the segment. The same ISR
-        again writes nothing. Followers are not told (their assignments are
-        the same): no assignments version changes.
-        """
-        topic, partition = split_shard(shard)
-        node_id = require_node_id(node_id)
-        with self._locked():
-            active = self._topics.chain(topic, partition)[-1]
-            self._require_incarnation(shard, topic, incarnation)
-            self._require_leader(active, epoch, node_id)
-            members = checked_isr(active, isr, node_id)
-            if list(active.isr) == members:
-                return active
-            before = list(active.isr)
-            del active.isr[:]
-            active.isr.extend(members)
-            ws = WriteSet()
-            self._topics.stage_segment(topic, partition, active, ws)
-            ws.commit(self._store)
-        logger.info("%s epoch %d: ISR %s -> %s", shard, epoch, before, members)
-        return active
-
-    def report_replica(
-        self, shard: str, incarnation: int, epoch: int, node_id: str, crc32c: int, size_bytes: int
-    ) -> pb.Segment:
-        """Add ``node_id`` to sealed ``epoch``'s ``isr`` if its copy matches (see
-        :func:`._chains.reported_segment`); idempotent. The segment as stored."""
-        topic, partition = split_shard(shard)
-        node_id = require_node_id(node_id)
-        with self._locked():
-            self._topics.chain(topic, partition)  # ShardNotFound for a shard that is gone
-            self._require_incarnation(shard, topic, incarnation)
-            segment = self._topics.segment(topic, partition, epoch)
-            if segment is None:
-                raise InvalidRequest(f"shard {shard!r} has no epoch {epoch}", shard=shard, epoch=epoch)
-            reported = reported_segment(segment, node_id, crc32c, size_bytes)
-            if reported is None:
-                return segment
-            ws = WriteSet()
-            self._topics.stage_segment(topic, partition, reported, ws)
-            ws.commit(self._store)
-        logger.info("%s epoch %d: %s holds it whole; isr %s", shard, epoch, node_id, list(reported.isr))
-        return reported
-
-    def list_assignments(self, node_id: str) -> pb.AssignmentsResponse:
-        """Every shard where ``node_id`` must follow or copy a segment (:func:`._chains.is_assigned`),
-        with its chain and leader address, and the version this answers."""
-        node_id = require_node_id(node_id)
-        with self._locked():
-            version = self._versions.of(node_id)
-            wanted = sorted(
-                {split_shard(s.shard) for s in self._topics.all_segments() if is_assigned(node_id, s)}
-            )
-            addresses = {node.node_id: node.address for node in self._nodes.all()}
-            shards = []
-            for topic, partition in wanted:
-                record = self._topics.require(topic)
-                chain = self._topics.chain(topic, partition)
-                shards.append(self._shard_info(record, partition, chain, addresses))
-        return pb.AssignmentsResponse(shards=shards, assignments_version=version)
-
-    def drain_node(self, node_id: str, undrain: bool = False) -> pb.NodeInfo:
-        """Mark a registered node draining (no new placement; the Meta Service's background
-        worker asks it to seal the active segments it leads), or place on it again (``undrain``)."""
-        node_id = require_node_id(node_id)
-        with self._locked():
-            node = self._nodes.get(node_id)
-            if node is None:
-                raise InvalidRequest(f"no storage node {node_id!r} is registered", node_id=node_id)
-            if node.draining != (not undrain):
-                node.draining = not undrain
-                ws = WriteSet()
-                self._nodes.stage_put(node, ws)
-                ws.commit(self._store)
-                logger.info("node %s %s", node_id, "undrained" if undrain else "draining")
-            return self._node_view(node)
-
-    # -- failover, repair, drain (the background worker's side) -------------
-
-    def failover_tasks(self) -> list[FailoverTask]:
-        """The active segments of RF > 1 topics whose leader is not alive or no longer registered.
-
-        Cheap when every leader is alive (no scan): only the nodes that lead
-        something are checked.
-        """
-        with self._locked():
-            registered = {node.node_id: node for node in self._nodes.all()}
-            # Just after a restart no node has beaten yet: a leader is gone only once it had the
-            # whole timeout to beat (a running node beats every second), so a restart of the
-            # Meta Service never moves leadership by itself.
-            settled = self._liveness.uptime_s() > self._liveness.timeout_s
-            gone = {
-                node_id
-                for node_id in self._load.leaders
-                if node_id not in registered
-                or not (
-                    self._liveness.is_alive(node_id) or not (settled or self._liveness.has_beaten(node_id))
-                )
-            }
-            if not gone:
-                return []
-            topics: dict[str, pb.Topic | None] = {}
-            tasks = []
-            for segment in self._topics.active_segments():
-                if segment.leader not in gone:
-                    continue
-                topic_name, _ = split_shard(segment.shard)
-                if topic_name not in topics:
-                    topics[topic_name] = self._topics.get(topic_name)
-                topic = topics[topic_name]
-                if topic is None or topic.config.replication_factor <= 1:
-                    continue
-                addresses = tuple(
-                    (node_id, registered[node_id].address)
-                    for node_id in segment.replicas
-                    if node_id != segment.leader
-                    and node_id in registered
-                    and self._liveness.is_alive(node_id)
-                )
-                tasks.append(
-                    FailoverTask(
-                        shard=segment.shard,
-                        incarnation=topic.incarnation,
-                        epoch=segment.epoch,
-                        leader=segment.leader,
-                        start_offset=segment.start_offset,
-                        replicas=tuple(segment.replicas),
-                        isr=tuple(segment.isr),
-                        addresses=addresses,
-                    )
-                )
-        return tasks
-
-    def commit_failover(
-        self, task: FailoverTask, point: SealPoint, decision: IsrDecision
-    ) -> tuple[pb.Segment, pb.Segment] | None:
-        """Seal ``task``'s epoch at ``point`` and open the next on placed nodes, in one write.
-
-        Nothing is written (``None``) if the chain changed since ``task`` was
-        taken (:func:`._failover_rules.chain_unchanged`). The next leader is the
-        least loaded live agreeing holder.
-        """
-        topic, partition = split_shard(task.shard)
-        with self._locked():
-            record = self._topics.get(topic)
-            if record is None:
-                return None
-            chain = self._topics.chain(topic, partition)
-            active = chain[-1]
-            if not chain_unchanged(task, record.incarnation, active) or active.epoch >= _MAX_EPOCH:
-                return None
-            if point.end_offset < active.start_offset:
-                return None
-            sealed = sealed_segment(
-                active, point.end_offset, decision.isr, decision.crc32c, decision.size_bytes
-            )
-            load = self._load.copy()
-            load.replace(active, sealed)
-            following = self._following(topic, partition, [*chain[:-1], sealed], load)
-            load.add(following)
-            ws = WriteSet()
-            self._topics.stage_segment(topic, partition, sealed, ws)
-            self._topics.stage_segment(topic, partition, following, ws)
-            ws.commit(self._store)
-            self._load = load
-            self._versions.bump_segments((sealed, following))
-        return sealed, following
-
-    def repair(self, limit: int = MAX_REPAIRS_PER_ROUND) -> list[str]:
-        """Add one eligible live node to up to ``limit`` under-replicated segments; what was done.
-
-        See :mod:`._repair` for which segments and nodes qualify. The added node
-        is a replica, not in the ``isr``: it joins a sealed ``isr`` through
-        ``ReportReplica`` and an active one when the leader sees it caught up.
-        """
-        done: list[str] = []
-        with self._locked():
-            live = self._live_node_ids()
-            if not live:
-                return done
-            placeable = live - self._draining_ids()
-            for topic in self._topics.all():
-                rf = topic.config.replication_factor
-                if rf <= 1:
-                    continue
-                chains = self._topics.chains(topic.name)
-                dropping = self._nodes.holders_pending(topic.name)
-                for partition, chain in sorted(chains.items()):
-                    shard = shard_name(topic.name, partition)
-                    candidates = placeable - dropping.get(shard, set())
-                    for position, node_id in repair_choices(chain, rf, live, candidates, self._load):
-                        self._add_replica(topic.name, partition, chain[position], node_id)
-                        done.append(f"{shard} epoch {chain[position].epoch} + {node_id}")
-                        if len(done) >= limit:
-                            return done
-        return done
-
-    def _add_replica(self, topic: str, partition: int, segment: pb.Segment, node_id: str) -> None:
-        grown = pb.Segment()
-        grown.CopyFrom(segment)
-        grown.replicas.append(node_id)
-        load = self._load.copy()
-        load.replace(segment, grown)
-        ws = WriteSet()
-        self._topics.stage_segment(topic, partition, grown, ws)
-        ws.commit(self._store)
-        self._load = load
-        self._versions.bump_segments((grown,))
-        segment.CopyFrom(grown)  # the caller's chain sees it (one addition per segment and round)
-        logger.info(
-            "repair: %s epoch %d (%s) gets %s as a replica (replicas %s, isr %s)",
-            grown.shard,
-            grown.epoch,
-            "active" if grown.state == pb.ACTIVE else "sealed",
-            node_id,
-            list(grown.replicas),
-            list(grown.isr),
-        )
-
-    def drain_targets(self) -> list[tuple[str, str]]:
-        """``(shard, leader address)`` of each active segment a live draining node leads that
-        another live, not draining ISR member can take over (RF > 1): the worker asks the
-        leader to seal it, and placement moves the next epoch off the node."""
-        with self._locked():
-            nodes = {node.node_id: node for node in self._nodes.all()}
-            draining = {
-                node_id
-                for node_id, node in nodes.items()
-                if node.draining and self._liveness.is_alive(node_id) and self._load.leaders.get(node_id)
-            }
-            if not draining:
-                return []
-            targets = []
-            for segment in self._topics.active_segments():
-                if segment.leader not in draining:
-                    continue
-                takers = [
-                    node_id
-                    for node_id in segment.isr
-                    if node_id != segment.leader
-                    and node_id in nodes
-                    and not nodes[node_id].draining
-                    and self._liveness.is_alive(node_id)
-                ]
-                if takers:
-                    targets.append((segment.shard, nodes[segment.leader].address))
-        return targets
 
     # -- group offsets -----------------------------------------------------
 

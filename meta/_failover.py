@@ -39,7 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq.errors import RobustMQError
+from robustmq.errors import RobustMQError, Unavailable
 
 from ._controller import MetaController
 from ._failover_rules import FailoverTask, IsrDecision, SealPoint, Waiting, decide_fence, decide_isr
@@ -87,7 +87,7 @@ class ReplicaSupervisor:
     controller
         The Meta Service's controller.
     caller_factory
-        Makes the node request client (``NodeCaller``); called once, in :meth:`start`.
+        Makes the node request client (``NodeCaller``); called once, when first needed.
     failover_check_ms, repair_interval_ms
         How often leaders are checked, and repair and drain run.
     node_timeout_s
@@ -116,13 +116,13 @@ class ReplicaSupervisor:
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._caller: NodeRequests | None = None
-        self._in_hand: set[str] = set()  # shards a pool thread is failing over (only the loop thread adds)
-        self._in_hand_lock = threading.Lock()
+        # Shared by the loop thread and the pool threads, under _shared_lock:
+        self._shared_lock = threading.Lock()
+        self._in_hand: set[str] = set()  # shards a pool thread is failing over
         self._retry: dict[str, tuple[float, float, str]] = {}  # shard -> (not before, back-off s, reason)
         self._drained: dict[str, float] = {}  # shard -> when its leader was last asked to seal
 
     def start(self) -> ReplicaSupervisor:
-        self._caller = self._caller_factory()
         self._pool = ThreadPoolExecutor(max_workers=self._max_parallel, thread_name_prefix="meta-failover")
         self._thread = threading.Thread(target=self._run, name="meta-supervisor", daemon=True)
         self._thread.start()
@@ -137,9 +137,19 @@ class ReplicaSupervisor:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        if self._caller is not None:
-            self._caller.close()
-            self._caller = None
+        with self._shared_lock:
+            caller, self._caller = self._caller, None
+        if caller is not None:
+            caller.close()
+
+    def _node_requests(self) -> NodeRequests:
+        """The node request client, made at first use (a cluster without replication needs none)."""
+        with self._shared_lock:
+            if self._caller is None:
+                if self._stopping.is_set():
+                    raise Unavailable("the meta service is stopping")
+                self._caller = self._caller_factory()
+            return self._caller
 
     # -- the loop ------------------------------------------------------------
 
@@ -161,11 +171,12 @@ class ReplicaSupervisor:
         now = time.monotonic()
         tasks = self._controller.failover_tasks()
         wanted = {task.shard for task in tasks}
-        for shard in [shard for shard in self._retry if shard not in wanted]:
-            del self._retry[shard]  # failed over, sealed by its leader, or back
+        with self._shared_lock:
+            for shard in [shard for shard in self._retry if shard not in wanted]:
+                del self._retry[shard]  # failed over, sealed by its leader, or back
         for task in tasks:
-            not_before = self._retry.get(task.shard, (0.0, 0.0, ""))[0]
-            with self._in_hand_lock:
+            with self._shared_lock:
+                not_before = self._retry.get(task.shard, (0.0, 0.0, ""))[0]
                 if (
                     task.shard in self._in_hand
                     or now < not_before
@@ -183,16 +194,17 @@ class ReplicaSupervisor:
             logger.exception("failover of %s epoch %d failed", task.shard, task.epoch)
             self._back_off(task.shard, "an unexpected error (logged above)")
         finally:
-            with self._in_hand_lock:
+            with self._shared_lock:
                 self._in_hand.discard(task.shard)
 
     def _back_off(self, shard: str, reason: str) -> None:
-        _, backoff_s, previous = self._retry.get(shard, (0.0, 0.0, ""))
-        backoff_s = min(max(backoff_s * 2, _FIRST_RETRY_S), MAX_RETRY_S)
+        with self._shared_lock:
+            _, backoff_s, previous = self._retry.get(shard, (0.0, 0.0, ""))
+            backoff_s = min(max(backoff_s * 2, _FIRST_RETRY_S), MAX_RETRY_S)
+            if len(self._retry) < _MAX_REMEMBERED or shard in self._retry:
+                self._retry[shard] = (time.monotonic() + backoff_s, backoff_s, reason)
         if reason != previous:
             logger.warning("failover of %s waits: %s (next try in %.1f s)", shard, reason, backoff_s)
-        if len(self._retry) < _MAX_REMEMBERED or shard in self._retry:
-            self._retry[shard] = (time.monotonic() + backoff_s, backoff_s, reason)
 
     # -- one failover ----------------------------------------------------------
 
@@ -206,7 +218,7 @@ class ReplicaSupervisor:
             pb.FenceRequest(shard=task.shard, incarnation=task.incarnation, epoch=task.epoch),
         )
         log_ends = {node_id: response.fence.log_end_offset for node_id, response in fenced.items()}
-        point = decide_fence(task.replicas, task.isr, log_ends, task.start_offset)
+        point = decide_fence(task.replicas, task.isr, log_ends, task.start_offset, placed=task.placed)
         if isinstance(point, Waiting):
             self._back_off(task.shard, point.reason)
             return None
@@ -228,7 +240,11 @@ class ReplicaSupervisor:
     def _commit(
         self, task: FailoverTask, point: SealPoint, decision: IsrDecision, started: float
     ) -> tuple[pb.Segment, pb.Segment] | None:
-        committed = self._controller.commit_failover(task, point, decision)
+        try:
+            committed = self._controller.commit_failover(task, point, decision)
+        except RobustMQError as error:  # e.g. Unavailable: no agreeing holder is live any more
+            self._back_off(task.shard, f"the commit was refused: {error}")
+            return None
         elapsed_ms = (time.monotonic() - started) * 1000
         if committed is None:
             logger.info(
@@ -251,7 +267,8 @@ class ReplicaSupervisor:
             list(following.replicas),
             elapsed_ms,
         )
-        self._retry.pop(task.shard, None)
+        with self._shared_lock:
+            self._retry.pop(task.shard, None)
         return committed
 
     def _ask(self, nodes: Iterable[tuple[str, str]], body: str, message: Any) -> dict[str, pb.NodeResponse]:
@@ -259,13 +276,11 @@ class ReplicaSupervisor:
 
         A node that answers with an error or not at all is left out (logged at debug).
         """
-        assert self._caller is not None
+        caller = self._node_requests()
         futures: dict[str, Future[Any]] = {}
         for node_id, address in nodes:
             try:
-                futures[node_id] = self._caller.request(
-                    address, body, message, timeout_s=self._node_timeout_s
-                )
+                futures[node_id] = caller.request(address, body, message, timeout_s=self._node_timeout_s)
             except RobustMQError as error:
                 logger.debug("%s to %s not sent: %s", body, node_id, error)
         deadline = time.monotonic() + self._node_timeout_s + 1.0
@@ -299,7 +314,8 @@ class ReplicaSupervisor:
                 self._drained[shard] = now
             asked.append((shard, address))
         for shard, address in asked:
-            assert self._caller is not None
             # Not waited for: the node seals in its own time; the next round asks again if needed.
-            self._caller.request(address, "seal", pb.SealRequest(shard=shard), timeout_s=self._node_timeout_s)
+            self._node_requests().request(
+                address, "seal", pb.SealRequest(shard=shard), timeout_s=self._node_timeout_s
+            )
             logger.info("drain: asked %s to seal %s", address, shard)

@@ -1,9 +1,10 @@
 """What each storage node carries, derived from the segment chains, and its assignments version.
 
 :class:`ClusterLoad` counts, per node, the ACTIVE segments it leads
-(``leaders``), the ACTIVE segments it is a replica of (``active_replicas``,
-what placement balances first) and every segment it is a replica of
-(``held``, shown as ``NodeInfo.replica_segments``). It is rebuilt from the
+(``leaders``, and which shards: ``led``, what failover looks up), the ACTIVE
+segments it is a replica of (``active_replicas``, what placement balances
+first) and every segment it is a replica of (``held``, shown as
+``NodeInfo.replica_segments``). It is rebuilt from the
 store when the Meta Service starts and kept in step by the controller: every
 operation works on a :meth:`ClusterLoad.copy` and swaps it in only once its
 write is durable, so a failed write leaves the counts as they were.
@@ -37,6 +38,7 @@ class ClusterLoad:
         self.leaders: Counter[str] = Counter()
         self.active_replicas: Counter[str] = Counter()
         self.held: Counter[str] = Counter()
+        self.led: dict[str, set[str]] = {}  # leader -> shards whose active segment it leads
         for segment in segments:
             self.add(segment)
 
@@ -45,6 +47,7 @@ class ClusterLoad:
         load.leaders = Counter(self.leaders)
         load.active_replicas = Counter(self.active_replicas)
         load.held = Counter(self.held)
+        load.led = {leader: set(shards) for leader, shards in self.led.items()}
         return load
 
     def add(self, segment: pb.Segment) -> None:
@@ -66,6 +69,13 @@ class ClusterLoad:
                 self.active_replicas[node_id] += step
         if segment.state == pb.ACTIVE and segment.leader:
             self.leaders[segment.leader] += step
+            if step > 0:
+                self.led.setdefault(segment.leader, set()).add(segment.shard)
+            else:
+                shards = self.led.get(segment.leader, set())
+                shards.discard(segment.shard)
+                if not shards:
+                    self.led.pop(segment.leader, None)
         for counter in (self.leaders, self.active_replicas, self.held):
             for node_id in [node for node, count in counter.items() if count <= 0]:
                 del counter[node_id]

@@ -7,17 +7,16 @@ None) and hands it to the shard's fetcher with :meth:`Follower.want`.
 
 Threads:
 
-- **replica fetchers** (``replica_fetchers``, default 1): each owns the shards
-  ``crc32c(shard) % fetchers`` maps to it and one DEALER socket per node it
-  copies from. Per shard at most one ``ReplicaFetch`` is out; many shards'
-  fetches are in flight at once (pipelined). An answer goes to the shard's I/O
-  worker as a :class:`~._follower_log.ReplicaData` item, and nothing more is
-  sent for that shard until the worker has appended it and wants the next
-  offset: so the ``offset`` of every fetch is durable here and acknowledges
-  everything before it. A failed fetch tries the next source (a sealed
-  segment's other ``isr`` members) after a back-off (0.1 s doubling to 2 s);
-  a fetch without an answer within ``max_wait_ms`` plus ``timeout_s`` is
-  abandoned (its late answer is dropped by its correlation id).
+- **replica fetchers** (``replica_fetchers``, default 1; ``_replica_fetcher``):
+  each owns the shards ``crc32c(shard) % fetchers`` maps to it and one DEALER
+  socket per node it copies from. Per shard at most one ``ReplicaFetch`` is
+  out; many shards' fetches are in flight at once (pipelined). An answer goes
+  to the shard's I/O worker as a :class:`~._follower_log.ReplicaData` item,
+  and nothing more is sent for that shard until the worker has appended it
+  and wants the next offset: so the ``offset`` of every fetch is durable here
+  and acknowledges everything before it. A sealed segment is copied from a
+  live ``isr`` member first; a failed fetch tries the next one after a
+  back-off (0.1 s doubling to 2 s).
 - **follower control** (1): the Meta Service calls of the follower side:
   ``ListAssignments`` when the heartbeat brings an ``assignments_version``
   not handled yet, ``GetShard`` when a fetch answer shows the chain moved
@@ -25,7 +24,8 @@ Threads:
   second per shard), ``ListNodes`` for the addresses of the nodes it copies
   from, and ``ReportReplica`` for each sealed segment this node holds whole
   but is not in the ``isr`` of (with its ``checksum``; retried with back-off
-  until the Meta Service answers). Views go to the shards' I/O workers as
+  until the Meta Service answers; a refusal for a different CRC or length is
+  final and logged as an error). Views go to the shards' I/O workers as
   :class:`Assigned` items; installing and adopting them (with the truncation
   of a divergent tail) happens there.
 
@@ -151,6 +151,14 @@ class Follower:
     def address_of(self, node_id: str) -> str | None:
         return self._control.address_of(node_id)
 
+    def refresh_nodes(self) -> None:
+        """Ask the Meta Service for the nodes' addresses and liveness again (soon, rate-limited)."""
+        self._control.want_nodes()
+
+    def alive(self, node_id: str) -> bool:
+        """Whether the Meta Service last listed ``node_id`` alive (True if not known yet)."""
+        return node_id not in self._control.dead()
+
     def deliver(self, item: Any) -> bool:
         """Hand ``item`` to its shard's I/O worker; False once the node stops."""
         shard = item.shard if isinstance(item, Assigned) else item.target.shard
@@ -253,6 +261,17 @@ class Follower:
         return bool(fences.fenced_epoch(state.name, state.incarnation) >= epoch)
 
 
+def _replicated(info: pb.ShardInfo) -> bool:
+    """Whether ``info``'s chain keeps more than one copy of a segment.
+
+    Only those views go to the workers: followers copy from them and a leader learns
+    its replica set from them (a repair adds a replica). An RF 1 shard's leader takes
+    its views from its own lookups and seals; adopting the same chain again from here
+    would only reset its refresh rate limit.
+    """
+    return any(len(segment.replicas) > 1 for segment in info.segments)
+
+
 @dataclass(slots=True)
 class _Report:
     copy: SealedCopy
@@ -263,6 +282,7 @@ class _Report:
 @dataclass(slots=True)
 class _Addresses:
     by_node: dict[str, str] = field(default_factory=dict)
+    dead: frozenset[str] = frozenset()
     refreshed_at: float = -1e9
 
 
@@ -311,10 +331,13 @@ class _FollowerControl(threading.Thread):
     def address_of(self, node_id: str) -> str | None:
         address = self._addresses.by_node.get(node_id)
         if address is None:
-            with self._ready:
-                self._want_addresses = True
-                self._ready.notify_all()
+            self.want_nodes()
         return address
+
+    def want_nodes(self) -> None:
+        with self._ready:
+            self._want_addresses = True
+            self._ready.notify_all()
 
     def run(self) -> None:
         node = self._follower._node
@@ -352,6 +375,10 @@ class _FollowerControl(threading.Thread):
         self._addresses.refreshed_at = time.monotonic()
         nodes = meta.list_nodes()
         self._addresses.by_node = {n.node_id: n.address for n in nodes if n.address}
+        self._addresses.dead = frozenset(n.node_id for n in nodes if not n.alive)
+
+    def dead(self) -> frozenset[str]:
+        return self._addresses.dead
 
     def _list_assignments(self, meta: Any, version: int) -> None:
         answer = meta.list_assignments(self._follower.node_id)
@@ -359,7 +386,8 @@ class _FollowerControl(threading.Thread):
         listed = set()
         for info in answer.shards:
             listed.add(info.shard)
-            self._post_view(meta, info)
+            if _replicated(info):
+                self._post_view(meta, info)
         for gone in self._assigned - listed:  # no longer to copy: its worker finds out from a lookup
             self.refresh(gone)
         self._assigned = listed

@@ -114,13 +114,19 @@ class Leading:
 
     def appended(self, state: NodeShard, replication: LeaderState) -> None:
         """A group commit wrote to ``state``: move its log end, queue what waits, answer what is covered."""
-        if replication.epoch != state.epoch:
-            return
-        moved, answers = replication.appended(state.log_end())
         held = self._held.pop(state.name, None)
-        if held:
-            waited, more = replication.wait(held)
-            moved, answers = moved or waited, answers + more
+        try:
+            assert replication.epoch == state.epoch, f"{state.name}: a leader state of another epoch"
+            moved, answers = replication.appended(state.log_end())
+            if held:
+                waited, more = replication.wait(held)
+                moved, answers = moved or waited, answers + more
+        except Exception as error:  # a broken invariant: the held writes are answered, never stranded
+            log.exception("shard %s: replication state failed after an append", state.name)
+            failure = Unavailable(f"the storage node failed: {error}", shard=state.name)
+            for ack in held or ():
+                self._worker.fail(ack.request, failure)
+            return
         self._deliver(state, moved, answers)
 
     def flushed(self) -> None:

@@ -200,7 +200,10 @@ class ReplicaFetcher(threading.Thread):
         target = fetching.target
         if not target.sources:
             return None
-        node_id = target.sources[fetching.source % len(target.sources)]
+        count = len(target.sources)
+        turns = [target.sources[(fetching.source + k) % count] for k in range(count)]
+        live = [node_id for node_id in turns if self._follower.alive(node_id)]  # a live isr member first
+        node_id = (live or turns)[0]
         address = self._follower.address_of(node_id)
         if address is None and target.segment_end < 0 and target.leader_address:
             return target.leader_address
@@ -263,6 +266,8 @@ class ReplicaFetcher(threading.Thread):
     def _failed(self, fetching: _Fetching, now: float) -> None:
         fetching.failures += 1
         fetching.source += 1  # the next source, if the segment has several
+        if fetching.failures % 5 == 0:  # maybe a source died or moved: learn the nodes again
+            self._follower.refresh_nodes()
         delay = min(_BACKOFF_MAX_S, _BACKOFF_FIRST_S * 2 ** min(fetching.failures - 1, 5))
         fetching.not_before = now + delay
 

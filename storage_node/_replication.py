@@ -17,7 +17,8 @@ they took before replication). It keeps, for the active epoch:
 - ``high_watermark``: the smallest position among the ISR members, the
   leader's own log end and the member a pending change adds or removes
   included (the safe side), never below the segment start, never above the
-  log end. **It never goes down** (asserted);
+  log end. **It never goes down** (a follower whose position goes back, one
+  that lost unsynced data, cannot take it back);
 - the produce requests waiting for ``acks=all`` (released when the HW covers
   their end) and ``acks=quorum`` (released when a majority of the replica set,
   leader included, holds their end), each in a deque ordered by end offset,
@@ -167,21 +168,16 @@ class LeaderState:
         """Answer ``RequestTimeout`` to the requests whose deadline passed (their records may be stored)."""
         answers = []
         with self._lock:
-            for waiting in (self._all, self._quorum):
-                kept: deque[WaitingAck] = deque()
-                for ack in waiting:
-                    if ack.deadline <= now:
-                        error = RequestTimeout(
-                            f"the replicas of {self.shard} did not confirm offset {ack.end_offset - 1} in "
-                            f"time; the records may be stored (an idempotent producer's retry is safe)",
-                            shard=self.shard,
-                            isr=list(self.isr),
-                        )
-                        answers.append(AckAnswer(ack.request, None, error))
-                    else:
-                        kept.append(ack)
-                waiting.clear()
-                waiting.extend(kept)
+            for waiting in (self._all, self._quorum):  # each in deadline order: queued in time order
+                while waiting and waiting[0].deadline <= now:
+                    ack = waiting.popleft()
+                    error = RequestTimeout(
+                        f"the replicas of {self.shard} did not confirm offset {ack.end_offset - 1} in "
+                        f"time; the records may be stored (an idempotent producer's retry is safe)",
+                        shard=self.shard,
+                        isr=list(self.isr),
+                    )
+                    answers.append(AckAnswer(ack.request, None, error))
         return answers
 
     def drain(self, error: RobustMQError) -> list[AckAnswer]:

@@ -106,7 +106,7 @@ class SegmentRecovery:
         @staticmethod
         def _settle_producers(pending: PendingBase) -> None: ...
         def _finish_truncation(
-            self, state: SegmentShard, checkpoint: Checkpoint, files: list[tuple[int, Path]]
+            self, state: SegmentShard, checkpoint: Checkpoint | None, files: list[tuple[int, Path]]
         ) -> list[tuple[int, Path]]: ...
 
     def _open_all(self) -> None:
@@ -139,8 +139,7 @@ class SegmentRecovery:
         state = SegmentShard(record.name, record.sid, ShardConfig.from_dict(record.config))
         sealed = self._load_sealed(record.sid, directory)
         start = self._load_checkpoint(record, dict(files))
-        if start is not None:
-            files = self._finish_truncation(state, start, files)
+        files = self._finish_truncation(state, start, files)
         beyond: list[int] | None = None  # with an inferred checkpoint: sealed records past it
         if start is None:
             start, sealed, files = self._reconstruct_checkpoint(state, files, sealed)

@@ -320,9 +320,18 @@ class SegmentReplica:
                 state.failed = f"cutting its files to offset {end_offset} failed ({exc})"
                 log.error("shard %s failed, writes are refused until a restart: %s", shard, state.failed)
                 raise Unavailable(f"truncating {shard} failed: {exc}", shard=shard) from exc
-            clear = self._index.new_batch()
-            clear.delete(truncation_marker(state.sid))
-            self._index.write(clear, sync=True)
+            try:
+                self._clear_marker(state)
+            except Unavailable:
+                # Left set, the marker would make a later open cut acknowledged appends
+                # whose index entries a crash lost: no appends until a restart clears it.
+                state.failed = f"clearing its truncation marker failed after a truncation to {end_offset}"
+                raise
+
+    def _clear_marker(self, state: SegmentShard) -> None:
+        clear = self._index.new_batch()
+        clear.delete(truncation_marker(state.sid))
+        self._index.write(clear, sync=True)
 
     def _locate_cut(self, state: SegmentShard, view: View, end: int) -> _Cut:
         """The segment and byte position of the frame starting at ``end``, and the epoch before it."""
@@ -417,11 +426,20 @@ class SegmentReplica:
         fsync_directory(active.path.parent)
 
     def _finish_truncation(
-        self, state: SegmentShard, checkpoint: Checkpoint, files: list[tuple[int, Path]]
+        self, state: SegmentShard, checkpoint: Checkpoint | None, files: list[tuple[int, Path]]
     ) -> list[tuple[int, Path]]:
-        """On open: cut the files to the checkpoint if a truncation's marker says it was not done."""
-        marker = truncation_marker(state.sid)
-        if self._index.get_meta(marker) is None:
+        """On open: cut the files to the checkpoint if a truncation's marker says it was not done.
+
+        Without a usable checkpoint (a damaged index) there is nothing to cut
+        to: the marker is dropped and recovery infers where the log ends.
+        """
+        if self._index.get_meta(truncation_marker(state.sid)) is None:
+            return files
+        if checkpoint is None:
+            log.error(
+                "shard %s: an interrupted truncation cannot be finished without a checkpoint", state.name
+            )
+            self._clear_marker(state)
             return files
         log.warning(
             "shard %s: finishing a truncation to offset %d that a stop interrupted",
@@ -440,9 +458,7 @@ class SegmentReplica:
             finally:
                 os.close(fd)
         fsync_directory(active.parent)
-        wb = self._index.new_batch()
-        wb.delete(marker)
-        self._index.write(wb, sync=True)
+        self._clear_marker(state)
         return kept
 
     # -- checksums -------------------------------------------------------------------

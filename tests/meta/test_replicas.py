@@ -159,3 +159,41 @@ def test_draining_survives_a_restart(meta: Meta) -> None:
     meta.restart()
     assert [node.draining for node in meta.client.list_nodes()] == [True]
     assert pb.NodeInfo().draining is False
+
+
+def test_a_new_node_takes_new_segments_at_the_next_seals_and_nothing_existing_moves(
+    client: MetaClient,
+) -> None:
+    register(client, "n1", "n2", "n3")
+    incarnation = client.create_topic("old", partitions=3, replication_factor=3).incarnation
+    client.create_topic("solo", replication_factor=1)
+    before = {shard.shard: list(shard.segments) for shard in client.describe_topic("old").shards}
+    register(client, "n4")
+    assert (
+        "n4"
+        in client.get_shard(client.create_topic("new", replication_factor=3).name + "_0").segments[0].replicas
+    )
+    took = []
+    for shard, (segment,) in sorted(before.items()):
+        replicas = list(segment.replicas)
+        answer = client.seal_segment(
+            shard, 0, 10, segment.leader, incarnation, isr=replicas, crc32c=1, size_bytes=1
+        )
+        assert answer.next.leader in replicas and "n4" not in answer.next.isr  # n4 holds nothing yet
+        assert list(answer.sealed.replicas) == replicas  # no existing segment changes its replicas
+        took.append("n4" in answer.next.replicas)
+    # n4 (least loaded) takes a place in the next seals until the replicas are balanced.
+    assert took == [True, True, False]
+    solo = client.get_shard("solo_0").segments[0]
+    # Replication factor 1: the next epoch stays where the data is, however loaded that node is.
+    assert list(client.seal_segment("solo_0", 0, 5, solo.leader).next.replicas) == [solo.leader]
+
+
+def test_a_retried_create_recognises_its_own_topic_with_the_default_min_insync() -> None:
+    from robustmq._meta_client import _resolved
+    from robustmq._wire import topic_config
+
+    sent = topic_config(replication_factor=3)
+    assert sent.min_insync_replicas == 0  # "unset" on the wire
+    assert _resolved(sent).min_insync_replicas == 2  # what the service stores
+    assert _resolved(topic_config(replication_factor=3, min_insync_replicas=3)).min_insync_replicas == 3

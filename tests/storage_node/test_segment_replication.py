@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -340,3 +341,65 @@ def test_a_kill_at_any_moment_settles_to_an_acknowledged_state(tmp_path: Path) -
             for engine in (*leaders.values(), follower):
                 engine.close()
     assert cuts >= 2, "the children cut too rarely to test anything"
+
+
+def test_readers_during_truncations_see_one_log_or_the_other(tmp_path: Path) -> None:
+    """A reader thread reads the whole log while the follower cuts back and switches leader:
+    every answer is a prefix of one leader's frames, never a mix of the two."""
+    leaders = {}
+    for name, label in (("a", b"a"), ("b", b"b")):
+        engine = SegmentEngine(tmp_path / name, default_config=SMALL)
+        engine.create_shard(SHARD)
+        fill_leader(engine, 0, 15, epoch=1)
+        fill_leader(engine, SHARED_END, 20, epoch=2, label=label)
+        leaders[name] = engine
+    frames = {name: all_frames(engine) for name, engine in leaders.items()}
+    follower = SegmentEngine(tmp_path / "follower", default_config=SMALL)
+    follower.create_shard(SHARD)
+    copy(leaders["a"], follower)
+    stop = threading.Event()
+    problems: list[str] = []
+    reads = [0]
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                got = follower.read_frames(SHARD, 0, max_bytes=1 << 30).frames
+            except Exception as exc:  # a read that overlapped a cut must not fail either
+                problems.append(repr(exc))
+                return
+            reads[0] += 1
+            if not any(got == whole[: len(got)] for whole in frames.values()):
+                problems.append(f"a read of {len(got)} frames matches neither leader")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for round_number in range(12):
+            follower.truncate_to(SHARD, 100)
+            copy(leaders["b" if round_number % 2 == 0 else "a"], follower, max_bytes=40_000)
+    finally:
+        stop.set()
+        reader.join(timeout=60)
+    assert not problems, problems[:3]
+    assert reads[0] > 12
+    for engine in (*leaders.values(), follower):
+        engine.close()
+
+
+def test_a_producer_the_leader_forgot_is_forgotten_by_the_follower_too(tmp_path: Path) -> None:
+    """The leader expired an idle producer, which then started again at a lower sequence: the
+    follower's window must follow, so both answer the producer's retries alike."""
+    leader = SegmentEngine(tmp_path / "leader", default_config=SMALL, producer_expiration_ms=1_000)
+    follower = SegmentEngine(tmp_path / "follower", default_config=SMALL)
+    leader.create_shard(SHARD)
+    follower.create_shard(SHARD)
+    leader.write(SHARD, batch(0, 20), epoch=1, producer_id=9, producer_sequence=5)
+    assert leader.enforce_retention(now_ms_=2**50) == 0  # forgets the idle producer, keeps records
+    leader.write(SHARD, batch(20, 20), epoch=1, producer_id=9, producer_sequence=0)  # new again
+    copy(leader, follower)
+    for engine in (leader, follower):
+        retry = engine.write(SHARD, batch(20, 20), epoch=1, producer_id=9, producer_sequence=0)
+        assert retry.duplicate and retry.base_offset == 20
+    leader.close()
+    follower.close()

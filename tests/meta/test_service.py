@@ -614,6 +614,7 @@ def test_a_removed_node_keeps_its_deletions_and_owes_them_again_when_it_returns(
     assert leaders(client.describe_topic(client.create_topic("x").name)) == ["n1"]
 
 
+@pytest.mark.serial
 def test_pending_deletions_of_a_removed_node_do_not_slow_seals(meta: Meta) -> None:
     client = MetaClient(meta.server.address, timeout_s=60)
     try:

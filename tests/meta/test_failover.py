@@ -68,8 +68,14 @@ class ScriptedNode:
         self._socket.close()
 
 
-def fenced_at(log_end: int) -> Callable[[pb.NodeRequest], pb.NodeResponse]:
-    return lambda request: pb.NodeResponse(fence=pb.FenceResponse(log_end_offset=log_end))
+def fenced_at(log_end: int, segment_start: int = 0) -> Callable[[pb.NodeRequest], pb.NodeResponse]:
+    """A fence answer: the node's log end and the fenced segment's start as it knows it."""
+    fenced = pb.FenceResponse(log_end_offset=log_end, segment_start=segment_start)
+    return lambda request: pb.NodeResponse(fence=fenced)
+
+
+def sealed_ok(request: pb.NodeRequest) -> pb.NodeResponse:
+    return pb.NodeResponse(seal=pb.SealResponse())
 
 
 def checksum(crc: int, size: int) -> Callable[[pb.NodeRequest], pb.NodeResponse]:
@@ -265,3 +271,77 @@ def test_a_segment_grown_by_repair_remembers_the_replicas_it_was_placed_on(tmp_p
         assert (task.placed, task.replicas) == (3, (leader, dying, survivor, "n4"))
     finally:
         controller.close()
+
+
+def test_a_fence_answer_from_a_node_that_does_not_know_the_fenced_segment_does_not_count(
+    cluster: Cluster,
+) -> None:
+    client = cluster.client
+    incarnation = client.create_topic("t", replication_factor=3).incarnation
+    first_leader = client.get_shard("t_0").segments[0].leader
+    client.seal_segment("t_0", 0, 100, first_leader, incarnation, isr=list(cluster.nodes), crc32c=1, size_bytes=1)
+    active = client.get_shard("t_0").segments[1]
+    leader, current, stale = active.replicas
+    # ``stale`` missed epoch 0's seal and copied a zombie leader's epoch-0 frames past 100; it has
+    # not adopted epoch 1 yet, so it does not know the fenced segment (segment_start -1). Its log
+    # end 300 is not epoch 1's: sealing there would replace epoch 1's acknowledged records.
+    cluster.nodes[stale].answers.update(fence=fenced_at(300, -1), checksum=checksum(9, 300))
+    cluster.nodes[current].answers.update(fence=fenced_at(150, 100), checksum=checksum(7, 50))
+    cluster.beating.discard(leader)
+    # It tried, backed off, tried (or, wrongly, sealed at the stale answer).
+    wait_for(lambda: cluster.nodes[stale].bodies().count("fence") >= 2 or len(client.get_shard("t_0").segments) > 2)
+    assert [s.end_offset for s in client.get_shard("t_0").segments] == [100, -1]  # one answer of three
+    # The node adopted epoch 1 (and removed its divergent tail): now its answer counts.
+    cluster.nodes[stale].answers.update(fence=fenced_at(100, 100))
+    wait_for(lambda: len(client.get_shard("t_0").segments) == 3)
+    sealed = client.get_shard("t_0").segments[1]
+    assert (sealed.end_offset, list(sealed.isr), sealed.crc32c) == (150, [current], 7)
+    assert "checksum" not in cluster.nodes[stale].bodies()
+
+
+def test_an_abandoned_failover_has_the_returning_leader_seal_the_fenced_epoch(cluster: Cluster) -> None:
+    client = cluster.client
+    incarnation = client.create_topic("t", replication_factor=3).incarnation
+    leader, first, second = client.get_shard("t_0").segments[0].replicas
+    client.update_isr("t_0", incarnation, 0, leader, [leader])  # the followers fell behind
+    for node_id in (first, second):
+        cluster.nodes[node_id].answers.update(fence=fenced_at(40), checksum=checksum(1, 2))
+    cluster.nodes[leader].answers["seal"] = sealed_ok
+    cluster.beating.discard(leader)
+    # Both followers answer, but no ISR member does: the failover waits (no unclean election).
+    wait_for(lambda: all(cluster.nodes[n].bodies().count("fence") >= 2 for n in (first, second)))
+    assert len(client.get_shard("t_0").segments) == 1
+    # The leader comes back and keeps leading epoch 0, but its followers are fenced from it:
+    # they copy nothing more of epoch 0 until it is sealed. The Meta Service has it sealed.
+    cluster.beating.add(leader)
+    wait_for(lambda: "seal" in cluster.nodes[leader].bodies())
+    seal = next(r.seal for r in cluster.nodes[leader].received if r.WhichOneof("body") == "seal")
+    assert seal.shard == "t_0"
+    following = client.seal_segment("t_0", 0, 60, leader, incarnation, isr=[leader], crc32c=1, size_bytes=1).next
+    assert sorted(following.replicas) == sorted(cluster.nodes)  # the followers copy the tail, then follow
+    asked = cluster.nodes[leader].bodies().count("seal")
+    time.sleep(1.5)  # a round or two: the epoch is sealed, nothing more to ask
+    assert cluster.nodes[leader].bodies().count("seal") == asked
+
+
+def test_an_under_replicated_active_segment_is_sealed_rather_than_grown(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, 4)
+    try:
+        client = cluster.client
+        cluster.beating.discard("n4")
+        wait_for(lambda: not {n.node_id: n for n in client.list_nodes()}["n4"].alive)
+        incarnation = client.create_topic("t", replication_factor=3).incarnation  # on n1, n2, n3
+        leader, first, second = client.get_shard("t_0").segments[0].replicas
+        cluster.nodes[leader].answers["seal"] = sealed_ok
+        cluster.beating.add("n4")
+        cluster.beating.discard(second)  # a follower dies
+        wait_for(lambda: "seal" in cluster.nodes[leader].bodies())
+        # The active segment keeps the replica set it was placed on (every failover's quorum
+        # rule stays that of one replica set); the next epoch is placed on live nodes.
+        assert list(client.get_shard("t_0").segments[0].replicas) == [leader, first, second]
+        following = client.seal_segment(
+            "t_0", 0, 10, leader, incarnation, isr=[leader, first], crc32c=5, size_bytes=6
+        ).next
+        assert sorted(following.replicas) == sorted([leader, first, "n4"])
+    finally:
+        cluster.close()

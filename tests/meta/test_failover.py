@@ -24,7 +24,8 @@ from robustmq.errors import Unavailable
 from robustmq.meta import MetaServer
 from robustmq.meta._controller import MetaController
 from robustmq.meta._failover_rules import FailoverTask, IsrDecision, SealPoint
-from robustmq.meta._store import RocksDBMetaStore
+from robustmq.meta._keys import placed_key
+from robustmq.meta._store import RocksDBMetaStore, WriteSet
 
 NODE_TIMEOUT_MS = 1500  # heartbeats every 0.1 s: a loaded machine never misses this many
 
@@ -197,9 +198,9 @@ def test_repair_adds_a_new_node_to_segments_a_dead_node_held(tmp_path: Path) -> 
         )
         cluster.beating.add("n4")
         cluster.beating.discard(second)  # a follower dies: both segments are under-replicated
-        wait_for(lambda: all("n4" in s.replicas for s in client.get_shard("t_0").segments))
+        wait_for(lambda: "n4" in client.get_shard("t_0").segments[0].replicas)
         sealed, active = client.get_shard("t_0").segments
-        assert "n4" not in sealed.isr and "n4" not in active.isr
+        assert "n4" not in sealed.isr and "n4" not in active.replicas  # the active one is sealed instead
         assert [s.shard for s in client.list_assignments("n4").shards] == ["t_0"]
         assert list(client.report_replica("t_0", incarnation, 0, "n4", 5, 6).isr)[-1] == "n4"
     finally:
@@ -251,7 +252,7 @@ def test_a_meta_restart_moves_no_leadership_and_changes_every_assignments_versio
         controller.close()
 
 
-def test_a_segment_grown_by_repair_remembers_the_replicas_it_was_placed_on(tmp_path: Path) -> None:
+def test_repair_never_grows_an_active_segment_and_a_grown_one_keeps_its_quorum_rule(tmp_path: Path) -> None:
     controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=300)
     try:
         for node_id in ("n1", "n2", "n3"):
@@ -261,14 +262,22 @@ def test_a_segment_grown_by_repair_remembers_the_replicas_it_was_placed_on(tmp_p
         time.sleep(0.4)
         for node_id in (leader, survivor, "n4"):
             controller.heartbeat(node_id, f"tcp://127.0.0.1:{7000 + int(node_id[1])}", [], 0)
-        assert controller.repair() == ["t_0 epoch 0 + n4"]
-        assert list(controller.get_shard("t_0").segments[0].replicas) == [leader, dying, survivor, "n4"]
-        assert controller.repair() == []  # three live replicas again
+        assert controller.repair() == []
+        assert list(controller.get_shard("t_0").segments[0].replicas) == [leader, dying, survivor]
+        targets, settled = controller.seal_targets({})
+        assert [(t.shard, t.address) for t in targets] == [
+            ("t_0", f"tcp://127.0.0.1:{7000 + int(leader[1])}")
+        ]
+        assert settled == []
+        # A segment grown while active by an earlier version keeps the length it was placed on.
+        ws = WriteSet()
+        ws.put(placed_key("t", 0, 0), (3).to_bytes(4, "big"))
+        ws.commit(controller._store)
         time.sleep(0.4)
         for node_id in (survivor, "n4"):
             controller.heartbeat(node_id, "", [], 0)
         (task,) = controller.failover_tasks()
-        assert (task.placed, task.replicas) == (3, (leader, dying, survivor, "n4"))
+        assert task.placed == 3
     finally:
         controller.close()
 
@@ -279,7 +288,9 @@ def test_a_fence_answer_from_a_node_that_does_not_know_the_fenced_segment_does_n
     client = cluster.client
     incarnation = client.create_topic("t", replication_factor=3).incarnation
     first_leader = client.get_shard("t_0").segments[0].leader
-    client.seal_segment("t_0", 0, 100, first_leader, incarnation, isr=list(cluster.nodes), crc32c=1, size_bytes=1)
+    client.seal_segment(
+        "t_0", 0, 100, first_leader, incarnation, isr=list(cluster.nodes), crc32c=1, size_bytes=1
+    )
     active = client.get_shard("t_0").segments[1]
     leader, current, stale = active.replicas
     # ``stale`` missed epoch 0's seal and copied a zombie leader's epoch-0 frames past 100; it has
@@ -289,7 +300,9 @@ def test_a_fence_answer_from_a_node_that_does_not_know_the_fenced_segment_does_n
     cluster.nodes[current].answers.update(fence=fenced_at(150, 100), checksum=checksum(7, 50))
     cluster.beating.discard(leader)
     # It tried, backed off, tried (or, wrongly, sealed at the stale answer).
-    wait_for(lambda: cluster.nodes[stale].bodies().count("fence") >= 2 or len(client.get_shard("t_0").segments) > 2)
+    wait_for(
+        lambda: cluster.nodes[stale].bodies().count("fence") >= 2 or len(client.get_shard("t_0").segments) > 2
+    )
     assert [s.end_offset for s in client.get_shard("t_0").segments] == [100, -1]  # one answer of three
     # The node adopted epoch 1 (and removed its divergent tail): now its answer counts.
     cluster.nodes[stale].answers.update(fence=fenced_at(100, 100))
@@ -317,7 +330,9 @@ def test_an_abandoned_failover_has_the_returning_leader_seal_the_fenced_epoch(cl
     wait_for(lambda: "seal" in cluster.nodes[leader].bodies())
     seal = next(r.seal for r in cluster.nodes[leader].received if r.WhichOneof("body") == "seal")
     assert seal.shard == "t_0"
-    following = client.seal_segment("t_0", 0, 60, leader, incarnation, isr=[leader], crc32c=1, size_bytes=1).next
+    following = client.seal_segment(
+        "t_0", 0, 60, leader, incarnation, isr=[leader], crc32c=1, size_bytes=1
+    ).next
     assert sorted(following.replicas) == sorted(cluster.nodes)  # the followers copy the tail, then follow
     asked = cluster.nodes[leader].bodies().count("seal")
     time.sleep(1.5)  # a round or two: the epoch is sealed, nothing more to ask
@@ -345,3 +360,32 @@ def test_an_under_replicated_active_segment_is_sealed_rather_than_grown(tmp_path
         assert sorted(following.replicas) == sorted([leader, first, "n4"])
     finally:
         cluster.close()
+
+
+def test_a_node_repairing_sealed_segments_joins_the_next_epoch_through_the_one_sealed(tmp_path: Path) -> None:
+    controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=300)
+    try:
+        addresses = {
+            node_id: f"tcp://127.0.0.1:{7000 + int(node_id[1])}" for node_id in ("n1", "n2", "n3", "n4")
+        }
+        for node_id in ("n1", "n2", "n3"):
+            controller.register_node(node_id, addresses[node_id])
+        incarnation = controller.create_topic("t", pb.TopicConfig(replication_factor=3)).incarnation
+        leader, dying, survivor = controller.get_shard("t_0").segments[0].replicas
+        controller.seal_segment(
+            "t_0", 0, 10, leader, incarnation, isr=[leader, dying, survivor], crc32c=1, size_bytes=1
+        )
+        time.sleep(0.4)
+        for node_id in (leader, survivor, "n4"):
+            controller.heartbeat(node_id, addresses[node_id], [], 0)
+        assert controller.repair() == ["t_0 epoch 0 + n4"]  # the sealed one; the active one is sealed
+        assert [(t.shard, t.address) for t in controller.seal_targets({})[0]] == [("t_0", addresses[leader])]
+        # n4's last segment is epoch 0: it may not take epoch 2 alone (a gap), but it becomes a
+        # replica of epoch 1 in the same write and copies it first.
+        sealed, following = controller.seal_segment("t_0", 1, 20, leader, incarnation, isr=[leader, survivor])
+        assert list(sealed.replicas) == [leader, dying, survivor, "n4"]
+        assert sorted(following.replicas) == sorted([leader, survivor, "n4"]) and "n4" not in following.isr
+        assert [s.epoch for s in controller.list_assignments("n4").shards[0].segments] == [0, 1, 2]
+        assert controller.seal_targets({})[0] == []
+    finally:
+        controller.close()

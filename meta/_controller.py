@@ -68,7 +68,7 @@ __all__ = [
     "MetaController",
 ]
 
-DEFAULT_NODE_TIMEOUT_MS = 6000
+DEFAULT_NODE_TIMEOUT_MS = 2000
 GROUP_PAGE_DEFAULT = 1_000
 GROUP_PAGE_MAX = 10_000
 HEARTBEAT_INTERVAL_MS = 1000
@@ -100,7 +100,7 @@ class MetaController(ReplicaControl):
         self._nodes = NodeTable(store)
         self._offsets = OffsetTable(store)
         self._liveness = Liveness(node_timeout_ms)
-        self._interval_ms = max(1, min(HEARTBEAT_INTERVAL_MS, node_timeout_ms // 3))
+        self._interval_ms = max(1, min(HEARTBEAT_INTERVAL_MS, node_timeout_ms // 4))
         self._check_format()
         self._progress: dict[str, tuple[int, int]] = {}  # shard -> (high watermark, log start)
         self._reserved: dict[str, int] = {}  # shard -> reserved offset (memory engine), if reported

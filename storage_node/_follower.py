@@ -385,8 +385,8 @@ class _FollowerControl(threading.Thread):
         self._refresh_addresses(meta)
         listed = set()
         for info in answer.shards:
-            listed.add(info.shard)
-            if _replicated(info):
+            if _replicated(info):  # an RF 1 shard is nothing to copy: never looked up from here
+                listed.add(info.shard)
                 self._post_view(meta, info)
         for gone in self._assigned - listed:  # no longer to copy: its worker finds out from a lookup
             self.refresh(gone)

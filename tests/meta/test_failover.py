@@ -185,7 +185,7 @@ def test_a_draining_leader_is_asked_to_seal_and_gets_no_new_segment(cluster: Clu
     assert cluster.nodes[leader].bodies().count("seal") == 1
 
 
-def test_repair_adds_a_new_node_to_segments_a_dead_node_held(tmp_path: Path) -> None:
+def test_repair_copies_sealed_segments_and_has_an_under_replicated_active_one_sealed(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, 4)
     try:
         client = cluster.client
@@ -196,13 +196,23 @@ def test_repair_adds_a_new_node_to_segments_a_dead_node_held(tmp_path: Path) -> 
         client.seal_segment(
             "t_0", 0, 10, leader, incarnation, isr=[leader, first, second], crc32c=5, size_bytes=6
         )
+        cluster.nodes[leader].answers["seal"] = sealed_ok
         cluster.beating.add("n4")
         cluster.beating.discard(second)  # a follower dies: both segments are under-replicated
         wait_for(lambda: "n4" in client.get_shard("t_0").segments[0].replicas)
+        wait_for(lambda: "seal" in cluster.nodes[leader].bodies())
+        # The active segment keeps the replica set it was placed on (every failover's quorum
+        # rule stays that of one replica set); its leader is asked to seal instead.
         sealed, active = client.get_shard("t_0").segments
-        assert "n4" not in sealed.isr and "n4" not in active.replicas  # the active one is sealed instead
+        assert "n4" not in sealed.isr and list(active.replicas) == [leader, first, second]
         assert [s.shard for s in client.list_assignments("n4").shards] == ["t_0"]
         assert list(client.report_replica("t_0", incarnation, 0, "n4", 5, 6).isr)[-1] == "n4"
+        # The leader seals: the next epoch is placed on live nodes, n4 joining it through epoch 1.
+        answer = client.seal_segment(
+            "t_0", 1, 20, leader, incarnation, isr=[leader, first], crc32c=7, size_bytes=8
+        )
+        sealed, following = answer.sealed, answer.next
+        assert "n4" in sealed.replicas and sorted(following.replicas) == sorted([leader, first, "n4"])
     finally:
         cluster.close()
 
@@ -337,29 +347,6 @@ def test_an_abandoned_failover_has_the_returning_leader_seal_the_fenced_epoch(cl
     asked = cluster.nodes[leader].bodies().count("seal")
     time.sleep(1.5)  # a round or two: the epoch is sealed, nothing more to ask
     assert cluster.nodes[leader].bodies().count("seal") == asked
-
-
-def test_an_under_replicated_active_segment_is_sealed_rather_than_grown(tmp_path: Path) -> None:
-    cluster = Cluster(tmp_path, 4)
-    try:
-        client = cluster.client
-        cluster.beating.discard("n4")
-        wait_for(lambda: not {n.node_id: n for n in client.list_nodes()}["n4"].alive)
-        incarnation = client.create_topic("t", replication_factor=3).incarnation  # on n1, n2, n3
-        leader, first, second = client.get_shard("t_0").segments[0].replicas
-        cluster.nodes[leader].answers["seal"] = sealed_ok
-        cluster.beating.add("n4")
-        cluster.beating.discard(second)  # a follower dies
-        wait_for(lambda: "seal" in cluster.nodes[leader].bodies())
-        # The active segment keeps the replica set it was placed on (every failover's quorum
-        # rule stays that of one replica set); the next epoch is placed on live nodes.
-        assert list(client.get_shard("t_0").segments[0].replicas) == [leader, first, second]
-        following = client.seal_segment(
-            "t_0", 0, 10, leader, incarnation, isr=[leader, first], crc32c=5, size_bytes=6
-        ).next
-        assert sorted(following.replicas) == sorted([leader, first, "n4"])
-    finally:
-        cluster.close()
 
 
 def test_a_node_repairing_sealed_segments_joins_the_next_epoch_through_the_one_sealed(tmp_path: Path) -> None:

@@ -19,14 +19,30 @@ Its thread wakes every ``failover_check_ms`` (100 ms) and:
   :data:`MAX_RETRY_S`; the reason is logged when it changes;
 - **repair**, every ``repair_interval_ms`` (1 s): one call of
   :meth:`~robustmq.meta._controller.MetaController.repair` (bounded work);
-- **drain**, every ``repair_interval_ms``: asks each live draining leader to
-  seal the active segments another ISR member can take over (a node ``seal``
-  request; at most once per :data:`DRAIN_RESEAL_S` per shard).
+- **reseal**, every ``repair_interval_ms``: asks live leaders to seal (a node
+  ``seal`` request, not waited for; at most once per :data:`RESEAL_S` per
+  shard, again until the chain shows it done) the active segments of
+  :meth:`~robustmq.meta._controller.MetaController.seal_targets`: those a
+  draining node leads that another ISR member can take over, those repair
+  found under-replicated (the next epoch is placed on live nodes), and those
+  whose followers a failover fenced and that are still active with their
+  leader alive again. A failover fences before it decides; if it then waits
+  (too few answers, no ISR member) or its commit finds the chain changed, the
+  fenced followers copy nothing more of that epoch until its seal is known,
+  so the epoch must be finished: its leader seals it through its normal path,
+  and the followers copy its tail as followers of the next epoch. The fenced
+  shards are remembered from the first fence sent until the chain shows the
+  epoch no longer active (in memory, at most :data:`_MAX_REMEMBERED`).
 
 Every failover is logged at INFO with shard, epoch, ``E``, the new leader and
 the time it took. Crash behaviour: nothing is kept here; a Meta Service that
 stops in the middle of a failover left at most fences on the nodes, and the
-next process fences again (fencing is idempotent) and decides afresh.
+next process fences again (fencing is idempotent) and decides afresh if the
+leader is still gone. If the leader is back by then, the new process does not
+know its followers were fenced: they stay fenced from that epoch until its
+next seal (by size, age, drain or an operator's ``robustmq segments seal``);
+meanwhile its ISR shrinks to the leader, ``acks=all`` is refused and
+``quorum`` writes time out (docs/replication.md, "Failover").
 """
 
 from __future__ import annotations
@@ -42,13 +58,21 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import RobustMQError, Unavailable
 
 from ._controller import MetaController
-from ._failover_rules import FailoverTask, IsrDecision, SealPoint, Waiting, decide_fence, decide_isr
+from ._failover_rules import (
+    FailoverTask,
+    FenceAnswer,
+    IsrDecision,
+    SealPoint,
+    Waiting,
+    decide_fence,
+    decide_isr,
+)
 
 __all__ = [
     "DEFAULT_FAILOVER_CHECK_MS",
     "DEFAULT_REPAIR_INTERVAL_MS",
-    "DRAIN_RESEAL_S",
     "MAX_RETRY_S",
+    "RESEAL_S",
     "NodeRequests",
     "ReplicaSupervisor",
 ]
@@ -56,9 +80,9 @@ __all__ = [
 DEFAULT_FAILOVER_CHECK_MS = 100
 DEFAULT_REPAIR_INTERVAL_MS = 1000
 MAX_RETRY_S = 5.0
-DRAIN_RESEAL_S = 5.0
+RESEAL_S = 5.0
 _FIRST_RETRY_S = 0.5
-_MAX_REMEMBERED = 100_000  # shards with a back-off or drain timestamp, a bound on memory
+_MAX_REMEMBERED = 100_000  # shards with a back-off, a fence or a seal request, a bound on memory
 
 logger = logging.getLogger("robustmq.meta")
 
@@ -89,7 +113,7 @@ class ReplicaSupervisor:
     caller_factory
         Makes the node request client (``NodeCaller``); called once, when first needed.
     failover_check_ms, repair_interval_ms
-        How often leaders are checked, and repair and drain run.
+        How often leaders are checked, and repair and reseal run.
     node_timeout_s
         Deadline of each ``Fence``, ``Checksum`` and ``seal`` request.
     max_parallel
@@ -120,7 +144,9 @@ class ReplicaSupervisor:
         self._shared_lock = threading.Lock()
         self._in_hand: set[str] = set()  # shards a pool thread is failing over
         self._retry: dict[str, tuple[float, float, str]] = {}  # shard -> (not before, back-off s, reason)
-        self._drained: dict[str, float] = {}  # shard -> when its leader was last asked to seal
+        self._fenced: dict[str, tuple[int, int]] = {}  # shard -> (incarnation, epoch) fenced, not sealed
+        # Used by the loop thread only:
+        self._resealed: dict[str, float] = {}  # shard -> when its leader was last asked to seal
 
     def start(self) -> ReplicaSupervisor:
         self._pool = ThreadPoolExecutor(max_workers=self._max_parallel, thread_name_prefix="meta-failover")
@@ -160,7 +186,7 @@ class ReplicaSupervisor:
                 self._check_leaders()
                 if time.monotonic() >= next_repair:
                     next_repair = time.monotonic() + self._repair_s
-                    self._repair_and_drain()
+                    self._repair_and_reseal()
             except RobustMQError as error:  # the controller is closing, or a store error: try again
                 if not self._stopping.is_set():
                     logger.warning("replica supervisor: %s", error)
@@ -212,13 +238,19 @@ class ReplicaSupervisor:
         """Fence, decide, checksum, decide, commit (see the module docstring); the new
         ``(sealed, next)`` or ``None`` if the shard waits or its chain changed meanwhile."""
         started = time.monotonic()
+        with self._shared_lock:  # from now on this epoch must be finished (module docstring)
+            if len(self._fenced) < _MAX_REMEMBERED or task.shard in self._fenced:
+                self._fenced[task.shard] = (task.incarnation, task.epoch)
         fenced = self._ask(
             task.addresses,
             "fence",
             pb.FenceRequest(shard=task.shard, incarnation=task.incarnation, epoch=task.epoch),
         )
-        log_ends = {node_id: response.fence.log_end_offset for node_id, response in fenced.items()}
-        point = decide_fence(task.replicas, task.isr, log_ends, task.start_offset, placed=task.placed)
+        answers = {
+            node_id: FenceAnswer(response.fence.log_end_offset, response.fence.segment_start)
+            for node_id, response in fenced.items()
+        }
+        point = decide_fence(task.replicas, task.isr, answers, task.start_offset, placed=task.placed)
         if isinstance(point, Waiting):
             self._back_off(task.shard, point.reason)
             return None
@@ -297,25 +329,28 @@ class ReplicaSupervisor:
             answers[node_id] = response
         return answers
 
-    # -- repair and drain --------------------------------------------------------
+    # -- repair and reseal --------------------------------------------------------
 
-    def _repair_and_drain(self) -> None:
+    def _repair_and_reseal(self) -> None:
         self._controller.repair()
         now = time.monotonic()
-        targets = self._controller.drain_targets()
-        wanted = {shard for shard, _ in targets}
-        for shard in [shard for shard in self._drained if shard not in wanted]:
-            del self._drained[shard]
-        asked = []
-        for shard, address in targets:
-            if now - self._drained.get(shard, -DRAIN_RESEAL_S) < DRAIN_RESEAL_S:
+        with self._shared_lock:
+            fenced = dict(self._fenced)
+        targets, settled = self._controller.seal_targets(fenced)
+        with self._shared_lock:
+            for shard in settled:
+                if self._fenced.get(shard) == fenced[shard]:  # not fenced again at a newer epoch since
+                    del self._fenced[shard]
+        wanted = {target.shard for target in targets}
+        for shard in [shard for shard in self._resealed if shard not in wanted]:
+            del self._resealed[shard]
+        for target in targets:
+            if now - self._resealed.get(target.shard, -RESEAL_S) < RESEAL_S:
                 continue
-            if len(self._drained) < _MAX_REMEMBERED or shard in self._drained:
-                self._drained[shard] = now
-            asked.append((shard, address))
-        for shard, address in asked:
+            if len(self._resealed) < _MAX_REMEMBERED or target.shard in self._resealed:
+                self._resealed[target.shard] = now
             # Not waited for: the node seals in its own time; the next round asks again if needed.
             self._node_requests().request(
-                address, "seal", pb.SealRequest(shard=shard), timeout_s=self._node_timeout_s
+                target.address, "seal", pb.SealRequest(shard=target.shard), timeout_s=self._node_timeout_s
             )
-            logger.info("drain: asked %s to seal %s", address, shard)
+            logger.info("asked %s to seal %s: %s", target.address, target.shard, target.reason)

@@ -5,7 +5,12 @@ shard whose leader is gone at the largest log end ``E`` any fenced replica
 holds, and opens the next epoch on a holder of ``E``. The rules, each a
 function here so that every branch is tested without a cluster:
 
-1. :func:`decide_fence`: the fenced replicas must be enough to meet every
+1. :func:`decide_fence`: an answer counts only if the node knows the fenced
+   segment (its ``segment_start`` is the segment's start): a node that has not
+   adopted the epoch yet answers the log end of an older view, which may run
+   past that epoch's sealed end with a zombie leader's frames (and it removes
+   them once it adopts the view): it is no answer, and the shard retries. The
+   counted replicas must be enough to meet every
    ``quorum`` write, i.e. ``answers + quorum > replicas`` with ``quorum`` a
    majority of the replica set (for an odd replica set: a majority answered),
    for every replica set the segment had (repair may have grown it),
@@ -37,8 +42,10 @@ from robustmq._proto import robustmq_pb2 as pb
 
 __all__ = [
     "FailoverTask",
+    "FenceAnswer",
     "IsrDecision",
     "SealPoint",
+    "SealTarget",
     "Waiting",
     "chain_unchanged",
     "decide_fence",
@@ -60,6 +67,25 @@ class FailoverTask:
     isr: tuple[str, ...]
     addresses: tuple[tuple[str, str], ...]  # (node id, address) of the other live replicas
     placed: int = 0  # replicas it was placed on, if repair grew it since (0: it was not)
+
+
+@dataclass(frozen=True, slots=True)
+class FenceAnswer:
+    """A fenced replica's answer: its log end, and the fenced segment's start as it knows it
+    (-1: it does not know that epoch yet)."""
+
+    log_end: int
+    segment_start: int
+
+
+@dataclass(frozen=True, slots=True)
+class SealTarget:
+    """An active segment whose live leader the Meta Service asks to seal (a node ``seal`` request),
+    at ``address``; ``reason`` is logged."""
+
+    shard: str
+    address: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,22 +120,30 @@ def quorum_of(replica_count: int) -> int:
 def decide_fence(
     replicas: Sequence[str],
     isr: Sequence[str],
-    log_ends: Mapping[str, int],
-    start_offset: int = 0,
+    answers: Mapping[str, FenceAnswer],
+    start_offset: int,
     *,
     placed: int = 0,
 ) -> SealPoint | Waiting:
-    """Where to seal, given each fenced replica's log end (replicas that did not answer are absent).
+    """Where to seal, given each fenced replica's answer (replicas that did not answer are absent).
 
-    ``start_offset`` is the segment's start: an ISR member holds at least that
-    much, so a largest log end below it means the answers are not to be trusted.
+    ``start_offset`` is the segment's start: only answers naming it count (the
+    others come from an older view, see the module docstring), and an ISR
+    member holds at least that much, so a largest log end below it means the
+    answers are not to be trusted.
     ``placed`` is how many replicas the segment was placed on if repair added
     some since (0: none were added). Repair appends, so the replica sets the
     segment had are the prefixes ``replicas[:m]`` for ``m`` from ``placed`` on,
     and a quorum write was made under one of them: the answers must meet every
     quorum of each.
     """
-    answered = {node: end for node, end in log_ends.items() if node in replicas}
+    stale = sorted(node for node, got in answers.items() if got.segment_start != start_offset)
+    answered = {
+        node: got.log_end
+        for node, got in answers.items()
+        if node in replicas and got.segment_start == start_offset
+    }
+    unknown = f"; not counted, their view predates the segment: {stale}" if stale else ""
     for size in range(min(placed or len(replicas), len(replicas)), len(replicas) + 1):
         members = replicas[:size]
         needed = size - quorum_of(size) + 1
@@ -117,10 +151,12 @@ def decide_fence(
         if got < needed:
             return Waiting(
                 f"{got} of the {size} replicas {list(members)} answered the fence, {needed} needed "
-                f"to meet every quorum write (answered: {sorted(answered)})"
+                f"to meet every quorum write (answered: {sorted(answered)}{unknown})"
             )
     if not set(answered) & set(isr):
-        return Waiting(f"no ISR member ({sorted(isr)}) answered the fence (answered: {sorted(answered)})")
+        return Waiting(
+            f"no ISR member ({sorted(isr)}) answered the fence (answered: {sorted(answered)}{unknown})"
+        )
     end = max(answered.values())
     if end < start_offset:
         return Waiting(f"every answer ends before the segment's start {start_offset}: {dict(answered)}")

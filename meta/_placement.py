@@ -23,7 +23,7 @@ the next seals of existing shards and of new topics at once; no existing
 segment changes its replicas, so no byte moves.
 
 Fewer eligible nodes than the replication factor: as many as there are are
-placed (the caller logs the segment as under-replicated; repair adds nodes
+placed (the caller logs the segment as under-replicated; repair has it sealed
 later). None (or no eligible leader): ``Unavailable``.
 
 Pure functions over plain values: the caller decides which nodes are live,

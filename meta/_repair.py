@@ -6,12 +6,17 @@ replication factor ``RF`` > 1, in chain order:
 - a SEALED segment whose live ``isr`` has at least one member (someone to copy
   from) but fewer than ``RF``, and no copy in progress that would make up the
   difference (live replicas not yet in the ``isr`` count as copies in progress);
-- the ACTIVE segment, if its leader is live (otherwise failover comes first)
-  and fewer than ``RF`` of its replicas are live;
-
-gets one eligible node added to its ``replicas`` (never to its ``isr``: a
-sealed copy joins it through ``ReportReplica`` once its CRC matches, an
-active follower when its leader sees it caught up). Eligible: live, not
+gets one eligible node added to its ``replicas`` (never to its ``isr``: the
+copy joins it through ``ReportReplica`` once its CRC matches). The ACTIVE
+segment is never grown: its replica set stays the one it was placed on, so
+a failover's quorum rule is that of one replica set (a ``quorum`` write
+counted the set as it was). Instead, if its leader is live, fewer than ``RF``
+of its replicas are live and some eligible node could take a place in the
+next epoch (:func:`joiners`), :func:`reseal_wanted` says so and the Meta
+Service asks the leader to seal: the next epoch is placed on live nodes with
+the full factor, its new nodes are added to the sealed segment's replicas in
+the same write (so each node's log stays contiguous), and they copy it as
+repair would. Eligible: live, not
 draining, not dropping an older same-name shard, not already a replica, and
 holding nothing of the shard or having the segment just before as its last
 (:func:`._placement.eligible_nodes`), so every node's local log stays
@@ -34,7 +39,7 @@ from robustmq._proto import robustmq_pb2 as pb
 from ._load import ClusterLoad
 from ._placement import eligible_nodes
 
-__all__ = ["MAX_REPAIRS_PER_ROUND", "max_replicas", "repair_choices"]
+__all__ = ["MAX_REPAIRS_PER_ROUND", "joiners", "max_replicas", "repair_choices", "reseal_wanted"]
 
 # Segments one repair round changes at most (a round runs about once a second).
 MAX_REPAIRS_PER_ROUND = 32
@@ -49,10 +54,8 @@ def _needs_replica(segment: pb.Segment, replication_factor: int, live: set[str])
     if len(segment.replicas) >= max_replicas(replication_factor):
         return False
     live_replicas = [node for node in segment.replicas if node in live]
-    if segment.state == pb.ACTIVE:
-        return segment.leader in live and len(live_replicas) < replication_factor
     if segment.state != pb.SEALED:
-        return False  # tiered: it is in object storage
+        return False  # active: sealed instead (reseal_wanted); tiered: it is in object storage
     live_isr = [node for node in segment.isr if node in live]
     return 0 < len(live_isr) < replication_factor and len(live_replicas) < replication_factor
 
@@ -81,3 +84,29 @@ def repair_choices(
             position,
             min(eligible, key=lambda node: (load.held.get(node, 0), load.active_replicas.get(node, 0), node)),
         )
+
+
+def joiners(chain: Sequence[pb.Segment], replication_factor: int, candidates: set[str]) -> set[str]:
+    """The ``candidates`` that may take a place in the epoch after ``chain[-1]`` by becoming
+    replicas of ``chain[-1]`` too (they copy it first, as repair would): not already its
+    replicas, holding nothing of the shard or the segment just before it as their last.
+    None if ``chain[-1]`` could then list more than :func:`max_replicas` nodes."""
+    last = chain[-1]
+    if replication_factor <= 1 or len(last.replicas) + replication_factor > max_replicas(replication_factor):
+        return set()
+    return eligible_nodes(candidates - set(last.replicas), chain, position=len(chain) - 1)
+
+
+def reseal_wanted(
+    chain: Sequence[pb.Segment], replication_factor: int, live: set[str], candidates: set[str]
+) -> bool:
+    """Whether the ACTIVE segment (``chain[-1]``) should be sealed so that the next epoch gets
+    more live replicas: its leader is live, fewer than ``replication_factor`` of its replicas
+    are, and a candidate may join the next epoch (:func:`joiners`), so the seal is not for
+    nothing."""
+    active = chain[-1]
+    if active.state != pb.ACTIVE or active.leader not in live:
+        return False
+    if sum(1 for node in active.replicas if node in live) >= replication_factor:
+        return False
+    return bool(joiners(chain, replication_factor, candidates))

@@ -24,12 +24,12 @@ from robustmq.errors import InvalidRequest, ShardNotFound, StaleEpoch
 from robustmq.storage_node import shard_name
 
 from ._chains import checked_isr, is_assigned, next_segment, reported_segment, sealed_segment
-from ._failover_rules import FailoverTask, IsrDecision, SealPoint, chain_unchanged
+from ._failover_rules import FailoverTask, IsrDecision, SealPoint, SealTarget, chain_unchanged
 from ._liveness import Liveness
 from ._load import AssignmentVersions, ClusterLoad
 from ._nodes import NodeTable
 from ._placement import eligible_nodes, place_replicas
-from ._repair import MAX_REPAIRS_PER_ROUND, repair_choices
+from ._repair import MAX_REPAIRS_PER_ROUND, joiners, repair_choices, reseal_wanted
 from ._store import MetaStore, WriteSet
 from ._topics import TopicTable
 from ._validation import require_node_id, split_shard
@@ -57,6 +57,9 @@ class ReplicaControl:
     # (live, placeable, load) of the last repair round that found nothing to do, and until when
     # that round's verdict holds; None: the next round reads every chain.
     _repair_idle: tuple[tuple[frozenset[str], frozenset[str], ClusterLoad], float] | None = None
+    # shard -> active epoch that the last repair scan found under-replicated, to be sealed
+    # (:func:`._repair.reseal_wanted`); replaced by each full scan, at most one entry per shard.
+    _reseal: dict[str, int] = {}
 
     def _locked(self) -> AbstractContextManager[None]:
         raise NotImplementedError  # the controller's
@@ -102,20 +105,44 @@ class ReplicaControl:
 
         If no node that holds the sealed segment may lead (they are all
         draining), a live draining holder leads rather than refusing the seal:
-        a drain must never make a shard unwritable.
+        a drain must never make a shard unwritable. With fewer eligible nodes
+        than the factor, nodes that may join by also copying the sealed
+        segment (:func:`._repair.joiners`) are candidates too; those placed
+        are appended to ``chain[-1]``'s replicas (in place, and in ``load``),
+        so the caller writes the sealed segment with them.
         """
         sealed = chain[-1]
         shard = sealed.shard
         rf = self._topics.require(topic).config.replication_factor
         live = self._live_node_ids()
         held = self._nodes.holders_pending(topic, partition).get(shard, set()) & live
-        placeable = eligible_nodes(live - self._draining_ids() - held, chain)
+        candidates = live - self._draining_ids() - held
+        placeable = eligible_nodes(candidates, chain)
         leaders = set(sealed.isr) & live
         if not leaders & placeable:
             placeable |= leaders
+        joining = joiners(chain, rf, candidates) - placeable if len(placeable) < rf else set()
         replicas = self._place(
-            placeable, rf, load, shard=shard, dropping=len(held), previous=sealed.replicas, leaders=leaders
+            placeable | joining,
+            rf,
+            load,
+            shard=shard,
+            dropping=len(held),
+            previous=sealed.replicas,
+            leaders=leaders,
         )
+        added = [node_id for node_id in replicas if node_id in joining]
+        if added:
+            load.remove(sealed)
+            sealed.replicas.extend(added)
+            load.add(sealed)
+            logger.info(
+                "%s epoch %d gets %s as replicas: they join epoch %d",
+                shard,
+                sealed.epoch,
+                added,
+                sealed.epoch + 1,
+            )
         return next_segment(sealed, replicas)
 
     def _place(
@@ -141,7 +168,7 @@ class ReplicaControl:
         )
         if len(replicas) < count:
             logger.warning(
-                "%s is under-replicated: %d of %d replicas placed (%s); repair adds more later",
+                "%s is under-replicated: %d of %d replicas placed (%s); resealed once a node can join",
                 shard,
                 len(replicas),
                 count,
@@ -337,11 +364,12 @@ class ReplicaControl:
         return sealed, following
 
     def repair(self, limit: int = MAX_REPAIRS_PER_ROUND) -> list[str]:
-        """Add one eligible live node to up to ``limit`` under-replicated segments; what was done.
+        """Add one eligible live node to up to ``limit`` under-replicated sealed segments; what was done.
 
         See :mod:`._repair` for which segments and nodes qualify. The added node
-        is a replica, not in the ``isr``: it joins a sealed ``isr`` through
-        ``ReportReplica`` and an active one when the leader sees it caught up.
+        is a replica, not in the ``isr``: it joins it through ``ReportReplica``.
+        The under-replicated active segments found on the way are remembered
+        for :meth:`seal_targets` (their leaders are asked to seal).
         """
         done: list[str] = []
         with self._locked():
@@ -358,6 +386,7 @@ class ReplicaControl:
             if idle is not None and idle[0][:2] == key[:2] and idle[0][2] is key[2] and now < idle[1]:
                 return done
             self._repair_idle = None
+            reseal: dict[str, int] = {}
             for topic in self._topics.all():
                 rf = topic.config.replication_factor
                 if rf <= 1:
@@ -367,11 +396,15 @@ class ReplicaControl:
                 for partition, chain in sorted(chains.items()):
                     shard = shard_name(topic.name, partition)
                     candidates = placeable - dropping.get(shard, set())
+                    if reseal_wanted(chain, rf, live, candidates):
+                        reseal[shard] = chain[-1].epoch
                     for position, node_id in repair_choices(chain, rf, live, candidates, self._load):
                         self._add_replica(topic.name, partition, chain[position], node_id)
                         done.append(f"{shard} epoch {chain[position].epoch} + {node_id}")
                         if len(done) >= limit:
+                            self._reseal = {**self._reseal, **reseal}  # a partial scan: keep the rest
                             return done
+            self._reseal = reseal
             if not done:
                 self._repair_idle = (key, now + REPAIR_RESCAN_S)
         return done
@@ -383,48 +416,86 @@ class ReplicaControl:
         load = self._load.copy()
         load.replace(segment, grown)
         ws = WriteSet()
-        if segment.state == pb.ACTIVE and self._topics.placed_count(topic, partition, segment.epoch) is None:
-            self._topics.stage_placed_count(topic, partition, segment.epoch, len(segment.replicas), ws)
         self._topics.stage_segment(topic, partition, grown, ws)
         ws.commit(self._store)
         self._load = load
         self._versions.bump_segments((grown,))
         segment.CopyFrom(grown)  # the caller's chain sees it (one addition per segment and round)
         logger.info(
-            "repair: %s epoch %d (%s) gets %s as a replica (replicas %s, isr %s)",
+            "repair: %s epoch %d gets %s as a replica (replicas %s, isr %s)",
             grown.shard,
             grown.epoch,
-            "active" if grown.state == pb.ACTIVE else "sealed",
             node_id,
             list(grown.replicas),
             list(grown.isr),
         )
 
-    def drain_targets(self) -> list[tuple[str, str]]:
-        """``(shard, leader address)`` of each active segment a live draining node leads that
-        another live, not draining ISR member can take over (RF > 1): the worker asks the
-        leader to seal it, and placement moves the next epoch off the node."""
+    def seal_targets(self, fenced: Mapping[str, tuple[int, int]]) -> tuple[list[SealTarget], list[str]]:
+        """The active segments whose live leader the supervisor asks to seal, and the ``fenced``
+        shards that need nothing more.
+
+        ``fenced`` maps each shard whose replicas a failover fenced to that
+        ``(incarnation, epoch)``. Targets, at most one per shard: a fenced
+        epoch that is still active with its leader alive again (its fenced
+        followers copy nothing more of it until it is sealed); a segment a
+        live draining node leads that another live, not draining ISR member
+        can take over; an active segment repair found under-replicated
+        (:meth:`repair`). The second list names the fenced shards whose epoch
+        is no longer active (sealed, or the topic is gone or re-created).
+        """
         with self._locked():
             nodes = {node.node_id: node for node in self._nodes.all()}
-            draining = {
-                node_id
-                for node_id, node in nodes.items()
-                if node.draining and self._liveness.is_alive(node_id) and self._load.leaders.get(node_id)
-            }
-            if not draining:
-                return []
-            targets = []
-            for segment in self._topics.active_segments():
-                if segment.leader not in draining:
-                    continue
-                takers = [
-                    node_id
-                    for node_id in segment.isr
-                    if node_id != segment.leader
-                    and node_id in nodes
-                    and not nodes[node_id].draining
-                    and self._liveness.is_alive(node_id)
-                ]
-                if takers:
-                    targets.append((segment.shard, nodes[segment.leader].address))
-        return targets
+            alive = {node_id for node_id in nodes if self._liveness.is_alive(node_id)}
+            targets: dict[str, SealTarget] = {}
+            settled = []
+            for shard, (incarnation, epoch) in fenced.items():
+                active = self._active_segment(shard, incarnation)
+                if active is None or active.epoch != epoch:
+                    settled.append(shard)
+                elif active.leader in alive:
+                    reason = f"epoch {epoch}: its followers were fenced by a failover that did not finish"
+                    targets[shard] = SealTarget(shard, nodes[active.leader].address, reason)
+            for shard, epoch in self._reseal.items():
+                active = self._active_segment(shard, None)
+                wanted = active is not None and active.epoch == epoch and active.leader in alive
+                if wanted and shard not in targets:
+                    assert active is not None
+                    reason = f"epoch {epoch} is under-replicated: the next one gets live replicas"
+                    targets[shard] = SealTarget(shard, nodes[active.leader].address, reason)
+            for segment in self._drained_segments(nodes, alive):
+                if segment.shard not in targets:
+                    address = nodes[segment.leader].address
+                    targets[segment.shard] = SealTarget(segment.shard, address, "its leader is draining")
+        return list(targets.values()), settled
+
+    def _active_segment(self, shard: str, incarnation: int | None) -> pb.Segment | None:
+        """The shard's active segment, if its topic exists (with ``incarnation``, None: any)."""
+        topic_name, partition = split_shard(shard)
+        topic = self._topics.get(topic_name)
+        if topic is None or (incarnation is not None and topic.incarnation != incarnation):
+            return None
+        if partition >= topic.config.partitions:
+            return None
+        active = self._topics.chain(topic_name, partition)[-1]
+        return active if active.state == pb.ACTIVE else None
+
+    def _drained_segments(self, nodes: Mapping[str, pb.NodeInfo], alive: set[str]) -> list[pb.Segment]:
+        """Active segments a live draining node leads that another live, not draining ISR member
+        can take over (RF > 1): placement moves the next epoch off the node."""
+        draining = {
+            node_id for node_id in alive if nodes[node_id].draining and self._load.leaders.get(node_id)
+        }
+        if not draining:
+            return []
+        return [
+            segment
+            for segment in self._topics.active_segments()
+            if segment.leader in draining
+            and any(
+                node_id != segment.leader
+                and node_id in nodes
+                and not nodes[node_id].draining
+                and node_id in alive
+                for node_id in segment.isr
+            )
+        ]

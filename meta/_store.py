@@ -19,8 +19,9 @@ so numbers sort in numeric order within a prefix::
     "T" text(topic)                              Topic (protobuf, config with defaults filled)
     "S" text(topic) be32(partition) be32(epoch)  Segment (protobuf); a shard's chain in epoch order
     "R" text(topic) be32(partition) be32(epoch)  utf8(node id) that sealed this epoch
-    "A" text(topic) be32(partition) be32(epoch)  be32(replicas the segment was placed on), written when
-                                                 repair first adds a replica to it while it is active
+    "A" text(topic) be32(partition) be32(epoch)  be32(replicas the segment was placed on), written by
+                                                 earlier versions when repair first added a replica to
+                                                 it while it was active (read, no longer written)
     "N" text(node_id)                            NodeInfo (protobuf: node_id, address, registered_ms,
                                                  draining)
     "D" text(node_id) text(shard) [be64(inc)]    (empty): shard of a deleted topic the node must drop, at

@@ -7,11 +7,13 @@ TIERED) with an exclusive ``end_offset`` equal to the next one's
 ``start_offset``, and the last is ACTIVE (``end_offset`` -1, a leader set).
 ``R`` records which node sealed an epoch, so a repeated seal request can be
 recognised and answered again. ``A`` records how many replicas an epoch was
-placed on, once repair grows its replicas while it is active: the replica
-sets it had are the prefixes of ``replicas`` from that length on, which
-failover needs (see :mod:`._failover_rules`). ``I`` holds the last incarnation handed out:
-a new topic gets ``max(last + 1, now in ms)``, unique for the store's life
-and, through the clock, even after a store is wiped and started afresh.
+placed on, if repair grew its replicas while it was active (earlier versions
+did; now an under-replicated active segment is sealed instead, so nothing
+writes it): the replica sets it had are the prefixes of ``replicas`` from
+that length on, which failover needs (see :mod:`._failover_rules`). ``I``
+holds the last incarnation handed out: a new topic gets
+``max(last + 1, now in ms)``, unique for the store's life and, through the
+clock, even after a store is wiped and started afresh.
 
 Reads go straight to the store; writes are staged into a
 :class:`~robustmq.meta._store.WriteSet` that the caller commits with everything
@@ -124,12 +126,10 @@ class TopicTable:
         ws.put(keys.segment_key(topic, partition, segment.epoch), segment.SerializeToString())
 
     def placed_count(self, topic: str, partition: int, epoch: int) -> int | None:
-        """How many replicas ``epoch`` was placed on, if repair grew it while active (else None)."""
+        """How many replicas ``epoch`` was placed on, if an earlier version's repair grew it while
+        active (else None)."""
         raw = self._store.get(keys.placed_key(topic, partition, epoch))
         return None if raw is None else int.from_bytes(raw, "big")
-
-    def stage_placed_count(self, topic: str, partition: int, epoch: int, count: int, ws: WriteSet) -> None:
-        ws.put(keys.placed_key(topic, partition, epoch), count.to_bytes(4, "big"))
 
     def sealed_by(self, topic: str, partition: int, epoch: int) -> str | None:
         """The node whose seal request closed ``epoch``, if it was sealed by request."""

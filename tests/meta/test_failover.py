@@ -24,7 +24,8 @@ from robustmq.errors import Unavailable
 from robustmq.meta import MetaServer
 from robustmq.meta._controller import MetaController
 from robustmq.meta._failover_rules import FailoverTask, IsrDecision, SealPoint
-from robustmq.meta._store import RocksDBMetaStore
+from robustmq.meta._keys import placed_key
+from robustmq.meta._store import RocksDBMetaStore, WriteSet
 
 NODE_TIMEOUT_MS = 1500  # heartbeats every 0.1 s: a loaded machine never misses this many
 
@@ -68,8 +69,14 @@ class ScriptedNode:
         self._socket.close()
 
 
-def fenced_at(log_end: int) -> Callable[[pb.NodeRequest], pb.NodeResponse]:
-    return lambda request: pb.NodeResponse(fence=pb.FenceResponse(log_end_offset=log_end))
+def fenced_at(log_end: int, segment_start: int = 0) -> Callable[[pb.NodeRequest], pb.NodeResponse]:
+    """A fence answer: the node's log end and the fenced segment's start as it knows it."""
+    fenced = pb.FenceResponse(log_end_offset=log_end, segment_start=segment_start)
+    return lambda request: pb.NodeResponse(fence=fenced)
+
+
+def sealed_ok(request: pb.NodeRequest) -> pb.NodeResponse:
+    return pb.NodeResponse(seal=pb.SealResponse())
 
 
 def checksum(crc: int, size: int) -> Callable[[pb.NodeRequest], pb.NodeResponse]:
@@ -178,7 +185,7 @@ def test_a_draining_leader_is_asked_to_seal_and_gets_no_new_segment(cluster: Clu
     assert cluster.nodes[leader].bodies().count("seal") == 1
 
 
-def test_repair_adds_a_new_node_to_segments_a_dead_node_held(tmp_path: Path) -> None:
+def test_repair_copies_sealed_segments_and_has_an_under_replicated_active_one_sealed(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, 4)
     try:
         client = cluster.client
@@ -189,13 +196,23 @@ def test_repair_adds_a_new_node_to_segments_a_dead_node_held(tmp_path: Path) -> 
         client.seal_segment(
             "t_0", 0, 10, leader, incarnation, isr=[leader, first, second], crc32c=5, size_bytes=6
         )
+        cluster.nodes[leader].answers["seal"] = sealed_ok
         cluster.beating.add("n4")
         cluster.beating.discard(second)  # a follower dies: both segments are under-replicated
-        wait_for(lambda: all("n4" in s.replicas for s in client.get_shard("t_0").segments))
+        wait_for(lambda: "n4" in client.get_shard("t_0").segments[0].replicas)
+        wait_for(lambda: "seal" in cluster.nodes[leader].bodies())
+        # The active segment keeps the replica set it was placed on (every failover's quorum
+        # rule stays that of one replica set); its leader is asked to seal instead.
         sealed, active = client.get_shard("t_0").segments
-        assert "n4" not in sealed.isr and "n4" not in active.isr
+        assert "n4" not in sealed.isr and list(active.replicas) == [leader, first, second]
         assert [s.shard for s in client.list_assignments("n4").shards] == ["t_0"]
         assert list(client.report_replica("t_0", incarnation, 0, "n4", 5, 6).isr)[-1] == "n4"
+        # The leader seals: the next epoch is placed on live nodes, n4 joining it through epoch 1.
+        answer = client.seal_segment(
+            "t_0", 1, 20, leader, incarnation, isr=[leader, first], crc32c=7, size_bytes=8
+        )
+        sealed, following = answer.sealed, answer.next
+        assert "n4" in sealed.replicas and sorted(following.replicas) == sorted([leader, first, "n4"])
     finally:
         cluster.close()
 
@@ -245,7 +262,7 @@ def test_a_meta_restart_moves_no_leadership_and_changes_every_assignments_versio
         controller.close()
 
 
-def test_a_segment_grown_by_repair_remembers_the_replicas_it_was_placed_on(tmp_path: Path) -> None:
+def test_repair_never_grows_an_active_segment_and_a_grown_one_keeps_its_quorum_rule(tmp_path: Path) -> None:
     controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=300)
     try:
         for node_id in ("n1", "n2", "n3"):
@@ -255,13 +272,107 @@ def test_a_segment_grown_by_repair_remembers_the_replicas_it_was_placed_on(tmp_p
         time.sleep(0.4)
         for node_id in (leader, survivor, "n4"):
             controller.heartbeat(node_id, f"tcp://127.0.0.1:{7000 + int(node_id[1])}", [], 0)
-        assert controller.repair() == ["t_0 epoch 0 + n4"]
-        assert list(controller.get_shard("t_0").segments[0].replicas) == [leader, dying, survivor, "n4"]
-        assert controller.repair() == []  # three live replicas again
+        assert controller.repair() == []
+        assert list(controller.get_shard("t_0").segments[0].replicas) == [leader, dying, survivor]
+        targets, settled = controller.seal_targets({})
+        assert [(t.shard, t.address) for t in targets] == [
+            ("t_0", f"tcp://127.0.0.1:{7000 + int(leader[1])}")
+        ]
+        assert settled == []
+        # A segment grown while active by an earlier version keeps the length it was placed on.
+        ws = WriteSet()
+        ws.put(placed_key("t", 0, 0), (3).to_bytes(4, "big"))
+        ws.commit(controller._store)
         time.sleep(0.4)
         for node_id in (survivor, "n4"):
             controller.heartbeat(node_id, "", [], 0)
         (task,) = controller.failover_tasks()
-        assert (task.placed, task.replicas) == (3, (leader, dying, survivor, "n4"))
+        assert task.placed == 3
+    finally:
+        controller.close()
+
+
+def test_a_fence_answer_from_a_node_that_does_not_know_the_fenced_segment_does_not_count(
+    cluster: Cluster,
+) -> None:
+    client = cluster.client
+    incarnation = client.create_topic("t", replication_factor=3).incarnation
+    first_leader = client.get_shard("t_0").segments[0].leader
+    client.seal_segment(
+        "t_0", 0, 100, first_leader, incarnation, isr=list(cluster.nodes), crc32c=1, size_bytes=1
+    )
+    active = client.get_shard("t_0").segments[1]
+    leader, current, stale = active.replicas
+    # ``stale`` missed epoch 0's seal and copied a zombie leader's epoch-0 frames past 100; it has
+    # not adopted epoch 1 yet, so it does not know the fenced segment (segment_start -1). Its log
+    # end 300 is not epoch 1's: sealing there would replace epoch 1's acknowledged records.
+    cluster.nodes[stale].answers.update(fence=fenced_at(300, -1), checksum=checksum(9, 300))
+    cluster.nodes[current].answers.update(fence=fenced_at(150, 100), checksum=checksum(7, 50))
+    cluster.beating.discard(leader)
+    # It tried, backed off, tried (or, wrongly, sealed at the stale answer).
+    wait_for(
+        lambda: cluster.nodes[stale].bodies().count("fence") >= 2 or len(client.get_shard("t_0").segments) > 2
+    )
+    assert [s.end_offset for s in client.get_shard("t_0").segments] == [100, -1]  # one answer of three
+    # The node adopted epoch 1 (and removed its divergent tail): now its answer counts.
+    cluster.nodes[stale].answers.update(fence=fenced_at(100, 100))
+    wait_for(lambda: len(client.get_shard("t_0").segments) == 3)
+    sealed = client.get_shard("t_0").segments[1]
+    assert (sealed.end_offset, list(sealed.isr), sealed.crc32c) == (150, [current], 7)
+    assert "checksum" not in cluster.nodes[stale].bodies()
+
+
+def test_an_abandoned_failover_has_the_returning_leader_seal_the_fenced_epoch(cluster: Cluster) -> None:
+    client = cluster.client
+    incarnation = client.create_topic("t", replication_factor=3).incarnation
+    leader, first, second = client.get_shard("t_0").segments[0].replicas
+    client.update_isr("t_0", incarnation, 0, leader, [leader])  # the followers fell behind
+    for node_id in (first, second):
+        cluster.nodes[node_id].answers.update(fence=fenced_at(40), checksum=checksum(1, 2))
+    cluster.nodes[leader].answers["seal"] = sealed_ok
+    cluster.beating.discard(leader)
+    # Both followers answer, but no ISR member does: the failover waits (no unclean election).
+    wait_for(lambda: all(cluster.nodes[n].bodies().count("fence") >= 2 for n in (first, second)))
+    assert len(client.get_shard("t_0").segments) == 1
+    # The leader comes back and keeps leading epoch 0, but its followers are fenced from it:
+    # they copy nothing more of epoch 0 until it is sealed. The Meta Service has it sealed.
+    cluster.beating.add(leader)
+    wait_for(lambda: "seal" in cluster.nodes[leader].bodies())
+    seal = next(r.seal for r in cluster.nodes[leader].received if r.WhichOneof("body") == "seal")
+    assert seal.shard == "t_0"
+    following = client.seal_segment(
+        "t_0", 0, 60, leader, incarnation, isr=[leader], crc32c=1, size_bytes=1
+    ).next
+    assert sorted(following.replicas) == sorted(cluster.nodes)  # the followers copy the tail, then follow
+    asked = cluster.nodes[leader].bodies().count("seal")
+    time.sleep(1.5)  # a round or two: the epoch is sealed, nothing more to ask
+    assert cluster.nodes[leader].bodies().count("seal") == asked
+
+
+def test_a_node_repairing_sealed_segments_joins_the_next_epoch_through_the_one_sealed(tmp_path: Path) -> None:
+    controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=300)
+    try:
+        addresses = {
+            node_id: f"tcp://127.0.0.1:{7000 + int(node_id[1])}" for node_id in ("n1", "n2", "n3", "n4")
+        }
+        for node_id in ("n1", "n2", "n3"):
+            controller.register_node(node_id, addresses[node_id])
+        incarnation = controller.create_topic("t", pb.TopicConfig(replication_factor=3)).incarnation
+        leader, dying, survivor = controller.get_shard("t_0").segments[0].replicas
+        controller.seal_segment(
+            "t_0", 0, 10, leader, incarnation, isr=[leader, dying, survivor], crc32c=1, size_bytes=1
+        )
+        time.sleep(0.4)
+        for node_id in (leader, survivor, "n4"):
+            controller.heartbeat(node_id, addresses[node_id], [], 0)
+        assert controller.repair() == ["t_0 epoch 0 + n4"]  # the sealed one; the active one is sealed
+        assert [(t.shard, t.address) for t in controller.seal_targets({})[0]] == [("t_0", addresses[leader])]
+        # n4's last segment is epoch 0: it may not take epoch 2 alone (a gap), but it becomes a
+        # replica of epoch 1 in the same write and copies it first.
+        sealed, following = controller.seal_segment("t_0", 1, 20, leader, incarnation, isr=[leader, survivor])
+        assert list(sealed.replicas) == [leader, dying, survivor, "n4"]
+        assert sorted(following.replicas) == sorted([leader, survivor, "n4"]) and "n4" not in following.isr
+        assert [s.epoch for s in controller.list_assignments("n4").shards[0].segments] == [0, 1, 2]
+        assert controller.seal_targets({})[0] == []
     finally:
         controller.close()

@@ -8,7 +8,7 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import Unavailable
 from robustmq.meta._load import ClusterLoad
 from robustmq.meta._placement import eligible_nodes, place_replicas
-from robustmq.meta._repair import max_replicas, repair_choices
+from robustmq.meta._repair import joiners, max_replicas, repair_choices, reseal_wanted
 
 
 def sealed(epoch: int, replicas: list[str], isr: list[str]) -> pb.Segment:
@@ -83,13 +83,35 @@ def test_repair_adds_one_live_eligible_node_per_under_replicated_segment_in_chai
     ]
     live = {"a", "c", "d"}  # b is dead
     load = ClusterLoad(chain)
+    assert reseal_wanted(chain, 3, live, {"a", "c", "d"})  # d could join the next epoch
     choices = []
     for position, node in repair_choices(chain, 3, live, {"a", "c", "d"}, load):
         chain[position].replicas.append(node)  # as the controller does, before the next choice
         choices.append((position, node))
-    # d holds nothing: it starts its log at epoch 0 and continues through epochs 1 and 2.
-    assert choices == [(0, "d"), (1, "d"), (2, "d")]
+    # d holds nothing: it starts its log at epoch 0 and continues through epoch 1. The active
+    # epoch 2 is not grown (its leader is asked to seal instead).
+    assert choices == [(0, "d"), (1, "d")]
     assert list(repair_choices(chain, 3, live, {"a", "c", "d"}, load)) == []  # copies in progress
+    # d now ends at epoch 1, just before the active one: it still may join the next epoch (by
+    # copying epoch 2 once sealed), so the seal is still wanted.
+    assert joiners(chain, 3, {"a", "c", "d"}) == {"d"}
+    assert reseal_wanted(chain, 3, live, {"a", "c", "d"})
+
+
+def test_an_active_segment_is_resealed_only_if_the_next_epoch_can_get_more_live_replicas() -> None:
+    chain = [sealed(0, ["a", "b", "c"], ["a", "b", "c"]), active(1, ["a", "b", "c"])]
+    assert not reseal_wanted(chain, 3, {"a", "b", "c", "d"}, {"d"})  # every replica is live
+    assert not reseal_wanted(chain, 3, {"b", "c", "d"}, {"d"})  # its leader is dead: failover first
+    assert not reseal_wanted(chain, 3, {"a", "c"}, {"a", "c"})  # nobody could join
+    gap = [
+        sealed(0, ["a", "d"], ["a", "d"]),
+        sealed(1, ["a", "b", "c"], ["a", "b"]),
+        active(2, ["a", "b", "c"]),
+    ]
+    assert not reseal_wanted(gap, 3, {"a", "c", "d"}, {"d"})  # d's log would have a gap: repair it first
+    crowded = [active(0, ["a", "b", "c", "x"])]  # listed nodes: a sealed copy may not grow to 2 x RF + 1
+    assert not reseal_wanted(crowded, 3, {"a", "c", "d"}, {"d"})
+    assert reseal_wanted([active(0, ["a", "b", "c"])], 3, {"a", "c", "d"}, {"d"})
 
 
 def test_repair_skips_what_it_cannot_or_need_not_repair() -> None:

@@ -132,7 +132,7 @@ class Sealer:
         if state.held is None:
             try:
                 state.check_write(state.epoch)
-                if state.segment_bytes == 0:
+                if state.segment_bytes == 0 and not _empty_seal_allowed(state):
                     raise InvalidRequest(
                         f"the active segment of {state.name} is empty; there is nothing to seal",
                         shard=state.name,
@@ -240,7 +240,7 @@ class Sealer:
             # The Meta Service answers and the segment is still ours: pause (if not yet) and seal.
             if state.held is None:
                 self._pause(state)
-            if task.end_offset <= state.segment_start:
+            if task.end_offset <= state.segment_start and not (task.waiters and _empty_seal_allowed(state)):
                 self.end(state, InvalidRequest(f"the active segment of {state.name} is empty"))
                 return
             if state.replication is not None and task.agreement is None:
@@ -443,6 +443,19 @@ class Sealer:
                     shard=state.name,
                 ),
             )
+
+
+def _empty_seal_allowed(state: NodeShard) -> bool:
+    """Whether an asked-for seal may close an empty segment: on a replicated shard, yes.
+
+    The Meta Service asks a leader to seal an epoch whose followers it fenced in
+    a failover it then abandoned (the leader came back), and an epoch with too
+    few live replicas; such an epoch may be empty (every ``acks=all`` write is
+    refused while its ISR is the leader alone), and only a seal lets the fenced
+    followers copy again. An empty sealed segment is harmless: the next epoch
+    starts at the same offset. RF 1 keeps refusing (nothing to gain).
+    """
+    return state.config.replication_factor > 1
 
 
 def _definite(error: RobustMQError) -> bool:

@@ -236,3 +236,18 @@ def _first_file_offsets(data_dir: Path, shard: str) -> list[int]:
         for path in directory.glob("*.log")
         if path.stat().st_size > 0
     ]
+
+
+def test_an_empty_replicated_segment_is_sealed_on_request(cluster: ReplicatedCluster) -> None:
+    # The Meta Service asks a leader to seal an epoch whose followers it fenced in a failover it
+    # then abandoned; that epoch may hold nothing (acks=all is refused while the ISR is the leader
+    # alone), and only its seal lets the followers copy again.
+    with robustmq.connect(cluster.meta_address) as client:
+        client.create_topic("quiet", 1, replication_factor=3)
+        wait_until(lambda: len(_active(client, "quiet").isr) == 3, 30)
+        sealed = client.seal("quiet", 0)
+        assert (sealed.sealed.start_offset, sealed.sealed.end_offset) == (0, 0)
+        assert sealed.next.epoch == sealed.sealed.epoch + 1
+        with client.producer(acks="all") as producer:
+            producer.send_batch("quiet", _values(10, "v")).result(30)
+        assert sorted(_read_all(client, "quiet")) == sorted(f"v-{i}".encode() for i in range(10))

@@ -308,17 +308,9 @@ class MetaController(ReplicaControl):
             if active.epoch >= MAX_EPOCH:
                 raise InvalidRequest(f"shard {shard!r} has used every epoch", shard=shard)
             sealed = sealed_segment(active, end_offset, checked_isr(active, isr, node_id), crc32c, size_bytes)
-            load = self._load.copy()
-            load.replace(active, sealed)
-            following = self._following(topic, partition, [*chain[:-1], sealed], load)
-            load.add(following)
             ws = WriteSet()
-            self._topics.stage_segment(topic, partition, sealed, ws)
-            self._topics.stage_segment(topic, partition, following, ws)
             self._topics.stage_sealed_by(topic, partition, epoch, node_id, ws)
-            ws.commit(self._store)
-            self._load = load
-            self._versions.bump_segments((sealed, following))
+            following = self._commit_seal(topic, partition, chain, sealed, ws)
         logger.info(
             "sealed %s epoch %d at %d (isr %s); epoch %d on %s",
             shard,

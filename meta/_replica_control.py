@@ -86,6 +86,22 @@ class ReplicaControl:
                 current_incarnation=current,
             )
 
+    def _commit_seal(
+        self, topic: str, partition: int, chain: list[pb.Segment], sealed: pb.Segment, ws: WriteSet
+    ) -> pb.Segment:
+        """Write ``sealed`` (the chain's active segment, sealed) and the next epoch placed after it,
+        with whatever ``ws`` already holds, in one batch; then account for both. Under the lock."""
+        load = self._load.copy()
+        load.replace(chain[-1], sealed)
+        following = self._following(topic, partition, [*chain[:-1], sealed], load)
+        load.add(following)
+        self._topics.stage_segment(topic, partition, sealed, ws)
+        self._topics.stage_segment(topic, partition, following, ws)
+        ws.commit(self._store)
+        self._load = load
+        self._versions.bump_segments((sealed, following))
+        return following
+
     @staticmethod
     def _require_leader(active: pb.Segment, epoch: int, node_id: str) -> None:
         """``StaleEpoch`` unless ``node_id`` leads ``active`` and ``epoch`` is its epoch."""
@@ -351,16 +367,7 @@ class ReplicaControl:
             sealed = sealed_segment(
                 active, point.end_offset, decision.isr, decision.crc32c, decision.size_bytes
             )
-            load = self._load.copy()
-            load.replace(active, sealed)
-            following = self._following(topic, partition, [*chain[:-1], sealed], load)
-            load.add(following)
-            ws = WriteSet()
-            self._topics.stage_segment(topic, partition, sealed, ws)
-            self._topics.stage_segment(topic, partition, following, ws)
-            ws.commit(self._store)
-            self._load = load
-            self._versions.bump_segments((sealed, following))
+            following = self._commit_seal(topic, partition, chain, sealed, WriteSet())
         return sealed, following
 
     def repair(self, limit: int = MAX_REPAIRS_PER_ROUND) -> list[str]:

@@ -221,6 +221,14 @@ def test_replica_fetches_are_checked_and_a_fence_stops_writes(lead: Any) -> None
     led.fetch_as(FOLLOWERS[1], 2)
     assert led.offsets().high_watermark == 0  # nothing past the fence point becomes committed here
 
+    led.node.stop()  # a restart does not forget the fence
+    led.node = StorageNode(led.node.config).start()
+    try:
+        refused = _outcome(led.produce(pb.ACKS_LEADER, [b"after a restart"]))
+        assert isinstance(refused, Unavailable) and "fenced" in refused.message, refused
+    finally:
+        led.node.stop()
+
 
 def test_a_seal_records_the_replicas_that_agree_on_the_checksum(tmp_path: Path) -> None:
     meta = MetaServer(tmp_path / "meta", port=0).start()

@@ -151,10 +151,16 @@ class DeleteShard:
 
 @dataclass(frozen=True, slots=True)
 class Refresh:
-    """A request named ``epoch`` of ``shard``, newer than this node knows: look it up (rate-limited)."""
+    """A request showed this node's view of ``shard`` may be old: look it up (rate-limited).
+
+    It named a newer ``epoch`` than this node knows, or (``replica``) a node fetched as a
+    replica of the active epoch that this node does not count among its replicas (the
+    Meta Service may have added it).
+    """
 
     shard: str
     epoch: int
+    replica: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -695,7 +701,11 @@ class IOWorker(threading.Thread):
 
     def _refresh(self, item: Refresh) -> None:
         state = self.directory.cached(item.shard)
-        if state is not None and item.epoch > state.epoch:
+        if state is None:
+            return
+        replication = state.replication
+        unknown = bool(item.replica) and replication is not None and item.replica not in replication.replicas
+        if item.epoch > state.epoch or unknown:
             self.look_up(state)
 
     def look_up(self, state: NodeShard) -> None:

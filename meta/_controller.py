@@ -499,8 +499,9 @@ class MetaController(ReplicaControl):
 
         Refused (``InvalidRequest``) while the node is alive or still leads
         active segments, unless ``force``. Its segments stay in their chains as
-        they are: a shard whose active segment it leads has no reachable leader
-        until a node registers again with this id (replication will move them).
+        they are: a shard whose active segment it leads fails over (replication
+        factor above 1, see :mod:`._failover`) or, with factor 1, has no
+        reachable leader until a node registers again with this id.
         Shards it still owes a deletion stay owed, in case it comes back, but
         leave the index placement reads (see :mod:`._nodes`), so they cost
         nothing on creates and seals.
@@ -522,7 +523,8 @@ class MetaController(ReplicaControl):
                 raise InvalidRequest(
                     f"node {node_id!r} still leads the active segment of {len(led)} shards "
                     f"({', '.join(led[:5])}{', ...' if len(led) > 5 else ''}); removing it leaves them "
-                    f"without a leader: force the removal to do it anyway",
+                    f"without a leader until they fail over (replicated topics): drain it first "
+                    f"(`robustmq node drain`), or force the removal",
                     node_id=node_id,
                     led_shards=led[:10],
                     led_count=len(led),

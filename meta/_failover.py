@@ -218,7 +218,7 @@ class ReplicaSupervisor:
             pb.FenceRequest(shard=task.shard, incarnation=task.incarnation, epoch=task.epoch),
         )
         log_ends = {node_id: response.fence.log_end_offset for node_id, response in fenced.items()}
-        point = decide_fence(task.replicas, task.isr, log_ends, task.start_offset)
+        point = decide_fence(task.replicas, task.isr, log_ends, task.start_offset, placed=task.placed)
         if isinstance(point, Waiting):
             self._back_off(task.shard, point.reason)
             return None

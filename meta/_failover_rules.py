@@ -8,6 +8,7 @@ function here so that every branch is tested without a cluster:
 1. :func:`decide_fence`: the fenced replicas must be enough to meet every
    ``quorum`` write, i.e. ``answers + quorum > replicas`` with ``quorum`` a
    majority of the replica set (for an odd replica set: a majority answered),
+   for every replica set the segment had (repair may have grown it),
    **and** include at least one member of the recorded ISR (it holds every
    ``acks=all`` record and everything below the high watermark). Otherwise
    the shard waits: no unclean election. ``E`` is the largest log end among
@@ -58,6 +59,7 @@ class FailoverTask:
     replicas: tuple[str, ...]
     isr: tuple[str, ...]
     addresses: tuple[tuple[str, str], ...]  # (node id, address) of the other live replicas
+    placed: int = 0  # replicas it was placed on, if repair grew it since (0: it was not)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,20 +92,33 @@ def quorum_of(replica_count: int) -> int:
 
 
 def decide_fence(
-    replicas: Sequence[str], isr: Sequence[str], log_ends: Mapping[str, int], start_offset: int = 0
+    replicas: Sequence[str],
+    isr: Sequence[str],
+    log_ends: Mapping[str, int],
+    start_offset: int = 0,
+    *,
+    placed: int = 0,
 ) -> SealPoint | Waiting:
     """Where to seal, given each fenced replica's log end (replicas that did not answer are absent).
 
     ``start_offset`` is the segment's start: an ISR member holds at least that
     much, so a largest log end below it means the answers are not to be trusted.
+    ``placed`` is how many replicas the segment was placed on if repair added
+    some since (0: none were added). Repair appends, so the replica sets the
+    segment had are the prefixes ``replicas[:m]`` for ``m`` from ``placed`` on,
+    and a quorum write was made under one of them: the answers must meet every
+    quorum of each.
     """
     answered = {node: end for node, end in log_ends.items() if node in replicas}
-    needed = len(replicas) - quorum_of(len(replicas)) + 1
-    if len(answered) < needed:
-        return Waiting(
-            f"{len(answered)} of {len(replicas)} replicas answered the fence, {needed} needed "
-            f"to meet every quorum write (answered: {sorted(answered)})"
-        )
+    for size in range(min(placed or len(replicas), len(replicas)), len(replicas) + 1):
+        members = replicas[:size]
+        needed = size - quorum_of(size) + 1
+        got = sum(1 for node in members if node in answered)
+        if got < needed:
+            return Waiting(
+                f"{got} of the {size} replicas {list(members)} answered the fence, {needed} needed "
+                f"to meet every quorum write (answered: {sorted(answered)})"
+            )
     if not set(answered) & set(isr):
         return Waiting(f"no ISR member ({sorted(isr)}) answered the fence (answered: {sorted(answered)})")
     end = max(answered.values())

@@ -296,6 +296,7 @@ class ReplicaControl:
                         replicas=tuple(segment.replicas),
                         isr=tuple(segment.isr),
                         addresses=addresses,
+                        placed=self._topics.placed_count(topic_name, partition, segment.epoch) or 0,
                     )
                 )
         return tasks
@@ -382,6 +383,8 @@ class ReplicaControl:
         load = self._load.copy()
         load.replace(segment, grown)
         ws = WriteSet()
+        if segment.state == pb.ACTIVE and self._topics.placed_count(topic, partition, segment.epoch) is None:
+            self._topics.stage_placed_count(topic, partition, segment.epoch, len(segment.replicas), ws)
         self._topics.stage_segment(topic, partition, grown, ws)
         ws.commit(self._store)
         self._load = load

@@ -6,7 +6,10 @@ start at 0 and are contiguous, every segment but the last is SEALED (or
 TIERED) with an exclusive ``end_offset`` equal to the next one's
 ``start_offset``, and the last is ACTIVE (``end_offset`` -1, a leader set).
 ``R`` records which node sealed an epoch, so a repeated seal request can be
-recognised and answered again. ``I`` holds the last incarnation handed out:
+recognised and answered again. ``A`` records how many replicas an epoch was
+placed on, once repair grows its replicas while it is active: the replica
+sets it had are the prefixes of ``replicas`` from that length on, which
+failover needs (see :mod:`._failover_rules`). ``I`` holds the last incarnation handed out:
 a new topic gets ``max(last + 1, now in ms)``, unique for the store's life
 and, through the clock, even after a store is wiped and started afresh.
 
@@ -74,7 +77,7 @@ class TopicTable:
         for key, raw in self._store.scan(keys.segments_prefix(name)):
             segments.append(pb.Segment.FromString(raw))
             ws.delete(key)
-        for prefix in (keys.seals_prefix(name), keys.progress_prefix(name)):
+        for prefix in (keys.seals_prefix(name), keys.placed_prefix(name), keys.progress_prefix(name)):
             for key, _ in self._store.scan(prefix):
                 ws.delete(key)
         ws.delete(keys.topic_key(name))
@@ -119,6 +122,14 @@ class TopicTable:
 
     def stage_segment(self, topic: str, partition: int, segment: pb.Segment, ws: WriteSet) -> None:
         ws.put(keys.segment_key(topic, partition, segment.epoch), segment.SerializeToString())
+
+    def placed_count(self, topic: str, partition: int, epoch: int) -> int | None:
+        """How many replicas ``epoch`` was placed on, if repair grew it while active (else None)."""
+        raw = self._store.get(keys.placed_key(topic, partition, epoch))
+        return None if raw is None else int.from_bytes(raw, "big")
+
+    def stage_placed_count(self, topic: str, partition: int, epoch: int, count: int, ws: WriteSet) -> None:
+        ws.put(keys.placed_key(topic, partition, epoch), count.to_bytes(4, "big"))
 
     def sealed_by(self, topic: str, partition: int, epoch: int) -> str | None:
         """The node whose seal request closed ``epoch``, if it was sealed by request."""

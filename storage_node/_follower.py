@@ -261,18 +261,15 @@ class Follower:
         return bool(fences.fenced_epoch(state.name, state.incarnation) >= epoch)
 
 
-def _copies_something(info: pb.ShardInfo, node_id: str) -> bool:
-    """Whether ``node_id`` copies anything of ``info``'s chain: it follows the active segment
-    or lacks a sealed one it is a replica of. The leader of the active segment (every RF 1
-    shard) takes its views from its own lookups and seals, not from here."""
-    for segment in info.segments:
-        if node_id not in segment.replicas:
-            continue
-        if segment.end_offset < 0 and segment.leader != node_id:
-            return True
-        if segment.end_offset >= 0 and node_id not in segment.isr:
-            return True
-    return False
+def _replicated(info: pb.ShardInfo) -> bool:
+    """Whether ``info``'s chain keeps more than one copy of a segment.
+
+    Only those views go to the workers: followers copy from them and a leader learns
+    its replica set from them (a repair adds a replica). An RF 1 shard's leader takes
+    its views from its own lookups and seals; adopting the same chain again from here
+    would only reset its refresh rate limit.
+    """
+    return any(len(segment.replicas) > 1 for segment in info.segments)
 
 
 @dataclass(slots=True)
@@ -389,7 +386,7 @@ class _FollowerControl(threading.Thread):
         listed = set()
         for info in answer.shards:
             listed.add(info.shard)
-            if _copies_something(info, self._follower.node_id):
+            if _replicated(info):
                 self._post_view(meta, info)
         for gone in self._assigned - listed:  # no longer to copy: its worker finds out from a lookup
             self.refresh(gone)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 import robustmq
+from robustmq._frame import crc32c
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records
 from robustmq.errors import RobustMQError
@@ -188,10 +189,16 @@ def test_a_follower_that_missed_a_sealed_segment_copies_and_reports_it(
     client.seal("missed", 0)
     _produce(client, "missed", 15, 5, "quorum")
     sealed = client.meta.get_shard(shard).segments[0]
-    assert sealed.end_offset == 75 and cluster.node_id(follower) not in sealed.isr
+    returning = cluster.node_id(follower)
+    assert sealed.end_offset == 75 and returning not in sealed.isr
+    # The isr member it would ask first is gone as well: it must copy from the other one.
+    holders = [member for member in sealed.isr if member != returning]
+    gone = cluster.index_of(holders[crc32c(returning.encode()) % len(holders)])
+    cluster.nodes[gone].kill()
     cluster.start_nodes([follower])
-    _joins_isr(client, shard, cluster.node_id(follower))
-    assert len({_checksum(client, cluster.address(i), shard, incarnation, 75) for i in range(3)}) == 1
+    _joins_isr(client, shard, returning)
+    live = [i for i in range(3) if i != gone]
+    assert len({_checksum(client, cluster.address(i), shard, incarnation, 75) for i in live}) == 1
 
 
 def test_a_returning_old_leader_truncates_its_unreplicated_tail(

@@ -18,13 +18,15 @@ import pytest
 import zmq
 
 from robustmq._meta_client import MetaClient
+from robustmq._node_protocol import error_response
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq.errors import Unavailable
 from robustmq.meta import MetaServer
 from robustmq.meta._controller import MetaController
 from robustmq.meta._failover_rules import FailoverTask, IsrDecision, SealPoint
 from robustmq.meta._store import RocksDBMetaStore
 
-NODE_TIMEOUT_MS = 600
+NODE_TIMEOUT_MS = 1500  # heartbeats every 0.1 s: a loaded machine never misses this many
 
 
 class ScriptedNode:
@@ -146,7 +148,9 @@ def test_no_failover_without_a_majority_of_replicas(cluster: Cluster) -> None:
     client.create_topic("t", replication_factor=3)
     leader, first, second = client.get_shard("t_0").segments[0].replicas
     cluster.nodes[first].answers.update(fence=fenced_at(50), checksum=checksum(1, 2))
-    # second answers nothing (a pause): one answer of three cannot meet every quorum write.
+    # second refuses (an error answer does not count): one answer of three cannot meet every
+    # quorum write. (A node that does not answer at all is the same after its 1 s deadline.)
+    cluster.nodes[second].answers["fence"] = lambda request: error_response(0, Unavailable("paused"))
     cluster.beating.discard(leader)
     wait_for(lambda: cluster.nodes[first].bodies().count("fence") >= 2)  # it tried, backed off, tried
     assert len(client.get_shard("t_0").segments) == 1
@@ -237,5 +241,27 @@ def test_a_meta_restart_moves_no_leadership_and_changes_every_assignments_versio
         (task,) = controller.failover_tasks()
         assert (task.shard, task.leader, task.epoch) == ("t_0", leader, 0)
         assert sorted(node_id for node_id, _ in task.addresses) == sorted(others)
+    finally:
+        controller.close()
+
+
+def test_a_segment_grown_by_repair_remembers_the_replicas_it_was_placed_on(tmp_path: Path) -> None:
+    controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=300)
+    try:
+        for node_id in ("n1", "n2", "n3"):
+            controller.register_node(node_id, f"tcp://127.0.0.1:{7000 + int(node_id[1])}")
+        controller.create_topic("t", pb.TopicConfig(replication_factor=3))
+        leader, dying, survivor = controller.get_shard("t_0").segments[0].replicas
+        time.sleep(0.4)
+        for node_id in (leader, survivor, "n4"):
+            controller.heartbeat(node_id, f"tcp://127.0.0.1:{7000 + int(node_id[1])}", [], 0)
+        assert controller.repair() == ["t_0 epoch 0 + n4"]
+        assert list(controller.get_shard("t_0").segments[0].replicas) == [leader, dying, survivor, "n4"]
+        assert controller.repair() == []  # three live replicas again
+        time.sleep(0.4)
+        for node_id in (survivor, "n4"):
+            controller.heartbeat(node_id, "", [], 0)
+        (task,) = controller.failover_tasks()
+        assert (task.placed, task.replicas) == (3, (leader, dying, survivor, "n4"))
     finally:
         controller.close()

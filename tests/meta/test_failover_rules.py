@@ -23,7 +23,7 @@ def test_quorum_is_a_majority_of_the_replica_set() -> None:
 
 def test_without_enough_answers_to_meet_every_quorum_write_the_shard_waits() -> None:
     decision = decide_fence(REPLICAS, REPLICAS, {"n2": 10})
-    assert isinstance(decision, Waiting) and "1 of 3 replicas answered" in decision.reason
+    assert isinstance(decision, Waiting) and "1 of the 3 replicas" in decision.reason
     # Five replicas: a quorum write is on 3 of them; 2 answers might both miss it.
     five = ("n1", "n2", "n3", "n4", "n5")
     assert isinstance(decide_fence(five, five, {"n2": 5, "n3": 5}), Waiting)
@@ -31,6 +31,11 @@ def test_without_enough_answers_to_meet_every_quorum_write_the_shard_waits() -> 
     # Four replicas (one added by repair): a quorum write is on 3, so 2 answers meet each one.
     four = ("n1", "n2", "n3", "n4")
     assert decide_fence(four, four, {"n3": 7, "n4": 7}) == SealPoint(7, ("n3", "n4"))
+    # Placed on three, then repair added n4 (n2 had died): a quorum write made before may be
+    # on n1 and n2 only, so n2 must answer whatever n3 and n4 say.
+    grown = decide_fence(four, four, {"n3": 7, "n4": 7}, placed=3)
+    assert isinstance(grown, Waiting) and "['n1', 'n2', 'n3']" in grown.reason
+    assert decide_fence(four, four, {"n2": 7, "n3": 7}, placed=3) == SealPoint(7, ("n2", "n3"))
     # Answers from nodes that are not replicas do not count.
     assert isinstance(decide_fence(REPLICAS, REPLICAS, {"n2": 10, "n9": 10}), Waiting)
 

@@ -187,3 +187,13 @@ def test_a_new_node_takes_new_segments_at_the_next_seals_and_nothing_existing_mo
     solo = client.get_shard("solo_0").segments[0]
     # Replication factor 1: the next epoch stays where the data is, however loaded that node is.
     assert list(client.seal_segment("solo_0", 0, 5, solo.leader).next.replicas) == [solo.leader]
+
+
+def test_a_retried_create_recognises_its_own_topic_with_the_default_min_insync() -> None:
+    from robustmq._meta_client import _resolved
+    from robustmq._wire import topic_config
+
+    sent = topic_config(replication_factor=3)
+    assert sent.min_insync_replicas == 0  # "unset" on the wire
+    assert _resolved(sent).min_insync_replicas == 2  # what the service stores
+    assert _resolved(topic_config(replication_factor=3, min_insync_replicas=3)).min_insync_replicas == 3

@@ -213,3 +213,37 @@ def test_a_restarted_follower_truncates_before_it_serves(tmp_path: Any) -> None:
         assert state.log_end() == 40 and state.blocked is None
     finally:
         manager.close()
+
+
+def test_a_fenced_epoch_is_not_copied_until_its_seal_is_known(tmp_path: Any) -> None:
+    from types import SimpleNamespace
+
+    from storage_node._driver_manager import StorageDriverManager
+    from storage_node._fences import FenceStore
+    from storage_node._follower import Follower
+    from storage_node._follower_log import FetchTarget, ReplicaData
+    from storage_node._shards import ShardDirectory, ShardView
+
+    manager = StorageDriverManager(tmp_path, fsync=False)
+    directory = ShardDirectory(manager, ME, tmp_path)
+    fences = FenceStore(tmp_path / "fences")
+    node = SimpleNamespace(node_id=ME, directory=directory, fences=fences, written=lambda shard: None)
+    follower = Follower(node)
+    directory.replication = follower
+    config = topic_config(partitions=1, engine="segment", replication_factor=3)
+    try:
+        state = directory.install(ShardView(_chain(_segment(1, 0, -1, [A, ME, B], leader=A)), config))
+        answer = ReplicaData(
+            FetchTarget("t_0", 3, 1, 0, (A,)), (_frame(0, 5, 1), _frame(5, 5, 1)), 10, 10, 1, -1
+        )
+        assert follower.accept(answer) is not None
+        fences.fence("t_0", 3, 1)  # the Meta Service fails epoch 1 over
+        assert follower.accept(answer) is None
+        # Sealed at 5: what is below the recorded end is taken, nothing past it.
+        info = _chain(_segment(1, 0, 5, [A, ME, B], isr=[B]), _segment(2, 5, -1, [B, ME], leader=B))
+        assert directory.adopt(state, info)
+        accepted = follower.accept(answer)
+        assert accepted is not None and len(accepted[1]) == 1
+    finally:
+        fences.close()
+        manager.close()

@@ -399,7 +399,11 @@ class IOWorker(threading.Thread):
                 self.parked -= 1
                 request.parked = False
                 self.fail(request, failure)
-        elif isinstance(item, MetaAnswer):  # a probe or seal answer: where the seal stands is unknown
+        elif isinstance(item, MetaAnswer) and item.kind == "isr":  # proposed again at a later tick
+            state = self.directory.cached(item.shard)
+            if state is not None and state.replication is not None:
+                state.replication.refused()
+        elif isinstance(item, MetaAnswer):  # a probe, agree or seal answer: where the seal stands is unknown
             state = self.directory.cached(item.shard)
             if state is not None and state.incarnation == item.incarnation:
                 state.fail(f"handling the answer to its seal failed ({error})")

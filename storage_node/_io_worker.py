@@ -542,7 +542,10 @@ class IOWorker(threading.Thread):
                     base_offset=result.base_offset,
                     record_count=result.record_count,
                     duplicate=result.duplicate,
-                    high_watermark=state.log_end(),
+                    # RF > 1: the high watermark before this group (a lower bound), never the log end.
+                    high_watermark=state.log_end()
+                    if state.replication is None
+                    else state.replication.high_watermark,
                     epoch=state.epoch,
                 ),
             )

@@ -370,9 +370,10 @@ class StorageNode:
         """Send the answers a :class:`LeaderState` released (any thread)."""
         send_acks(self, answers)
 
-    def refresh(self, shard: str, epoch: int) -> None:
-        """A request named ``epoch`` of ``shard``, newer than this node knows: look it up (rate-limited)."""
-        self.worker_for(shard).post(Refresh(shard, epoch))
+    def refresh(self, shard: str, epoch: int, replica: str = "") -> None:
+        """A request showed this node's view of ``shard`` may be old: look it up (rate-limited;
+        see ``Refresh``)."""
+        self.worker_for(shard).post(Refresh(shard, epoch, replica))
 
     def _retire_leader(self, replication: LeaderState) -> None:
         """An epoch led here ended (sealed, lost, deleted): answer the writes still waiting for it.

@@ -27,7 +27,6 @@ from robustmq._node_client import NodeCaller
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records, encode_batch
 from robustmq.errors import (
-    InvalidRequest,
     NotEnoughReplicas,
     RequestTimeout,
     RobustMQError,
@@ -152,7 +151,8 @@ def test_acks_all_waits_for_every_isr_member_and_reads_stop_at_the_high_watermar
 
 def test_acks_quorum_needs_a_majority_and_acks_1_nobody(lead: Any) -> None:
     led = lead()
-    assert not isinstance(_outcome(led.produce(pb.ACKS_LEADER, [b"x"])), RobustMQError)
+    leader_only = _outcome(led.produce(pb.ACKS_LEADER, [b"x"]))
+    assert leader_only.produce.base_offset == 0 and leader_only.produce.high_watermark == 0  # not committed
     quorum = led.produce(pb.ACKS_QUORUM, [b"y", b"z"])
     wait_until(lambda: led.offsets().log_end_offset == 3, timeout_s=10)
     assert not quorum.done()
@@ -207,7 +207,7 @@ def test_replica_fetches_are_checked_and_a_fence_stops_writes(lead: Any) -> None
     stored = {node.node_id: node.stored_bytes for node in meta.list_nodes()}
     meta.close()
     assert stored[led.node.node_id] > 0  # reported with its heartbeats
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(Unavailable):  # not a replica as the leader knows: it looks the shard up
         led.fetch_as("not-a-replica", 0)
     with pytest.raises(Unavailable):  # an epoch this node does not know yet: retriable
         led.fetch_as(FOLLOWERS[0], 0, epoch=7)
@@ -220,6 +220,14 @@ def test_replica_fetches_are_checked_and_a_fence_stops_writes(lead: Any) -> None
     led.fetch_as(FOLLOWERS[0], 2)
     led.fetch_as(FOLLOWERS[1], 2)
     assert led.offsets().high_watermark == 0  # nothing past the fence point becomes committed here
+
+    led.node.stop()  # a restart does not forget the fence
+    led.node = StorageNode(led.node.config).start()
+    try:
+        refused = _outcome(led.produce(pb.ACKS_LEADER, [b"after a restart"]))
+        assert isinstance(refused, Unavailable) and "fenced" in refused.message, refused
+    finally:
+        led.node.stop()
 
 
 def test_a_seal_records_the_replicas_that_agree_on_the_checksum(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ from typing import Any
 from robustmq.errors import RobustMQError, ShardNotFound
 
 from ._io_worker import DeleteShard, Reserved
+from ._replica_serving import visible_to_readers
 from ._shards import RESERVE_RECORDS
 
 __all__ = ["DeletionLedger", "Heartbeat"]
@@ -144,7 +145,10 @@ class Heartbeat(threading.Thread):
                 offsets = state.engine.list_offsets(state.engine_shard)
             except ShardNotFound:
                 continue
-            progress.append((shard, offsets.log_end_offset, offsets.earliest_offset))
+            # Committed progress only: on an RF > 1 leader its high watermark, not its log end (a
+            # restarted leader starts its HW from this report, ``_replication``).
+            committed = visible_to_readers(state, offsets.log_end_offset)
+            progress.append((shard, committed, min(offsets.earliest_offset, committed)))
             incarnations[shard] = state.incarnation
             if state.ack_limit is not None:
                 log_end = offsets.log_end_offset

@@ -362,7 +362,10 @@ class StorageNode:
 
     def hw_moved(self, shard: str) -> None:
         """The high watermark of a shard led here moved: wake its readers' and followers' fetches
-        (a follower serves reads up to the high watermark it learns from its fetch answers)."""
+        (a follower serves reads up to the high watermark it learns from its fetch answers),
+        and report it with the next beat (a restarted leader starts from the reported one)."""
+        with self._changed_lock:
+            self._changed.add(shard)
         for request in self.waiters.release(shard) + self.waiters.release(replica_key(shard)):
             self._submit_read(request)
 
@@ -601,7 +604,7 @@ class StorageNode:
                 start_offset=ask.start_offset,
                 max_records=ask.max_records or 10_000,
             )
-            self._answer_read(request, _below(records, state))
+            self._answer_read(request, _below(records, state, ask.start_offset))
         elif body == "scan":
             assert state is not None
             self._scan(request, state)
@@ -647,7 +650,7 @@ class StorageNode:
             max_timestamp_ms=ask.max_timestamp_ms if ask.HasField("max_timestamp_ms") else None,
             max_records=ask.max_records or 10_000,
         )
-        self._answer_read(request, _below(records, state))
+        self._answer_read(request, _below(records, state, ask.start_offset))
 
     def _answer_status(self, request: Request) -> None:
         with self._accounting:
@@ -669,7 +672,9 @@ class StorageNode:
         engine, name = state.engine, state.engine_shard
         offsets = engine.list_offsets(name)
         high_watermark = visible_to_readers(state, offsets.log_end_offset)
-        if not offsets.earliest_offset <= ask.offset <= high_watermark:
+        # Offsets between the high watermark and the log end exist and become visible: a fetch
+        # there waits like one at the high watermark (a restarted leader's HW is behind a while).
+        if not offsets.earliest_offset <= ask.offset <= max(high_watermark, offsets.log_end_offset):
             raise OffsetOutOfRange(
                 f"offset {ask.offset} of shard {ask.shard} is outside "
                 f"[{offsets.earliest_offset}, {high_watermark}]",
@@ -678,11 +683,13 @@ class StorageNode:
                 earliest_offset=offsets.earliest_offset,
                 high_watermark=high_watermark,
             )
-        if ask.offset == high_watermark:
+        if ask.offset >= high_watermark:
             wait_ms = min(max(ask.max_wait_ms, 0), self.config.max_wait_ms)
-            if wait_ms and not request.waited and not self.stopping.is_set():
+            if wait_ms and not request.waited:
                 request.deadline = time.monotonic() + wait_ms / 1000
                 request.waited = True
+            # Released while still at or past the high watermark (it moved, not far enough): wait on.
+            if request.waited and request.deadline > time.monotonic() and not self.stopping.is_set():
 
                 def current() -> int:
                     return visible_to_readers(state, int(engine.list_offsets(name).log_end_offset))
@@ -691,7 +698,7 @@ class StorageNode:
                     return
                 offsets = engine.list_offsets(name)
                 high_watermark = visible_to_readers(state, offsets.log_end_offset)
-            if ask.offset == high_watermark:
+            if ask.offset >= high_watermark:
                 self._answer_fetch_empty(request, offsets.earliest_offset, high_watermark)
                 return
         max_bytes = min(ask.max_bytes or self.config.max_fetch_bytes, self.config.max_fetch_bytes)
@@ -759,17 +766,18 @@ class StorageNode:
         )
 
 
-def _below(result: Any, state: NodeShard) -> Any:
-    """``result`` without the records at or past ``state``'s high watermark (RF > 1)."""
+def _below(result: Any, state: NodeShard, start: int = 0) -> Any:
+    """``result`` (of a read from ``start``) without the records at or past ``state``'s high
+    watermark (RF > 1). Its ``next_offset`` never goes back before ``start``: a read from past
+    the high watermark (a restarted leader's, still behind) continues where it asked."""
     if not state.replicated:
         return result
     visible = visible_to_readers(state, result.log_end_offset)
     records = result.records
     if records.num_rows and pc.max(records.column("offset")).as_py() >= visible:
         records = records.filter(pc.less(records.column("offset"), visible))
-    return replace(
-        result, records=records, next_offset=min(result.next_offset, visible), log_end_offset=visible
-    )
+    next_offset = min(result.next_offset, max(visible, start))
+    return replace(result, records=records, next_offset=next_offset, log_end_offset=visible)
 
 
 def _check_incarnation(request: Request, state: NodeShard) -> None:

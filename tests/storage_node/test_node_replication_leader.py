@@ -13,6 +13,7 @@ fence observable one step at a time. The last test runs three real nodes
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -67,6 +68,22 @@ class Led:
         )
         response, _ = self.caller.call(self.node.address, "replica_fetch", ask, timeout_s=10)
         return response
+
+    def follow(self, follower: str, offset: int) -> threading.Event:
+        """Run ``follower`` live from ``offset`` (it copies nothing, it acknowledges what it is
+        sent, long-polling at the log end as a real follower does) until the event is set."""
+        stop = threading.Event()
+
+        def run() -> None:
+            position = offset
+            while not stop.is_set():
+                try:
+                    position = self.fetch_as(follower, position, wait_ms=200).replica_fetch.next_offset
+                except RobustMQError:
+                    stop.wait(0.05)
+
+        threading.Thread(target=run, daemon=True).start()
+        return stop
 
     def offsets(self) -> pb.ShardOffsetsInfo:
         ask = pb.ListOffsetsRequest(shards=[self.shard])
@@ -199,6 +216,42 @@ def test_lagging_followers_leave_the_isr_acks_all_is_refused_and_a_follower_rejo
     assert not again.done()
     led.fetch_as(FOLLOWERS[0], 3)
     assert _outcome(again).produce.base_offset == 2
+
+
+def test_a_restarted_leader_keeps_its_hw_and_adds_no_follower_that_did_not_fetch(lead: Any) -> None:
+    led = lead(replica_lag_ms=3000, ack_timeout_ms=30_000)
+    first = led.produce(pb.ACKS_ALL, [b"a", b"b", b"c"])
+    wait_until(lambda: led.offsets().log_end_offset == 3, timeout_s=10)
+    led.fetch_as(FOLLOWERS[0], 3)
+    led.fetch_as(FOLLOWERS[1], 3)
+    assert not isinstance(_outcome(first), RobustMQError)
+    live = led.follow(FOLLOWERS[0], 3)  # follower 2 stops: it leaves the ISR
+    more = led.produce(pb.ACKS_ALL, [b"d", b"e", b"f"])
+    assert not isinstance(_outcome(more), RobustMQError)
+    wait_until(lambda: set(led.isr()) == {led.node.node_id, FOLLOWERS[0]}, timeout_s=10)
+    live.set()
+    wait_until(lambda: led.client.describe_topic("t").shards[led.partition].high_watermark == 6, timeout_s=10)
+    led.produce(pb.ACKS_LEADER, [b"g"]).result(10)  # offset 6: stored, not committed
+
+    led.node.stop()  # restarted; nobody fetches from it for a while
+    led.node = StorageNode(led.node.config).start()
+    try:
+        for offset in (6, 7):  # a consumer at the committed end, and one past the HW: empty, no error
+            ask = pb.FetchRequest(shard=led.shard, offset=offset, max_bytes=1 << 20)
+            fetched, frames = led.caller.call(led.node.address, "fetch", ask, timeout_s=10)
+            assert (fetched.fetch.next_offset, len(frames)) == (offset, 0)
+        assert led.offsets().high_watermark >= 6  # never back below what readers were told
+        for _ in range(10):  # follower 2 fetched nothing since the restart: it does not join
+            assert FOLLOWERS[1] not in led.isr()
+            time.sleep(0.1)
+        led.fetch_as(FOLLOWERS[1], 6)  # behind the log end the leader had: not caught up
+        led.fetch_as(FOLLOWERS[0], 7)
+        assert led.offsets().high_watermark == 7
+        assert FOLLOWERS[1] not in led.isr()
+        led.fetch_as(FOLLOWERS[1], 7)  # caught up now: it joins
+        wait_until(lambda: FOLLOWERS[1] in led.isr(), timeout_s=10)
+    finally:
+        led.node.stop()
 
 
 def test_replica_fetches_are_checked_and_a_fence_stops_writes(lead: Any) -> None:

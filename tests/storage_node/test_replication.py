@@ -102,3 +102,53 @@ def _run(seed: int, steps: int = 400) -> None:
 @pytest.mark.parametrize("seed", range(40))
 def test_leader_state_keeps_its_invariants(seed: int) -> None:
     _run(seed)
+
+
+F1, F2 = FOLLOWERS
+
+
+def _restarted(**settings: object) -> LeaderState:
+    """A leader state as made at a restart: ISR {L, F1} recorded, F2 outside, log end 6."""
+    made: dict[str, object] = {
+        "shard": "t_0",
+        "incarnation": 1,
+        "epoch": 0,
+        "node_id": LEADER,
+        "replicas": (LEADER, F1, F2),
+        "isr": (LEADER, F1),
+        "min_insync": 2,
+        "segment_start": 0,
+        "log_end": 6,
+        "now": 0.0,
+    }
+    made.update(settings)
+    return LeaderState(**made)  # type: ignore[arg-type]
+
+
+def test_a_follower_joins_the_isr_only_after_it_fetched_to_the_log_end_and_the_hw_is_established() -> None:
+    state = _restarted()
+    assert state.propose(0.1, lag_s=1.0) is None  # nobody fetched: F2 is not taken on trust
+    state.fetched(F2, 3, 0.2)  # F2 lacks records the leader had: not caught up
+    assert state.propose(0.3, lag_s=1.0) is None
+    state.fetched(F2, 6, 0.4)  # F2 caught up, but F1 (a member) has not fetched: the HW is unknown
+    assert state.propose(0.5, lag_s=1.0) is None
+    state.fetched(F1, 6, 0.6)
+    assert state.propose(0.7, lag_s=1.0) == (LEADER, F1, F2)
+
+
+def test_the_high_watermark_starts_at_the_committed_offset_the_leader_reported() -> None:
+    assert _restarted(committed=4).high_watermark == 4
+    assert _restarted(committed=9).high_watermark == 6  # never past the log end
+    assert _restarted(committed=-1, segment_start=2, log_end=6).high_watermark == 2
+
+
+def test_a_member_that_stops_fetching_leaves_the_isr_even_on_an_idle_partition() -> None:
+    state = _restarted(isr=(LEADER, F1, F2))
+    assert state.propose(0.5, lag_s=1.0) is None  # members get lag_s to fetch after a (re)start
+    state.fetched(F1, 6, 0.6)
+    state.fetched(F2, 6, 0.6)
+    assert state.high_watermark == 6
+    for now in (1.0, 1.4):  # F1 long-polls at the log end; F2 is gone; nothing is written
+        state.fetched(F1, 6, now)
+        assert state.propose(now, lag_s=1.0) is None
+    assert state.propose(1.7, lag_s=1.0) == (LEADER, F1)

@@ -414,7 +414,9 @@ class StorageNode:
         return self._workers[crc32c(shard.encode()) % len(self._workers)]
 
     def deleted(self, shard: str, incarnation: int) -> None:
-        """A worker dropped ``shard`` of ``incarnation``: acknowledge it with the next beat, now."""
+        """A worker dropped ``shard`` of ``incarnation``: acknowledge it with the next beat, now;
+        its fence (if any) goes too, so the fence file does not grow with every deleted topic."""
+        self.fences.forget(shard, incarnation)
         self._heartbeat.ledger.done(shard, incarnation)
         self._heartbeat.wake()
 

@@ -198,6 +198,8 @@ def answer_replica_empty(node: StorageNode, request: Request) -> None:
         return
     replication = state.replication
     end = replication.log_end if replication is not None else ask.offset
+    if replication is not None and replication.epoch == ask.epoch:  # it waited at the log end
+        replication.still_waiting(ask.node_id, ask.offset, time.monotonic())
     _answer(node, request, state, ask.offset, end, -1, [])
 
 

@@ -12,6 +12,7 @@ fence observable one step at a time. The last test runs three real nodes
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -254,12 +255,31 @@ def test_a_restarted_leader_keeps_its_hw_and_adds_no_follower_that_did_not_fetch
         led.node.stop()
 
 
+def _stored_bytes(led: Led) -> int:
+    meta = MetaClient(led.meta.address)
+    try:
+        return next(node.stored_bytes for node in meta.list_nodes() if node.node_id == led.node.node_id)
+    finally:
+        meta.close()
+
+
+def test_the_heartbeat_thread_never_walks_the_data_directory(lead: Any, monkeypatch: Any) -> None:
+    walkers: list[str] = []
+    walk = os.walk
+
+    def recording_walk(*args: Any, **kwargs: Any) -> Any:
+        walkers.append(threading.current_thread().name)
+        return walk(*args, **kwargs)
+
+    monkeypatch.setattr(os, "walk", recording_walk)
+    led = lead(heartbeat_interval_ms=100)
+    wait_until(lambda: _stored_bytes(led) > 0, timeout_s=10)
+    assert walkers and not {"rmq-heartbeat", "MainThread"} & set(walkers), walkers  # beats never wait
+
+
 def test_replica_fetches_are_checked_and_a_fence_stops_writes(lead: Any) -> None:
     led = lead()
-    meta = MetaClient(led.meta.address)
-    stored = {node.node_id: node.stored_bytes for node in meta.list_nodes()}
-    meta.close()
-    assert stored[led.node.node_id] > 0  # reported with its heartbeats
+    wait_until(lambda: _stored_bytes(led) > 0, timeout_s=10)  # reported with its heartbeats
     with pytest.raises(Unavailable):  # not a replica as the leader knows: it looks the shard up
         led.fetch_as("not-a-replica", 0)
     with pytest.raises(Unavailable):  # an epoch this node does not know yet: retriable
@@ -279,6 +299,8 @@ def test_replica_fetches_are_checked_and_a_fence_stops_writes(lead: Any) -> None
     try:
         refused = _outcome(led.produce(pb.ACKS_LEADER, [b"after a restart"]))
         assert isinstance(refused, Unavailable) and "fenced" in refused.message, refused
+        led.client.delete_topic("t")  # the shard incarnation is dropped: its fence goes with it
+        wait_until(lambda: led.node.fences.fences() == {}, timeout_s=20)
     finally:
         led.node.stop()
 

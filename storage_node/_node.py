@@ -595,8 +595,7 @@ class StorageNode:
             serve_checksum(self, request, state)
         elif body == "read_by_key":
             assert state is not None
-            result = state.engine.read_by_key(state.engine_shard, message.read_by_key.key)
-            self._answer_read(request, _below(result, state))
+            self._answer_read(request, _read_key(state, message.read_by_key.key))
         elif body == "read_by_tag":
             assert state is not None
             ask = message.read_by_tag
@@ -780,6 +779,40 @@ def _below(result: Any, state: NodeShard, start: int = 0) -> Any:
         records = records.filter(pc.less(records.column("offset"), visible))
     next_offset = min(result.next_offset, max(visible, start))
     return replace(result, records=records, next_offset=next_offset, log_end_offset=visible)
+
+
+def _read_key(state: NodeShard, key: bytes) -> Any:
+    """The latest record with ``key`` that readers may see (RF > 1: below the high watermark).
+
+    The key index knows only the key's latest record; if that one is not committed yet, the
+    latest committed one is found by scanning back from the high watermark in growing windows
+    (rare: only while a write of the key waits for its replicas).
+    """
+    engine: Any = state.engine
+    name = state.engine_shard
+    result = engine.read_by_key(name, key)
+    if not state.replicated:
+        return result
+    visible = visible_to_readers(state, result.log_end_offset)
+    if not result.records.num_rows or result.records.column("offset")[0].as_py() < visible:
+        return _below(result, state)
+    earliest = engine.list_offsets(name).earliest_offset
+    end, window = visible, 1024
+    while end > earliest:
+        start = max(earliest, end - window)
+        found, position = None, start
+        while position < end:
+            part = engine.scan(name, position, end, key=key, max_records=10_000)
+            if part.records.num_rows:
+                found = part.records.slice(part.records.num_rows - 1, 1)
+            if part.next_offset <= position:
+                break
+            position = part.next_offset
+        if found is not None:
+            offset = found.column("offset")[0].as_py()
+            return _below(replace(result, records=found, next_offset=offset + 1), state)
+        end, window = start, window * 4
+    return _below(replace(result, records=result.records.slice(0, 0)), state)
 
 
 def _check_incarnation(request: Request, state: NodeShard) -> None:

@@ -255,6 +255,32 @@ def test_a_restarted_leader_keeps_its_hw_and_adds_no_follower_that_did_not_fetch
         led.node.stop()
 
 
+def test_a_read_by_key_answers_the_latest_committed_value(lead: Any) -> None:
+    led = lead(replica_lag_ms=60_000)
+    key = {"keys": [b"k"]}
+    led.caller.call(  # offset 0: k = old, committed
+        led.node.address,
+        "produce",
+        pb.ProduceRequest(shard=led.shard, acks=pb.ACKS_LEADER, producer_id=-1, producer_sequence=-1),
+        (encode_batch(build_records([b"old"], **key)),),
+    )
+    led.fetch_as(FOLLOWERS[0], 1)
+    led.fetch_as(FOLLOWERS[1], 1)
+    assert led.offsets().high_watermark == 1
+    led.caller.call(  # offset 1: k = new, not committed (nobody fetched it)
+        led.node.address,
+        "produce",
+        pb.ProduceRequest(shard=led.shard, acks=pb.ACKS_LEADER, producer_id=-1, producer_sequence=-1),
+        (encode_batch(build_records([b"new"], **key)),),
+    )
+    found = led.client.read_by_key("t", b"k", partition=led.partition)
+    assert found.column("value").to_pylist() == [b"old"]
+    led.fetch_as(FOLLOWERS[0], 2)
+    led.fetch_as(FOLLOWERS[1], 2)
+    found = led.client.read_by_key("t", b"k", partition=led.partition)
+    assert found.column("value").to_pylist() == [b"new"]
+
+
 def _stored_bytes(led: Led) -> int:
     meta = MetaClient(led.meta.address)
     try:

@@ -12,6 +12,7 @@ fence observable one step at a time. The last test runs three real nodes
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -29,6 +30,7 @@ from robustmq._node_client import NodeCaller
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records, encode_batch
 from robustmq.errors import (
+    InvalidRequest,
     NotEnoughReplicas,
     RequestTimeout,
     RobustMQError,
@@ -36,6 +38,7 @@ from robustmq.errors import (
 )
 from robustmq.meta import MetaServer
 from robustmq.storage_node import NodeConfig, StorageNode
+from robustmq.storage_node._control import MetaAnswer
 from tests.e2e._procs import wait_until
 
 FOLLOWERS = ("fake-follower-1", "fake-follower-2")
@@ -198,13 +201,13 @@ def test_a_waiting_ack_times_out_and_a_long_poll_is_woken_by_an_append(lead: Any
 
 def test_lagging_followers_leave_the_isr_acks_all_is_refused_and_a_follower_rejoins(lead: Any) -> None:
     led = lead(replica_lag_ms=1000, ack_timeout_ms=30_000)
+    live = led.follow(FOLLOWERS[0], 0)  # follower 1 keeps up (long-polling), follower 2 never fetches
     waiting = led.produce(pb.ACKS_ALL, [b"v"])
-    wait_until(lambda: led.offsets().log_end_offset == 1, timeout_s=10)
-    led.fetch_as(FOLLOWERS[0], 1)  # follower 1 keeps up, follower 2 never fetches
     assert not isinstance(_outcome(waiting), RobustMQError)  # answered once follower 2 was shrunk out
-    assert set(led.isr()) == {led.node.node_id, FOLLOWERS[0]}  # recorded by the Meta Service
+    wait_until(lambda: set(led.isr()) == {led.node.node_id, FOLLOWERS[0]}, timeout_s=10)  # recorded
 
-    led.produce(pb.ACKS_LEADER, [b"w"]).result(10)  # follower 1 stops fetching too
+    live.set()  # follower 1 stops fetching too
+    led.produce(pb.ACKS_LEADER, [b"w"]).result(10)
     wait_until(lambda: led.isr() == [led.node.node_id], timeout_s=10)
     refused = _outcome(led.produce(pb.ACKS_ALL, [b"no"]))
     assert isinstance(refused, NotEnoughReplicas) and refused.fields["appended"] is False, refused
@@ -279,6 +282,21 @@ def test_a_read_by_key_answers_the_latest_committed_value(lead: Any) -> None:
     led.fetch_as(FOLLOWERS[1], 2)
     found = led.client.read_by_key("t", b"k", partition=led.partition)
     assert found.column("value").to_pylist() == [b"new"]
+
+
+def test_a_refused_isr_change_backs_off_and_warns_once(lead: Any, caplog: Any) -> None:
+    led = lead(replica_lag_ms=60_000)
+    led.produce(pb.ACKS_LEADER, [b"a"]).result(10)  # the node leads the shard now
+    worker = led.node.worker_for(led.shard)
+    caplog.set_level(logging.WARNING, logger="robustmq.node")
+    refused = InvalidRequest("the ISR names a node that is not a replica")
+    for _ in range(3):  # what the control thread posts when the Meta Service refuses UpdateIsr
+        worker.post(MetaAnswer("isr", led.shard, epoch=0, incarnation=led.incarnation, error=refused))
+    wait_until(lambda: led.shard in worker.leading._retry_at, timeout_s=10)
+    time.sleep(0.5)  # the worker handles the three answers in order
+    warnings = [r for r in caplog.records if "ISR change failed" in r.getMessage()]
+    assert len(warnings) == 1, warnings  # logged once for the same refusal
+    assert worker.leading._retry_at[led.shard] - time.monotonic() > 2.0  # backed off: 1 s, 2 s, 4 s
 
 
 def _stored_bytes(led: Led) -> int:

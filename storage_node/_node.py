@@ -686,11 +686,13 @@ class StorageNode:
             )
         if ask.offset >= high_watermark:
             wait_ms = min(max(ask.max_wait_ms, 0), self.config.max_wait_ms)
-            if wait_ms and not request.waited:
-                request.deadline = time.monotonic() + wait_ms / 1000
-                request.waited = True
-            # Released while still at or past the high watermark (it moved, not far enough): wait on.
-            if request.waited and request.deadline > time.monotonic() and not self.stopping.is_set():
+            first = wait_ms > 0 and not request.waited
+            # Past the high watermark and released (it moved, not far enough yet): wait on.
+            again = request.waited and ask.offset > high_watermark and request.deadline > time.monotonic()
+            if (first or again) and not self.stopping.is_set():
+                if first:
+                    request.deadline = time.monotonic() + wait_ms / 1000
+                    request.waited = True
 
                 def current() -> int:
                     return visible_to_readers(state, int(engine.list_offsets(name).log_end_offset))

@@ -14,7 +14,8 @@ heartbeat thread sends the Meta Service one ``Heartbeat``:
   from before a deletion never counts for a re-created topic;
 - ``deleted``: the deletions this node carried out and has not yet had
   acknowledged;
-- ``stored_bytes``: the bytes under its data directory (measured every 30 s).
+- ``stored_bytes``: the bytes under its data directory (measured every 30 s on
+  a thread of its own, ``rmq-disk-usage``: the heartbeat thread never walks a disk).
 
 The answer's ``assignments_version`` goes to the follower side
 (``Follower.assignments_seen``), which lists its assignments when it changed.
@@ -48,6 +49,7 @@ from typing import Any
 from robustmq.errors import RobustMQError, ShardNotFound
 
 from ._io_worker import DeleteShard, Reserved
+from ._replica_serving import visible_to_readers
 from ._shards import RESERVE_RECORDS
 
 __all__ = ["DeletionLedger", "Heartbeat"]
@@ -121,8 +123,7 @@ class Heartbeat(threading.Thread):
         self.ledger = DeletionLedger()
         self._wake = threading.Event()
         self._last_warning = 0.0
-        self._stored = 0
-        self._stored_at = float("-inf")
+        self._stored = 0  # written by the disk-usage thread only (an int: read without a lock)
 
     def wake(self) -> None:
         """Beat now (a deletion is done: acknowledge it without waiting)."""
@@ -144,7 +145,10 @@ class Heartbeat(threading.Thread):
                 offsets = state.engine.list_offsets(state.engine_shard)
             except ShardNotFound:
                 continue
-            progress.append((shard, offsets.log_end_offset, offsets.earliest_offset))
+            # Committed progress only: on an RF > 1 leader its high watermark, not its log end (a
+            # restarted leader starts its HW from this report, ``_replication``).
+            committed = visible_to_readers(state, offsets.log_end_offset)
+            progress.append((shard, committed, min(offsets.earliest_offset, committed)))
             incarnations[shard] = state.incarnation
             if state.ack_limit is not None:
                 log_end = offsets.log_end_offset
@@ -179,13 +183,24 @@ class Heartbeat(threading.Thread):
                 self.ledger.abandon(deletion.shard, deletion.incarnation)
 
     def _stored_bytes(self) -> int:
-        """Bytes under the node's data directory (``robustmq nodes``, placement), measured at most
-        every :data:`_STORED_BYTES_EVERY_S` (a walk of its files) and reported with every beat."""
-        now = time.monotonic()
-        if now - self._stored_at >= _STORED_BYTES_EVERY_S:
-            self._stored_at = now
-            self._stored = _disk_usage(self._node.config.data_dir)
+        """Bytes under the node's data directory (``robustmq nodes``, placement) as last measured
+        by the disk-usage thread: a walk of a big or busy disk never delays a beat."""
         return self._stored
+
+    def _measure(self) -> None:
+        """The disk-usage thread: walk the data directory every :data:`_STORED_BYTES_EVERY_S`."""
+        node = self._node
+        while not node.stopping.is_set():
+            try:
+                self._stored = _disk_usage(node.config.data_dir)
+            except Exception:  # measured again next time
+                log.exception("measuring the data directory failed")
+            node.stopping.wait(_STORED_BYTES_EVERY_S)
+
+    def start(self) -> None:
+        """Start beating, and the disk-usage thread beside it."""
+        threading.Thread(target=self._measure, name="rmq-disk-usage", daemon=True).start()
+        super().start()
 
     def run(self) -> None:
         node = self._node

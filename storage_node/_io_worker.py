@@ -151,10 +151,16 @@ class DeleteShard:
 
 @dataclass(frozen=True, slots=True)
 class Refresh:
-    """A request named ``epoch`` of ``shard``, newer than this node knows: look it up (rate-limited)."""
+    """A request showed this node's view of ``shard`` may be old: look it up (rate-limited).
+
+    It named a newer ``epoch`` than this node knows, or (``replica``) a node fetched as a
+    replica of the active epoch that this node does not count among its replicas (the
+    Meta Service may have added it).
+    """
 
     shard: str
     epoch: int
+    replica: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,7 +399,11 @@ class IOWorker(threading.Thread):
                 self.parked -= 1
                 request.parked = False
                 self.fail(request, failure)
-        elif isinstance(item, MetaAnswer):  # a probe or seal answer: where the seal stands is unknown
+        elif isinstance(item, MetaAnswer) and item.kind == "isr":  # proposed again at a later tick
+            state = self.directory.cached(item.shard)
+            if state is not None and state.replication is not None:
+                state.replication.refused()
+        elif isinstance(item, MetaAnswer):  # a probe, agree or seal answer: where the seal stands is unknown
             state = self.directory.cached(item.shard)
             if state is not None and state.incarnation == item.incarnation:
                 state.fail(f"handling the answer to its seal failed ({error})")
@@ -532,7 +542,10 @@ class IOWorker(threading.Thread):
                     base_offset=result.base_offset,
                     record_count=result.record_count,
                     duplicate=result.duplicate,
-                    high_watermark=state.log_end(),
+                    # RF > 1: the high watermark before this group (a lower bound), never the log end.
+                    high_watermark=state.log_end()
+                    if state.replication is None
+                    else state.replication.high_watermark,
                     epoch=state.epoch,
                 ),
             )
@@ -695,7 +708,11 @@ class IOWorker(threading.Thread):
 
     def _refresh(self, item: Refresh) -> None:
         state = self.directory.cached(item.shard)
-        if state is not None and item.epoch > state.epoch:
+        if state is None:
+            return
+        replication = state.replication
+        unknown = bool(item.replica) and replication is not None and item.replica not in replication.replicas
+        if item.epoch > state.epoch or unknown:
             self.look_up(state)
 
     def look_up(self, state: NodeShard) -> None:

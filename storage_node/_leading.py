@@ -19,8 +19,10 @@ what the shard's I/O worker does with it, in queue order with the writes:
   and an ISR change the state proposes is sent with ``UpdateIsr`` on a control
   thread; its answer comes back as a ``MetaAnswer`` (``isr``) and is applied
   only then. ``StaleEpoch``: this node no longer leads that epoch; the shard is
-  looked up (it adopts the chain). Any other failure: proposed again after
-  :data:`ISR_RETRY_S`.
+  looked up (it adopts the chain). Any other failure (a refusal such as
+  ``InvalidRequest``, a Meta Service outage): proposed again after
+  :data:`ISR_RETRY_S`, doubling with each failure in a row of the same epoch up
+  to :data:`ISR_RETRY_MAX_S`; warned once per epoch and reason, not every time.
 - **fence** (:meth:`Leading.fence`, a node request from the Meta Service in a
   failover): recorded durably (``FenceStore``) before the answer; if this node
   leads that epoch, it stops taking writes and confirming acks for it (its
@@ -47,12 +49,13 @@ from ._shards import NodeShard
 if TYPE_CHECKING:
     from ._io_worker import IOWorker, Request
 
-__all__ = ["ISR_RETRY_S", "TICK_S", "Leading"]
+__all__ = ["ISR_RETRY_MAX_S", "ISR_RETRY_S", "TICK_S", "Leading"]
 
 log = logging.getLogger("robustmq.node")
 
 TICK_S = 0.05  # ISR checks and ack expiry at most this often per worker
-ISR_RETRY_S = 1.0  # a failed ISR change is proposed again after this long
+ISR_RETRY_S = 1.0  # a failed ISR change is proposed again after this long (doubling in a row)
+ISR_RETRY_MAX_S = 30.0  # at most this long
 
 
 class Leading:
@@ -67,6 +70,7 @@ class Leading:
         self._states: dict[str, NodeShard] = {}  # shards led here with a LeaderState
         self._held: dict[str, list[WaitingAck]] = {}  # appended in the current group, to wait
         self._retry_at: dict[str, float] = {}  # shard -> when its ISR may be changed again
+        self._failures: dict[str, tuple[int, int, str]] = {}  # shard -> (epoch, failures in a row, why)
         self._next_tick = 0.0
 
     def add(self, state: NodeShard) -> None:
@@ -156,6 +160,7 @@ class Leading:
             if replication is None or self._worker.directory.cached(name) is not state:
                 del self._states[name]
                 self._retry_at.pop(name, None)
+                self._failures.pop(name, None)
                 continue
             self._node.deliver(replication.expire(now))
             if now < self._retry_at.get(name, 0.0):
@@ -194,16 +199,30 @@ class Leading:
             return  # the epoch ended meanwhile: nothing to apply
         if answer.error is None:
             assert answer.segment is not None
+            self._failures.pop(state.name, None)
             self._deliver(state, *replication.recorded(list(answer.segment.isr)))
             log.info("shard %s epoch %d: the ISR is %s", state.name, answer.epoch, list(replication.isr))
             return
         replication.refused()
-        self._retry_at[state.name] = time.monotonic() + ISR_RETRY_S
         if isinstance(answer.error, StaleEpoch | NotLeader):  # no longer the leader of that epoch
+            self._retry_at[state.name] = time.monotonic() + ISR_RETRY_S
             log.warning("shard %s: ISR change refused (%s); looking it up", state.name, answer.error.message)
             self._worker.look_up(state)
-        else:
-            log.warning("shard %s: ISR change failed: %s", state.name, answer.error.message)
+            return
+        epoch, failures, reason = self._failures.get(state.name, (answer.epoch, 0, ""))
+        if epoch != answer.epoch:
+            failures, reason = 0, ""
+        delay = min(ISR_RETRY_S * 2**failures, ISR_RETRY_MAX_S)
+        self._retry_at[state.name] = time.monotonic() + delay
+        self._failures[state.name] = (answer.epoch, failures + 1, answer.error.message)
+        level = logging.WARNING if answer.error.message != reason else logging.DEBUG
+        log.log(
+            level,
+            "shard %s: ISR change failed: %s (proposed again in %.0f s)",
+            state.name,
+            answer.error.message,
+            delay,
+        )
 
     # -- fences --------------------------------------------------------------------------
 

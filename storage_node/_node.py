@@ -362,7 +362,10 @@ class StorageNode:
 
     def hw_moved(self, shard: str) -> None:
         """The high watermark of a shard led here moved: wake its readers' and followers' fetches
-        (a follower serves reads up to the high watermark it learns from its fetch answers)."""
+        (a follower serves reads up to the high watermark it learns from its fetch answers),
+        and report it with the next beat (a restarted leader starts from the reported one)."""
+        with self._changed_lock:
+            self._changed.add(shard)
         for request in self.waiters.release(shard) + self.waiters.release(replica_key(shard)):
             self._submit_read(request)
 
@@ -370,9 +373,10 @@ class StorageNode:
         """Send the answers a :class:`LeaderState` released (any thread)."""
         send_acks(self, answers)
 
-    def refresh(self, shard: str, epoch: int) -> None:
-        """A request named ``epoch`` of ``shard``, newer than this node knows: look it up (rate-limited)."""
-        self.worker_for(shard).post(Refresh(shard, epoch))
+    def refresh(self, shard: str, epoch: int, replica: str = "") -> None:
+        """A request showed this node's view of ``shard`` may be old: look it up (rate-limited;
+        see ``Refresh``)."""
+        self.worker_for(shard).post(Refresh(shard, epoch, replica))
 
     def _retire_leader(self, replication: LeaderState) -> None:
         """An epoch led here ended (sealed, lost, deleted): answer the writes still waiting for it.
@@ -410,7 +414,9 @@ class StorageNode:
         return self._workers[crc32c(shard.encode()) % len(self._workers)]
 
     def deleted(self, shard: str, incarnation: int) -> None:
-        """A worker dropped ``shard`` of ``incarnation``: acknowledge it with the next beat, now."""
+        """A worker dropped ``shard`` of ``incarnation``: acknowledge it with the next beat, now;
+        its fence (if any) goes too, so the fence file does not grow with every deleted topic."""
+        self.fences.forget(shard, incarnation)
         self._heartbeat.ledger.done(shard, incarnation)
         self._heartbeat.wake()
 
@@ -589,8 +595,7 @@ class StorageNode:
             serve_checksum(self, request, state)
         elif body == "read_by_key":
             assert state is not None
-            result = state.engine.read_by_key(state.engine_shard, message.read_by_key.key)
-            self._answer_read(request, _below(result, state))
+            self._answer_read(request, _read_key(state, message.read_by_key.key))
         elif body == "read_by_tag":
             assert state is not None
             ask = message.read_by_tag
@@ -600,7 +605,7 @@ class StorageNode:
                 start_offset=ask.start_offset,
                 max_records=ask.max_records or 10_000,
             )
-            self._answer_read(request, _below(records, state))
+            self._answer_read(request, _below(records, state, ask.start_offset))
         elif body == "scan":
             assert state is not None
             self._scan(request, state)
@@ -646,7 +651,7 @@ class StorageNode:
             max_timestamp_ms=ask.max_timestamp_ms if ask.HasField("max_timestamp_ms") else None,
             max_records=ask.max_records or 10_000,
         )
-        self._answer_read(request, _below(records, state))
+        self._answer_read(request, _below(records, state, ask.start_offset))
 
     def _answer_status(self, request: Request) -> None:
         with self._accounting:
@@ -668,7 +673,9 @@ class StorageNode:
         engine, name = state.engine, state.engine_shard
         offsets = engine.list_offsets(name)
         high_watermark = visible_to_readers(state, offsets.log_end_offset)
-        if not offsets.earliest_offset <= ask.offset <= high_watermark:
+        # Offsets between the high watermark and the log end exist and become visible: a fetch
+        # there waits like one at the high watermark (a restarted leader's HW is behind a while).
+        if not offsets.earliest_offset <= ask.offset <= max(high_watermark, offsets.log_end_offset):
             raise OffsetOutOfRange(
                 f"offset {ask.offset} of shard {ask.shard} is outside "
                 f"[{offsets.earliest_offset}, {high_watermark}]",
@@ -677,11 +684,15 @@ class StorageNode:
                 earliest_offset=offsets.earliest_offset,
                 high_watermark=high_watermark,
             )
-        if ask.offset == high_watermark:
+        if ask.offset >= high_watermark:
             wait_ms = min(max(ask.max_wait_ms, 0), self.config.max_wait_ms)
-            if wait_ms and not request.waited and not self.stopping.is_set():
-                request.deadline = time.monotonic() + wait_ms / 1000
-                request.waited = True
+            first = wait_ms > 0 and not request.waited
+            # Past the high watermark and released (it moved, not far enough yet): wait on.
+            again = request.waited and ask.offset > high_watermark and request.deadline > time.monotonic()
+            if (first or again) and not self.stopping.is_set():
+                if first:
+                    request.deadline = time.monotonic() + wait_ms / 1000
+                    request.waited = True
 
                 def current() -> int:
                     return visible_to_readers(state, int(engine.list_offsets(name).log_end_offset))
@@ -690,7 +701,7 @@ class StorageNode:
                     return
                 offsets = engine.list_offsets(name)
                 high_watermark = visible_to_readers(state, offsets.log_end_offset)
-            if ask.offset == high_watermark:
+            if ask.offset >= high_watermark:
                 self._answer_fetch_empty(request, offsets.earliest_offset, high_watermark)
                 return
         max_bytes = min(ask.max_bytes or self.config.max_fetch_bytes, self.config.max_fetch_bytes)
@@ -758,17 +769,52 @@ class StorageNode:
         )
 
 
-def _below(result: Any, state: NodeShard) -> Any:
-    """``result`` without the records at or past ``state``'s high watermark (RF > 1)."""
+def _below(result: Any, state: NodeShard, start: int = 0) -> Any:
+    """``result`` (of a read from ``start``) without the records at or past ``state``'s high
+    watermark (RF > 1). Its ``next_offset`` never goes back before ``start``: a read from past
+    the high watermark (a restarted leader's, still behind) continues where it asked."""
     if not state.replicated:
         return result
     visible = visible_to_readers(state, result.log_end_offset)
     records = result.records
     if records.num_rows and pc.max(records.column("offset")).as_py() >= visible:
         records = records.filter(pc.less(records.column("offset"), visible))
-    return replace(
-        result, records=records, next_offset=min(result.next_offset, visible), log_end_offset=visible
-    )
+    next_offset = min(result.next_offset, max(visible, start))
+    return replace(result, records=records, next_offset=next_offset, log_end_offset=visible)
+
+
+def _read_key(state: NodeShard, key: bytes) -> Any:
+    """The latest record with ``key`` that readers may see (RF > 1: below the high watermark).
+
+    The key index knows only the key's latest record; if that one is not committed yet, the
+    latest committed one is found by scanning back from the high watermark in growing windows
+    (rare: only while a write of the key waits for its replicas).
+    """
+    engine: Any = state.engine
+    name = state.engine_shard
+    result = engine.read_by_key(name, key)
+    if not state.replicated:
+        return result
+    visible = visible_to_readers(state, result.log_end_offset)
+    if not result.records.num_rows or result.records.column("offset")[0].as_py() < visible:
+        return _below(result, state)
+    earliest = engine.list_offsets(name).earliest_offset
+    end, window = visible, 1024
+    while end > earliest:
+        start = max(earliest, end - window)
+        found, position = None, start
+        while position < end:
+            part = engine.scan(name, position, end, key=key, max_records=10_000)
+            if part.records.num_rows:
+                found = part.records.slice(part.records.num_rows - 1, 1)
+            if part.next_offset <= position:
+                break
+            position = part.next_offset
+        if found is not None:
+            offset = found.column("offset")[0].as_py()
+            return _below(replace(result, records=found, next_offset=offset + 1), state)
+        end, window = start, window * 4
+    return _below(replace(result, records=result.records.slice(0, 0)), state)
 
 
 def _check_incarnation(request: Request, state: NodeShard) -> None:

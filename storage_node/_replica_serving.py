@@ -32,7 +32,7 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import InvalidRequest, NotLeader, OffsetOutOfRange, ShardNotFound, Unavailable
 
 from ._follower_log import visible_end
-from ._replication import AckAnswer
+from ._replication import AckAnswer, LeaderState
 
 if TYPE_CHECKING:
     from ._io_worker import Request
@@ -75,7 +75,9 @@ def send_acks(node: StorageNode, answers: list[AckAnswer]) -> None:
             node.reply(answer.request, answer.answer)
 
 
-def _range(state: NodeShard, ask: pb.ReplicaFetchRequest) -> tuple[int, int, bool]:
+def _range(
+    state: NodeShard, ask: pb.ReplicaFetchRequest, replication: LeaderState | None
+) -> tuple[int, int, bool]:
     """``(where the answer may read up to, where its segment ends or -1, active)``; raises if not served."""
     if ask.epoch > state.epoch:
         raise Unavailable(
@@ -85,16 +87,16 @@ def _range(state: NodeShard, ask: pb.ReplicaFetchRequest) -> tuple[int, int, boo
             current_epoch=state.epoch,
         )
     if ask.epoch == state.epoch:
-        replication = state.replication
-        if replication is None:
+        if replication is None or replication.epoch != ask.epoch:
             raise NotLeader(
                 f"this node does not lead epoch {ask.epoch} of shard {state.name}",
                 shard=state.name,
                 leader_address=state.leader_address,
             )
-        if ask.node_id not in replication.replicas:
-            raise InvalidRequest(
-                f"node {ask.node_id} is not a replica of epoch {ask.epoch} of shard {state.name}",
+        if ask.node_id not in replication.replicas:  # added since this node's view? Look it up
+            raise Unavailable(
+                f"node {ask.node_id} is not a replica of epoch {ask.epoch} of shard {state.name} as "
+                f"this node knows it; retry",
                 shard=state.name,
                 node_id=ask.node_id,
             )
@@ -120,9 +122,12 @@ def _range(state: NodeShard, ask: pb.ReplicaFetchRequest) -> tuple[int, int, boo
 def serve_replica_fetch(node: StorageNode, request: Request, state: NodeShard) -> None:
     ask = request.message.replica_fetch
     state.check_incarnation(ask.incarnation)
+    replication = state.replication
     if ask.epoch > state.epoch:
         node.refresh(state.name, ask.epoch)
-    end, segment_end, active = _range(state, ask)
+    elif ask.epoch == state.epoch and replication is not None and ask.node_id not in replication.replicas:
+        node.refresh(state.name, ask.epoch, ask.node_id)
+    end, segment_end, active = _range(state, ask, replication)
     earliest = state.engine.list_offsets(state.engine_shard).earliest_offset
     if not earliest <= ask.offset <= end:
         raise OffsetOutOfRange(
@@ -132,7 +137,8 @@ def serve_replica_fetch(node: StorageNode, request: Request, state: NodeShard) -
             earliest_offset=earliest,
             high_watermark=end,
         )
-    replication = state.replication if active else None
+    if not active:
+        replication = None
     moved = False
     if replication is not None and not request.waited:  # a released long poll was counted already
         moved, answers = replication.fetched(ask.node_id, ask.offset, time.monotonic())
@@ -192,6 +198,8 @@ def answer_replica_empty(node: StorageNode, request: Request) -> None:
         return
     replication = state.replication
     end = replication.log_end if replication is not None else ask.offset
+    if replication is not None and replication.epoch == ask.epoch:  # it waited at the log end
+        replication.still_waiting(ask.node_id, ask.offset, time.monotonic())
     _answer(node, request, state, ask.offset, end, -1, [])
 
 

@@ -34,10 +34,27 @@ one small lock and returns the answers to send, which the caller sends
 outside the lock (``node.reply`` is thread-safe). Time is passed in
 (``now``, monotonic seconds), no clock or socket is used here.
 
+Joining the ISR (as Kafka). Every follower starts **never fetched** in a new
+state (a new epoch, a restart): its position is the segment start until its
+first fetch, and ``answered_end`` is the leader's log end when the state was
+made. A fetch is *caught up* when its offset reached the log end the leader
+had answered that follower before (a fetch at the log end always is: live
+followers long-poll, so an idle partition keeps them caught up, and one that
+stops fetching leaves the ISR after ``lag_s`` however idle). A non-member joins
+only once it was caught up within ``lag_s`` by a real fetch in this state and
+its position reached the high watermark at proposal time; and no follower
+joins at all until the high watermark is **established**: every recorded ISR
+member (the leader aside) fetched at least once in this state, so the
+positions the HW is computed from are real (each member holds every committed
+record, so their minimum is at least the true HW). Recorded members that have
+not fetched yet get ``lag_s`` from the state's start before they are shrunk.
+
 Crash behaviour: nothing here is durable. A restarted leader starts with the
-recorded ISR, every follower at the segment start (so the HW starts at the
-segment start and moves as followers fetch again); the records past it are
-answered to no one until then, which is the safe side.
+recorded ISR and the high watermark ``committed`` (the one it last reported to
+the Meta Service: a committed lower bound, clamped to its log end, never
+below the segment start); the HW moves on once the ISR members fetch again.
+Records between the HW and the log end are not visible until then (readers
+asking for them get an empty answer, not an error), which is the safe side.
 """
 
 from __future__ import annotations
@@ -51,6 +68,8 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import NotEnoughReplicas, RequestTimeout, RobustMQError
 
 __all__ = ["AckAnswer", "LeaderState", "WaitingAck", "min_insync_of"]
+
+_INF = float("inf")
 
 
 def min_insync_of(config: pb.TopicConfig) -> int:
@@ -81,9 +100,10 @@ class AckAnswer:
 
 @dataclass(slots=True)
 class _Follower:
-    position: int
-    caught_up_at: float
+    position: int  # its last fetch offset (the segment start until it fetched in this state)
+    caught_up_at: float  # -inf: never caught up in this state
     answered_end: int  # the leader's log end when it last answered this follower
+    has_fetched: bool = False  # fetched at least once in this state (its position is real)
 
 
 @dataclass
@@ -100,6 +120,7 @@ class LeaderState:
     segment_start: int
     log_end: int
     now: float
+    committed: int = -1  # the HW this leader last reported to the Meta Service (-1: unknown)
     high_watermark: int = -1
     pending: tuple[str, ...] | None = None
     fenced: bool = False  # the Meta Service fenced this epoch: no more writes, no more acks
@@ -113,9 +134,9 @@ class LeaderState:
             self.isr = (self.node_id, *self.isr)
         for replica in self.replicas:
             if replica != self.node_id:
-                # Unknown positions start at the segment start: everything before it is sealed.
-                self._followers[replica] = _Follower(self.segment_start, self.now, self.segment_start)
-        self.high_watermark = self._compute()
+                # Recorded members get lag_s to fetch; others have never caught up (module docstring).
+                self._followers[replica] = self._new_follower(self.now if replica in self.isr else -_INF)
+        self.high_watermark = max(self._compute(), min(self.committed, self.log_end))
 
     # -- readers of the state (any thread) ----------------------------------------------
 
@@ -141,14 +162,21 @@ class LeaderState:
     def fetched(self, node_id: str, offset: int, now: float) -> tuple[bool, list[AckAnswer]]:
         """A follower fetched from ``offset``: ``(high watermark moved, answers to send)``."""
         with self._lock:
-            follower = self._followers.get(node_id)
-            if follower is None:  # a replica added since this state was made
-                follower = self._followers[node_id] = _Follower(self.segment_start, 0.0, self.segment_start)
+            follower = self._follower(node_id)  # (a replica added since this state was made)
             follower.position = offset
-            if offset >= follower.answered_end:
+            if offset >= follower.answered_end:  # reached what it was answered: caught up
                 follower.caught_up_at = now
             follower.answered_end = self.log_end
+            follower.has_fetched = True
             return self._advance()
+
+    def still_waiting(self, node_id: str, offset: int, now: float) -> None:
+        """A follower's fetch at ``offset`` long-polled until ``now`` and nothing came: it is still
+        caught up if ``offset`` is the log end (it was there the whole wait)."""
+        with self._lock:
+            follower = self._followers.get(node_id)
+            if follower is not None and follower.has_fetched and offset >= self.log_end:
+                follower.caught_up_at = now
 
     def appended(self, log_end: int) -> tuple[bool, list[AckAnswer]]:
         """The leader's log is durable up to ``log_end``."""
@@ -191,10 +219,13 @@ class LeaderState:
     def propose(self, now: float, lag_s: float) -> tuple[str, ...] | None:
         """An ISR change to ask the Meta Service for, if one is due and none is in flight.
 
-        Shrink: members (the leader aside) not caught up for ``lag_s``. Expand: one
-        non-member caught up within ``lag_s`` whose position reached the high
-        watermark (so counting it cannot move the HW back). The proposal is
-        ``pending`` until :meth:`recorded` or :meth:`refused`.
+        Shrink: members (the leader aside) not caught up for ``lag_s``, however idle the
+        partition (a live follower long-polls at the log end, which keeps it caught up).
+        Expand: once the high watermark is established (every member fetched in this
+        state), one non-member that fetched in this state, was caught up within
+        ``lag_s`` and whose position reached the high watermark (so counting it cannot
+        move the HW back). The proposal is ``pending`` until :meth:`recorded` or
+        :meth:`refused`.
         """
         with self._lock:
             if self.pending is not None or self.fenced:
@@ -202,18 +233,19 @@ class LeaderState:
             lagging = [
                 member
                 for member in self.isr
-                if member != self.node_id
-                and self._follower(member).position < self.log_end  # at the log end: in sync, however idle
-                and now - self._follower(member).caught_up_at > lag_s
+                if member != self.node_id and now - self._follower(member).caught_up_at > lag_s
             ]
             if lagging:
                 proposal = tuple(member for member in self.isr if member not in lagging)
             else:
+                established = all(self._follower(m).has_fetched for m in self.isr if m != self.node_id)
                 joining = [
                     replica
                     for replica in self.replicas
-                    if replica not in self.isr
+                    if established
+                    and replica not in self.isr
                     and replica in self._followers
+                    and self._followers[replica].has_fetched
                     and now - self._followers[replica].caught_up_at <= lag_s
                     and self._followers[replica].position >= self.high_watermark
                 ]
@@ -252,10 +284,14 @@ class LeaderState:
 
     # -- under the lock ---------------------------------------------------------------
 
+    def _new_follower(self, caught_up_at: float) -> _Follower:
+        """A follower that has not fetched in this state (module docstring)."""
+        return _Follower(self.segment_start, caught_up_at, self.log_end)
+
     def _follower(self, node_id: str) -> _Follower:
         follower = self._followers.get(node_id)
         if follower is None:
-            follower = self._followers[node_id] = _Follower(self.segment_start, 0.0, self.segment_start)
+            follower = self._followers[node_id] = self._new_follower(-_INF)
         return follower
 
     def _positions(self, members: set[str]) -> list[int]:

@@ -81,7 +81,7 @@ from robustmq.errors import (
     Unavailable,
 )
 
-from ._control import Job, MetaAnswer
+from ._control import Agreement, Job, MetaAnswer
 from ._shards import NodeShard, SealTask
 
 if TYPE_CHECKING:
@@ -284,8 +284,16 @@ class Sealer:
         state = self._state_of(answer)
         if state is None or state.seal is None or answer.end_offset != state.seal.end_offset:
             return
-        assert answer.agreement is not None
-        state.seal.agreement = answer.agreement
+        agreement = answer.agreement
+        if agreement is None:  # the checksums failed unexpectedly: seal with the leader alone
+            log.error(
+                "seal of %s epoch %d: no agreement (%s); sealing with the leader alone",
+                state.name,
+                state.seal.epoch,
+                answer.error.message if answer.error else "no answer",
+            )
+            agreement = Agreement((self._node_id,), None, 0)
+        state.seal.agreement = agreement
         self._send(state)
 
     def _send(self, state: NodeShard) -> None:

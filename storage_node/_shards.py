@@ -486,6 +486,8 @@ class ShardDirectory:
             segment_start=state.segment_start,
             log_end=max(state.log_end(), state.segment_start),
             now=time.monotonic(),
+            # The HW this node last reported as leader: committed, so readers never go back.
+            committed=int(state.view.high_watermark) if state.view is not None else -1,
         )
         if self.fenced_epoch(state.name, state.incarnation) >= state.epoch:
             state.replication.fence()  # a restart does not forget a fence (see _fences)

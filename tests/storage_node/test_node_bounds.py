@@ -18,4 +18,3 @@ def test_one_beat_reports_a_bounded_number_of_shards_and_keeps_the_rest(tmp_path
     finally:
         node.manager.close()
         node.meta.close()
-

@@ -12,7 +12,10 @@ fence observable one step at a time. The last test runs three real nodes
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -35,6 +38,7 @@ from robustmq.errors import (
 )
 from robustmq.meta import MetaServer
 from robustmq.storage_node import NodeConfig, StorageNode
+from robustmq.storage_node._control import MetaAnswer
 from tests.e2e._procs import wait_until
 
 FOLLOWERS = ("fake-follower-1", "fake-follower-2")
@@ -68,6 +72,22 @@ class Led:
         )
         response, _ = self.caller.call(self.node.address, "replica_fetch", ask, timeout_s=10)
         return response
+
+    def follow(self, follower: str, offset: int) -> threading.Event:
+        """Run ``follower`` live from ``offset`` (it copies nothing, it acknowledges what it is
+        sent, long-polling at the log end as a real follower does) until the event is set."""
+        stop = threading.Event()
+
+        def run() -> None:
+            position = offset
+            while not stop.is_set():
+                try:
+                    position = self.fetch_as(follower, position, wait_ms=200).replica_fetch.next_offset
+                except RobustMQError:
+                    stop.wait(0.05)
+
+        threading.Thread(target=run, daemon=True).start()
+        return stop
 
     def offsets(self) -> pb.ShardOffsetsInfo:
         ask = pb.ListOffsetsRequest(shards=[self.shard])
@@ -152,7 +172,8 @@ def test_acks_all_waits_for_every_isr_member_and_reads_stop_at_the_high_watermar
 
 def test_acks_quorum_needs_a_majority_and_acks_1_nobody(lead: Any) -> None:
     led = lead()
-    assert not isinstance(_outcome(led.produce(pb.ACKS_LEADER, [b"x"])), RobustMQError)
+    leader_only = _outcome(led.produce(pb.ACKS_LEADER, [b"x"]))
+    assert leader_only.produce.base_offset == 0 and leader_only.produce.high_watermark == 0  # not committed
     quorum = led.produce(pb.ACKS_QUORUM, [b"y", b"z"])
     wait_until(lambda: led.offsets().log_end_offset == 3, timeout_s=10)
     assert not quorum.done()
@@ -180,13 +201,13 @@ def test_a_waiting_ack_times_out_and_a_long_poll_is_woken_by_an_append(lead: Any
 
 def test_lagging_followers_leave_the_isr_acks_all_is_refused_and_a_follower_rejoins(lead: Any) -> None:
     led = lead(replica_lag_ms=1000, ack_timeout_ms=30_000)
+    live = led.follow(FOLLOWERS[0], 0)  # follower 1 keeps up (long-polling), follower 2 never fetches
     waiting = led.produce(pb.ACKS_ALL, [b"v"])
-    wait_until(lambda: led.offsets().log_end_offset == 1, timeout_s=10)
-    led.fetch_as(FOLLOWERS[0], 1)  # follower 1 keeps up, follower 2 never fetches
     assert not isinstance(_outcome(waiting), RobustMQError)  # answered once follower 2 was shrunk out
-    assert set(led.isr()) == {led.node.node_id, FOLLOWERS[0]}  # recorded by the Meta Service
+    wait_until(lambda: set(led.isr()) == {led.node.node_id, FOLLOWERS[0]}, timeout_s=10)  # recorded
 
-    led.produce(pb.ACKS_LEADER, [b"w"]).result(10)  # follower 1 stops fetching too
+    live.set()  # follower 1 stops fetching too
+    led.produce(pb.ACKS_LEADER, [b"w"]).result(10)
     wait_until(lambda: led.isr() == [led.node.node_id], timeout_s=10)
     refused = _outcome(led.produce(pb.ACKS_ALL, [b"no"]))
     assert isinstance(refused, NotEnoughReplicas) and refused.fields["appended"] is False, refused
@@ -201,13 +222,109 @@ def test_lagging_followers_leave_the_isr_acks_all_is_refused_and_a_follower_rejo
     assert _outcome(again).produce.base_offset == 2
 
 
+def test_a_restarted_leader_keeps_its_hw_and_adds_no_follower_that_did_not_fetch(lead: Any) -> None:
+    led = lead(replica_lag_ms=3000, ack_timeout_ms=30_000)
+    first = led.produce(pb.ACKS_ALL, [b"a", b"b", b"c"])
+    wait_until(lambda: led.offsets().log_end_offset == 3, timeout_s=10)
+    led.fetch_as(FOLLOWERS[0], 3)
+    led.fetch_as(FOLLOWERS[1], 3)
+    assert not isinstance(_outcome(first), RobustMQError)
+    live = led.follow(FOLLOWERS[0], 3)  # follower 2 stops: it leaves the ISR
+    more = led.produce(pb.ACKS_ALL, [b"d", b"e", b"f"])
+    assert not isinstance(_outcome(more), RobustMQError)
+    wait_until(lambda: set(led.isr()) == {led.node.node_id, FOLLOWERS[0]}, timeout_s=10)
+    live.set()
+    wait_until(lambda: led.client.describe_topic("t").shards[led.partition].high_watermark == 6, timeout_s=10)
+    led.produce(pb.ACKS_LEADER, [b"g"]).result(10)  # offset 6: stored, not committed
+
+    led.node.stop()  # restarted; nobody fetches from it for a while
+    led.node = StorageNode(led.node.config).start()
+    try:
+        for offset in (6, 7):  # a consumer at the committed end, and one past the HW: empty, no error
+            ask = pb.FetchRequest(shard=led.shard, offset=offset, max_bytes=1 << 20)
+            fetched, frames = led.caller.call(led.node.address, "fetch", ask, timeout_s=10)
+            assert (fetched.fetch.next_offset, len(frames)) == (offset, 0)
+        assert led.offsets().high_watermark >= 6  # never back below what readers were told
+        for _ in range(10):  # follower 2 fetched nothing since the restart: it does not join
+            assert FOLLOWERS[1] not in led.isr()
+            time.sleep(0.1)
+        led.fetch_as(FOLLOWERS[1], 6)  # behind the log end the leader had: not caught up
+        led.fetch_as(FOLLOWERS[0], 7)
+        assert led.offsets().high_watermark == 7
+        assert FOLLOWERS[1] not in led.isr()
+        led.fetch_as(FOLLOWERS[1], 7)  # caught up now: it joins
+        wait_until(lambda: FOLLOWERS[1] in led.isr(), timeout_s=10)
+    finally:
+        led.node.stop()
+
+
+def test_a_read_by_key_answers_the_latest_committed_value(lead: Any) -> None:
+    led = lead(replica_lag_ms=60_000)
+    key = {"keys": [b"k"]}
+    led.caller.call(  # offset 0: k = old, committed
+        led.node.address,
+        "produce",
+        pb.ProduceRequest(shard=led.shard, acks=pb.ACKS_LEADER, producer_id=-1, producer_sequence=-1),
+        (encode_batch(build_records([b"old"], **key)),),
+    )
+    led.fetch_as(FOLLOWERS[0], 1)
+    led.fetch_as(FOLLOWERS[1], 1)
+    assert led.offsets().high_watermark == 1
+    led.caller.call(  # offset 1: k = new, not committed (nobody fetched it)
+        led.node.address,
+        "produce",
+        pb.ProduceRequest(shard=led.shard, acks=pb.ACKS_LEADER, producer_id=-1, producer_sequence=-1),
+        (encode_batch(build_records([b"new"], **key)),),
+    )
+    found = led.client.read_by_key("t", b"k", partition=led.partition)
+    assert found.column("value").to_pylist() == [b"old"]
+    led.fetch_as(FOLLOWERS[0], 2)
+    led.fetch_as(FOLLOWERS[1], 2)
+    found = led.client.read_by_key("t", b"k", partition=led.partition)
+    assert found.column("value").to_pylist() == [b"new"]
+
+
+def test_a_refused_isr_change_backs_off_and_warns_once(lead: Any, caplog: Any) -> None:
+    led = lead(replica_lag_ms=60_000)
+    led.produce(pb.ACKS_LEADER, [b"a"]).result(10)  # the node leads the shard now
+    worker = led.node.worker_for(led.shard)
+    caplog.set_level(logging.WARNING, logger="robustmq.node")
+    refused = InvalidRequest("the ISR names a node that is not a replica")
+    for _ in range(3):  # what the control thread posts when the Meta Service refuses UpdateIsr
+        worker.post(MetaAnswer("isr", led.shard, epoch=0, incarnation=led.incarnation, error=refused))
+    wait_until(lambda: led.shard in worker.leading._retry_at, timeout_s=10)
+    time.sleep(0.5)  # the worker handles the three answers in order
+    warnings = [r for r in caplog.records if "ISR change failed" in r.getMessage()]
+    assert len(warnings) == 1, warnings  # logged once for the same refusal
+    assert worker.leading._retry_at[led.shard] - time.monotonic() > 2.0  # backed off: 1 s, 2 s, 4 s
+
+
+def _stored_bytes(led: Led) -> int:
+    meta = MetaClient(led.meta.address)
+    try:
+        return next(node.stored_bytes for node in meta.list_nodes() if node.node_id == led.node.node_id)
+    finally:
+        meta.close()
+
+
+def test_the_heartbeat_thread_never_walks_the_data_directory(lead: Any, monkeypatch: Any) -> None:
+    walkers: list[str] = []
+    walk = os.walk
+
+    def recording_walk(*args: Any, **kwargs: Any) -> Any:
+        walkers.append(threading.current_thread().name)
+        return walk(*args, **kwargs)
+
+    monkeypatch.setattr(os, "walk", recording_walk)
+    led = lead(heartbeat_interval_ms=100)
+    wait_until(lambda: _stored_bytes(led) > 0, timeout_s=10)
+    assert walkers and not {"rmq-heartbeat", "MainThread"} & set(walkers), walkers  # beats never wait
+
+
 def test_replica_fetches_are_checked_and_a_fence_stops_writes(lead: Any) -> None:
     led = lead()
-    meta = MetaClient(led.meta.address)
-    stored = {node.node_id: node.stored_bytes for node in meta.list_nodes()}
-    meta.close()
-    assert stored[led.node.node_id] > 0  # reported with its heartbeats
-    with pytest.raises(InvalidRequest):
+    wait_until(lambda: _stored_bytes(led) > 0, timeout_s=10)  # reported with its heartbeats
+    with pytest.raises(Unavailable):  # not a replica as the leader knows: it looks the shard up
         led.fetch_as("not-a-replica", 0)
     with pytest.raises(Unavailable):  # an epoch this node does not know yet: retriable
         led.fetch_as(FOLLOWERS[0], 0, epoch=7)
@@ -220,6 +337,16 @@ def test_replica_fetches_are_checked_and_a_fence_stops_writes(lead: Any) -> None
     led.fetch_as(FOLLOWERS[0], 2)
     led.fetch_as(FOLLOWERS[1], 2)
     assert led.offsets().high_watermark == 0  # nothing past the fence point becomes committed here
+
+    led.node.stop()  # a restart does not forget the fence
+    led.node = StorageNode(led.node.config).start()
+    try:
+        refused = _outcome(led.produce(pb.ACKS_LEADER, [b"after a restart"]))
+        assert isinstance(refused, Unavailable) and "fenced" in refused.message, refused
+        led.client.delete_topic("t")  # the shard incarnation is dropped: its fence goes with it
+        wait_until(lambda: led.node.fences.fences() == {}, timeout_s=20)
+    finally:
+        led.node.stop()
 
 
 def test_a_seal_records_the_replicas_that_agree_on_the_checksum(tmp_path: Path) -> None:

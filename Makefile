@@ -25,8 +25,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) scripts/check
 
-# The long history run (tests marked `long`, about 15 minutes): thousands of operations, tens of faults.
+# The long history runs (tests marked `long`, about 20 minutes): thousands of operations, tens of
+# faults; the replicated ones run three storage nodes in network namespaces with real partitions
+# (root; `ip` and `nft` are installed by scripts/install_netns_tools when missing).
 test-long: $(STAMP)
+	scripts/install_netns_tools
 	$(PY) -m pytest -q -rA -m long tests
 
 bench-quick: $(STAMP)

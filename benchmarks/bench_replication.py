@@ -171,7 +171,7 @@ def failover_times(cluster: Nodes, client: Any, kills: int) -> list[float]:
     client.create_topic("failover", 1, replication_factor=3, min_insync_replicas=2)
     table = pa.table({"value": [b"x" * 100] * 100})
     times = []
-    with client.producer(acks="all", delivery_timeout_ms=60_000) as producer:
+    with client.producer(acks="all", delivery_timeout_s=60.0) as producer:
         producer.send_batch("failover", table).result(60)
         for number in range(kills):
             wait(lambda: isr_whole(client, "failover", 3), 60, "a whole ISR")
@@ -191,7 +191,7 @@ def scale_out(cluster: Nodes, client: Any, seconds: float) -> tuple[int, int]:
     """(segments placed on a joining 4th node, bytes of pre-existing segments copied anywhere)."""
     import threading
 
-    client.create_topic("grow", 6, replication_factor=3, segment_bytes=4 << 20)
+    client.create_topic("grow", 6, replication_factor=3, segment_bytes_max=4 << 20)
     table = make_records(BATCH_RECORDS, seed=7)
     stop = threading.Event()
 

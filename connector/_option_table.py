@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from robustmq._acks import DEFAULT_ACKS, parse_acks
 from robustmq.errors import InvalidConfig
 
 __all__ = [
@@ -247,13 +248,13 @@ def _group(name: str, raw: str) -> str:
 
 
 def _acks(name: str, raw: str) -> str:
-    value = raw.strip().lower()
-    value = "all" if value == "-1" else value  # Kafka's spelling of all
-    if value == "0":
+    """The producer's own parsing (:func:`robustmq._acks.parse_acks`): ``-1`` is ``all``, 0 is refused."""
+    if raw.strip() == "0":
         raise option_error(name, "acks=0 is not offered: exactly-once needs every request acknowledged")
-    if value not in ("1", "all", "quorum"):
-        raise option_error(name, f"expected 1, all or quorum, got {raw!r}")
-    return value
+    try:
+        return parse_acks(raw)
+    except InvalidConfig:
+        raise option_error(name, f"expected all, quorum or 1 (or -1, Kafka's all), got {raw!r}") from None
 
 
 # -- the table ------------------------------------------------------------------------------
@@ -358,9 +359,10 @@ OPTIONS: tuple[Option, ...] = (
            "`ranges`: one row `(topic, partition, start_offset, end_offset, created_ms, incarnation, "
            'from_beginning)` per offset range instead of records (see "Jobs that move data themselves")'),
     Option("topic", WRITE, _text, None, "the topic to write to; overrides a `topic` column"),
-    Option("acks", WRITE, _acks, "1",
-           "`1` (the leader's durable append), `all` (every in-sync replica; Kafka's `-1`) or `quorum`",
-           aliases=("kafka.acks",)),
+    Option("acks", WRITE, _acks, DEFAULT_ACKS,
+           "`all` (every in-sync replica, and at least the topic's `min_insync_replicas`; Kafka's `-1`), "
+           "`quorum` (a majority of the replicas) or `1` (the leader's durable append); the same with a "
+           "replication factor of 1", aliases=("kafka.acks",)),
     Option("maxRequestBytes", WRITE, _integer(64 * 1024, MAX_REQUEST_BYTES_LIMIT), 8 * MiB,
            "the largest produce request (at most the topic's `max_batch_bytes` is used); see "
            '"Exactly-once"', default_text="8 MiB"),

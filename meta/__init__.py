@@ -1,4 +1,4 @@
-"""The Meta Service: topics, segment chains, placement, node liveness, group offsets.
+"""The Meta Service: topics, segment chains, placement, node liveness, failover, group offsets.
 
 A gRPC service (``MetaService`` in ``robustmq/_proto/robustmq.proto``, default
 ``127.0.0.1:7070``) over an embedded RocksDB store behind the :class:`MetaStore`

@@ -4,10 +4,17 @@
 
 - durable, in the store (topics, segment chains, nodes, pending deletions,
   group offsets; layout in :mod:`robustmq.meta._store`);
-- derived, rebuilt from the store at start: ``load``, the number of ACTIVE
-  segments each node leads (what placement balances);
-- reported, memory only: node liveness and each shard's high watermark and log
-  start offset as its leader last reported them.
+- derived, rebuilt from the store at start: ``load``, the segments each node
+  leads and holds (:class:`~robustmq.meta._load.ClusterLoad`, what placement
+  balances);
+- reported, memory only: node liveness, the bytes each node stores, each
+  node's assignments version (:class:`~robustmq.meta._load.AssignmentVersions`)
+  and each shard's high watermark and log start offset as its leader last
+  reported them.
+
+The replication operations (ISR, replica reports, assignments, drain,
+failover and repair) are in the mixin :class:`~robustmq.meta._replica_control.ReplicaControl`,
+under the same rules.
 
 Every method runs under one lock, so what it reads and the single atomic batch
 it writes form one step, and the derived state is updated only after that
@@ -21,7 +28,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -30,7 +36,6 @@ from robustmq.errors import (
     InvalidRequest,
     RobustMQError,
     ShardNotFound,
-    StaleEpoch,
     TopicAlreadyExists,
     TopicNotFound,
     Unavailable,
@@ -38,10 +43,12 @@ from robustmq.errors import (
 from robustmq.storage_node import shard_name
 
 from . import _keys as keys
+from ._chains import checked_isr, sealed_segment
 from ._liveness import Liveness
+from ._load import AssignmentVersions, ClusterLoad
 from ._nodes import MAX_DELETIONS_PER_BEAT, MAX_NODES, NodeTable
 from ._offsets import OffsetTable, partition_lag
-from ._placement import place_replicas
+from ._replica_control import MAX_EPOCH, ReplicaControl
 from ._store import MetaStore, WriteSet
 from ._topics import TopicTable
 from ._validation import (
@@ -61,11 +68,10 @@ __all__ = [
     "MetaController",
 ]
 
-DEFAULT_NODE_TIMEOUT_MS = 6000
+DEFAULT_NODE_TIMEOUT_MS = 2000
 GROUP_PAGE_DEFAULT = 1_000
 GROUP_PAGE_MAX = 10_000
 HEARTBEAT_INTERVAL_MS = 1000
-_MAX_EPOCH = 2**32 - 1
 
 logger = logging.getLogger("robustmq.meta")
 
@@ -74,7 +80,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class MetaController:
+class MetaController(ReplicaControl):
     """Topics, segments, nodes and group offsets behind one lock.
 
     Parameters
@@ -94,7 +100,7 @@ class MetaController:
         self._nodes = NodeTable(store)
         self._offsets = OffsetTable(store)
         self._liveness = Liveness(node_timeout_ms)
-        self._interval_ms = max(1, min(HEARTBEAT_INTERVAL_MS, node_timeout_ms // 3))
+        self._interval_ms = max(1, min(HEARTBEAT_INTERVAL_MS, node_timeout_ms // 4))
         self._check_format()
         self._progress: dict[str, tuple[int, int]] = {}  # shard -> (high watermark, log start)
         self._reserved: dict[str, int] = {}  # shard -> reserved offset (memory engine), if reported
@@ -103,9 +109,9 @@ class MetaController:
             self._progress[shard_name(topic, partition)] = values
             if reserved:
                 self._reserved[shard_name(topic, partition)] = reserved
-        self._load: Counter[str] = Counter(
-            segment.leader for segment in self._topics.active_segments() if segment.leader
-        )
+        self._load = ClusterLoad(self._topics.all_segments())
+        self._versions = AssignmentVersions()
+        self._stored_bytes: dict[str, int] = {}  # node -> bytes it stores, as it last reported
 
     def _check_format(self) -> None:
         """Refuse a store of another format; upgrade a format-1 store (index its pending deletions)."""
@@ -156,15 +162,17 @@ class MetaController:
             live = self._live_node_ids()
             needed = config.replication_factor
             self._require_live(live, needed)  # say so once, for the topic, not for its first shard
+            placeable = live - self._draining_ids()
             shards = [shard_name(name, p) for p in range(config.partitions)]
             dropping = self._nodes.holders_pending(name)
-            load = Counter(self._load)
+            load = self._load.copy()
             segments = []
             for shard in shards:
                 held = dropping.get(shard, set()) & live
-                replicas = place_replicas(live - held, load, needed, shard=shard, dropping=len(held))
-                load[replicas[0]] += 1
-                segments.append(_first_segment(shard, replicas))
+                replicas = self._place(placeable - held, needed, load, shard=shard, dropping=len(held))
+                segment = _first_segment(shard, replicas)
+                load.add(segment)
+                segments.append(segment)
             now = _now_ms()
             topic = pb.Topic(
                 name=name, config=config, created_ms=now, incarnation=self._topics.next_incarnation(now)
@@ -173,6 +181,7 @@ class MetaController:
             self._topics.stage_create(topic, segments, ws)
             ws.commit(self._store)
             self._load = load
+            self._versions.bump_segments(segments)
         logger.info("created topic %s (%d partitions)", name, config.partitions)
         return topic
 
@@ -209,11 +218,10 @@ class MetaController:
                     self._nodes.stage_pending(node_id, segment.shard, incarnation, ws)
             ws.commit(self._store)
             for segment in segments:
-                if segment.state == pb.ACTIVE and segment.leader:
-                    self._load[segment.leader] -= 1
+                self._load.remove(segment)
                 self._progress.pop(segment.shard, None)
                 self._reserved.pop(segment.shard, None)
-            self._load = +self._load  # drop zero counts
+            self._versions.bump_segments(segments)
         logger.info("deleted topic %s", name)
 
     def get_shard(self, shard: str) -> pb.ShardInfo:
@@ -253,9 +261,24 @@ class MetaController:
     # -- segments ----------------------------------------------------------
 
     def seal_segment(
-        self, shard: str, epoch: int, end_offset: int, node_id: str, incarnation: int | None = None
+        self,
+        shard: str,
+        epoch: int,
+        end_offset: int,
+        node_id: str,
+        incarnation: int | None = None,
+        *,
+        isr: Sequence[str] = (),
+        crc32c: int | None = None,
+        size_bytes: int = 0,
     ) -> tuple[pb.Segment, pb.Segment]:
         """Seal the active segment at ``end_offset`` and open epoch + 1 on placed nodes.
+
+        ``isr`` are the replicas verified to hold the whole segment (the
+        leader included; empty: the leader alone); they become the sealed
+        segment's ``isr``, with ``crc32c`` and ``size_bytes`` recorded. The next
+        epoch is led by one of them (see :mod:`._placement`) and its ``isr`` is
+        its replicas among them.
 
         Idempotent: the same request again after success gets the same answer.
         ``incarnation`` (None: not checked) is the topic incarnation the node
@@ -267,28 +290,13 @@ class MetaController:
         node_id = require_node_id(node_id)
         with self._locked():
             chain = self._topics.chain(topic, partition)
-            current = self._topics.require(topic).incarnation
-            if incarnation is not None and incarnation != current:
-                raise ShardNotFound(
-                    f"shard {shard!r} of incarnation {incarnation} was deleted "
-                    f"(the topic's incarnation is {current})",
-                    shard=shard,
-                    incarnation=incarnation,
-                    current_incarnation=current,
-                )
+            self._require_incarnation(shard, topic, incarnation)
             active = chain[-1]
             if epoch < active.epoch:
                 repeated = self._repeated_seal(topic, partition, epoch, end_offset, node_id)
                 if repeated is not None:
                     return repeated
-            if epoch != active.epoch or active.leader != node_id:
-                raise StaleEpoch(
-                    f"shard {shard!r}: epoch {epoch} led by {node_id!r} is not the active "
-                    f"segment (epoch {active.epoch}, leader {active.leader!r})",
-                    shard=shard,
-                    epoch=epoch,
-                    current_epoch=active.epoch,
-                )
+            self._require_leader(active, epoch, node_id)
             if end_offset < active.start_offset:
                 raise InvalidRequest(
                     f"end_offset {end_offset} is before the segment's start {active.start_offset}",
@@ -297,44 +305,20 @@ class MetaController:
                     end_offset=end_offset,
                     start_offset=active.start_offset,
                 )
-            if active.epoch >= _MAX_EPOCH:
+            if active.epoch >= MAX_EPOCH:
                 raise InvalidRequest(f"shard {shard!r} has used every epoch", shard=shard)
-            rf = self._topics.require(topic).config.replication_factor
-            load = Counter(self._load)
-            load[active.leader] -= 1
-            live = self._live_node_ids()
-            held = self._nodes.holders_pending(topic, partition).get(shard, set()) & live
-            replicas = place_replicas(
-                live - held, load, rf, preferred=active.replicas, shard=shard, dropping=len(held), sticky=True
-            )
-            load[replicas[0]] += 1
-            sealed = pb.Segment()
-            sealed.CopyFrom(active)
-            sealed.state = pb.SEALED
-            sealed.end_offset = end_offset
-            sealed.leader = ""
-            following = pb.Segment(
-                shard=shard,
-                epoch=active.epoch + 1,
-                start_offset=end_offset,
-                end_offset=-1,
-                state=pb.ACTIVE,
-                replicas=replicas,
-                leader=replicas[0],
-            )
+            sealed = sealed_segment(active, end_offset, checked_isr(active, isr, node_id), crc32c, size_bytes)
             ws = WriteSet()
-            self._topics.stage_segment(topic, partition, sealed, ws)
-            self._topics.stage_segment(topic, partition, following, ws)
             self._topics.stage_sealed_by(topic, partition, epoch, node_id, ws)
-            ws.commit(self._store)
-            self._load = +load
+            following = self._commit_seal(topic, partition, chain, sealed, ws)
         logger.info(
-            "sealed %s epoch %d at %d; epoch %d on %s",
+            "sealed %s epoch %d at %d (isr %s); epoch %d on %s",
             shard,
             epoch,
             end_offset,
+            list(sealed.isr),
             following.epoch,
-            list(replicas),
+            list(following.replicas),
         )
         return sealed, following
 
@@ -373,6 +357,7 @@ class MetaController:
         shard_count: int,
         *,
         deleted: Sequence[pb.ShardDeletion] = (),
+        stored_bytes: int = 0,
     ) -> pb.HeartbeatResponse:
         """Mark a node alive (registering it if unknown), record its shards' progress.
 
@@ -385,6 +370,8 @@ class MetaController:
         the deletions still pending for the node (at most
         :data:`~robustmq.meta._nodes.MAX_DELETIONS_PER_BEAT`): each is repeated
         in every answer until acknowledged, so a lost answer loses nothing.
+        ``stored_bytes`` (memory only) is shown by ``list_nodes``; the answer's
+        ``assignments_version`` is the node's (see :mod:`._load`).
         """
         node_id = require_node_id(node_id)
         if address:
@@ -423,7 +410,11 @@ class MetaController:
             self._liveness.beat(node_id)
             self._progress.update(accepted)
             self._reserved.update(reserved)
-        return pb.HeartbeatResponse(deletions=deletions, interval_ms=self._interval_ms)
+            self._stored_bytes[node_id] = max(stored_bytes, 0)
+            version = self._versions.of(node_id)
+        return pb.HeartbeatResponse(
+            deletions=deletions, interval_ms=self._interval_ms, assignments_version=version
+        )
 
     def _stage_upsert_node(self, node_id: str, address: str, ws: WriteSet) -> pb.NodeInfo:
         """The node's record, staging a write if it is new or its address changed."""
@@ -465,11 +456,11 @@ class MetaController:
             registered_ms=node.registered_ms,
             last_heartbeat_ms=self._liveness.last_heartbeat_ms(node.node_id),
             alive=self._liveness.is_alive(node.node_id),
-            active_segments=self._load.get(node.node_id, 0),
+            active_segments=self._load.leaders.get(node.node_id, 0),
+            draining=node.draining,
+            replica_segments=self._load.held.get(node.node_id, 0),
+            stored_bytes=self._stored_bytes.get(node.node_id, 0),
         )
-
-    def _live_node_ids(self) -> set[str]:
-        return {node.node_id for node in self._nodes.all() if self._liveness.is_alive(node.node_id)}
 
     def _require_live(self, live: set[str], needed: int) -> None:
         """Raise ``Unavailable`` if fewer than ``needed`` nodes are live, saying who has not beaten yet."""
@@ -477,7 +468,9 @@ class MetaController:
             return
         silent = [node.node_id for node in self._nodes.all() if not self._liveness.has_beaten(node.node_id)]
         if not silent:
-            place_replicas(live, self._load, needed)  # the plain "need N, have M"
+            raise Unavailable(
+                f"need {needed} live storage nodes, have {len(live)}", needed=needed, live=len(live)
+            )
         uptime_s = self._liveness.uptime_s()
         advice = (
             "running nodes beat every second: retry in a few seconds"
@@ -498,8 +491,9 @@ class MetaController:
 
         Refused (``InvalidRequest``) while the node is alive or still leads
         active segments, unless ``force``. Its segments stay in their chains as
-        they are: a shard whose active segment it leads has no reachable leader
-        until a node registers again with this id (replication will move them).
+        they are: a shard whose active segment it leads fails over (replication
+        factor above 1, see :mod:`._failover`) or, with factor 1, has no
+        reachable leader until a node registers again with this id.
         Shards it still owes a deletion stay owed, in case it comes back, but
         leave the index placement reads (see :mod:`._nodes`), so they cost
         nothing on creates and seals.
@@ -521,7 +515,8 @@ class MetaController:
                 raise InvalidRequest(
                     f"node {node_id!r} still leads the active segment of {len(led)} shards "
                     f"({', '.join(led[:5])}{', ...' if len(led) > 5 else ''}); removing it leaves them "
-                    f"without a leader: force the removal to do it anyway",
+                    f"without a leader until they fail over (replicated topics): drain it first "
+                    f"(`robustmq node drain`), or force the removal",
                     node_id=node_id,
                     led_shards=led[:10],
                     led_count=len(led),
@@ -532,6 +527,7 @@ class MetaController:
             self._nodes.stage_index(node_id, False, ws)
             ws.commit(self._store)
             self._liveness.forget(node_id)
+            self._stored_bytes.pop(node_id, None)
         logger.warning("removed node %s (%s); it led %d active segments", node_id, node.address, len(led))
         return view, led
 
@@ -624,6 +620,7 @@ def _first_segment(shard: str, replicas: list[str]) -> pb.Segment:
         state=pb.ACTIVE,
         replicas=replicas,
         leader=replicas[0],
+        isr=replicas,
     )
 
 

@@ -39,6 +39,8 @@ __all__ = [
     "offsets_prefix",
     "pending_key",
     "pending_prefix",
+    "placed_key",
+    "placed_prefix",
     "progress_key",
     "progress_prefix",
     "seal_key",
@@ -54,6 +56,7 @@ VERSION_KEY = b"V"
 TOPIC = b"T"
 SEGMENT = b"S"
 SEALED_BY = b"R"
+PLACED = b"A"
 NODE = b"N"
 PENDING = b"D"
 HOLDER = b"E"
@@ -102,6 +105,14 @@ def seals_prefix(topic: str) -> bytes:
 
 def seal_key(topic: str, partition: int, epoch: int) -> bytes:
     return seals_prefix(topic) + _U32.pack(partition) + _U32.pack(epoch)
+
+
+def placed_prefix(topic: str) -> bytes:
+    return PLACED + text(topic)
+
+
+def placed_key(topic: str, partition: int, epoch: int) -> bytes:
+    return placed_prefix(topic) + _U32.pack(partition) + _U32.pack(epoch)
 
 
 def node_key(node_id: str) -> bytes:

@@ -1,7 +1,8 @@
 """The storage node registry and pending shard deletions, as stored (keys ``N``, ``D`` and ``E``).
 
 A node record holds what does not change between heartbeats: its id, the
-address of its ZeroMQ front end and when it first registered. Liveness lives
+address of its ZeroMQ front end, when it first registered and whether it is
+draining (no new placement; ``robustmq node drain``). Liveness lives
 in :mod:`robustmq.meta._liveness` (memory only).
 
 A pending deletion ``(node, shard, incarnation)`` is written when a topic is
@@ -66,7 +67,12 @@ class NodeTable:
         return sum(1 for _ in self._store.scan(keys.NODE))
 
     def stage_put(self, node: pb.NodeInfo, ws: WriteSet) -> None:
-        stored = pb.NodeInfo(node_id=node.node_id, address=node.address, registered_ms=node.registered_ms)
+        stored = pb.NodeInfo(
+            node_id=node.node_id,
+            address=node.address,
+            registered_ms=node.registered_ms,
+            draining=node.draining,
+        )
         ws.put(keys.node_key(node.node_id), stored.SerializeToString())
 
     # -- pending deletions -------------------------------------------------

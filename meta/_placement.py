@@ -1,84 +1,126 @@
 """Placement: which storage nodes hold a new segment, and which of them leads it.
 
-New segments go to the least-loaded live nodes, where a node's load is the
-number of ACTIVE segments it leads (sealed segments take no writes, so they do
-not count). That is how a newly joined node takes load with no data moved: it
-leads nothing, so it wins the next placements. Ties are broken first in favour
-of ``preferred`` nodes (the replicas of the segment just sealed, which already
-hold the shard's earlier data), then by node id, so placement is deterministic.
-The first node chosen is the leader.
+The rule (docs/replication.md, "Placement"). A node is **eligible** for a new
+segment of a shard if it is live, not draining, does not still owe the
+deletion of an older same-name shard, and either holds nothing of the shard
+(it starts its local log at the segment's start) or is a replica of the
+segment just before (it continues its log, catching up first if it lags).
+Every node keeps a shard as one contiguous local log, so a node that held an
+older segment but not the previous one is not eligible: its log has a gap.
 
-Seals are sticky (``sticky=True``): the next epoch stays on the sealed
-segment's replicas while they are live, whatever their load, and the same
-leader leads it. Until replication
-lands, a storage engine keeps a shard's offsets contiguous on one node, so an
-epoch placed elsewhere could not continue the log there. New topics still go to
-the least-loaded nodes.
+The **leader** must hold the previous segment whole (be in its sealed
+``isr``), so that it continues its log and its producers' windows at once; for
+a shard's first segment any eligible node may lead. The replicas are the
+least loaded candidates (fewest replicas of ACTIVE segments, then fewest
+ACTIVE segments led; if none of them may lead, the least loaded that may
+takes the last place); the leader is the one of them that may lead and leads
+the fewest ACTIVE segments. Ties keep the previous segment's replicas (they
+already hold the shard's data), then go by node id, so placement is
+deterministic.
 
-Pure functions over plain values: the caller decides which nodes are live and
-eligible and keeps the load counts.
+A newly joined node leads and holds nothing, so it wins the follower places of
+the next seals of existing shards and of new topics at once; no existing
+segment changes its replicas, so no byte moves.
+
+Fewer eligible nodes than the replication factor: as many as there are are
+placed (the caller logs the segment as under-replicated; repair has it sealed
+later). None (or no eligible leader): ``Unavailable``.
+
+Pure functions over plain values: the caller decides which nodes are live,
+draining or dropping and keeps the load counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
+from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import Unavailable
 
-__all__ = ["place_replicas"]
+__all__ = ["eligible_nodes", "place_replicas"]
+
+
+def eligible_nodes(
+    candidates: Iterable[str], chain: Sequence[pb.Segment], *, position: int | None = None
+) -> set[str]:
+    """The ``candidates`` (live, not draining, not dropping) that may take a segment of ``chain``.
+
+    ``position`` is the index in ``chain`` of the segment being placed or
+    repaired (``None``: a new segment after the last). A node qualifies if it
+    is in no segment of the chain, or its last segment before ``position`` is
+    the one just before (``position - 1``) and it is in none from
+    ``position`` on other than the one being repaired (whose replicas the
+    caller leaves out itself).
+    """
+    at = len(chain) if position is None else position
+    last_held: dict[str, int] = {}
+    for index, segment in enumerate(chain):
+        if index == at:
+            continue
+        for node_id in segment.replicas:
+            last_held[node_id] = index
+    return {node for node in candidates if node not in last_held or last_held[node] == at - 1}
 
 
 def place_replicas(
     candidates: Iterable[str],
-    load: Mapping[str, int],
     count: int,
     *,
-    preferred: Collection[str] = (),
+    leaders: Mapping[str, int],
+    replicas: Mapping[str, int],
+    previous: Collection[str] = (),
+    leader_candidates: Collection[str] | None = None,
     shard: str = "",
     dropping: int = 0,
-    sticky: bool = False,
 ) -> list[str]:
-    """The ``count`` least-loaded candidates, leader first.
+    """Up to ``count`` eligible nodes, the leader first.
 
     Parameters
     ----------
     candidates
-        Node ids that may take the segment (live, not still dropping a deleted
-        shard of the same name).
-    load
-        ACTIVE segments each node leads; missing nodes count as 0.
+        The eligible node ids (:func:`eligible_nodes`).
     count
         The replication factor.
-    preferred
-        Nodes that win ties (the sealed segment's replicas).
-    shard
-        Only for the error's fields.
-    dropping
-        Only for the error's message: live nodes left out because they still
-        hold an older shard of the same name (a deleted topic's).
+    leaders, replicas
+        ACTIVE segments each node leads / is a replica of (missing: 0).
+    previous
+        The previous segment's replicas: they win ties.
+    leader_candidates
+        Who may lead (the previous segment's sealed ``isr``, or after a
+        failover the holders that agree); ``None``: any candidate.
+    shard, dropping
+        Only for the error: the shard, and how many live nodes were left out
+        because they still hold an older same-name shard.
 
     Raises
     ------
     Unavailable
-        Fewer than ``count`` candidates: "need N live storage nodes, have M";
-        with ``settling=True`` when it is only because of ``dropping``.
+        No candidate, or none may lead; ``settling=True`` when it is only
+        because of ``dropping`` (that clears once they report the old shard dropped).
     """
-    if sticky:  # the sealed segment's replicas, in their order (leader first), then the rest
-        order = {node: number for number, node in enumerate(preferred)}
-        ranked = sorted(
-            set(candidates), key=lambda node: (order.get(node, len(order)), load.get(node, 0), node)
-        )
-    else:
-        ranked = sorted(set(candidates), key=lambda node: (load.get(node, 0), node not in preferred, node))
-    if len(ranked) < count:
+    pool = set(candidates)
+    electable = pool if leader_candidates is None else pool & set(leader_candidates)
+
+    def as_leader(node: str) -> tuple[int, bool, str]:
+        return (leaders.get(node, 0), node not in previous, node)
+
+    def as_follower(node: str) -> tuple[int, int, bool, str]:
+        return (replicas.get(node, 0), leaders.get(node, 0), node not in previous, node)
+
+    if not electable:
         where: dict[str, object] = {"shard": shard} if shard else {}
-        if dropping:  # clears by itself once those nodes report the old shard dropped
+        if dropping:
             where["settling"] = True
         why = f"; {dropping} more must first drop an older {shard!r}" if dropping else ""
+        whom = "eligible storage nodes" if leader_candidates is None else "eligible nodes holding its data"
         raise Unavailable(
-            f"need {count} live storage nodes, have {len(ranked)}{why}",
+            f"need {count} live {whom}, have {len(electable)}{why}",
             needed=count,
-            live=len(ranked),
+            live=len(electable),
             **where,
         )
-    return ranked[:count]
+    chosen = sorted(pool, key=as_follower)[: max(count, 1)]
+    if not electable & set(chosen):  # the least loaded holder of the data takes the last place
+        chosen[-1] = min(electable, key=as_follower)
+    leader = min(electable & set(chosen), key=as_leader)
+    return [leader, *(node for node in chosen if node != leader)]

@@ -8,8 +8,12 @@ instead of an ever-growing queue. A request is at most ``MAX_REQUEST_BYTES``
 (4 MiB); a larger one is refused before it is read (the client raises
 :class:`~robustmq.errors.MessageTooLarge`).
 
-Stopping waits up to ``grace`` seconds for RPCs in flight, then closes the
-store. A crash at any point loses nothing acknowledged: every change was
+It runs a :class:`~robustmq.meta._failover.ReplicaSupervisor` (failover,
+repair, drain) on a background thread from start to stop.
+
+Stopping stops the supervisor (a failover in progress finishes; each is
+bounded by its node deadlines), waits up to ``grace`` seconds for RPCs in
+flight, then closes the store. A crash at any point loses nothing acknowledged: every change was
 synced before its RPC answered.
 """
 
@@ -34,6 +38,7 @@ from robustmq._ready import announce_ready
 from robustmq.errors import RobustMQError, Unavailable
 
 from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
+from ._failover import NodeRequests, ReplicaSupervisor
 from ._service import MetaServicer
 from ._store import RocksDBMetaStore
 
@@ -100,10 +105,6 @@ class MetaServer:
         Where to listen; port 0 picks a free port (see :attr:`address`).
     node_timeout_ms
         A storage node is dead once its last heartbeat is older than this.
-    max_replication_factor
-        The largest replication factor a topic may have: 1 until replication
-        exists (a larger one is refused with ``InvalidConfig``). Tests of
-        replica placement, which replication will build on, raise it.
 
     Examples
     --------
@@ -117,16 +118,14 @@ class MetaServer:
         host: str = "127.0.0.1",
         port: int = DEFAULT_META_PORT,
         node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS,
-        *,
-        max_replication_factor: int = 1,
     ) -> None:
         self._data_dir = Path(data_dir)
-        self._max_replication_factor = max_replication_factor
         self._host = host
         self._port = port
         self._node_timeout_ms = node_timeout_ms
         self._server: Any = None
         self._controller: MetaController | None = None
+        self._supervisor: ReplicaSupervisor | None = None
 
     @property
     def address(self) -> str:
@@ -148,7 +147,7 @@ class MetaServer:
                 # on the same port would silently share its traffic.
                 options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
             )
-            servicer = MetaServicer(controller, max_replication_factor=self._max_replication_factor)
+            servicer = MetaServicer(controller)
             pb_grpc.add_MetaServiceServicer_to_server(servicer, server)
             port, why = _bind(server, self.address)
             if port == 0:
@@ -160,6 +159,7 @@ class MetaServer:
         self._port = port
         self._server = server
         self._controller = controller
+        self._supervisor = ReplicaSupervisor(controller, _node_caller).start()
         logger.info("meta service listening on %s, data in %s", self.address, self._data_dir)
         return self
 
@@ -167,6 +167,9 @@ class MetaServer:
         """Stop taking RPCs, wait up to ``grace`` s for those in flight, close the store."""
         if self._server is None:
             return
+        assert self._supervisor is not None
+        self._supervisor.stop()
+        self._supervisor = None
         self._server.stop(grace).wait()
         assert self._controller is not None
         self._controller.close()
@@ -181,7 +184,19 @@ class MetaServer:
         self.stop()
 
 
-def run_meta(*, data_dir: str | Path, host: str = "127.0.0.1", port: int = DEFAULT_META_PORT) -> int:
+def _node_caller() -> NodeRequests:
+    from robustmq._node_client import NodeCaller  # imported late: it loads the ZeroMQ transport
+
+    return NodeCaller(timeout_s=1.0)
+
+
+def run_meta(
+    *,
+    data_dir: str | Path,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_META_PORT,
+    node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS,
+) -> int:
     """Run the Meta Service until SIGTERM or SIGINT (``robustmq meta``).
 
     Prints ``ready`` on stdout once RPCs are accepted; logs go to stderr.
@@ -207,7 +222,7 @@ def run_meta(*, data_dir: str | Path, host: str = "127.0.0.1", port: int = DEFAU
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         try:
-            server = MetaServer(data_dir, host=host, port=port).start()
+            server = MetaServer(data_dir, host=host, port=port, node_timeout_ms=node_timeout_ms).start()
         except RobustMQError as exc:
             print(f"robustmq meta: the meta service cannot start: {exc}", file=sys.stderr, flush=True)
             return 1

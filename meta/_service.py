@@ -40,7 +40,6 @@ from robustmq.errors import (
 )
 
 from ._controller import MetaController
-from ._validation import require_replication_factor
 
 __all__ = ["MetaServicer", "status_of"]
 
@@ -113,19 +112,13 @@ def _answers_errors(handler: _Handler) -> _Handler:
 
 
 class MetaServicer(pb_grpc.MetaServiceServicer):
-    """``MetaService`` over a :class:`MetaController`.
+    """``MetaService`` over a :class:`MetaController`."""
 
-    ``max_replication_factor`` is the largest factor ``CreateTopic`` accepts
-    (1 until replication exists; see :func:`require_replication_factor`).
-    """
-
-    def __init__(self, controller: MetaController, *, max_replication_factor: int = 1) -> None:
+    def __init__(self, controller: MetaController) -> None:
         self._controller = controller
-        self._max_replication_factor = max_replication_factor
 
     @_answers_errors
     def CreateTopic(self, request: pb.CreateTopicRequest, context: Any) -> pb.Topic:
-        require_replication_factor(request.config, self._max_replication_factor)
         return self._controller.create_topic(request.name, request.config)
 
     @_answers_errors
@@ -157,6 +150,7 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
             list(request.progress),
             request.shard_count,
             deleted=list(request.deleted),
+            stored_bytes=request.stored_bytes,
         )
 
     @_answers_errors
@@ -167,7 +161,14 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
     def SealSegment(self, request: pb.SealSegmentRequest, context: Any) -> pb.SealSegmentResponse:
         incarnation = request.incarnation if request.HasField("incarnation") else None
         sealed, following = self._controller.seal_segment(
-            request.shard, request.epoch, request.end_offset, request.node_id, incarnation
+            request.shard,
+            request.epoch,
+            request.end_offset,
+            request.node_id,
+            incarnation,
+            isr=list(request.isr),
+            crc32c=request.crc32c if request.HasField("crc32c") else None,
+            size_bytes=request.size_bytes,
         )
         return pb.SealSegmentResponse(sealed=sealed, next=following)
 
@@ -200,3 +201,28 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
     def RemoveNode(self, request: pb.RemoveNodeRequest, context: Any) -> pb.RemoveNodeResponse:
         node, led = self._controller.remove_node(request.node_id, request.force)
         return pb.RemoveNodeResponse(node=node, led_shards=led)
+
+    @_answers_errors
+    def UpdateIsr(self, request: pb.UpdateIsrRequest, context: Any) -> pb.Segment:
+        return self._controller.update_isr(
+            request.shard, request.incarnation, request.epoch, request.node_id, list(request.isr)
+        )
+
+    @_answers_errors
+    def ReportReplica(self, request: pb.ReportReplicaRequest, context: Any) -> pb.Segment:
+        return self._controller.report_replica(
+            request.shard,
+            request.incarnation,
+            request.epoch,
+            request.node_id,
+            request.crc32c,
+            request.size_bytes,
+        )
+
+    @_answers_errors
+    def ListAssignments(self, request: pb.NodeIdRequest, context: Any) -> pb.AssignmentsResponse:
+        return self._controller.list_assignments(request.node_id)
+
+    @_answers_errors
+    def DrainNode(self, request: pb.DrainNodeRequest, context: Any) -> pb.NodeInfo:
+        return self._controller.drain_node(request.node_id, request.undrain)

@@ -19,7 +19,11 @@ so numbers sort in numeric order within a prefix::
     "T" text(topic)                              Topic (protobuf, config with defaults filled)
     "S" text(topic) be32(partition) be32(epoch)  Segment (protobuf); a shard's chain in epoch order
     "R" text(topic) be32(partition) be32(epoch)  utf8(node id) that sealed this epoch
-    "N" text(node_id)                            NodeInfo (protobuf: node_id, address, registered_ms)
+    "A" text(topic) be32(partition) be32(epoch)  be32(replicas the segment was placed on), written by
+                                                 earlier versions when repair first added a replica to
+                                                 it while it was active (read, no longer written)
+    "N" text(node_id)                            NodeInfo (protobuf: node_id, address, registered_ms,
+                                                 draining)
     "D" text(node_id) text(shard) [be64(inc)]    (empty): shard of a deleted topic the node must drop, at
                                                  incarnation inc (no suffix: incarnation 0)
     "I"                                          be64(last topic incarnation handed out)
@@ -33,7 +37,7 @@ per creation of its name; topics from before incarnations have 0. A ``D``
 entry stays until the node acknowledges the deletion in a heartbeat.
 
 Invariants, kept by writing everything one operation changes in one batch:
-every ``S``/``R``/``O``/``P`` key has its ``T`` key; every ``G`` key has at least one
+every ``S``/``R``/``A``/``O``/``P`` key has its ``T`` key; every ``G`` key has at least one
 ``O`` key; a shard's epochs are contiguous from 0 and only the last segment is
 ACTIVE. Reported high watermarks, and the offsets a node reserves for a
 memory-engine shard (it acknowledges nothing at or past one before the Meta

@@ -6,9 +6,14 @@ start at 0 and are contiguous, every segment but the last is SEALED (or
 TIERED) with an exclusive ``end_offset`` equal to the next one's
 ``start_offset``, and the last is ACTIVE (``end_offset`` -1, a leader set).
 ``R`` records which node sealed an epoch, so a repeated seal request can be
-recognised and answered again. ``I`` holds the last incarnation handed out:
-a new topic gets ``max(last + 1, now in ms)``, unique for the store's life
-and, through the clock, even after a store is wiped and started afresh.
+recognised and answered again. ``A`` records how many replicas an epoch was
+placed on, if repair grew its replicas while it was active (earlier versions
+did; now an under-replicated active segment is sealed instead, so nothing
+writes it): the replica sets it had are the prefixes of ``replicas`` from
+that length on, which failover needs (see :mod:`._failover_rules`). ``I``
+holds the last incarnation handed out: a new topic gets
+``max(last + 1, now in ms)``, unique for the store's life and, through the
+clock, even after a store is wiped and started afresh.
 
 Reads go straight to the store; writes are staged into a
 :class:`~robustmq.meta._store.WriteSet` that the caller commits with everything
@@ -74,7 +79,7 @@ class TopicTable:
         for key, raw in self._store.scan(keys.segments_prefix(name)):
             segments.append(pb.Segment.FromString(raw))
             ws.delete(key)
-        for prefix in (keys.seals_prefix(name), keys.progress_prefix(name)):
+        for prefix in (keys.seals_prefix(name), keys.placed_prefix(name), keys.progress_prefix(name)):
             for key, _ in self._store.scan(prefix):
                 ws.delete(key)
         ws.delete(keys.topic_key(name))
@@ -105,6 +110,11 @@ class TopicTable:
         raw = self._store.get(keys.segment_key(topic, partition, epoch))
         return None if raw is None else pb.Segment.FromString(raw)
 
+    def all_segments(self) -> Iterator[pb.Segment]:
+        """Every segment of every topic, by topic, partition and epoch (one scan)."""
+        for _, raw in self._store.scan(keys.SEGMENT):
+            yield pb.Segment.FromString(raw)
+
     def active_segments(self) -> Iterator[pb.Segment]:
         """Every ACTIVE segment of every topic (to rebuild load counts at start)."""
         for _, raw in self._store.scan(keys.SEGMENT):
@@ -114,6 +124,12 @@ class TopicTable:
 
     def stage_segment(self, topic: str, partition: int, segment: pb.Segment, ws: WriteSet) -> None:
         ws.put(keys.segment_key(topic, partition, segment.epoch), segment.SerializeToString())
+
+    def placed_count(self, topic: str, partition: int, epoch: int) -> int | None:
+        """How many replicas ``epoch`` was placed on, if an earlier version's repair grew it while
+        active (else None)."""
+        raw = self._store.get(keys.placed_key(topic, partition, epoch))
+        return None if raw is None else int.from_bytes(raw, "big")
 
     def sealed_by(self, topic: str, partition: int, epoch: int) -> str | None:
         """The node whose seal request closed ``epoch``, if it was sealed by request."""

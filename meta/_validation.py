@@ -19,20 +19,25 @@ __all__ = [
     "CLEANUP_POLICIES",
     "MAX_NAME_CHARS",
     "MAX_PARTITIONS",
+    "MAX_REPLICATION_FACTOR",
+    "REPLICATED_ENGINES",
     "require_address",
     "require_group",
     "require_node_id",
-    "require_replication_factor",
     "require_topic",
     "split_shard",
     "validated_topic_config",
 ]
 
 MAX_PARTITIONS = 10_000
+# Every replica of an active segment fetches from its leader: a bound on that fan-out.
+MAX_REPLICATION_FACTOR = 16
 MAX_NAME_CHARS = 255
 # "compact" is part of the design (a Delta table keyed by ``key``) but nothing
 # compacts yet, so a compacted topic would silently keep every record.
 CLEANUP_POLICIES = ("delete",)
+# Engines whose shards can be copied verbatim to other nodes (replication_factor > 1).
+REPLICATED_ENGINES = ("segment",)
 _NODE_ID = re.compile(r"[A-Za-z0-9._:-]{1,255}")
 _ADDRESS = re.compile(r"(tcp|ipc|inproc)://\S{1,240}")
 _PARTITION = re.compile(r"0|[1-9][0-9]{0,8}")
@@ -107,6 +112,9 @@ def validated_topic_config(config: pb.TopicConfig) -> pb.TopicConfig:
 
     proto3 cannot tell an unset field from a zero, so a zero means "default"
     (see :func:`robustmq._wire.with_defaults`); the client refuses explicit zeros.
+    ``min_insync_replicas`` 0 becomes a majority of ``replication_factor``
+    (``RF // 2 + 1``), so the stored config says what ``acks=all`` needs.
+    A factor above 1 needs an engine of :data:`REPLICATED_ENGINES`.
     """
     filled = with_defaults(config)
     if not 1 <= filled.partitions <= MAX_PARTITIONS:
@@ -122,11 +130,29 @@ def validated_topic_config(config: pb.TopicConfig) -> pb.TopicConfig:
             field="engine",
             value=filled.engine[:80],
         )
-    if filled.replication_factor < 1:
+    if not 1 <= filled.replication_factor <= MAX_REPLICATION_FACTOR:
+        bound = "at least 1" if filled.replication_factor < 1 else f"at most {MAX_REPLICATION_FACTOR}"
         raise InvalidConfig(
-            f"replication_factor must be at least 1, got {filled.replication_factor}",
+            f"replication_factor must be {bound}, got {filled.replication_factor}",
             field="replication_factor",
             value=filled.replication_factor,
+        )
+    if filled.replication_factor > 1 and filled.engine not in REPLICATED_ENGINES:
+        raise InvalidConfig(
+            f"replication_factor {filled.replication_factor} needs the 'segment' engine: the "
+            f"{filled.engine!r} engine does not replicate (use replication_factor 1 with it)",
+            field="replication_factor",
+            value=filled.replication_factor,
+            engine=filled.engine,
+        )
+    if filled.min_insync_replicas == 0:  # the default: a majority of the replicas
+        filled.min_insync_replicas = filled.replication_factor // 2 + 1
+    if not 1 <= filled.min_insync_replicas <= filled.replication_factor:
+        raise InvalidConfig(
+            f"min_insync_replicas must be 1..replication_factor ({filled.replication_factor}), "
+            f"got {filled.min_insync_replicas}",
+            field="min_insync_replicas",
+            value=filled.min_insync_replicas,
         )
     if filled.cleanup_policy == "compact":
         raise InvalidConfig(
@@ -143,23 +169,3 @@ def validated_topic_config(config: pb.TopicConfig) -> pb.TopicConfig:
         )
     shard_config_of(filled)  # validates sizes, intervals and retention (InvalidConfig)
     return filled
-
-
-def require_replication_factor(config: pb.TopicConfig, max_replication_factor: int) -> None:
-    """Refuse a replication factor the cluster cannot honour.
-
-    Records are kept only by the active segment's leader until replication is
-    built, so a factor above 1 would promise copies that do not exist. The
-    Meta Service's ``max_replication_factor`` is 1 in every release without
-    replication; the tests of replica placement (which replication will use)
-    raise it.
-    """
-    factor = with_defaults(config).replication_factor
-    if factor > max_replication_factor:
-        raise InvalidConfig(
-            f"replication_factor {factor} is not supported yet: records are kept only by each "
-            f"segment's leader, and replication comes with the replication release; use "
-            f"replication_factor {max_replication_factor}",
-            field="replication_factor",
-            value=factor,
-        )

@@ -1,4 +1,4 @@
-"""The client-side CLI commands: topic, consume, groups, segments, nodes, node.
+"""The client-side CLI commands: topic, consume, groups, segments, nodes, node (drain, remove).
 
 ``produce`` lives in :mod:`robustmq._cli_produce`. Commands print readable
 tables (or JSON with ``--json``); errors are raised as :mod:`robustmq.errors`
@@ -53,6 +53,7 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: IO[s
 FLAGS = {
     "partitions": "--partitions",
     "replication_factor": "--replication-factor",
+    "min_insync_replicas": "--min-insync-replicas",
     "engine": "--engine",
     "segment_bytes_max": "--segment-bytes",
     "retention_ms": "--retention-ms",
@@ -100,6 +101,7 @@ def _create(client: Client, args: argparse.Namespace) -> None:
             "retention_ms": args.retention_ms,
             "retention_bytes": args.retention_bytes,
             "cleanup_policy": args.cleanup,
+            "min_insync_replicas": args.min_insync_replicas,
         }.items()
         if v is not None
     }
@@ -116,9 +118,11 @@ def _create(client: Client, args: argparse.Namespace) -> None:
         if flag is None:
             raise
         raise InvalidConfig(f"{flag}: {error.message}", **error.fields) from None
+    insync = topic.config.min_insync_replicas
     print(
         f"created topic {topic.name} with {plural(topic.config.partitions, 'partition')} "
-        f"({topic.config.engine} engine, replication factor {topic.config.replication_factor})"
+        f"({topic.config.engine} engine, replication factor {topic.config.replication_factor}"
+        f"{f', min in-sync replicas {insync}' if insync else ''})"
     )
 
 
@@ -133,7 +137,7 @@ def _describe(client: Client, name: str, as_json: bool) -> None:
     nodes = {node.node_id: node for node in client.list_nodes()}
     offsets, problems = _leader_offsets(client, description, nodes)
     config = description.topic.config
-    keys = ["partition", "leader", "address", "epoch", "segments", "earliest", "high_watermark"]
+    keys = ["partition", "leader", "address", "epoch", "isr", "segments", "earliest", "high_watermark"]
     rows = []
     for shard in sorted(description.shards, key=lambda s: s.partition):
         active = shard.segments[-1]
@@ -144,6 +148,7 @@ def _describe(client: Client, name: str, as_json: bool) -> None:
                 active.leader,
                 shard.leader_address,
                 active.epoch,
+                ",".join(active.isr),
                 len(shard.segments),
                 earliest,
                 high_watermark,
@@ -366,13 +371,26 @@ def cmd_groups(args: argparse.Namespace) -> int:
 def cmd_nodes(args: argparse.Namespace) -> int:
     with connect(args.meta_address, timeout_s=args.timeout_s) as client:
         nodes = client.list_nodes()
-    keys = ["node_id", "address", "alive", "active_segments", "last_heartbeat", "registered"]
+    keys = [
+        "node_id",
+        "address",
+        "alive",
+        "draining",
+        "leads",
+        "replica_segments",
+        "stored_bytes",
+        "last_heartbeat",
+        "registered",
+    ]
     rows = [
         [
             node.node_id,
             node.address,
-            node.alive if args.json else ("yes" if node.alive else "no"),
+            node.alive if args.json else _yes(node.alive),
+            node.draining if args.json else _yes(node.draining),
             node.active_segments,
+            node.replica_segments,
+            node.stored_bytes,
             _when(node.last_heartbeat_ms),
             _when(node.registered_ms),
         ]
@@ -382,7 +400,14 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
 def cmd_node(args: argparse.Namespace) -> int:
+    """``node drain NODE [--undo]`` or ``node remove NODE [--force]``."""
+    if args.action == "drain":
+        return _drain(args)
     with connect(args.meta_address, timeout_s=args.timeout_s) as client:
         removed = client.remove_node(args.node_id, force=args.force)
     print(f"removed node {removed.node.node_id} ({removed.node.address})")
@@ -393,6 +418,22 @@ def cmd_node(args: argparse.Namespace) -> int:
             f"{', ...' if len(shards) > 5 else ''}): they have no leader until a node registers "
             f"again with id {removed.node.node_id}"
         )
+    return 0
+
+
+def _drain(args: argparse.Namespace) -> int:
+    with connect(args.meta_address, timeout_s=args.timeout_s) as client:
+        node = client.drain_node(args.node_id, undrain=args.undo)
+    if args.undo:
+        print(f"node {node.node_id} ({node.address}) takes new segments again")
+    elif node.active_segments:
+        print(
+            f"node {node.node_id} ({node.address}) is draining: nothing new is placed on it, and the "
+            f"{plural(node.active_segments, 'active segment')} it leads are sealed so their leadership "
+            "moves to other nodes (robustmq nodes shows the count go to 0)"
+        )
+    else:
+        print(f"node {node.node_id} ({node.address}) is draining: it leads no active segment")
     return 0
 
 
@@ -413,21 +454,25 @@ def cmd_segments(args: argparse.Namespace) -> int:
         if action == "seal":
             return _seal(client, topic, partition)
         description = client.describe_topic(topic)
-        rows = []
-        for shard in sorted(description.shards, key=lambda s: s.partition):
-            for segment in shard.segments:
-                rows.append(
-                    [
-                        shard.partition,
-                        segment.epoch,
-                        segment.start_offset,
-                        "" if segment.end_offset < 0 else segment.end_offset,
-                        STATES.get(segment.state, str(segment.state)),
-                        ",".join(segment.replicas),
-                        segment.leader,
-                    ]
-                )
-        print_table(["partition", "epoch", "start", "end", "state", "replicas", "leader"], rows)
+    keys = ["partition", "epoch", "start", "end", "state", "replicas", "isr", "leader", "size_bytes"]
+    rows = []
+    for shard in sorted(description.shards, key=lambda s: s.partition):
+        for segment in shard.segments:
+            sealed = segment.state != pb.ACTIVE
+            rows.append(
+                [
+                    shard.partition,
+                    segment.epoch,
+                    segment.start_offset,
+                    None if segment.end_offset < 0 else segment.end_offset,
+                    STATES.get(segment.state, str(segment.state)),
+                    list(segment.replicas) if args.json else ",".join(segment.replicas),
+                    list(segment.isr) if args.json else ",".join(segment.isr),
+                    segment.leader or None,
+                    segment.size_bytes if sealed else None,  # known once sealed
+                ]
+            )
+    _print_rows_or(rows, keys, args.json, f"topic {topic} has no segments")
     return 0
 
 

@@ -357,8 +357,7 @@ class _Run:
         self.topic = args.topic
         self.producer = client.producer(
             acks=args.acks,
-            delivery_timeout_s=args.timeout_s,
-            request_timeout_s=min(30.0, args.timeout_s),
+            delivery_timeout_s=args.timeout_s,  # one attempt: the client's retry policy, at most this
             max_block_s=args.timeout_s,
         )
         limit = min(int(topic.config.max_batch_bytes), MAX_MESSAGE_BYTES)  # what a batch may be

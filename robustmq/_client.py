@@ -2,9 +2,11 @@
 
 A :class:`Client` talks to the Meta Service (gRPC, through ``MetaClient``) for
 topics, shard placement and group offsets, and to storage nodes (ZeroMQ,
-through ``NodeTransport``) for records. Node calls refresh cached metadata and
-retry on ``NotLeader``, ``SegmentSealed``, ``StaleEpoch`` and ``Unavailable``
-until the client's timeout.
+through ``NodeTransport``) for records. Node calls follow the client's one
+retry policy (:mod:`robustmq._retry`): a retriable failure drops the
+partition's cached metadata and the call is sent again (to the new leader
+after a failover, to another replica of a sealed segment after a replica
+failed) with back-off, until the client's timeout.
 
 Reads return ``pyarrow.Table``\\ s with a ``partition`` and an ``offset``
 column in front of the record columns (``key, value, timestamp, tags,
@@ -19,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from robustmq._acks import DEFAULT_ACKS, acks_wire
 from robustmq._consumer import Consumer
 from robustmq._frame import decode_frames
 from robustmq._metadata import Metadata, Route
@@ -26,6 +29,7 @@ from robustmq._partitioner import partition_for_key
 from robustmq._producer import Producer
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import READ_SCHEMA, encode_batch
+from robustmq._retry import DEFAULT_RETRY, RetryPolicy
 from robustmq._transport import NodeTransport
 from robustmq.errors import InvalidRequest, RobustMQError, ShardNotFound, StaleEpoch
 
@@ -46,11 +50,12 @@ def connect(address: str = "127.0.0.1:7070", *, timeout_s: float = 30.0) -> Clie
 class Client:
     """See the module docstring; close it (or use ``with``) to release sockets and threads."""
 
-    def __init__(self, address: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, address: str, *, timeout_s: float = 30.0, retry: RetryPolicy = DEFAULT_RETRY) -> None:
         from robustmq._meta_client import MetaClient
 
         self.address = address
         self.timeout_s = timeout_s
+        self.retry = retry  # every node call of this client, its producers and consumers follows it
         # Every wait of this client is bounded by timeout_s: a Meta Service call
         # retries Unavailable (a restart, a failover) for that long, no shorter.
         self.meta = MetaClient(address, timeout_s=timeout_s)
@@ -78,8 +83,10 @@ class Client:
         engine: str = "segment",
         **settings: Any,
     ) -> pb.Topic:
-        """Create a topic. Settings: segment_bytes_max, roll_interval_ms, retention_bytes,
-        retention_ms, retention_records, cleanup_policy, max_batch_bytes."""
+        """Create a topic. Settings: min_insync_replicas (``acks="all"`` needs an ISR of at least
+        this many; default a majority of ``replication_factor``), segment_bytes_max,
+        roll_interval_ms, retention_bytes, retention_ms, retention_records, cleanup_policy,
+        max_batch_bytes."""
         return self.meta.create_topic(
             name, partitions=partitions, replication_factor=replication_factor, engine=engine, **settings
         )
@@ -105,6 +112,12 @@ class Client:
         until a node registers with that id again).
         """
         return self.meta.remove_node(node_id, force=force)
+
+    def drain_node(self, node_id: str, *, undrain: bool = False) -> pb.NodeInfo:
+        """Stop placing segments on a node and move the leadership of its active segments off it
+        (``robustmq node drain``); ``undrain`` places on it again. Its replicas of sealed segments
+        stay readable."""
+        return self.meta.drain_node(node_id, undrain=undrain)
 
     # -- producers and consumers ---------------------------------------------------------
 
@@ -262,7 +275,9 @@ class Client:
         for address, shards in by_address.items():
             request = pb.NodeRequest(list_offsets=pb.ListOffsetsRequest(shards=[s for _, _, s in shards]))
             try:
-                response, _ = self.transport.call(address, request)
+                response, _ = self.transport.call(
+                    address, request, timeout_s=self.retry.attempt_s(self.timeout_s)
+                )
                 infos = list(response.list_offsets.shards)
             except RobustMQError as error:
                 if not (error.retriable or isinstance(error, StaleEpoch | ShardNotFound)):
@@ -331,15 +346,17 @@ class Client:
         *,
         producer_id: int = -1,
         sequence: int = -1,
-        acks: str = "1",
+        acks: str | int = DEFAULT_ACKS,
     ) -> pb.ProduceResponse:
         """Append one table of records (record schema) to one partition, retrying retriable errors.
 
         With ``producer_id`` and ``sequence`` set, a repeat (after a retry or a
         replayed Spark batch) is acknowledged as a duplicate and stored once.
+        ``acks``: ``"all"`` (default), ``"quorum"`` or ``"1"`` (see :mod:`robustmq._acks`);
+        ``NotEnoughReplicas`` is retried like ``Unavailable`` until the client's timeout.
         """
         payload = encode_batch(records)
-        acks_value = {"1": pb.ACKS_LEADER, "all": pb.ACKS_ALL, "quorum": pb.ACKS_QUORUM}[acks]
+        acks_value = acks_wire(acks)
 
         def produce_request(route: Route) -> pb.NodeRequest:
             return pb.NodeRequest(
@@ -349,21 +366,12 @@ class Client:
                     acks=acks_value,
                     producer_id=producer_id,
                     producer_sequence=sequence,
+                    incarnation=route.incarnation if route.incarnation >= 0 else None,
                 )
             )
 
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            route = self.metadata.write_route(topic, partition)
-            try:
-                response, _ = self.transport.call(route.address, produce_request(route), (payload,))
-                return response.produce
-            except RobustMQError as error:
-                retry = error.retriable or isinstance(error, StaleEpoch)
-                if not retry or time.monotonic() >= deadline:
-                    raise
-                self.metadata.invalidate(topic, partition)
-                time.sleep(0.05)
+        response, _ = self._call(topic, partition, produce_request, write=True, payloads=(payload,))
+        return response.produce
 
     def seal(self, topic: str, partition: int) -> pb.SealResponse:
         """Seal the partition's active segment now; the next epoch opens at once."""
@@ -403,22 +411,29 @@ class Client:
         *,
         offset: int | None = None,
         write: bool = False,
+        payloads: tuple[Any, ...] = (),
     ) -> tuple[pb.NodeResponse, list[Any]]:
+        """Send ``build(route)`` for the partition, following :attr:`retry` until ``timeout_s``.
+
+        ``write``: to the active segment's leader at its epoch; otherwise to the
+        node :meth:`Metadata.read_route` picks for ``offset``. A read that failed
+        on a node (down, cut off, too slow) goes to another replica next.
+        """
         if partition < 0:
             raise InvalidRequest(f"partition {partition} does not exist", topic=topic, partition=partition)
         deadline = time.monotonic() + self.timeout_s
-        delay = 0.05
+        attempts = 0
+        avoid: set[str] = set()
         refreshed_unknown = False
         while True:
             route = (
                 self.metadata.write_route(topic, partition)
                 if write
-                else self.metadata.read_route(topic, partition, offset)
+                else self.metadata.read_route(topic, partition, offset, avoid=avoid)
             )
             try:
-                return self.transport.call(
-                    route.address, build(route), timeout_s=max(0.1, deadline - time.monotonic())
-                )
+                attempt_s = self.retry.attempt_s(deadline - time.monotonic())
+                return self.transport.call(route.address, build(route), payloads, timeout_s=attempt_s)
             except ShardNotFound:
                 if refreshed_unknown:  # still unknown after fresh metadata: it really is gone
                     raise
@@ -426,11 +441,15 @@ class Client:
                 self.metadata.invalidate(topic)  # the topic may be gone or re-created
                 continue
             except RobustMQError as error:
-                if not (error.retriable or isinstance(error, StaleEpoch)) or time.monotonic() >= deadline:
+                attempts += 1
+                if not self.retry.retriable(error) or time.monotonic() >= deadline:
                     raise
+                if not write and self.retry.moves_to_another_replica(error):
+                    avoid.add(route.address)
+                    self.metadata.invalidate_nodes()
                 self.metadata.invalidate(topic, partition)
-                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-                delay = min(delay * 2, 1.0)
+                pause = self.retry.backoff_s(error, attempts)
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
 
 
 def _ipc_table(frames: list[Any]) -> pa.Table:

@@ -18,10 +18,19 @@ deleted and created again under its name is another log: the consumer's
 fetches name the incarnation it started on, so ``poll`` raises
 ``IncarnationMismatch`` rather than read the new topic at the old positions.
 
+Where a fetch goes: offsets of the active segment to its leader (which
+serves only what is below the high watermark), offsets of a sealed segment
+to a live member of that segment's ``isr``, spread over them by the client's
+reader id (see :mod:`robustmq._metadata`). One fetch waits at most its
+``max_wait_ms`` plus the retry policy's margin; a node that dies or stops
+answering fails it sooner (see :mod:`robustmq._transport`).
+
 A partition whose fetches fail with a retriable error (its leader down or
-unreachable, a seal under way) is asked again with back-off (0.1 s doubling
-to 1 s); once they have failed for the client's ``timeout_s`` without a
-success in between, ``poll`` raises the last error (``Unavailable``...), so a
+unreachable, a seal or a failover under way) is asked again after the client
+retry policy's back-off (:mod:`robustmq._retry`), with fresh metadata: the new
+leader after a failover, another replica of a sealed segment after one
+failed. Once they have failed for the client's ``timeout_s`` without a success
+in between, ``poll`` raises the last error (``Unavailable``...), so a
 consumer never waits silently for a leader that does not come back.
 """
 
@@ -118,8 +127,10 @@ class Consumer:
         self._positions = self._starting_positions(start)
         self._committed = dict(self._positions)
         self._in_flight: dict[int, Future[Any]] = {}
-        # partition -> (when its fetches began to fail, when to ask again, the back-off)
-        self._failing: dict[int, tuple[float, float, float]] = {}
+        # partition -> (when its fetches began to fail, when to ask again, failed attempts)
+        self._failing: dict[int, tuple[float, float, int]] = {}
+        # partition -> the nodes its fetches failed on since its last success (read elsewhere)
+        self._avoid: dict[int, set[str]] = {}
         self._last_commit = time.monotonic()
         self._closed = False
 
@@ -208,7 +219,9 @@ class Consumer:
 
     def _fetch(self, partition: int, max_records: int) -> Future[Any]:
         offset = self._positions[partition]
-        route = self._client.metadata.read_route(self.topic, partition, offset)
+        route = self._client.metadata.read_route(
+            self.topic, partition, offset, avoid=self._avoid.get(partition, ())
+        )
         request = pb.NodeRequest(
             fetch=pb.FetchRequest(
                 shard=route.shard,
@@ -219,12 +232,12 @@ class Consumer:
                 incarnation=self._incarnation,
             )
         )
-        # The node answers a long poll after max_wait_ms at the latest; past that, the
-        # client's own timeout bounds the wait, as for every other request.
-        future: Future[Any] = self._client.transport.request(
-            route.address, request, timeout_s=self._max_wait_ms / 1000 + self._client.timeout_s
-        )
+        # The node answers a long poll after max_wait_ms at the latest; the retry policy's
+        # margin past that bounds a node that has stopped answering.
+        attempt_s = self._client.retry.attempt_s(self._client.timeout_s, wait_ms=self._max_wait_ms)
+        future: Future[Any] = self._client.transport.request(route.address, request, timeout_s=attempt_s)
         future.requested_offset = offset  # type: ignore[attr-defined]
+        future.address = route.address  # type: ignore[attr-defined]
         return future
 
     def _take(self, partition: int, future: Future[Any]) -> pa.Table | None:
@@ -248,12 +261,16 @@ class Consumer:
                 return None
             raise
         except RobustMQError as error:
-            if error.retriable:
+            if self._client.retry.retriable(error):
+                if self._client.retry.moves_to_another_replica(error):
+                    self._avoid.setdefault(partition, set()).add(future.address)  # type: ignore[attr-defined]
+                    self._client.metadata.invalidate_nodes()
                 self._client.metadata.invalidate(self.topic, partition)
                 self._failed(partition, error)
                 return None
             raise
         self._failing.pop(partition, None)
+        self._avoid.pop(partition, None)
         fetch = response.fetch
         if fetch.next_offset <= offset:
             return None
@@ -268,15 +285,15 @@ class Consumer:
     def _failed(self, partition: int, error: RobustMQError) -> None:
         """Back off after a retriable failure; raise once failures have lasted ``timeout_s``."""
         now = time.monotonic()
-        since, _, backoff = self._failing.get(partition, (now, now, 0.05))
+        since, _, attempts = self._failing.get(partition, (now, now, 0))
         if now - since >= self._client.timeout_s:
             raise type(error)(
                 f"{self.topic} partition {partition}: its fetches have failed for "
                 f"{now - since:.0f} s ({error.message})",
                 **{**error.fields, "topic": self.topic, "partition": partition},
             ) from error
-        backoff = min(backoff * 2, 1.0)
-        self._failing[partition] = (since, now + backoff, backoff)
+        attempts += 1
+        self._failing[partition] = (since, now + self._client.retry.backoff_s(error, attempts), attempts)
 
     def commit(self) -> None:
         """Commit the current positions of the group (no-op without a group)."""

@@ -21,9 +21,10 @@ Retries (with exponential back-off, within the call's deadline):
 
 - reads and heartbeats retry on ``Unavailable`` and ``Busy``;
 - writes the server makes idempotent (``register_node``, ``seal_segment``,
-  ``commit_offsets``) retry only when the failure came from the transport, not
-  from the service (a service ``Unavailable``, e.g. too few live nodes, is an
-  answer, not a lost request);
+  ``commit_offsets``, ``update_isr``, ``report_replica``, ``drain_node``)
+  retry only when the failure came from the transport, not from the service
+  (a service ``Unavailable``, e.g. too few live nodes, is an answer, not a
+  lost request);
 - ``create_topic`` retries like those, and a ``TopicAlreadyExists`` after a
   retry counts as success only if the existing topic has the requested config;
 - ``delete_topic`` and ``remove_node`` are sent once (only a ``Busy`` from the
@@ -191,6 +192,15 @@ def _check_setting(name: str, value: Any) -> None:
         raise InvalidConfig(f"{name} cannot be 0 (leave it out for the default)", field=name, value=value)
 
 
+def _resolved(config: pb.TopicConfig) -> pb.TopicConfig:
+    """``config`` as the service stores it: ``min_insync_replicas`` 0 is a majority of the replicas."""
+    resolved = pb.TopicConfig()
+    resolved.CopyFrom(config)
+    if not resolved.min_insync_replicas:
+        resolved.min_insync_replicas = resolved.replication_factor // 2 + 1
+    return resolved
+
+
 def _should_retry(error: RobustMQError, from_service: bool, retry: _Retry) -> bool:
     if retry == "read":
         return isinstance(error, Unavailable | Busy)
@@ -313,7 +323,7 @@ class MetaClient:
             # that is success only if it is exactly what was asked for.
             if attempts > 1:
                 existing = self.describe_topic(name).topic
-                if existing.config == config:
+                if existing.config == _resolved(config):
                     return existing
             raise
 
@@ -330,16 +340,71 @@ class MetaClient:
         return self._call(self._stub.GetShard, pb.ShardRequest(shard=shard), "read")
 
     def seal_segment(
-        self, shard: str, epoch: int, end_offset: int, node_id: str, incarnation: int | None = None
+        self,
+        shard: str,
+        epoch: int,
+        end_offset: int,
+        node_id: str,
+        incarnation: int | None = None,
+        *,
+        isr: Iterable[str] = (),
+        crc32c: int | None = None,
+        size_bytes: int = 0,
     ) -> pb.SealSegmentResponse:
         """Seal ``epoch`` of ``shard`` at ``end_offset`` (exclusive); ``.sealed`` and ``.next``.
 
-        With ``incarnation``, the service refuses (``ShardNotFound``) unless it is the topic's current one.
+        With ``incarnation``, the service refuses (``ShardNotFound``) unless it is the topic's
+        current one. ``isr`` are the replicas verified to hold the whole segment (the leader
+        included; empty: the leader alone), ``crc32c`` and ``size_bytes`` its frames' checksum
+        and length: the sealed segment records them.
         """
         request = pb.SealSegmentRequest(
-            shard=shard, epoch=epoch, end_offset=end_offset, node_id=node_id, incarnation=incarnation
+            shard=shard,
+            epoch=epoch,
+            end_offset=end_offset,
+            node_id=node_id,
+            incarnation=incarnation,
+            isr=list(isr),
+            crc32c=crc32c,
+            size_bytes=size_bytes,
         )
         return self._call(self._stub.SealSegment, request, "idempotent")
+
+    # -- replicas ----------------------------------------------------------
+
+    def update_isr(
+        self, shard: str, incarnation: int, epoch: int, node_id: str, isr: Iterable[str]
+    ) -> pb.Segment:
+        """Record the ISR of the active segment ``epoch``, which ``node_id`` leads; the segment as stored.
+
+        ``StaleEpoch`` unless ``node_id`` leads ``epoch`` and it is active; ``ShardNotFound``
+        for another incarnation; ``InvalidRequest`` unless ``isr`` holds the leader and only
+        replicas. Idempotent (the same ISR again changes nothing).
+        """
+        request = pb.UpdateIsrRequest(
+            shard=shard, incarnation=incarnation, epoch=epoch, node_id=node_id, isr=list(isr)
+        )
+        return self._call(self._stub.UpdateIsr, request, "idempotent")
+
+    def report_replica(
+        self, shard: str, incarnation: int, epoch: int, node_id: str, crc32c: int, size_bytes: int
+    ) -> pb.Segment:
+        """Tell the service ``node_id`` holds sealed ``epoch`` whole; it joins the segment's ``isr``
+        if length and CRC match the recorded ones (``InvalidRequest`` naming both otherwise).
+        Idempotent; the segment as stored."""
+        request = pb.ReportReplicaRequest(
+            shard=shard,
+            incarnation=incarnation,
+            epoch=epoch,
+            node_id=node_id,
+            crc32c=crc32c,
+            size_bytes=size_bytes,
+        )
+        return self._call(self._stub.ReportReplica, request, "idempotent")
+
+    def list_assignments(self, node_id: str) -> pb.AssignmentsResponse:
+        """The shards ``node_id`` must follow or copy, and the assignments version they answer."""
+        return self._call(self._stub.ListAssignments, pb.NodeIdRequest(node_id=node_id), "read")
 
     # -- nodes -------------------------------------------------------------
 
@@ -356,6 +421,7 @@ class MetaClient:
         deleted: Iterable[tuple[str, int]] = (),
         reserved: Mapping[str, int] | None = None,
         incarnations: Mapping[str, int] | None = None,
+        stored_bytes: int = 0,
     ) -> pb.HeartbeatResponse:
         """Report liveness and ``(shard, high_watermark, log_start_offset)`` per changed shard.
 
@@ -364,6 +430,8 @@ class MetaClient:
         ``reserved`` gives a reserved offset for some of the reported shards;
         ``incarnations`` the topic incarnation a report is about (the service
         ignores a report of another incarnation than the topic's current one).
+        ``stored_bytes`` is what the node stores. The answer's ``assignments_version``
+        changes when the node must call :meth:`list_assignments` again.
         """
         reserved = reserved or {}
         incarnations = incarnations or {}
@@ -382,11 +450,18 @@ class MetaClient:
             ],
             shard_count=shard_count,
             deleted=[pb.ShardDeletion(shard=shard, incarnation=inc) for shard, inc in deleted],
+            stored_bytes=stored_bytes,
         )
         return self._call(self._stub.Heartbeat, request, "read")
 
     def list_nodes(self) -> list[pb.NodeInfo]:
         return list(self._call(self._stub.ListNodes, pb.Empty(), "read").nodes)
+
+    def drain_node(self, node_id: str, undrain: bool = False) -> pb.NodeInfo:
+        """Mark a node draining (no new placement; its led active segments are sealed so
+        leadership moves off it), or place on it again with ``undrain``. Idempotent."""
+        request = pb.DrainNodeRequest(node_id=node_id, undrain=undrain)
+        return self._call(self._stub.DrainNode, request, "idempotent")
 
     def remove_node(self, node_id: str, *, force: bool = False) -> pb.RemoveNodeResponse:
         """Remove a node's registration for good (refused while alive or leading, unless ``force``)."""

@@ -4,14 +4,28 @@ Entries are filled from the Meta Service on first use and dropped by
 :meth:`Metadata.invalidate` when a node answers ``NotLeader``,
 ``SegmentSealed``, ``StaleEpoch`` or ``ShardNotFound`` (or after ``ttl_s``),
 so the next request re-reads them. Writes go to the leader of a shard's
-active segment at its epoch; reads go to a node holding the segment that
-contains the offset (the active segment's leader for new records).
+active segment at its epoch. Reads go by the segment that holds the offset:
+
+- the active segment (and reads with no offset: list offsets, lookups by key
+  or tag) from its leader, which serves only what is below the high watermark;
+- a sealed segment from a live member of its ``isr`` (the replicas verified to
+  hold it whole; its ``replicas`` if the Meta Service recorded no ``isr``),
+  chosen by a hash of this client's random reader id and the segment, so the
+  reads of many clients (Spark tasks, consumers) spread over the replicas
+  while one client keeps reading a segment from the same node. A caller that
+  failed on a replica passes it in ``avoid`` and gets another one; with every
+  member avoided or down, the choice starts over among all of them.
+
+Thread-safe: one lock guards the caches; Meta Service calls run outside it.
 """
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
+import zlib
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,14 +47,22 @@ class Route:
     incarnation: int = -1  # the topic incarnation the route was resolved for (-1: unknown)
 
 
+@dataclass(frozen=True, slots=True)
+class _Node:
+    address: str
+    alive: bool
+
+
 class Metadata:
-    def __init__(self, meta: Any, *, ttl_s: float = 60.0) -> None:
+    def __init__(self, meta: Any, *, ttl_s: float = 60.0, reader_id: int | None = None) -> None:
         self._meta = meta
         self._ttl_s = ttl_s
+        # Spreads sealed-segment reads: another client picks another replica of the same segment.
+        self.reader_id = secrets.randbits(32) if reader_id is None else reader_id
         self._lock = threading.Lock()
         self._topics: dict[str, tuple[float, pb.Topic]] = {}
         self._shards: dict[str, tuple[float, pb.ShardInfo]] = {}
-        self._nodes: tuple[float, dict[str, str]] = (0.0, {})
+        self._nodes: tuple[float, dict[str, _Node]] = (0.0, {})
 
     def topic(self, name: str) -> pb.Topic:
         with self._lock:
@@ -95,24 +117,53 @@ class Metadata:
             topic, partition, info.shard, info.leader_address, info.segments[-1].epoch, info.incarnation
         )
 
-    def read_route(self, topic: str, partition: int, offset: int | None = None) -> Route:
+    def read_route(
+        self, topic: str, partition: int, offset: int | None = None, *, avoid: Collection[str] = ()
+    ) -> Route:
+        """Where to read ``offset`` (see the module docstring); ``avoid``: addresses that failed."""
         info = self.shard(topic, partition)
         active = info.segments[-1]
-        if offset is None or offset >= active.start_offset or not info.segments:
-            return Route(topic, partition, info.shard, info.leader_address, active.epoch, info.incarnation)
+        leader = Route(topic, partition, info.shard, info.leader_address, active.epoch, info.incarnation)
+        if offset is None or offset >= active.start_offset:
+            return leader
         for segment in info.segments:
-            if segment.start_offset <= offset < segment.end_offset and segment.replicas:
-                address = self._node_address(segment.replicas[0])
+            if segment.start_offset <= offset < segment.end_offset:
+                address = self._replica_address(info.shard, segment, avoid)
                 if address:
                     return Route(topic, partition, info.shard, address, segment.epoch, info.incarnation)
-        return Route(topic, partition, info.shard, info.leader_address, active.epoch, info.incarnation)
+                break
+        return leader  # no replica known: the leader's local log may hold it (it answers if not)
 
-    def _node_address(self, node_id: str) -> str:
-        fetched, nodes = self._nodes
-        if node_id not in nodes or time.monotonic() - fetched > self._ttl_s:
-            nodes = {node.node_id: node.address for node in self._meta.list_nodes()}
-            self._nodes = (time.monotonic(), nodes)
-        return nodes.get(node_id, "")
+    def _replica_address(self, shard: str, segment: pb.Segment, avoid: Collection[str]) -> str:
+        """The address of the member of the sealed ``segment``'s ``isr`` this reader uses."""
+        members = list(segment.isr) or list(segment.replicas)
+        if not members:
+            return ""
+        nodes = self._node_table(members)
+        known = sorted(nodes[member].address for member in members if member in nodes)
+        alive = sorted(nodes[member].address for member in members if member in nodes and nodes[member].alive)
+        candidates = [a for a in alive if a not in avoid] or [a for a in known if a not in avoid] or known
+        if not candidates:
+            return ""
+        spread = zlib.crc32(f"{self.reader_id}/{shard}/{segment.epoch}".encode())
+        return candidates[spread % len(candidates)]
+
+    def _node_table(self, wanted: Collection[str]) -> dict[str, _Node]:
+        """Registered nodes by id; read again when stale or when one of ``wanted`` is unknown."""
+        with self._lock:
+            fetched, nodes = self._nodes
+        age = time.monotonic() - fetched
+        # An unknown member (a node removed since) is looked up again at most once a second.
+        if age > self._ttl_s or (age > 1.0 and any(node_id not in nodes for node_id in wanted)):
+            nodes = {node.node_id: _Node(node.address, node.alive) for node in self._meta.list_nodes()}
+            with self._lock:
+                self._nodes = (time.monotonic(), nodes)
+        return nodes
+
+    def invalidate_nodes(self) -> None:
+        """Forget the nodes' addresses and liveness (after a read failed on one of them)."""
+        with self._lock:
+            self._nodes = (0.0, {})
 
     def invalidate(self, topic: str, partition: int | None = None) -> None:
         """Forget one partition's chain (after a seal, a leader change), or, with no

@@ -13,10 +13,15 @@ Delivery guarantees:
 - **Ordered**: at most one batch per partition is in flight. The node accepts
   sequences with gaps (the Spark sink needs them), so a retried earlier batch
   must never follow a later one that succeeded; one in flight guarantees it.
+- **Acknowledged** per ``acks`` (default ``"all"``; see :mod:`robustmq._acks`).
 - **Retries** on retriable errors (``Unavailable``, ``Busy``, ``NotLeader``,
-  ``SegmentSealed``, ``StaleEpoch``, ``RequestTimeout``) with a metadata
-  refresh and back-off, until ``delivery_timeout_s`` after the batch was made;
-  other errors fail the batch's futures at once.
+  ``SegmentSealed``, ``StaleEpoch``, ``RequestTimeout``, ``NotEnoughReplicas``)
+  with a metadata refresh and back-off (the client's
+  :class:`~robustmq._retry.RetryPolicy`), until ``delivery_timeout_s`` after
+  the batch was made; other errors fail the batch's futures at once. So a
+  leader's failover is followed without user code: the batch goes to the new
+  leader at the new epoch, with the same producer id and sequence, and a batch
+  the old leader had replicated is answered as a duplicate (stored once).
 - **Bounded**: at most ``max_buffered_bytes`` of records wait in the
   producer; ``send`` blocks past that, for up to ``max_block_s``.
 
@@ -39,6 +44,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from robustmq._acks import DEFAULT_ACKS, acks_wire
 from robustmq._partitioner import Partitioner, partition_for_key
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import (
@@ -61,13 +67,7 @@ from robustmq._request_limits import (
     split_rows,
     too_large,
 )
-from robustmq.errors import (
-    InvalidRequest,
-    RequestTimeout,
-    RobustMQError,
-    SegmentSealed,
-    StaleEpoch,
-)
+from robustmq.errors import InvalidRequest, RequestTimeout, RobustMQError
 
 __all__ = ["BatchMetadata", "Producer", "RecordFuture", "RecordMetadata"]
 
@@ -76,13 +76,6 @@ log = logging.getLogger("robustmq.client")
 _CALLBACKS = threading.Lock()  # makes "finished?" and "add a callback" one step for every batch
 
 MiB = 1024 * 1024
-_ACKS = {
-    "1": pb.ACKS_LEADER,
-    "leader": pb.ACKS_LEADER,
-    "all": pb.ACKS_ALL,
-    "-1": pb.ACKS_ALL,
-    "quorum": pb.ACKS_QUORUM,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,14 +250,20 @@ class Producer:
     client
         The :class:`robustmq.Client` to send through.
     acks
-        ``"1"`` (durable on the leader), ``"all"`` or ``"quorum"`` (replicated;
-        with a replication factor of 1 they are the same as ``"1"``).
+        ``"all"`` (default: every in-sync replica, and at least the topic's
+        ``min_insync_replicas``), ``"quorum"`` (a majority of the replicas) or
+        ``"1"`` (the leader's durable append); ``-1`` is Kafka's ``"all"``. With a
+        replication factor of 1 all three are the same.
     linger_ms, batch_records, batch_bytes
         When a batch is closed and sent.
     max_buffered_bytes, max_block_s
         Memory bound and how long ``send`` may block on it.
     delivery_timeout_s
         How long a batch may be retried before its futures fail.
+    request_timeout_s
+        How long one attempt may wait for its answer (default: the client's
+        retry policy, 15 s, above a node's ``ack_timeout_ms``); never past the
+        delivery timeout.
     idempotent
         Send with a producer id and sequences (default True).
     """
@@ -273,27 +272,28 @@ class Producer:
         self,
         client: Any,
         *,
-        acks: str | int = "1",
+        acks: str | int = DEFAULT_ACKS,
         linger_ms: float = 5.0,
         batch_records: int = 10_000,
         batch_bytes: int = 1 * MiB,
         max_buffered_bytes: int = 64 * MiB,
         max_block_s: float = 60.0,
         delivery_timeout_s: float = 120.0,
-        request_timeout_s: float = 30.0,
+        request_timeout_s: float | None = None,
         idempotent: bool = True,
     ) -> None:
-        if str(acks) not in _ACKS:
-            raise InvalidRequest(f"acks must be one of 1, all, quorum; not {acks!r}", acks=str(acks))
+        self._acks = acks_wire(acks)  # InvalidConfig for anything but the documented spellings
         self._client = client
-        self._acks = _ACKS[str(acks)]
+        self._retry = client.retry
         self._linger_s = linger_ms / 1000
         self._batch_records = batch_records
         self._batch_bytes = batch_bytes
         self._max_buffered = max_buffered_bytes
         self._max_block_s = max_block_s
         self._delivery_timeout_s = delivery_timeout_s
-        self._request_timeout_s = request_timeout_s
+        self._request_timeout_s = (
+            self._retry.attempt_timeout_s if request_timeout_s is None else request_timeout_s
+        )
         self._producer_id = secrets.randbits(62) if idempotent else -1
         self._partitioner = Partitioner(secrets.randbelow(1 << 16))
         self._round_robin = secrets.randbelow(1 << 16)  # send()'s own sequence (under _lock)
@@ -602,8 +602,12 @@ class Producer:
                     incarnation=route.incarnation if route.incarnation >= 0 else None,
                 )
             )
+            remaining_s = self._delivery_timeout_s - (time.monotonic() - batch.created)
             future = self._client.transport.request(
-                route.address, request, (payload,), timeout_s=self._request_timeout_s
+                route.address,
+                request,
+                (payload,),
+                timeout_s=max(0.1, min(self._request_timeout_s, remaining_s)),
             )
         except BaseException as error:
             self._completed(state, batch, None, error)
@@ -618,13 +622,13 @@ class Producer:
         batch.attempts += 1
         if (
             error is not None
-            and _retriable(error)
+            and self._retry.retriable(error)
             and (time.monotonic() - batch.created < self._delivery_timeout_s)
         ):
             self._client.metadata.invalidate(batch.topic, batch.partition)
             with self._wakeup:
                 if not self._abandoned:  # under the lock: close() may be failing the queue
-                    batch.retry_at = time.monotonic() + _retry_delay_s(error, batch.attempts)
+                    batch.retry_at = time.monotonic() + self._retry.backoff_s(error, batch.attempts)
                     state.batches.appendleft(batch)
                     state.in_flight = None
                     self._wakeup.notify_all()
@@ -644,20 +648,6 @@ class Producer:
             self._buffered -= batch.size
             self._outstanding -= 1
             self._wakeup.notify_all()
-
-
-def _retry_delay_s(error: BaseException, attempts: int) -> float:
-    """Back-off before the next attempt. A sealed segment is routine (every seal answers the
-    writes held during it so): the refreshed metadata names the next epoch, so the first
-    two such retries go at once instead of adding 100 ms to every write a seal touched."""
-    if isinstance(error, SegmentSealed) and attempts <= 2:
-        return 0.0
-    return min(0.05 * 2 ** min(attempts, 5), 1.0)
-
-
-def _retriable(error: BaseException) -> bool:
-    # StaleEpoch: the node's view of the segment chain differs from ours; both refresh.
-    return isinstance(error, RobustMQError) and (error.retriable or isinstance(error, StaleEpoch))
 
 
 def _headers_array(headers: list[Any]) -> pa.Array:

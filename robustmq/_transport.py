@@ -17,6 +17,17 @@ A request with a part (header or payload) above :data:`MAX_MESSAGE_BYTES`, a
 storage node's ZeroMQ message limit, is refused at once with
 ``RecordBatchTooLarge``: the node would drop the connection instead of
 answering, and the caller would only learn of it at its deadline.
+
+A node that goes away does not keep its requests waiting for their deadlines.
+Each DEALER exchanges ZeroMQ heartbeats with its node (a PING every
+:data:`HEARTBEAT_IVL_MS`; no answer within :data:`HEARTBEAT_TIMEOUT_MS` closes
+the connection: a paused process, a cut link), and a socket monitor reports
+every closed connection (a killed process closes it at once). The requests
+sent to that node and not yet answered then fail with ``Unavailable`` at
+once, and the caller retries (after a metadata refresh: another leader, or
+another replica of a sealed segment). A request sent over a new connection
+just before the report of an older one's close may fail with it too; a
+retry settles it (produces are idempotent, reads have no effect).
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import zmq
+import zmq.utils.monitor
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._wire import error_from_info
@@ -43,6 +55,12 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 log = logging.getLogger("robustmq.client")
 
 Reply = tuple[pb.NodeResponse, list[Any]]
+
+# A PING every 0.5 s; a connection whose node answers none of them for 2 s is closed. libzmq
+# answers PINGs on its own I/O thread, so a node busy in Python still answers; a stopped
+# process or a cut link does not.
+HEARTBEAT_IVL_MS = 500
+HEARTBEAT_TIMEOUT_MS = 2000
 
 # Inbox names, unique in the process: ZeroMQ frees a closed socket's inproc name only later, on
 # its own thread, and a new transport can get the address (``id``) of one just closed.
@@ -61,7 +79,8 @@ class NodeTransport:
         self._local = threading.local()
         self._pushes: list[zmq.Socket[Any]] = []
         self._lock = threading.Lock()
-        self._pending: dict[int, tuple[Future[Reply], float]] = {}
+        # correlation id -> (its future, its deadline, the node's address as sent)
+        self._pending: dict[int, tuple[Future[Reply], float, bytes]] = {}
         self._next_expiry = 0.0
         self._slots = threading.BoundedSemaphore(max_in_flight)
         self._ids = itertools.count(1)
@@ -99,7 +118,7 @@ class NodeTransport:
         correlation_id = next(self._ids)
         message.correlation_id = correlation_id
         with self._lock:
-            self._pending[correlation_id] = (future, deadline)
+            self._pending[correlation_id] = (future, deadline, address.encode())
         if self._closed.is_set():  # closed while we waited for a slot: nobody would answer
             self._resolve(correlation_id, error=Unavailable("the client is closed"))
             return future
@@ -153,6 +172,7 @@ class NodeTransport:
 
     def _loop(self) -> None:
         dealers: dict[bytes, zmq.Socket[Any]] = {}
+        monitors: dict[zmq.Socket[Any], bytes] = {}  # a dealer's monitor -> the dealer's address
         poller = zmq.Poller()
         poller.register(self._inbox, zmq.POLLIN)
         try:
@@ -167,7 +187,9 @@ class NodeTransport:
                             break
                         try:
                             if socket is self._inbox:
-                                self._send(parts, dealers, poller)
+                                self._send(parts, dealers, monitors, poller)
+                            elif socket in monitors:
+                                self._connection_event(parts, monitors[socket])
                             else:
                                 self._receive(parts)
                         except Exception:  # one bad message must not stop every other request
@@ -178,11 +200,19 @@ class NodeTransport:
             self._closed.set()
             raise
         finally:
+            for monitor in monitors:
+                monitor.close(linger=0)
             for dealer in dealers.values():
                 dealer.close(linger=0)
             self._fail_pending(Unavailable("the client's I/O thread stopped before the node answered"))
 
-    def _send(self, parts: list[Any], dealers: dict[bytes, zmq.Socket[Any]], poller: zmq.Poller) -> None:
+    def _send(
+        self,
+        parts: list[Any],
+        dealers: dict[bytes, zmq.Socket[Any]],
+        monitors: dict[zmq.Socket[Any], bytes],
+        poller: zmq.Poller,
+    ) -> None:
         address = parts[0].bytes
         message = parts[2:]
         dealer = dealers.get(address)
@@ -192,14 +222,20 @@ class NodeTransport:
             dealer.setsockopt(zmq.IMMEDIATE, 1)
             dealer.setsockopt(zmq.SNDHWM, 10_000)
             dealer.setsockopt(zmq.RCVHWM, 10_000)
+            dealer.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+            dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+            monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             try:
                 dealer.connect(address.decode())
             except zmq.ZMQError as exc:
+                monitor.close(linger=0)
                 dealer.close(linger=0)
                 self._fail_header(message[0], InvalidRequest(f"bad node address {address!r}: {exc}"))
                 return
             dealers[address] = dealer
+            monitors[monitor] = address
             poller.register(dealer, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
             # A fresh socket needs a moment to connect before IMMEDIATE lets it send.
             deadline = float.fromhex(parts[1].bytes.decode())
             self._wait_connected(dealer, min(deadline, time.monotonic() + 2.0))
@@ -209,6 +245,25 @@ class NodeTransport:
             self._fail_header(
                 message[0],
                 Unavailable(f"storage node {address.decode()} is unreachable", address=address.decode()),
+            )
+
+    def _connection_event(self, parts: list[Any], address: bytes) -> None:
+        """A monitor's event: the connection to ``address`` closed, so nothing sent on it will be
+        answered; fail those requests now instead of at their deadlines."""
+        event = zmq.utils.monitor.parse_monitor_message([part.bytes for part in parts])
+        if event["event"] != zmq.EVENT_DISCONNECTED:
+            return
+        with self._lock:
+            lost = [cid for cid, (_, _, sent_to) in self._pending.items() if sent_to == address]
+        node = address.decode()
+        for correlation_id in lost:
+            self._resolve(
+                correlation_id,
+                error=Unavailable(
+                    f"the connection to storage node {node} closed before it answered "
+                    "(the node stopped, or did not answer heartbeats)",
+                    address=node,
+                ),
             )
 
     @staticmethod
@@ -241,7 +296,7 @@ class NodeTransport:
         if entry is None:
             return  # timed out already, or an answer to a closed client
         self._slots.release()
-        future, _ = entry
+        future, _, _ = entry
         if not future.set_running_or_notify_cancel():
             return  # the caller cancelled it; nobody is waiting for the answer
         if error is not None:
@@ -254,6 +309,6 @@ class NodeTransport:
             return
         self._next_expiry = now + 0.02  # scanning every 20 ms bounds the work under load
         with self._lock:
-            expired = [cid for cid, (_, deadline) in self._pending.items() if deadline <= now]
+            expired = [cid for cid, (_, deadline, _) in self._pending.items() if deadline <= now]
         for correlation_id in expired:
             self._resolve(correlation_id, error=RequestTimeout("the storage node did not answer in time"))

@@ -36,6 +36,8 @@ DEFAULT_TOPIC_CONFIG: dict[str, Any] = {
     "retention_records": -1,
     "cleanup_policy": "delete",
     "max_batch_bytes": 16 * MiB,
+    # 0: a majority of replication_factor, resolved by the Meta Service when it creates the topic.
+    "min_insync_replicas": 0,
 }
 
 

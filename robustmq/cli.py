@@ -105,6 +105,16 @@ def _timestamp_ms(text: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
+def _acks(text: str) -> str:
+    from robustmq._acks import parse_acks
+    from robustmq.errors import InvalidConfig
+
+    try:
+        return parse_acks(text)
+    except InvalidConfig as error:
+        raise argparse.ArgumentTypeError(error.message) from None
+
+
 def _separator(text: str) -> str:
     """A literal separator, or a name for one a shell makes awkward (TAB, SPACE, COMMA, ...)."""
     from robustmq._cli_produce import SEPARATOR_NAMES
@@ -120,7 +130,9 @@ def _separator(text: str) -> str:
 def _run_meta(args: argparse.Namespace) -> int:
     from robustmq.meta import run_meta
 
-    return run_meta(data_dir=args.data_dir, host=args.host, port=args.meta_port)
+    return run_meta(
+        data_dir=args.data_dir, host=args.host, port=args.meta_port, node_timeout_ms=args.node_timeout_ms
+    )
 
 
 def _run_node(args: argparse.Namespace) -> int:
@@ -156,6 +168,19 @@ def _produce(args: argparse.Namespace) -> int:
     from robustmq._cli_produce import cmd_produce
 
     return cmd_produce(args)
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    from robustmq._cli_cluster import run_cluster
+
+    return run_cluster(
+        nodes=args.nodes,
+        data_dir=args.data_dir,
+        host=args.host,
+        meta_port=args.meta_port,
+        base_port=args.base_port,
+        node_timeout_ms=args.node_timeout_ms,
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -195,10 +220,50 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     server.add_argument("--node-port", type=_port, default=DEFAULT_NODE_PORT)
     server.set_defaults(handler=_run_server)
 
+    cluster = commands.add_parser(
+        "cluster",
+        help="run a Meta Service and N storage-node processes on this machine (to try replication)",
+        description="Start one Meta Service and N storage-node processes, each with its own data "
+        "directory under --data-dir; print `ready` once every node has registered; stop them all on "
+        "SIGTERM or Ctrl-C. A node that exits is reported on stderr; the others keep running.",
+    )
+    cluster.add_argument("--nodes", type=_bounded_int(1, 64), default=3, help="storage nodes (default 3)")
+    cluster.add_argument(
+        "--data-dir",
+        default=None,
+        help="where the Meta Service and nodes keep their data, kept afterwards "
+        "(default: a temporary directory, removed on exit)",
+    )
+    cluster.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    cluster.add_argument(
+        "--meta-port", type=_port, default=DEFAULT_META_PORT, help="default 7070; 0 picks a free port"
+    )
+    cluster.add_argument(
+        "--base-port",
+        type=_port,
+        default=DEFAULT_NODE_PORT,
+        help="node i listens on BASE_PORT + i (default 7101); 0 picks free ports",
+    )
+    cluster.add_argument(
+        "--node-timeout-ms",
+        type=_bounded_int(100, 3_600_000),
+        default=2000,
+        help="the Meta Service's --node-timeout-ms: how long a silent node's shards wait to fail over "
+        "(default 2000)",
+    )
+    cluster.set_defaults(handler=_cluster)
+
     meta = commands.add_parser("meta", help="run the Meta Service")
     meta.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     meta.add_argument("--data-dir", default="./robustmq-data/meta", help="default ./robustmq-data/meta")
     meta.add_argument("--meta-port", type=_port, default=DEFAULT_META_PORT)
+    meta.add_argument(
+        "--node-timeout-ms",
+        type=_bounded_int(100, 3_600_000),
+        default=2000,
+        help="a storage node missing heartbeats this long is dead: its shards fail over (default 2000; "
+        "nodes beat every quarter of it)",
+    )
     meta.set_defaults(handler=_run_meta)
 
     node = commands.add_parser("storage-node", help="run a storage node")
@@ -219,7 +284,15 @@ def _add_topic(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> N
     create = actions.add_parser("create", help="create a topic")
     create.add_argument("name")
     create.add_argument("--partitions", type=int, default=1)
-    create.add_argument("--replication-factor", type=int, default=1)
+    create.add_argument(
+        "--replication-factor", type=int, default=1, help="copies of every record (default 1)"
+    )
+    create.add_argument(
+        "--min-insync-replicas",
+        type=int,
+        default=None,
+        help="acks=all needs this many in-sync replicas (default: a majority of the replication factor)",
+    )
     create.add_argument("--engine", choices=["segment", "rocksdb", "memory"], default="segment")
     create.add_argument("--segment-bytes", type=int, default=None)
     create.add_argument("--retention-ms", type=int, default=None)
@@ -258,7 +331,12 @@ def _add_produce_consume(commands: argparse._SubParsersAction[OneLineArgumentPar
         help="every text line is KEY<SEP>VALUE; SEP is a string or TAB, SPACE, COMMA, SEMICOLON, PIPE",
     )
     produce.add_argument("--tag", action="append", default=None, help="tag every record (repeatable)")
-    produce.add_argument("--acks", default="1", choices=["1", "all", "quorum"])
+    produce.add_argument(
+        "--acks",
+        type=_acks,
+        default="all",
+        help="all (default: every in-sync replica), quorum (a majority of the replicas) or 1 (the leader)",
+    )
     produce.add_argument(
         "--linger-ms",
         type=_bounded_int(0),
@@ -308,21 +386,31 @@ def _add_admin(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> N
     segments = commands.add_parser(
         "segments",
         help="a topic's segment chains; seal active segments",
-        usage="robustmq segments [list] TOPIC | robustmq segments seal TOPIC [PARTITION]",
-        description="List each partition's segment chain, or seal the active segment of one "
-        "partition (or of every partition holding records) now.",
+        usage="robustmq segments [list] TOPIC [--json] | robustmq segments seal TOPIC [PARTITION]",
+        description="List each partition's segment chain (epochs, offsets, state, replicas, ISR, "
+        "leader, size), or seal the active segment of one partition (or of every partition holding "
+        "records) now.",
     )
     segments.add_argument("words", nargs="+", metavar="[list|seal] TOPIC [PARTITION]")
+    segments.add_argument("--json", action="store_true")
     _common(segments)
     segments.set_defaults(handler=_client_command("cmd_segments"), usage_error=segments.error)
 
-    nodes = commands.add_parser("nodes", help="storage nodes: address, liveness, load")
+    nodes = commands.add_parser(
+        "nodes", help="storage nodes: address, liveness, draining, segments led and held, bytes"
+    )
     nodes.add_argument("--json", action="store_true")
     _common(nodes)
     nodes.set_defaults(handler=_client_command("cmd_nodes"))
 
-    node = commands.add_parser("node", help="remove a storage node for good")
+    node = commands.add_parser("node", help="drain a storage node, or remove one for good")
     node_actions = node.add_subparsers(dest="action", required=True, metavar="ACTION")
+    drain = node_actions.add_parser(
+        "drain", help="place nothing new on a node and move the leadership of its active segments off it"
+    )
+    drain.add_argument("node_id")
+    drain.add_argument("--undo", action="store_true", help="place segments on the node again")
+    _common(drain)
     remove = node_actions.add_parser("remove", help="forget a dead node (its id no longer counts)")
     remove.add_argument("node_id")
     remove.add_argument(

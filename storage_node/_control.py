@@ -15,10 +15,17 @@ queue order with the shard's writes. Jobs:
   ``_shards``) before the answer goes back: up to three calls;
 - ``probe``: ``GetShard`` just before a seal, so that a seal only pauses
   writes once the Meta Service is known to answer;
-- ``seal``: ``SealSegment(epoch, end, incarnation)``; the worker repeats the
+- ``seal``: ``SealSegment(epoch, end, incarnation)`` (for RF > 1 with the
+  agreed ``isr``, ``crc32c`` and ``size_bytes``); the worker repeats the
   identical call until the answer is definite (the Meta Service makes an
   identical repeat idempotent, and refuses a seal of any other incarnation
-  than the topic's current one).
+  than the topic's current one);
+- ``isr``: ``UpdateIsr`` of an active epoch this node leads (RF > 1);
+- ``agree``: before an RF > 1 seal, ``Checksum(start, end)`` of the segment
+  on this node (the engine) and on each ISR follower (``NodeCaller``, all at
+  once, addresses from ``ListNodes``): the members whose length and CRC-32C
+  equal the leader's are the sealed segment's ``isr``. Followers that do not
+  answer are left out (they report the segment later, ``ReportReplica``).
 
 Every job and answer names the topic incarnation it is about (-1: not known
 yet, a lookup of a shard the node does not serve), so the worker drops an
@@ -54,7 +61,7 @@ from robustmq.errors import Busy, RequestTimeout, RobustMQError, Unavailable
 from ._driver_manager import split_shard_name
 from ._shards import RESERVE_RECORDS, ShardView, start_of
 
-__all__ = ["UNREACHABLE_HOLD_S", "Job", "MetaAnswer", "MetaControl"]
+__all__ = ["UNREACHABLE_HOLD_S", "Agreement", "Job", "MetaAnswer", "MetaControl"]
 
 log = logging.getLogger("robustmq.node")
 
@@ -62,11 +69,26 @@ UNREACHABLE_HOLD_S = 1.0
 _CONFIGS = 4096  # topic configs cached (one per topic; a description can be large)
 
 
+JobKind = Literal["lookup", "probe", "seal", "isr", "agree"]
+
+
+@dataclass(frozen=True, slots=True)
+class Agreement:
+    """The replicas whose copy of ``[start, end)`` equals the leader's (it included), and its checksum.
+
+    ``crc32c`` is None when the leader could not compute its own (then ``isr`` is the leader alone).
+    """
+
+    isr: tuple[str, ...]
+    crc32c: int | None
+    size_bytes: int
+
+
 @dataclass(frozen=True, slots=True)
 class MetaAnswer:
     """What a job found out, posted to the worker that asked (``kind`` to ``incarnation``: the job's)."""
 
-    kind: Literal["lookup", "probe", "seal"]
+    kind: JobKind
     shard: str
     epoch: int = -1
     end_offset: int = -1
@@ -74,19 +96,26 @@ class MetaAnswer:
     view: ShardView | None = None  # lookup (with the config) and probe (config unset)
     sealed: pb.SealSegmentResponse | None = None
     error: RobustMQError | None = None
+    segment: pb.Segment | None = None  # isr: the segment as recorded
+    agreement: Agreement | None = None  # agree
 
 
 @dataclass(frozen=True, slots=True)
 class Job:
     """One piece of work for the control threads; ``incarnation`` -1: not known (a first lookup)."""
 
-    kind: Literal["lookup", "probe", "seal"]
+    kind: JobKind
     shard: str
     deliver: Callable[[MetaAnswer], Any]
     epoch: int = -1
     end_offset: int = -1
     incarnation: int = -1
     install: bool = False  # a lookup for a shard the node will create if it holds it
+    isr: tuple[str, ...] = ()  # isr: the new ISR; agree: the members to ask; seal: the agreed isr
+    agreement: Agreement | None = None  # seal (RF > 1): what the replicas agreed on
+    start_offset: int = -1  # agree: the segment's start
+    engine: Any = None  # agree: the leader's engine and its name for the shard
+    engine_shard: str = ""
 
     def answer(
         self,
@@ -94,17 +123,31 @@ class Job:
         view: ShardView | None = None,
         sealed: pb.SealSegmentResponse | None = None,
         error: RobustMQError | None = None,
+        segment: pb.Segment | None = None,
+        agreement: Agreement | None = None,
     ) -> MetaAnswer:
         return MetaAnswer(
-            self.kind, self.shard, self.epoch, self.end_offset, self.incarnation, view, sealed, error
+            self.kind,
+            self.shard,
+            self.epoch,
+            self.end_offset,
+            self.incarnation,
+            view,
+            sealed,
+            error,
+            segment,
+            agreement,
         )
 
 
 class MetaControl:
     """Control threads running :class:`Job` s against the Meta Service; see the module docstring."""
 
-    def __init__(self, meta: Any, node_id: str, *, threads: int = 2, max_jobs: int = 10_000) -> None:
+    def __init__(
+        self, meta: Any, node_id: str, *, threads: int = 2, max_jobs: int = 10_000, caller: Any = None
+    ) -> None:
         self._meta = meta
+        self._caller = caller  # a NodeCaller (agree jobs ask followers for checksums)
         self._node_id = node_id
         self._max_jobs = max_jobs
         self._jobs: deque[Job | None] = deque()
@@ -175,12 +218,26 @@ class MetaControl:
                 f"the Meta Service is unreachable; shard {job.shard} cannot be resolved now", shard=job.shard
             )
             return job.answer(error=error)
+        if job.kind == "agree":  # node-to-node; the Meta Service only for addresses
+            return job.answer(agreement=self._agree(job))
         try:
             if job.kind == "seal":
+                agreed: dict[str, Any] = {}
+                if job.agreement is not None:  # RF > 1: what the replicas agreed on
+                    agreed = {
+                        "isr": list(job.agreement.isr),
+                        "crc32c": job.agreement.crc32c,
+                        "size_bytes": job.agreement.size_bytes,
+                    }
                 sealed = self._meta.seal_segment(
-                    job.shard, job.epoch, job.end_offset, self._node_id, incarnation=job.incarnation
+                    job.shard, job.epoch, job.end_offset, self._node_id, incarnation=job.incarnation, **agreed
                 )
                 return job.answer(sealed=sealed)
+            if job.kind == "isr":
+                segment = self._meta.update_isr(
+                    job.shard, job.incarnation, job.epoch, self._node_id, list(job.isr)
+                )
+                return job.answer(segment=segment)
             info = self._meta.get_shard(job.shard)
             config = self._config(info) if job.kind == "lookup" else pb.TopicConfig()
             reserved = self._reserve(info) if job.install and config.engine == "memory" else -1
@@ -189,6 +246,61 @@ class MetaControl:
             if isinstance(error, Unavailable | RequestTimeout | Busy) and "address" in error.fields:
                 self._unreachable_until = time.monotonic() + UNREACHABLE_HOLD_S  # a transport failure
             return job.answer(error=error)
+
+    def _agree(self, job: Job) -> Agreement:
+        """Checksums of ``[start, end)`` here and on the followers in ``job.isr`` (module docstring)."""
+        try:
+            own = job.engine.checksum(job.engine_shard, job.start_offset, job.end_offset)
+        except Exception as error:  # an engine without checksums, a damaged frame: the leader alone
+            log.warning(
+                "shard %s: no checksum of [%d, %d): %s", job.shard, job.start_offset, job.end_offset, error
+            )
+            return Agreement((self._node_id,), None, 0)
+        agreeing = [self._node_id]
+        followers = [member for member in job.isr if member != self._node_id]
+        if followers and self._caller is not None:
+            try:
+                addresses = {node.node_id: node.address for node in self._meta.list_nodes()}
+            except RobustMQError as error:
+                log.warning(
+                    "shard %s: no node addresses for the seal's checksums: %s", job.shard, error.message
+                )
+                addresses = {}
+            ask = pb.ChecksumRequest(
+                shard=job.shard,
+                incarnation=max(job.incarnation, 0),
+                start_offset=job.start_offset,
+                end_offset=job.end_offset,
+            )
+            asked = {
+                member: self._caller.request(addresses[member], "checksum", ask)
+                for member in followers
+                if addresses.get(member)
+            }
+            for member, future in asked.items():
+                try:
+                    theirs = future.result(self._caller.timeout_s + 5)[0].checksum
+                except Exception as error:  # no answer, an error answer: not in the sealed isr
+                    log.warning(
+                        "shard %s: replica %s gave no checksum for the seal: %s", job.shard, member, error
+                    )
+                    continue
+                if (theirs.crc32c, theirs.size_bytes) == (own.crc32c, own.size_bytes):
+                    agreeing.append(member)
+                else:
+                    log.error(
+                        "shard %s: replica %s holds a different copy of [%d, %d) (crc %08x, %d bytes; "
+                        "the leader's crc %08x, %d bytes); it is left out of the sealed segment's isr",
+                        job.shard,
+                        member,
+                        job.start_offset,
+                        job.end_offset,
+                        theirs.crc32c,
+                        theirs.size_bytes,
+                        own.crc32c,
+                        own.size_bytes,
+                    )
+        return Agreement(tuple(agreeing), own.crc32c, own.size_bytes)
 
     def _reserve(self, info: pb.ShardInfo) -> int:
         """Reserve the first offsets of a memory-engine shard this node is about to create."""
@@ -204,6 +316,10 @@ class MetaControl:
             incarnations={info.shard: info.incarnation},
         )
         return reserved
+
+    def topic_config(self, info: pb.ShardInfo) -> pb.TopicConfig:
+        """The topic's config at ``info``'s incarnation (cached; for the follower side's views)."""
+        return self._config(info)
 
     def _config(self, info: pb.ShardInfo) -> pb.TopicConfig:
         """The topic's config at ``info``'s incarnation, asked once per topic and incarnation.

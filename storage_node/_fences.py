@@ -74,7 +74,10 @@ class FenceStore:
         self._lock = threading.Lock()
         self._fences: dict[tuple[str, int], int] = {}
         self._size = self._load()
+        created = not self._path.exists()
         self._fd: int | None = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if created:  # the new file's name is durable before any fence in it is acknowledged
+            fsync_directory(self._path.parent)
 
     # -- reads -----------------------------------------------------------------
 

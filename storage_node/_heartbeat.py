@@ -13,7 +13,12 @@ heartbeat thread sends the Meta Service one ``Heartbeat``:
   current one, and the worker one for another than it serves, so a report
   from before a deletion never counts for a re-created topic;
 - ``deleted``: the deletions this node carried out and has not yet had
-  acknowledged.
+  acknowledged;
+- ``stored_bytes``: the bytes under its data directory (measured every 30 s on
+  a thread of its own, ``rmq-disk-usage``: the heartbeat thread never walks a disk).
+
+The answer's ``assignments_version`` goes to the follower side
+(``Follower.assignments_seen``), which lists its assignments when it changed.
 
 The answer lists the deletions still pending for this node; the Meta Service
 repeats each one in every answer until a later request acknowledges it, so a
@@ -33,14 +38,18 @@ touches sealed segments, never a shard's writes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from robustmq.errors import RobustMQError, ShardNotFound
 
 from ._io_worker import DeleteShard, Reserved
+from ._replica_serving import visible_to_readers
 from ._shards import RESERVE_RECORDS
 
 __all__ = ["DeletionLedger", "Heartbeat"]
@@ -52,6 +61,17 @@ _MAX_ACKS_PER_BEAT = 1000
 # well below the Meta Service's 4 MiB message limit.
 _MAX_PROGRESS_PER_BEAT = 10_000
 _WOKEN_GATHER_S = 0.05
+_STORED_BYTES_EVERY_S = 30.0
+
+
+def _disk_usage(root: Path) -> int:
+    """Bytes of the regular files under ``root`` (files removed during the walk are skipped)."""
+    total = 0
+    for directory, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(directory, name), follow_symlinks=False).st_size
+    return total
 
 
 class DeletionLedger:
@@ -103,6 +123,7 @@ class Heartbeat(threading.Thread):
         self.ledger = DeletionLedger()
         self._wake = threading.Event()
         self._last_warning = 0.0
+        self._stored = 0  # written by the disk-usage thread only (an int: read without a lock)
 
     def wake(self) -> None:
         """Beat now (a deletion is done: acknowledge it without waiting)."""
@@ -124,7 +145,10 @@ class Heartbeat(threading.Thread):
                 offsets = state.engine.list_offsets(state.engine_shard)
             except ShardNotFound:
                 continue
-            progress.append((shard, offsets.log_end_offset, offsets.earliest_offset))
+            # Committed progress only: on an RF > 1 leader its high watermark, not its log end (a
+            # restarted leader starts its HW from this report, ``_replication``).
+            committed = visible_to_readers(state, offsets.log_end_offset)
+            progress.append((shard, committed, min(offsets.earliest_offset, committed)))
             incarnations[shard] = state.incarnation
             if state.ack_limit is not None:
                 log_end = offsets.log_end_offset
@@ -141,11 +165,13 @@ class Heartbeat(threading.Thread):
                 deleted=done,
                 reserved=reserved,
                 incarnations=incarnations,
+                stored_bytes=self._stored_bytes(),
             )
         except Exception:  # reported again with the next beat
             node.restore_changed(changed)
             raise
         self.ledger.acknowledged(done)
+        node.follower.assignments_seen(int(getattr(answer, "assignments_version", 0)))
         for state, log_end in states:
             state.reported_end = log_end
             node.worker_for(state.name).post(Reserved(state.name, state.incarnation, reserved[state.name]))
@@ -155,6 +181,26 @@ class Heartbeat(threading.Thread):
             item = DeleteShard(deletion.shard, int(deletion.incarnation))
             if not node.worker_for(deletion.shard).post(item):  # the node is stopping
                 self.ledger.abandon(deletion.shard, deletion.incarnation)
+
+    def _stored_bytes(self) -> int:
+        """Bytes under the node's data directory (``robustmq nodes``, placement) as last measured
+        by the disk-usage thread: a walk of a big or busy disk never delays a beat."""
+        return self._stored
+
+    def _measure(self) -> None:
+        """The disk-usage thread: walk the data directory every :data:`_STORED_BYTES_EVERY_S`."""
+        node = self._node
+        while not node.stopping.is_set():
+            try:
+                self._stored = _disk_usage(node.config.data_dir)
+            except Exception:  # measured again next time
+                log.exception("measuring the data directory failed")
+            node.stopping.wait(_STORED_BYTES_EVERY_S)
+
+    def start(self) -> None:
+        """Start beating, and the disk-usage thread beside it."""
+        threading.Thread(target=self._measure, name="rmq-disk-usage", daemon=True).start()
+        super().start()
 
     def run(self) -> None:
         node = self._node

@@ -51,6 +51,10 @@ No item ever waits for the Meta Service on this thread:
   past a sealed end is ever acknowledged (see ``_sealing``).
 - **Memory engine.** A write that would pass the shard's reserved offset is
   answered ``Busy`` and the heartbeat is asked to reserve more (see ``_shards``).
+- **Replication** (RF > 1 shards this node leads): ``acks=all``/``quorum``
+  writes wait for their replicas after the append, ISR changes go through
+  the control threads, and ``Fence`` requests are handled here, in queue
+  order with the writes (see ``_leading``).
 - **Deletion.** A deletion ``(shard, incarnation)`` from the heartbeat forgets
   the shard if it is of that incarnation (held and parked requests get
   ``ShardNotFound``), drops the local data of that incarnation and reports it
@@ -89,6 +93,9 @@ from ._batch import prepare_batch
 from ._control import Job, MetaAnswer, MetaControl
 from ._driver_manager import split_shard_name
 from ._engine_base import check_producer
+from ._follower import Assigned
+from ._follower_log import CopyGroup, ReplicaData
+from ._leading import Leading
 from ._not_here import NotHere, named_incarnation
 from ._sealing import Sealer
 from ._shards import NodeShard, ShardDirectory
@@ -98,6 +105,7 @@ __all__ = [
     "DeleteShard",
     "IOWorker",
     "ParkRead",
+    "Refresh",
     "Request",
     "Reserved",
     "WorkQueue",
@@ -139,6 +147,20 @@ class DeleteShard:
 
     shard: str
     incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refresh:
+    """A request showed this node's view of ``shard`` may be old: look it up (rate-limited).
+
+    It named a newer ``epoch`` than this node knows, or (``replica``) a node fetched as a
+    replica of the active epoch that this node does not count among its replicas (the
+    Meta Service may have added it).
+    """
+
+    shard: str
+    epoch: int
+    replica: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +294,9 @@ class IOWorker(threading.Thread):
         self._awaiting: dict[str, _Awaiting] = {}
         self._not_here = NotHere()
         self._sealer = Sealer(self)
+        self.leading = Leading(self)
+        # Copied answers (``_follower``) drained in one batch: appended together, one fsync.
+        self._copies = CopyGroup(node.follower) if getattr(node, "follower", None) is not None else None
 
     def submit(self, request: Request) -> bool:
         """A client's request (front end); False if the queue is full."""
@@ -299,6 +324,10 @@ class IOWorker(threading.Thread):
                 self._sealer.tick(time.monotonic())
             except Exception:
                 log.exception("I/O worker failed to retry its seals")
+            try:
+                self.leading.tick(time.monotonic())
+            except Exception:
+                log.exception("I/O worker failed to look after its replicas")
             if stop:
                 self._shutdown(after_stop)
                 return
@@ -317,6 +346,7 @@ class IOWorker(threading.Thread):
             state = self.directory.cached(name)
             if state is not None and self._node.worker_for(name) is self:
                 self._sealer.end(state, error, run_held=False)
+        self.leading.shutdown(error)
 
     # -- one drained batch, in queue order ---------------------------------------------
 
@@ -324,6 +354,9 @@ class IOWorker(threading.Thread):
         for item in items:
             if isinstance(item, Request):
                 self.run_request(item)
+                continue
+            if isinstance(item, ReplicaData) and self._copies is not None:
+                self._copies.add(item)
                 continue
             self._flush()
             try:
@@ -345,6 +378,10 @@ class IOWorker(threading.Thread):
             self._drop_deleted(item)
         elif isinstance(item, Reserved):
             self._reserved(item)
+        elif isinstance(item, Refresh):
+            self._refresh(item)
+        elif isinstance(item, Assigned):
+            self._assigned(item)
         else:
             log.error("I/O worker got an unknown item %r", item)
 
@@ -362,7 +399,11 @@ class IOWorker(threading.Thread):
                 self.parked -= 1
                 request.parked = False
                 self.fail(request, failure)
-        elif isinstance(item, MetaAnswer):  # a probe or seal answer: where the seal stands is unknown
+        elif isinstance(item, MetaAnswer) and item.kind == "isr":  # proposed again at a later tick
+            state = self.directory.cached(item.shard)
+            if state is not None and state.replication is not None:
+                state.replication.refused()
+        elif isinstance(item, MetaAnswer):  # a probe, agree or seal answer: where the seal stands is unknown
             state = self.directory.cached(item.shard)
             if state is not None and state.incarnation == item.incarnation:
                 state.fail(f"handling the answer to its seal failed ({error})")
@@ -382,7 +423,7 @@ class IOWorker(threading.Thread):
     def dispatch(self, item: Request) -> None:
         """Route one write or seal request of this worker (also held and parked ones, when they run)."""
         body = item.message.WhichOneof("body")
-        if body not in ("produce", "seal"):
+        if body not in ("produce", "seal", "fence"):
             self.fail(item, InvalidRequest(f"request {body!r} does not belong to an I/O worker"))
             return
         shard = getattr(item.message, body).shard
@@ -396,6 +437,9 @@ class IOWorker(threading.Thread):
         elif body == "seal":  # while paused, it waits for the seal under way: the one it asks for
             self._flush()
             self._sealer.explicit(state, item)
+        elif body == "fence":  # ordered with the appends queued before it
+            self._flush()
+            self.leading.fence(state, item)
         elif state.held is not None:
             self._sealer.hold(state, item)
         else:
@@ -415,6 +459,8 @@ class IOWorker(threading.Thread):
                 )
             state.check_incarnation(produce.incarnation if produce.HasField("incarnation") else -1)
             state.check_write(produce.epoch)
+            if state.replication is not None:  # RF > 1: acks=all needs enough in-sync replicas
+                self.leading.check_produce(state, state.replication, produce.acks)
             producer_id, producer_sequence = producer_fields(produce)
             batch = prepare_batch(item.payloads[0].buffer, max_batch_bytes=state.config.max_batch_bytes)
         except Exception as error:
@@ -436,6 +482,8 @@ class IOWorker(threading.Thread):
     # -- appending a group ----------------------------------------------------------------
 
     def _flush(self) -> None:
+        if self._copies:
+            self._copies.flush()
         if not self._group:
             return
         group, self._group = self._group, []
@@ -456,8 +504,11 @@ class IOWorker(threading.Thread):
                 state.grouped = 0
         now = now_ms()
         for name, state in touched.items():
+            if state.replication is not None:
+                self.leading.appended(state, state.replication)
             self._node.written(name)
             self._sealer.written(state, now)
+        self.leading.flushed()
 
     def _append(
         self,
@@ -491,11 +542,17 @@ class IOWorker(threading.Thread):
                     base_offset=result.base_offset,
                     record_count=result.record_count,
                     duplicate=result.duplicate,
-                    high_watermark=state.log_end(),
+                    # RF > 1: the high watermark before this group (a lower bound), never the log end.
+                    high_watermark=state.log_end()
+                    if state.replication is None
+                    else state.replication.high_watermark,
                     epoch=state.epoch,
                 ),
             )
-            self.reply(item, response)
+            if state.replication is not None and item.message.produce.acks != pb.ACKS_LEADER:
+                self.leading.hold(state, item, result, response)  # answered when replicas have it
+            else:
+                self.reply(item, response)
             touched[state.name] = state
 
     def _refuse(self, item: Request, state: NodeShard, error: BaseException) -> None:
@@ -560,6 +617,10 @@ class IOWorker(threading.Thread):
     def _answered(self, answer: MetaAnswer) -> None:
         if answer.kind == "lookup":
             self._looked_up(answer)
+        elif answer.kind == "isr":
+            self.leading.isr_answered(answer)
+        elif answer.kind == "agree":
+            self._sealer.agreed(answer)
         elif answer.kind == "probe":
             self._sealer.probed(answer)
         else:
@@ -624,6 +685,14 @@ class IOWorker(threading.Thread):
                     state, SegmentSealed(f"segment epoch {state.seal.epoch} of {shard} is sealed")
                 )
 
+    def _assigned(self, item: Assigned) -> None:
+        """A view from the follower side (``ListAssignments``, a follower's lookup): take it."""
+        try:
+            self._take_view(item.shard, MetaAnswer("lookup", item.shard, view=item.view))
+        except RobustMQError as error:  # not (or no longer) on this node: nothing to copy
+            log.info("shard %s: not copied here: %s", item.shard, error.message)
+            self._node.follower.want(item.shard, None)
+
     def _forget(self, state: NodeShard) -> None:
         """Stop serving ``state`` (its incarnation was deleted): answer what it holds, cancel its jobs."""
         error = ShardNotFound(
@@ -636,6 +705,24 @@ class IOWorker(threading.Thread):
         self._node.written(state.name)  # its parked fetches find out
 
     # -- seals ---------------------------------------------------------------------------
+
+    def _refresh(self, item: Refresh) -> None:
+        state = self.directory.cached(item.shard)
+        if state is None:
+            return
+        replication = state.replication
+        unknown = bool(item.replica) and replication is not None and item.replica not in replication.replicas
+        if item.epoch > state.epoch or unknown:
+            self.look_up(state)
+
+    def look_up(self, state: NodeShard) -> None:
+        """Ask the Meta Service for ``state``'s chain, at most once per :data:`REFRESH_INTERVAL_S`,
+        parking nothing (a fetch naming a newer epoch, a refused ISR change)."""
+        if time.monotonic() - state.refreshed_at < REFRESH_INTERVAL_S or state.name in self._awaiting:
+            return
+        state.refreshed_at = time.monotonic()
+        if self.control.submit(Job("lookup", state.name, self.post)):
+            self._awaiting[state.name] = _Awaiting(False)
 
     def _reserved(self, item: Reserved) -> None:
         state = self.directory.cached(item.shard)

@@ -32,6 +32,16 @@ what they hold, answers parked fetches, answers ``Unavailable`` to requests
 that arrived but were not read yet (up to :data:`_STOP_ANSWERS`), and closes
 the engines.
 
+Replication (RF > 1, see ``docs/replication.md``): followers' ``ReplicaFetch``
+and ``Checksum`` requests are served by the readers (``_replica_serving``);
+``Fence`` goes to the shard's I/O worker (ordered with its appends). On a
+shard this node leads, the leader state (``_replication``) keeps the
+followers' positions, the ISR and the high watermark; reads (fetch, scan,
+reads by key or tag, offsets by timestamp, ``list_offsets``' ``high_watermark``)
+stop at the high watermark, and ``acks=all``/``quorum`` writes are answered when
+their replicas have them. RF 1 shards have no leader state and take the paths
+they always took.
+
 Fetches and incarnations: a fetch may name the topic incarnation it expects
 (``FetchRequest.incarnation``); a node serving an older one answers
 ``Unavailable`` (retriable: it has not dropped it yet), a newer one
@@ -56,9 +66,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
 import zmq
 
 from robustmq._frame import crc32c
+from robustmq._node_client import NodeCaller
 from robustmq._node_protocol import MAX_HEADER_BYTES, error_response, table_payload
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._ready import announce_ready
@@ -66,6 +78,7 @@ from robustmq.errors import (
     Busy,
     InvalidRequest,
     OffsetOutOfRange,
+    RequestTimeout,
     RobustMQError,
     ShardNotFound,
     Unavailable,
@@ -73,9 +86,20 @@ from robustmq.errors import (
 
 from ._control import MetaControl
 from ._driver_manager import StorageDriverManager, split_shard_name
+from ._fences import FenceStore
+from ._follower import Follower
 from ._heartbeat import Heartbeat
-from ._io_worker import IOWorker, ParkRead, Request
+from ._io_worker import IOWorker, ParkRead, Refresh, Request
 from ._long_poll import WaitRegistry
+from ._replica_serving import (
+    answer_replica_empty,
+    replica_key,
+    send_acks,
+    serve_checksum,
+    serve_replica_fetch,
+    visible_to_readers,
+)
+from ._replication import LeaderState
 from ._shards import NodeShard, ShardDirectory
 
 __all__ = ["NodeConfig", "StorageNode", "run_storage_node", "tune_gc_for_serving"]
@@ -84,7 +108,17 @@ log = logging.getLogger("robustmq.node")
 
 MiB = 1024 * 1024
 _RESULTS = "inproc://robustmq-node-results"
-_READS = ("fetch", "read_by_key", "read_by_tag", "scan", "offset_for_timestamp", "list_offsets")
+_READS = (
+    "fetch",
+    "read_by_key",
+    "read_by_tag",
+    "scan",
+    "offset_for_timestamp",
+    "list_offsets",
+    "replica_fetch",
+    "checksum",
+)
+_WORKER_BODIES = ("produce", "seal", "fence")
 _STOP_ANSWERS = 100_000  # requests still unread at stop() that are answered Unavailable, at most
 
 
@@ -111,6 +145,10 @@ class NodeConfig:
     control_timeout_s: float = 2.0  # deadline of each Meta Service call of the control threads
     max_parked_per_worker: int = 4096  # requests waiting for the Meta Service or a seal, per worker
     seal_hold_max_ms: int = 10_000  # longest a write or seal request waits for a seal to settle
+    replica_fetchers: int = 1  # threads copying other nodes' segments here (``_follower``)
+    replica_fetch_wait_ms: int = 500  # long poll of a follower's fetch that finds nothing new
+    ack_timeout_ms: int = 10_000  # longest an acks=all/quorum write waits for its replicas
+    replica_lag_ms: int = 5_000  # an ISR member not caught up for this long leaves the ISR
 
 
 class StorageNode:
@@ -129,7 +167,15 @@ class StorageNode:
         )
         self.manager = StorageDriverManager(config.data_dir, fsync=config.fsync)
         self.directory = ShardDirectory(self.manager, self.node_id, config.data_dir)
-        self.control = MetaControl(self._control_meta, self.node_id, threads=config.control_threads)
+        self.directory.retire = self._retire_leader
+        self.directory.lead = lambda state: self.worker_for(state.name).leading.add(state)
+        self.fences = FenceStore(config.data_dir / "fences")
+        self.directory.fenced_epoch = self.fences.fenced_epoch
+        # Node-to-node calls of the control threads (checksums at a seal) and of followers.
+        self.caller = NodeCaller(timeout_s=config.control_timeout_s)
+        self.control = MetaControl(
+            self._control_meta, self.node_id, threads=config.control_threads, caller=self.caller
+        )
         self.waiters = WaitRegistry()
         self._context: zmq.Context[Any] = zmq.Context.instance()
         self._local = threading.local()
@@ -145,6 +191,14 @@ class StorageNode:
         self._changed: set[str] = set()
         self._changed_lock = threading.Lock()
         self._started = time.monotonic()
+        self.follower = Follower(
+            self,
+            fetchers=config.replica_fetchers,
+            max_wait_ms=config.replica_fetch_wait_ms,
+            max_bytes=min(config.max_fetch_bytes, 8 * MiB),
+            timeout_s=config.control_timeout_s,
+        )
+        self.directory.replication = self.follower
         self._workers = [
             IOWorker(
                 i,
@@ -194,6 +248,7 @@ class StorageNode:
         self.control.start()
         for thread in (*self._workers, *self._readers, self._heartbeat):
             thread.start()
+        self.follower.start()
         self._frontend_thread = threading.Thread(target=self._frontend_loop, name="rmq-frontend", daemon=True)
         self._frontend_thread.start()
         log.info(
@@ -222,6 +277,7 @@ class StorageNode:
             self._stopped.wait(60)
             return
         self.stopping.set()  # the front end stops reading the ROUTER
+        self.follower.stop()
         for worker in self._workers:
             if worker.is_alive():
                 worker.stop()
@@ -241,6 +297,8 @@ class StorageNode:
             self._heartbeat.wake()
             self._heartbeat.join(timeout=15)
         self.manager.close()
+        self.caller.close()
+        self.fences.close()
         for push in self._pushes:
             push.close(linger=1000)
         self._router.close(linger=1000)
@@ -285,10 +343,54 @@ class StorageNode:
         push.send_multipart(parts, copy=False)
 
     def written(self, shard: str) -> None:
-        """A worker appended to (or dropped) ``shard``: wake its fetches, report it next beat."""
+        """A worker appended to (or dropped) ``shard``: wake its fetches, report it next beat.
+
+        On a shard led with RF > 1 an append does not make records readable (the high
+        watermark does, :meth:`hw_moved`): it wakes only the followers' fetches.
+        """
         with self._changed_lock:
             self._changed.add(shard)
-        for request in self.waiters.release(shard):
+        state = self.directory.cached(shard)
+        if state is None or state.replicated:  # (a deleted shard: everyone finds out)
+            released = self.waiters.release(replica_key(shard))
+            if state is None or state.replication is None:
+                released += self.waiters.release(shard)
+        else:
+            released = self.waiters.release(shard)
+        for request in released:
+            self._submit_read(request)
+
+    def hw_moved(self, shard: str) -> None:
+        """The high watermark of a shard led here moved: wake its readers' and followers' fetches
+        (a follower serves reads up to the high watermark it learns from its fetch answers),
+        and report it with the next beat (a restarted leader starts from the reported one)."""
+        with self._changed_lock:
+            self._changed.add(shard)
+        for request in self.waiters.release(shard) + self.waiters.release(replica_key(shard)):
+            self._submit_read(request)
+
+    def deliver(self, answers: list[Any]) -> None:
+        """Send the answers a :class:`LeaderState` released (any thread)."""
+        send_acks(self, answers)
+
+    def refresh(self, shard: str, epoch: int, replica: str = "") -> None:
+        """A request showed this node's view of ``shard`` may be old: look it up (rate-limited;
+        see ``Refresh``)."""
+        self.worker_for(shard).post(Refresh(shard, epoch, replica))
+
+    def _retire_leader(self, replication: LeaderState) -> None:
+        """An epoch led here ended (sealed, lost, deleted): answer the writes still waiting for it.
+
+        Their records are stored up to the seal but whether enough replicas hold them is
+        not known here: ``RequestTimeout`` (retriable; an idempotent retry is safe).
+        """
+        error = RequestTimeout(
+            f"epoch {replication.epoch} of shard {replication.shard} ended before its replicas "
+            f"confirmed these records; they may be stored (an idempotent producer's retry is safe)",
+            shard=replication.shard,
+        )
+        self.deliver(replication.drain(error))
+        for request in self.waiters.release(replica_key(replication.shard)):  # followers find out
             self._submit_read(request)
 
     def take_changed(self, most: int) -> set[str]:
@@ -312,7 +414,9 @@ class StorageNode:
         return self._workers[crc32c(shard.encode()) % len(self._workers)]
 
     def deleted(self, shard: str, incarnation: int) -> None:
-        """A worker dropped ``shard`` of ``incarnation``: acknowledge it with the next beat, now."""
+        """A worker dropped ``shard`` of ``incarnation``: acknowledge it with the next beat, now;
+        its fence (if any) goes too, so the fence file does not grow with every deleted topic."""
+        self.fences.forget(shard, incarnation)
         self._heartbeat.ledger.done(shard, incarnation)
         self._heartbeat.wake()
 
@@ -423,7 +527,7 @@ class StorageNode:
             if self._queued_bytes + request.size_bytes > self.config.max_queued_bytes:
                 raise Busy(f"{self._queued_bytes} bytes already queued on this node; retry later")
             self._queued_bytes += request.size_bytes
-        if body in ("produce", "seal"):
+        if body in _WORKER_BODIES:
             accepted = self.worker_for(getattr(request.message, body).shard).submit(request)
         else:
             accepted = self._submit_read(request)
@@ -483,9 +587,15 @@ class StorageNode:
         if body == "fetch":
             assert state is not None
             self._fetch(request, state)
+        elif body == "replica_fetch":
+            assert state is not None
+            serve_replica_fetch(self, request, state)
+        elif body == "checksum":
+            assert state is not None
+            serve_checksum(self, request, state)
         elif body == "read_by_key":
             assert state is not None
-            self._answer_read(request, state.engine.read_by_key(state.engine_shard, message.read_by_key.key))
+            self._answer_read(request, _read_key(state, message.read_by_key.key))
         elif body == "read_by_tag":
             assert state is not None
             ask = message.read_by_tag
@@ -495,7 +605,7 @@ class StorageNode:
                 start_offset=ask.start_offset,
                 max_records=ask.max_records or 10_000,
             )
-            self._answer_read(request, records)
+            self._answer_read(request, _below(records, state, ask.start_offset))
         elif body == "scan":
             assert state is not None
             self._scan(request, state)
@@ -504,6 +614,8 @@ class StorageNode:
             offset = state.engine.get_offset_by_timestamp(
                 state.engine_shard, message.offset_for_timestamp.timestamp_ms
             )
+            if offset is not None and offset >= visible_to_readers(state, state.log_end()):
+                offset = None  # that record is not committed yet: not visible
             found = pb.OffsetResponse(found=offset is not None, offset=-1 if offset is None else offset)
             self.reply(request, pb.NodeResponse(correlation_id=cid, offset=found))
         else:
@@ -514,7 +626,7 @@ class StorageNode:
                     pb.ShardOffsetsInfo(
                         shard=state.name,
                         log_start_offset=offsets.earliest_offset,
-                        high_watermark=offsets.log_end_offset,
+                        high_watermark=visible_to_readers(state, offsets.log_end_offset),
                         log_end_offset=offsets.log_end_offset,
                         epoch=state.epoch,
                     )
@@ -525,17 +637,21 @@ class StorageNode:
     def _scan(self, request: Request, state: NodeShard) -> None:
         ask = request.message.scan
         engine: Any = state.engine  # every engine scans (EngineBase), the interface does not say so
+        end_offset = ask.end_offset
+        if state.replicated:  # nothing past the high watermark
+            visible = visible_to_readers(state, state.log_end())
+            end_offset = visible if end_offset < 0 else min(end_offset, visible)
         records = engine.scan(
             state.engine_shard,
             ask.start_offset,
-            ask.end_offset,
+            end_offset,
             key=ask.key if ask.HasField("key") else None,
             tags=list(ask.tags),
             min_timestamp_ms=ask.min_timestamp_ms if ask.HasField("min_timestamp_ms") else None,
             max_timestamp_ms=ask.max_timestamp_ms if ask.HasField("max_timestamp_ms") else None,
             max_records=ask.max_records or 10_000,
         )
-        self._answer_read(request, records)
+        self._answer_read(request, _below(records, state, ask.start_offset))
 
     def _answer_status(self, request: Request) -> None:
         with self._accounting:
@@ -556,8 +672,10 @@ class StorageNode:
         _check_incarnation(request, state)
         engine, name = state.engine, state.engine_shard
         offsets = engine.list_offsets(name)
-        high_watermark = offsets.log_end_offset
-        if not offsets.earliest_offset <= ask.offset <= high_watermark:
+        high_watermark = visible_to_readers(state, offsets.log_end_offset)
+        # Offsets between the high watermark and the log end exist and become visible: a fetch
+        # there waits like one at the high watermark (a restarted leader's HW is behind a while).
+        if not offsets.earliest_offset <= ask.offset <= max(high_watermark, offsets.log_end_offset):
             raise OffsetOutOfRange(
                 f"offset {ask.offset} of shard {ask.shard} is outside "
                 f"[{offsets.earliest_offset}, {high_watermark}]",
@@ -566,20 +684,24 @@ class StorageNode:
                 earliest_offset=offsets.earliest_offset,
                 high_watermark=high_watermark,
             )
-        if ask.offset == high_watermark:
+        if ask.offset >= high_watermark:
             wait_ms = min(max(ask.max_wait_ms, 0), self.config.max_wait_ms)
-            if wait_ms and not request.waited and not self.stopping.is_set():
-                request.deadline = time.monotonic() + wait_ms / 1000
-                request.waited = True
+            first = wait_ms > 0 and not request.waited
+            # Past the high watermark and released (it moved, not far enough yet): wait on.
+            again = request.waited and ask.offset > high_watermark and request.deadline > time.monotonic()
+            if (first or again) and not self.stopping.is_set():
+                if first:
+                    request.deadline = time.monotonic() + wait_ms / 1000
+                    request.waited = True
 
                 def current() -> int:
-                    return int(engine.list_offsets(name).log_end_offset)
+                    return visible_to_readers(state, int(engine.list_offsets(name).log_end_offset))
 
                 if self.waiters.park(ask.shard, ask.offset, request.deadline, request, current):
                     return
                 offsets = engine.list_offsets(name)
-                high_watermark = offsets.log_end_offset
-            if ask.offset == high_watermark:
+                high_watermark = visible_to_readers(state, offsets.log_end_offset)
+            if ask.offset >= high_watermark:
                 self._answer_fetch_empty(request, offsets.earliest_offset, high_watermark)
                 return
         max_bytes = min(ask.max_bytes or self.config.max_fetch_bytes, self.config.max_fetch_bytes)
@@ -607,6 +729,9 @@ class StorageNode:
 
     def _answer_fetch_empty(self, request: Request, earliest: int = -1, high_watermark: int = -1) -> None:
         """Answer a fetch with no records (also on the front end: local state only, no Meta call)."""
+        if request.message.WhichOneof("body") == "replica_fetch":
+            answer_replica_empty(self, request)
+            return
         ask = request.message.fetch
         if high_watermark < 0:
             state = self.directory.cached(ask.shard)
@@ -617,7 +742,10 @@ class StorageNode:
             except RobustMQError as error:
                 self.reply(request, error_response(request.message.correlation_id, error))
                 return
-            earliest, high_watermark = offsets.earliest_offset, offsets.log_end_offset
+            earliest, high_watermark = (
+                offsets.earliest_offset,
+                visible_to_readers(state, offsets.log_end_offset),
+            )
         self._answer_fetch(request, ask.offset, high_watermark, earliest, [])
 
     def _count(self, served: int, scanned: int = 0) -> None:
@@ -639,6 +767,54 @@ class StorageNode:
             ),
             (table_payload(result.records),),
         )
+
+
+def _below(result: Any, state: NodeShard, start: int = 0) -> Any:
+    """``result`` (of a read from ``start``) without the records at or past ``state``'s high
+    watermark (RF > 1). Its ``next_offset`` never goes back before ``start``: a read from past
+    the high watermark (a restarted leader's, still behind) continues where it asked."""
+    if not state.replicated:
+        return result
+    visible = visible_to_readers(state, result.log_end_offset)
+    records = result.records
+    if records.num_rows and pc.max(records.column("offset")).as_py() >= visible:
+        records = records.filter(pc.less(records.column("offset"), visible))
+    next_offset = min(result.next_offset, max(visible, start))
+    return replace(result, records=records, next_offset=next_offset, log_end_offset=visible)
+
+
+def _read_key(state: NodeShard, key: bytes) -> Any:
+    """The latest record with ``key`` that readers may see (RF > 1: below the high watermark).
+
+    The key index knows only the key's latest record; if that one is not committed yet, the
+    latest committed one is found by scanning back from the high watermark in growing windows
+    (rare: only while a write of the key waits for its replicas).
+    """
+    engine: Any = state.engine
+    name = state.engine_shard
+    result = engine.read_by_key(name, key)
+    if not state.replicated:
+        return result
+    visible = visible_to_readers(state, result.log_end_offset)
+    if not result.records.num_rows or result.records.column("offset")[0].as_py() < visible:
+        return _below(result, state)
+    earliest = engine.list_offsets(name).earliest_offset
+    end, window = visible, 1024
+    while end > earliest:
+        start = max(earliest, end - window)
+        found, position = None, start
+        while position < end:
+            part = engine.scan(name, position, end, key=key, max_records=10_000)
+            if part.records.num_rows:
+                found = part.records.slice(part.records.num_rows - 1, 1)
+            if part.next_offset <= position:
+                break
+            position = part.next_offset
+        if found is not None:
+            offset = found.column("offset")[0].as_py()
+            return _below(replace(result, records=found, next_offset=offset + 1), state)
+        end, window = start, window * 4
+    return _below(replace(result, records=result.records.slice(0, 0)), state)
 
 
 def _check_incarnation(request: Request, state: NodeShard) -> None:

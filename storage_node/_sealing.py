@@ -13,7 +13,15 @@ queue (so each step happens in queue order with the shard's writes):
 2. **pause**: the probe answered and the segment is still ours, so writes are
    held from here and ``end`` is the log end now: nothing past it is
    acknowledged in this epoch.
-3. **seal**: ``SealSegment(epoch, end, incarnation)``.
+3. **agree** (RF > 1 only): wait until every ISR member's fetch offset reached
+   ``end`` (at most ``replica_lag_ms``: a member that does not is left out,
+   and the ISR maintenance shrinks it meanwhile); then a control thread asks
+   the members that reached it for ``Checksum(start, end)`` and compares each
+   with the leader's own; the members that agree (and the leader) are the
+   sealed segment's ``isr``, sent with its ``crc32c`` and ``size_bytes``. RF 1
+   skips this step and sends none of them (an empty ``isr`` is the leader
+   alone; no one would compare a CRC).
+4. **seal**: ``SealSegment(epoch, end, incarnation)``.
    - Success: adopt the next epoch, roll the local segment, answer waiting
      seal requests, run the held writes (their epoch is sealed now, so they
      get ``SegmentSealed`` and the client retries in the next epoch). If the
@@ -73,7 +81,7 @@ from robustmq.errors import (
     Unavailable,
 )
 
-from ._control import Job, MetaAnswer
+from ._control import Agreement, Job, MetaAnswer
 from ._shards import NodeShard, SealTask
 
 if TYPE_CHECKING:
@@ -99,6 +107,8 @@ class Sealer:
         self._timers: dict[str, float] = {}  # shard -> when to retry its seal
         self._seal_failures: dict[str, int] = {}  # shard -> consecutive failed attempts
         self._paused: dict[str, NodeShard] = {}  # shards whose seal holds requests (for their expiry)
+        self._agreeing: dict[str, NodeShard] = {}  # RF > 1 seals waiting for the ISR to reach their end
+        self._lag_s = getattr(getattr(worker._node, "config", None), "replica_lag_ms", 5_000) / 1000
 
     def written(self, state: NodeShard, now: int) -> None:
         """``state`` was just written: start its seal if it is due and not backing off."""
@@ -122,7 +132,7 @@ class Sealer:
         if state.held is None:
             try:
                 state.check_write(state.epoch)
-                if state.segment_bytes == 0:
+                if state.segment_bytes == 0 and not _empty_seal_allowed(state):
                     raise InvalidRequest(
                         f"the active segment of {state.name} is empty; there is nothing to seal",
                         shard=state.name,
@@ -158,6 +168,7 @@ class Sealer:
             epoch=state.seal.epoch,
             end_offset=end_offset,
             incarnation=state.incarnation,
+            agreement=state.seal.agreement if kind == "seal" else None,
         )
 
     def _pause(self, state: NodeShard) -> None:
@@ -229,12 +240,61 @@ class Sealer:
             # The Meta Service answers and the segment is still ours: pause (if not yet) and seal.
             if state.held is None:
                 self._pause(state)
-            if task.end_offset <= state.segment_start:
+            if task.end_offset <= state.segment_start and not (task.waiters and _empty_seal_allowed(state)):
                 self.end(state, InvalidRequest(f"the active segment of {state.name} is empty"))
+                return
+            if state.replication is not None and task.agreement is None:
+                if task.agreeing_since < 0:
+                    task.agreeing_since = time.monotonic()
+                    self._agreeing[state.name] = state
+                    self._agree(state, time.monotonic())
                 return
             self._send(state)
         else:  # the chain moved on without us (or the seal was refused as stale): take it
             self._settle(state, info)
+
+    def _agree(self, state: NodeShard, now: float) -> None:
+        """Once the ISR reached the seal's end (or ``replica_lag_ms`` passed), ask for checksums."""
+        task, replication = state.seal, state.replication
+        if task is None or replication is None or replication.epoch != task.epoch:
+            self._agreeing.pop(state.name, None)  # settled, or the epoch moved (its probe finds out)
+            return
+        members = [*replication.isr, *(replication.pending or ())]
+        reached = tuple(dict.fromkeys(m for m in members if replication.position(m) >= task.end_offset))
+        if len(reached) < len(set(members)) and now - task.agreeing_since < self._lag_s:
+            return
+        del self._agreeing[state.name]
+        job = Job(
+            "agree",
+            state.name,
+            self._worker.post,
+            epoch=task.epoch,
+            end_offset=task.end_offset,
+            incarnation=state.incarnation,
+            isr=reached,
+            start_offset=state.segment_start,
+            engine=state.engine,
+            engine_shard=state.engine_shard,
+        )
+        if not self._control.submit(job):  # the control queue is full: ask again next tick
+            self._agreeing[state.name] = state
+
+    def agreed(self, answer: MetaAnswer) -> None:
+        """The replicas' checksums are in: seal with the members that agree."""
+        state = self._state_of(answer)
+        if state is None or state.seal is None or answer.end_offset != state.seal.end_offset:
+            return
+        agreement = answer.agreement
+        if agreement is None:  # the checksums failed unexpectedly: seal with the leader alone
+            log.error(
+                "seal of %s epoch %d: no agreement (%s); sealing with the leader alone",
+                state.name,
+                state.seal.epoch,
+                answer.error.message if answer.error else "no answer",
+            )
+            agreement = Agreement((self._node_id,), None, 0)
+        state.seal.agreement = agreement
+        self._send(state)
 
     def _send(self, state: NodeShard) -> None:
         task = state.seal
@@ -321,6 +381,7 @@ class Sealer:
         """
         task, state.seal = state.seal, None
         self._paused.pop(state.name, None)
+        self._agreeing.pop(state.name, None)
         stopping = Unavailable("the storage node is stopping; try again")
         while task is not None and task.waiters:
             waiter = task.waiters.popleft()
@@ -345,6 +406,8 @@ class Sealer:
         """Answer what waited ``hold_s`` for a seal; retry the seals whose back-off is over."""
         for paused in list(self._paused.values()):
             self._expire(paused, now)
+        for agreeing in list(self._agreeing.values()):
+            self._agree(agreeing, now)
         for name, due in list(self._timers.items()):
             if due > now:
                 continue
@@ -388,6 +451,19 @@ class Sealer:
                     shard=state.name,
                 ),
             )
+
+
+def _empty_seal_allowed(state: NodeShard) -> bool:
+    """Whether an asked-for seal may close an empty segment: on a replicated shard, yes.
+
+    The Meta Service asks a leader to seal an epoch whose followers it fenced in
+    a failover it then abandoned (the leader came back), and an epoch with too
+    few live replicas; such an epoch may be empty (every ``acks=all`` write is
+    refused while its ISR is the leader alone), and only a seal lets the fenced
+    followers copy again. An empty sealed segment is harmless: the next epoch
+    starts at the same offset. RF 1 keeps refusing (nothing to gain).
+    """
+    return state.config.replication_factor > 1
 
 
 def _definite(error: RobustMQError) -> bool:

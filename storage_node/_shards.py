@@ -56,6 +56,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,7 @@ from robustmq.errors import (
 
 from ._adapter import ShardConfig, StorageAdapter
 from ._driver_manager import StorageDriverManager, split_shard_name
+from ._replication import LeaderState, min_insync_of
 
 __all__ = [
     "RESERVE_RECORDS",
@@ -146,6 +148,10 @@ class SealTask:
     sending: bool = False  # a SealSegment for end_offset is out (or its outcome is unknown)
     attempts: int = 0
     waiters: deque[Any] = field(default_factory=deque)  # explicit seal requests to answer, oldest first
+    # RF > 1: when the wait for the ISR to reach end_offset began (-1: not yet), and what the
+    # replicas agreed on (``_control.Agreement``; None until the checksums are in).
+    agreeing_since: float = -1.0
+    agreement: Any = None
 
 
 @dataclass(slots=True)
@@ -172,6 +178,14 @@ class NodeShard:
     grouped: int = 0  # records of this shard in the worker's current group
     reserve_wanted: int = 0  # memory engine: an offset a refused write needed reserved
     reported_end: int = 0  # the log end the heartbeat last reported (it alone writes this)
+    view: pb.ShardInfo | None = None  # the chain as last installed or adopted (replication)
+    follower_hw: int = -1  # a follower: the leader's high watermark it last learned (``_follower``)
+    replication: LeaderState | None = None  # RF > 1 and leading the active epoch (see _replication)
+
+    @property
+    def replicated(self) -> bool:
+        """Whether the topic keeps more than one copy (``replication_factor`` > 1)."""
+        return self.config.replication_factor > 1
 
     def check_incarnation(self, expected: int) -> None:
         """Raise unless a request expecting topic incarnation ``expected`` (-1: any) may use this shard.
@@ -265,6 +279,14 @@ class ShardDirectory:
         self._shards: dict[str, NodeShard] = {}
         self._local: dict[str, dict[int, str]] = {}  # shard -> incarnation -> engine holding it
         self._tombstones: OrderedDict[tuple[str, int], None] = OrderedDict()
+        # The follower side (``_follower.Follower``): truncates a divergent tail before a view is
+        # served (``prepare``) and starts copying after it (``viewed``); None: no replication.
+        self.replication: Any = None
+        # The leader side: called with a shard's LeaderState when its epoch ends here (the node
+        # answers what waits for it); and the highest epoch fenced here (``_fences``).
+        self.retire: Callable[[LeaderState], None] = lambda leader: None
+        self.fenced_epoch: Callable[[str, int], int] = lambda shard, incarnation: -1
+        self.lead: Callable[[NodeShard], None] = lambda state: None  # a LeaderState was made for it
         for engine_name in ("segment", "rocksdb"):
             if (root / engine_name).exists():
                 for name in manager.driver(engine_name).list_shards():
@@ -350,10 +372,16 @@ class ShardDirectory:
         )
         if engine_name == "memory":
             state.ack_limit = max(view.reserved, state.log_end())
+        state.view = info
+        if self.replication is not None:
+            self.replication.prepare(state, info)
         self._adopt_local_segment(state)
         _check_continuity(state)
+        self._follow_chain(state, info.segments[-1])
         with self._lock:
             self._shards[shard] = state
+        if self.replication is not None:
+            self.replication.viewed(state)
         return state
 
     def adopt(self, state: NodeShard, info: pb.ShardInfo) -> bool:
@@ -374,9 +402,15 @@ class ShardDirectory:
             return False
         state.refreshed_at = time.monotonic()
         state.leader_address = info.leader_address
+        state.view = info
         if active.epoch == state.epoch:
             state.leader = active.leader == self._node_id
+            self._follow_chain(state, active)
+            if self.replication is not None:
+                self.replication.viewed(state)
             return True
+        if self.replication is not None:  # RF > 1: a tail past a sealed end is removed first
+            self.replication.prepare(state, info)
         log_end = state.log_end()
         own = next((s for s in info.segments if s.epoch == state.epoch), None)
         if state.leader and own is not None and 0 <= own.end_offset < log_end:
@@ -391,6 +425,9 @@ class ShardDirectory:
         if state.leader and log_end == state.segment_start:
             _roll(state)
         _check_continuity(state)
+        self._follow_chain(state, active)
+        if self.replication is not None:
+            self.replication.viewed(state)
         return True
 
     def sealed(self, state: NodeShard, following: pb.Segment) -> None:
@@ -403,13 +440,58 @@ class ShardDirectory:
         assert following.epoch > state.epoch, (
             f"shard {state.name}: epoch {following.epoch} follows {state.epoch}"
         )
+        sealed_at = state.epoch
         state.advance(following, self._node_id)
         _roll(state)
+        if state.view is not None:
+            state.view = _sealed_view(state.view, sealed_at, following)
+        self._follow_chain(state, following)
+        if self.replication is not None:
+            self.replication.viewed(state)
 
     def forget(self, shard: str) -> NodeShard | None:
         """Stop serving ``shard`` (its state goes; local data stays until :meth:`drop`)."""
         with self._lock:
-            return self._shards.pop(shard, None)
+            state = self._shards.pop(shard, None)
+        if state is not None and state.replication is not None:
+            replication, state.replication = state.replication, None
+            self.retire(replication)
+        return state
+
+    def _follow_chain(self, state: NodeShard, active: pb.Segment) -> None:
+        """Keep ``state``'s leader replication state in step with the chain's ``active`` segment.
+
+        The leader of an RF > 1 active epoch gets a :class:`LeaderState` for it (from the
+        recorded ISR; an empty one, from a chain made before replication, is the leader
+        alone: the safe side); a state of an epoch that ended here is retired (its waiting
+        requests are answered). A newer view of the same epoch only updates its replicas.
+        """
+        current = state.replication
+        if current is not None and state.leader and current.epoch == state.epoch == active.epoch:
+            current.take_view(tuple(active.replicas))
+            return
+        if current is not None:
+            state.replication = None
+            self.retire(current)
+        if not (state.leader and state.replicated and active.epoch == state.epoch):
+            return
+        state.replication = LeaderState(
+            shard=state.name,
+            incarnation=state.incarnation,
+            epoch=state.epoch,
+            node_id=self._node_id,
+            replicas=tuple(active.replicas) or (self._node_id,),
+            isr=tuple(active.isr) or (self._node_id,),
+            min_insync=min_insync_of(state.config),
+            segment_start=state.segment_start,
+            log_end=max(state.log_end(), state.segment_start),
+            now=time.monotonic(),
+            # The HW this node last reported as leader: committed, so readers never go back.
+            committed=int(state.view.high_watermark) if state.view is not None else -1,
+        )
+        if self.fenced_epoch(state.name, state.incarnation) >= state.epoch:
+            state.replication.fence()  # a restart does not forget a fence (see _fences)
+        self.lead(state)
 
     def drop(self, shard: str, incarnation: int) -> bool:
         """Delete the local data of ``shard`` at ``incarnation``; it can never be installed again.
@@ -452,6 +534,20 @@ class ShardDirectory:
         state.segment_bytes = active.size_bytes if active.base_offset >= state.segment_start else 0
 
 
+def _sealed_view(view: pb.ShardInfo, epoch: int, following: pb.Segment) -> pb.ShardInfo:
+    """``view`` after this node sealed ``epoch`` at ``following``'s start and the Meta Service
+    opened ``following`` (until a lookup brings the recorded one, with the sealed ``isr``)."""
+    info = pb.ShardInfo()
+    info.CopyFrom(view)
+    if info.segments and info.segments[-1].epoch == epoch:
+        last = info.segments[-1]
+        last.end_offset = following.start_offset
+        last.state = pb.SEALED
+        last.leader = ""
+        info.segments.append(following)
+    return info
+
+
 def _roll(state: NodeShard) -> bool:
     """Start a new local segment file (engines with files); on failure the shard is marked failed."""
     roll = getattr(state.engine, "roll", None)
@@ -476,8 +572,10 @@ def start_of(info: pb.ShardInfo, node_id: str) -> int:
     reused offsets.
     """
     first = next(s for s in info.segments if node_id in s.replicas)
-    start = max(first.start_offset, info.high_watermark, info.reserved_offset)
     active = info.segments[-1]
+    if active.leader != node_id and any(len(segment.replicas) > 1 for segment in info.segments):
+        return int(first.start_offset)  # a replica copies its segments whole, from their start
+    start = max(first.start_offset, info.high_watermark, info.reserved_offset)
     if active.leader == node_id:
         start = max(start, active.start_offset)
     return start

@@ -11,12 +11,16 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
 import robustmq
 from robustmq._embedded import EmbeddedCluster
+from robustmq._metadata import Metadata
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq._records import build_records
 from robustmq.errors import (
     IncarnationMismatch,
     InvalidConfig,
@@ -24,6 +28,7 @@ from robustmq.errors import (
     RecordBatchTooLarge,
     ShardNotFound,
     TopicNotFound,
+    Unavailable,
 )
 from robustmq.meta import MetaServer
 from tests.e2e._procs import free_port
@@ -180,3 +185,91 @@ def test_a_new_consumer_reads_a_topic_another_client_re_created(
             producer.send_batch("renewed", pa.table({"value": [b"new"] * 3})).result(10)
     consumer = client.consumer("renewed", start="earliest")
     assert consumer.poll(timeout_s=5).column("value").to_pylist() == [b"new"] * 3
+
+
+# -- following leaders and replicas, through the client's seams (Meta Service and transport) --
+
+
+class _FailingOver:
+    """A Meta Service whose shard ``t_0`` fails over from node a to node b after a's first
+    refusal, and a transport on which a and every address in ``down`` are unreachable."""
+
+    def __init__(self, down: set[str]) -> None:
+        self.down = down
+        self.failed_over = False
+        self.sent: list[tuple[str, str, int]] = []  # (address, request kind, epoch)
+
+    # the Meta Service
+    def describe_topic(self, name: str) -> pb.TopicDescription:
+        return pb.TopicDescription(
+            topic=pb.Topic(name=name, config=pb.TopicConfig(partitions=1), incarnation=1),
+            shards=[self.get_shard("t_0")],
+        )
+
+    def get_shard(self, shard: str) -> pb.ShardInfo:
+        sealed = pb.Segment(epoch=0, start_offset=0, end_offset=10, state=pb.SEALED,
+                            replicas=["a", "b", "c"], isr=["a", "b", "c"])  # fmt: skip
+        if self.failed_over:
+            active = pb.Segment(epoch=2, start_offset=20, end_offset=-1, leader="b", replicas=["b", "c"])
+            middle = pb.Segment(epoch=1, start_offset=10, end_offset=20, state=pb.SEALED, isr=["b", "c"])
+            return pb.ShardInfo(shard=shard, leader_address="tcp://b", incarnation=1,
+                                segments=[sealed, middle, active])  # fmt: skip
+        active = pb.Segment(epoch=1, start_offset=10, end_offset=-1, leader="a", replicas=["a", "b", "c"])
+        return pb.ShardInfo(shard=shard, leader_address="tcp://a", incarnation=1, segments=[sealed, active])
+
+    def list_nodes(self) -> list[pb.NodeInfo]:
+        return [pb.NodeInfo(node_id=n, address=f"tcp://{n}", alive=True) for n in "abc"]
+
+    # the transport
+    def call(self, address: str, message: pb.NodeRequest, *args: Any, **kwargs: Any) -> Any:
+        kind = message.WhichOneof("body")
+        self.sent.append((address, kind, message.produce.epoch if kind == "produce" else -1))
+        if address in self.down:
+            self.failed_over = True
+            raise Unavailable(f"{address} is down", address=address)
+        if kind == "produce":
+            return pb.NodeResponse(produce=pb.ProduceResponse(base_offset=20, record_count=1)), []
+        return pb.NodeResponse(
+            fetch=pb.FetchResponse(next_offset=message.fetch.offset, high_watermark=30)
+        ), []
+
+    def close(self) -> None:
+        pass
+
+
+def _client_over(fake: _FailingOver) -> robustmq.Client:
+    client = robustmq.Client("127.0.0.1:1", timeout_s=10)
+    client.meta.close()
+    client.transport.close()
+    client.meta, client.transport = fake, fake  # type: ignore[assignment]
+    client.metadata = Metadata(fake)
+    return client
+
+
+def test_a_produce_follows_the_leader_to_its_new_epoch_after_a_failover() -> None:
+    fake = _FailingOver(down={"tcp://a"})
+    client = _client_over(fake)
+    answer = client.produce("t", 0, build_records([b"x"]), producer_id=7, sequence=0, acks=-1)
+    assert answer.base_offset == 20
+    assert [(address, epoch) for address, _, epoch in fake.sent] == [("tcp://a", 1), ("tcp://b", 2)]
+
+
+def test_a_read_of_a_sealed_segment_moves_to_another_isr_member_when_one_is_down() -> None:
+    fake = _FailingOver(down=set())
+    client = _client_over(fake)
+    first = client.metadata.read_route("t", 0, 5).address
+    fake.down = {first}
+    client.fetch_records("t", 0, 5)
+    tried = [address for address, kind, _ in fake.sent if kind == "fetch"]
+    assert tried[0] == first and len(tried) == 2 and tried[1] != first
+    assert tried[1] in {"tcp://a", "tcp://b", "tcp://c"}
+
+
+def test_acks_is_checked_before_anything_is_sent() -> None:
+    fake = _FailingOver(down=set())
+    client = _client_over(fake)
+    with pytest.raises(InvalidConfig, match='"all", "quorum" or "1"'):
+        client.produce("t", 0, build_records([b"x"]), acks="2")
+    with pytest.raises(InvalidConfig, match='"all", "quorum" or "1"'):
+        client.producer(acks="leader")
+    assert fake.sent == []

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from robustmq._proto import robustmq_pb2 as pb
 from robustmq._transport import NodeTransport
+from robustmq.errors import Unavailable
+from tests.e2e._procs import free_port
 
 
 def test_transports_made_right_after_others_closed_each_get_their_own_inbox() -> None:
@@ -10,3 +21,41 @@ def test_transports_made_right_after_others_closed_each_get_their_own_inbox() ->
     object can get the old one's ``id``: the inbox name must not come from it."""
     for _ in range(300):
         NodeTransport(timeout_s=1).close()
+
+
+_SILENT_NODE = """
+import sys, zmq
+router = zmq.Context().socket(zmq.ROUTER)
+router.bind("tcp://127.0.0.1:" + sys.argv[1])
+print("ready", flush=True)
+while True:
+    router.recv_multipart()  # takes every request, answers none
+"""
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "paused"])
+def test_a_node_that_dies_or_stops_fails_its_requests_at_once_not_at_their_deadline(
+    how: signal.Signals,
+) -> None:
+    """Requests in flight to a node that is killed (its connection closes) or paused (its
+    heartbeats go unanswered) fail with ``Unavailable`` within seconds, so a caller retries
+    against the next leader instead of waiting out a 60 s request timeout."""
+    port = free_port()
+    node = subprocess.Popen(
+        [sys.executable, "-c", _SILENT_NODE, str(port)], stdout=subprocess.PIPE, text=True
+    )
+    transport = NodeTransport(timeout_s=60)
+    try:
+        assert node.stdout is not None and node.stdout.readline().strip() == "ready"
+        address = f"tcp://127.0.0.1:{port}"
+        pending = transport.request(address, pb.NodeRequest(status=pb.StatusRequest()))
+        time.sleep(0.5)  # sent and waiting on the node
+        os.kill(node.pid, how)
+        with pytest.raises(Unavailable, match="closed before it answered"):
+            pending.result(timeout=20)  # well under the request's own 60 s
+        with pytest.raises(Unavailable):  # and the next one is refused at once
+            transport.call(address, pb.NodeRequest(status=pb.StatusRequest()), timeout_s=20)
+    finally:
+        transport.close()
+        os.kill(node.pid, signal.SIGKILL)
+        node.wait(10)

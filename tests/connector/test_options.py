@@ -88,6 +88,14 @@ def test_kafka_names_are_aliases() -> None:
     assert sink.acks == "all"
 
 
+def test_the_sinks_acks_default_to_all_and_take_the_producers_spellings() -> None:
+    assert SinkOptions.parse({"topic": "t"}, ["value"], "write").acks == "all"
+    for raw, expected in (("QUORUM", "quorum"), ("1", "1"), (" all ", "all")):
+        assert SinkOptions.parse({"topic": "t", "acks": raw}, ["value"], "write").acks == expected
+    with pytest.raises(InvalidConfig, match="option 'acks': expected all, quorum or 1"):
+        SinkOptions.parse({"topic": "t", "acks": "leader"}, ["value"], "write")
+
+
 def test_spark_lower_cases_option_names() -> None:
     options = SourceOptions.parse({"subscribe": "a", "maxoffsetspertrigger": "7"}, "readStream")
     assert options.max_records_per_trigger == 7

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import fcntl
+import os
+import signal
 import struct
 import subprocess
 import sys
 import termios
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +17,16 @@ from pathlib import Path
 import robustmq
 from tests.e2e._procs import ROOT, free_port, running, wait_until
 
-__all__ = ["cli", "cli_server", "pipe_is_drained", "popen_cli", "stderr_lines"]
+__all__ = [
+    "CliCluster",
+    "cli",
+    "cli_cluster",
+    "cli_server",
+    "pipe_is_drained",
+    "popen_cli",
+    "process_gone",
+    "stderr_lines",
+]
 
 
 def cli(
@@ -65,3 +77,85 @@ def cli_server(root: Path) -> Iterator[str]:
         with robustmq.connect(address) as client:
             wait_until(lambda: any(node.alive for node in client.list_nodes()), timeout_s=30)
         yield address
+
+
+class CliCluster:
+    """A running ``robustmq cluster``: its process, the Meta Service's address, each server's pid,
+    and what it printed on stderr so far (read by a thread, so the pipe never fills)."""
+
+    def __init__(self, process: subprocess.Popen[str], lines: list[str]) -> None:
+        self.process = process
+        self.errors: list[str] = []
+        self.pids = {
+            words[0]: int(words[words.index("pid") + 1])
+            for words in (line.split() for line in lines)
+            if words and "pid" in words and (words[0] == "meta" or words[0].startswith("node-"))
+        }
+        self.addresses = {
+            words[0]: words[1]
+            for words in (line.split() for line in lines)
+            if words and "pid" in words and words[0].startswith("node-")
+        }
+        self.meta = next(line.split()[1] for line in lines if line.startswith("meta "))
+        self.data_dir = Path(next(line.split()[2] for line in lines if line.startswith("data in ")))
+        assert process.stderr is not None
+        threading.Thread(target=lambda: self.errors.extend(process.stderr), daemon=True).start()  # type: ignore[arg-type]
+
+    def pid_at(self, address: str) -> int:
+        """The pid of the storage node listening at ``address`` (``tcp://host:port``)."""
+        return self.pids[next(name for name, at in self.addresses.items() if at == address)]
+
+    def stop(self) -> int:
+        """SIGTERM, as a user would; the exit code. Kills whatever is left if that fails."""
+        try:
+            self.process.send_signal(signal.SIGTERM)
+            return self.process.wait(60)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait(30)
+            for pid in self.pids.values():  # never leave a server behind
+                if not process_gone(pid):
+                    os.kill(pid, signal.SIGKILL)
+
+
+@contextmanager
+def cli_cluster(*args: str) -> Iterator[CliCluster]:
+    """``robustmq cluster ARGS --meta-port 0 --base-port 0``, ready; stopped (SIGTERM) afterwards."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "robustmq.cli", "cluster", *args, "--meta-port", "0", "--base-port", "0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:  # bounded: the cluster gives up after its START_TIMEOUT_S
+            lines.append(line)
+            if line.strip() == "ready":
+                break
+        assert lines and lines[-1].strip() == "ready", "".join(lines)
+    except BaseException:
+        process.kill()
+        process.wait(30)
+        raise
+    cluster = CliCluster(process, lines)
+    try:
+        yield cluster
+    finally:
+        if cluster.process.poll() is None:
+            cluster.stop()
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie has: only its parent's wait() would remove it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True

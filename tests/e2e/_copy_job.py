@@ -1,6 +1,6 @@
 """A Spark streaming job for the sink crash test: copy one topic into another, slowly.
 
-Usage: python -m tests.e2e._copy_job META SOURCE TARGET CHECKPOINT
+Usage: python -m tests.e2e._copy_job META SOURCE TARGET CHECKPOINT [ACKS]
 
 Each micro-batch holds 20,000 records; a Python UDF sleeps a little per row, so
 a batch's writes to the target (64 KiB requests) spread over about two seconds
@@ -16,6 +16,7 @@ import time
 
 def main() -> None:
     meta, source, target, checkpoint = sys.argv[1:5]
+    acks = sys.argv[5] if len(sys.argv) > 5 else None
     from pyspark.sql import functions as F
 
     from robustmq.streaming_jobs import spark_session
@@ -40,8 +41,10 @@ def main() -> None:
         .option("maxRequestBytes", 64 * 1024)
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime="0 seconds")
-        .start()
     )
+    if acks is not None:
+        query = query.option("acks", acks)
+    query = query.start()
     print("ready", flush=True)
     query.awaitTermination()
 

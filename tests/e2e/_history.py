@@ -40,6 +40,18 @@ Shapes of ``value`` by ``f`` (completions repeat the invocation's keys):
 - nemesis: ``inject`` / ``heal`` ``{fault, target}`` (``target``: ``node`` or
   ``meta``); an operation overlapping a fault (or within ``HEAL_GRACE_S`` of
   its heal) is excused from the availability checks.
+- ``final_nodes`` (replicated runs): ``nodes: [[node_id, address]]``;
+  ``final_replica``: one node's copy of one segment read from its files after
+  the servers stopped: ``{topic, inc, partition, node, epoch, start, end,
+  sealed, in_isr, replica, whole, digest, size, crc32c, sealed_crc32c,
+  sealed_size, problem, records: [[offset, value]]}`` (``sealed_crc32c``: what
+  the Meta Service recorded at the seal, None if nothing; an active segment is
+  read up to the final high watermark; ``records`` empty when an earlier copy
+  of the segment had the same digest, hence the same records). The copies judged are the ISR
+  members' (all whole copies when no ISR is recorded, as with one replica):
+  they must be whole, byte-identical and, once sealed, what the seal recorded
+  (``replica_missing``, ``replica_divergence``, ``seal_checksum_mismatch``);
+  their records join the reads in every offset and placement check.
 - ``stuck``: the harness saw something hang (a thread past its deadline, no
   write possible after healing); always an anomaly.
 
@@ -54,7 +66,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +110,11 @@ class Op:
 class History:
     """An append-only, thread-safe list of :class:`Op`; one open operation per process."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, origin: float | None = None) -> None:
+        """``origin``: the clock reading that is time 0 (default: now); a history recorded in
+        another process on the same monotonic clock passes the first one's :attr:`origin`."""
         self._clock = clock
-        self._start = clock()
+        self._start = clock() if origin is None else origin
         self._lock = threading.Lock()
         self._ops: list[Op] = []
 
@@ -119,9 +133,22 @@ class History:
             invocation.process, type_, invocation.f, invocation.value if value is None else value, error
         )
 
+    @property
+    def origin(self) -> float:
+        return self._start
+
     def ops(self) -> list[Op]:
         with self._lock:
             return list(self._ops)
+
+    def merge(self, others: list[Op]) -> None:
+        """Interleave ``others`` (recorded by another process against :attr:`origin`) by time;
+        each process's operations keep their order; indexes are renumbered."""
+        with self._lock:
+            tagged = [(op.time, 0, op.index, op) for op in self._ops]
+            tagged += [(op.time, 1, op.index, op) for op in others]
+            tagged.sort(key=lambda item: item[:3])
+            self._ops = [replace(op, index=i) for i, (_t, _s, _i, op) in enumerate(tagged)]
 
     def dump(self, path: Path) -> None:
         """One JSON object per line; :meth:`load` reads it back (to re-check a saved run)."""
@@ -212,6 +239,7 @@ class _Checker:
     obs: list[_Obs] = field(default_factory=list)
     final_logs: set[Log] = field(default_factory=set)
     faults: list[tuple[str, float, float]] = field(default_factory=list)  # (target, injected, healed)
+    copies: dict[tuple[Log, int], list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
 
     # -- pairing and collection ------------------------------------------------------
 
@@ -274,6 +302,12 @@ class _Checker:
                 for partition, offset, read in value["records"]:
                     log = (value["topic"], value["inc"], partition)
                     self.obs.append(_Obs(log, offset, read, "poll", done.index))
+            elif done.f == "final_replica":
+                self.copies[(_log_of(value), value["epoch"])].append(value)
+        for found in self.copies.values():
+            for copy in _judged(found):
+                for offset, read in copy["records"]:
+                    self.obs.append(_Obs(_log_of(copy), offset, read, "replica", -1))
 
     def _topic(self, done: Op) -> None:
         """lost_topic: a topic nobody deleted is gone; resurrected: a deleted one is still there."""
@@ -366,7 +400,7 @@ class _Checker:
         read_in: dict[Log, set[str]] = defaultdict(set)
         spans: dict[tuple[int, Log], list[int]] = {}  # (op, log) -> [lowest, highest] offset read
         for seen in self.obs:
-            if seen.kind != "ack":
+            if seen.kind not in ("ack", "replica"):
                 read_in[seen.log].add(seen.value)
                 span = spans.setdefault((seen.op, seen.log), [seen.offset, seen.offset])
                 span[0], span[1] = min(span[0], seen.offset), max(span[1], seen.offset)
@@ -385,6 +419,19 @@ class _Checker:
             else:
                 self.tolerated["unseen"].append(
                     {**example, "why": "acknowledged; never read before deletion"}
+                )
+        final: dict[Log, set[str]] = defaultdict(set)
+        for seen in self.obs:
+            if seen.kind == "final_read":
+                final[seen.log].add(seen.value)
+        for seen in self.obs:
+            if (
+                seen.kind in ("read", "poll")
+                and seen.log in self.final_logs
+                and seen.value not in final[seen.log]
+            ):
+                self.found["vanished_read"].append(
+                    {"value": seen.value, "log": list(seen.log), "offset": seen.offset, "read_by": seen.kind}
                 )
         everything_read = set().union(*read_in.values()) if read_in else set()
         for value in sorted(self.unknown - everything_read - set(self.acked)):
@@ -545,15 +592,58 @@ class _Checker:
         for invocation, done in self.pairs:
             window = (invocation.time, done.time)
             if done.f == "produce" and done.type == INFO and done.value.get("node_silent"):
-                if not self._faulty(*window, ("node",)):
+                if not self._faulty(*window, ("node", "net")):
                     self.found["stalled_write"].append(
                         {"op": done.index, "from": window[0], "to": window[1], "error": done.error}
                     )
             elif (
-                done.f == "send_invalid" and done.type != FAIL and not self._faulty(*window, ("node", "meta"))
+                done.f == "send_invalid"
+                and done.type != FAIL
+                and not self._faulty(*window, ("node", "meta", "net"))
             ):
                 self.found["invalid_not_refused"].append(
                     {"op": done.index, "type": done.type, "error": done.error}
+                )
+
+    def replicas(self) -> None:
+        """replica_missing: an ISR member's copy is not whole; replica_divergence: the judged
+        copies of one segment (or of an active one up to the high watermark) differ in bytes;
+        seal_checksum_mismatch: a judged copy of a sealed segment is not the CRC-32C and size the
+        Meta Service recorded for it."""
+        for (log, epoch), found in self.copies.items():
+            judged = _judged(found)
+            for copy in judged:
+                if not copy["whole"]:
+                    self.found["replica_missing"].append(
+                        {
+                            "log": list(log),
+                            "epoch": epoch,
+                            "range": [copy["start"], copy["end"]],
+                            "node": copy["node"],
+                            "problem": copy["problem"],
+                        }
+                    )
+            whole = [copy for copy in judged if copy["whole"]]
+            for copy in whole:
+                recorded = copy.get("sealed_crc32c")
+                if recorded is not None and (recorded, copy["sealed_size"]) != (copy["crc32c"], copy["size"]):
+                    self.found["seal_checksum_mismatch"].append(
+                        {
+                            "log": list(log),
+                            "epoch": epoch,
+                            "node": copy["node"],
+                            "recorded": [recorded, copy["sealed_size"]],
+                            "held": [copy["crc32c"], copy["size"]],
+                        }
+                    )
+            if len({copy["digest"] for copy in whole}) > 1:
+                self.found["replica_divergence"].append(
+                    {
+                        "log": list(log),
+                        "epoch": epoch,
+                        "range": [whole[0]["start"], whole[0]["end"]],
+                        "copies": {c["node"]: [c["size"], c["digest"][:12]] for c in whole},
+                    }
                 )
 
     def stats(self) -> dict[str, int]:
@@ -562,6 +652,12 @@ class _Checker:
             if op.type != INVOKE:
                 counts[f"{op.f} {op.type}"] += 1
         return dict(counts)
+
+
+def _judged(copies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The copies of one segment that must agree: the ISR members' (every one of them holds the
+    segment, or everything below the high watermark), else (no ISR recorded) the whole ones."""
+    return [c for c in copies if c["in_isr"]] or [c for c in copies if c["whole"]]
 
 
 def _log_of(value: dict[str, Any]) -> Log:
@@ -595,6 +691,7 @@ def check(ops: list[Op]) -> Analysis:
     checker.seals()
     checker.consumers()
     checker.availability()
+    checker.replicas()
     return Analysis(
         anomalies={name: _finding(examples) for name, examples in checker.found.items() if examples},
         tolerated={name: _finding(examples) for name, examples in checker.tolerated.items() if examples},

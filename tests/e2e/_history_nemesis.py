@@ -7,7 +7,20 @@ Faults:
 - :class:`Crash`: SIGKILL, then start again (heal);
 - :class:`Pause`: SIGSTOP, then SIGCONT (heal): the process holds its
   sockets but answers nothing, so callers time out with unknown outcomes;
-- :class:`CleanRestart`: SIGTERM (a clean stop), then start again.
+- :class:`CleanRestart`: SIGTERM (a clean stop), then start again;
+- :class:`Partition`: nftables drop rules between groups of hosts of a
+  :class:`tests.e2e._netns.NetLab` (nodes from nodes, a client from a node, the
+  Meta Service from the nodes), removed by heal: requests time out, as across
+  a broken switch.
+
+:func:`faults_of` gives the single-node faults (``FAULT_KINDS``) of a
+``Cluster`` on loopback; :func:`net_faults_of` the faults of a
+:class:`tests.e2e._history_cluster.NetCluster` (``net_fault_kinds``): each kind
+per storage node (``kill_n2``, ``pause_n1``, ``isolate_n3``: one node cut off
+from the other nodes and the Meta Service, ``cut_client_n2``: the client cut
+off from one node) plus ``kill_meta``, ``pause_meta``, ``isolate_meta`` and
+``split_nodes`` (the first node alone against the others). The schedule picks
+among these names, so a seed fixes which node each fault hits.
 
 :class:`Nemesis` runs a schedule of faults on its own thread, one at a time,
 and records each step in the history (``process="nemesis"``, ``f`` =
@@ -22,12 +35,32 @@ import contextlib
 import os
 import signal
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tests.e2e._history import INFO, History
+from tests.e2e._netns import NetLab
 from tests.e2e._procs import Cluster, ServerProcess
 
-__all__ = ["FAULT_KINDS", "CleanRestart", "Crash", "Fault", "FaultStep", "Nemesis", "Pause"]
+if TYPE_CHECKING:
+    from tests.e2e._history_cluster import NetCluster
+
+__all__ = [
+    "FAULT_KINDS",
+    "NET_FAULT_CATEGORIES",
+    "CleanRestart",
+    "Crash",
+    "Fault",
+    "FaultStep",
+    "Nemesis",
+    "Partition",
+    "Pause",
+    "faults_of",
+    "net_fault_kinds",
+    "net_fault_name",
+    "net_faults_of",
+]
 
 FAULT_KINDS = ("kill_node", "kill_meta", "pause_node", "pause_meta", "restart_node", "restart_meta")
 CLEAN_STOP_S = 20.0  # a clean stop that takes longer than this is reported as stuck
@@ -36,11 +69,16 @@ CLEAN_STOP_S = 20.0  # a clean stop that takes longer than this is reported as s
 class Fault:
     """One kind of fault against one process; ``heal`` undoes ``inject`` (and nothing else)."""
 
-    def __init__(self, name: str, target: str, server: ServerProcess) -> None:
+    def __init__(self, name: str, target: str, server: ServerProcess | None) -> None:
         self.name = name
-        self.target = target  # "node" (a storage node) or "meta" (the Meta Service)
-        self.server = server
+        self.target = target  # "node" (a storage node), "meta" (the Meta Service) or "net"
+        self._server = server
         self.active = False
+
+    @property
+    def server(self) -> ServerProcess:
+        assert self._server is not None, f"{self.name} acts on no process"
+        return self._server
 
     def inject(self) -> str | None:
         """Inflict the fault; returns a note on anything that went wrong (None if nothing did)."""
@@ -99,6 +137,23 @@ class CleanRestart(Fault):
         return None
 
 
+class Partition(Fault):
+    """Hosts of ``lab`` talk only within their group while injected (see ``NetLab.partition``)."""
+
+    def __init__(self, name: str, lab: NetLab, groups: Sequence[Sequence[str]]) -> None:
+        super().__init__(name, "net", None)
+        self.lab = lab
+        self.groups = [list(group) for group in groups]
+
+    def _inject(self) -> str | None:
+        self.lab.partition(self.groups)
+        return None
+
+    def _heal(self) -> str | None:
+        self.lab.heal()
+        return None
+
+
 def faults_of(cluster: Cluster) -> dict[str, Fault]:
     return {
         "kill_node": Crash("kill_node", "node", cluster.node),
@@ -108,6 +163,41 @@ def faults_of(cluster: Cluster) -> dict[str, Fault]:
         "restart_node": CleanRestart("restart_node", "node", cluster.node),
         "restart_meta": CleanRestart("restart_meta", "meta", cluster.meta),
     }
+
+
+PER_NODE_KINDS = ("kill", "pause", "isolate", "cut_client")
+NET_FAULT_CATEGORIES = (*PER_NODE_KINDS, "kill_meta", "pause_meta", "isolate_meta", "split_nodes")
+
+
+def net_fault_name(category: str, host: str) -> str:
+    """The fault of ``category`` (one of ``NET_FAULT_CATEGORIES``) against ``host`` if per node."""
+    return f"{category}_{host}" if category in PER_NODE_KINDS else category
+
+
+def net_fault_kinds(node_hosts: Sequence[str]) -> tuple[str, ...]:
+    """The fault names :func:`net_faults_of` gives for a cluster with ``node_hosts``."""
+    per_node = [net_fault_name(kind, host) for host in node_hosts for kind in PER_NODE_KINDS]
+    return (*per_node, *NET_FAULT_CATEGORIES[len(PER_NODE_KINDS) :])
+
+
+def net_faults_of(cluster: NetCluster) -> dict[str, Fault]:
+    from tests.e2e._history_cluster import CLIENT, META
+
+    lab, hosts = cluster.lab, cluster.node_hosts
+    faults: dict[str, Fault] = {
+        "kill_meta": Crash("kill_meta", "meta", cluster.meta),
+        "pause_meta": Pause("pause_meta", "meta", cluster.meta),
+        "isolate_meta": Partition("isolate_meta", lab, [[META], hosts]),
+        "split_nodes": Partition("split_nodes", lab, [[META, CLIENT, *hosts[1:]], hosts[:1]]),
+    }
+    for host, server in zip(hosts, cluster.nodes, strict=True):
+        others = [META, *[h for h in hosts if h != host]]
+        faults[f"kill_{host}"] = Crash(f"kill_{host}", "node", server)
+        faults[f"pause_{host}"] = Pause(f"pause_{host}", "node", server)
+        faults[f"isolate_{host}"] = Partition(f"isolate_{host}", lab, [[host], others])
+        faults[f"cut_client_{host}"] = Partition(f"cut_client_{host}", lab, [[CLIENT], [host]])
+    assert set(faults) == set(net_fault_kinds(hosts))
+    return faults
 
 
 @dataclass(frozen=True, slots=True)

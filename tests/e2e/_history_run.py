@@ -31,16 +31,20 @@ from typing import Any
 
 import robustmq
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq.errors import RobustMQError, TopicNotFound
+from robustmq.errors import InvalidRequest, RobustMQError, TopicNotFound
 from tests.e2e._history import INFO, OK, History, write_outcome, write_value
 from tests.e2e._history_nemesis import Nemesis, faults_of
-from tests.e2e._history_worker import Worker, refused
+from tests.e2e._history_worker import Worker, create_topic, refused
 from tests.e2e._history_workload import Settings, TopicPlan, TopicSlot
 from tests.e2e._procs import Cluster
 
-__all__ = ["run"]
+__all__ = ["ReplicationUnavailable", "create_topics", "final_phase", "run"]
 
 FINAL = "final"
+
+
+class ReplicationUnavailable(RuntimeError):
+    """The cluster refuses replicated topics (replication is not built yet): skip, don't fail."""
 
 
 def run(settings: Settings, root: Path, cluster: Cluster | None = None) -> History:
@@ -51,8 +55,7 @@ def run(settings: Settings, root: Path, cluster: Cluster | None = None) -> Histo
     nemesis: Nemesis | None = None
     try:
         cluster.start()
-        with robustmq.connect(cluster.meta_address, timeout_s=settings.client_timeout_s) as client:
-            slots = [_create(client, plan, history, settings) for plan in settings.topics]
+        slots = create_topics(settings, history, cluster.meta_address)
         workers = [
             Worker(index, settings, slots, history, cluster.meta_address, stop)
             for index in range(len(settings.worker_seeds))
@@ -71,14 +74,32 @@ def run(settings: Settings, root: Path, cluster: Cluster | None = None) -> Histo
             worker.join(max(0.0, deadline - time.monotonic()))
             if worker.is_alive():
                 _stuck(history, f"worker {worker.process} did not stop within {settings.worker_join_s}s")
-        with robustmq.connect(cluster.meta_address, timeout_s=settings.client_timeout_s) as client:
-            _final(client, slots, history, settings)
+        final_phase(settings, slots, history, cluster.meta_address)
     finally:
         stop.set()
         if nemesis is not None:
             nemesis.heal_all()
         cluster.stop()
     return history
+
+
+def create_topics(settings: Settings, history: History, meta_address: str) -> list[TopicSlot]:
+    with robustmq.connect(meta_address, timeout_s=settings.client_timeout_s) as client:
+        return [_create(client, plan, history, settings) for plan in settings.topics]
+
+
+def final_phase(settings: Settings, slots: list[TopicSlot], history: History, meta_address: str) -> None:
+    """After healing: settle, probe and read back every partition (see the module docstring)."""
+    with robustmq.connect(meta_address, timeout_s=settings.client_timeout_s) as client:
+        _final(client, slots, history, settings)
+        if settings.nodes > 1:
+            invocation = history.invoke(FINAL, "final_nodes", {})
+            try:
+                nodes = [[node.node_id, node.address] for node in client.list_nodes()]
+            except RobustMQError as error:
+                history.complete(invocation, INFO, error=repr(error))
+            else:
+                history.complete(invocation, OK, {"nodes": nodes})
 
 
 def _stuck(history: History, what: str) -> None:
@@ -90,15 +111,11 @@ def _create(client: robustmq.Client, plan: TopicPlan, history: History, settings
     while True:
         invocation = history.invoke("setup", "create", {"topic": plan.name, "inc": 1})
         try:
-            client.create_topic(
-                plan.name,
-                plan.partitions,
-                engine=plan.engine,
-                segment_bytes_max=plan.segment_bytes_max,
-                roll_interval_ms=plan.roll_interval_ms,
-            )
+            create_topic(client, plan)
         except RobustMQError as error:
             history.complete(invocation, INFO, error=repr(error))
+            if plan.replication_factor > 1 and isinstance(error, InvalidRequest):
+                raise ReplicationUnavailable(f"creating a replicated topic is refused: {error!r}") from error
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
@@ -120,7 +137,7 @@ def _final(client: robustmq.Client, slots: list[TopicSlot], history: History, se
         live[slot.name] = inc
         producer_id = rng.getrandbits(62)
         for partition in range(slot.plan.partitions):
-            _probe(client, slot.name, inc, partition, producer_id, history, deadline)
+            _probe(client, slot.name, inc, partition, producer_id, history, deadline, settings.acks or "1")
     time.sleep(1.0)  # let the node answer what it still holds from before the heal
     deadline = time.monotonic() + settings.final_timeout_s
     for slot in slots:
@@ -136,7 +153,7 @@ def _final(client: robustmq.Client, slots: list[TopicSlot], history: History, se
             if chains is None:
                 history.complete(invocation, INFO, error="describe_topic did not answer")
             else:
-                history.complete(invocation, OK, {**value, "segments": chains[partition]})
+                history.complete(invocation, OK, {**value, **chains[partition]})
             _final_read(client, value, history, deadline)
 
 
@@ -157,9 +174,10 @@ def _settle(client: robustmq.Client, slot: TopicSlot, history: History, deadline
     return inc if exists else None
 
 
-def _describe(client: robustmq.Client, topic: str, deadline: float) -> dict[int, list[list[Any]]] | None:
-    """Each partition's segment chain; None if the topic does not exist; raises the last error
-    if the Meta Service gave no answer by ``deadline``."""
+def _describe(client: robustmq.Client, topic: str, deadline: float) -> dict[int, dict[str, Any]] | None:
+    """Each partition's segment chain (``segments``), shard name and incarnation, each segment's
+    ``[epoch, isr, replicas, crc32c or None, size_bytes]`` (``replicas``); None if the topic
+    does not exist; raises the last error if the Meta Service gave no answer by ``deadline``."""
     while True:
         try:
             description = client.describe_topic(topic)
@@ -171,9 +189,24 @@ def _describe(client: robustmq.Client, topic: str, deadline: float) -> dict[int,
             time.sleep(0.5)
             continue
         return {
-            shard.partition: [
-                [s.epoch, s.start_offset, s.end_offset, pb.SegmentState.Name(s.state)] for s in shard.segments
-            ]
+            shard.partition: {
+                "segments": [
+                    [s.epoch, s.start_offset, s.end_offset, pb.SegmentState.Name(s.state)]
+                    for s in shard.segments
+                ],
+                "shard": shard.shard,
+                "incarnation": shard.incarnation,
+                "replicas": [
+                    [
+                        s.epoch,
+                        list(s.isr),
+                        list(s.replicas),
+                        s.crc32c if s.HasField("crc32c") else None,
+                        s.size_bytes,
+                    ]
+                    for s in shard.segments
+                ],
+            }
             for shard in description.shards
         }
 
@@ -186,6 +219,7 @@ def _probe(
     producer_id: int,
     history: History,
     deadline: float,
+    acks: str,
 ) -> None:
     """One write to the partition, retried (same sequence) until it is acknowledged."""
     sequence = 0  # one producer id per topic, one sequence per partition
@@ -210,6 +244,7 @@ def _probe(
                 robustmq.build_records([value.encode()]),
                 producer_id=producer_id,
                 sequence=sequence,
+                acks=acks,
             )
         except RobustMQError as error:
             definite = refused(error)

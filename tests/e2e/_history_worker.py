@@ -49,9 +49,9 @@ from robustmq.errors import (
     TopicNotFound,
 )
 from tests.e2e._history import FAIL, INFO, OK, History, Op, write_outcome, write_value
-from tests.e2e._history_workload import Settings, TopicSlot
+from tests.e2e._history_workload import Settings, TopicPlan, TopicSlot
 
-__all__ = ["Worker", "node_silent", "refused"]
+__all__ = ["Worker", "create_topic", "node_silent", "refused"]
 
 log = logging.getLogger("robustmq.history")
 
@@ -69,6 +69,17 @@ def refused(error: BaseException) -> bool:
     if isinstance(error, OutOfOrderSequence | DuplicateSequenceMismatch):
         return False  # about the sequence: an earlier attempt of the same request may have landed
     return isinstance(error, InvalidRequest | TopicNotFound)
+
+
+def create_topic(client: robustmq.Client, plan: TopicPlan) -> None:
+    """Create the topic of ``plan`` (replication settings included when it is replicated)."""
+    client.create_topic(
+        plan.name,
+        plan.partitions,
+        replication_factor=plan.replication_factor,
+        engine=plan.engine,
+        **plan.settings(),
+    )
 
 
 class _Recording:
@@ -147,7 +158,9 @@ class Worker(threading.Thread):
 
     def _producer(self) -> robustmq.Producer:
         if self.producer is None:
+            acks = {"acks": self.settings.acks} if self.settings.acks else {}
             self.producer = self._client.producer(
+                **acks,
                 linger_ms=2,
                 delivery_timeout_s=self.settings.delivery_timeout_s,
                 request_timeout_s=self.settings.request_timeout_s,
@@ -291,6 +304,7 @@ class Worker(threading.Thread):
                     robustmq.build_records([v.encode() for v in values]),
                     producer_id=producer_id,
                     sequence=sequence,
+                    acks=self.settings.acks or "1",
                 )
             except RobustMQError as error:
                 type_, outcome = write_outcome(
@@ -434,14 +448,7 @@ class Worker(threading.Thread):
                     if action == "delete":
                         self._client.delete_topic(slot.name)
                     else:
-                        plan = slot.plan
-                        self._client.create_topic(
-                            plan.name,
-                            plan.partitions,
-                            engine=plan.engine,
-                            segment_bytes_max=plan.segment_bytes_max,
-                            roll_interval_ms=plan.roll_interval_ms,
-                        )
+                        create_topic(self._client, slot.plan)
                     op.finish(OK)
                     return True
                 except (TopicNotFound, TopicAlreadyExists) as error:

@@ -22,7 +22,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from tests.e2e._history_nemesis import FAULT_KINDS, FaultStep
+from tests.e2e._history_nemesis import (
+    FAULT_KINDS,
+    NET_FAULT_CATEGORIES,
+    FaultStep,
+    net_fault_kinds,
+    net_fault_name,
+)
 
 __all__ = ["VARIANTS", "RWLock", "Settings", "TopicPlan", "TopicSlot"]
 
@@ -39,6 +45,9 @@ class _Variant:
     gap_s: tuple[float, float]
     pause_s: tuple[float, float]
     down_s: tuple[float, float]
+    nodes: int = 1  # > 1: a NetCluster, every process in its own network namespace
+    replication_factor: int = 1
+    recreate_weights: tuple[int, ...] = (1, 1, 2)  # rarer: long-lived logs get read back in full
 
 
 VARIANTS = {
@@ -47,6 +56,54 @@ VARIANTS = {
     # make test-long: tens of faults, ~10 minutes of operations; some pauses outlast every timeout
     # (the node's Meta Service calls give up after 10 s).
     "long": _Variant(600.0, 4, 3, 8, 24, (1.0, 8.0), (0.5, 14.0), (0.0, 4.0)),
+    # Replication, three storage nodes, acks=all; faults of every category of NET_FAULT_CATEGORIES
+    # (crashes, pauses, partitions), each against a node drawn from the seed.
+    # make test: ~45 s of operations, one fault of each category (eight).
+    "rf3_short": _Variant(
+        duration_s=45.0,
+        workers=3,
+        topics=2,
+        faults_of_each_kind=1,
+        extra_faults=0,
+        gap_s=(0.5, 2.0),
+        pause_s=(0.5, 3.0),
+        down_s=(0.5, 3.0),
+        nodes=3,
+        replication_factor=3,
+        recreate_weights=(0,),  # see rf1_net
+    ),
+    # The same machinery without replication (one replica per partition, spread over three nodes),
+    # in make test-long: it checks the namespaces, partitions and replica reads on today's system.
+    # No delete + re-create in the runs on several nodes: a stale client still reaches a deleted
+    # incarnation there (docs/testing.md, "Known anomalies"; its own test in test_history_netns.py).
+    "rf1_net": _Variant(
+        duration_s=40.0,
+        workers=3,
+        topics=2,
+        faults_of_each_kind=1,
+        extra_faults=0,
+        gap_s=(0.5, 2.0),
+        pause_s=(0.5, 3.0),
+        down_s=(0.5, 3.0),
+        nodes=3,
+        replication_factor=1,
+        recreate_weights=(0,),
+    ),
+    # make test-long: ~6 minutes, 24 to 32 faults (three of each category); some partitions and
+    # pauses outlast the ISR lag bound and the liveness timeout: ISR shrinks, failovers, fencing.
+    "rf3_long": _Variant(
+        duration_s=360.0,
+        workers=4,
+        topics=3,
+        faults_of_each_kind=3,
+        extra_faults=8,
+        gap_s=(1.0, 6.0),
+        pause_s=(0.5, 12.0),
+        down_s=(0.5, 12.0),
+        nodes=3,
+        replication_factor=3,
+        recreate_weights=(0,),  # see rf1_net
+    ),
 }
 
 
@@ -57,6 +114,16 @@ class TopicPlan:
     engine: str
     segment_bytes_max: int
     roll_interval_ms: int
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
+
+    def settings(self) -> dict[str, int]:
+        """``create_topic`` keyword settings (the replication ones only when replicated, so the
+        single-node runs call it as before)."""
+        extra = {"segment_bytes_max": self.segment_bytes_max, "roll_interval_ms": self.roll_interval_ms}
+        if self.replication_factor > 1:
+            extra["min_insync_replicas"] = self.min_insync_replicas
+        return extra
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +137,8 @@ class Settings:
     weights: tuple[tuple[str, int], ...]
     worker_seeds: tuple[int, ...]
     faults: tuple[FaultStep, ...]
+    nodes: int = 1
+    acks: str | None = None  # the producers' acks (None: the client's default)
     client_timeout_s: float = 5.0
     delivery_timeout_s: float = 10.0
     request_timeout_s: float = 3.0
@@ -84,13 +153,17 @@ class Settings:
     def derive(cls, seed: int, variant: str) -> Settings:
         shape = VARIANTS[variant]
         rng = random.Random(seed)
+        rf = shape.replication_factor
         topics = tuple(
             TopicPlan(
                 name=f"h{index}",
                 partitions=rng.randint(1, 3),
-                engine=rng.choice(["segment", "segment", "rocksdb"]),  # memory loses data on restart
+                # memory loses data on restart; only segment replicates (and has files to compare)
+                engine=rng.choice(["segment", "segment", "rocksdb"]) if shape.nodes == 1 else "segment",
                 segment_bytes_max=rng.choice([64 * 1024, 128 * 1024, 1 << 20]),
                 roll_interval_ms=rng.choice([1500, 3000, 10_000, 600_000]),
+                replication_factor=rf,
+                min_insync_replicas=rf // 2 + 1,
             )
             for index in range(shape.topics)
         )
@@ -101,13 +174,24 @@ class Settings:
             ("read", rng.randint(10, 20)),
             ("consume", rng.randint(10, 20)),
             ("seal", rng.randint(3, 8)),
-            ("recreate", rng.choice([1, 1, 2])),  # rarer: long-lived logs get read back in full
+            ("recreate", rng.choice(shape.recreate_weights)),
             ("send_invalid", 1),
         )
         worker_seeds = tuple(rng.randrange(1 << 63) for _ in range(shape.workers))
-        kinds = [kind for kind in FAULT_KINDS for _ in range(shape.faults_of_each_kind)]
-        kinds += [rng.choice(FAULT_KINDS) for _ in range(rng.randint(0, shape.extra_faults))]
-        rng.shuffle(kinds)
+        if shape.nodes == 1:
+            kinds = [kind for kind in FAULT_KINDS for _ in range(shape.faults_of_each_kind)]
+            kinds += [rng.choice(FAULT_KINDS) for _ in range(rng.randint(0, shape.extra_faults))]
+            rng.shuffle(kinds)
+        else:
+            hosts = [f"n{i}" for i in range(1, shape.nodes + 1)]
+            kinds = [
+                net_fault_name(category, rng.choice(hosts))
+                for category in NET_FAULT_CATEGORIES
+                for _ in range(shape.faults_of_each_kind)
+            ]
+            names = net_fault_kinds(hosts)
+            kinds += [rng.choice(names) for _ in range(rng.randint(0, shape.extra_faults))]
+            rng.shuffle(kinds)
         faults = tuple(
             FaultStep(
                 gap_s=round(rng.uniform(*shape.gap_s), 2),
@@ -116,12 +200,13 @@ class Settings:
             )
             for kind in kinds
         )
-        return cls(seed, variant, shape.duration_s, topics, weights, worker_seeds, faults)
+        acks = "all" if rf > 1 else None
+        return cls(seed, variant, shape.duration_s, topics, weights, worker_seeds, faults, shape.nodes, acks)
 
     def describe(self) -> str:
         lines = [
             f"history run: seed={self.seed} variant={self.variant} duration_s={self.duration_s} "
-            f"workers={len(self.worker_seeds)}",
+            f"workers={len(self.worker_seeds)} storage_nodes={self.nodes} acks={self.acks or 'default'}",
             "timeouts: "
             + ", ".join(
                 f"{name}={getattr(self, name)}"
@@ -138,7 +223,8 @@ class Settings:
         ]
         lines += [
             f"topic {t.name}: {t.partitions} partitions, engine {t.engine}, segment_bytes_max "
-            f"{t.segment_bytes_max}, roll_interval_ms {t.roll_interval_ms}"
+            f"{t.segment_bytes_max}, roll_interval_ms {t.roll_interval_ms}, replication_factor "
+            f"{t.replication_factor}, min_insync_replicas {t.min_insync_replicas}"
             for t in self.topics
         ]
         lines.append("operation weights: " + ", ".join(f"{name} {weight}" for name, weight in self.weights))

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -34,13 +34,21 @@ class ServerProcess:
     """A ``robustmq`` subcommand run as a child process; ready once it prints ``ready``.
 
     ``output`` keeps its last lines in memory; with ``log_path``, everything it
-    prints (over every start) is also appended to that file.
+    prints (over every start) is also appended to that file. ``wrapper`` is an
+    argv prefix that must exec the command (``ip netns exec NS``: the pid stays
+    the server's own, so signals reach it).
     """
 
     def __init__(
-        self, args: Sequence[str], *, env: dict[str, str] | None = None, log_path: Path | None = None
+        self,
+        args: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        wrapper: Sequence[str] = (),
     ) -> None:
-        self.args = [sys.executable, "-m", "robustmq.cli", *args]
+        self.command = list(args)
+        self.args = [*wrapper, sys.executable, "-m", "robustmq.cli", *args]
         self.env = {**os.environ, **(env or {})}
         self.log_path = log_path
         self.process: subprocess.Popen[str] | None = None
@@ -61,7 +69,7 @@ class ServerProcess:
         if not self._ready.wait(timeout_s):
             log = "".join(self.output[-40:])
             self.kill()
-            raise RuntimeError(f"{' '.join(self.args[3:])} did not print 'ready' in {timeout_s}s:\n{log}")
+            raise RuntimeError(f"{' '.join(self.command)} did not print 'ready' in {timeout_s}s:\n{log}")
         return self
 
     def _pump(self, process: subprocess.Popen[str]) -> None:
@@ -160,6 +168,82 @@ class Cluster:
         self.meta.stop()
 
 
+class ReplicatedCluster:
+    """A ``robustmq meta`` process and ``nodes`` storage-node processes on loopback.
+
+    Each node has its own fixed port and data directory (``root/node-{i}``), so
+    it can be killed, paused and started again at the same address;
+    :meth:`add_node` starts one more (scale-out). ``stop`` continues paused
+    processes first, then stops every process by its pid.
+    """
+
+    def __init__(self, root: Path, *, nodes: int = 3, meta_args: Sequence[str] = ()) -> None:
+        self.root = root
+        self.meta_port = free_port()
+        self.meta_address = f"127.0.0.1:{self.meta_port}"
+        self.meta = ServerProcess(
+            ["meta", "--data-dir", str(root / "meta"), "--meta-port", str(self.meta_port), *meta_args]
+        )
+        self.nodes: list[ServerProcess] = []
+        self.data_dirs: dict[int, Path] = {}
+        self.addresses: dict[int, str] = {}
+        for _ in range(nodes):
+            self._new_node()
+
+    def _new_node(self) -> ServerProcess:
+        port = free_port()
+        data_dir = self.root / f"node-{len(self.nodes)}"
+        node = ServerProcess(
+            [
+                "storage-node",
+                "--data-dir",
+                str(data_dir),
+                "--node-port",
+                str(port),
+                "--meta",
+                self.meta_address,
+            ]
+        )
+        self.nodes.append(node)
+        self.data_dirs[id(node)] = data_dir
+        self.addresses[id(node)] = f"tcp://127.0.0.1:{port}"
+        return node
+
+    def start(self) -> ReplicatedCluster:
+        self.meta.start()
+        for node in self.nodes:
+            node.start()
+        return self
+
+    def add_node(self) -> ServerProcess:
+        """Start one more storage node (it registers with the Meta Service on its own)."""
+        return self._new_node().start()
+
+    def address_of(self, node: ServerProcess) -> str:
+        return self.addresses[id(node)]
+
+    def data_dir_of(self, node: ServerProcess) -> Path:
+        return self.data_dirs[id(node)]
+
+    def node_id_of(self, node: ServerProcess, timeout_s: float = 30.0) -> str:
+        """The node's id (written into its data directory when it first starts)."""
+        path = self.data_dir_of(node) / "node_id"
+        wait_until(path.exists, timeout_s)
+        return path.read_text().strip()
+
+    def node_by_id(self, node_id: str) -> ServerProcess:
+        return next(node for node in self.nodes if self.node_id_of(node) == node_id)
+
+    def stop(self) -> None:
+        for server in (*self.nodes, self.meta):
+            if server.alive():
+                with suppress(ProcessLookupError):
+                    os.kill(server.pid, signal.SIGCONT)
+        for node in self.nodes:
+            node.stop()
+        self.meta.stop()
+
+
 @contextmanager
 def running(args: Sequence[str], **kwargs: object) -> Iterator[ServerProcess]:
     server = ServerProcess(args, **kwargs)  # type: ignore[arg-type]
@@ -223,3 +307,75 @@ def kill_at_random_moment(
     while not lines.empty() and (line := lines.get_nowait()) is not None:
         output.append(line)
     return child.returncode, [line[:-1] for line in output if line.endswith("\n")]
+
+
+class NodeCluster:
+    """A ``robustmq meta`` process and ``nodes`` storage-node processes on loopback.
+
+    Each node has its own fixed port and data directory (``root/node-{i}``), so
+    any of them can be killed, paused and started again at the same address.
+    With ``log_dir``, each process's output goes to ``meta.log`` / ``node-{i}.log``.
+    ``stop`` continues paused processes first, then stops every one by its pid.
+    """
+
+    def __init__(
+        self, root: Path, *, nodes: int = 3, io_workers: int | None = 2, log_dir: Path | None = None
+    ) -> None:
+        self.root = root
+        self.meta_port = free_port()
+        self.meta_address = f"127.0.0.1:{self.meta_port}"
+        if log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+        self.meta = ServerProcess(
+            ["meta", "--data-dir", str(root / "meta"), "--meta-port", str(self.meta_port)],
+            log_path=log_dir / "meta.log" if log_dir else None,
+        )
+        self.ports = [free_port() for _ in range(nodes)]
+        self.nodes = []
+        for i, port in enumerate(self.ports):
+            args = ["storage-node", "--data-dir", str(root / f"node-{i}"), "--node-port", str(port)]
+            args += ["--meta", self.meta_address]
+            if io_workers is not None:
+                args += ["--io-workers", str(io_workers)]
+            self.nodes.append(ServerProcess(args, log_path=log_dir / f"node-{i}.log" if log_dir else None))
+
+    def start(self) -> NodeCluster:
+        self.meta.start()
+        self.start_nodes(range(len(self.nodes)))
+        return self
+
+    def start_nodes(self, indexes: Iterable[int]) -> None:
+        """Start these nodes at once (each prints ``ready`` once registered)."""
+        failures: list[BaseException] = []
+
+        def start(i: int) -> None:
+            try:
+                self.nodes[i].start()
+            except BaseException as error:
+                failures.append(error)
+
+        threads = [threading.Thread(target=start, args=(i,)) for i in indexes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failures:
+            raise failures[0]
+
+    def node_id(self, index: int) -> str:
+        return (self.root / f"node-{index}" / "node_id").read_text().strip()
+
+    def index_of(self, node_id: str) -> int:
+        return next(i for i in range(len(self.nodes)) if self.node_id(i) == node_id)
+
+    def address(self, index: int) -> str:
+        return f"tcp://127.0.0.1:{self.ports[index]}"
+
+    def stop(self) -> None:
+        for server in (*self.nodes, self.meta):
+            if server.alive():
+                with suppress(ProcessLookupError):
+                    os.kill(server.pid, signal.SIGCONT)
+        for server in self.nodes:
+            server.stop()
+        self.meta.stop()

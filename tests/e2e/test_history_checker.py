@@ -384,3 +384,94 @@ def test_an_invalid_write_must_be_refused_when_nothing_is_broken() -> None:
         {"acked": [], "failed": [], "unknown": [v(1)]},
     )
     assert b.anomalies() == {"invalid_not_refused"}
+
+
+def replica(b: Build, node: str, epoch: int, start: int, end: int, values: list[str], **fields: Any) -> None:
+    """A node's copy of ``[start, end)`` as the replicated runs record it (digest from values)."""
+    copy = {
+        "node": node,
+        "epoch": epoch,
+        "start": start,
+        "end": end,
+        "sealed": True,
+        "in_isr": True,
+        "replica": True,
+        "whole": len(values) == end - start,
+        "digest": "|".join(values),
+        "size": sum(map(len, values)),
+        "problem": None,
+        "records": [[start + i, value] for i, value in enumerate(values)],
+        **fields,
+    }
+    b.op("final", "final_replica", {"topic": "t", "inc": 1, "partition": 0, **copy})
+
+
+def replicated() -> Build:
+    b = Build()
+    b.write("t", 1, [(v(0), 0, 0), (v(1), 0, 1)], epoch=0, f="produce")
+    b.write("t", 1, [(v(2), 0, 2)], epoch=1, f="produce")
+    b.final("t", 1, 0, [(0, v(0)), (1, v(1)), (2, v(2))])
+    b.chain("t", 1, 0, [(0, 0, 2), (1, 2, -1)])
+    return b
+
+
+def test_identical_replicas_pass_and_their_records_count_as_reads() -> None:
+    b = replicated()
+    for node in ("a", "b", "c"):
+        replica(b, node, 0, 0, 2, [v(0), v(1)])
+    replica(b, "d", 0, 0, 2, [v(0)], in_isr=False)  # not in the ISR: not judged
+    assert b.anomalies() == set()
+
+
+def test_replica_divergence_missing_copy_and_a_replica_holding_another_value() -> None:
+    b = replicated()
+    replica(b, "a", 0, 0, 2, [v(0), v(1)])
+    replica(b, "b", 0, 0, 2, [v(0), v(9)])  # same length, other bytes
+    replica(b, "c", 0, 0, 2, [v(0)])  # an ISR member without the whole segment
+    b.written()
+    assert b.anomalies() == {"replica_divergence", "replica_missing", "inconsistent_offsets"}
+
+
+def test_without_an_isr_every_whole_copy_is_judged() -> None:
+    b = replicated()
+    replica(b, "a", 0, 0, 2, [v(0), v(1)], in_isr=False)
+    replica(b, "b", 0, 0, 2, [v(1), v(0)], in_isr=False)
+    assert "replica_divergence" in b.anomalies()
+
+
+def test_a_read_of_data_that_later_vanished() -> None:
+    b = Build()
+    b.write("t", 1, unknown=[v(0), v(1)])
+    b.read("t", 1, 0, 0, [v(0), v(1)])  # read, then gone from the final log
+    b.final("t", 1, 0, [(0, v(0))])
+    b.chain("t", 1, 0, [(0, 0, -1)])
+    assert b.anomalies() == {"vanished_read"}
+
+
+def test_histories_of_two_processes_merge_by_time() -> None:
+    clock = iter([0.0, 1.0, 1.5, 3.0, 4.0])
+    parent = History(clock=lambda: next(clock))
+    parent.complete(parent.invoke("nemesis", "inject", {"fault": "x", "target": "net"}), INFO)
+    child_clock = iter([2.0, 2.5])
+    child = History(clock=lambda: next(child_clock), origin=0.0)
+    child.complete(child.invoke("0", "read", {}), FAIL)
+    parent.complete(parent.invoke("nemesis", "heal", {"fault": "x", "target": "net"}), INFO)
+    parent.merge(child.ops())
+    ops = parent.ops()
+    assert [op.index for op in ops] == [0, 1, 2, 3, 4, 5]
+    assert [(op.process, op.f) for op in ops] == [
+        ("nemesis", "inject"),
+        ("nemesis", "inject"),
+        ("0", "read"),
+        ("0", "read"),
+        ("nemesis", "heal"),
+        ("nemesis", "heal"),
+    ]
+
+
+def test_a_sealed_copy_that_is_not_what_the_seal_recorded() -> None:
+    b = replicated()
+    replica(b, "a", 0, 0, 2, [v(0), v(1)], crc32c=7, sealed_crc32c=7, sealed_size=len(v(0) + v(1)))
+    assert b.anomalies() == set()
+    replica(b, "b", 0, 0, 2, [v(0), v(1)], crc32c=8, sealed_crc32c=7, sealed_size=len(v(0) + v(1)))
+    assert b.anomalies() == {"seal_checksum_mismatch"}

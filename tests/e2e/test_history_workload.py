@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from tests.e2e._history_nemesis import FAULT_KINDS
+from tests.e2e._history_nemesis import FAULT_KINDS, NET_FAULT_CATEGORIES, net_fault_kinds
 from tests.e2e._history_workload import RWLock, Settings
 from tests.e2e._procs import wait_until
 
@@ -50,3 +50,23 @@ def test_an_exclusive_holder_keeps_shared_ones_out_and_a_waiting_one_goes_first(
             assert not late  # a new reader waits behind the queued writer
     thread.join(30.0)
     assert done.is_set()
+
+
+def test_replicated_runs_have_every_fault_category_and_the_long_one_twenty_rounds() -> None:
+    for seed in range(20):
+        for variant, each in (("rf3_short", 1), ("rf3_long", 3), ("rf1_net", 1)):
+            settings = Settings.derive(seed, variant)
+            names = set(net_fault_kinds(["n1", "n2", "n3"]))
+            assert {step.fault for step in settings.faults} <= names
+            categories = Counter(
+                next(c for c in NET_FAULT_CATEGORIES if step.fault in (c, *(f"{c}_n{i}" for i in (1, 2, 3))))
+                for step in settings.faults
+            )
+            assert set(categories) == set(NET_FAULT_CATEGORIES) and min(categories.values()) >= each
+        assert 24 <= len(Settings.derive(seed, "rf3_long").faults) <= 32
+        assert len(Settings.derive(seed, "rf3_short").faults) == len(NET_FAULT_CATEGORIES)
+        assert Settings.derive(seed, "rf3_short").acks == "all"
+        assert all(
+            t.replication_factor == 3 and t.engine == "segment"
+            for t in Settings.derive(seed, "rf3_short").topics
+        )

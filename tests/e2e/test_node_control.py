@@ -166,6 +166,7 @@ def _chain_length(client: robustmq.Client) -> int:
     return len(client.meta.get_shard("latency_0").segments)
 
 
+@pytest.mark.serial
 def test_writes_keep_their_latency_while_the_meta_service_is_down(tmp_path: Path) -> None:
     """Produce p99 with the Meta Service killed stays within 2x (+20 ms) of p99 with it up.
 

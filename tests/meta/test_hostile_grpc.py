@@ -42,6 +42,10 @@ METHODS = [
     "ListGroups",
     "DeleteGroup",
     "RemoveNode",
+    "UpdateIsr",
+    "ReportReplica",
+    "ListAssignments",
+    "DrainNode",
 ]
 CALL_TIMEOUT_S = 5.0
 # Codes the service answers with itself; each comes with an ErrorInfo trailer.
@@ -148,7 +152,17 @@ def _invalid_requests() -> list[tuple[str, Any, grpc.StatusCode]]:
         ("CreateTopic", pb.CreateTopicRequest(name="t", config=config(retention_bytes=-2)), invalid),
         ("CreateTopic", pb.CreateTopicRequest(name="t", config=config(cleanup_policy="x")), invalid),
         ("CreateTopic", pb.CreateTopicRequest(name="base"), grpc.StatusCode.ALREADY_EXISTS),
-        ("CreateTopic", pb.CreateTopicRequest(name="t", config=config(replication_factor=2)), invalid),
+        (
+            "CreateTopic",
+            pb.CreateTopicRequest(name="t", config=config(replication_factor=2, engine="rocksdb")),
+            invalid,
+        ),
+        (
+            "CreateTopic",
+            pb.CreateTopicRequest(name="t", config=config(replication_factor=2, min_insync_replicas=3)),
+            invalid,
+        ),
+        ("CreateTopic", pb.CreateTopicRequest(name="t", config=config(replication_factor=17)), invalid),
         (
             "CreateTopic",
             pb.CreateTopicRequest(name="t", config=config(replication_factor=2**31 - 1)),

@@ -32,7 +32,8 @@ def test_all_is_sorted_and_resolves() -> None:
 
 def test_signatures() -> None:
     assert str(inspect.signature(meta.run_meta)) == (
-        "(*, data_dir: 'str | Path', host: 'str' = '127.0.0.1', port: 'int' = 7070) -> 'int'"
+        "(*, data_dir: 'str | Path', host: 'str' = '127.0.0.1', port: 'int' = 7070, "
+        "node_timeout_ms: 'int' = 2000) -> 'int'"
     )
     server = inspect.signature(MetaServer)
     assert list(server.parameters) == [
@@ -40,10 +41,8 @@ def test_signatures() -> None:
         "host",
         "port",
         "node_timeout_ms",
-        "max_replication_factor",
     ]
-    assert server.parameters["node_timeout_ms"].default == 6000
-    assert server.parameters["max_replication_factor"].default == 1  # until replication exists
+    assert server.parameters["node_timeout_ms"].default == 2000
     client = inspect.signature(MetaClient)
     assert client.parameters["timeout_s"].kind is inspect.Parameter.KEYWORD_ONLY
     assert client.parameters["channel"].default is None

@@ -31,11 +31,7 @@ from robustmq.meta._store import RocksDBMetaStore
 
 
 class Meta:
-    """A MetaServer on one directory and a client; ``restart`` reopens it on the same port.
-
-    Replica placement (what replication will use) is tested here, so this server
-    accepts replication factors up to 3; a default one refuses any above 1.
-    """
+    """A MetaServer on one directory and a client; ``restart`` reopens it on the same port."""
 
     def __init__(self, root: Path, node_timeout_ms: int = 6000) -> None:
         self.root = root
@@ -45,9 +41,7 @@ class Meta:
         self.client = MetaClient(self.server.address, timeout_s=5.0)
 
     def _server(self, port: int) -> MetaServer:
-        return MetaServer(
-            self.root, port=port, node_timeout_ms=self.node_timeout_ms, max_replication_factor=3
-        ).start()
+        return MetaServer(self.root, port=port, node_timeout_ms=self.node_timeout_ms).start()
 
     def restart(self) -> None:
         self.server.stop(grace=1.0)
@@ -97,7 +91,13 @@ def test_create_list_describe_delete(client: MetaClient) -> None:
     register(client, "n1")
     topic = client.create_topic("orders", partitions=3, engine="rocksdb", retention_ms=60_000)
     assert topic.name == "orders" and topic.created_ms > 0
-    expected = {**DEFAULT_TOPIC_CONFIG, "partitions": 3, "engine": "rocksdb", "retention_ms": 60_000}
+    expected = {
+        **DEFAULT_TOPIC_CONFIG,
+        "partitions": 3,
+        "engine": "rocksdb",
+        "retention_ms": 60_000,
+        "min_insync_replicas": 1,  # the default: a majority of 1
+    }
     assert {name: getattr(topic.config, name) for name in expected} == expected
     client.create_topic("audit")
     assert [t.name for t in client.list_topics()] == ["audit", "orders"]
@@ -180,15 +180,28 @@ def test_compaction_is_refused_until_it_exists(client: MetaClient) -> None:
     assert client.list_topics() == []
 
 
-def test_a_replication_factor_above_1_is_refused_until_replication_exists(tmp_path: Path) -> None:
-    with MetaServer(tmp_path, port=0) as server, MetaClient(server.address, timeout_s=5.0) as client:
-        register(client, "n1", "n2", "n3")
+def test_replication_needs_the_segment_engine_and_a_valid_min_insync(client: MetaClient) -> None:
+    register(client, "n1", "n2", "n3")
+    for engine in ("memory", "rocksdb"):
         with pytest.raises(InvalidConfig) as caught:
-            client.create_topic("t", replication_factor=3)
-        assert caught.value.fields == {"field": "replication_factor", "value": 3}
-        assert "replication comes with the replication release" in caught.value.message
-        assert client.list_topics() == []
-        assert client.create_topic("t", replication_factor=1).config.replication_factor == 1
+            client.create_topic("t", replication_factor=2, engine=engine)
+        assert caught.value.fields == {"field": "replication_factor", "value": 2, "engine": engine}
+        assert f"the {engine!r} engine does not replicate" in caught.value.message
+    for rf, min_insync in ((3, 4), (1, 2), (2, -1)):
+        with pytest.raises(InvalidConfig) as caught:
+            client.create_topic("t", replication_factor=rf, min_insync_replicas=min_insync)
+        assert caught.value.fields == {"field": "min_insync_replicas", "value": min_insync}
+    with pytest.raises(InvalidConfig):
+        client.create_topic("t", replication_factor=3, min_insync_replicas=0)  # 0 is "unset"
+    assert client.list_topics() == []
+    defaults = {rf: client.create_topic(f"rf{rf}", replication_factor=rf).config for rf in (1, 2, 3)}
+    assert {rf: config.min_insync_replicas for rf, config in defaults.items()} == {1: 1, 2: 2, 3: 2}
+    assert (
+        client.create_topic("all3", replication_factor=3, min_insync_replicas=3).config.min_insync_replicas
+        == 3
+    )
+    segment = client.get_shard("rf3_0").segments[0]
+    assert list(segment.isr) == list(segment.replicas) and len(segment.replicas) == 3
 
 
 def test_too_few_live_nodes(client: MetaClient) -> None:
@@ -267,7 +280,7 @@ def test_liveness_follows_heartbeats(tmp_path: Path) -> None:
         time.sleep(0.6)  # past the start-up grace and both nodes' timeouts
         assert [node.alive for node in client.list_nodes()] == [False, False]
         response = client.heartbeat("n1", "")
-        assert response.interval_ms == 133  # a third of the timeout, at most one second
+        assert response.interval_ms == 100  # a quarter of the timeout, at most one second
         nodes = client.list_nodes()
         assert [node.alive for node in nodes] == [True, False]
         assert nodes[0].last_heartbeat_ms >= nodes[0].registered_ms > 0
@@ -401,9 +414,13 @@ def test_seal_chain(client: MetaClient) -> None:
     second = client.seal_segment("s_0", 1, 100, "n1")  # an empty segment may be sealed
     assert (second.next.epoch, second.next.start_offset) == (2, 100)
     client.create_topic("busy", partitions=2)  # loads now n1:2 n2:1
-    register(client, "n3")  # leads nothing, but seals are sticky: the shard stays where its data is
-    third = client.seal_segment("s_0", 2, 250, second.next.leader)
-    assert list(third.next.replicas) == ["n1", "n2"] and third.next.leader == "n1"
+    register(client, "n3")  # holds nothing: it takes the follower place of the next seal
+    third = client.seal_segment("s_0", 2, 250, second.next.leader, isr=["n1", "n2"], crc32c=7, size_bytes=9)
+    assert list(third.sealed.isr) == ["n1", "n2"]
+    assert (third.sealed.crc32c, third.sealed.size_bytes) == (7, 9)
+    # The leader holds the sealed segment; n3 (least loaded) follows and is not in the ISR yet.
+    assert list(third.next.replicas) == ["n1", "n3"] and third.next.leader == "n1"
+    assert list(third.next.isr) == ["n1"]
 
     chain = client.get_shard("s_0").segments
     assert [(s.epoch, s.start_offset, s.end_offset, s.state) for s in chain] == [
@@ -491,7 +508,8 @@ def test_pending_deletions_repeat_until_acknowledged_even_across_a_restart(meta:
     client = meta.client
     register(client, "n1", "n2", "n3")
     created = client.create_topic("d", partitions=2, replication_factor=2)  # d_0: n1,n2  d_1: n2,n3
-    assert list(client.seal_segment("d_0", 0, 10, "n1").next.replicas) == ["n1", "n2"]  # sticky
+    # n3 holds nothing of d_0 and is the least loaded: it follows epoch 1.
+    assert list(client.seal_segment("d_0", 0, 10, "n1").next.replicas) == ["n1", "n3"]
     client.delete_topic("d")
     incarnation = created.incarnation
     assert incarnation > 0
@@ -504,9 +522,9 @@ def test_pending_deletions_repeat_until_acknowledged_even_across_a_restart(meta:
 
     meta.restart()
     assert pending(client.heartbeat("n2", "")) == [("d_0", incarnation), ("d_1", incarnation)]
-    assert pending(client.heartbeat("n3", "")) == [("d_1", incarnation)]
+    assert pending(client.heartbeat("n3", "")) == [("d_0", incarnation), ("d_1", incarnation)]
     assert drop_pending(client, "n2") == ["d_0", "d_1"]
-    assert drop_pending(client, "n3") == ["d_1"]
+    assert drop_pending(client, "n3") == ["d_0", "d_1"]
 
 
 def test_every_incarnation_of_a_name_is_deleted_on_its_own(client: MetaClient) -> None:
@@ -596,6 +614,7 @@ def test_a_removed_node_keeps_its_deletions_and_owes_them_again_when_it_returns(
     assert leaders(client.describe_topic(client.create_topic("x").name)) == ["n1"]
 
 
+@pytest.mark.serial
 def test_pending_deletions_of_a_removed_node_do_not_slow_seals(meta: Meta) -> None:
     client = MetaClient(meta.server.address, timeout_s=60)
     try:

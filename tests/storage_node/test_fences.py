@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from robustmq.errors import CorruptRecordBatch, InvalidRequest
+from robustmq.storage_node import _fences
 from robustmq.storage_node._fences import FenceStore
 
 
@@ -82,3 +84,12 @@ def test_concurrent_fences_keep_the_highest(tmp_path: Path) -> None:
         assert store.fenced_epoch("t-0", 1) == 199
     with FenceStore(tmp_path / "fences") as reopened:
         assert reopened.fenced_epoch("t-0", 1) == 199
+
+
+def test_a_new_fence_file_is_made_durable_in_its_directory(tmp_path: Path, monkeypatch: Any) -> None:
+    synced: list[Path] = []
+    monkeypatch.setattr(_fences, "fsync_directory", lambda path: synced.append(Path(path)))
+    FenceStore(tmp_path / "fences").close()
+    assert synced == [tmp_path]  # a power loss cannot take the file (and a first fence) away
+    FenceStore(tmp_path / "fences").close()
+    assert synced == [tmp_path]  # an existing file: nothing to do

@@ -1,11 +1,9 @@
-"""Bounds of what a node sends the Meta Service, and of the producer's retry policy."""
+"""Bounds of what a node sends the Meta Service (the client's retry policy: tests/test_retry.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from robustmq._producer import _retry_delay_s
-from robustmq.errors import SegmentSealed, Unavailable
 from robustmq.storage_node import NodeConfig, StorageNode
 
 
@@ -20,10 +18,3 @@ def test_one_beat_reports_a_bounded_number_of_shards_and_keeps_the_rest(tmp_path
     finally:
         node.manager.close()
         node.meta.close()
-
-
-def test_a_sealed_segment_is_retried_at_once_other_errors_back_off() -> None:
-    sealed = SegmentSealed("epoch 3 is sealed", shard="t_0")
-    assert [_retry_delay_s(sealed, attempts) for attempts in (1, 2)] == [0.0, 0.0]
-    assert _retry_delay_s(sealed, 3) > 0
-    assert _retry_delay_s(Unavailable("down"), 1) > 0

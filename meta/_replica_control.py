@@ -1,0 +1,508 @@
+"""The replication side of the controller: ISR, replica reports, assignments, drain,
+and what the supervisor (:mod:`._failover`) asks for: failover tasks and commits,
+repair, drain targets.
+
+:class:`ReplicaControl` is a mixin of :class:`~robustmq.meta._controller.MetaController`,
+split out only to keep each module readable: it shares the controller's one
+lock, store, tables and derived state (the attributes declared below, set by
+the controller's ``__init__``), and follows its rules: every method validates
+its arguments first, runs under the lock, writes one atomic batch, and
+updates derived state (load counts, assignments versions) only once that
+batch is durable.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
+
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq.errors import InvalidRequest, ShardNotFound, StaleEpoch
+from robustmq.storage_node import shard_name
+
+from ._chains import checked_isr, is_assigned, next_segment, reported_segment, sealed_segment
+from ._failover_rules import FailoverTask, IsrDecision, SealPoint, SealTarget, chain_unchanged
+from ._liveness import Liveness
+from ._load import AssignmentVersions, ClusterLoad
+from ._nodes import NodeTable
+from ._placement import eligible_nodes, place_replicas
+from ._repair import MAX_REPAIRS_PER_ROUND, joiners, repair_choices, reseal_wanted
+from ._store import MetaStore, WriteSet
+from ._topics import TopicTable
+from ._validation import require_node_id, split_shard
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = ["MAX_EPOCH", "REPAIR_RESCAN_S", "ReplicaControl"]
+
+MAX_EPOCH = 2**32 - 1
+REPAIR_RESCAN_S = 30.0
+
+logger = logging.getLogger("robustmq.meta")
+
+
+class ReplicaControl:
+    """Replication operations of the Meta Service (see the module docstring)."""
+
+    _store: MetaStore
+    _topics: TopicTable
+    _nodes: NodeTable
+    _liveness: Liveness
+    _load: ClusterLoad
+    _versions: AssignmentVersions
+    # (live, placeable, load) of the last repair round that found nothing to do, and until when
+    # that round's verdict holds; None: the next round reads every chain.
+    _repair_idle: tuple[tuple[frozenset[str], frozenset[str], ClusterLoad], float] | None = None
+    # shard -> active epoch that the last repair scan found under-replicated, to be sealed
+    # (:func:`._repair.reseal_wanted`); replaced by each full scan, at most one entry per shard.
+    _reseal: dict[str, int] = {}
+
+    def _locked(self) -> AbstractContextManager[None]:
+        raise NotImplementedError  # the controller's
+
+    def _shard_info(
+        self, topic: pb.Topic, partition: int, chain: list[pb.Segment], addresses: Mapping[str, str]
+    ) -> pb.ShardInfo:
+        raise NotImplementedError  # the controller's
+
+    def _node_view(self, node: pb.NodeInfo) -> pb.NodeInfo:
+        raise NotImplementedError  # the controller's
+
+    # -- shared checks and placement ------------------------------------------
+
+    def _require_incarnation(self, shard: str, topic: str, incarnation: int | None) -> None:
+        """``ShardNotFound`` unless ``incarnation`` (None: not checked) is the topic's current one."""
+        current = self._topics.require(topic).incarnation
+        if incarnation is not None and incarnation != current:
+            raise ShardNotFound(
+                f"shard {shard!r} of incarnation {incarnation} was deleted "
+                f"(the topic's incarnation is {current})",
+                shard=shard,
+                incarnation=incarnation,
+                current_incarnation=current,
+            )
+
+    def _commit_seal(
+        self, topic: str, partition: int, chain: list[pb.Segment], sealed: pb.Segment, ws: WriteSet
+    ) -> pb.Segment:
+        """Write ``sealed`` (the chain's active segment, sealed) and the next epoch placed after it,
+        with whatever ``ws`` already holds, in one batch; then account for both. Under the lock."""
+        load = self._load.copy()
+        load.replace(chain[-1], sealed)
+        following = self._following(topic, partition, [*chain[:-1], sealed], load)
+        load.add(following)
+        self._topics.stage_segment(topic, partition, sealed, ws)
+        self._topics.stage_segment(topic, partition, following, ws)
+        ws.commit(self._store)
+        self._load = load
+        self._versions.bump_segments((sealed, following))
+        return following
+
+    @staticmethod
+    def _require_leader(active: pb.Segment, epoch: int, node_id: str) -> None:
+        """``StaleEpoch`` unless ``node_id`` leads ``active`` and ``epoch`` is its epoch."""
+        if epoch != active.epoch or active.leader != node_id:
+            raise StaleEpoch(
+                f"shard {active.shard!r}: epoch {epoch} led by {node_id!r} is not the active "
+                f"segment (epoch {active.epoch}, leader {active.leader!r})",
+                shard=active.shard,
+                epoch=epoch,
+                current_epoch=active.epoch,
+            )
+
+    def _following(
+        self, topic: str, partition: int, chain: list[pb.Segment], load: ClusterLoad
+    ) -> pb.Segment:
+        """The epoch after ``chain[-1]`` (just sealed), placed by the rule of :mod:`._placement`.
+
+        If no node that holds the sealed segment may lead (they are all
+        draining), a live draining holder leads rather than refusing the seal:
+        a drain must never make a shard unwritable. With fewer eligible nodes
+        than the factor, nodes that may join by also copying the sealed
+        segment (:func:`._repair.joiners`) are candidates too; those placed
+        are appended to ``chain[-1]``'s replicas (in place, and in ``load``),
+        so the caller writes the sealed segment with them.
+        """
+        sealed = chain[-1]
+        shard = sealed.shard
+        rf = self._topics.require(topic).config.replication_factor
+        live = self._live_node_ids()
+        held = self._nodes.holders_pending(topic, partition).get(shard, set()) & live
+        candidates = live - self._draining_ids() - held
+        placeable = eligible_nodes(candidates, chain)
+        leaders = set(sealed.isr) & live
+        if not leaders & placeable:
+            placeable |= leaders
+        joining = joiners(chain, rf, candidates) - placeable if len(placeable) < rf else set()
+        replicas = self._place(
+            placeable | joining,
+            rf,
+            load,
+            shard=shard,
+            dropping=len(held),
+            previous=sealed.replicas,
+            leaders=leaders,
+        )
+        added = [node_id for node_id in replicas if node_id in joining]
+        if added:
+            load.remove(sealed)
+            sealed.replicas.extend(added)
+            load.add(sealed)
+            logger.info(
+                "%s epoch %d gets %s as replicas: they join epoch %d",
+                shard,
+                sealed.epoch,
+                added,
+                sealed.epoch + 1,
+            )
+        return next_segment(sealed, replicas)
+
+    def _place(
+        self,
+        candidates: set[str],
+        count: int,
+        load: ClusterLoad,
+        *,
+        shard: str,
+        dropping: int = 0,
+        previous: Sequence[str] = (),
+        leaders: set[str] | None = None,
+    ) -> list[str]:
+        replicas = place_replicas(
+            candidates,
+            count,
+            leaders=load.leaders,
+            replicas=load.active_replicas,
+            previous=previous,
+            leader_candidates=leaders,
+            shard=shard,
+            dropping=dropping,
+        )
+        if len(replicas) < count:
+            logger.warning(
+                "%s is under-replicated: %d of %d replicas placed (%s); resealed once a node can join",
+                shard,
+                len(replicas),
+                count,
+                replicas,
+            )
+        return replicas
+
+    def _live_node_ids(self) -> set[str]:
+        return {node.node_id for node in self._nodes.all() if self._liveness.is_alive(node.node_id)}
+
+    def _draining_ids(self) -> set[str]:
+        return {node.node_id for node in self._nodes.all() if node.draining}
+
+    # -- replicas ----------------------------------------------------------
+
+    def update_isr(
+        self, shard: str, incarnation: int, epoch: int, node_id: str, isr: Sequence[str]
+    ) -> pb.Segment:
+        """Record the ISR of the active segment, as its leader asks; the segment as stored.
+
+        Refused with ``StaleEpoch`` unless ``node_id`` leads ``epoch`` and it
+        is the active one, with ``ShardNotFound`` if ``incarnation`` is not the
+        topic's current one, and with ``InvalidRequest`` unless ``isr``
+        contains the leader and only replicas of the segment. The same ISR
+        again writes nothing. Followers are not told (their assignments are
+        the same): no assignments version changes.
+        """
+        topic, partition = split_shard(shard)
+        node_id = require_node_id(node_id)
+        with self._locked():
+            active = self._topics.chain(topic, partition)[-1]
+            self._require_incarnation(shard, topic, incarnation)
+            self._require_leader(active, epoch, node_id)
+            members = checked_isr(active, isr, node_id)
+            if list(active.isr) == members:
+                return active
+            before = list(active.isr)
+            del active.isr[:]
+            active.isr.extend(members)
+            ws = WriteSet()
+            self._topics.stage_segment(topic, partition, active, ws)
+            ws.commit(self._store)
+        logger.info("%s epoch %d: ISR %s -> %s", shard, epoch, before, members)
+        return active
+
+    def report_replica(
+        self, shard: str, incarnation: int, epoch: int, node_id: str, crc32c: int, size_bytes: int
+    ) -> pb.Segment:
+        """Add ``node_id`` to sealed ``epoch``'s ``isr`` if its copy matches (see
+        :func:`._chains.reported_segment`); idempotent. The segment as stored."""
+        topic, partition = split_shard(shard)
+        node_id = require_node_id(node_id)
+        with self._locked():
+            self._topics.chain(topic, partition)  # ShardNotFound for a shard that is gone
+            self._require_incarnation(shard, topic, incarnation)
+            segment = self._topics.segment(topic, partition, epoch)
+            if segment is None:
+                raise InvalidRequest(f"shard {shard!r} has no epoch {epoch}", shard=shard, epoch=epoch)
+            reported = reported_segment(segment, node_id, crc32c, size_bytes)
+            if reported is None:
+                return segment
+            ws = WriteSet()
+            self._topics.stage_segment(topic, partition, reported, ws)
+            ws.commit(self._store)
+        logger.info("%s epoch %d: %s holds it whole; isr %s", shard, epoch, node_id, list(reported.isr))
+        return reported
+
+    def list_assignments(self, node_id: str) -> pb.AssignmentsResponse:
+        """Every shard where ``node_id`` must follow or copy a segment (:func:`._chains.is_assigned`),
+        with its chain and leader address, and the version this answers."""
+        node_id = require_node_id(node_id)
+        with self._locked():
+            version = self._versions.of(node_id)
+            wanted = sorted(
+                {split_shard(s.shard) for s in self._topics.all_segments() if is_assigned(node_id, s)}
+            )
+            addresses = {node.node_id: node.address for node in self._nodes.all()}
+            shards = []
+            for topic, partition in wanted:
+                record = self._topics.require(topic)
+                chain = self._topics.chain(topic, partition)
+                shards.append(self._shard_info(record, partition, chain, addresses))
+        return pb.AssignmentsResponse(shards=shards, assignments_version=version)
+
+    def drain_node(self, node_id: str, undrain: bool = False) -> pb.NodeInfo:
+        """Mark a registered node draining (no new placement; the Meta Service's background
+        worker asks it to seal the active segments it leads), or place on it again (``undrain``)."""
+        node_id = require_node_id(node_id)
+        with self._locked():
+            node = self._nodes.get(node_id)
+            if node is None:
+                raise InvalidRequest(f"no storage node {node_id!r} is registered", node_id=node_id)
+            if node.draining != (not undrain):
+                node.draining = not undrain
+                ws = WriteSet()
+                self._nodes.stage_put(node, ws)
+                ws.commit(self._store)
+                logger.info("node %s %s", node_id, "undrained" if undrain else "draining")
+            return self._node_view(node)
+
+    # -- failover, repair, drain (the background worker's side) -------------
+
+    def failover_tasks(self) -> list[FailoverTask]:
+        """The active segments of RF > 1 topics whose leader is not alive or no longer registered.
+
+        Cheap: only the nodes that lead something are checked, and only the
+        chains of the shards a gone node leads are read.
+        """
+        with self._locked():
+            registered = {node.node_id: node for node in self._nodes.all()}
+            # Just after a restart no node has beaten yet: a leader is gone only once it had the
+            # whole timeout to beat (a running node beats every second), so a restart of the
+            # Meta Service never moves leadership by itself.
+            settled = self._liveness.uptime_s() > self._liveness.timeout_s
+
+            def is_gone(node_id: str) -> bool:
+                if node_id not in registered:
+                    return True
+                if self._liveness.is_alive(node_id):
+                    return False
+                return settled or self._liveness.has_beaten(node_id)
+
+            gone = {node_id for node_id in self._load.leaders if is_gone(node_id)}
+            if not gone:
+                return []
+            topics: dict[str, pb.Topic | None] = {}
+            tasks = []
+            for shard in sorted({shard for node_id in gone for shard in self._load.led.get(node_id, ())}):
+                topic_name, partition = split_shard(shard)
+                if topic_name not in topics:
+                    topics[topic_name] = self._topics.get(topic_name)
+                topic = topics[topic_name]
+                if topic is None or topic.config.replication_factor <= 1:
+                    continue
+                segment = self._topics.chain(topic_name, partition)[-1]
+                if segment.state != pb.ACTIVE or segment.leader not in gone:
+                    continue
+                addresses = tuple(
+                    (node_id, registered[node_id].address)
+                    for node_id in segment.replicas
+                    if node_id != segment.leader
+                    and node_id in registered
+                    and self._liveness.is_alive(node_id)
+                )
+                tasks.append(
+                    FailoverTask(
+                        shard=segment.shard,
+                        incarnation=topic.incarnation,
+                        epoch=segment.epoch,
+                        leader=segment.leader,
+                        start_offset=segment.start_offset,
+                        replicas=tuple(segment.replicas),
+                        isr=tuple(segment.isr),
+                        addresses=addresses,
+                        placed=self._topics.placed_count(topic_name, partition, segment.epoch) or 0,
+                    )
+                )
+        return tasks
+
+    def commit_failover(
+        self, task: FailoverTask, point: SealPoint, decision: IsrDecision
+    ) -> tuple[pb.Segment, pb.Segment] | None:
+        """Seal ``task``'s epoch at ``point`` and open the next on placed nodes, in one write.
+
+        Nothing is written (``None``) if the chain changed since ``task`` was
+        taken (:func:`._failover_rules.chain_unchanged`). The next leader is the
+        least loaded live agreeing holder.
+        """
+        topic, partition = split_shard(task.shard)
+        with self._locked():
+            record = self._topics.get(topic)
+            if record is None:
+                return None
+            chain = self._topics.chain(topic, partition)
+            active = chain[-1]
+            if not chain_unchanged(task, record.incarnation, active) or active.epoch >= MAX_EPOCH:
+                return None
+            if point.end_offset < active.start_offset:
+                return None
+            sealed = sealed_segment(
+                active, point.end_offset, decision.isr, decision.crc32c, decision.size_bytes
+            )
+            following = self._commit_seal(topic, partition, chain, sealed, WriteSet())
+        return sealed, following
+
+    def repair(self, limit: int = MAX_REPAIRS_PER_ROUND) -> list[str]:
+        """Add one eligible live node to up to ``limit`` under-replicated sealed segments; what was done.
+
+        See :mod:`._repair` for which segments and nodes qualify. The added node
+        is a replica, not in the ``isr``: it joins it through ``ReportReplica``.
+        The under-replicated active segments found on the way are remembered
+        for :meth:`seal_targets` (their leaders are asked to seal).
+        """
+        done: list[str] = []
+        with self._locked():
+            live = self._live_node_ids()
+            if not live:
+                return done
+            placeable = live - self._draining_ids()
+            # A round that found nothing to do reads every chain; the next one can only find
+            # something if nodes came or went, or segments changed (a new load object), so it
+            # is skipped until then, or until REPAIR_RESCAN_S passed (a dropped shard, a report).
+            now = time.monotonic()
+            key = (frozenset(live), frozenset(placeable), self._load)
+            idle = self._repair_idle
+            if idle is not None and idle[0][:2] == key[:2] and idle[0][2] is key[2] and now < idle[1]:
+                return done
+            self._repair_idle = None
+            reseal: dict[str, int] = {}
+            for topic in self._topics.all():
+                rf = topic.config.replication_factor
+                if rf <= 1:
+                    continue
+                chains = self._topics.chains(topic.name)
+                dropping = self._nodes.holders_pending(topic.name)
+                for partition, chain in sorted(chains.items()):
+                    shard = shard_name(topic.name, partition)
+                    candidates = placeable - dropping.get(shard, set())
+                    if reseal_wanted(chain, rf, live, candidates):
+                        reseal[shard] = chain[-1].epoch
+                    for position, node_id in repair_choices(chain, rf, live, candidates, self._load):
+                        self._add_replica(topic.name, partition, chain[position], node_id)
+                        done.append(f"{shard} epoch {chain[position].epoch} + {node_id}")
+                        if len(done) >= limit:
+                            self._reseal = {**self._reseal, **reseal}  # a partial scan: keep the rest
+                            return done
+            self._reseal = reseal
+            if not done:
+                self._repair_idle = (key, now + REPAIR_RESCAN_S)
+        return done
+
+    def _add_replica(self, topic: str, partition: int, segment: pb.Segment, node_id: str) -> None:
+        grown = pb.Segment()
+        grown.CopyFrom(segment)
+        grown.replicas.append(node_id)
+        load = self._load.copy()
+        load.replace(segment, grown)
+        ws = WriteSet()
+        self._topics.stage_segment(topic, partition, grown, ws)
+        ws.commit(self._store)
+        self._load = load
+        self._versions.bump_segments((grown,))
+        segment.CopyFrom(grown)  # the caller's chain sees it (one addition per segment and round)
+        logger.info(
+            "repair: %s epoch %d gets %s as a replica (replicas %s, isr %s)",
+            grown.shard,
+            grown.epoch,
+            node_id,
+            list(grown.replicas),
+            list(grown.isr),
+        )
+
+    def seal_targets(self, fenced: Mapping[str, tuple[int, int]]) -> tuple[list[SealTarget], list[str]]:
+        """The active segments whose live leader the supervisor asks to seal, and the ``fenced``
+        shards that need nothing more.
+
+        ``fenced`` maps each shard whose replicas a failover fenced to that
+        ``(incarnation, epoch)``. Targets, at most one per shard: a fenced
+        epoch that is still active with its leader alive again (its fenced
+        followers copy nothing more of it until it is sealed); a segment a
+        live draining node leads that another live, not draining ISR member
+        can take over; an active segment repair found under-replicated
+        (:meth:`repair`). The second list names the fenced shards whose epoch
+        is no longer active (sealed, or the topic is gone or re-created).
+        """
+        with self._locked():
+            nodes = {node.node_id: node for node in self._nodes.all()}
+            alive = {node_id for node_id in nodes if self._liveness.is_alive(node_id)}
+            targets: dict[str, SealTarget] = {}
+            settled = []
+            for shard, (incarnation, epoch) in fenced.items():
+                active = self._active_segment(shard, incarnation)
+                if active is None or active.epoch != epoch:
+                    settled.append(shard)
+                elif active.leader in alive:
+                    reason = f"epoch {epoch}: its followers were fenced by a failover that did not finish"
+                    targets[shard] = SealTarget(shard, nodes[active.leader].address, reason)
+            for shard, epoch in self._reseal.items():
+                active = self._active_segment(shard, None)
+                wanted = active is not None and active.epoch == epoch and active.leader in alive
+                if wanted and shard not in targets:
+                    assert active is not None
+                    reason = f"epoch {epoch} is under-replicated: the next one gets live replicas"
+                    targets[shard] = SealTarget(shard, nodes[active.leader].address, reason)
+            for segment in self._drained_segments(nodes, alive):
+                if segment.shard not in targets:
+                    address = nodes[segment.leader].address
+                    targets[segment.shard] = SealTarget(segment.shard, address, "its leader is draining")
+        return list(targets.values()), settled
+
+    def _active_segment(self, shard: str, incarnation: int | None) -> pb.Segment | None:
+        """The shard's active segment, if its topic exists (with ``incarnation``, None: any)."""
+        topic_name, partition = split_shard(shard)
+        topic = self._topics.get(topic_name)
+        if topic is None or (incarnation is not None and topic.incarnation != incarnation):
+            return None
+        if partition >= topic.config.partitions:
+            return None
+        active = self._topics.chain(topic_name, partition)[-1]
+        return active if active.state == pb.ACTIVE else None
+
+    def _drained_segments(self, nodes: Mapping[str, pb.NodeInfo], alive: set[str]) -> list[pb.Segment]:
+        """Active segments a live draining node leads that another live, not draining ISR member
+        can take over (RF > 1): placement moves the next epoch off the node."""
+        draining = {
+            node_id for node_id in alive if nodes[node_id].draining and self._load.leaders.get(node_id)
+        }
+        if not draining:
+            return []
+        return [
+            segment
+            for segment in self._topics.active_segments()
+            if segment.leader in draining
+            and any(
+                node_id != segment.leader
+                and node_id in nodes
+                and not nodes[node_id].draining
+                and node_id in alive
+                for node_id in segment.isr
+            )
+        ]

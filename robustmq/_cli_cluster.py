@@ -1,0 +1,284 @@
+"""``robustmq cluster``: a Meta Service and N storage-node processes on this machine.
+
+How a user tries replication on a laptop (and what the tests use): each
+server is its own process (``robustmq meta``, ``robustmq storage-node``), with
+its own data directory under ``--data-dir`` (``meta/``, ``node-0/``,
+``node-1/``...) and its own log (``logs/meta.log``, ``logs/node-0.log``...),
+so one can be killed, paused or cut off while the others go on. Without
+``--data-dir`` everything lives in a temporary directory removed on exit.
+
+Life cycle:
+
+1. the children start in their own sessions (Ctrl-C in a terminal reaches
+   only this process, which stops them in order) and, on Linux, with a
+   parent-death signal, so a ``kill -9`` of this process does not leave them
+   running;
+2. ``ready`` is printed once the Meta Service lists every node alive at the
+   address it was given (after one line per server with its address, pid and
+   log); a child that exits before that fails the start (exit 1, its last
+   log line on stderr), and so does a start that takes longer than
+   :data:`START_TIMEOUT_S`;
+3. while running, a child that exits is reported on stderr, once; the others
+   keep running (that is how a failover is watched);
+4. SIGTERM, SIGINT or SIGHUP stop it: SIGTERM to the nodes, then to the Meta
+   Service, by their pids, each given :data:`STOP_WAIT_S` before SIGKILL;
+   the exit code is 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from robustmq._ready import announce_ready
+from robustmq.errors import InvalidConfig, RobustMQError
+
+__all__ = ["START_TIMEOUT_S", "STOP_WAIT_S", "run_cluster"]
+
+START_TIMEOUT_S = 60.0
+STOP_WAIT_S = 10.0
+_POLL_S = 0.2
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(slots=True)
+class _Child:
+    """One server process; ``reported`` once its exit has been told on stderr."""
+
+    name: str
+    address: str
+    args: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    log: IO[bytes] | None = field(default=None, repr=False)
+    reported: bool = False
+
+    def start(self) -> None:
+        self.log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "robustmq.cli", *self.args],
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+
+    def exited(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def last_line(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1] if lines else ""
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the cluster process dies, however it dies."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def _ports(host: str, meta_port: int, base_port: int, nodes: int) -> tuple[int, list[int]]:
+    if base_port and base_port + nodes - 1 > 65535:
+        raise InvalidConfig(
+            f"--base-port {base_port} leaves no room for {nodes} nodes (ports up to 65535)",
+            field="base_port",
+        )
+    node_ports = [base_port + number if base_port else _free_port(host) for number in range(nodes)]
+    meta = meta_port or _free_port(host)
+    if meta in node_ports:
+        raise InvalidConfig(f"--meta-port {meta} is also a node's port (--base-port {base_port})")
+    return meta, node_ports
+
+
+def _children(
+    root: Path, host: str, meta_port: int, node_ports: list[int], node_timeout_ms: int
+) -> list[_Child]:
+    logs = root / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    meta_address = f"{host}:{meta_port}"
+    meta = _Child(
+        "meta",
+        meta_address,
+        [
+            "meta",
+            "--host",
+            host,
+            "--data-dir",
+            str(root / "meta"),
+            "--meta-port",
+            str(meta_port),
+            "--node-timeout-ms",
+            str(node_timeout_ms),
+        ],
+        logs / "meta.log",
+    )
+    nodes = [
+        _Child(
+            f"node-{number}",
+            f"tcp://{host}:{port}",
+            [
+                "storage-node",
+                "--host",
+                host,
+                "--data-dir",
+                str(root / f"node-{number}"),
+                "--node-port",
+                str(port),
+                "--meta",
+                meta_address,
+            ],
+            logs / f"node-{number}.log",
+        )
+        for number, port in enumerate(node_ports)
+    ]
+    return [meta, *nodes]
+
+
+class _StartFailed(Exception):
+    pass
+
+
+def _wait_ready(children: list[_Child], stop: threading.Event) -> bool:
+    """Until the Meta Service lists every node alive (True), or a stop signal (False).
+
+    Raises :class:`_StartFailed` if a child exits or the start takes too long.
+    """
+    from robustmq._meta_client import MetaClient
+
+    meta, nodes = children[0], children[1:]
+    wanted = {node.address for node in nodes}
+    deadline = time.monotonic() + START_TIMEOUT_S
+    with MetaClient(meta.address, timeout_s=2.0) as client:
+        while not stop.is_set():
+            for child in children:
+                code = child.exited()
+                if code is not None:
+                    child.reported = True
+                    why = child.last_line() or "no output"
+                    raise _StartFailed(f"{child.name} exited with code {code}: {why} (log: {child.log_path})")
+            try:
+                alive = {node.address for node in client.list_nodes() if node.alive}
+            except RobustMQError:  # not listening yet
+                alive = set()
+            if wanted <= alive:
+                return True
+            if time.monotonic() > deadline:
+                missing = ", ".join(node.name for node in nodes if node.address not in alive)
+                raise _StartFailed(
+                    f"not every node registered within {START_TIMEOUT_S:.0f} s (missing: {missing}; "
+                    f"logs in {meta.log_path.parent})"
+                )
+            stop.wait(_POLL_S)
+    return False
+
+
+def _stop(children: list[_Child]) -> None:
+    """SIGTERM the nodes, then the Meta Service (it outlives the nodes' last heartbeats), by pid;
+    SIGKILL whatever has not exited after :data:`STOP_WAIT_S`."""
+    for group in (children[1:], children[:1]):
+        running = [child for child in group if child.process is not None and child.exited() is None]
+        for child in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.process.pid, signal.SIGCONT)  # type: ignore[union-attr]  # a paused one
+                os.kill(child.process.pid, signal.SIGTERM)  # type: ignore[union-attr]
+        deadline = time.monotonic() + STOP_WAIT_S
+        for child in running:
+            assert child.process is not None
+            try:
+                child.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(
+                    f"robustmq cluster: {child.name} did not stop in {STOP_WAIT_S:.0f} s: killing it",
+                    file=sys.stderr,
+                )
+                child.process.kill()
+                child.process.wait(STOP_WAIT_S)
+    for child in children:
+        if child.log is not None:
+            child.log.close()
+
+
+@contextlib.contextmanager
+def _stop_signals(stop: threading.Event) -> Iterator[None]:
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _report_exits(children: list[_Child]) -> None:
+    for child in children:
+        code = child.exited()
+        if code is not None and not child.reported:
+            child.reported = True
+            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+            print(
+                f"robustmq cluster: {child.name} ({child.address}, pid {child.process.pid}) {how}; "  # type: ignore[union-attr]
+                f"the others keep running (log: {child.log_path})",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def run_cluster(
+    *,
+    nodes: int,
+    data_dir: str | None,
+    host: str,
+    meta_port: int,
+    base_port: int,
+    node_timeout_ms: int = 2000,
+) -> int:
+    """Run the cluster until a stop signal; the exit code (0 after a stop, 1 if it could not start)."""
+    meta_port, node_ports = _ports(host, meta_port, base_port, nodes)
+    root = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="robustmq-cluster-"))
+    stop = threading.Event()
+    children = _children(root, host, meta_port, node_ports, node_timeout_ms)
+    try:
+        with _stop_signals(stop):
+            for child in children:
+                child.start()
+            try:
+                if not _wait_ready(children, stop):
+                    return 0
+            except _StartFailed as failed:
+                print(f"robustmq cluster: cannot start: {failed}", file=sys.stderr, flush=True)
+                return 1
+            for child in children:
+                assert child.process is not None
+                print(f"{child.name} {child.address} pid {child.process.pid} log {child.log_path}")
+            print(f"data in {root}{'' if data_dir is not None else ' (removed on exit)'}")
+            announce_ready()
+            while not stop.wait(_POLL_S):
+                _report_exits(children)
+            return 0
+    finally:
+        _stop(children)
+        if data_dir is None:
+            shutil.rmtree(root, ignore_errors=True)

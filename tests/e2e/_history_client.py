@@ -1,0 +1,78 @@
+"""The client side of a history run in its own network namespace (a child process).
+
+``python -m tests.e2e._history_client --seed S --variant V --meta HOST:PORT --out F --origin T``
+derives the run's settings from the seed, creates the topics, runs the workers,
+and talks to the parent (which runs the servers and the nemesis) over lines:
+
+- it prints ``created`` once the workers run (or ``unsupported <reason>`` and
+  exits 3 when the cluster refuses replicated topics);
+- on ``stop`` (stdin) it stops the workers (bounded), prints ``stopped``;
+- on ``final`` (sent once every fault is healed) it settles, probes and reads
+  back every partition, writes its history (times counted from the parent's
+  ``--origin`` on the same monotonic clock) to ``--out`` and prints ``done``.
+
+A parent that dies closes stdin: the child then stops its workers and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tests.e2e._history import INFO, History
+from tests.e2e._history_run import ReplicationUnavailable, create_topics, final_phase
+from tests.e2e._history_worker import Worker
+from tests.e2e._history_workload import Settings
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _stuck(history: History, what: str) -> None:
+    history.complete(history.invoke("harness", "stuck", {"what": what}), INFO)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--variant", required=True)
+    parser.add_argument("--meta", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--origin", type=float, required=True)
+    args = parser.parse_args(argv)
+    settings = Settings.derive(args.seed, args.variant)
+    history = History(origin=args.origin)
+    stop = threading.Event()
+    try:
+        slots = create_topics(settings, history, args.meta)
+    except ReplicationUnavailable as refused:
+        _say(f"unsupported {refused}")
+        return 3
+    workers = [
+        Worker(index, settings, slots, history, args.meta, stop)
+        for index in range(len(settings.worker_seeds))
+    ]
+    for worker in workers:
+        worker.start()
+    _say("created")
+    command = sys.stdin.readline().strip()
+    stop.set()
+    deadline = time.monotonic() + settings.worker_join_s
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+        if worker.is_alive():
+            _stuck(history, f"worker {worker.process} did not stop within {settings.worker_join_s}s")
+    _say("stopped")
+    if command == "stop" and sys.stdin.readline().strip() == "final":
+        final_phase(settings, slots, history, args.meta)
+    history.dump(args.out)
+    _say("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

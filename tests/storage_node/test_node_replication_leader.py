@@ -1,0 +1,380 @@
+"""The leader side of replication, driven by hand-made followers over the real node protocol.
+
+A real Meta Service and one real storage node run in-process on loopback; two
+more nodes are only registered with the Meta Service (and kept alive by the
+test's heartbeats), so the node leads an RF 3 shard whose followers are this
+test: it sends their ``ReplicaFetch`` requests with :class:`NodeCaller`, the
+client a real follower uses, and decides when each follower has fetched.
+That makes the high watermark, the acks, the ISR shrink, the timeouts and the
+fence observable one step at a time. The last test runs three real nodes
+(real followers) for the seal's agreement on checksums.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import robustmq
+from robustmq._meta_client import MetaClient
+from robustmq._node_client import NodeCaller
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq._records import build_records, encode_batch
+from robustmq.errors import (
+    InvalidRequest,
+    NotEnoughReplicas,
+    RequestTimeout,
+    RobustMQError,
+    Unavailable,
+)
+from robustmq.meta import MetaServer
+from robustmq.storage_node import NodeConfig, StorageNode
+from robustmq.storage_node._control import MetaAnswer
+from tests.e2e._procs import wait_until
+
+FOLLOWERS = ("fake-follower-1", "fake-follower-2")
+
+
+@dataclass
+class Led:
+    """A node leading shard ``shard`` (RF 3) whose two followers are the test."""
+
+    meta: MetaServer
+    node: StorageNode
+    client: robustmq.Client
+    caller: NodeCaller
+    shard: str
+    partition: int
+    incarnation: int
+
+    def produce(self, acks: int, values: list[bytes], timeout_s: float = 20) -> Future[Any]:
+        ask = pb.ProduceRequest(shard=self.shard, epoch=0, acks=acks, producer_id=-1, producer_sequence=-1)
+        payload = encode_batch(build_records(values))
+        return self.caller.request(self.node.address, "produce", ask, (payload,), timeout_s=timeout_s)
+
+    def fetch_as(self, follower: str, offset: int, *, epoch: int = 0, wait_ms: int = 0) -> pb.NodeResponse:
+        ask = pb.ReplicaFetchRequest(
+            shard=self.shard,
+            incarnation=self.incarnation,
+            epoch=epoch,
+            offset=offset,
+            node_id=follower,
+            max_wait_ms=wait_ms,
+        )
+        response, _ = self.caller.call(self.node.address, "replica_fetch", ask, timeout_s=10)
+        return response
+
+    def follow(self, follower: str, offset: int) -> threading.Event:
+        """Run ``follower`` live from ``offset`` (it copies nothing, it acknowledges what it is
+        sent, long-polling at the log end as a real follower does) until the event is set."""
+        stop = threading.Event()
+
+        def run() -> None:
+            position = offset
+            while not stop.is_set():
+                try:
+                    position = self.fetch_as(follower, position, wait_ms=200).replica_fetch.next_offset
+                except RobustMQError:
+                    stop.wait(0.05)
+
+        threading.Thread(target=run, daemon=True).start()
+        return stop
+
+    def offsets(self) -> pb.ShardOffsetsInfo:
+        ask = pb.ListOffsetsRequest(shards=[self.shard])
+        response, _ = self.caller.call(self.node.address, "list_offsets", ask)
+        return response.list_offsets.shards[0]
+
+    def isr(self) -> list[str]:
+        return list(self.client.describe_topic("t").shards[self.partition].segments[-1].isr)
+
+
+def _outcome(future: Future[Any], timeout_s: float = 30) -> Any:
+    try:
+        return future.result(timeout_s)[0]
+    except RobustMQError as error:
+        return error
+
+
+@pytest.fixture
+def lead(tmp_path: Path) -> Iterator[Any]:
+    """``lead(**node_settings)``: a :class:`Led` shard; everything stops at the end."""
+    started: list[tuple[Any, ...]] = []
+
+    def make(**settings: Any) -> Led:
+        root = tmp_path / f"cluster-{len(started)}"
+        meta = MetaServer(root / "meta", port=0).start()
+        node = StorageNode(
+            NodeConfig(data_dir=root / "node", meta_address=meta.address, port=0, io_workers=1, **settings)
+        ).start()
+        beats = MetaClient(meta.address, timeout_s=5)
+        for follower in FOLLOWERS:  # registered and alive, never serving: the test speaks for them
+            beats.register_node(follower, "tcp://127.0.0.1:9")
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(0.5):
+                for follower in FOLLOWERS:
+                    beats.heartbeat(follower, "tcp://127.0.0.1:9")
+
+        beating = threading.Thread(target=beat, daemon=True)
+        beating.start()
+        client = robustmq.connect(meta.address, timeout_s=20)
+        caller = NodeCaller(timeout_s=10)
+        started.append((meta, node, client, caller, stop, beating, beats))
+        client.create_topic("t", 3, replication_factor=3)
+        shards = client.describe_topic("t").shards
+        partition = next(p for p, s in enumerate(shards) if s.segments[-1].leader == node.node_id)
+        shard = shards[partition]
+        assert set(shard.segments[-1].isr) == {node.node_id, *FOLLOWERS}
+        return Led(meta, node, client, caller, shard.shard, partition, int(shard.incarnation))
+
+    yield make
+    for meta, node, client, caller, stop, beating, beats in started:
+        stop.set()
+        beating.join(10)
+        beats.close()
+        caller.close()
+        client.close()
+        node.stop()
+        meta.stop()
+
+
+def test_acks_all_waits_for_every_isr_member_and_reads_stop_at_the_high_watermark(lead: Any) -> None:
+    led = lead()
+    both = led.produce(pb.ACKS_ALL, [b"a", b"b", b"c"])
+    wait_until(lambda: led.offsets().log_end_offset == 3, timeout_s=10)
+    assert not both.done()
+    assert led.offsets().high_watermark == 0  # appended, not committed: invisible to readers
+    assert led.client.read("t", led.partition, 0, 100).num_rows == 0
+
+    answer = led.fetch_as(FOLLOWERS[0], 0).replica_fetch  # the frames are served from offset 0 ...
+    assert (answer.next_offset, answer.log_end_offset, answer.high_watermark) == (3, 3, 0)
+    led.fetch_as(FOLLOWERS[0], 3)  # ... and acknowledged by the next fetch's offset
+    assert not both.done() and led.offsets().high_watermark == 0  # one ISR member still lacks them
+
+    led.fetch_as(FOLLOWERS[1], 3)
+    produced = _outcome(both)
+    assert not isinstance(produced, RobustMQError), produced
+    assert produced.produce.base_offset == 0
+    assert led.offsets().high_watermark == 3
+    assert led.client.read("t", led.partition, 0, 100).num_rows == 3
+
+
+def test_acks_quorum_needs_a_majority_and_acks_1_nobody(lead: Any) -> None:
+    led = lead()
+    leader_only = _outcome(led.produce(pb.ACKS_LEADER, [b"x"]))
+    assert leader_only.produce.base_offset == 0 and leader_only.produce.high_watermark == 0  # not committed
+    quorum = led.produce(pb.ACKS_QUORUM, [b"y", b"z"])
+    wait_until(lambda: led.offsets().log_end_offset == 3, timeout_s=10)
+    assert not quorum.done()
+    led.fetch_as(FOLLOWERS[1], 3)  # leader + one follower: 2 of 3
+    assert _outcome(quorum).produce.base_offset == 1
+    assert led.offsets().high_watermark == 0  # the HW waits for the whole ISR
+
+
+def test_a_waiting_ack_times_out_and_a_long_poll_is_woken_by_an_append(lead: Any) -> None:
+    led = lead(ack_timeout_ms=300, replica_lag_ms=60_000)
+    assert isinstance(_outcome(led.produce(pb.ACKS_ALL, [b"late"])), RequestTimeout)
+    assert led.offsets().log_end_offset == 1  # stored, not confirmed: the client must retry
+    parked = led.caller.request(
+        led.node.address,
+        "replica_fetch",
+        pb.ReplicaFetchRequest(
+            shard=led.shard, incarnation=led.incarnation, offset=1, node_id=FOLLOWERS[0], max_wait_ms=20_000
+        ),
+        timeout_s=30,
+    )
+    led.produce(pb.ACKS_LEADER, [b"wake"]).result(10)
+    answer, frames = parked.result(10)
+    assert (answer.replica_fetch.next_offset, len(frames)) == (2, 1)
+
+
+def test_lagging_followers_leave_the_isr_acks_all_is_refused_and_a_follower_rejoins(lead: Any) -> None:
+    led = lead(replica_lag_ms=1000, ack_timeout_ms=30_000)
+    live = led.follow(FOLLOWERS[0], 0)  # follower 1 keeps up (long-polling), follower 2 never fetches
+    waiting = led.produce(pb.ACKS_ALL, [b"v"])
+    assert not isinstance(_outcome(waiting), RobustMQError)  # answered once follower 2 was shrunk out
+    wait_until(lambda: set(led.isr()) == {led.node.node_id, FOLLOWERS[0]}, timeout_s=10)  # recorded
+
+    live.set()  # follower 1 stops fetching too
+    led.produce(pb.ACKS_LEADER, [b"w"]).result(10)
+    wait_until(lambda: led.isr() == [led.node.node_id], timeout_s=10)
+    refused = _outcome(led.produce(pb.ACKS_ALL, [b"no"]))
+    assert isinstance(refused, NotEnoughReplicas) and refused.fields["appended"] is False, refused
+    assert led.offsets().log_end_offset == 2  # nothing was written
+
+    led.fetch_as(FOLLOWERS[0], 2)  # follower 1 caught up again: it rejoins the ISR
+    wait_until(lambda: set(led.isr()) == {led.node.node_id, FOLLOWERS[0]}, timeout_s=10)
+    again = led.produce(pb.ACKS_ALL, [b"again"])
+    wait_until(lambda: led.offsets().log_end_offset == 3, timeout_s=10)
+    assert not again.done()
+    led.fetch_as(FOLLOWERS[0], 3)
+    assert _outcome(again).produce.base_offset == 2
+
+
+def test_a_restarted_leader_keeps_its_hw_and_adds_no_follower_that_did_not_fetch(lead: Any) -> None:
+    led = lead(replica_lag_ms=3000, ack_timeout_ms=30_000)
+    first = led.produce(pb.ACKS_ALL, [b"a", b"b", b"c"])
+    wait_until(lambda: led.offsets().log_end_offset == 3, timeout_s=10)
+    led.fetch_as(FOLLOWERS[0], 3)
+    led.fetch_as(FOLLOWERS[1], 3)
+    assert not isinstance(_outcome(first), RobustMQError)
+    live = led.follow(FOLLOWERS[0], 3)  # follower 2 stops: it leaves the ISR
+    more = led.produce(pb.ACKS_ALL, [b"d", b"e", b"f"])
+    assert not isinstance(_outcome(more), RobustMQError)
+    wait_until(lambda: set(led.isr()) == {led.node.node_id, FOLLOWERS[0]}, timeout_s=10)
+    live.set()
+    wait_until(lambda: led.client.describe_topic("t").shards[led.partition].high_watermark == 6, timeout_s=10)
+    led.produce(pb.ACKS_LEADER, [b"g"]).result(10)  # offset 6: stored, not committed
+
+    led.node.stop()  # restarted; nobody fetches from it for a while
+    led.node = StorageNode(led.node.config).start()
+    try:
+        for offset in (6, 7):  # a consumer at the committed end, and one past the HW: empty, no error
+            ask = pb.FetchRequest(shard=led.shard, offset=offset, max_bytes=1 << 20)
+            fetched, frames = led.caller.call(led.node.address, "fetch", ask, timeout_s=10)
+            assert (fetched.fetch.next_offset, len(frames)) == (offset, 0)
+        assert led.offsets().high_watermark >= 6  # never back below what readers were told
+        for _ in range(10):  # follower 2 fetched nothing since the restart: it does not join
+            assert FOLLOWERS[1] not in led.isr()
+            time.sleep(0.1)
+        led.fetch_as(FOLLOWERS[1], 6)  # behind the log end the leader had: not caught up
+        led.fetch_as(FOLLOWERS[0], 7)
+        assert led.offsets().high_watermark == 7
+        assert FOLLOWERS[1] not in led.isr()
+        led.fetch_as(FOLLOWERS[1], 7)  # caught up now: it joins
+        wait_until(lambda: FOLLOWERS[1] in led.isr(), timeout_s=10)
+    finally:
+        led.node.stop()
+
+
+def test_a_read_by_key_answers_the_latest_committed_value(lead: Any) -> None:
+    led = lead(replica_lag_ms=60_000)
+    key = {"keys": [b"k"]}
+    led.caller.call(  # offset 0: k = old, committed
+        led.node.address,
+        "produce",
+        pb.ProduceRequest(shard=led.shard, acks=pb.ACKS_LEADER, producer_id=-1, producer_sequence=-1),
+        (encode_batch(build_records([b"old"], **key)),),
+    )
+    led.fetch_as(FOLLOWERS[0], 1)
+    led.fetch_as(FOLLOWERS[1], 1)
+    assert led.offsets().high_watermark == 1
+    led.caller.call(  # offset 1: k = new, not committed (nobody fetched it)
+        led.node.address,
+        "produce",
+        pb.ProduceRequest(shard=led.shard, acks=pb.ACKS_LEADER, producer_id=-1, producer_sequence=-1),
+        (encode_batch(build_records([b"new"], **key)),),
+    )
+    found = led.client.read_by_key("t", b"k", partition=led.partition)
+    assert found.column("value").to_pylist() == [b"old"]
+    led.fetch_as(FOLLOWERS[0], 2)
+    led.fetch_as(FOLLOWERS[1], 2)
+    found = led.client.read_by_key("t", b"k", partition=led.partition)
+    assert found.column("value").to_pylist() == [b"new"]
+
+
+def test_a_refused_isr_change_backs_off_and_warns_once(lead: Any, caplog: Any) -> None:
+    led = lead(replica_lag_ms=60_000)
+    led.produce(pb.ACKS_LEADER, [b"a"]).result(10)  # the node leads the shard now
+    worker = led.node.worker_for(led.shard)
+    caplog.set_level(logging.WARNING, logger="robustmq.node")
+    refused = InvalidRequest("the ISR names a node that is not a replica")
+    for _ in range(3):  # what the control thread posts when the Meta Service refuses UpdateIsr
+        worker.post(MetaAnswer("isr", led.shard, epoch=0, incarnation=led.incarnation, error=refused))
+    wait_until(lambda: led.shard in worker.leading._retry_at, timeout_s=10)
+    time.sleep(0.5)  # the worker handles the three answers in order
+    warnings = [r for r in caplog.records if "ISR change failed" in r.getMessage()]
+    assert len(warnings) == 1, warnings  # logged once for the same refusal
+    assert worker.leading._retry_at[led.shard] - time.monotonic() > 2.0  # backed off: 1 s, 2 s, 4 s
+
+
+def _stored_bytes(led: Led) -> int:
+    meta = MetaClient(led.meta.address)
+    try:
+        return next(node.stored_bytes for node in meta.list_nodes() if node.node_id == led.node.node_id)
+    finally:
+        meta.close()
+
+
+def test_the_heartbeat_thread_never_walks_the_data_directory(lead: Any, monkeypatch: Any) -> None:
+    walkers: list[str] = []
+    walk = os.walk
+
+    def recording_walk(*args: Any, **kwargs: Any) -> Any:
+        walkers.append(threading.current_thread().name)
+        return walk(*args, **kwargs)
+
+    monkeypatch.setattr(os, "walk", recording_walk)
+    led = lead(heartbeat_interval_ms=100)
+    wait_until(lambda: _stored_bytes(led) > 0, timeout_s=10)
+    assert walkers and not {"rmq-heartbeat", "MainThread"} & set(walkers), walkers  # beats never wait
+
+
+def test_replica_fetches_are_checked_and_a_fence_stops_writes(lead: Any) -> None:
+    led = lead()
+    wait_until(lambda: _stored_bytes(led) > 0, timeout_s=10)  # reported with its heartbeats
+    with pytest.raises(Unavailable):  # not a replica as the leader knows: it looks the shard up
+        led.fetch_as("not-a-replica", 0)
+    with pytest.raises(Unavailable):  # an epoch this node does not know yet: retriable
+        led.fetch_as(FOLLOWERS[0], 0, epoch=7)
+    led.produce(pb.ACKS_LEADER, [b"a", b"b"]).result(10)
+    fence = pb.FenceRequest(shard=led.shard, incarnation=led.incarnation, epoch=0)
+    answer, _ = led.caller.call(led.node.address, "fence", fence)
+    assert (answer.fence.log_end_offset, answer.fence.segment_start) == (2, 0)
+    assert led.node.fences.fenced_epoch(led.shard, led.incarnation) == 0
+    assert isinstance(_outcome(led.produce(pb.ACKS_LEADER, [b"after"])), Unavailable)
+    led.fetch_as(FOLLOWERS[0], 2)
+    led.fetch_as(FOLLOWERS[1], 2)
+    assert led.offsets().high_watermark == 0  # nothing past the fence point becomes committed here
+
+    led.node.stop()  # a restart does not forget the fence
+    led.node = StorageNode(led.node.config).start()
+    try:
+        refused = _outcome(led.produce(pb.ACKS_LEADER, [b"after a restart"]))
+        assert isinstance(refused, Unavailable) and "fenced" in refused.message, refused
+        led.client.delete_topic("t")  # the shard incarnation is dropped: its fence goes with it
+        wait_until(lambda: led.node.fences.fences() == {}, timeout_s=20)
+    finally:
+        led.node.stop()
+
+
+def test_a_seal_records_the_replicas_that_agree_on_the_checksum(tmp_path: Path) -> None:
+    meta = MetaServer(tmp_path / "meta", port=0).start()
+    nodes = [
+        StorageNode(
+            NodeConfig(data_dir=tmp_path / f"node-{i}", meta_address=meta.address, port=0, io_workers=1)
+        ).start()
+        for i in range(3)
+    ]
+    client = robustmq.connect(meta.address, timeout_s=20)
+    try:
+        client.create_topic("t", 1, replication_factor=3)
+        for i in range(5):
+            client.produce("t", 0, build_records([b"%d" % i] * 4), acks="all")
+        route = client.metadata.write_route("t", 0)
+        response, _ = client.transport.call(
+            route.address, pb.NodeRequest(seal=pb.SealRequest(shard=route.shard))
+        )
+        sealed = response.seal.sealed
+        assert (sealed.end_offset, sorted(sealed.isr)) == (20, sorted(n.node_id for n in nodes))
+        incarnation = client.describe_topic("t").shards[0].incarnation
+        ask = pb.ChecksumRequest(shard=route.shard, incarnation=incarnation, start_offset=0, end_offset=20)
+        for node in nodes:
+            answer, _ = client.transport.call(node.address, pb.NodeRequest(checksum=ask))
+            assert (answer.checksum.crc32c, answer.checksum.size_bytes) == (sealed.crc32c, sealed.size_bytes)
+    finally:
+        client.close()
+        for node in nodes:
+            node.stop()
+        meta.stop()

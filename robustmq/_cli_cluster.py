@@ -253,7 +253,7 @@ def run_cluster(
     host: str,
     meta_port: int,
     base_port: int,
-    node_timeout_ms: int = 2000,
+    node_timeout_ms: int = 1500,
 ) -> int:
     """Run the cluster until a stop signal; the exit code (0 after a stop, 1 if it could not start)."""
     meta_port, node_ports = _ports(host, meta_port, base_port, nodes)

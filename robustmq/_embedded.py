@@ -35,7 +35,7 @@ class EmbeddedCluster:
         host: str = "127.0.0.1",
         meta_port: int = 7070,
         node_port: int = 7101,
-        node_timeout_ms: int = 2000,
+        node_timeout_ms: int = 1500,
     ) -> None:
         self.data_dir = Path(data_dir)
         self._host = host

@@ -247,9 +247,9 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     cluster.add_argument(
         "--node-timeout-ms",
         type=_bounded_int(100, 3_600_000),
-        default=2000,
+        default=1500,
         help="the Meta Service's --node-timeout-ms: how long a silent node's shards wait to fail over "
-        "(default 2000)",
+        "(default 1500)",
     )
     cluster.set_defaults(handler=_cluster)
 
@@ -260,8 +260,8 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     meta.add_argument(
         "--node-timeout-ms",
         type=_bounded_int(100, 3_600_000),
-        default=2000,
-        help="a storage node missing heartbeats this long is dead: its shards fail over (default 2000; "
+        default=1500,
+        help="a storage node missing heartbeats this long is dead: its shards fail over (default 1500; "
         "nodes beat every quarter of it)",
     )
     meta.set_defaults(handler=_run_meta)

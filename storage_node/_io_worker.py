@@ -41,7 +41,8 @@ No item ever waits for the Meta Service on this thread:
   node did since (a seal): it is ignored (epochs only go up, see ``_shards``),
   and so is a view of an older incarnation than the one served.
 - **Newer epoch.** A write naming an epoch above the node's parks for a
-  ``lookup`` refresh, at most once per :data:`REFRESH_INTERVAL_S` per shard;
+  ``lookup`` refresh, at most once per :data:`REFRESH_INTERVAL_S` per shard
+  (an epoch not named before: after :data:`NEW_EPOCH_REFRESH_S`);
   within that interval it is answered ``StaleEpoch`` at once, so a client
   sending a huge epoch cannot cause one Meta Service call per request.
 - **Seals.** When a segment passes its size or age limit, or a client asks,
@@ -115,6 +116,7 @@ __all__ = [
 log = logging.getLogger("robustmq.node")
 
 REFRESH_INTERVAL_S = 1.0  # at most one epoch refresh per shard in this long
+NEW_EPOCH_REFRESH_S = 0.1  # ... but an epoch not asked about before may refresh after this long
 
 
 @dataclass(slots=True)
@@ -447,8 +449,9 @@ class IOWorker(threading.Thread):
 
     def _produce(self, state: NodeShard, item: Request) -> None:
         produce = item.message.produce
-        if produce.epoch > state.epoch and time.monotonic() - state.refreshed_at >= REFRESH_INTERVAL_S:
-            state.refreshed_at = time.monotonic()  # the rate limit counts attempts, not successes
+        if produce.epoch > state.epoch and state.refresh_due(
+            produce.epoch, time.monotonic(), REFRESH_INTERVAL_S, NEW_EPOCH_REFRESH_S
+        ):
             self._lookup(state.name, item, everything=False)
             return
         try:
@@ -713,14 +716,16 @@ class IOWorker(threading.Thread):
         replication = state.replication
         unknown = bool(item.replica) and replication is not None and item.replica not in replication.replicas
         if item.epoch > state.epoch or unknown:
-            self.look_up(state)
+            self.look_up(state, item.epoch)
 
-    def look_up(self, state: NodeShard) -> None:
-        """Ask the Meta Service for ``state``'s chain, at most once per :data:`REFRESH_INTERVAL_S`,
-        parking nothing (a fetch naming a newer epoch, a refused ISR change)."""
-        if time.monotonic() - state.refreshed_at < REFRESH_INTERVAL_S or state.name in self._awaiting:
+    def look_up(self, state: NodeShard, epoch: int = -1) -> None:
+        """Ask the Meta Service for ``state``'s chain, at most once per :data:`REFRESH_INTERVAL_S`
+        (sooner for an ``epoch`` not asked about before), parking nothing (a fetch naming a newer
+        epoch, a refused ISR change)."""
+        if state.name in self._awaiting or not state.refresh_due(
+            epoch, time.monotonic(), REFRESH_INTERVAL_S, NEW_EPOCH_REFRESH_S
+        ):
             return
-        state.refreshed_at = time.monotonic()
         if self.control.submit(Job("lookup", state.name, self.post)):
             self._awaiting[state.name] = _Awaiting(False)
 

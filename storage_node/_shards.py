@@ -171,6 +171,22 @@ class NodeShard:
     segment_created_ms: int = field(default_factory=now_ms)
     blocked: RobustMQError | None = None  # why this node cannot continue the shard's log, if it cannot
     refreshed_at: float = field(default_factory=time.monotonic)  # last view from the Meta Service
+    asked_epoch: int = -1  # the highest newer epoch a request named that a lookup was made for
+
+    def refresh_due(self, epoch: int, now: float, interval_s: float, new_epoch_s: float) -> bool:
+        """Whether a request naming ``epoch`` (above this node's) may look the shard up now.
+
+        At most once per ``interval_s``; but an epoch not asked about before may after
+        ``new_epoch_s``: after a failover the first request naming the new epoch must not
+        wait out the interval that a lookup made just before the commit started (a client
+        naming ever larger epochs still costs at most one lookup per ``new_epoch_s``).
+        """
+        since = now - self.refreshed_at
+        if since >= interval_s or (epoch > self.asked_epoch and since >= new_epoch_s):
+            self.asked_epoch = max(self.asked_epoch, epoch)
+            self.refreshed_at = now  # the rate limit counts attempts, not successes
+            return True
+        return False
     seal: SealTask | None = None
     held: deque[Any] | None = None  # writes held while a seal is settling (None: not paused)
     held_bytes: int = 0  # payload bytes of the held writes

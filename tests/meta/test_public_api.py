@@ -33,7 +33,7 @@ def test_all_is_sorted_and_resolves() -> None:
 def test_signatures() -> None:
     assert str(inspect.signature(meta.run_meta)) == (
         "(*, data_dir: 'str | Path', host: 'str' = '127.0.0.1', port: 'int' = 7070, "
-        "node_timeout_ms: 'int' = 2000) -> 'int'"
+        "node_timeout_ms: 'int' = 1500) -> 'int'"
     )
     server = inspect.signature(MetaServer)
     assert list(server.parameters) == [
@@ -42,7 +42,7 @@ def test_signatures() -> None:
         "port",
         "node_timeout_ms",
     ]
-    assert server.parameters["node_timeout_ms"].default == 2000
+    assert server.parameters["node_timeout_ms"].default == 1500
     client = inspect.signature(MetaClient)
     assert client.parameters["timeout_s"].kind is inspect.Parameter.KEYWORD_ONLY
     assert client.parameters["channel"].default is None

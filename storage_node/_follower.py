@@ -83,6 +83,8 @@ log = logging.getLogger("robustmq.node")
 
 _MAX_PENDING = 100_000  # lookups and reports the control thread keeps, each
 _REFRESH_INTERVAL_S = 1.0  # at most one lookup per shard in this long
+_FENCED_POLL_S = 0.1  # a fenced epoch's shard is looked up this often until its seal is known
+_FENCED_WATCH_S = 10.0  # ... for at most this long (then the heartbeat's assignments tell)
 _RETRY_S = 2.0  # a copied answer that could not be appended: fetch again after this
 
 
@@ -139,6 +141,12 @@ class Follower:
     def refresh(self, shard: str) -> None:
         """Look ``shard`` up with the Meta Service soon (rate-limited per shard)."""
         self._control.refresh(shard)
+
+    def watch_fenced(self, shard: str, epoch: int) -> None:
+        """A failover fenced ``epoch`` of ``shard`` here: look it up every 0.1 s until the chain
+        shows the epoch sealed (the commit comes milliseconds after the fences), so this node
+        leads or follows the next epoch at once instead of at its next heartbeat."""
+        self._control.watch(shard, epoch)
 
     def report(self, copy: SealedCopy) -> None:
         """Report ``copy`` (held whole here) to the Meta Service until it answers."""
@@ -303,6 +311,7 @@ class _FollowerControl(threading.Thread):
         self._addresses = _Addresses()
         self._want_addresses = False
         self._assignments_retry_at = 0.0
+        self._watched: dict[str, tuple[int, float]] = {}  # fenced shard -> (epoch, watch until)
 
     def wake(self) -> None:
         with self._ready:
@@ -312,6 +321,12 @@ class _FollowerControl(threading.Thread):
         with self._ready:
             if version and version != self._handled_version:
                 self._seen_version = version
+                self._ready.notify_all()
+
+    def watch(self, shard: str, epoch: int) -> None:
+        with self._ready:
+            if len(self._watched) < _MAX_PENDING:
+                self._watched[shard] = (epoch, time.monotonic() + _FENCED_WATCH_S)
                 self._ready.notify_all()
 
     def refresh(self, shard: str) -> None:
@@ -343,7 +358,7 @@ class _FollowerControl(threading.Thread):
         node = self._follower._node
         while not self._follower.stopping.is_set():
             with self._ready:
-                self._ready.wait(0.2)
+                self._ready.wait(_FENCED_POLL_S / 2 if self._watched else 0.2)
             try:
                 self._round(node)
             except Exception:  # a bug must not stop the follower's control
@@ -405,18 +420,33 @@ class _FollowerControl(threading.Thread):
             due = [s for s in self._refreshes if now - self._refreshed_at.get(s, -1e9) >= _REFRESH_INTERVAL_S]
             for shard in due:
                 del self._refreshes[shard]
+            for shard, (_, until) in list(self._watched.items()):
+                if now > until:
+                    del self._watched[shard]
+                elif shard not in due and now - self._refreshed_at.get(shard, -1e9) >= _FENCED_POLL_S:
+                    due.append(shard)
         for shard in due:
             self._refreshed_at[shard] = now
             self._refreshed_at.move_to_end(shard)
             if len(self._refreshed_at) > _MAX_PENDING:
                 self._refreshed_at.popitem(last=False)
             try:
-                self._post_view(meta, meta.get_shard(shard))
+                info = meta.get_shard(shard)
+                self._post_view(meta, info)
+                self._unwatch(shard, info.segments[-1].epoch)
             except (ShardNotFound, TopicNotFound):
+                self._unwatch(shard, 1 << 40)
                 self._follower.want(shard, None)
             except RobustMQError as error:
                 log.info("follower lookup of %s failed: %s", shard, error.message)
                 self.refresh(shard)
+
+    def _unwatch(self, shard: str, active_epoch: int) -> None:
+        """Stop polling ``shard`` once its fenced epoch is no longer the active one."""
+        with self._ready:
+            watched = self._watched.get(shard)
+            if watched is not None and active_epoch > watched[0]:
+                del self._watched[shard]
 
     def _send_reports(self, meta: Any) -> None:
         now = time.monotonic()

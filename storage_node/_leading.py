@@ -235,6 +235,7 @@ class Leading:
         except RobustMQError as error:
             self._worker.fail(item, error)
             return
+        self._node.follower.watch_fenced(state.name, ask.epoch)
         replication = state.replication
         if replication is not None and replication.epoch <= ask.epoch:
             replication.fence()

@@ -74,6 +74,7 @@ __all__ = ["BatchMetadata", "Producer", "RecordFuture", "RecordMetadata"]
 log = logging.getLogger("robustmq.client")
 
 _CALLBACKS = threading.Lock()  # makes "finished?" and "add a callback" one step for every batch
+_CLOSE_MARGIN_S = 30.0  # close() waits at most the delivery timeout plus this
 
 MiB = 1024 * 1024
 
@@ -487,7 +488,8 @@ class Producer:
                 self._flushing -= 1
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Flush (waiting at most ``timeout_s``), then stop the sender.
+        """Flush (waiting at most ``timeout_s``; by default the delivery timeout and a
+        margin, which every batch's retries end within), then stop the sender.
 
         What is still unacknowledged after ``timeout_s`` is abandoned at once:
         queued batches fail with ``RequestTimeout`` now, a batch in flight fails
@@ -496,6 +498,8 @@ class Producer:
         """
         if self._closed:
             return
+        if timeout_s is None:  # every batch ends within its delivery timeout: never wait past that
+            timeout_s = self._delivery_timeout_s + _CLOSE_MARGIN_S
         try:
             self.flush(timeout_s)
         finally:

@@ -54,6 +54,7 @@ re-created topic at the same offset.
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import os
 import queue
@@ -108,6 +109,9 @@ log = logging.getLogger("robustmq.node")
 
 MiB = 1024 * 1024
 _RESULTS = "inproc://robustmq-node-results"
+# Each node's results socket gets a name no other node of this process ever had: ZeroMQ frees a
+# closed inproc name later, and id() of a stopped node is reused by the next one.
+_NODE_NUMBERS = itertools.count()
 _READS = (
     "fetch",
     "read_by_key",
@@ -219,6 +223,7 @@ class StorageNode:
         ]
         self._heartbeat = Heartbeat(self)
         self.address = ""
+        self._results_name = f"{_RESULTS}-{os.getpid()}-{next(_NODE_NUMBERS)}"
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -241,7 +246,7 @@ class StorageNode:
         self.address = f"tcp://{self.config.host}:{port}"
         self._results = self._context.socket(zmq.PULL)
         self._results.setsockopt(zmq.LINGER, 0)
-        self._results.bind(_RESULTS + f"-{id(self)}")
+        self._results.bind(self._results_name)
         self._register(register_timeout_s)
         # Deletions owed from while we were away are queued to the workers ahead of any request.
         self._heartbeat.beat()
@@ -337,7 +342,7 @@ class StorageNode:
         if push is None:
             push = self._local.push = self._context.socket(zmq.PUSH)
             push.setsockopt(zmq.LINGER, 1000)
-            push.connect(_RESULTS + f"-{id(self)}")
+            push.connect(self._results_name)
             with self._accounting:
                 self._pushes.append(push)
         push.send_multipart(parts, copy=False)

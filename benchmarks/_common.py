@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import platform
 import time
@@ -14,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 
 from robustmq._records import HEADERS_TYPE, RECORD_SCHEMA, TAGS_TYPE, TIMESTAMP_TYPE, null_column
+
+BATCH_RECORDS = 10_000  # records per send_batch table in the node benchmarks
 
 # Run outputs (JSON, PNG) go to an ignored folder: a run never rewrites tracked files.
 # The figures the project stands by are written down in the README, with their commands.
@@ -98,3 +101,52 @@ def bar_panels(path: Path, title: str, panels: list[tuple[str, dict[str, float],
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def latency_producer(meta: str, topic: str, acks: str, rate: float, seconds: float, results: Any) -> None:
+    """Send ``BATCH_RECORDS``-record tables at ``rate`` records/s for ``seconds`` (after a one-second
+    warm-up) and put ``(acks, [seconds from send_batch to acknowledgement, ...])`` on ``results``.
+
+    Start-up objects are frozen out of the garbage collector (``gc.freeze()``), as a
+    latency-sensitive client should: a full collection otherwise stalls every thread.
+    """
+    import gc
+
+    import robustmq
+
+    batch = make_records(BATCH_RECORDS, seed=99)
+    interval = BATCH_RECORDS / rate
+    latencies: list[float] = []
+    with robustmq.connect(meta) as client, client.producer(acks=acks) as producer:
+        gc.collect()
+        gc.freeze()
+        pending = []
+        started = time.perf_counter()
+        next_send = started
+        warm_until = started + 1.0
+        while time.perf_counter() - started < seconds + 1.0:
+            now = time.perf_counter()
+            if now < next_send:
+                time.sleep(next_send - now)
+            sent = time.perf_counter()
+            future = producer.send_batch(topic, batch)
+            if sent >= warm_until:
+                future.add_done_callback(lambda _, sent=sent: latencies.append(time.perf_counter() - sent))
+            pending.append(future)
+            next_send += interval
+        for future in pending:
+            future.result(60)
+    results.put((acks, latencies))
+
+
+def run_producers(target: Any, argument_sets: list[tuple[Any, ...]]) -> list[Any]:
+    """Run ``target(*arguments, results)`` in one spawned process per argument set; their results."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=target, args=(*arguments, results)) for arguments in argument_sets]
+    for process in processes:
+        process.start()
+    answers = [results.get(timeout=900) for _ in processes]
+    for process in processes:
+        process.join(60)
+    return answers

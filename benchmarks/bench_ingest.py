@@ -30,7 +30,6 @@ Usage: ``python benchmarks/bench_ingest.py [--quick]``
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import shutil
 import statistics
 import sys
@@ -42,9 +41,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import OUT_DIR, bar_panels, emit, make_records, percentile_ms
-
-BATCH_RECORDS = 10_000
+from _common import (
+    BATCH_RECORDS,
+    OUT_DIR,
+    bar_panels,
+    emit,
+    latency_producer,
+    make_records,
+    percentile_ms,
+    run_producers,
+)
 
 
 def _bulk_producer(meta: str, topic: str, records: int, seed: int, results: Any) -> None:
@@ -76,36 +82,6 @@ def _send_producer(meta: str, topic: str, records: int, results: Any) -> None:
         finished = time.perf_counter()
         assert last.result(60).offset >= 0
         results.put(("send", started, finished))
-
-
-def _latency_producer(meta: str, topic: str, rate: float, seconds: float, results: Any) -> None:
-    import gc
-
-    import robustmq
-
-    batch = make_records(BATCH_RECORDS, seed=99)
-    interval = BATCH_RECORDS / rate
-    latencies: list[float] = []
-    with robustmq.connect(meta) as client, client.producer() as producer:
-        gc.collect()
-        gc.freeze()
-        pending = []
-        started = time.perf_counter()
-        next_send = started
-        warm_until = started + 1.0
-        while time.perf_counter() - started < seconds + 1.0:
-            now = time.perf_counter()
-            if now < next_send:
-                time.sleep(next_send - now)
-            sent = time.perf_counter()
-            future = producer.send_batch(topic, batch)
-            if sent >= warm_until:
-                future.add_done_callback(lambda _, sent=sent: latencies.append(time.perf_counter() - sent))
-            pending.append(future)
-            next_send += interval
-        for future in pending:
-            future.result(60)
-    results.put(("latency", latencies))
 
 
 def raw_fsync_latency(root: Path, rate: float, seconds: float) -> list[float]:
@@ -144,18 +120,6 @@ def settle(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     os.sync()
     time.sleep(3)
-
-
-def run_producers(target: Any, argument_sets: list[tuple[Any, ...]]) -> list[Any]:
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    processes = [context.Process(target=target, args=(*arguments, results)) for arguments in argument_sets]
-    for process in processes:
-        process.start()
-    answers = [results.get(timeout=900) for _ in processes]
-    for process in processes:
-        process.join(60)
-    return answers
 
 
 def in_process_run(root: Path, records: int) -> float:
@@ -254,7 +218,7 @@ def main() -> None:
             # Latency comes before anything deletes gigabytes: this disk is mounted with `discard`,
             # and the trims after a large delete stall fsyncs for seconds.
             ((_, latencies),) = run_producers(
-                _latency_producer, [(meta_address, "latency", pace, args.latency_seconds)]
+                latency_producer, [(meta_address, "latency", "1", pace, args.latency_seconds)]
             )
             print(f"ack latency at {pace:,.0f} records/s: {len(latencies)} batches", flush=True)
             floor = raw_fsync_latency(root / "floor", pace, args.latency_seconds)

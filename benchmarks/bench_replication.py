@@ -24,7 +24,6 @@ Usage: ``python benchmarks/bench_replication.py [--quick]``
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import shutil
 import signal
@@ -38,9 +37,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import OUT_DIR, bar_panels, emit, make_records, percentile_ms
+from _common import (
+    BATCH_RECORDS,
+    OUT_DIR,
+    bar_panels,
+    emit,
+    latency_producer,
+    make_records,
+    percentile_ms,
+    run_producers,
+)
 
-BATCH_RECORDS = 10_000
 ACKS = ("1", "quorum", "all")
 
 
@@ -58,90 +65,6 @@ def _bulk_producer(meta: str, topic: str, acks: str, records: int, seed: int, re
         for future in futures:
             future.result(600)
         results.put((acks, started, time.perf_counter()))
-
-
-def _latency_producer(meta: str, topic: str, acks: str, rate: float, seconds: float, results: Any) -> None:
-    import gc
-
-    import robustmq
-
-    batch = make_records(BATCH_RECORDS, seed=99)
-    interval = BATCH_RECORDS / rate
-    latencies: list[float] = []
-    with robustmq.connect(meta) as client, client.producer(acks=acks) as producer:
-        gc.collect()
-        gc.freeze()
-        pending = []
-        started = time.perf_counter()
-        next_send = started
-        warm_until = started + 1.0
-        while time.perf_counter() - started < seconds + 1.0:
-            now = time.perf_counter()
-            if now < next_send:
-                time.sleep(next_send - now)
-            sent = time.perf_counter()
-            future = producer.send_batch(topic, batch)
-            if sent >= warm_until:
-                future.add_done_callback(lambda _, sent=sent: latencies.append(time.perf_counter() - sent))
-            pending.append(future)
-            next_send += interval
-        for future in pending:
-            future.result(120)
-    results.put((acks, latencies))
-
-
-def run_processes(target: Any, argument_sets: list[tuple[Any, ...]]) -> list[Any]:
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    processes = [context.Process(target=target, args=(*arguments, results)) for arguments in argument_sets]
-    for process in processes:
-        process.start()
-    answers = [results.get(timeout=900) for _ in processes]
-    for process in processes:
-        process.join(60)
-    return answers
-
-
-class Nodes:
-    """A Meta Service and storage-node processes on loopback, each with its own data directory."""
-
-    def __init__(self, root: Path) -> None:
-        from tests.e2e._procs import ServerProcess, free_port
-
-        self._server = ServerProcess
-        self._free_port = free_port
-        self.root = root
-        port = free_port()
-        self.meta_address = f"127.0.0.1:{port}"
-        self.meta = ServerProcess(["meta", "--data-dir", str(root / "meta"), "--meta-port", str(port)])
-        self.nodes: dict[str, Any] = {}  # address -> process
-
-    def start_meta(self) -> None:
-        self.meta.start()
-
-    def add_node(self) -> str:
-        port = self._free_port()
-        address = f"tcp://127.0.0.1:{port}"
-        data_dir = self.root / f"node-{len(self.nodes)}"
-        process = self._server(
-            [
-                "storage-node",
-                "--data-dir",
-                str(data_dir),
-                "--node-port",
-                str(port),
-                "--meta",
-                self.meta_address,
-            ]
-        )
-        process.start()
-        self.nodes[address] = process
-        return address
-
-    def stop(self) -> None:
-        for process in self.nodes.values():
-            process.stop()
-        self.meta.stop()
 
 
 def leader_address(client: Any, topic: str, partition: int) -> str:
@@ -165,7 +88,7 @@ def wait(predicate: Any, timeout_s: float, what: str) -> None:
     raise TimeoutError(f"{what} did not happen within {timeout_s} s")
 
 
-def failover_times(cluster: Nodes, client: Any, kills: int) -> list[float]:
+def failover_times(cluster: Any, client: Any, kills: int) -> list[float]:
     """Seconds from each leader SIGKILL to the first successful acks=all produce to its partition."""
     import pyarrow as pa
 
@@ -177,7 +100,7 @@ def failover_times(cluster: Nodes, client: Any, kills: int) -> list[float]:
         for number in range(kills):
             wait(lambda: isr_whole(client, "failover", 3), 60, "a whole ISR")
             victim = leader_address(client, "failover", 0)
-            process = cluster.nodes[victim]
+            process = cluster.nodes[cluster.index_at(victim)]
             os.kill(process.pid, signal.SIGKILL)
             killed = time.perf_counter()
             producer.send_batch("failover", table).result(60)
@@ -188,7 +111,7 @@ def failover_times(cluster: Nodes, client: Any, kills: int) -> list[float]:
     return times
 
 
-def scale_out(cluster: Nodes, client: Any, seconds: float) -> tuple[int, int]:
+def scale_out(cluster: Any, client: Any, seconds: float) -> tuple[int, int]:
     """(segments placed on a joining 4th node, bytes of pre-existing segments copied anywhere)."""
     import threading
 
@@ -209,7 +132,7 @@ def scale_out(cluster: Nodes, client: Any, seconds: float) -> tuple[int, int]:
         for shard in client.describe_topic("grow").shards
         for segment in shard.segments
     }
-    newcomer = cluster.add_node()
+    newcomer = cluster.address(cluster.add_node())
     time.sleep(seconds / 2)
     stop.set()
     loader.join(120)
@@ -248,12 +171,12 @@ def main() -> None:
     import robustmq
 
     root = Path(tempfile.mkdtemp(prefix="rmq-repl-"))
-    cluster = Nodes(root)
+    from tests.e2e._procs import NodeCluster
+
+    cluster = NodeCluster(root, nodes=3, io_workers=None)
     rates: dict[str, list[float]] = {acks: [] for acks in ACKS}
     try:
-        cluster.start_meta()
-        for _ in range(3):
-            cluster.add_node()
+        cluster.start()
         with robustmq.connect(cluster.meta_address) as client:
             wait(lambda: sum(n.alive for n in client.list_nodes()) == 3, 30, "three live nodes")
             for acks in ACKS:
@@ -261,7 +184,7 @@ def main() -> None:
                 client.create_topic(f"latency_{acks}", 3, replication_factor=3, min_insync_replicas=2)
             for round_number in range(args.rounds):
                 for acks in ACKS:
-                    ((_, started, finished),) = run_processes(
+                    ((_, started, finished),) = run_producers(
                         _bulk_producer,
                         [(cluster.meta_address, f"bulk_{acks}", acks, args.records, round_number)],
                     )
@@ -271,8 +194,8 @@ def main() -> None:
             pace = min(peak.values()) / 2  # a rate every level sustains: latency, not queueing
             latencies = {}
             for acks in ACKS:
-                ((_, samples),) = run_processes(
-                    _latency_producer,
+                ((_, samples),) = run_producers(
+                    latency_producer,
                     [(cluster.meta_address, f"latency_{acks}", acks, pace, args.latency_seconds)],
                 )
                 latencies[acks] = samples

@@ -19,21 +19,16 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
-import time
 from pathlib import Path
 
-from tests.e2e._history import INFO, History
-from tests.e2e._history_run import ReplicationUnavailable, create_topics, final_phase
+from tests.e2e._history import History
+from tests.e2e._history_run import ReplicationUnavailable, create_topics, final_phase, join_workers
 from tests.e2e._history_worker import Worker
 from tests.e2e._history_workload import Settings
 
 
 def _say(line: str) -> None:
     print(line, flush=True)
-
-
-def _stuck(history: History, what: str) -> None:
-    history.complete(history.invoke("harness", "stuck", {"what": what}), INFO)
 
 
 def main(argv: list[str]) -> int:
@@ -61,11 +56,7 @@ def main(argv: list[str]) -> int:
     _say("created")
     command = sys.stdin.readline().strip()
     stop.set()
-    deadline = time.monotonic() + settings.worker_join_s
-    for worker in workers:
-        worker.join(max(0.0, deadline - time.monotonic()))
-        if worker.is_alive():
-            _stuck(history, f"worker {worker.process} did not stop within {settings.worker_join_s}s")
+    join_workers(workers, settings, history)
     _say("stopped")
     if command == "stop" and sys.stdin.readline().strip() == "final":
         final_phase(settings, slots, history, args.meta)

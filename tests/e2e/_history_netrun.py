@@ -30,11 +30,11 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from tests.e2e._history import INFO, OK, History
+from tests.e2e._history import OK, History
 from tests.e2e._history_cluster import NetCluster
 from tests.e2e._history_nemesis import Nemesis, net_faults_of
 from tests.e2e._history_replicas import read_range
-from tests.e2e._history_run import FINAL, ReplicationUnavailable
+from tests.e2e._history_run import FINAL, ReplicationUnavailable, run_nemesis, stuck
 from tests.e2e._history_workload import Settings
 from tests.e2e._procs import ROOT
 
@@ -109,13 +109,7 @@ def run_net(settings: Settings, root: Path, cluster: NetCluster) -> History:
         if started.startswith("unsupported"):
             raise ReplicationUnavailable(started.removeprefix("unsupported "))
         nemesis = Nemesis(net_faults_of(cluster), settings.faults, history, stop)
-        nemesis.start()
-        time.sleep(settings.duration_s)
-        stop.set()
-        nemesis.join(settings.nemesis_join_s)
-        if nemesis.is_alive():
-            _stuck(history, f"the nemesis did not finish its step within {settings.nemesis_join_s}s")
-        nemesis.heal_all()
+        run_nemesis(nemesis, settings, history, stop)
         child.send("stop")
         child.expect(("stopped",), settings.worker_join_s + 30)
         child.send("final")
@@ -132,10 +126,6 @@ def run_net(settings: Settings, root: Path, cluster: NetCluster) -> History:
     return history
 
 
-def _stuck(history: History, what: str) -> None:
-    history.complete(history.invoke("harness", "stuck", {"what": what}), INFO)
-
-
 def _replicas(cluster: NetCluster, history: History) -> None:
     """Record every node's copy of every segment of the final chains (``final_replica``)."""
     hosts: dict[str, str] = {}  # node id -> host
@@ -146,7 +136,7 @@ def _replicas(cluster: NetCluster, history: History) -> None:
                 if host is not None:
                     hosts[node_id] = host
     if not hosts:
-        _stuck(history, "no node list after healing: cannot read the replicas")
+        stuck(history, "no node list after healing: cannot read the replicas")
         return
     chains = [op.value for op in history.ops() if op.f == "final_chain" and op.type == OK]
     hw = {
@@ -194,4 +184,4 @@ def _replicas(cluster: NetCluster, history: History) -> None:
                 recorded.add(copy.digest)
                 history.complete(history.invoke(FINAL, "final_replica", value), OK)
             if not held:
-                _stuck(history, f"no node has files of {log} epoch {epoch} (shard {chain['shard']})")
+                stuck(history, f"no node has files of {log} epoch {epoch} (shard {chain['shard']})")

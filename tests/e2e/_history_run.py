@@ -38,7 +38,15 @@ from tests.e2e._history_worker import Worker, create_topic, refused
 from tests.e2e._history_workload import Settings, TopicPlan, TopicSlot
 from tests.e2e._procs import Cluster
 
-__all__ = ["ReplicationUnavailable", "create_topics", "final_phase", "run"]
+__all__ = [
+    "ReplicationUnavailable",
+    "create_topics",
+    "final_phase",
+    "join_workers",
+    "run",
+    "run_nemesis",
+    "stuck",
+]
 
 FINAL = "final"
 
@@ -61,19 +69,10 @@ def run(settings: Settings, root: Path, cluster: Cluster | None = None) -> Histo
             for index in range(len(settings.worker_seeds))
         ]
         nemesis = Nemesis(faults_of(cluster), settings.faults, history, stop)
-        for thread in (*workers, nemesis):
-            thread.start()
-        time.sleep(settings.duration_s)
-        stop.set()
-        nemesis.join(settings.nemesis_join_s)
-        if nemesis.is_alive():
-            _stuck(history, f"the nemesis did not finish its step within {settings.nemesis_join_s}s")
-        nemesis.heal_all()
-        deadline = time.monotonic() + settings.worker_join_s
         for worker in workers:
-            worker.join(max(0.0, deadline - time.monotonic()))
-            if worker.is_alive():
-                _stuck(history, f"worker {worker.process} did not stop within {settings.worker_join_s}s")
+            worker.start()
+        run_nemesis(nemesis, settings, history, stop)
+        join_workers(workers, settings, history)
         final_phase(settings, slots, history, cluster.meta_address)
     finally:
         stop.set()
@@ -102,7 +101,28 @@ def final_phase(settings: Settings, slots: list[TopicSlot], history: History, me
                 history.complete(invocation, OK, {"nodes": nodes})
 
 
-def _stuck(history: History, what: str) -> None:
+def run_nemesis(nemesis: Nemesis, settings: Settings, history: History, stop: threading.Event) -> None:
+    """Let ``nemesis`` inject its faults for the run's duration, then stop it and heal everything."""
+    nemesis.start()
+    time.sleep(settings.duration_s)
+    stop.set()
+    nemesis.join(settings.nemesis_join_s)
+    if nemesis.is_alive():
+        stuck(history, f"the nemesis did not finish its step within {settings.nemesis_join_s}s")
+    nemesis.heal_all()
+
+
+def join_workers(workers: list[Worker], settings: Settings, history: History) -> None:
+    """Wait (at most ``worker_join_s`` in all) for the stopped workers; note the ones that hang."""
+    deadline = time.monotonic() + settings.worker_join_s
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+        if worker.is_alive():
+            stuck(history, f"worker {worker.process} did not stop within {settings.worker_join_s}s")
+
+
+def stuck(history: History, what: str) -> None:
+    """Record that the harness itself hung on ``what`` (information, not an anomaly)."""
     history.complete(history.invoke("harness", "stuck", {"what": what}), INFO)
 
 
@@ -163,7 +183,7 @@ def _settle(client: robustmq.Client, slot: TopicSlot, history: History, deadline
     try:
         exists = _describe(client, slot.name, deadline) is not None
     except RobustMQError as error:
-        _stuck(history, f"cannot tell whether topic {slot.name} exists after healing: {error!r}")
+        stuck(history, f"cannot tell whether topic {slot.name} exists after healing: {error!r}")
         return None
     if slot.doubt is None:
         inc, expected = slot.inc, True
@@ -251,7 +271,7 @@ def _probe(
             type_, outcome = write_outcome([], [value] if definite else [], [] if definite else [value])
             history.complete(invocation, type_, {**invocation.value, **outcome}, repr(error))
             if definite or time.monotonic() > deadline:
-                _stuck(
+                stuck(
                     history,
                     f"no write to {topic} partition {partition} accepted within "
                     f"{time.monotonic() - started:.0f}s after healing ({error!r})",

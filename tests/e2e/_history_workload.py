@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tests.e2e._history_nemesis import (
     FAULT_KINDS,
@@ -50,45 +50,35 @@ class _Variant:
     recreate_weights: tuple[int, ...] = (1, 1, 2)  # rarer: long-lived logs get read back in full
 
 
+# Replication, three storage nodes, acks=all; faults of every category of NET_FAULT_CATEGORIES
+# (crashes, pauses, partitions), each against a node drawn from the seed.
+# make test: ~45 s of operations, one fault of each category (eight).
+_RF3_SHORT = _Variant(
+    duration_s=45.0,
+    workers=3,
+    topics=2,
+    faults_of_each_kind=1,
+    extra_faults=0,
+    gap_s=(0.5, 2.0),
+    pause_s=(0.5, 3.0),
+    down_s=(0.5, 3.0),
+    nodes=3,
+    replication_factor=3,
+    recreate_weights=(0,),  # see rf1_net
+)
+
 VARIANTS = {
     # make test: one fault of each kind plus up to two more, ~45 s of operations.
     "short": _Variant(42.0, 3, 2, 1, 2, (0.5, 2.0), (0.5, 2.5), (0.0, 1.0)),
     # make test-long: tens of faults, ~10 minutes of operations; some pauses outlast every timeout
     # (the node's Meta Service calls give up after 10 s).
     "long": _Variant(600.0, 4, 3, 8, 24, (1.0, 8.0), (0.5, 14.0), (0.0, 4.0)),
-    # Replication, three storage nodes, acks=all; faults of every category of NET_FAULT_CATEGORIES
-    # (crashes, pauses, partitions), each against a node drawn from the seed.
-    # make test: ~45 s of operations, one fault of each category (eight).
-    "rf3_short": _Variant(
-        duration_s=45.0,
-        workers=3,
-        topics=2,
-        faults_of_each_kind=1,
-        extra_faults=0,
-        gap_s=(0.5, 2.0),
-        pause_s=(0.5, 3.0),
-        down_s=(0.5, 3.0),
-        nodes=3,
-        replication_factor=3,
-        recreate_weights=(0,),  # see rf1_net
-    ),
+    "rf3_short": _RF3_SHORT,
     # The same machinery without replication (one replica per partition, spread over three nodes),
     # in make test-long: it checks the namespaces, partitions and replica reads on today's system.
     # No delete + re-create in the runs on several nodes: a stale client still reaches a deleted
     # incarnation there (docs/testing.md, "Known anomalies"; its own test in test_history_netns.py).
-    "rf1_net": _Variant(
-        duration_s=40.0,
-        workers=3,
-        topics=2,
-        faults_of_each_kind=1,
-        extra_faults=0,
-        gap_s=(0.5, 2.0),
-        pause_s=(0.5, 3.0),
-        down_s=(0.5, 3.0),
-        nodes=3,
-        replication_factor=1,
-        recreate_weights=(0,),
-    ),
+    "rf1_net": replace(_RF3_SHORT, duration_s=40.0, replication_factor=1),
     # make test-long: ~6 minutes, 24 to 32 faults (three of each category); some partitions and
     # pauses outlast the ISR lag bound and the liveness timeout: ISR shrinks, failovers, fencing.
     "rf3_long": _Variant(

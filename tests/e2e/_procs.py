@@ -168,82 +168,6 @@ class Cluster:
         self.meta.stop()
 
 
-class ReplicatedCluster:
-    """A ``robustmq meta`` process and ``nodes`` storage-node processes on loopback.
-
-    Each node has its own fixed port and data directory (``root/node-{i}``), so
-    it can be killed, paused and started again at the same address;
-    :meth:`add_node` starts one more (scale-out). ``stop`` continues paused
-    processes first, then stops every process by its pid.
-    """
-
-    def __init__(self, root: Path, *, nodes: int = 3, meta_args: Sequence[str] = ()) -> None:
-        self.root = root
-        self.meta_port = free_port()
-        self.meta_address = f"127.0.0.1:{self.meta_port}"
-        self.meta = ServerProcess(
-            ["meta", "--data-dir", str(root / "meta"), "--meta-port", str(self.meta_port), *meta_args]
-        )
-        self.nodes: list[ServerProcess] = []
-        self.data_dirs: dict[int, Path] = {}
-        self.addresses: dict[int, str] = {}
-        for _ in range(nodes):
-            self._new_node()
-
-    def _new_node(self) -> ServerProcess:
-        port = free_port()
-        data_dir = self.root / f"node-{len(self.nodes)}"
-        node = ServerProcess(
-            [
-                "storage-node",
-                "--data-dir",
-                str(data_dir),
-                "--node-port",
-                str(port),
-                "--meta",
-                self.meta_address,
-            ]
-        )
-        self.nodes.append(node)
-        self.data_dirs[id(node)] = data_dir
-        self.addresses[id(node)] = f"tcp://127.0.0.1:{port}"
-        return node
-
-    def start(self) -> ReplicatedCluster:
-        self.meta.start()
-        for node in self.nodes:
-            node.start()
-        return self
-
-    def add_node(self) -> ServerProcess:
-        """Start one more storage node (it registers with the Meta Service on its own)."""
-        return self._new_node().start()
-
-    def address_of(self, node: ServerProcess) -> str:
-        return self.addresses[id(node)]
-
-    def data_dir_of(self, node: ServerProcess) -> Path:
-        return self.data_dirs[id(node)]
-
-    def node_id_of(self, node: ServerProcess, timeout_s: float = 30.0) -> str:
-        """The node's id (written into its data directory when it first starts)."""
-        path = self.data_dir_of(node) / "node_id"
-        wait_until(path.exists, timeout_s)
-        return path.read_text().strip()
-
-    def node_by_id(self, node_id: str) -> ServerProcess:
-        return next(node for node in self.nodes if self.node_id_of(node) == node_id)
-
-    def stop(self) -> None:
-        for server in (*self.nodes, self.meta):
-            if server.alive():
-                with suppress(ProcessLookupError):
-                    os.kill(server.pid, signal.SIGCONT)
-        for node in self.nodes:
-            node.stop()
-        self.meta.stop()
-
-
 @contextmanager
 def running(args: Sequence[str], **kwargs: object) -> Iterator[ServerProcess]:
     server = ServerProcess(args, **kwargs)  # type: ignore[arg-type]
@@ -330,14 +254,23 @@ class NodeCluster:
             ["meta", "--data-dir", str(root / "meta"), "--meta-port", str(self.meta_port)],
             log_path=log_dir / "meta.log" if log_dir else None,
         )
-        self.ports = [free_port() for _ in range(nodes)]
-        self.nodes = []
-        for i, port in enumerate(self.ports):
-            args = ["storage-node", "--data-dir", str(root / f"node-{i}"), "--node-port", str(port)]
-            args += ["--meta", self.meta_address]
-            if io_workers is not None:
-                args += ["--io-workers", str(io_workers)]
-            self.nodes.append(ServerProcess(args, log_path=log_dir / f"node-{i}.log" if log_dir else None))
+        self._io_workers = io_workers
+        self._log_dir = log_dir
+        self.ports: list[int] = []
+        self.nodes: list[ServerProcess] = []
+        for _ in range(nodes):
+            self._new_node()
+
+    def _new_node(self) -> int:
+        i, port = len(self.nodes), free_port()
+        args = ["storage-node", "--data-dir", str(self.data_dir(i)), "--node-port", str(port)]
+        args += ["--meta", self.meta_address]
+        if self._io_workers is not None:
+            args += ["--io-workers", str(self._io_workers)]
+        log = self._log_dir / f"node-{i}.log" if self._log_dir else None
+        self.ports.append(port)
+        self.nodes.append(ServerProcess(args, log_path=log))
+        return i
 
     def start(self) -> NodeCluster:
         self.meta.start()
@@ -358,15 +291,31 @@ class NodeCluster:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            thread.join(READY_TIMEOUT_S + 30)  # each start gives up after READY_TIMEOUT_S
         if failures:
             raise failures[0]
 
-    def node_id(self, index: int) -> str:
-        return (self.root / f"node-{index}" / "node_id").read_text().strip()
+    def add_node(self) -> int:
+        """Start one more storage node (scale-out); its index."""
+        index = self._new_node()
+        self.nodes[index].start()
+        return index
+
+    def data_dir(self, index: int) -> Path:
+        return self.root / f"node-{index}"
+
+    def node_id(self, index: int, timeout_s: float = 30.0) -> str:
+        """Node ``index``'s id (written into its data directory when it first starts)."""
+        path = self.data_dir(index) / "node_id"
+        wait_until(path.exists, timeout_s)
+        return path.read_text().strip()
 
     def index_of(self, node_id: str) -> int:
         return next(i for i in range(len(self.nodes)) if self.node_id(i) == node_id)
+
+    def index_at(self, address: str) -> int:
+        """The index of the node listening at ``address`` (``tcp://127.0.0.1:PORT``)."""
+        return next(i for i in range(len(self.nodes)) if self.address(i) == address)
 
     def address(self, index: int) -> str:
         return f"tcp://127.0.0.1:{self.ports[index]}"

@@ -26,14 +26,14 @@ from robustmq._node_client import NodeCaller
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import coerce_records, encode_batch
 from robustmq.errors import NotEnoughReplicas, RobustMQError
-from tests.e2e._procs import ReplicatedCluster, wait_until
+from tests.e2e._procs import NodeCluster, wait_until
 
 pytestmark = [pytest.mark.e2e]
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ReplicatedCluster]:
-    cluster = ReplicatedCluster(tmp_path, nodes=3)
+def cluster(tmp_path: Path) -> Iterator[NodeCluster]:
+    cluster = NodeCluster(tmp_path, nodes=3, io_workers=None)
     try:
         yield cluster.start()
     finally:
@@ -58,7 +58,7 @@ def _active(client: robustmq.Client, topic: str, partition: int = 0) -> pb.Segme
 
 
 def test_a_resumed_leader_acknowledges_nothing_with_acks_all_and_shows_nothing_new(
-    cluster: ReplicatedCluster,
+    cluster: NodeCluster,
 ) -> None:
     with robustmq.connect(cluster.meta_address) as client:
         client.create_topic("fenced", 1, replication_factor=3, min_insync_replicas=2)
@@ -66,8 +66,8 @@ def test_a_resumed_leader_acknowledges_nothing_with_acks_all_and_shows_nothing_n
             producer.send_batch("fenced", _values(100, "before")).result(30)
         wait_until(lambda: len(_active(client, "fenced").isr) == 3, 30)
         old = _active(client, "fenced")
-        leader = cluster.node_by_id(old.leader)
-        os.kill(leader.pid, signal.SIGSTOP)
+        leader = cluster.index_of(old.leader)
+        os.kill(cluster.nodes[leader].pid, signal.SIGSTOP)
         zombie: dict[str, object] = {}
         try:
             wait_until(lambda: _active(client, "fenced").epoch > old.epoch, 30)
@@ -75,13 +75,13 @@ def test_a_resumed_leader_acknowledges_nothing_with_acks_all_and_shows_nothing_n
                 producer.send_batch("fenced", _values(100, "after")).result(60)
             # Queued at the paused old leader, for the epoch it led: the first thing it handles
             # when it resumes, before any heartbeat or lookup can tell it about the failover.
-            writer = threading.Thread(target=_zombie_write, args=(cluster.address_of(leader), old, zombie))
-            reader = threading.Thread(target=_zombie_read, args=(cluster.address_of(leader), old, zombie))
+            writer = threading.Thread(target=_zombie_write, args=(cluster.address(leader), old, zombie))
+            reader = threading.Thread(target=_zombie_read, args=(cluster.address(leader), old, zombie))
             writer.start()
             reader.start()
             time.sleep(0.5)
         finally:
-            os.kill(leader.pid, signal.SIGCONT)
+            os.kill(cluster.nodes[leader].pid, signal.SIGCONT)
         writer.join(60)
         reader.join(60)
         assert isinstance(zombie["write"], RobustMQError), zombie["write"]
@@ -129,14 +129,14 @@ def _zombie_read(address: str, old: pb.Segment, outcome: dict[str, object]) -> N
 
 
 def test_acks_all_is_refused_below_min_insync_while_acks_1_works_and_nothing_is_lost(
-    cluster: ReplicatedCluster,
+    cluster: NodeCluster,
 ) -> None:
     with robustmq.connect(cluster.meta_address) as client:
         client.create_topic("insync", 1, replication_factor=3, min_insync_replicas=2)
         with client.producer(acks="all") as producer:
             producer.send_batch("insync", _values(50, "three")).result(30)
-        leader = cluster.node_by_id(_active(client, "insync").leader)
-        followers = [node for node in cluster.nodes if node is not leader]
+        leader = cluster.index_of(_active(client, "insync").leader)
+        followers = [node for index, node in enumerate(cluster.nodes) if index != leader]
         for follower in followers:
             follower.kill()
         wait_until(lambda: len(_active(client, "insync").isr) == 1, 30)
@@ -160,7 +160,7 @@ def test_acks_all_is_refused_below_min_insync_while_acks_1_works_and_nothing_is_
         assert len(values) == len(set(values))
 
 
-def test_a_joining_node_takes_new_segments_and_no_existing_byte_moves(cluster: ReplicatedCluster) -> None:
+def test_a_joining_node_takes_new_segments_and_no_existing_byte_moves(cluster: NodeCluster) -> None:
     with robustmq.connect(cluster.meta_address) as client:
         client.create_topic("grow", 3, replication_factor=3, segment_bytes_max=256 << 10)
         stop = threading.Event()
@@ -182,7 +182,7 @@ def test_a_joining_node_takes_new_segments_and_no_existing_byte_moves(cluster: R
             wait_until(lambda: _sealed_count(client, "grow") >= 6, 60)
             before = _segments(client, "grow")
             newcomer = cluster.add_node()
-            node_id = cluster.node_id_of(newcomer)
+            node_id = cluster.node_id(newcomer)
             wait_until(lambda: _segments_on(client, "grow", node_id) >= 2, 90)
         finally:
             stop.set()
@@ -202,7 +202,7 @@ def test_a_joining_node_takes_new_segments_and_no_existing_byte_moves(cluster: R
         last_before = max(epoch for name, epoch in before if name == shard.shard)
         following = [s.start_offset for s in shard.segments if s.epoch > last_before]
         first_new = min(following, default=1 << 62)
-        held = _first_file_offsets(cluster.data_dir_of(newcomer), shard.shard)
+        held = _first_file_offsets(cluster.data_dir(newcomer), shard.shard)
         assert all(offset >= first_new for offset in held), (shard.shard, held, first_new)
 
 
@@ -238,7 +238,7 @@ def _first_file_offsets(data_dir: Path, shard: str) -> list[int]:
     ]
 
 
-def test_an_empty_replicated_segment_is_sealed_on_request(cluster: ReplicatedCluster) -> None:
+def test_an_empty_replicated_segment_is_sealed_on_request(cluster: NodeCluster) -> None:
     # The Meta Service asks a leader to seal an epoch whose followers it fenced in a failover it
     # then abandoned; that epoch may hold nothing (acks=all is refused while the ISR is the leader
     # alone), and only its seal lets the followers copy again.

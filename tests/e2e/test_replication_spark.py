@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import robustmq
-from tests.e2e._procs import ReplicatedCluster, ServerProcess, wait_until
+from tests.e2e._procs import NodeCluster, ServerProcess, wait_until
 from tests.e2e.test_spark_exactly_once import _produce, _python_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 
 def test_a_copy_job_keeps_every_row_once_while_leaders_are_killed(tmp_path: Path) -> None:
     total = 60_000
-    cluster = ReplicatedCluster(tmp_path / "cluster", nodes=3).start()
+    cluster = NodeCluster(tmp_path / "cluster", nodes=3, io_workers=None).start()
     try:
         with robustmq.connect(cluster.meta_address) as client:
             client.create_topic("source", 2, replication_factor=3)
@@ -59,8 +59,8 @@ def test_a_copy_job_keeps_every_row_once_while_leaders_are_killed(tmp_path: Path
     assert sorted(values) == sorted(b"rec-%d" % i for i in range(total))
 
 
-def _kill_a_leader(client: robustmq.Client, cluster: ReplicatedCluster, topic: str) -> ServerProcess:
+def _kill_a_leader(client: robustmq.Client, cluster: NodeCluster, topic: str) -> ServerProcess:
     shard = client.describe_topic(topic).shards[0]
-    victim = cluster.node_by_id(shard.segments[-1].leader)
+    victim = cluster.nodes[cluster.index_of(shard.segments[-1].leader)]
     victim.kill()
     return victim

@@ -4,7 +4,6 @@ with a real file:// object store, and a MetaServer running it on its own."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -92,20 +91,6 @@ def test_local_retention_makes_a_prefix_of_tiered_segments_remote() -> None:
 
 
 # -- the controller and the worker ----------------------------------------------------------------
-
-
-@pytest.fixture
-def tier(tmp_path: Path) -> ObjectStore:
-    store = ObjectStore.from_url(f"file://{tmp_path}/tier")
-    store.check()
-    return store
-
-
-@pytest.fixture
-def controllers(tmp_path: Path, tier: ObjectStore) -> Iterator[Controllers]:
-    made = Controllers(tmp_path, tier.url)
-    yield made
-    made.controller.close()
 
 
 def put_object(tier: ObjectStore, url: str) -> None:

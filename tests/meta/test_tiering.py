@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,20 +50,6 @@ class Controllers:
         self.controller.close()
         self.controller = self.open()
         return self.controller
-
-
-@pytest.fixture
-def tier(tmp_path: Path) -> ObjectStore:
-    store = ObjectStore.from_url(f"file://{tmp_path}/tier")
-    store.check()
-    return store
-
-
-@pytest.fixture
-def controllers(tmp_path: Path, tier: ObjectStore) -> Iterator[Controllers]:
-    made = Controllers(tmp_path, tier.url)
-    yield made
-    made.controller.close()
 
 
 def seal(controller: MetaController, shard: str, end: int, size: int = 100) -> pb.Segment:

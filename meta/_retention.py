@@ -183,6 +183,7 @@ class RetentionControl:
                 made.state = pb.REMOTE
                 del made.isr[:]
                 self._topics.stage_segment(name, partition, made, ws)
+                load.replace(segment, made)
                 changed.append(made)
         ws.commit(self._store)
         self._load = load

@@ -14,6 +14,7 @@ from robustmq._tier_store import ObjectStore
 from robustmq.errors import InvalidRequest
 from robustmq.meta import MetaServer
 from robustmq.meta._chains import is_assigned
+from robustmq.meta._failover_rules import FailoverTask, IsrDecision, SealPoint
 from robustmq.meta._retention import RetentionPlan, RetentionWorker, retention_plan
 
 from .test_tiering import Controllers, mark, object_url, seal
@@ -133,8 +134,26 @@ def test_remote_segments_keep_their_replicas_lose_their_isr_and_are_nobodys_assi
     following = controller.get_shard("a_0").segments[-1]
     assert following.leader in sealed.isr and following.start_offset == 40
     assert sorted(following.replicas) == ["n1", "n2", "n3"]
+    # A failover of the active segment is placed the same way.
+    active = following
+    holders = tuple(active.replicas[1:])
+    task = FailoverTask(
+        "a_0",
+        topic.incarnation,
+        active.epoch,
+        active.leader,
+        active.start_offset,
+        tuple(active.replicas),
+        tuple(active.isr),
+        (),
+    )
+    committed = controller.commit_failover(task, SealPoint(45, holders), IsrDecision(holders, 1, 2))
+    assert committed is not None and committed[1].leader in holders and committed[1].start_offset == 45
+    # What nodes store: the remote segments no longer count.
+    stored = {node.node_id: node.replica_segments for node in controller.list_nodes()}
+    assert stored == {"n1": 3, "n2": 3, "n3": 3}, stored
     # ListSealed keeps listing them (the tiering job skips what is not SEALED).
-    assert [s.segment.state for s in controller.list_sealed(0).segments] == [pb.REMOTE] * 3 + [pb.SEALED]
+    assert [s.segment.state for s in controller.list_sealed(0).segments] == [pb.REMOTE] * 3 + [pb.SEALED] * 2
 
 
 def test_whole_log_retention_moves_the_log_start_then_deletes_the_objects(

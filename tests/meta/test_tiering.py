@@ -28,6 +28,7 @@ from robustmq.meta import _keys as keys
 from robustmq.meta._controller import MetaController
 from robustmq.meta._failover_rules import FailoverTask, IsrDecision, SealPoint
 from robustmq.meta._store import RocksDBMetaStore, WriteSet
+from tests._s3 import S3Server
 
 
 class Controllers:
@@ -343,3 +344,19 @@ def test_robustmq_meta_exits_2_with_one_line_for_a_bad_tier_url(tmp_path: Path, 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in result.stderr, result.stderr
     assert url.split("/")[-1] in lines[0] or url in lines[0]
+
+
+def test_a_meta_server_on_s3_checks_its_bucket_at_start(
+    tmp_path: Path, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in s3_server.environment.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ObjectStoreError, match="s3://no-such-bucket/tier") as refused:
+        MetaServer(tmp_path / "refused", port=0, tier_url="s3://no-such-bucket/tier").start()
+    assert refused.value.reason == "no such bucket"
+    s3_server.boto3_client().create_bucket(Bucket="tier-bucket")
+    with (
+        MetaServer(tmp_path / "meta", port=0, tier_url="s3://tier-bucket/cluster/") as server,
+        MetaClient(server.address, timeout_s=5) as client,
+    ):
+        assert client.cluster_config().tier_url == "s3://tier-bucket/cluster"  # normalised

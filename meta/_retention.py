@@ -8,8 +8,10 @@
   older than ``retention_ms``; by bytes while the sealed segments without it
   still hold at least ``retention_bytes`` (the active segment's bytes are not
   known to the Meta Service and count as 0: the log kept is never smaller
-  than asked). Oldest first, stopping at the first that stays, so the log
-  stays one contiguous range and only its start moves.
+  than asked; a segment sealed without ``size_bytes``, as replication factor
+  1 seals are, counts its object's bytes once tiered, 0 before). Oldest
+  first, stopping at the first that stays, so the log stays one contiguous
+  range and only its start moves.
 - **local** (``local_retention_ms`` / ``local_retention_bytes``, -1 or unset:
   as long as the whole log): which of the remaining TIERED segments become
   REMOTE. Oldest first, stopping at the first that stays or is not TIERED:
@@ -91,23 +93,33 @@ def _age_ms(segment: pb.Segment) -> int:
     return segment.max_timestamp_ms if segment.max_timestamp_ms > 0 else segment.sealed_ms
 
 
+def _bytes_of(segment: pb.Segment) -> int:
+    """A sealed segment's bytes: its frames' (``size_bytes``), else its object's.
+
+    A replication-factor-1 seal records no ``size_bytes`` (nobody compares
+    copies); once tiered, its object's size stands in for it, and before that
+    it counts as 0 (the log kept is never smaller than asked).
+    """
+    return segment.size_bytes or segment.object_bytes
+
+
 def retention_plan(config: pb.TopicConfig, chain: list[pb.Segment], now_ms: int) -> RetentionPlan:
     """What retention does to ``chain`` (oldest first, the last one active) at ``now_ms``."""
     sealed = [segment for segment in chain if segment.state != pb.ACTIVE]
-    total = sum(segment.size_bytes for segment in sealed)
+    total = sum(_bytes_of(segment) for segment in sealed)
     remove = 0
     for segment in sealed:
         age = _age_ms(segment)
         expired = config.retention_ms > 0 and 0 < age < now_ms - config.retention_ms
-        too_big = config.retention_bytes > 0 and total - segment.size_bytes >= config.retention_bytes
+        too_big = config.retention_bytes > 0 and total - _bytes_of(segment) >= config.retention_bytes
         if not (expired or too_big):
             break
         remove += 1
-        total -= segment.size_bytes
+        total -= _bytes_of(segment)
     local_ms = local_limit(config, "local_retention_ms")
     local_bytes = local_limit(config, "local_retention_bytes")
     kept = sealed[remove:]
-    local_total = sum(segment.size_bytes for segment in kept if segment.state != pb.REMOTE)
+    local_total = sum(_bytes_of(segment) for segment in kept if segment.state != pb.REMOTE)
     remote = []
     for segment in kept:
         if segment.state == pb.REMOTE:
@@ -116,11 +128,11 @@ def retention_plan(config: pb.TopicConfig, chain: list[pb.Segment], now_ms: int)
             break
         age = _age_ms(segment)
         expired = local_ms >= 0 and 0 < age <= now_ms - local_ms
-        too_big = local_bytes >= 0 and local_total - segment.size_bytes >= local_bytes
+        too_big = local_bytes >= 0 and local_total - _bytes_of(segment) >= local_bytes
         if not (expired or too_big):
             break
         remote.append(segment.epoch)
-        local_total -= segment.size_bytes
+        local_total -= _bytes_of(segment)
     return RetentionPlan(remove, tuple(remote))
 
 

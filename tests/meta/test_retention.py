@@ -57,6 +57,11 @@ def test_whole_log_retention_removes_the_oldest_segments_past_a_limit() -> None:
     assert retention_plan(config(retention_bytes=200), chain, NOW).remove == 1
     assert retention_plan(config(retention_bytes=201), chain, NOW).remove == 0
     assert retention_plan(config(retention_bytes=100), chain, NOW).remove == 2
+    # A seal without a size (replication factor 1) counts its object's bytes once tiered.
+    unsized = [segment(0, pb.TIERED, size=0), segment(1, pb.TIERED, size=0), segment(2, pb.SEALED, size=0)]
+    unsized[0].object_bytes, unsized[1].object_bytes = 50, 30
+    assert retention_plan(config(retention_bytes=30), unsized, NOW).remove == 1
+    assert retention_plan(config(retention_bytes=31), unsized, NOW).remove == 0
     # Without a record timestamp, the seal's time counts; oldest first, stopping at the first kept.
     aged = [
         segment(0, pb.SEALED, sealed_ms=NOW - 100),

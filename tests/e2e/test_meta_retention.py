@@ -43,6 +43,8 @@ def test_the_meta_service_applies_retention_across_tiers_by_itself(tmp_path: Pat
                 assert cli("segments", "seal", "ret", "0", "--meta", meta).returncode == 0
                 sealed = client.meta.get_shard("ret_0").segments[-2]
                 assert (sealed.epoch, sealed.state) == (epoch, 1)  # SEALED, and nothing removed yet
+                # A replication-factor-1 seal records its size too: byte retention counts on it.
+                assert sealed.size_bytes > len(f"record {epoch}"), sealed
                 key = segment_key("ret", 0, epoch, sealed.start_offset, incarnation=incarnation)
                 assert store.put_if_absent(key, b"the object of " + key.encode())
                 urls.append(store.url_of(key))

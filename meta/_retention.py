@@ -2,16 +2,17 @@
 
 :func:`retention_plan` (pure) decides, for one shard's chain:
 
-- **whole log** (``retention_ms`` / ``retention_bytes``): how many of the
+- **whole log** (``retention_ms`` / ``retention_bytes`` / ``retention_records``): how many of the
   oldest non-active segments leave the chain. A segment goes while the log is
   past a limit: by time when its ``max_timestamp_ms`` (else ``sealed_ms``) is
   older than ``retention_ms``; by bytes while the sealed segments without it
   still hold at least ``retention_bytes`` (the active segment's bytes are not
   known to the Meta Service and count as 0: the log kept is never smaller
-  than asked; a segment sealed without ``size_bytes``, as replication factor
-  1 seals are, counts its object's bytes once tiered, 0 before). Oldest
+  than asked; a segment sealed without ``size_bytes`` (replication factor 1
+  seals before this release) counts its object's bytes once tiered, 0 before). Oldest
   first, stopping at the first that stays, so the log stays one contiguous
-  range and only its start moves.
+  range and only its start moves. ``retention_records`` likewise counts the
+  sealed segments' offsets.
 - **local** (``local_retention_ms`` / ``local_retention_bytes``, -1 or unset:
   as long as the whole log): which of the remaining TIERED segments become
   REMOTE. Oldest first, stopping at the first that stays or is not TIERED:
@@ -96,26 +97,33 @@ def _age_ms(segment: pb.Segment) -> int:
 def _bytes_of(segment: pb.Segment) -> int:
     """A sealed segment's bytes: its frames' (``size_bytes``), else its object's.
 
-    A replication-factor-1 seal records no ``size_bytes`` (nobody compares
-    copies); once tiered, its object's size stands in for it, and before that
-    it counts as 0 (the log kept is never smaller than asked).
+    Replication-factor-1 seals of earlier releases recorded no ``size_bytes``;
+    once tiered, the object's size stands in for it, and before that it counts
+    as 0 (the log kept is never smaller than asked).
     """
     return segment.size_bytes or segment.object_bytes
+
+
+def _records_of(segment: pb.Segment) -> int:
+    return max(segment.end_offset - segment.start_offset, 0)
 
 
 def retention_plan(config: pb.TopicConfig, chain: list[pb.Segment], now_ms: int) -> RetentionPlan:
     """What retention does to ``chain`` (oldest first, the last one active) at ``now_ms``."""
     sealed = [segment for segment in chain if segment.state != pb.ACTIVE]
     total = sum(_bytes_of(segment) for segment in sealed)
+    records = sum(_records_of(segment) for segment in sealed)
     remove = 0
     for segment in sealed:
         age = _age_ms(segment)
         expired = config.retention_ms > 0 and 0 < age < now_ms - config.retention_ms
         too_big = config.retention_bytes > 0 and total - _bytes_of(segment) >= config.retention_bytes
-        if not (expired or too_big):
+        too_many = config.retention_records > 0 and records - _records_of(segment) >= config.retention_records
+        if not (expired or too_big or too_many):
             break
         remove += 1
         total -= _bytes_of(segment)
+        records -= _records_of(segment)
     local_ms = local_limit(config, "local_retention_ms")
     local_bytes = local_limit(config, "local_retention_bytes")
     kept = sealed[remove:]

@@ -35,7 +35,7 @@ def segment(epoch: int, state: int, *, size: int = 100, ts: int = 0, sealed_ms: 
 
 
 def config(**settings: int) -> pb.TopicConfig:
-    base = {"retention_ms": -1, "retention_bytes": -1}
+    base = {"retention_ms": -1, "retention_bytes": -1, "retention_records": -1}
     return pb.TopicConfig(**(base | settings))  # type: ignore[arg-type]
 
 
@@ -57,6 +57,9 @@ def test_whole_log_retention_removes_the_oldest_segments_past_a_limit() -> None:
     assert retention_plan(config(retention_bytes=200), chain, NOW).remove == 1
     assert retention_plan(config(retention_bytes=201), chain, NOW).remove == 0
     assert retention_plan(config(retention_bytes=100), chain, NOW).remove == 2
+    # By records (10 a segment, sealed ones only): the same rule.
+    assert retention_plan(config(retention_records=20), chain, NOW).remove == 1
+    assert retention_plan(config(retention_records=10), chain, NOW).remove == 2
     # A seal without a size (replication factor 1) counts its object's bytes once tiered.
     unsized = [segment(0, pb.TIERED, size=0), segment(1, pb.TIERED, size=0), segment(2, pb.SEALED, size=0)]
     unsized[0].object_bytes, unsized[1].object_bytes = 50, 30

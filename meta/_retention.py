@@ -168,34 +168,63 @@ class RetentionControl:
             return [topic.name for topic in self._topics.all() if topic.config.engine == "segment"]
 
     def apply_retention(self, topic_name: str, now_ms: int) -> tuple[int, int]:
-        """Apply retention to every shard of one topic; ``(segments removed, segments made REMOTE)``."""
-        removed = remote = 0
+        """Apply retention to every shard of one topic; ``(segments removed, segments made REMOTE)``.
+
+        One lock hold and one batch for the whole topic: a topic of many partitions whose
+        segments all age together costs one synced write, not one per shard (heartbeats wait
+        for the lock).
+        """
         with self._locked():
             topic = self._topics.get(topic_name)
             if topic is None or topic.config.engine != "segment":
                 return 0, 0
+            ws = WriteSet()
+            load = self._load.copy()
+            changed: list[pb.Segment] = []
+            done: list[tuple[str, list[pb.Segment], int, tuple[int, ...]]] = []
             for partition, chain in sorted(self._topics.chains(topic_name).items()):
                 plan = retention_plan(topic.config, chain, now_ms)
                 if plan:
-                    self._apply_plan(topic, partition, chain, plan)
-                    removed += plan.remove
-                    remote += len(plan.remote)
-        return removed, remote
+                    leaving = chain[: plan.remove]
+                    untiered = self._stage_plan(topic, partition, chain, plan, ws, load, changed)
+                    done.append((shard_name(topic_name, partition), leaving, untiered, plan.remote))
+            ws.commit(self._store)
+            self._load = load
+            self._versions.bump_segments(changed)
+        for shard, leaving, untiered, remote in done:
+            if leaving:
+                logger.info(
+                    "retention: %s epochs %d-%d left the chain (offsets below %d)%s",
+                    shard,
+                    leaving[0].epoch,
+                    leaving[-1].epoch,
+                    leaving[-1].end_offset,
+                    f"; {untiered} of them were never tiered" if untiered else "",
+                )
+            if remote:
+                logger.info("retention: %s epochs %s are in the object store only", shard, list(remote))
+        return sum(len(entry[1]) for entry in done), sum(len(entry[3]) for entry in done)
 
-    def _apply_plan(
-        self, topic: pb.Topic, partition: int, chain: list[pb.Segment], plan: RetentionPlan
-    ) -> None:
+    def _stage_plan(
+        self,
+        topic: pb.Topic,
+        partition: int,
+        chain: list[pb.Segment],
+        plan: RetentionPlan,
+        ws: WriteSet,
+        load: ClusterLoad,
+        changed: list[pb.Segment],
+    ) -> int:
+        """Stage one shard's plan into ``ws`` and ``load``; how many removed segments were never tiered."""
         name = topic.name
         leaving = chain[: plan.remove]
-        ws = WriteSet()
-        load = self._load.copy()
         for segment in leaving:
             ws.delete(keys.segment_key(name, partition, segment.epoch))
             ws.delete(keys.seal_key(name, partition, segment.epoch))
             ws.delete(keys.placed_key(name, partition, segment.epoch))
             load.remove(segment)
+            changed.append(segment)
         untiered = self._stage_forget_segments(name, partition, topic.incarnation, leaving, ws)
-        changed = list(leaving)
         for segment in chain[plan.remove :]:
             if segment.epoch in plan.remote:
                 made = pb.Segment()
@@ -205,21 +234,7 @@ class RetentionControl:
                 self._topics.stage_segment(name, partition, made, ws)
                 load.replace(segment, made)
                 changed.append(made)
-        ws.commit(self._store)
-        self._load = load
-        self._versions.bump_segments(changed)
-        shard = shard_name(name, partition)
-        if leaving:
-            logger.info(
-                "retention: %s epochs %d-%d left the chain (offsets below %d)%s",
-                shard,
-                leaving[0].epoch,
-                leaving[-1].epoch,
-                leaving[-1].end_offset,
-                f"; {untiered} of them were never tiered" if untiered else "",
-            )
-        if plan.remote:
-            logger.info("retention: %s epochs %s are in the object store only", shard, list(plan.remote))
+        return untiered
 
 
 class RetentionWorker:

@@ -4,6 +4,7 @@ with a real file:// object store, and a MetaServer running it on its own."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,10 @@ from robustmq._tier_store import ObjectStore
 from robustmq.errors import InvalidRequest
 from robustmq.meta import MetaServer
 from robustmq.meta._chains import is_assigned
+from robustmq.meta._controller import MetaController
 from robustmq.meta._failover_rules import FailoverTask, IsrDecision, SealPoint
 from robustmq.meta._retention import RetentionPlan, RetentionWorker, retention_plan
+from robustmq.meta._store import RocksDBMetaStore
 
 from .test_tiering import Controllers, mark, object_url, seal
 
@@ -231,3 +234,30 @@ def test_a_meta_server_applies_retention_every_check_interval(tmp_path: Path, ti
             assert time.monotonic() < deadline, (states, tier.list("a/"))
             time.sleep(0.05)
         assert tier.list("a/") == [tier.key_of(chain[0].object_url)]
+
+
+class CountingStore(RocksDBMetaStore):
+    """A real store that counts its synced batches."""
+
+    writes = 0
+
+    def write(self, puts: dict[bytes, bytes], deletes: Iterable[bytes] = ()) -> None:
+        self.writes += 1
+        super().write(puts, deletes)
+
+
+def test_a_topic_of_many_partitions_is_one_batch_per_pass(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path / "store")
+    controller = MetaController(store, node_timeout_ms=60_000)
+    try:
+        controller.register_node("n1", "tcp://127.0.0.1:7101")
+        controller.create_topic("many", pb.TopicConfig(partitions=40, retention_bytes=100))
+        for partition in range(40):
+            seal(controller, f"many_{partition}", 10)
+            seal(controller, f"many_{partition}", 20)
+        before = store.writes
+        assert controller.apply_retention("many", int(time.time() * 1000)) == (40, 0)
+        assert store.writes - before == 1  # heartbeats wait for one synced write, not forty
+        assert {len(controller.get_shard(f"many_{p}").segments) for p in range(40)} == {2}
+    finally:
+        controller.close()

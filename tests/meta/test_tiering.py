@@ -360,3 +360,19 @@ def test_a_meta_server_on_s3_checks_its_bucket_at_start(
         MetaClient(server.address, timeout_s=5) as client,
     ):
         assert client.cluster_config().tier_url == "s3://tier-bucket/cluster"  # normalised
+
+
+def test_a_page_larger_than_one_read_chunk_lists_everything_in_order(controllers: Controllers) -> None:
+    controller = controllers.controller
+    controller.create_topic("a", pb.TopicConfig(partitions=2))
+    for end in range(1, 261):
+        seal(controller, "a_0", end)
+        seal(controller, "a_1", end)
+    page = controller.list_sealed(0, limit=10_000)
+    assert [s.segment.sealed_seq for s in page.segments] == list(range(1, 521)) and page.last_seq == 520
+
+    def seqs(after: int, limit: int) -> list[int]:
+        return [s.segment.sealed_seq for s in controller.list_sealed(after, limit=limit).segments]
+
+    assert seqs(0, 501) == list(range(1, 502))
+    assert seqs(499, 3) == [500, 501, 502]

@@ -418,12 +418,13 @@ def test_segments_seal_seals_the_active_segments(meta: str) -> None:
 def test_local_retention_settings_and_tiered_segments_show_in_describe_and_segments(meta: str) -> None:
     from robustmq._tier_store import ObjectStore, segment_key
 
-    created = cli("topic", "create", "tiers", "--local-retention-ms", "0", "--meta", meta)
+    # An hour: the server's retention pass (every 30 s) must not make the segment remote meanwhile.
+    created = cli("topic", "create", "tiers", "--local-retention-ms", "3600000", "--meta", meta)
     assert created.returncode == 0, created.stderr
     described = cli("topic", "describe", "tiers", "--meta", meta)
-    assert "local_retention_ms=0 local_retention_bytes=-1" in described.stdout, described.stdout
+    assert "local_retention_ms=3600000 local_retention_bytes=-1" in described.stdout, described.stdout
     config = json.loads(cli("topic", "describe", "tiers", "--json", "--meta", meta).stdout)["config"]
-    assert (config["local_retention_ms"], config["local_retention_bytes"]) == (0, -1)
+    assert (config["local_retention_ms"], config["local_retention_bytes"]) == (3600000, -1)
     with robustmq.connect(meta) as client:
         tier_url = client.meta.cluster_config().tier_url
         assert tier_url.startswith("file://") and tier_url.endswith("/tier")  # the server's default

@@ -375,9 +375,38 @@ class S3Store(ObjectStore):
             raise _s3_error(exc, self.url, what) from exc
 
     def check(self) -> None:
+        """The bucket exists and we may list, put and delete, with conditional puts honoured.
+
+        A store that ignores ``If-None-Match: *`` would let a replayed upload
+        overwrite an object silently: it is refused here, once, at start.
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
         client = self._s3()
         self._run("bucket check", client.head_bucket, Bucket=self.bucket)
         self._run("cannot list", client.list_objects_v2, Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
+        probe = self._name("probe") + f".tmp-check-{uuid.uuid4().hex}"
+        put = {"Bucket": self.bucket, "Key": probe, "Body": b"", "IfNoneMatch": "*"}
+        self._run("cannot put a probe object", client.put_object, **put)
+        try:
+            client.put_object(**put)
+            honoured = False
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status != 412 and exc.response.get("Error", {}).get("Code") != "PreconditionFailed":
+                raise _s3_error(exc, self.url, "cannot put a probe object") from exc
+            honoured = True
+        except BotoCoreError as exc:
+            raise _s3_error(exc, self.url, "cannot put a probe object") from exc
+        finally:
+            self._run("cannot delete a probe object", client.delete_object, Bucket=self.bucket, Key=probe)
+        if not honoured:
+            raise ObjectStoreError(
+                f"object store {self.url}: it ignores conditional puts (If-None-Match: *), so an "
+                f"object could be overwritten; use a store that supports them (AWS S3, MinIO)",
+                url=self.url,
+                reason="no conditional puts",
+            )
 
     def put_if_absent(self, key: str, data: bytes | Path) -> bool:
         from botocore.exceptions import BotoCoreError, ClientError

@@ -43,6 +43,8 @@ def test_segment_key_is_the_documented_layout() -> None:
 
 def test_put_if_absent_never_overwrites(store: ObjectStore) -> None:
     store.check()
+    store.check()
+    assert store.list("") == []  # the checks' probe objects are gone
     key = segment_key("t", 0, 1, 0, incarnation=5)
     assert store.put_if_absent(key, b"first") is True
     assert store.put_if_absent(key, b"second, longer") is False

@@ -442,3 +442,12 @@ def test_local_retention_settings_and_tiered_segments_show_in_describe_and_segme
         ("tiered", url, sealed.sealed_seq),
         ("active", None, None),
     ]
+
+
+def test_server_with_an_unusable_tier_url_exits_2_with_one_line(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/not-mounted/tier"
+    done = cli("server", "--data-dir", str(tmp_path / "data"), "--meta-port", "0", "--node-port", "0",
+               "--tier-url", url)  # fmt: skip
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and url in lines[0] and "Traceback" not in done.stderr, done.stderr

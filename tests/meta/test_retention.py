@@ -16,11 +16,10 @@ from robustmq.errors import InvalidRequest
 from robustmq.meta import MetaServer
 from robustmq.meta._chains import is_assigned
 from robustmq.meta._controller import MetaController
-from robustmq.meta._failover_rules import FailoverTask, IsrDecision, SealPoint
 from robustmq.meta._retention import RetentionPlan, RetentionWorker, retention_plan
 from robustmq.meta._store import RocksDBMetaStore
 
-from .test_tiering import Controllers, mark, object_url, seal
+from .test_tiering import Controllers, fail_over, mark, object_url, seal
 
 NOW = 10_000_000
 
@@ -146,20 +145,9 @@ def test_remote_segments_keep_their_replicas_lose_their_isr_and_are_nobodys_assi
     assert following.leader in sealed.isr and following.start_offset == 40
     assert sorted(following.replicas) == ["n1", "n2", "n3"]
     # A failover of the active segment is placed the same way.
-    active = following
-    holders = tuple(active.replicas[1:])
-    task = FailoverTask(
-        "a_0",
-        topic.incarnation,
-        active.epoch,
-        active.leader,
-        active.start_offset,
-        tuple(active.replicas),
-        tuple(active.isr),
-        (),
-    )
-    committed = controller.commit_failover(task, SealPoint(45, holders), IsrDecision(holders, 1, 2))
-    assert committed is not None and committed[1].leader in holders and committed[1].start_offset == 45
+    committed = fail_over(controller, topic, following, 45)
+    assert committed is not None and committed[1].leader in following.replicas[1:]
+    assert committed[1].start_offset == 45
     # What nodes store: the remote segments no longer count.
     stored = {node.node_id: node.replica_segments for node in controller.list_nodes()}
     assert stored == {"n1": 3, "n2": 3, "n3": 3}, stored

@@ -78,6 +78,24 @@ def mark(
     return controller.mark_tiered(f"{topic.name}_{partition}", topic.incarnation, epoch, url, 1234, 5678)
 
 
+def fail_over(
+    controller: MetaController, topic: pb.Topic, active: pb.Segment, end: int
+) -> tuple[pb.Segment, pb.Segment] | None:
+    """Commit a failover of ``active`` (its leader gone) at ``end``, its followers agreeing."""
+    holders = tuple(active.replicas[1:])
+    task = FailoverTask(
+        active.shard,
+        topic.incarnation,
+        active.epoch,
+        active.leader,
+        active.start_offset,
+        tuple(active.replicas),
+        tuple(active.isr),
+        (),
+    )
+    return controller.commit_failover(task, SealPoint(end, holders), IsrDecision(holders, 1, 2))
+
+
 def listed(controller: MetaController, after: int = 0, **options: object) -> list[tuple[str, int, int]]:
     page = controller.list_sealed(after, **options)  # type: ignore[arg-type]
     return [(s.topic, s.partition, s.segment.epoch) for s in page.segments]
@@ -99,18 +117,7 @@ def test_every_seal_gets_the_next_sequence_number_across_restarts(controllers: C
     # A failover seal goes through the same commit and continues the sequence.
     topic = controller.describe_topic("a").topic
     active = controller.get_shard("a_1").segments[-1]
-    holders = tuple(active.replicas[1:])
-    task = FailoverTask(
-        "a_1",
-        topic.incarnation,
-        active.epoch,
-        active.leader,
-        active.start_offset,
-        tuple(active.replicas),
-        tuple(active.isr),
-        (),
-    )
-    committed = controller.commit_failover(task, SealPoint(25, holders), IsrDecision(holders, 1, 2))
+    committed = fail_over(controller, topic, active, 25)
     assert committed is not None and committed[0].sealed_seq == 4
     assert committed[0].sealed_ms >= third.sealed_ms
     assert listed(controller) == [("a", 0, 0), ("a", 1, 0), ("a", 0, 1), ("a", 1, 1)]

@@ -21,7 +21,8 @@ Retries (with exponential back-off, within the call's deadline):
 
 - reads and heartbeats retry on ``Unavailable`` and ``Busy``;
 - writes the server makes idempotent (``register_node``, ``seal_segment``,
-  ``commit_offsets``, ``update_isr``, ``report_replica``, ``drain_node``)
+  ``commit_offsets``, ``update_isr``, ``report_replica``, ``drain_node``,
+  ``mark_tiered``)
   retry only when the failure came from the transport, not from the service
   (a service ``Unavailable``, e.g. too few live nodes, is an answer, not a
   lost request);
@@ -534,9 +535,9 @@ class MetaClient:
         """Record that sealed ``epoch`` of ``shard`` is in the object store; the segment as stored.
 
         Idempotent: the same request again answers the same segment. Refused with
-        ``StaleEpoch`` (the segment is active), ``ShardNotFound`` (unknown shard, another
-        incarnation, a segment no longer in the chain), ``InvalidRequest`` (another URL than the
-        one recorded, an URL outside the tier URL, a negative size).
+        ``InvalidRequest`` whose ``reason`` field says why (``no tier url``, ``wrong url``,
+        ``active``, ``unknown epoch``, ``removed``, ``another object``; docs/tiering.md), or
+        ``ShardNotFound`` / ``TopicNotFound`` (a deleted topic, another incarnation).
         """
         request = pb.MarkTieredRequest(
             shard=shard,

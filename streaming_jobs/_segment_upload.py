@@ -17,9 +17,8 @@ For a segment of the Meta Service's chain (:func:`tier_segment`):
 3. **Put** the file with ``put_if_absent`` at ``segment_key``. If an object is there
    already (a replayed batch, a job killed after its put), it is verified in full against
    what was just written (metadata, size, page checksums, offsets): the same segment is
-   success (``existed``); anything else is ``CorruptObject`` and nothing is marked. The one
-   exception is an object of an older incarnation of the same topic (a topic deleted and
-   created again: nothing refers to it any more), which is deleted and replaced.
+   success (``existed``); anything else is ``CorruptObject`` and nothing is marked. (Keys
+   carry the topic's incarnation, so a re-created topic never meets the deleted one's objects.)
 
 The driver marks the segments ``tiered`` (``MarkTiered``) afterwards
 (:mod:`.tier_segments`). Crash behaviour: a crash anywhere leaves at most a whole object
@@ -49,7 +48,6 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import with_offsets
 from robustmq._tier_format import ObjectMeta, ObjectWriter, RangeFile, verify_object
 from robustmq.errors import (
-    CorruptObject,
     CorruptRecordBatch,
     RetriableError,
     RobustMQError,
@@ -102,9 +100,21 @@ class Tiered:
     object_bytes: int = -1
     max_timestamp_ms: int = -1
 
-    def row(self) -> list[Any]:
+    def row(self) -> dict[str, Any]:
+        """The result row (:data:`RESULT_SCHEMA`)."""
         s = self.segment
-        return [s.topic, s.partition, s.incarnation, s.epoch, s.start_offset, s.end_offset, self.outcome]
+        return {
+            "topic": s.topic,
+            "partition": s.partition,
+            "incarnation": s.incarnation,
+            "epoch": s.epoch,
+            "start_offset": s.start_offset,
+            "end_offset": s.end_offset,
+            "outcome": self.outcome,
+            "object_url": self.object_url,
+            "object_bytes": self.object_bytes,
+            "max_timestamp_ms": self.max_timestamp_ms,
+        }
 
 
 _shared: dict[str, Any] = {}
@@ -152,9 +162,7 @@ def tier_partitions(meta_address: str, tier_url: str, timeout_s: float) -> Calla
 
 
 def _result_batch(tiered: Tiered) -> pa.RecordBatch:
-    values = [*tiered.row(), tiered.object_url, tiered.object_bytes, tiered.max_timestamp_ms]
-    arrays = [pa.array([v], f.type) for v, f in zip(values, RESULT_ARROW_SCHEMA, strict=True)]
-    return pa.RecordBatch.from_arrays(arrays, schema=RESULT_ARROW_SCHEMA)
+    return pa.RecordBatch.from_pylist([tiered.row()], schema=RESULT_ARROW_SCHEMA)
 
 
 def tier_segment(segment: SegmentPartition, *, meta: Any, store: Any, timeout_s: float = 30.0) -> Tiered:
@@ -168,15 +176,15 @@ def tier_segment(segment: SegmentPartition, *, meta: Any, store: Any, timeout_s:
         return Tiered(segment, DONE, current.object_url, current.object_bytes, current.max_timestamp_ms)
     from robustmq._tier_store import segment_key
 
-    key = segment_key(segment.topic, segment.partition, segment.epoch, segment.start_offset)
+    key = segment_key(
+        segment.topic, segment.partition, segment.epoch, segment.start_offset, incarnation=segment.incarnation
+    )
     scratch = Path(tempfile.mkdtemp(prefix="robustmq-tier-"))
     try:
         path = scratch / "segment.parquet"
         written = _copy_from_holders(meta, current, segment, path, timeout_s)
         size = path.stat().st_size
         if store.put_if_absent(key, path):
-            return Tiered(segment, UPLOADED, store.url_of(key), size, written.max_timestamp_ms)
-        if _replace_orphan(store, key, written) and store.put_if_absent(key, path):
             return Tiered(segment, UPLOADED, store.url_of(key), size, written.max_timestamp_ms)
         existing = store.size(key)
         verify_object(RangeFile(store, key, existing), written, existing, full=True)
@@ -197,34 +205,6 @@ def _current(meta: Any, shard: str, segment: SegmentPartition) -> Any:
     if found is None or found.start_offset != segment.start_offset or found.end_offset != segment.end_offset:
         return None
     return found
-
-
-def _replace_orphan(store: Any, key: str, written: ObjectMeta) -> bool:
-    """Delete an object at ``key`` left by an older incarnation of the topic (deleted and created
-    again); True if it did. Any other object stays for :func:`verify_object` to judge."""
-    from robustmq._tier_format import read_object_meta
-
-    try:
-        found = read_object_meta(RangeFile(store, key, store.size(key)))
-    except CorruptObject:
-        return False
-    same_place = (found.topic, found.partition, found.epoch, found.start_offset) == (
-        written.topic,
-        written.partition,
-        written.epoch,
-        written.start_offset,
-    )
-    if not same_place or found.incarnation >= written.incarnation:
-        return False
-    log.warning(
-        "replacing %s: it holds incarnation %d of topic %s, which was deleted (now %d)",
-        store.url_of(key),
-        found.incarnation,
-        found.topic,
-        written.incarnation,
-    )
-    store.delete(key)
-    return True
 
 
 def _holders(meta: Any, current: Any, shard: str) -> list[tuple[str, str]]:

@@ -29,14 +29,21 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from robustmq.errors import InvalidConfig, RetriableError, RobustMQError, ShardNotFound, TopicNotFound
+from robustmq.errors import (
+    InvalidConfig,
+    ObjectStoreUnavailable,
+    RetriableError,
+    RobustMQError,
+    ShardNotFound,
+    TopicNotFound,
+)
 
 from ._sealed_source import SealedSegmentsSource
 from ._segment_upload import EXISTED, RESULT_SCHEMA, UPLOADED, tier_partitions
 from ._stopping import BatchGate, StopSignals, run_gated_query
 from .topic_to_delta import _at_least, _failure_message, spark_session
 
-__all__ = ["SegmentCommitter", "check_tier_url", "main", "parser", "start_tiering"]
+__all__ = ["SegmentCommitter", "check_tier_url", "main", "parser", "record_tiered", "start_tiering"]
 
 log = logging.getLogger("robustmq.jobs")
 
@@ -120,7 +127,7 @@ class SegmentCommitter:
         meta = meta_client_for(self.meta_address, self.timeout_s)
         marked = 0
         for row in rows:
-            if row["outcome"] in (UPLOADED, EXISTED) and self._mark(meta, store, row):
+            if row["outcome"] in (UPLOADED, EXISTED) and record_tiered(meta, store, row):
                 marked += 1
                 self.tiered_bytes += row["object_bytes"]
         self.tiered += marked
@@ -134,30 +141,31 @@ class SegmentCommitter:
             time.monotonic() - started,
         )
 
-    def _mark(self, meta: Any, store: Any, row: dict[str, Any]) -> bool:
-        shard = f"{row['topic']}_{row['partition']}"
-        try:
-            meta.mark_tiered(
-                shard,
-                row["incarnation"],
-                row["epoch"],
-                row["object_url"],
-                row["object_bytes"],
-                row["max_timestamp_ms"],
-            )
-            return True
-        except (TopicNotFound, ShardNotFound):
-            pass
-        except RobustMQError as error:
-            if error.retriable or _still_sealed(meta, shard, row):
-                raise
-        log.info(
-            "segment %s epoch %d left the chain before it was marked: deleting its object",
+
+def record_tiered(meta: Any, store: Any, row: dict[str, Any]) -> bool:
+    """``MarkTiered`` for one result row of an ``uploaded``/``existed`` segment; False (and the
+    object deleted) if the segment left the chain since, so nothing would ever refer to it."""
+    shard = f"{row['topic']}_{row['partition']}"
+    try:
+        meta.mark_tiered(
             shard,
+            row["incarnation"],
             row["epoch"],
+            row["object_url"],
+            row["object_bytes"],
+            row["max_timestamp_ms"],
         )
-        store.delete(store.key_of(row["object_url"]))
-        return False
+        return True
+    except (TopicNotFound, ShardNotFound):
+        pass
+    except RobustMQError as error:
+        if error.retriable or _still_sealed(meta, shard, row):
+            raise
+    log.info(
+        "segment %s epoch %d left the chain before it was marked: deleting its object", shard, row["epoch"]
+    )
+    store.delete(store.key_of(row["object_url"]))
+    return False
 
 
 def _still_sealed(meta: Any, shard: str, row: dict[str, Any]) -> bool:
@@ -282,9 +290,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop.install()
     try:
         tier_url = check_tier_url(args.meta, timeout_s=min(args.timeout_s, 10.0))
+    except ObjectStoreUnavailable as error:  # its message names the store's URL
+        return _fail(f"the object store did not answer: {error.message}", EXIT_FAILED)
     except RetriableError as error:
-        return _fail(f"--meta {args.meta}: {error.message}", EXIT_FAILED)
-    except RobustMQError as error:
+        return _fail(f"--meta {args.meta}: cannot reach the Meta Service: {error.message}", EXIT_FAILED)
+    except RobustMQError as error:  # no tier URL, a store that refuses us: the setup's
         return _fail(error.message, EXIT_USAGE)
     if stop.event.is_set():
         return stop.announce(PROG)

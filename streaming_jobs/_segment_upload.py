@@ -36,7 +36,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ import pyarrow as pa
 from robustmq._frame import FRAME_HEADER_SIZE, crc32c, decode_header, decode_payload, verify_payload
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import with_offsets
-from robustmq._tier_format import ObjectMeta, ObjectWriter, RangeFile, verify_object
+from robustmq._tier_format import COMPRESSION, ObjectMeta, ObjectWriter, RangeFile, verify_object
 from robustmq.errors import (
     CorruptRecordBatch,
     RetriableError,
@@ -58,7 +58,14 @@ from robustmq.errors import (
 
 from ._sealed_source import SegmentPartition, meta_client_for
 
-__all__ = ["RESULT_ARROW_SCHEMA", "RESULT_SCHEMA", "Tiered", "tier_partitions", "tier_segment"]
+__all__ = [
+    "RESULT_ARROW_SCHEMA",
+    "RESULT_SCHEMA",
+    "SegmentConverter",
+    "Tiered",
+    "tier_partitions",
+    "tier_segment",
+]
 
 log = logging.getLogger("robustmq.jobs")
 
@@ -245,43 +252,51 @@ def _copy_from_holders(
     raise Unavailable(message, shard=shard, epoch=segment.epoch)
 
 
-def _copy(segment: SegmentPartition, current: Any, address: str, path: Path, timeout_s: float) -> ObjectMeta:
-    """Fetch the segment's frames from ``address`` into a Parquet file at ``path``; its metadata."""
-    shard = f"{segment.topic}_{segment.partition}"
-    where = f"segment {shard} epoch {segment.epoch} from {address}"
-    caller = _node_caller(timeout_s)
-    writer = ObjectWriter(path, start_offset=segment.start_offset)
-    offset, crc, size, max_timestamp_ms = segment.start_offset, 0, 0, -1
-    try:
-        while offset < segment.end_offset:
-            ask = pb.ReplicaFetchRequest(
-                shard=shard,
-                incarnation=segment.incarnation,
-                epoch=segment.epoch,
-                offset=offset,
-                node_id=TIER_NODE_ID,
-                max_bytes=FETCH_BYTES,
-                max_wait_ms=0,
+class SegmentConverter:
+    """One segment's frames, in order, into its Parquet object at ``path``.
+
+    :meth:`add` takes the frames of one fetch answer (checked one by one: header, CRC-32C,
+    offsets continuing within the segment) and writes their records as one piece;
+    :meth:`finish` checks the whole segment's CRC-32C and length against the seal's (when it
+    recorded them) and writes the footer; :meth:`abort` gives up (the file is discarded).
+    """
+
+    def __init__(
+        self, segment: SegmentPartition, path: Path, *, where: str, compression: str = COMPRESSION
+    ) -> None:
+        self.segment = segment
+        self.where = where
+        self.next_offset = segment.start_offset
+        self._writer = ObjectWriter(path, start_offset=segment.start_offset, compression=compression)
+        self._crc, self._size, self._max_timestamp_ms = 0, 0, -1
+
+    def add(self, frames: Sequence[Any]) -> None:
+        first, tables = self.next_offset, []
+        for frame in frames:
+            view = memoryview(getattr(frame, "buffer", frame))
+            header = _checked_header(
+                view, self.next_offset, self.segment.end_offset, where=self.where, position=self._size
             )
-            _, frames = caller.call(address, "replica_fetch", ask)
-            if not frames:
-                raise Unavailable(f"{where}: no frames at offset {offset}", shard=shard, address=address)
-            first, tables = offset, []
-            for frame in frames:
-                view = memoryview(getattr(frame, "buffer", frame))
-                header = _checked_header(view, offset, segment.end_offset, where=where, position=size)
-                records = decode_payload(pa.py_buffer(view[FRAME_HEADER_SIZE:]))
-                if records.num_rows != header.record_count:
-                    raise CorruptRecordBatch(
-                        f"{where}: the frame at offset {offset} is malformed", shard=shard
-                    )
-                tables.append(records)
-                crc = crc32c(view, crc)
-                size += view.nbytes
-                max_timestamp_ms = max(max_timestamp_ms, header.max_timestamp_ms)
-                offset = header.next_offset
-            writer.write(with_offsets(pa.concat_tables(tables), first))  # one write per answer: fast
-        _check_seal(segment, current, crc, size, where)
+            records = decode_payload(pa.py_buffer(view[FRAME_HEADER_SIZE:]))
+            if records.num_rows != header.record_count:
+                raise CorruptRecordBatch(
+                    f"{self.where}: the frame at offset {self.next_offset} holds {records.num_rows} records, "
+                    f"its header says {header.record_count}",
+                    where=self.where,
+                    position=self._size,
+                )
+            tables.append(records)
+            self._crc = crc32c(view, self._crc)
+            self._size += view.nbytes
+            self._max_timestamp_ms = max(self._max_timestamp_ms, header.max_timestamp_ms)
+            self.next_offset = header.next_offset
+        if tables:  # one write per answer: per-call costs stay off the per-frame path
+            self._writer.write(with_offsets(pa.concat_tables(tables), first))
+
+    def finish(self, current: Any) -> ObjectMeta:
+        segment = self.segment
+        assert self.next_offset == segment.end_offset, (self.next_offset, segment.end_offset)
+        _check_seal(segment, current, self._crc, self._size, self.where)
         written = ObjectMeta(
             topic=segment.topic,
             partition=segment.partition,
@@ -290,14 +305,44 @@ def _copy(segment: SegmentPartition, current: Any, address: str, path: Path, tim
             start_offset=segment.start_offset,
             end_offset=segment.end_offset,
             records=segment.end_offset - segment.start_offset,
-            segment_crc32c=crc,
-            segment_bytes=size,
-            max_timestamp_ms=max_timestamp_ms,
+            segment_crc32c=self._crc,
+            segment_bytes=self._size,
+            max_timestamp_ms=self._max_timestamp_ms,
         )
-        writer.close(written)
+        self._writer.close(written)
         return written
+
+    def abort(self) -> None:
+        self._writer.abort()
+
+
+def _copy(segment: SegmentPartition, current: Any, address: str, path: Path, timeout_s: float) -> ObjectMeta:
+    """Fetch the segment's frames from ``address`` into a Parquet file at ``path``; its metadata."""
+    shard = f"{segment.topic}_{segment.partition}"
+    converter = SegmentConverter(segment, path, where=f"segment {shard} epoch {segment.epoch} from {address}")
+    caller = _node_caller(timeout_s)
+    try:
+        while converter.next_offset < segment.end_offset:
+            ask = pb.ReplicaFetchRequest(
+                shard=shard,
+                incarnation=segment.incarnation,
+                epoch=segment.epoch,
+                offset=converter.next_offset,
+                node_id=TIER_NODE_ID,
+                max_bytes=FETCH_BYTES,
+                max_wait_ms=0,
+            )
+            _, frames = caller.call(address, "replica_fetch", ask)
+            if not frames:
+                raise Unavailable(
+                    f"{converter.where}: no frames at offset {converter.next_offset}",
+                    shard=shard,
+                    address=address,
+                )
+            converter.add(frames)
+        return converter.finish(current)
     except BaseException:
-        writer.abort()
+        converter.abort()
         raise
 
 

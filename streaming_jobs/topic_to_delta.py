@@ -347,10 +347,11 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def options_table() -> str:
-    """The command's options as the Markdown table in docs/spark.md (a test keeps them equal)."""
+def options_table(of: argparse.ArgumentParser | None = None) -> str:
+    """A command's options (this one's by default) as the Markdown table in docs/spark.md (a test
+    keeps them equal)."""
     lines = ["| option | meaning |", "|---|---|"]
-    for action in parser()._actions:
+    for action in (of or parser())._actions:
         if not action.option_strings or isinstance(action, argparse._HelpAction):
             continue
         flag = action.option_strings[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 import uuid
@@ -19,7 +20,8 @@ from robustmq._embedded import EmbeddedCluster
 from robustmq._meta_client import MetaClient
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._tier_store import ObjectStore, segment_key
-from robustmq.streaming_jobs.tier_segments import start_tiering
+from robustmq.streaming_jobs.tier_segments import parser, start_tiering
+from robustmq.streaming_jobs.topic_to_delta import options_table
 from tests._s3 import S3Server
 from tests.e2e._procs import ROOT, free_port, kill_at_random_moment
 from tests.streaming_jobs._tiering import check_tiered, seal_segments, sealed_segments
@@ -152,3 +154,24 @@ def test_sigkill_mid_upload_and_restart_tier_each_segment_exactly_once(
             assert check_tiered(client, meta, topic, 2) == 18
     finally:
         cluster.stop()
+
+
+def test_help_docs_and_bad_arguments() -> None:
+    shown = _tier("--help", timeout_s=60)
+    assert shown.returncode == 0 and shown.stderr == "", shown.stderr
+    for action in parser()._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.option_strings[0] in shown.stdout and "default" in str(action.help), action.dest
+    match = re.search(
+        r"<!-- generated: tier-options -->\n(.*?)\n<!-- end: tier-options -->",
+        (ROOT / "docs" / "spark.md").read_text(),
+        re.DOTALL,
+    )
+    assert match and match.group(1) == options_table(parser()), (
+        f"docs/spark.md should list:\n{options_table(parser())}"
+    )
+    bad = _tier("--max-segments-per-trigger", "0", timeout_s=60)
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, bad.stderr
+    assert "--max-segments-per-trigger" in bad.stderr and "Traceback" not in bad.stderr
+    listed = subprocess.run([*ROBUSTMQ, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "tier" in listed.stdout

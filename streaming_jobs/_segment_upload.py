@@ -63,6 +63,7 @@ __all__ = [
     "RESULT_SCHEMA",
     "SegmentConverter",
     "Tiered",
+    "shared_store",
     "tier_partitions",
     "tier_segment",
 ]
@@ -142,7 +143,8 @@ def _node_caller(timeout_s: float) -> Any:
     return _shared_client(f"nodes {timeout_s}", lambda: NodeCaller(timeout_s=timeout_s))
 
 
-def _store(url: str) -> Any:
+def shared_store(url: str) -> Any:
+    """The ``ObjectStore`` of ``url`` shared by everything in this process (thread-safe)."""
     from robustmq._tier_store import ObjectStore
 
     return _shared_client(f"store {url}", lambda: ObjectStore.from_url(url))
@@ -160,7 +162,9 @@ def tier_partitions(meta_address: str, tier_url: str, timeout_s: float) -> Calla
             for batch in batches:
                 for row in batch.to_pylist():
                     segment = SegmentPartition(**row)
-                    tiered = tier_segment(segment, meta=meta, store=_store(tier_url), timeout_s=timeout_s)
+                    tiered = tier_segment(
+                        segment, meta=meta, store=shared_store(tier_url), timeout_s=timeout_s
+                    )
                     yield _result_batch(tiered)
 
         yield from each()

@@ -38,8 +38,8 @@ from robustmq.errors import (
     TopicNotFound,
 )
 
-from ._sealed_source import SealedSegmentsSource
-from ._segment_upload import EXISTED, RESULT_SCHEMA, UPLOADED, tier_partitions
+from ._sealed_source import SealedSegmentsSource, meta_client_for
+from ._segment_upload import EXISTED, RESULT_SCHEMA, UPLOADED, shared_store, tier_partitions
 from ._stopping import BatchGate, StopSignals, run_gated_query
 from .topic_to_delta import _at_least, _failure_message, spark_session
 
@@ -119,11 +119,7 @@ class SegmentCommitter:
         rows = [row.asDict() for row in frame.mapInArrow(upload, RESULT_SCHEMA).collect()]
         if not rows:
             return
-        from robustmq._tier_store import ObjectStore
-
-        store = ObjectStore.from_url(self.tier_url)
-        from ._sealed_source import meta_client_for
-
+        store = shared_store(self.tier_url)
         meta = meta_client_for(self.meta_address, self.timeout_s)
         marked = 0
         for row in rows:

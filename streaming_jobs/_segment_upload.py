@@ -49,7 +49,6 @@ from robustmq._records import with_offsets
 from robustmq._tier_format import COMPRESSION, ObjectMeta, ObjectWriter, RangeFile, verify_object
 from robustmq.errors import (
     CorruptRecordBatch,
-    RetriableError,
     RobustMQError,
     ShardNotFound,
     TopicNotFound,
@@ -194,6 +193,11 @@ def tier_segment(segment: SegmentPartition, *, meta: Any, store: Any, timeout_s:
     try:
         path = scratch / "segment.parquet"
         written = _copy_from_holders(meta, current, segment, path, timeout_s)
+        if written is None:
+            log.info(
+                "segment %s epoch %d left the chain (or was tiered) while it was copied", shard, segment.epoch
+            )
+            return Tiered(segment, GONE)
         size = path.stat().st_size
         if store.put_if_absent(key, path):
             return Tiered(segment, UPLOADED, store.url_of(key), size, written.max_timestamp_ms)
@@ -232,18 +236,23 @@ def _holders(meta: Any, current: Any, shard: str) -> list[tuple[str, str]]:
 
 def _copy_from_holders(
     meta: Any, current: Any, segment: SegmentPartition, path: Path, timeout_s: float
-) -> ObjectMeta:
+) -> ObjectMeta | None:
+    """Copy from the first holder that serves the segment whole and right; None if the segment left
+    the chain (or got tiered) while holders failed. Raises after :data:`ROUNDS` failed rounds."""
     shard = f"{segment.topic}_{segment.partition}"
     failures: list[str] = []
     last: RobustMQError | None = None
     for round_ in range(ROUNDS):
         if round_:
             time.sleep(_ROUND_PAUSE_S * round_)
+            current = _current(meta, shard, segment)  # retention may have removed it meanwhile
+            if current is None or current.state != pb.SEALED:
+                return None
         holders = _holders(meta, current, shard)
         for node_id, address in holders:
             try:
                 return _copy(segment, current, address, path, timeout_s)
-            except (RetriableError, ShardNotFound, CorruptRecordBatch) as error:
+            except RobustMQError as error:
                 last = error
                 failures.append(f"{node_id} ({address}): {error.message}")
                 log.warning("tiering %s epoch %d from %s: %s", shard, segment.epoch, node_id, error.message)

@@ -281,7 +281,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     answer), 2 (bad arguments, no tier URL, a store that refuses us), 130 (SIGINT), 143 (SIGTERM);
     every failure is one line on stderr."""
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = StopSignals()
     stop.install()
     try:
@@ -294,6 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(error.message, EXIT_USAGE)
     if stop.event.is_set():
         return stop.announce(PROG)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("botocore").setLevel(logging.WARNING)  # "found credentials in ...": noise
     checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="robustmq-tier-checkpoint-")
     spark = spark_session("robustmq-tier", master=args.master)
     stop.install()  # the SparkContext installed its own SIGINT handler

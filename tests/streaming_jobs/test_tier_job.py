@@ -8,6 +8,7 @@ import random
 import re
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from robustmq._tier_store import ObjectStore, segment_key
 from robustmq.streaming_jobs.tier_segments import parser, start_tiering
 from robustmq.streaming_jobs.topic_to_delta import options_table
 from tests._s3 import S3Server
-from tests.e2e._procs import ROOT, free_port, kill_at_random_moment
+from tests.e2e._procs import ROOT, free_port
 from tests.streaming_jobs._tiering import check_tiered, seal_segments, sealed_segments
 
 ROBUSTMQ = [sys.executable, "-m", "robustmq.cli"]
@@ -92,7 +93,8 @@ def test_a_corrupt_object_fails_the_query_and_is_never_marked(
             checkpoint=str(tmp_path / "ck"),
             once=True,
         )
-        query.awaitTermination(180)
+        with pytest.raises(Exception, match="CorruptObject"):
+            query.awaitTermination(180)
         failure = str(query.exception())
         assert "CorruptObject" in failure and store.url_of(key) in failure, failure[-3000:]
         ((_, _, after),) = sealed_segments(meta, topic, 1)
@@ -123,6 +125,29 @@ def test_a_missing_unreachable_or_refusing_store_is_one_line_naming_it(
         cluster.stop()
 
 
+def _kill_after_a_new_object(job: list[str], s3: Any, bucket: str, rng: random.Random) -> tuple[int, int]:
+    """Run ``job`` until it put one more object than the bucket held, then SIGKILL it at once or
+    a moment later (the put done, ``MarkTiered`` probably not yet). Returns the objects before
+    and after."""
+    before = s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0)
+    child = subprocess.Popen(job, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) <= before:
+            assert child.poll() is None, child.communicate(timeout=30)[1][-3000:]
+            assert time.monotonic() < deadline, "the job put nothing within 180 s"
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0, 0.1))
+        child.kill()
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=30)
+        child.stderr.close()  # type: ignore[union-attr]
+    return before, s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0)
+
+
 @pytest.mark.spark
 @pytest.mark.e2e
 def test_sigkill_mid_upload_and_restart_tier_each_segment_exactly_once(
@@ -132,6 +157,7 @@ def test_sigkill_mid_upload_and_restart_tier_each_segment_exactly_once(
     print(f"seed {seed} (rerun: replace randrange with this value)")
     rng = random.Random(seed)
     cluster = _s3_cluster(tmp_path / "cluster", s3_server, "killed")
+    s3 = s3_server.boto3_client()
     try:
         with (
             robustmq.connect(cluster.meta_address, timeout_s=30) as client,
@@ -141,17 +167,19 @@ def test_sigkill_mid_upload_and_restart_tier_each_segment_exactly_once(
             client.create_topic(topic, partitions=2)
             job = [*ROBUSTMQ, "tier", "--meta", cluster.meta_address, "--checkpoint", str(tmp_path / "ck")]
             job += ["--trigger-seconds", "0", "--max-segments-per-trigger", "1"]
+            unmarked = 0  # rounds killed between a put and its MarkTiered
             for round_ in range(3):
                 seal_segments(
-                    client, topic, segments=3, records=3000, partitions=2, value_bytes=300, seed=round_
+                    client, topic, segments=2, records=2000, partitions=2, value_bytes=200, seed=round_
                 )
-                code, _ = kill_at_random_moment(job, rng, delay_s=(0.5, 4.0))
-                assert code == -9
-            tiered = sum(s.state == pb.TIERED for _, _, s in sealed_segments(meta, topic, 2))
-            print(f"{tiered} of 18 segments tiered before the last run")
+                _, objects = _kill_after_a_new_object(job, s3, "killed", rng)
+                tiered = sum(s.state == pb.TIERED for _, _, s in sealed_segments(meta, topic, 2))
+                unmarked += objects > tiered
+                print(f"round {round_}: {objects} objects, {tiered} segments tiered")
+            assert unmarked, "no round was killed between a put and its MarkTiered"
             final = _tier("--meta", cluster.meta_address, "--checkpoint", str(tmp_path / "ck"), "--once")
             assert final.returncode == 0, final.stderr[-3000:]
-            assert check_tiered(client, meta, topic, 2) == 18
+            assert check_tiered(client, meta, topic, 2) == 12
     finally:
         cluster.stop()
 

@@ -148,75 +148,73 @@ def part_format(store: Any, s3: Any, bucket: str, segment_bytes: int, repeat: in
 
 
 def part_end_to_end(s3_env: dict[str, str], bucket: str, segment_bytes: int, repeat: int, work: Path) -> dict:
-    import os
-
+    """``tier_segment`` here against a ``robustmq server`` process (its node serves the frames)."""
     import robustmq
-    from robustmq._embedded import EmbeddedCluster
     from robustmq._meta_client import MetaClient
     from robustmq._tier_format import RangeFile, read_object_meta
     from robustmq._tier_store import ObjectStore
     from robustmq.streaming_jobs._sealed_source import list_untiered
     from robustmq.streaming_jobs._segment_upload import tier_segment
+    from tests.e2e._procs import ServerProcess, free_port
 
-    os.environ.update(s3_env)
     s3 = _boto3(s3_env)
-    with (
-        EmbeddedCluster(work / "cluster", meta_port=0, node_port=0, tier_url=f"s3://{bucket}/e2e") as cluster,
-        robustmq.connect(cluster.meta_address, timeout_s=60) as client,
-        MetaClient(cluster.meta_address, timeout_s=60) as meta,
-    ):
-        client.create_topic("bench", partitions=2, segment_bytes_max=4 * segment_bytes)
-        records = segment_bytes // 110
-        with client.producer(acks="1") as producer:
+    meta_port = free_port()
+    command = ["server", "--data-dir", str(work / "server"), "--meta-port", str(meta_port)]
+    command += ["--node-port", str(free_port()), "--tier-url", f"s3://{bucket}/e2e"]
+    server = ServerProcess(command, env=s3_env).start()
+    address = f"127.0.0.1:{meta_port}"
+    try:
+        with robustmq.connect(address, timeout_s=60) as client, MetaClient(address, timeout_s=60) as meta:
+            client.create_topic("bench", partitions=2, segment_bytes_max=4 * segment_bytes)
+            records = segment_bytes // 110
+            with client.producer(acks="1") as producer:
+                for round_ in range(repeat):
+                    for partition in range(2):
+                        table = pa.Table.from_batches([make_records(records, seed=round_ * 2 + partition)])
+                        table = table.append_column("partition", pa.array([partition] * records, pa.int32()))
+                        producer.send_batch("bench", table).result(300)
+                        client.seal("bench", partition)
+            store = ObjectStore.from_url(meta.cluster_config().tier_url)
+            segments = list_untiered(meta, 0, meta.list_sealed(0, limit=1).last_seq)
+            single, double, raws, raws2 = [], [], [], []
             for round_ in range(repeat):
-                for partition in range(2):
-                    table = pa.Table.from_batches([make_records(records, seed=round_ * 2 + partition)])
-                    table = table.append_column("partition", pa.array([partition] * records, pa.int32()))
-                    producer.send_batch("bench", table).result(300)
-                    client.seal("bench", partition)
-        store = ObjectStore.from_url(meta.cluster_config().tier_url)
-        segments = list_untiered(meta, 0, meta.list_sealed(0, limit=1).last_seq)
-        single, double, raws, raws2 = [], [], [], []
-        for round_ in range(repeat):
-            one, two = segments[2 * round_], segments[2 * round_ + 1]
-            started = time.perf_counter()
-            first = tier_segment(one, meta=meta, store=store, timeout_s=60)
-            single.append((first.object_bytes, time.perf_counter() - started))
-            key = store.key_of(first.object_url)
-            frame_bytes = read_object_meta(RangeFile(store, key, first.object_bytes)).segment_bytes
-            raws.append(raw_put(s3, bucket, np.random.default_rng(round_).bytes(frame_bytes)))
-            # Two at a time, as local[2] runs them: the second segment and the first again.
-            store.delete(key)
-            started = time.perf_counter()
-            threads = [
-                threading.Thread(target=tier_segment, args=(s,), kwargs={"meta": meta, "store": store})
-                for s in (one, two)
-            ]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            double.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            bodies = [np.random.default_rng(100 + k).bytes(frame_bytes) for k in range(2)]
-            puts = [threading.Thread(target=raw_put, args=(s3, bucket, body)) for body in bodies]
-            for thread in puts:
-                thread.start()
-            for thread in puts:
-                thread.join()
-            raws2.append(time.perf_counter() - started)
-        tier_s = statistics.median(t for _, t in single)
-        raw_s = statistics.median(raws)
-        return {
-            "segment_frame_mib": frame_bytes / MiB,
-            "object_mib": statistics.median(b for b, _ in single) / MiB,
-            "tier_one_mib_s": frame_bytes / MiB / tier_s,
-            "raw_put_one_mib_s": frame_bytes / MiB / raw_s,
-            "tier_vs_raw_put_one": raw_s / tier_s,
-            "tier_two_mib_s": 2 * frame_bytes / MiB / statistics.median(double),
-            "raw_put_two_mib_s": 2 * frame_bytes / MiB / statistics.median(raws2),
-            "tier_vs_raw_put_two": statistics.median(raws2) / statistics.median(double),
-        }
+                one, two = segments[2 * round_], segments[2 * round_ + 1]
+                started = time.perf_counter()
+                first = tier_segment(one, meta=meta, store=store, timeout_s=60)
+                single.append((first.object_bytes, time.perf_counter() - started))
+                key = store.key_of(first.object_url)
+                frame_bytes = read_object_meta(RangeFile(store, key, first.object_bytes)).segment_bytes
+                raws.append(raw_put(s3, bucket, np.random.default_rng(round_).bytes(frame_bytes)))
+                # Two at a time, as local[2] runs them: the second segment and the first again.
+                store.delete(key)
+                started = time.perf_counter()
+                _in_threads([lambda s=s: tier_segment(s, meta=meta, store=store) for s in (one, two)])
+                double.append(time.perf_counter() - started)
+                bodies = [np.random.default_rng(100 + k).bytes(frame_bytes) for k in range(2)]
+                started = time.perf_counter()
+                _in_threads([lambda b=b: raw_put(s3, bucket, b) for b in bodies])
+                raws2.append(time.perf_counter() - started)
+    finally:
+        server.stop()
+    tier_s, raw_s = statistics.median(t for _, t in single), statistics.median(raws)
+    return {
+        "segment_frame_mib": frame_bytes / MiB,
+        "object_mib": statistics.median(b for b, _ in single) / MiB,
+        "tier_one_mib_s": frame_bytes / MiB / tier_s,
+        "raw_put_one_mib_s": frame_bytes / MiB / raw_s,
+        "tier_vs_raw_put_one": raw_s / tier_s,
+        "tier_two_mib_s": 2 * frame_bytes / MiB / statistics.median(double),
+        "raw_put_two_mib_s": 2 * frame_bytes / MiB / statistics.median(raws2),
+        "tier_vs_raw_put_two": statistics.median(raws2) / statistics.median(double),
+    }
+
+
+def _in_threads(actions: list[Any]) -> None:
+    threads = [threading.Thread(target=action) for action in actions]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def _boto3(env: dict[str, str]) -> Any:
@@ -251,7 +249,7 @@ def main() -> None:
         work = Path(scratch)
         with run_moto_server(work) as server:
             env = server.environment
-            os.environ.update(env)
+            os.environ.update(env)  # this process's ObjectStore (and the server's, through its env)
             bucket = "bench"
             s3 = _boto3(env)
             s3.create_bucket(Bucket=bucket)

@@ -71,7 +71,7 @@ __all__ = [
 FORMAT_VERSION = 1
 ROW_GROUP_MAX_ROWS = 8192
 ROW_GROUP_MAX_BYTES = 1024 * 1024
-COMPRESSION = "lz4"  # see docs/tiering.md, "Object format measurements"
+COMPRESSION = "zstd"  # level 1 (Arrow's default); see docs/tiering.md, "Object format measurements"
 _PREFIX = "robustmq."
 _FIXED_ROW_BYTES = 16  # offset and timestamp
 

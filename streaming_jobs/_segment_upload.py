@@ -31,6 +31,7 @@ Python process; everything is thread-safe, and every request has a deadline.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import shutil
 import tempfile
@@ -49,6 +50,7 @@ from robustmq._records import with_offsets
 from robustmq._tier_format import COMPRESSION, ObjectMeta, ObjectWriter, RangeFile, verify_object
 from robustmq.errors import (
     CorruptRecordBatch,
+    RequestTimeout,
     RobustMQError,
     ShardNotFound,
     TopicNotFound,
@@ -330,31 +332,57 @@ class SegmentConverter:
 
 
 def _copy(segment: SegmentPartition, current: Any, address: str, path: Path, timeout_s: float) -> ObjectMeta:
-    """Fetch the segment's frames from ``address`` into a Parquet file at ``path``; its metadata."""
+    """Fetch the segment's frames from ``address`` into a Parquet file at ``path``; its metadata.
+
+    One fetch is ahead of the conversion: the next is asked for (at the answer's ``next_offset``)
+    before the frames of the current one are checked and written, so the node's read and the
+    transfer overlap the conversion. At most two answers (2 x 8 MiB) are held at once.
+    """
     shard = f"{segment.topic}_{segment.partition}"
     converter = SegmentConverter(segment, path, where=f"segment {shard} epoch {segment.epoch} from {address}")
     caller = _node_caller(timeout_s)
+
+    def fetch(offset: int) -> Any:
+        ask = pb.ReplicaFetchRequest(
+            shard=shard,
+            incarnation=segment.incarnation,
+            epoch=segment.epoch,
+            offset=offset,
+            node_id=TIER_NODE_ID,
+            max_bytes=FETCH_BYTES,
+            max_wait_ms=0,
+        )
+        return caller.request(address, "replica_fetch", ask, timeout_s=timeout_s)
+
+    pending = fetch(segment.start_offset) if segment.start_offset < segment.end_offset else None
     try:
-        while converter.next_offset < segment.end_offset:
-            ask = pb.ReplicaFetchRequest(
-                shard=shard,
-                incarnation=segment.incarnation,
-                epoch=segment.epoch,
-                offset=converter.next_offset,
-                node_id=TIER_NODE_ID,
-                max_bytes=FETCH_BYTES,
-                max_wait_ms=0,
-            )
-            _, frames = caller.call(address, "replica_fetch", ask)
-            if not frames:
+        while pending is not None:
+            try:
+                answer, frames = pending.result(timeout_s + 5)
+            except concurrent.futures.TimeoutError:
+                raise RequestTimeout(
+                    f"storage node {address} did not answer in time", address=address
+                ) from None
+            following = answer.replica_fetch.next_offset
+            if not frames or following <= converter.next_offset:
                 raise Unavailable(
                     f"{converter.where}: no frames at offset {converter.next_offset}",
                     shard=shard,
                     address=address,
                 )
+            pending = fetch(following) if following < segment.end_offset else None
             converter.add(frames)
+            if converter.next_offset != following:
+                raise CorruptRecordBatch(
+                    f"{converter.where}: the answer's frames end at {converter.next_offset}, "
+                    f"its next_offset is {following}",
+                    shard=shard,
+                    epoch=segment.epoch,
+                )
         return converter.finish(current)
     except BaseException:
+        if pending is not None:
+            pending.cancel()
         converter.abort()
         raise
 

@@ -52,30 +52,40 @@ from robustmq.errors import InvalidConfig
 __all__ = [
     "SEALED_ARROW_SCHEMA",
     "SEALED_SCHEMA",
+    "SEGMENT_FIELDS",
     "SealedOptions",
     "SealedSegmentsSource",
     "SegmentPartition",
     "list_untiered",
     "meta_client_for",
+    "spark_ddl",
 ]
 
-SEALED_SCHEMA = (
-    "topic string, partition int, incarnation long, epoch long, start_offset long, end_offset long, "
-    "crc32c long, size_bytes long, sealed_seq long"
-)
+SEGMENT_FIELDS = [  # a segment's identity: the first columns of the stream and of the job's results
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("incarnation", pa.int64()),
+    pa.field("epoch", pa.int64()),
+    pa.field("start_offset", pa.int64()),
+    pa.field("end_offset", pa.int64()),
+]
 SEALED_ARROW_SCHEMA = pa.schema(
     [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("incarnation", pa.int64()),
-        ("epoch", pa.int64()),
-        ("start_offset", pa.int64()),
-        ("end_offset", pa.int64()),
-        ("crc32c", pa.int64()),  # -1: the seal recorded none (RF 1)
-        ("size_bytes", pa.int64()),  # -1: likewise
-        ("sealed_seq", pa.int64()),
+        *SEGMENT_FIELDS,
+        pa.field("crc32c", pa.int64()),  # -1: the seal recorded none (RF 1)
+        pa.field("size_bytes", pa.int64()),  # -1: likewise
+        pa.field("sealed_seq", pa.int64()),
     ]
 )
+_DDL_TYPES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "long"}
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """The Spark DDL string of a flat Arrow schema of strings and integers."""
+    return ", ".join(f"{field.name} {_DDL_TYPES[field.type]}" for field in schema)
+
+
+SEALED_SCHEMA = spark_ddl(SEALED_ARROW_SCHEMA)
 _PAGE = 1000
 _OPTIONS = ("metaAddress", "maxSegmentsPerTrigger", "requestTimeoutS")
 

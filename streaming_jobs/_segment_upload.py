@@ -57,7 +57,7 @@ from robustmq.errors import (
     Unavailable,
 )
 
-from ._sealed_source import SegmentPartition, meta_client_for
+from ._sealed_source import SEGMENT_FIELDS, SegmentPartition, meta_client_for, spark_ddl
 
 __all__ = [
     "RESULT_ARROW_SCHEMA",
@@ -71,24 +71,16 @@ __all__ = [
 
 log = logging.getLogger("robustmq.jobs")
 
-RESULT_SCHEMA = (
-    "topic string, partition int, incarnation long, epoch long, start_offset long, end_offset long, "
-    "outcome string, object_url string, object_bytes long, max_timestamp_ms long"
-)
 RESULT_ARROW_SCHEMA = pa.schema(
     [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("incarnation", pa.int64()),
-        ("epoch", pa.int64()),
-        ("start_offset", pa.int64()),
-        ("end_offset", pa.int64()),
-        ("outcome", pa.string()),
-        ("object_url", pa.string()),
-        ("object_bytes", pa.int64()),
-        ("max_timestamp_ms", pa.int64()),
+        *SEGMENT_FIELDS,
+        pa.field("outcome", pa.string()),
+        pa.field("object_url", pa.string()),
+        pa.field("object_bytes", pa.int64()),
+        pa.field("max_timestamp_ms", pa.int64()),
     ]
 )
+RESULT_SCHEMA = spark_ddl(RESULT_ARROW_SCHEMA)
 FETCH_BYTES = 8 * 1024 * 1024  # one ReplicaFetch answer (a node caps it at its max_fetch_bytes)
 ROUNDS = 3  # passes over a segment's holders before the task fails
 _ROUND_PAUSE_S = 1.0

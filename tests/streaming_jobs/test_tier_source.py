@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
 
-from robustmq._meta_client import MetaClient
 from robustmq._tier_store import ObjectStore, segment_key
 from robustmq.errors import InvalidConfig
 from robustmq.streaming_jobs._sealed_source import (
@@ -20,12 +19,6 @@ from robustmq.streaming_jobs._sealed_source import (
     list_untiered,
 )
 from tests.streaming_jobs._tiering import seal_segments, sealed_segments
-
-
-@pytest.fixture(scope="module")
-def meta(cluster: Any) -> Any:
-    with MetaClient(cluster.meta_address, timeout_s=30) as connected:
-        yield connected
 
 
 def _reader(cluster: Any, **options: str) -> SealedStreamReader:

@@ -29,12 +29,6 @@ from tests.e2e._procs import NodeCluster
 from tests.streaming_jobs._tiering import check_tiered, seal_segments, sealed_segments
 
 
-@pytest.fixture(scope="module")
-def meta(cluster: Any) -> Any:
-    with MetaClient(cluster.meta_address, timeout_s=30) as connected:
-        yield connected
-
-
 def _untiered(meta: MetaClient, topic: str) -> list[SegmentPartition]:
     last = meta.list_sealed(0, limit=1).last_seq
     return [s for s in list_untiered(meta, 0, last) if s.topic == topic]

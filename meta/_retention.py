@@ -2,14 +2,17 @@
 
 :func:`retention_plan` (pure) decides, for one shard's chain:
 
-- **whole log** (``retention_ms`` / ``retention_bytes``): how many of the
+- **whole log** (``retention_ms`` / ``retention_bytes`` / ``retention_records``): how many of the
   oldest non-active segments leave the chain. A segment goes while the log is
   past a limit: by time when its ``max_timestamp_ms`` (else ``sealed_ms``) is
   older than ``retention_ms``; by bytes while the sealed segments without it
   still hold at least ``retention_bytes`` (the active segment's bytes are not
   known to the Meta Service and count as 0: the log kept is never smaller
-  than asked). Oldest first, stopping at the first that stays, so the log
-  stays one contiguous range and only its start moves.
+  than asked; a segment sealed without ``size_bytes`` (replication factor 1
+  seals before this release) counts its object's bytes once tiered, 0 before). Oldest
+  first, stopping at the first that stays, so the log stays one contiguous
+  range and only its start moves. ``retention_records`` likewise counts the
+  sealed segments' offsets.
 - **local** (``local_retention_ms`` / ``local_retention_bytes``, -1 or unset:
   as long as the whole log): which of the remaining TIERED segments become
   REMOTE. Oldest first, stopping at the first that stays or is not TIERED:
@@ -91,23 +94,40 @@ def _age_ms(segment: pb.Segment) -> int:
     return segment.max_timestamp_ms if segment.max_timestamp_ms > 0 else segment.sealed_ms
 
 
+def _bytes_of(segment: pb.Segment) -> int:
+    """A sealed segment's bytes: its frames' (``size_bytes``), else its object's.
+
+    Replication-factor-1 seals of earlier releases recorded no ``size_bytes``;
+    once tiered, the object's size stands in for it, and before that it counts
+    as 0 (the log kept is never smaller than asked).
+    """
+    return segment.size_bytes or segment.object_bytes
+
+
+def _records_of(segment: pb.Segment) -> int:
+    return max(segment.end_offset - segment.start_offset, 0)
+
+
 def retention_plan(config: pb.TopicConfig, chain: list[pb.Segment], now_ms: int) -> RetentionPlan:
     """What retention does to ``chain`` (oldest first, the last one active) at ``now_ms``."""
     sealed = [segment for segment in chain if segment.state != pb.ACTIVE]
-    total = sum(segment.size_bytes for segment in sealed)
+    total = sum(_bytes_of(segment) for segment in sealed)
+    records = sum(_records_of(segment) for segment in sealed)
     remove = 0
     for segment in sealed:
         age = _age_ms(segment)
         expired = config.retention_ms > 0 and 0 < age < now_ms - config.retention_ms
-        too_big = config.retention_bytes > 0 and total - segment.size_bytes >= config.retention_bytes
-        if not (expired or too_big):
+        too_big = config.retention_bytes > 0 and total - _bytes_of(segment) >= config.retention_bytes
+        too_many = config.retention_records > 0 and records - _records_of(segment) >= config.retention_records
+        if not (expired or too_big or too_many):
             break
         remove += 1
-        total -= segment.size_bytes
+        total -= _bytes_of(segment)
+        records -= _records_of(segment)
     local_ms = local_limit(config, "local_retention_ms")
     local_bytes = local_limit(config, "local_retention_bytes")
     kept = sealed[remove:]
-    local_total = sum(segment.size_bytes for segment in kept if segment.state != pb.REMOTE)
+    local_total = sum(_bytes_of(segment) for segment in kept if segment.state != pb.REMOTE)
     remote = []
     for segment in kept:
         if segment.state == pb.REMOTE:
@@ -116,11 +136,11 @@ def retention_plan(config: pb.TopicConfig, chain: list[pb.Segment], now_ms: int)
             break
         age = _age_ms(segment)
         expired = local_ms >= 0 and 0 < age <= now_ms - local_ms
-        too_big = local_bytes >= 0 and local_total - segment.size_bytes >= local_bytes
+        too_big = local_bytes >= 0 and local_total - _bytes_of(segment) >= local_bytes
         if not (expired or too_big):
             break
         remote.append(segment.epoch)
-        local_total -= segment.size_bytes
+        local_total -= _bytes_of(segment)
     return RetentionPlan(remove, tuple(remote))
 
 
@@ -148,34 +168,63 @@ class RetentionControl:
             return [topic.name for topic in self._topics.all() if topic.config.engine == "segment"]
 
     def apply_retention(self, topic_name: str, now_ms: int) -> tuple[int, int]:
-        """Apply retention to every shard of one topic; ``(segments removed, segments made REMOTE)``."""
-        removed = remote = 0
+        """Apply retention to every shard of one topic; ``(segments removed, segments made REMOTE)``.
+
+        One lock hold and one batch for the whole topic: a topic of many partitions whose
+        segments all age together costs one synced write, not one per shard (heartbeats wait
+        for the lock).
+        """
         with self._locked():
             topic = self._topics.get(topic_name)
             if topic is None or topic.config.engine != "segment":
                 return 0, 0
+            ws = WriteSet()
+            load = self._load.copy()
+            changed: list[pb.Segment] = []
+            done: list[tuple[str, list[pb.Segment], int, tuple[int, ...]]] = []
             for partition, chain in sorted(self._topics.chains(topic_name).items()):
                 plan = retention_plan(topic.config, chain, now_ms)
                 if plan:
-                    self._apply_plan(topic, partition, chain, plan)
-                    removed += plan.remove
-                    remote += len(plan.remote)
-        return removed, remote
+                    leaving = chain[: plan.remove]
+                    untiered = self._stage_plan(topic, partition, chain, plan, ws, load, changed)
+                    done.append((shard_name(topic_name, partition), leaving, untiered, plan.remote))
+            ws.commit(self._store)
+            self._load = load
+            self._versions.bump_segments(changed)
+        for shard, leaving, untiered, remote in done:
+            if leaving:
+                logger.info(
+                    "retention: %s epochs %d-%d left the chain (offsets below %d)%s",
+                    shard,
+                    leaving[0].epoch,
+                    leaving[-1].epoch,
+                    leaving[-1].end_offset,
+                    f"; {untiered} of them were never tiered" if untiered else "",
+                )
+            if remote:
+                logger.info("retention: %s epochs %s are in the object store only", shard, list(remote))
+        return sum(len(entry[1]) for entry in done), sum(len(entry[3]) for entry in done)
 
-    def _apply_plan(
-        self, topic: pb.Topic, partition: int, chain: list[pb.Segment], plan: RetentionPlan
-    ) -> None:
+    def _stage_plan(
+        self,
+        topic: pb.Topic,
+        partition: int,
+        chain: list[pb.Segment],
+        plan: RetentionPlan,
+        ws: WriteSet,
+        load: ClusterLoad,
+        changed: list[pb.Segment],
+    ) -> int:
+        """Stage one shard's plan into ``ws`` and ``load``; how many removed segments were never tiered."""
         name = topic.name
         leaving = chain[: plan.remove]
-        ws = WriteSet()
-        load = self._load.copy()
         for segment in leaving:
             ws.delete(keys.segment_key(name, partition, segment.epoch))
             ws.delete(keys.seal_key(name, partition, segment.epoch))
             ws.delete(keys.placed_key(name, partition, segment.epoch))
             load.remove(segment)
+            changed.append(segment)
         untiered = self._stage_forget_segments(name, partition, topic.incarnation, leaving, ws)
-        changed = list(leaving)
         for segment in chain[plan.remove :]:
             if segment.epoch in plan.remote:
                 made = pb.Segment()
@@ -183,22 +232,9 @@ class RetentionControl:
                 made.state = pb.REMOTE
                 del made.isr[:]
                 self._topics.stage_segment(name, partition, made, ws)
+                load.replace(segment, made)
                 changed.append(made)
-        ws.commit(self._store)
-        self._load = load
-        self._versions.bump_segments(changed)
-        shard = shard_name(name, partition)
-        if leaving:
-            logger.info(
-                "retention: %s epochs %d-%d left the chain (offsets below %d)%s",
-                shard,
-                leaving[0].epoch,
-                leaving[-1].epoch,
-                leaving[-1].end_offset,
-                f"; {untiered} of them were never tiered" if untiered else "",
-            )
-        if plan.remote:
-            logger.info("retention: %s epochs %s are in the object store only", shard, list(plan.remote))
+        return untiered
 
 
 class RetentionWorker:

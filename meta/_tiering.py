@@ -57,6 +57,7 @@ LIST_SEALED_DEFAULT = 1_000
 LIST_SEALED_MAX = 10_000
 MAX_OBJECT_URL_CHARS = 2_048
 _UPGRADE_BATCH = 5_000
+_LIST_CHUNK = 500  # index entries ListSealed reads per hold of the lock
 
 logger = logging.getLogger("robustmq.meta")
 
@@ -210,28 +211,41 @@ class TieringControl:
         limit = min(limit or LIST_SEALED_DEFAULT, LIST_SEALED_MAX)
         index = keys.UNTIERED_INDEX if untiered_only else keys.SEALED_INDEX
         start = keys.sealed_index_key(index, min(after_seq + 1, 2**64 - 1))
-        with self._locked():
-            found = []
-            incarnations: dict[str, int] = {}
-            for key, value in self._store.scan(index, start=start):
-                topic, partition, epoch = keys.decode_sealed_entry(value)
-                segment = self._topics.segment(topic, partition, epoch)
-                seq = int.from_bytes(key[len(index) :], "big")
-                if segment is None or segment.sealed_seq != seq:
-                    logger.warning(
-                        "seal index entry %d points at a missing %s_%d epoch %d", seq, topic, partition, epoch
-                    )
-                    continue
-                if topic not in incarnations:
-                    incarnations[topic] = self._topics.require(topic).incarnation
-                found.append(
-                    pb.SealedSegment(
-                        topic=topic, partition=partition, incarnation=incarnations[topic], segment=segment
-                    )
-                )
-                if len(found) >= limit:
-                    break
-            return pb.ListSealedResponse(segments=found, last_seq=self._last_seal[0])
+        found: list[pb.SealedSegment] = []
+        incarnations: dict[str, int] = {}
+        while True:
+            # In chunks, each under the lock: a 10,000-segment page never holds it for long.
+            with self._locked():
+                read = 0
+                for key, value in self._store.scan(index, start=start):
+                    read += 1
+                    start = key + b"\x00"  # the next chunk starts after it
+                    entry = self._sealed_entry(index, key, value, incarnations)
+                    if entry is not None:
+                        found.append(entry)
+                    if len(found) >= limit or read >= _LIST_CHUNK:
+                        break
+                last_seq = self._last_seal[0]  # at least every sealed_seq listed so far
+            if len(found) >= limit or read < _LIST_CHUNK:
+                return pb.ListSealedResponse(segments=found, last_seq=last_seq)
+
+    def _sealed_entry(
+        self, index: bytes, key: bytes, value: bytes, incarnations: dict[str, int]
+    ) -> pb.SealedSegment | None:
+        """The listed segment a seal index entry points at (None, with a warning, if it is not there)."""
+        topic, partition, epoch = keys.decode_sealed_entry(value)
+        segment = self._topics.segment(topic, partition, epoch)
+        seq = int.from_bytes(key[len(index) :], "big")
+        if segment is None or segment.sealed_seq != seq:
+            logger.warning(
+                "seal index entry %d points at a missing %s_%d epoch %d", seq, topic, partition, epoch
+            )
+            return None
+        if topic not in incarnations:
+            incarnations[topic] = self._topics.require(topic).incarnation
+        return pb.SealedSegment(
+            topic=topic, partition=partition, incarnation=incarnations[topic], segment=segment
+        )
 
     def mark_tiered(
         self,

@@ -112,7 +112,7 @@ class Job:
     incarnation: int = -1
     install: bool = False  # a lookup for a shard the node will create if it holds it
     isr: tuple[str, ...] = ()  # isr: the new ISR; agree: the members to ask; seal: the agreed isr
-    agreement: Agreement | None = None  # seal (RF > 1): what the replicas agreed on
+    agreement: Agreement | None = None  # seal: what the replicas agreed on (RF 1: the size only)
     start_offset: int = -1  # agree: the segment's start
     engine: Any = None  # agree: the leader's engine and its name for the shard
     engine_shard: str = ""
@@ -223,7 +223,7 @@ class MetaControl:
         try:
             if job.kind == "seal":
                 agreed: dict[str, Any] = {}
-                if job.agreement is not None:  # RF > 1: what the replicas agreed on
+                if job.agreement is not None:  # what the replicas agreed on (RF 1: the size only)
                     agreed = {
                         "isr": list(job.agreement.isr),
                         "crc32c": job.agreement.crc32c,

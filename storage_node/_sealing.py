@@ -19,8 +19,9 @@ queue (so each step happens in queue order with the shard's writes):
    the members that reached it for ``Checksum(start, end)`` and compares each
    with the leader's own; the members that agree (and the leader) are the
    sealed segment's ``isr``, sent with its ``crc32c`` and ``size_bytes``. RF 1
-   skips this step and sends none of them (an empty ``isr`` is the leader
-   alone; no one would compare a CRC).
+   skips this step and sends no CRC (no one would compare one) but, for the
+   segment engine, the segment's ``size_bytes`` (the Meta Service's byte
+   retention counts it, docs/tiering.md), with the leader alone as ``isr``.
 4. **seal**: ``SealSegment(epoch, end, incarnation)``.
    - Success: adopt the next epoch, roll the local segment, answer waiting
      seal requests, run the held writes (their epoch is sealed now, so they
@@ -299,9 +300,30 @@ class Sealer:
     def _send(self, state: NodeShard) -> None:
         task = state.seal
         assert task is not None and task.end_offset >= 0
+        if task.agreement is None and state.replication is None:
+            task.agreement = self._own_size(state)
         task.sending = True
         if not self._control.submit(self._job("seal", state)):
             self._retry_later(state.name)
+
+    def _own_size(self, state: NodeShard) -> Agreement | None:
+        """RF 1: the sealed segment's byte length, so the Meta Service's byte retention counts it.
+
+        The segment engine rolls its local segment at every seal, so while the
+        writes are held its newest local segment is exactly ``[segment_start,
+        end)``. No CRC (nobody compares copies); None if that does not hold.
+        """
+        assert state.seal is not None
+        if state.engine.name != "segment":
+            return None
+        try:
+            newest = state.engine.list_segments(state.engine_shard)[-1]
+        except Exception:  # the shard's files are in trouble: seal without a size, as before
+            log.exception("shard %s: no size for its seal", state.name)
+            return None
+        if newest.base_offset != state.segment_start or newest.end_offset != state.seal.end_offset:
+            return None
+        return Agreement((self._node_id,), None, newest.size_bytes)
 
     def answered(self, answer: MetaAnswer) -> None:
         state = self._state_of(answer)

@@ -46,6 +46,9 @@ METHODS = [
     "ReportReplica",
     "ListAssignments",
     "DrainNode",
+    "GetClusterConfig",
+    "ListSealed",
+    "MarkTiered",
 ]
 CALL_TIMEOUT_S = 5.0
 # Codes the service answers with itself; each comes with an ErrorInfo trailer.
@@ -62,7 +65,11 @@ class Target:
     """A running service with some state, a raw channel and a normal client."""
 
     def __init__(self, root: Path) -> None:
-        self.server = MetaServer(root, port=0).start()
+        # Nodes never beat here: a long timeout keeps them alive for the whole module, however
+        # long the examples before the last test take.
+        self.server = MetaServer(
+            root / "meta", port=0, node_timeout_ms=600_000, tier_url=f"file://{root}"
+        ).start()
         self.channel = grpc.insecure_channel(self.server.address)
         self.client = MetaClient(self.server.address, timeout_s=CALL_TIMEOUT_S)
         for index in range(3):
@@ -221,6 +228,12 @@ def _invalid_requests() -> list[tuple[str, Any, grpc.StatusCode]]:
         ("RemoveNode", pb.RemoveNodeRequest(node_id="n 0"), invalid),
         ("RemoveNode", pb.RemoveNodeRequest(node_id="missing"), invalid),
         ("RemoveNode", pb.RemoveNodeRequest(node_id="n0"), invalid),  # alive
+        ("ListSealed", pb.ListSealedRequest(limit=-1), invalid),
+        ("MarkTiered", pb.MarkTieredRequest(shard="", object_url="x", object_bytes=1), invalid),
+        ("MarkTiered", pb.MarkTieredRequest(shard="base_0", object_url="x" * 3000, object_bytes=1), invalid),
+        ("MarkTiered", pb.MarkTieredRequest(shard="base_0", object_url="x", object_bytes=-5), invalid),
+        ("MarkTiered", pb.MarkTieredRequest(shard="base_9", object_url="x", object_bytes=1), not_found),
+        ("MarkTiered", pb.MarkTieredRequest(shard="nope_0", object_url="x", object_bytes=1), not_found),
     ]
 
 

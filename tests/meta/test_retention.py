@@ -4,7 +4,7 @@ with a real file:// object store, and a MetaServer running it on its own."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,10 @@ from robustmq._tier_store import ObjectStore
 from robustmq.errors import InvalidRequest
 from robustmq.meta import MetaServer
 from robustmq.meta._chains import is_assigned
+from robustmq.meta._controller import MetaController
+from robustmq.meta._failover_rules import FailoverTask, IsrDecision, SealPoint
 from robustmq.meta._retention import RetentionPlan, RetentionWorker, retention_plan
+from robustmq.meta._store import RocksDBMetaStore
 
 from .test_tiering import Controllers, mark, object_url, seal
 
@@ -35,7 +38,7 @@ def segment(epoch: int, state: int, *, size: int = 100, ts: int = 0, sealed_ms: 
 
 
 def config(**settings: int) -> pb.TopicConfig:
-    base = {"retention_ms": -1, "retention_bytes": -1}
+    base = {"retention_ms": -1, "retention_bytes": -1, "retention_records": -1}
     return pb.TopicConfig(**(base | settings))  # type: ignore[arg-type]
 
 
@@ -57,6 +60,14 @@ def test_whole_log_retention_removes_the_oldest_segments_past_a_limit() -> None:
     assert retention_plan(config(retention_bytes=200), chain, NOW).remove == 1
     assert retention_plan(config(retention_bytes=201), chain, NOW).remove == 0
     assert retention_plan(config(retention_bytes=100), chain, NOW).remove == 2
+    # By records (10 a segment, sealed ones only): the same rule.
+    assert retention_plan(config(retention_records=20), chain, NOW).remove == 1
+    assert retention_plan(config(retention_records=10), chain, NOW).remove == 2
+    # A seal without a size (replication factor 1) counts its object's bytes once tiered.
+    unsized = [segment(0, pb.TIERED, size=0), segment(1, pb.TIERED, size=0), segment(2, pb.SEALED, size=0)]
+    unsized[0].object_bytes, unsized[1].object_bytes = 50, 30
+    assert retention_plan(config(retention_bytes=30), unsized, NOW).remove == 1
+    assert retention_plan(config(retention_bytes=31), unsized, NOW).remove == 0
     # Without a record timestamp, the seal's time counts; oldest first, stopping at the first kept.
     aged = [
         segment(0, pb.SEALED, sealed_ms=NOW - 100),
@@ -92,20 +103,6 @@ def test_local_retention_makes_a_prefix_of_tiered_segments_remote() -> None:
 
 
 # -- the controller and the worker ----------------------------------------------------------------
-
-
-@pytest.fixture
-def tier(tmp_path: Path) -> ObjectStore:
-    store = ObjectStore.from_url(f"file://{tmp_path}/tier")
-    store.check()
-    return store
-
-
-@pytest.fixture
-def controllers(tmp_path: Path, tier: ObjectStore) -> Iterator[Controllers]:
-    made = Controllers(tmp_path, tier.url)
-    yield made
-    made.controller.close()
 
 
 def put_object(tier: ObjectStore, url: str) -> None:
@@ -148,8 +145,26 @@ def test_remote_segments_keep_their_replicas_lose_their_isr_and_are_nobodys_assi
     following = controller.get_shard("a_0").segments[-1]
     assert following.leader in sealed.isr and following.start_offset == 40
     assert sorted(following.replicas) == ["n1", "n2", "n3"]
+    # A failover of the active segment is placed the same way.
+    active = following
+    holders = tuple(active.replicas[1:])
+    task = FailoverTask(
+        "a_0",
+        topic.incarnation,
+        active.epoch,
+        active.leader,
+        active.start_offset,
+        tuple(active.replicas),
+        tuple(active.isr),
+        (),
+    )
+    committed = controller.commit_failover(task, SealPoint(45, holders), IsrDecision(holders, 1, 2))
+    assert committed is not None and committed[1].leader in holders and committed[1].start_offset == 45
+    # What nodes store: the remote segments no longer count.
+    stored = {node.node_id: node.replica_segments for node in controller.list_nodes()}
+    assert stored == {"n1": 3, "n2": 3, "n3": 3}, stored
     # ListSealed keeps listing them (the tiering job skips what is not SEALED).
-    assert [s.segment.state for s in controller.list_sealed(0).segments] == [pb.REMOTE] * 3 + [pb.SEALED]
+    assert [s.segment.state for s in controller.list_sealed(0).segments] == [pb.REMOTE] * 3 + [pb.SEALED] * 2
 
 
 def test_whole_log_retention_moves_the_log_start_then_deletes_the_objects(
@@ -219,3 +234,30 @@ def test_a_meta_server_applies_retention_every_check_interval(tmp_path: Path, ti
             assert time.monotonic() < deadline, (states, tier.list("a/"))
             time.sleep(0.05)
         assert tier.list("a/") == [tier.key_of(chain[0].object_url)]
+
+
+class CountingStore(RocksDBMetaStore):
+    """A real store that counts its synced batches."""
+
+    writes = 0
+
+    def write(self, puts: dict[bytes, bytes], deletes: Iterable[bytes] = ()) -> None:
+        self.writes += 1
+        super().write(puts, deletes)
+
+
+def test_a_topic_of_many_partitions_is_one_batch_per_pass(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path / "store")
+    controller = MetaController(store, node_timeout_ms=60_000)
+    try:
+        controller.register_node("n1", "tcp://127.0.0.1:7101")
+        controller.create_topic("many", pb.TopicConfig(partitions=40, retention_bytes=100))
+        for partition in range(40):
+            seal(controller, f"many_{partition}", 10)
+            seal(controller, f"many_{partition}", 20)
+        before = store.writes
+        assert controller.apply_retention("many", int(time.time() * 1000)) == (40, 0)
+        assert store.writes - before == 1  # heartbeats wait for one synced write, not forty
+        assert {len(controller.get_shard(f"many_{p}").segments) for p in range(40)} == {2}
+    finally:
+        controller.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from robustmq.meta import _keys as keys
 from robustmq.meta._controller import MetaController
 from robustmq.meta._failover_rules import FailoverTask, IsrDecision, SealPoint
 from robustmq.meta._store import RocksDBMetaStore, WriteSet
+from tests._s3 import S3Server
 
 
 class Controllers:
@@ -51,20 +51,6 @@ class Controllers:
         self.controller.close()
         self.controller = self.open()
         return self.controller
-
-
-@pytest.fixture
-def tier(tmp_path: Path) -> ObjectStore:
-    store = ObjectStore.from_url(f"file://{tmp_path}/tier")
-    store.check()
-    return store
-
-
-@pytest.fixture
-def controllers(tmp_path: Path, tier: ObjectStore) -> Iterator[Controllers]:
-    made = Controllers(tmp_path, tier.url)
-    yield made
-    made.controller.close()
 
 
 def seal(controller: MetaController, shard: str, end: int, size: int = 100) -> pb.Segment:
@@ -358,3 +344,35 @@ def test_robustmq_meta_exits_2_with_one_line_for_a_bad_tier_url(tmp_path: Path, 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in result.stderr, result.stderr
     assert url.split("/")[-1] in lines[0] or url in lines[0]
+
+
+def test_a_meta_server_on_s3_checks_its_bucket_at_start(
+    tmp_path: Path, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in s3_server.environment.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ObjectStoreError, match="s3://no-such-bucket/tier") as refused:
+        MetaServer(tmp_path / "refused", port=0, tier_url="s3://no-such-bucket/tier").start()
+    assert refused.value.reason == "no such bucket"
+    s3_server.boto3_client().create_bucket(Bucket="tier-bucket")
+    with (
+        MetaServer(tmp_path / "meta", port=0, tier_url="s3://tier-bucket/cluster/") as server,
+        MetaClient(server.address, timeout_s=5) as client,
+    ):
+        assert client.cluster_config().tier_url == "s3://tier-bucket/cluster"  # normalised
+
+
+def test_a_page_larger_than_one_read_chunk_lists_everything_in_order(controllers: Controllers) -> None:
+    controller = controllers.controller
+    controller.create_topic("a", pb.TopicConfig(partitions=2))
+    for end in range(1, 261):
+        seal(controller, "a_0", end)
+        seal(controller, "a_1", end)
+    page = controller.list_sealed(0, limit=10_000)
+    assert [s.segment.sealed_seq for s in page.segments] == list(range(1, 521)) and page.last_seq == 520
+
+    def seqs(after: int, limit: int) -> list[int]:
+        return [s.segment.sealed_seq for s in controller.list_sealed(after, limit=limit).segments]
+
+    assert seqs(0, 501) == list(range(1, 502))
+    assert seqs(499, 3) == [500, 501, 502]

@@ -150,6 +150,7 @@ def _kill_after_a_new_object(job: list[str], s3: Any, bucket: str, rng: random.R
 
 @pytest.mark.spark
 @pytest.mark.e2e
+@pytest.mark.slow  # four job processes, each starting a JVM: ~1 minute on a quiet machine
 def test_sigkill_mid_upload_and_restart_tier_each_segment_exactly_once(
     s3_server: S3Server, s3_env: dict[str, str], tmp_path: Path
 ) -> None:

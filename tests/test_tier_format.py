@@ -283,3 +283,13 @@ def test_metadata_of_a_sealed_segment() -> None:
     assert (expected.records, expected.segment_crc32c, expected.max_timestamp_ms) == (3000, 5, -1)
     unverified = pb.Segment(shard="orders_3", epoch=2, start_offset=100, end_offset=3100)
     assert ObjectMeta.of_segment("orders", 3, 17, unverified).segment_crc32c == -1
+
+
+def test_an_empty_segment_is_a_valid_empty_object() -> None:
+    empty = READ_SCHEMA.empty_table()
+    meta = ObjectMeta("orders", 3, 17, 2, 500, 500, 0, 0, 0, -1)
+    sink = pa.BufferOutputStream()
+    segment_to_parquet(empty, meta, sink)
+    data = sink.getvalue().to_pybytes()
+    opened = verify_object(data, meta, len(data), full=True)
+    assert opened.read_rows(0, 10**9).equals(empty) and opened.meta == meta

@@ -64,6 +64,8 @@ __all__ = [
     "read_object_meta",
     "read_rows",
     "record_bytes",
+    "seal_bytes",
+    "seal_crc32c",
     "segment_to_parquet",
     "verify_object",
 ]
@@ -128,8 +130,9 @@ class ObjectMeta:
     def of_segment(cls, topic: str, partition: int, incarnation: int, segment: Any) -> ObjectMeta:
         """What the object of a sealed ``segment`` (a ``pb.Segment``) must say, per the Meta Service.
 
-        ``segment_crc32c`` is -1 when the seal recorded no CRC (then it is not compared), and so is
-        ``max_timestamp_ms`` while the segment is not tiered yet.
+        ``segment_crc32c`` / ``segment_bytes`` are -1 when the seal recorded none (then they are not
+        compared; :func:`seal_crc32c`, :func:`seal_bytes`), and so is ``max_timestamp_ms`` while the
+        segment is not tiered yet.
         """
         return cls(
             topic=topic,
@@ -139,8 +142,8 @@ class ObjectMeta:
             start_offset=segment.start_offset,
             end_offset=segment.end_offset,
             records=segment.end_offset - segment.start_offset,
-            segment_crc32c=segment.crc32c if segment.HasField("crc32c") else -1,
-            segment_bytes=segment.size_bytes if segment.HasField("crc32c") else -1,
+            segment_crc32c=seal_crc32c(segment),
+            segment_bytes=seal_bytes(segment),
             max_timestamp_ms=segment.max_timestamp_ms if segment.object_url else -1,
         )
 
@@ -157,6 +160,19 @@ class ObjectMeta:
             if not unknown and actual != expected:
                 found.append(f"{name} is {actual!r}, expected {expected!r}")
         return found
+
+
+def seal_crc32c(segment: Any) -> int:
+    """The CRC-32C of a sealed ``pb.Segment``'s frame bytes as its seal recorded it; -1 if it did
+    not (replication factor 1 seals compare with no one and record none)."""
+    return int(segment.crc32c) if segment.HasField("crc32c") else -1
+
+
+def seal_bytes(segment: Any) -> int:
+    """The length of a sealed ``pb.Segment``'s frame bytes as its seal recorded it; -1 if unknown
+    (seals without a CRC recorded no size before replication factor 1 seals started sending it)."""
+    known = segment.HasField("crc32c") or segment.size_bytes > 0
+    return int(segment.size_bytes) if known else -1
 
 
 def _corrupt(url: str, reason: str, meta: ObjectMeta | None = None) -> CorruptObject:

@@ -46,6 +46,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from robustmq._tier_format import seal_bytes, seal_crc32c
 from robustmq.connector._spark_errors import reported_to_spark
 from robustmq.errors import InvalidConfig
 
@@ -73,7 +74,7 @@ SEALED_ARROW_SCHEMA = pa.schema(
     [
         *SEGMENT_FIELDS,
         pa.field("crc32c", pa.int64()),  # -1: the seal recorded none (RF 1)
-        pa.field("size_bytes", pa.int64()),  # -1: likewise
+        pa.field("size_bytes", pa.int64()),  # -1: the seal recorded none (RF 1 before size_bytes)
         pa.field("sealed_seq", pa.int64()),
     ]
 )
@@ -162,7 +163,6 @@ class SegmentPartition(InputPartition):
     @classmethod
     def of(cls, sealed: Any) -> SegmentPartition:
         segment = sealed.segment
-        verified = segment.HasField("crc32c")
         return cls(
             topic=sealed.topic,
             partition=sealed.partition,
@@ -170,8 +170,8 @@ class SegmentPartition(InputPartition):
             epoch=segment.epoch,
             start_offset=segment.start_offset,
             end_offset=segment.end_offset,
-            crc32c=segment.crc32c if verified else -1,
-            size_bytes=segment.size_bytes if verified else -1,
+            crc32c=seal_crc32c(segment),
+            size_bytes=seal_bytes(segment),
             sealed_seq=segment.sealed_seq,
         )
 

@@ -47,7 +47,15 @@ import pyarrow as pa
 from robustmq._frame import FRAME_HEADER_SIZE, crc32c, decode_header, decode_payload, verify_payload
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import with_offsets
-from robustmq._tier_format import COMPRESSION, ObjectMeta, ObjectWriter, RangeFile, verify_object
+from robustmq._tier_format import (
+    COMPRESSION,
+    ObjectMeta,
+    ObjectWriter,
+    RangeFile,
+    seal_bytes,
+    seal_crc32c,
+    verify_object,
+)
 from robustmq.errors import (
     CorruptRecordBatch,
     RequestTimeout,
@@ -401,12 +409,13 @@ def _checked_header(view: memoryview, offset: int, end_offset: int, *, where: st
 
 
 def _check_seal(segment: SegmentPartition, current: Any, crc: int, size: int, where: str) -> None:
-    if not current.HasField("crc32c"):
-        return  # an RF 1 seal records no CRC: each frame's own CRC was checked
-    if (crc, size) != (current.crc32c, current.size_bytes):
+    """The frames' CRC-32C and length equal what the seal recorded (what it recorded: replication
+    factor 1 seals record a length and no CRC, and then each frame's own CRC was what was checked)."""
+    recorded_crc, recorded_size = seal_crc32c(current), seal_bytes(current)
+    if recorded_crc not in (-1, crc) or recorded_size not in (-1, size):
         raise CorruptRecordBatch(
             f"{where}: the frames have CRC-32C {crc:#010x} and {size} bytes, but the seal recorded "
-            f"{current.crc32c:#010x} and {current.size_bytes} bytes",
+            f"CRC-32C {recorded_crc} and {recorded_size} bytes (-1: none)",
             shard=f"{segment.topic}_{segment.partition}",
             epoch=segment.epoch,
         )

@@ -282,7 +282,11 @@ def test_metadata_of_a_sealed_segment() -> None:
     expected = ObjectMeta.of_segment("orders", 3, 17, segment)
     assert (expected.records, expected.segment_crc32c, expected.max_timestamp_ms) == (3000, 5, -1)
     unverified = pb.Segment(shard="orders_3", epoch=2, start_offset=100, end_offset=3100)
-    assert ObjectMeta.of_segment("orders", 3, 17, unverified).segment_crc32c == -1
+    unknown = ObjectMeta.of_segment("orders", 3, 17, unverified)
+    assert (unknown.segment_crc32c, unknown.segment_bytes) == (-1, -1)
+    sized = pb.Segment(shard="orders_3", epoch=2, start_offset=100, end_offset=3100, size_bytes=9)
+    rf1 = ObjectMeta.of_segment("orders", 3, 17, sized)  # replication factor 1: a length, no CRC
+    assert (rf1.segment_crc32c, rf1.segment_bytes) == (-1, 9)
 
 
 def test_an_empty_segment_is_a_valid_empty_object() -> None:

@@ -156,3 +156,19 @@ def _expected(topic: str, segment: SegmentPartition) -> dict[str, Any]:
         "segment_crc32c": segment.crc32c,
         "segment_bytes": segment.size_bytes,
     }
+
+
+def test_frames_that_disagree_with_the_seal_are_refused() -> None:
+    from robustmq.errors import CorruptRecordBatch
+    from robustmq.streaming_jobs._segment_upload import _check_seal
+
+    segment = SegmentPartition("t", 0, 1, 2, 0, 10, 7, 100, 1)
+    _check_seal(segment, pb.Segment(crc32c=7, size_bytes=100), 7, 100, "here")
+    _check_seal(segment, pb.Segment(size_bytes=100), 8, 100, "here")  # RF 1: a length, no CRC
+    _check_seal(segment, pb.Segment(), 8, 99, "here")  # nothing recorded: the frames' own CRCs
+    for recorded, crc, size in [
+        (pb.Segment(crc32c=7, size_bytes=100), 8, 100),
+        (pb.Segment(size_bytes=100), 7, 99),
+    ]:
+        with pytest.raises(CorruptRecordBatch, match="the seal recorded"):
+            _check_seal(segment, recorded, crc, size, "here")

@@ -1,6 +1,7 @@
-"""Spark jobs over RobustMQ topics: materialising topics into Delta tables (exactly once).
+"""Spark jobs over RobustMQ topics: materialising topics into Delta tables (exactly once), and
+tiering sealed segments to the object store (``robustmq tier``).
 
-The names from :mod:`.topic_to_delta` are loaded on first use, so that
+The names from :mod:`.topic_to_delta` and :mod:`.tier_segments` are loaded on first use, so that
 ``python -m robustmq.streaming_jobs.topic_to_delta`` runs the module once, as
 ``__main__`` (importing it here first made runpy warn on every run).
 """
@@ -12,9 +13,11 @@ from ._table import TableLocation, prepare_table
 from .errors import TableConflict, TableMismatch
 
 if TYPE_CHECKING:
+    from .tier_segments import start_tiering
     from .topic_to_delta import default_group, spark_session, start_topic_to_delta
 
 _FROM_TOPIC_TO_DELTA = frozenset({"default_group", "spark_session", "start_topic_to_delta"})
+_FROM_TIER_SEGMENTS = frozenset({"start_tiering"})
 
 __all__ = [
     "TABLE_SCHEMA",
@@ -28,6 +31,7 @@ __all__ = [
     "prepare_table",
     "read_table",
     "spark_session",
+    "start_tiering",
     "start_topic_to_delta",
 ]
 
@@ -37,4 +41,8 @@ def __getattr__(name: str) -> Any:
         from . import topic_to_delta
 
         return getattr(topic_to_delta, name)
+    if name in _FROM_TIER_SEGMENTS:
+        from . import tier_segments
+
+        return getattr(tier_segments, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -145,6 +145,8 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
         "",
         None,
     ),
+    (["tier", "--max-segments-per-trigger", "0"], 2, "--max-segments-per-trigger", None),
+    (["tier", "--once", CLOSED], 1, "cannot reach the Meta Service", None),
     (["demo", "--records", "0"], 2, "--records", None),
     (["demo", "--records", "many"], 2, "--records", None),
 ]

@@ -187,6 +187,7 @@ class NodeShard:
             self.refreshed_at = now  # the rate limit counts attempts, not successes
             return True
         return False
+
     seal: SealTask | None = None
     held: deque[Any] | None = None  # writes held while a seal is settling (None: not paused)
     held_bytes: int = 0  # payload bytes of the held writes
@@ -321,6 +322,16 @@ class ShardDirectory:
         """Every shard with state or local data here, whatever its incarnation."""
         with self._lock:
             return sorted(set(self._local) | set(self._shards))
+
+    def held_in(self, engine: str) -> list[tuple[str, int]]:
+        """``(shard, incarnation)`` of every shard whose local data is in ``engine``, sorted."""
+        with self._lock:
+            return sorted(
+                (shard, incarnation)
+                for shard, local in self._local.items()
+                for incarnation, name in local.items()
+                if name == engine
+            )
 
     def cached(self, shard: str) -> NodeShard | None:
         """The shard's state if it was resolved since start (without asking anyone)."""

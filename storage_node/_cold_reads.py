@@ -51,6 +51,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,7 @@ from robustmq._tier_format import ObjectMeta, RangeFile, TieredObject
 from robustmq._tier_store import ObjectStore, object_store_of
 from robustmq.errors import (
     Busy,
+    CorruptObject,
     IncarnationMismatch,
     InvalidRequest,
     OffsetOutOfRange,
@@ -108,12 +110,43 @@ class TieredRead:
     next_offset: int
 
 
+class _StoreErrors:
+    """The ``RangeFile`` hook that remembers the last object-store error of a read.
+
+    Arrow's Parquet reader turns an exception raised by the file it reads into a
+    read failure, which ``_tier_format`` reports as ``CorruptObject``; a store that
+    did not answer is not a corrupt object, so the caller raises this error instead.
+    """
+
+    def __init__(self) -> None:
+        self.error: RobustMQError | None = None
+
+    def read(self, url: str, start: int, length: int, fetch: Callable[[int, int], bytes]) -> bytes:
+        try:
+            return fetch(start, length)
+        except RobustMQError as error:
+            self.error = error
+            raise
+
+
 class _Opened:
     """One object whose footer passed its checks; ``lock``: Arrow's reader is one thread at a time."""
 
-    def __init__(self, tiered: Any) -> None:
+    def __init__(self, tiered: Any, errors: _StoreErrors) -> None:
         self.tiered = tiered
+        self.errors = errors
         self.lock = threading.Lock()
+
+    def read_row_group(self, group: int) -> pa.Table:
+        """One row group, checked; a store failure during it raises as itself."""
+        with self.lock:
+            self.errors.error = None
+            try:
+                return self.tiered.read_row_groups([group])  # type: ignore[no-any-return]
+            except CorruptObject:
+                if self.errors.error is not None:
+                    raise self.errors.error from None
+                raise
 
 
 def frame_of(records: pa.Table, epoch: int) -> bytes:
@@ -358,9 +391,7 @@ class ColdReads:
         key: CacheKey = (segment.object_url, int(segment.object_bytes), group)
         frame = self.cache.get(key)
         if frame is None:
-            with opened.lock:
-                records = opened.tiered.read_row_groups([group])
-            frame = frame_of(records, int(segment.epoch))
+            frame = frame_of(opened.read_row_group(group), int(segment.epoch))
             self.cache.put(key, frame, read_ahead=ahead)
         return frame
 
@@ -374,9 +405,16 @@ class ColdReads:
         store = self._store(segment.object_url)
         object_key = store.key_of(segment.object_url)
         # The size the store has, not the one recorded: a truncated object must fail the check.
-        source = RangeFile(store, object_key, store.size(object_key))
+        errors = _StoreErrors()
+        source = RangeFile(store, object_key, store.size(object_key), cache=errors)
         expected = ObjectMeta.of_segment(info.topic, info.partition, int(info.incarnation), segment)
-        opened = _Opened(TieredObject(source, expected, int(segment.object_bytes)))
+        try:
+            tiered = TieredObject(source, expected, int(segment.object_bytes))
+        except CorruptObject:
+            if errors.error is not None:
+                raise errors.error from None
+            raise
+        opened = _Opened(tiered, errors)
         with self._lock:
             self._objects[key] = opened
             while len(self._objects) > MAX_OPEN_OBJECTS:

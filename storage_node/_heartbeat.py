@@ -52,6 +52,7 @@ from typing import Any
 from robustmq.errors import RobustMQError, ShardNotFound
 
 from ._io_worker import DeleteShard, Reserved
+from ._reads import reader_log_start
 from ._replica_serving import visible_to_readers
 from ._shards import RESERVE_RECORDS
 
@@ -151,7 +152,9 @@ class Heartbeat(threading.Thread):
             # Committed progress only: on an RF > 1 leader its high watermark, not its log end (a
             # restarted leader starts its HW from this report, ``_replication``).
             committed = visible_to_readers(state, offsets.log_end_offset)
-            progress.append((shard, committed, min(offsets.earliest_offset, committed)))
+            # The log start readers see (segment engine: the chain's, below the local copies).
+            log_start = reader_log_start(node, state, offsets.earliest_offset)
+            progress.append((shard, committed, min(log_start, committed)))
             incarnations[shard] = state.incarnation
             if state.ack_limit is not None:
                 log_end = offsets.log_end_offset

@@ -570,14 +570,28 @@ def _node_id(data_dir: Path) -> str:
 
 
 def run_storage_node(
-    *, data_dir: str | Path, host: str, port: int, meta_address: str, io_workers: int | None = None
+    *,
+    data_dir: str | Path,
+    host: str,
+    port: int,
+    meta_address: str,
+    io_workers: int | None = None,
+    tier_cache_bytes: int = 256 * MiB,
+    retention_check_ms: int = 60_000,
 ) -> int:
     """Run a node until SIGTERM/SIGINT; print ``ready`` once it serves. Returns the exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    config = NodeConfig(data_dir=Path(data_dir), meta_address=meta_address, host=host, port=port)
+    config = NodeConfig(
+        data_dir=Path(data_dir),
+        meta_address=meta_address,
+        host=host,
+        port=port,
+        tier_cache_bytes=tier_cache_bytes,
+        retention_check_ms=retention_check_ms,
+    )
     if io_workers is not None:
         config = replace(config, io_workers=max(1, io_workers))
     node = StorageNode(config)

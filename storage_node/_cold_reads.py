@@ -197,18 +197,19 @@ class ColdReads:
             thread.start()
 
     def stop(self) -> None:
-        """Answer the cold reads still queued ``Unavailable`` and stop the threads."""
-        for _ in self._threads:
-            for target in (self._queue, self._ahead):
+        """Answer the cold reads still queued ``Unavailable`` and stop the threads (the node's
+        readers and workers, which submit here, have stopped already)."""
+        for target in (self._queue, self._ahead):
+            while True:
+                try:
+                    item = target.get_nowait()
+                except queue.Empty:
+                    break
+                if target is self._queue and item is not None:
+                    self._fail(item[0], Unavailable("the storage node is stopping; try again"))
+            for _ in self._threads:  # the queues are empty: a stop mark for every thread fits
                 with contextlib.suppress(queue.Full):
-                    target.put_nowait(None)  # type: ignore[attr-defined]
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                self._fail(item[0], Unavailable("the storage node is stopping; try again"))
+                    target.put_nowait(None)
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(timeout=15)

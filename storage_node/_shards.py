@@ -383,7 +383,7 @@ class ShardDirectory:
                 log.warning("shard %s already existed in the %s engine; serving it", name, engine_name)
             with self._lock:
                 self._local.setdefault(shard, {})[incarnation] = engine_name
-        else:
+        elif engine_name == "segment":  # retention across tiers is the Meta Service's for this engine
             _restart_left_behind(engine, name, info, self._node_id, _engine_config(config))
         active = info.segments[-1]
         state = NodeShard(

@@ -4,30 +4,22 @@ Both servers are real (gRPC and ZeroMQ on loopback) and run their own threads, a
 ``robustmq server``; the nodes' cold-read cache, the retention passes and the Meta
 Service's retention all run on their real timers (200 ms here).
 
-:func:`tier_sealed` puts every sealed segment of a partition in the object store
-and marks it tiered, which is what the tiering job (``robustmq tier``) does per
-segment: read the segment's records, write the Parquet object with
-``_tier_format``, ``put_if_absent``, ``MarkTiered``. Until that job is on this
-branch the tests use this stand-in; it reads the records through ``Client.read``
-(so it does not check the source CRC the job checks) and records no CRC where the
-seal recorded none.
+:func:`tier_sealed` tiers every sealed segment of a topic with the tiering job's
+per-segment code (``streaming_jobs._segment_upload.tier_segment`` and
+``tier_segments.record_tiered``), called directly: the same objects and
+``MarkTiered`` calls as ``robustmq tier``, without starting Spark.
 """
 
 from __future__ import annotations
 
-import io
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-import pyarrow.compute as pc
-
 import robustmq
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._tier_format import ObjectMeta, segment_to_parquet
-from robustmq._tier_store import ObjectStore, segment_key
+from robustmq._tier_store import ObjectStore
 
 _T = TypeVar("_T")
 
@@ -70,35 +62,24 @@ class TierCluster:
         self.meta.stop()
 
 
-def tier_sealed(
-    client: robustmq.Client, store: ObjectStore, topic: str, partition: int = 0
-) -> list[pb.Segment]:
-    """Put every ``sealed`` segment of the partition in ``store`` and mark it tiered (see module)."""
-    shard = f"{topic}_{partition}"
-    info = client.meta.get_shard(shard)
+def tier_sealed(client: robustmq.Client, store: ObjectStore, topic: str) -> list[pb.Segment]:
+    """Tier every ``sealed`` segment of ``topic`` with the tiering job's own per-segment code
+    (``tier_segment``: ReplicaFetch from a holder, CRC checks, Parquet, ``put_if_absent``;
+    then ``record_tiered``: ``MarkTiered``), without the Spark query around it."""
+    from streaming_jobs._sealed_source import list_untiered
+    from streaming_jobs._segment_upload import tier_segment
+    from streaming_jobs.tier_segments import record_tiered
+
+    meta = client.meta
+    through = int(meta.list_sealed(0, limit=1).last_seq)
     marked = []
-    for segment in info.segments:
-        if segment.state != pb.SEALED:
+    for segment in list_untiered(meta, 0, through):
+        if segment.topic != topic:
             continue
-        count = segment.end_offset - segment.start_offset
-        records = client.read(topic, partition, segment.start_offset, count).drop_columns(["partition"])
-        assert records.num_rows == count
-        largest = int(pc.max(records.column("timestamp").cast("int64")).as_py())
-        meta = replace(
-            ObjectMeta.of_segment(topic, partition, int(info.incarnation), segment), max_timestamp_ms=largest
-        )
-        sink = io.BytesIO()
-        segment_to_parquet(records, meta, sink)
-        data = sink.getvalue()
-        key = segment_key(
-            topic, partition, segment.epoch, segment.start_offset, incarnation=int(info.incarnation)
-        )
-        store.put_if_absent(key, data)
-        marked.append(
-            client.meta.mark_tiered(
-                shard, int(info.incarnation), segment.epoch, store.url_of(key), len(data), largest
-            )
-        )
+        tiered = tier_segment(segment, meta=meta, store=store, timeout_s=10)
+        assert record_tiered(meta, store, tiered.row())
+        shard = meta.get_shard(f"{topic}_{segment.partition}")
+        marked.extend(s for s in shard.segments if s.epoch == segment.epoch)
     return marked
 
 

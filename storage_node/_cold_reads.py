@@ -15,7 +15,7 @@ filters), and the client continues at ``next_offset``.
    :data:`CHAIN_TTL_S`; looked up again when the offset is in no tiered
    segment of the cached one). Its first segment's start is the log start:
    the highest one learned is remembered per shard and incarnation
-   (:meth:`ColdReads.learn_log_start`, also fed by the retention pass), and no
+   (:meth:`ColdReads.learn`, also fed by the retention pass), and no
    offset below it is ever served again, from the object or a local copy
    (``OffsetOutOfRange`` with ``earliest_offset``, as for retention).
 2. The object is opened once (footer and metadata checked against the
@@ -78,7 +78,15 @@ from ._adapter import ReadResult
 from ._engine_base import scan_mask
 from ._tier_cache import CacheKey, TierCache
 
-__all__ = ["CHAIN_TTL_S", "MAX_OPEN_OBJECTS", "READ_AHEAD_IN_FLIGHT", "ColdReads", "TieredRead"]
+__all__ = [
+    "CHAIN_TTL_S",
+    "MAX_OPEN_OBJECTS",
+    "READ_AHEAD_IN_FLIGHT",
+    "ColdReads",
+    "Learned",
+    "TieredRead",
+    "learned_from",
+]
 
 log = logging.getLogger("robustmq.node")
 
@@ -90,6 +98,30 @@ _LEARNED_SHARDS = 100_000  # (shard, incarnation) log starts remembered, at most
 _TIERED_STATES = (pb.TIERED, pb.REMOTE)
 _SCAN_BYTES = 16 << 20  # frames one cold scan answer examines, at most (it continues at next_offset)
 _FRESH_S = 0.1  # a "fresh" chain is one looked up this recently (a lookup per request at most this often)
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """What a node learned of a shard's chain: its ``log_start`` (the first segment's start)
+    and ``tiered_end``: the end of the run of ``tiered``/``remote`` segments from there (the
+    log start itself if the first is neither). Offsets in between are servable from objects."""
+
+    log_start: int
+    tiered_end: int
+
+
+_NOTHING_LEARNED = Learned(0, 0)
+
+
+def learned_from(info: pb.ShardInfo) -> Learned:
+    """The :class:`Learned` facts of one chain."""
+    start = int(info.segments[0].start_offset) if info.segments else 0
+    end = start
+    for segment in info.segments:
+        if segment.state not in _TIERED_STATES or segment.start_offset != end:
+            break
+        end = int(segment.end_offset)
+    return Learned(start, end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +174,7 @@ class _Opened:
         with self.lock:
             self.errors.error = None
             try:
-                return self.tiered.read_row_groups([group])  # type: ignore[no-any-return]
+                return self.tiered.read_row_groups([group])
             except CorruptObject:
                 if self.errors.error is not None:
                     raise self.errors.error from None
@@ -179,7 +211,7 @@ class ColdReads:
         self.cache = TierCache(cache_bytes)
         self._lock = threading.Lock()
         self._chains: dict[str, tuple[float, pb.ShardInfo]] = {}
-        self._log_starts: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._learned: OrderedDict[tuple[str, int], Learned] = OrderedDict()
         self._stores: dict[str, ObjectStore] = {}
         self._objects: OrderedDict[tuple[str, int], _Opened] = OrderedDict()
         self._queue: queue.Queue[tuple[Any, Any, RobustMQError | None] | None] = queue.Queue(MAX_QUEUED)
@@ -216,20 +248,24 @@ class ColdReads:
 
     # -- log starts ---------------------------------------------------------------------
 
-    def learn_log_start(self, shard: str, incarnation: int, log_start: int) -> int:
-        """Remember that ``shard``'s log starts at ``log_start`` or later; the start now known."""
-        key = (shard, incarnation)
+    def learn(self, info: pb.ShardInfo) -> Learned:
+        """Remember what ``info`` (a chain from the Meta Service) says about where the log lives;
+        what is now known (the highest seen of each: retention and tiering only move them up)."""
+        seen = learned_from(info)
+        key = (info.shard, int(info.incarnation))
         with self._lock:
-            known = max(self._log_starts.pop(key, 0), log_start)
-            self._log_starts[key] = known
-            while len(self._log_starts) > _LEARNED_SHARDS:
-                self._log_starts.popitem(last=False)
-        return known
+            known = self._learned.pop(key, None)
+            if known is not None:
+                seen = Learned(max(known.log_start, seen.log_start), max(known.tiered_end, seen.tiered_end))
+            self._learned[key] = seen
+            while len(self._learned) > _LEARNED_SHARDS:
+                self._learned.popitem(last=False)
+        return seen
 
-    def log_start(self, shard: str, incarnation: int) -> int:
-        """The highest log start learned for ``shard`` of ``incarnation`` (0: none)."""
+    def learned(self, shard: str, incarnation: int) -> Learned:
+        """What was learned about ``shard`` of ``incarnation`` (zeros: nothing)."""
         with self._lock:
-            return self._log_starts.get((shard, incarnation), 0)
+            return self._learned.get((shard, incarnation), _NOTHING_LEARNED)
 
     # -- the pool ---------------------------------------------------------------------
 
@@ -286,7 +322,7 @@ class ColdReads:
         if state is not None and expected < 0:
             expected = state.incarnation
         _check_incarnation(info, expected)
-        log_start = self.learn_log_start(shard, int(info.incarnation), info.segments[0].start_offset)
+        log_start = self.learn(info).log_start
         high_watermark = self._high_watermark(info, state)
         at = max(offset, log_start)
         segment = _tiered_segment(info, at)

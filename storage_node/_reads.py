@@ -30,6 +30,7 @@ from robustmq.errors import (
     Unavailable,
 )
 
+from ._cold_reads import learned_from
 from ._driver_manager import split_shard_name
 from ._io_worker import ParkRead, Request
 from ._replica_serving import (
@@ -69,11 +70,16 @@ class NodeReads:
     _accounting: Any
     _served: int
     _scanned: int
+    _queued_bytes: int
     _started: float
     _workers: list[Any]
 
     def reply(self, request: Request, response: pb.NodeResponse, payloads: tuple[Any, ...] = ()) -> None:
         raise NotImplementedError
+
+    def _node(self) -> Any:
+        """This node, as the ``StorageNode`` the replica-serving functions take."""
+        return self
 
     def worker_for(self, shard: str) -> Any:
         raise NotImplementedError
@@ -119,10 +125,10 @@ class NodeReads:
             self._fetch(request, state)
         elif body == "replica_fetch":
             assert state is not None
-            serve_replica_fetch(self, request, state)
+            serve_replica_fetch(self._node(), request, state)
         elif body == "checksum":
             assert state is not None
-            serve_checksum(self, request, state)
+            serve_checksum(self._node(), request, state)
         elif body == "read_by_key":
             assert state is not None
             self.answer_read(request, _read_key(state, message.read_by_key.key))
@@ -174,6 +180,7 @@ class NodeReads:
             if start < earliest and (ask.end_offset < 0 or start < ask.end_offset):
                 self.cold.submit(request, state)
                 return
+            start = max(start, earliest)
         end_offset = ask.end_offset
         if state.replicated:  # nothing past the high watermark
             visible = visible_to_readers(state, state.log_end())
@@ -211,20 +218,15 @@ class NodeReads:
         offsets = engine.list_offsets(name)
         high_watermark = visible_to_readers(state, offsets.log_end_offset)
         log_start = reader_log_start(self, state, offsets.earliest_offset)
-        if log_start <= ask.offset < offsets.earliest_offset and _tiers(state):
-            self.cold.submit(request, state)  # dropped here (remote) or never held: from the object
+        if _tiers(state) and chain_log_start(self, state) <= ask.offset < offsets.earliest_offset:
+            # Not held here (dropped as remote, never placed here): from the object if its segment
+            # is tiered (the chain is looked up), else answered as before tiering.
+            self.cold.submit(request, state, _outside(ask, log_start, log_start, high_watermark))
             return
         # Offsets between the high watermark and the log end exist and become visible: a fetch
         # there waits like one at the high watermark (a restarted leader's HW is behind a while).
-        lowest = max(log_start, offsets.earliest_offset)
-        if not lowest <= ask.offset <= max(high_watermark, offsets.log_end_offset):
-            raise OffsetOutOfRange(
-                f"offset {ask.offset} of shard {ask.shard} is outside [{log_start}, {high_watermark}]",
-                shard=ask.shard,
-                offset=ask.offset,
-                earliest_offset=log_start,
-                high_watermark=high_watermark,
-            )
+        if not log_start <= ask.offset <= max(high_watermark, offsets.log_end_offset):
+            raise _outside(ask, log_start, log_start, high_watermark)
         if ask.offset >= high_watermark:
             wait_ms = min(max(ask.max_wait_ms, 0), self.config.max_wait_ms)
             first = wait_ms > 0 and not request.waited
@@ -271,7 +273,7 @@ class NodeReads:
     def _answer_fetch_empty(self, request: Request, earliest: int = -1, high_watermark: int = -1) -> None:
         """Answer a fetch with no records (also on the front end: local state only, no Meta call)."""
         if request.message.WhichOneof("body") == "replica_fetch":
-            answer_replica_empty(self, request)
+            answer_replica_empty(self._node(), request)
             return
         ask = request.message.fetch
         if high_watermark < 0:
@@ -369,6 +371,17 @@ def _check_incarnation(request: Request, state: NodeShard) -> None:
     request.incarnation = state.incarnation
 
 
+def _outside(ask: Any, log_start: int, earliest: int, high_watermark: int) -> OffsetOutOfRange:
+    """The error for a fetch of an offset this node does not serve (``earliest``: where it can)."""
+    return OffsetOutOfRange(
+        f"offset {ask.offset} of shard {ask.shard} is outside [{log_start}, {high_watermark}]",
+        shard=ask.shard,
+        offset=ask.offset,
+        earliest_offset=earliest,
+        high_watermark=high_watermark,
+    )
+
+
 def _tiers(state: NodeShard) -> bool:
     """Whether ``state``'s log may live in the object store (``segment`` engine topics)."""
     return state.config.engine in ("", "segment")
@@ -377,12 +390,25 @@ def _tiers(state: NodeShard) -> bool:
 def reader_log_start(node: Any, state: NodeShard, local_earliest: int) -> int:
     """Where readers of ``state`` find its log starting, as this node knows it.
 
-    ``segment``-engine shards: the start of the chain's first segment (the log
-    may go on in the object store below the local copies), as last learned from
-    the Meta Service (the highest seen: whole-log retention only moves it up).
-    Other engines keep node-local retention: their local log start.
+    ``segment``-engine shards: the chain's log start (the highest learned from the
+    Meta Service: whole-log retention only moves it up) when the local copies start
+    there, or when everything between it and the local copies is in the object store
+    (``tiered``/``remote`` segments, per the installed chain or the last one learned);
+    otherwise this node's local log start (a node placed after the first segments, or
+    local copies removed by hand), as before tiering. Other engines keep node-local
+    retention: their local log start.
     """
     if not _tiers(state) or state.view is None or not state.view.segments:
         return local_earliest
-    chain_start = int(state.view.segments[0].start_offset)
-    return max(chain_start, node.cold.log_start(state.name, state.incarnation))
+    viewed = learned_from(state.view)
+    known = node.cold.learned(state.name, state.incarnation)
+    chain_start = max(viewed.log_start, known.log_start)
+    if local_earliest <= chain_start or max(viewed.tiered_end, known.tiered_end) >= local_earliest:
+        return chain_start
+    return local_earliest
+
+
+def chain_log_start(node: Any, state: NodeShard) -> int:
+    """The chain's log start as this node last learned it (0 if it knows no chain)."""
+    viewed = learned_from(state.view).log_start if state.view is not None else 0
+    return max(viewed, node.cold.learned(state.name, state.incarnation).log_start)

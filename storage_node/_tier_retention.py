@@ -10,8 +10,9 @@ follows, on its own thread (``rmq-tier-retention``, every
 - for each shard it holds in the segment engine (at most
   :data:`MAX_SHARDS_PER_PASS` per pass, continuing where the last pass
   stopped), it asks ``GetShard`` (the control client's short deadline);
-- it learns the chain's log start (``ColdReads.learn_log_start``: no offset
-  below it is served again, from a local copy or an object);
+- it learns the chain's log start and how far its tiered segments reach
+  (``ColdReads.learn``: no offset below the log start is served again, from a
+  local copy or an object);
 - it deletes its local segments that end at or before the larger of the log
   start and the end of the chain's leading run of ``remote`` segments
   (``SegmentEngine.drop_before``). Only a prefix is dropped, so the local log
@@ -90,7 +91,7 @@ class TierRetention(threading.Thread):
                 break
             if int(info.incarnation) != incarnation or not info.segments:
                 continue
-            node.cold.learn_log_start(shard, incarnation, int(info.segments[0].start_offset))
+            node.cold.learn(info)
             engine = node.manager.driver("segment")
             try:
                 dropped = engine.drop_before(engine_shard_name(shard, incarnation), drop_point(info))

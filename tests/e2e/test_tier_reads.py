@@ -38,7 +38,7 @@ def batch(start: int, count: int, rng: random.Random, *, timestamp_ms: int) -> p
     return build_records(
         values,
         keys=[b"k%d" % (i % 97) for i in range(start, start + count)],
-        timestamps_ms=[timestamp_ms + i for i in range(start, start + count)],
+        timestamps_ms=[timestamp_ms] * count,
         tags=[["t%d" % (i % 3)] for i in range(start, start + count)],
         headers=[[("h", b"%d" % i)] for i in range(start, start + count)],
     )
@@ -47,7 +47,8 @@ def batch(start: int, count: int, rng: random.Random, *, timestamp_ms: int) -> p
 def fill(client: robustmq.Client, topic: str, segments: int, *, timestamp_ms: int | None = None) -> pa.Table:
     """``segments`` sealed segments and a few records in the active one; every record produced."""
     rng = random.Random(topic)
-    stamp = now_ms() if timestamp_ms is None else timestamp_ms  # (retention counts from these)
+    # Retention counts from the records' timestamps: a second ago, so local retention 0 applies.
+    stamp = now_ms() - 1_000 if timestamp_ms is None else timestamp_ms
     produced = []
     offset = 0
     for _ in range(segments):
@@ -165,9 +166,9 @@ def test_whole_log_retention_ends_reads_below_the_log_start(file_cluster: TierCl
     cluster = file_cluster
     store = ObjectStore.from_url(cluster.tier_url)
     with robustmq.connect(cluster.address, timeout_s=5) as client:
-        # Retention 8 s: the sealed segments expire a few seconds after they are produced and
-        # tiered (time counts from their records' timestamps, now).
-        client.create_topic("r", partitions=1, retention_ms=8_000)
+        # Retention 5 s: the sealed segments expire a few seconds after they are produced and
+        # tiered (time counts from their records' timestamps, a second before they were sent).
+        client.create_topic("r", partitions=1, retention_ms=5_000)
         produced = fill(client, "r", 2)
         assert len(tier_sealed(client, store, "r")) == 2
         log_start = 2 * RECORDS_PER_SEGMENT
@@ -203,6 +204,7 @@ def test_whole_log_retention_ends_reads_below_the_log_start(file_cluster: TierCl
 
 
 def test_s3_objects_and_an_unreachable_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "moto").mkdir()
     with run_moto_server(tmp_path / "moto") as s3:
         for name, value in s3.environment.items():
             monkeypatch.setenv(name, value)
@@ -210,18 +212,22 @@ def test_s3_objects_and_an_unreachable_store(tmp_path: Path, monkeypatch: pytest
         cluster = TierCluster(tmp_path, "s3://tier/cluster", tier_cache_bytes=1 << 20)
         try:
             store = ObjectStore.from_url(cluster.tier_url)
-            with robustmq.connect(cluster.address, timeout_s=3) as client:
+            with robustmq.connect(cluster.address, timeout_s=20) as client:
                 client.create_topic("s", partitions=1, local_retention_ms=0)
                 produced = fill(client, "s", 2)
                 tier_sealed(client, store, "s")
                 remote_and_dropped(cluster, client, "s", 2)
                 same_records(client.read("s", 0, 0, 100).drop_columns(["partition"]), produced)
                 s3.stop()  # the store is gone: connection refused from now on
-                with pytest.raises(ObjectStoreUnavailable) as raised:
-                    client.read("s", 0, RECORDS_PER_SEGMENT + 5_000, 10)
-                assert raised.value.retriable
-                # The node keeps serving what it holds.
+                # One cold fetch of an object not opened yet, straight to the node: its answer.
+                node = cluster.nodes[0]
+                ask = pb.FetchRequest(shard="s_0", offset=RECORDS_PER_SEGMENT + 5_000, max_records=10)
+                cold = client.transport.request(node.address, pb.NodeRequest(fetch=ask), timeout_s=30)
+                # Meanwhile the node serves what it holds, without waiting for the store.
                 tail = client.read("s", 0, 2 * RECORDS_PER_SEGMENT, 50).drop_columns(["partition"])
                 same_records(tail, produced, 2 * RECORDS_PER_SEGMENT)
+                with pytest.raises(ObjectStoreUnavailable) as raised:
+                    cold.result(40)
+                assert raised.value.retriable and "s3://tier/cluster" in raised.value.message
         finally:
             cluster.stop()

@@ -67,7 +67,8 @@ def test_incarnations_are_checked_against_the_chain() -> None:
 
 def tiered_object(root: Path, rows: int) -> tuple[pb.ShardInfo, pb.Segment, pa.Table]:
     """A real object of ``rows`` records in a ``file://`` store under ``root``, and its segment."""
-    records = with_offsets(build_records([b"v%06d" % i + b"." * 40 for i in range(rows)]), 100)
+    values = [b"v%06d" % i + b"." * 40 for i in range(rows)]
+    records = with_offsets(build_records(values, timestamps_ms=[1_000 + i for i in range(rows)]), 100)
     meta = ObjectMeta("t", 0, 1, 2, 100, 100 + rows, rows, -1, -1, 1)
     meta = replace(meta, max_timestamp_ms=int(pc.max(records.column("timestamp").cast("int64")).as_py()))
     store = ObjectStore.from_url(f"file://{root}")

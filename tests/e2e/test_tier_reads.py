@@ -20,6 +20,7 @@ import pyarrow as pa
 import pytest
 
 import robustmq
+from robustmq._frame import decode_frames
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records, now_ms
 from robustmq._tier_store import ObjectStore
@@ -231,3 +232,37 @@ def test_s3_objects_and_an_unreachable_store(tmp_path: Path, monkeypatch: pytest
                 assert raised.value.retriable and "s3://tier/cluster" in raised.value.message
         finally:
             cluster.stop()
+
+
+def test_replicas_keep_replicating_after_dropping_remote_copies(tmp_path: Path) -> None:
+    """RF 2: both replicas drop their copies of remote segments; writes, acks=all, seals (their
+    checksums) and reads from either node go on, and every offset reads back from both nodes."""
+    (tmp_path / "tier").mkdir()
+    cluster = TierCluster(tmp_path, f"file://{tmp_path}/tier", nodes=2)
+    try:
+        store = ObjectStore.from_url(cluster.tier_url)
+        with robustmq.connect(cluster.address, timeout_s=20) as client:
+            client.create_topic("rf", partitions=1, replication_factor=2, local_retention_ms=0)
+            produced = fill(client, "rf", 2)
+            tier_sealed(client, store, "rf")
+            remote_and_dropped(cluster, client, "rf", 2)
+            more = fill(client, "rf", 1)  # acks=all: the follower keeps copying after its drop
+            produced = pa.concat_tables([produced, more])
+            chain = client.meta.get_shard("rf_0").segments
+            assert [s.state for s in chain[:2]] == [pb.REMOTE, pb.REMOTE]
+            assert sorted(chain[2].isr) == sorted(node.node_id for node in cluster.nodes)  # both verified
+            for node in cluster.nodes:  # each node serves every offset, local or from the objects
+                ask = pb.FetchRequest(shard="rf_0", offset=0, max_bytes=64 << 20)
+                position, tables = 0, []
+                while position < produced.num_rows:
+                    ask.offset = position
+                    response, frames = client.transport.call(
+                        node.address, pb.NodeRequest(fetch=ask), timeout_s=20
+                    )
+                    end = response.fetch.next_offset
+                    assert end > position
+                    tables.append(decode_frames([f.buffer for f in frames], position, end))
+                    position = end
+                same_records(pa.concat_tables(tables), produced)
+    finally:
+        cluster.stop()

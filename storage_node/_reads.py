@@ -221,12 +221,12 @@ class NodeReads:
         if _tiers(state) and chain_log_start(self, state) <= ask.offset < offsets.earliest_offset:
             # Not held here (dropped as remote, never placed here): from the object if its segment
             # is tiered (the chain is looked up), else answered as before tiering.
-            self.cold.submit(request, state, _outside(ask, log_start, log_start, high_watermark))
+            self.cold.submit(request, state, _outside(ask, log_start, high_watermark))
             return
         # Offsets between the high watermark and the log end exist and become visible: a fetch
         # there waits like one at the high watermark (a restarted leader's HW is behind a while).
         if not log_start <= ask.offset <= max(high_watermark, offsets.log_end_offset):
-            raise _outside(ask, log_start, log_start, high_watermark)
+            raise _outside(ask, log_start, high_watermark)
         if ask.offset >= high_watermark:
             wait_ms = min(max(ask.max_wait_ms, 0), self.config.max_wait_ms)
             first = wait_ms > 0 and not request.waited
@@ -371,13 +371,13 @@ def _check_incarnation(request: Request, state: NodeShard) -> None:
     request.incarnation = state.incarnation
 
 
-def _outside(ask: Any, log_start: int, earliest: int, high_watermark: int) -> OffsetOutOfRange:
-    """The error for a fetch of an offset this node does not serve (``earliest``: where it can)."""
+def _outside(ask: Any, log_start: int, high_watermark: int) -> OffsetOutOfRange:
+    """The error for a fetch of an offset outside what this node serves."""
     return OffsetOutOfRange(
         f"offset {ask.offset} of shard {ask.shard} is outside [{log_start}, {high_watermark}]",
         shard=ask.shard,
         offset=ask.offset,
-        earliest_offset=earliest,
+        earliest_offset=log_start,
         high_watermark=high_watermark,
     )
 

@@ -73,3 +73,30 @@ def test_node_retention_leaves_segment_engine_records_to_the_meta_service(tmp_pa
     assert engine.list_offsets("t_0").earliest_offset == 0
     assert engine.enforce_retention() == 10  # the engine's own retention still works on its own
     engine.close()
+
+
+def test_a_local_log_that_left_the_chain_starts_again_where_the_node_is_placed(tmp_path: Path) -> None:
+    from robustmq.storage_node._shards import _restart_left_behind
+
+    engine = SegmentEngine(tmp_path)
+    engine.create_shard("t_0")
+    write(engine, "t_0", 0, 10)
+    config = engine._state("t_0").config
+    # Whole-log retention removed everything up to 50; this node is placed on the segment at 60.
+    info = pb.ShardInfo(
+        shard="t_0",
+        segments=[
+            pb.Segment(epoch=4, start_offset=50, end_offset=60, state=pb.REMOTE, replicas=["other"]),
+            pb.Segment(
+                epoch=5, start_offset=60, end_offset=-1, state=pb.ACTIVE, replicas=["me"], leader="me"
+            ),
+        ],
+    )
+    _restart_left_behind(engine, "t_0", info, "me", config)
+    offsets = engine.list_offsets("t_0")
+    assert (offsets.earliest_offset, offsets.log_end_offset) == (60, 60)
+    # A local log that still continues the chain is left alone.
+    write(engine, "t_0", 60, 5)
+    _restart_left_behind(engine, "t_0", info, "me", config)
+    assert engine.list_offsets("t_0").log_end_offset == 65
+    engine.close()

@@ -122,6 +122,7 @@ def _children(
     node_ports: list[int],
     node_timeout_ms: int,
     tier: tuple[str, int] = ("none", 30_000),
+    tier_cache_bytes: int = 256 * 1024 * 1024,
 ) -> list[_Child]:
     logs = root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -160,6 +161,11 @@ def _children(
                 str(port),
                 "--meta",
                 meta_address,
+                # Nodes drop local copies of remote segments as often as the Meta Service retains.
+                "--retention-check-ms",
+                str(tier[1]),
+                "--tier-cache-bytes",
+                str(tier_cache_bytes),
             ],
             logs / f"node-{number}.log",
         )
@@ -266,6 +272,7 @@ def run_cluster(
     node_timeout_ms: int = 1500,
     tier_url: str | None = None,
     retention_check_ms: int = 30_000,
+    tier_cache_bytes: int = 256 * 1024 * 1024,
 ) -> int:
     """Run the cluster until a stop signal; the exit code (0 after a stop, 1 if it could not start).
 
@@ -275,7 +282,9 @@ def run_cluster(
     root = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="robustmq-cluster-"))
     stop = threading.Event()
     tier = tier_url if tier_url is not None else default_tier_url(root)
-    children = _children(root, host, meta_port, node_ports, node_timeout_ms, (tier, retention_check_ms))
+    children = _children(
+        root, host, meta_port, node_ports, node_timeout_ms, (tier, retention_check_ms), tier_cache_bytes
+    )
     try:
         with _stop_signals(stop):
             for child in children:

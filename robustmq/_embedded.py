@@ -50,8 +50,10 @@ class EmbeddedCluster:
         node_timeout_ms: int = 1500,
         tier_url: str | None = None,
         retention_check_ms: int = 30_000,
+        tier_cache_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self._tier_cache_bytes = tier_cache_bytes
         self.tier_url = default_tier_url(data_dir) if tier_url is None else tier_url
         self._retention_check_ms = retention_check_ms
         self._host = host
@@ -86,6 +88,9 @@ class EmbeddedCluster:
                 meta_address=self.meta_address,
                 host=self._host,
                 port=self._node_port,
+                # The node drops local copies of remote segments as often as the Meta Service retains.
+                retention_check_ms=self._retention_check_ms,
+                tier_cache_bytes=self._tier_cache_bytes,
             )
             self.node = StorageNode(config).start()
         except BaseException:
@@ -116,6 +121,7 @@ def run_server(
     node_port: int,
     tier_url: str | None = None,
     retention_check_ms: int = 30_000,
+    tier_cache_bytes: int = 256 * 1024 * 1024,
 ) -> int:
     """Run an embedded cluster until SIGTERM/SIGINT; print ``ready`` once it serves.
 
@@ -135,6 +141,7 @@ def run_server(
         node_port=node_port,
         tier_url=tier_url,
         retention_check_ms=retention_check_ms,
+        tier_cache_bytes=tier_cache_bytes,
     )
     try:
         cluster.start()

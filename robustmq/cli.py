@@ -157,6 +157,17 @@ def _tier_option(parser: argparse.ArgumentParser, default: str) -> None:
     )
 
 
+def _tier_cache_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tier-cache-bytes",
+        type=_bounded_int(0, 1 << 40),
+        default=256 * 1024 * 1024,
+        metavar="BYTES",
+        help="bytes of tiered row groups a storage node keeps in memory for reads from the object "
+        "store (default 256 MiB)",
+    )
+
+
 def _run_meta(args: argparse.Namespace) -> int:
     from robustmq.meta import run_meta
 
@@ -179,6 +190,8 @@ def _run_node(args: argparse.Namespace) -> int:
         port=args.node_port,
         meta_address=args.meta_address,
         io_workers=args.io_workers,
+        tier_cache_bytes=args.tier_cache_bytes,
+        retention_check_ms=args.node_retention_check_ms,
     )
 
 
@@ -192,6 +205,7 @@ def _run_server(args: argparse.Namespace) -> int:
         node_port=args.node_port,
         tier_url=args.tier_url,
         retention_check_ms=args.retention_check_ms,
+        tier_cache_bytes=args.tier_cache_bytes,
     )
 
 
@@ -222,6 +236,7 @@ def _cluster(args: argparse.Namespace) -> int:
         node_timeout_ms=args.node_timeout_ms,
         tier_url=args.tier_url,
         retention_check_ms=args.retention_check_ms,
+        tier_cache_bytes=args.tier_cache_bytes,
     )
 
 
@@ -261,6 +276,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     server.add_argument("--meta-port", type=_port, default=DEFAULT_META_PORT)
     server.add_argument("--node-port", type=_port, default=DEFAULT_NODE_PORT)
     _tier_option(server, "file://DATA_DIR/tier")
+    _tier_cache_option(server)
     server.set_defaults(handler=_run_server)
 
     cluster = commands.add_parser(
@@ -295,6 +311,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         "(default 1500)",
     )
     _tier_option(cluster, "file://DATA_DIR/tier")
+    _tier_cache_option(cluster)
     cluster.set_defaults(handler=_cluster)
 
     meta = commands.add_parser("meta", help="run the Meta Service")
@@ -319,6 +336,16 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         type=_bounded_int(1, 256),
         default=None,
         help="I/O worker threads (default: CPU count)",
+    )
+    _tier_cache_option(node)
+    node.add_argument(
+        "--retention-check-ms",
+        dest="node_retention_check_ms",
+        metavar="MS",
+        type=_bounded_int(10, 86_400_000),
+        default=60_000,
+        help="how often the node drops local copies of remote segments and applies the memory and "
+        "rocksdb engines' retention (default 60000)",
     )
     node.set_defaults(handler=_run_node)
 

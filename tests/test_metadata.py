@@ -108,3 +108,46 @@ def test_node_listings_are_cached() -> None:
     metadata.invalidate_nodes()
     metadata.read_route("t", 0, 0)
     assert meta.node_listings == 2
+
+
+class _TieredMeta(_Meta):
+    """The same shard with epoch 0 ``remote`` (replicas kept, no isr) and epoch 1 ``tiered``."""
+
+    def get_shard(self, shard: str) -> pb.ShardInfo:
+        info = _shard()
+        info.segments[0].state = pb.REMOTE
+        del info.segments[0].isr[:]
+        info.segments[1].state = pb.TIERED
+        return info
+
+    def describe_topic(self, name: str) -> pb.TopicDescription:
+        description = super().describe_topic(name)
+        del description.shards[:]
+        description.shards.append(self.get_shard(f"{name}_0"))
+        return description
+
+
+def test_a_remote_segment_is_read_from_any_live_node_spread_by_reader() -> None:
+    counts = Counter(
+        Metadata(_TieredMeta(dead=frozenset({"n2"})), reader_id=reader).read_route("t", 0, 50).address
+        for reader in range(300)
+    )
+    assert set(counts) == {NODES["n0"], NODES["n1"], NODES["n3"]}  # n3 holds no copy: it reads the object
+    assert min(counts.values()) >= 50, counts
+    metadata = Metadata(_TieredMeta(), reader_id=3)
+    first = metadata.read_route("t", 0, 50).address
+    assert metadata.read_route("t", 0, 50, avoid={first}).address != first
+
+
+def test_a_tiered_segment_is_read_from_its_isr_then_from_any_live_node() -> None:
+    metadata = Metadata(_TieredMeta(), reader_id=1)
+    assert {metadata.read_route("t", 0, 150).address} <= {NODES["n1"], NODES["n2"]}
+    # Both isr members failed: any other live node serves it from the object.
+    fallback = metadata.read_route("t", 0, 150, avoid={NODES["n1"], NODES["n2"]}).address
+    assert fallback in {NODES["n0"], NODES["n3"]}
+    # A sealed (not tiered) segment whose isr failed is tried on its members again, as before.
+    plain = Metadata(_Meta(), reader_id=1)
+    assert plain.read_route("t", 0, 150, avoid={NODES["n1"], NODES["n2"]}).address in {
+        NODES["n1"],
+        NODES["n2"],
+    }

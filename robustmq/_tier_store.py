@@ -44,7 +44,7 @@ from urllib.parse import unquote, urlsplit
 
 from robustmq.errors import ObjectStoreError, ObjectStoreUnavailable, RobustMQError
 
-__all__ = ["LIST_LIMIT", "ObjectStore", "segment_key"]
+__all__ = ["LIST_LIMIT", "ObjectStore", "object_store_of", "segment_key"]
 
 LIST_LIMIT = 10_000  # the most keys one list() returns
 _CONNECT_TIMEOUT_S = 5
@@ -53,9 +53,27 @@ _MAX_ATTEMPTS = 3
 _COPY_CHUNK_BYTES = 1024 * 1024
 
 
-def segment_key(topic: str, partition: int, epoch: int, start: int) -> str:
-    """A sealed segment's object key: ``{topic}/{partition}/{epoch:010d}-{start:020d}.parquet``."""
-    return f"{topic}/{partition}/{epoch:010d}-{start:020d}.parquet"
+def segment_key(topic: str, partition: int, epoch: int, start: int, *, incarnation: int) -> str:
+    """A sealed segment's object key:
+    ``{topic}/{partition}/{incarnation}/{epoch:010d}-{start:020d}.parquet``.
+
+    The incarnation is part of the key: a topic deleted and created again under
+    its name starts again at epoch 0, offset 0, and its objects must never meet
+    the old incarnation's (which the Meta Service deletes in the background).
+    """
+    return f"{topic}/{partition}/{incarnation}/{epoch:010d}-{start:020d}.parquet"
+
+
+def object_store_of(object_url: str) -> ObjectStore:
+    """The store an object URL made by :func:`segment_key` lives in (its last four parts are the key).
+
+    For objects recorded under an earlier tier URL than the current one.
+    """
+    root, *parts = str(object_url).rsplit("/", 4)
+    if len(parts) != 4:
+        shown = str(object_url)[:200]
+        raise ObjectStoreError(f"{shown!r} is not a segment object URL", url=shown, reason="bad URL")
+    return ObjectStore.from_url(root)
 
 
 def _check_key(key: str, url: str) -> str:

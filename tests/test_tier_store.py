@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from robustmq._tier_store import ObjectStore, segment_key
+from robustmq._tier_store import ObjectStore, object_store_of, segment_key
 from robustmq.errors import ObjectStoreError, ObjectStoreUnavailable
 from tests._s3 import S3Server
 from tests.e2e._procs import free_port
@@ -35,12 +35,15 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStor
 
 
 def test_segment_key_is_the_documented_layout() -> None:
-    assert segment_key("orders", 3, 7, 1234) == "orders/3/0000000007-00000000000000001234.parquet"
+    key = segment_key("orders", 3, 7, 1234, incarnation=1763900000123)
+    assert key == "orders/3/1763900000123/0000000007-00000000000000001234.parquet"
+    store = ObjectStore.from_url("s3://bucket/prefix")
+    assert object_store_of(store.url_of(key)).url == "s3://bucket/prefix"
 
 
 def test_put_if_absent_never_overwrites(store: ObjectStore) -> None:
     store.check()
-    key = segment_key("t", 0, 1, 0)
+    key = segment_key("t", 0, 1, 0, incarnation=5)
     assert store.put_if_absent(key, b"first") is True
     assert store.put_if_absent(key, b"second, longer") is False
     assert store.get(key) == b"first"

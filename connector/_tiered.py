@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._tier_format import ObjectMeta, RangeFile, verify_object
 from robustmq._tier_store import ObjectStore
+from robustmq._tier_store import object_store_of as store_of_url
 from robustmq.errors import ObjectStoreError, ObjectStoreUnavailable
 
 __all__ = [
@@ -62,7 +63,6 @@ NODE = "node"
 RECHECK_S = 60.0  # a store the driver could not reach is probed again after this long
 CHUNK_RECORDS = 65_536  # records per Arrow batch a task yields from an object (8 row groups)
 _TIERED_STATES = (pb.TIERED, pb.REMOTE)
-_KEY_PARTS = 3  # segment keys are {topic}/{partition}/{epoch}-{start}.parquet
 
 _stores: dict[str, ObjectStore] = {}
 _stores_lock = threading.Lock()
@@ -96,16 +96,14 @@ def tiered_pieces(topic: str, info: pb.ShardInfo, start: int, end: int) -> tuple
 
 
 def object_store_of(url: str) -> tuple[ObjectStore, str]:
-    """The store an object URL lives in (cached per process) and the object's key in it.
+    """The store an object URL lives in (opened once per process) and the object's key in it.
 
     A segment records its object's full URL, so objects tiered under an earlier tier URL are
-    read where they are: the store is the URL without its key's three parts.
+    read where they are.
     """
-    root = url.rsplit("/", _KEY_PARTS)[0]
+    opened = store_of_url(url)
     with _stores_lock:
-        store = _stores.get(root)
-        if store is None:
-            store = _stores[root] = ObjectStore.from_url(root)
+        store = _stores.setdefault(opened.url, opened)
     return store, store.key_of(url)
 
 
@@ -119,7 +117,10 @@ class Reachability:
         """Whether the driver can read ``piece``'s store: one ``size`` of its object, remembered
         (a failure for :data:`RECHECK_S`)."""
         now = time.monotonic() if now is None else now
-        root = piece.url.rsplit("/", _KEY_PARTS)[0]
+        try:
+            root = store_of_url(piece.url).url
+        except ObjectStoreError:
+            return False
         known = self._seen.get(root)
         if known is not None and (known[0] or now - known[1] < RECHECK_S):
             return known[0]

@@ -400,7 +400,7 @@ class S3Store(ObjectStore):
         except BotoCoreError as exc:
             raise _s3_error(exc, self.url, f"cannot put {key}") from exc
         except OSError as exc:
-            raise _file_error(exc, self.url, f"cannot read {data} to put {key}") from exc
+            raise _file_error(exc, self.url, f"cannot read {str(data)!r} to put {key}") from exc
 
     def get(self, key: str) -> bytes:
         response = self._run(

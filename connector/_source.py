@@ -106,6 +106,7 @@ class RangePartition(InputPartition):
     identity: tuple[tuple[str, int], ...] = ()
     from_beginning: bool = False
     tiered: tuple[TieredPiece, ...] = ()  # offsets a task reads from objects (tieredReads)
+    log_start: int = 0  # the chain's first offset when planned: retention removed what is below
 
     def record_filter(self) -> RecordFilter:
         return RecordFilter(self.key, self.tags, self.min_timestamp_ms, self.max_timestamp_ms)
@@ -323,15 +324,15 @@ class TopicReader:
             min_pieces=self.options.min_partitions,
         )
         parts = [self._partition(r, end, **filters) for r in ranges]
-        if self.options.output == "records" and self.options.tiered_reads != NODE:
-            parts = self._with_tiered(parts)
+        if self.options.output == "records":
+            parts = self._with_chains(parts)
         return parts
 
-    def _with_tiered(self, parts: list[RangePartition]) -> list[RangePartition]:
-        """Attach the tiered pieces of each range (one Meta Service call per topic), for
-        ``tieredReads=direct`` and, by default, where the driver reaches the store (module
-        :mod:`._tiered`). A chain of another incarnation than planned gets none: the task finds the
-        re-created topic and reports it."""
+    def _with_chains(self, parts: list[RangePartition]) -> list[RangePartition]:
+        """Attach what the chains say (one Meta Service call per topic): each range's log start,
+        and its tiered pieces for ``tieredReads=direct`` and, by default, where the driver reaches
+        the store (module :mod:`._tiered`). A chain of another incarnation than planned gives
+        nothing: the task finds the re-created topic and reports it."""
         chains: dict[str, dict[int, Any]] = {}
         result = []
         for part in parts:
@@ -346,12 +347,12 @@ class TopicReader:
             if info is None or (planned is not None and int(info.incarnation) != planned):
                 result.append(part)
                 continue
-            pieces = choose_pieces(
-                tiered_pieces(part.topic, info, part.start, part.end),
-                self.options.tiered_reads,
-                self._reachability,
-            )
-            result.append(dataclasses.replace(part, tiered=pieces) if pieces else part)
+            pieces: tuple[TieredPiece, ...] = ()
+            if self.options.tiered_reads != NODE:
+                found = tiered_pieces(part.topic, info, part.start, part.end)
+                pieces = choose_pieces(found, self.options.tiered_reads, self._reachability)
+            log_start = int(info.segments[0].start_offset) if info.segments else 0
+            result.append(dataclasses.replace(part, tiered=pieces, log_start=log_start))
         return result
 
     @staticmethod
@@ -385,6 +386,8 @@ class TopicReader:
             yield pa.RecordBatch.from_pylist([row], schema=RANGES_ARROW_SCHEMA)
             return
         position = part.start
+        if position < part.log_start:  # whole-log retention moved the log start (the chain says so)
+            position = self._data_loss(part, position, part.log_start)
         for piece in part.tiered:
             position = yield from self._read_nodes(part, position, piece.start)
             if position >= part.end:  # the topic was re-created, or a loss skipped to the end
@@ -426,7 +429,10 @@ class TopicReader:
                     incarnation=dict(part.identity).get("incarnation"),
                 )
             except OffsetOutOfRange as error:
-                position = self._data_loss(part, position, error)
+                earliest = int(error.fields.get("earliest_offset", -1))
+                if earliest <= position:
+                    raise
+                position = self._data_loss(part, position, earliest)
                 continue
             except IncarnationMismatch:  # re-created between the check above and this fetch
                 if not self._same_topic_as_planned(part):  # reads the topic uncached
@@ -515,10 +521,8 @@ class TopicReader:
             )
         log.warning("%s; going on without them (failOnDataLoss=false)", message)
 
-    def _data_loss(self, part: RangePartition, position: int, error: OffsetOutOfRange) -> int:
-        earliest = int(error.fields.get("earliest_offset", -1))
-        if earliest <= position:
-            raise error
+    def _data_loss(self, part: RangePartition, position: int, earliest: int) -> int:
+        """Where reading goes on when the log starts at ``earliest``, above ``position``."""
         if part.from_beginning and position == part.start:
             return min(earliest, part.end)  # a log the query had not read before starts later: no loss
         message = (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,11 +54,11 @@ def client(tiered: EmbeddedCluster) -> Iterator[robustmq.Client]:
         yield connected
 
 
-def _produce(client: robustmq.Client, topic: str, start: int, count: int) -> None:
+def _produce(client: robustmq.Client, topic: str, start: int, count: int, *, base_ms: int = BASE_MS) -> None:
     table = build_records(
         [b"v%06d" % i + b"." * 92 for i in range(start, start + count)],
         keys=[b"k%d" % (i % 7) for i in range(start, start + count)],
-        timestamps_ms=[BASE_MS + i for i in range(start, start + count)],
+        timestamps_ms=[base_ms + i for i in range(start, start + count)],
         tags=[["eu"] if i % 2 else ["us", "vip"] for i in range(start, start + count)],
         headers=[[("n", b"%d" % i)] if i % 10 == 0 else None for i in range(start, start + count)],
     )
@@ -277,3 +278,31 @@ def test_an_object_gone_after_planning_is_read_through_the_nodes_or_fails_when_d
     with pytest.raises(ObjectStoreError, match=path.name):
         for part in planned["direct"]:
             list(readers["direct"].read(part))
+
+
+@pytest.mark.parametrize("mode", ["direct", "node"])
+def test_tiered_records_removed_by_retention_fail_or_are_skipped(spark, tiered, client, mode) -> None:  # type: ignore[no-untyped-def]
+    name = f"t{uuid.uuid4().hex[:10]}"
+    client.create_topic(name, 1, retention_ms=86_400_000, local_retention_ms=0)
+    for start in range(0, 3000, 1000):  # records of 2025: past retention once tiered (their time known)
+        _produce(client, name, start, 1000)
+        _seal(client, name, 0)
+    now_ms = int(time.time() * 1000)
+    for start in range(3000, 5000, 1000):  # recent records: kept
+        _produce(client, name, start, 1000, base_ms=now_ms)
+        _seal(client, name, 0)
+    assert tier_sealed(client, name) == 5000
+
+    def chain() -> list[pb.Segment]:
+        return list(client.meta.describe_topic(name).shards[0].segments)
+
+    wait_until(lambda: chain()[0].start_offset == 3000 and chain()[0].state == pb.REMOTE, timeout_s=30)
+    stale = f'{{"{name}": {{"0": 0}}}}'
+    with pytest.raises(Exception, match="removed by retention"):
+        _read(spark, tiered, name, startingOffsets=stale, tieredReads=mode).count()
+    before = _served(client)
+    skipped = _rows(
+        _read(spark, tiered, name, startingOffsets=stale, failOnDataLoss="false", tieredReads=mode)
+    )
+    assert sorted(skipped) == [(0, offset) for offset in range(3000, 5000)]
+    assert _served(client) - before == (0 if mode == "direct" else 2000)

@@ -1,8 +1,8 @@
 """``read_batch``: a batch read of topics where Spark's own Parquet reader scans the tiered objects.
 
 A Python data source hands Spark Arrow batches through a Python worker; Spark's
-Parquet reader decodes the same files in the JVM, several times faster
-(docs/spark.md, "Tiered segments", has the figures). :func:`read_batch` plans
+Parquet reader decodes the same files in the JVM, faster
+(two to three times, measured: docs/spark.md, "Tiered segments"). :func:`read_batch` plans
 a batch read exactly as ``spark.read.format("robustmq")`` with the same
 options would (same start and end per partition), then splits each
 partition's range at the end of its leading run of ``tiered``/``remote``

@@ -188,7 +188,7 @@ def _check_filters(values: _Values) -> None:
     if low is not None and high is not None and low > high:
         raise option_error("minTimestamp", f"{low} is after maxTimestamp ({high}): nothing could match")
     if values["output"] == "ranges":
-        for name in ("key", "tags", "minTimestamp", "maxTimestamp"):
+        for name in ("key", "tags", "minTimestamp", "maxTimestamp", "tieredReads"):
             if name in values.given:
                 raise option_error(
                     name, "does not apply with output=ranges, which reads offset ranges, not records"

@@ -77,6 +77,8 @@ def test_tiered_reads_option_is_checked_naming_it() -> None:
     assert SourceOptions.parse({**base, "tieredreads": "node"}, "readStream").tiered_reads == "node"
     with pytest.raises(InvalidConfig, match="option 'tieredReads': expected direct or node, got 'nodes'"):
         SourceOptions.parse({**base, "tieredReads": "nodes"})
+    with pytest.raises(InvalidConfig, match="option 'tieredReads': does not apply with output=ranges"):
+        SourceOptions.parse({**base, "tieredReads": "direct", "output": "ranges"})
 
 
 def _records(start: int, count: int) -> pa.Table:

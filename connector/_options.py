@@ -97,6 +97,7 @@ class SourceOptions:
     max_timestamp_ms: int | None
     output: str
     request_timeout_s: float
+    tiered_reads: str | None = None  # None: chosen by the driver (connector/_tiered.py)
 
     @staticmethod
     def parse(options: Mapping[str, str], mode: str = "read") -> SourceOptions:
@@ -153,6 +154,7 @@ class SourceOptions:
             max_timestamp_ms=values["maxTimestamp"],
             output=values["output"],
             request_timeout_s=float(values["requestTimeoutS"]),
+            tiered_reads=values["tieredReads"],
         )
 
 
@@ -186,7 +188,7 @@ def _check_filters(values: _Values) -> None:
     if low is not None and high is not None and low > high:
         raise option_error("minTimestamp", f"{low} is after maxTimestamp ({high}): nothing could match")
     if values["output"] == "ranges":
-        for name in ("key", "tags", "minTimestamp", "maxTimestamp"):
+        for name in ("key", "tags", "minTimestamp", "maxTimestamp", "tieredReads"):
             if name in values.given:
                 raise option_error(
                     name, "does not apply with output=ranges, which reads offset ranges, not records"

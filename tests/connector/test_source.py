@@ -320,7 +320,7 @@ def test_readers_are_picklable_without_clients(cluster) -> None:  # type: ignore
     assert reader.client is not None  # opens the process-wide client on the "driver"
     copy = pickle.loads(pickle.dumps(reader))
     assert copy.options == reader.options
-    assert set(vars(copy)) == {"options", "_topics_cache", "_state"}
+    assert set(vars(copy)) == {"options", "_topics_cache", "_reachability", "_state"}  # no clients
 
 
 def _stream(spark, cluster: EmbeddedCluster, checkpoint: Path, **options: object):  # type: ignore[no-untyped-def]

@@ -20,6 +20,8 @@ in-process or over the network.
     |                                                       min_insync_replicas
     |   +-- ShardFailed                SHARD_FAILED    yes  the shard's files need recovery:
     |                                                       a node restart runs it
+    |   +-- ObjectStoreUnavailable     OBJECT_STORE_UNAVAILABLE
+    |                                                  yes  the tier URL's store did not answer
     +-- TopicNotFound                  UNKNOWN_TOPIC
     +-- ShardNotFound                  UNKNOWN_SHARD
     |   +-- IncarnationMismatch        INCARNATION_MISMATCH
@@ -28,12 +30,15 @@ in-process or over the network.
     +-- ShardAlreadyExists             SHARD_EXISTS
     +-- OffsetOutOfRange               OFFSET_OUT_OF_RANGE
     +-- CorruptRecordBatch             CORRUPT_BATCH   stored bytes failed their CRC
+    |   +-- CorruptObject              CORRUPT_OBJECT  a tiered object failed its checks
     +-- StaleEpoch                     STALE_EPOCH     a fenced writer
     +-- EngineClosed                   CLOSED
     +-- InvalidRequest                 INVALID_REQUEST
         +-- InvalidRecordBatch         INVALID_BATCH   not Arrow IPC, or the wrong schema
         +-- RecordBatchTooLarge        BATCH_TOO_LARGE
         +-- InvalidConfig              INVALID_CONFIG
+        |   +-- ObjectStoreError       OBJECT_STORE    the tier URL is wrong or refused us
+        |                                              (no bucket, access denied, bad path)
         +-- OutOfOrderSequence         OUT_OF_ORDER_SEQUENCE
         +-- DuplicateSequenceMismatch  DUPLICATE_SEQUENCE_MISMATCH
         |                              a re-sent sequence carries other records than were stored
@@ -54,6 +59,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "Busy",
+    "CorruptObject",
     "CorruptRecordBatch",
     "DuplicateSequenceMismatch",
     "EngineClosed",
@@ -64,6 +70,8 @@ __all__ = [
     "MessageTooLarge",
     "NotEnoughReplicas",
     "NotLeader",
+    "ObjectStoreError",
+    "ObjectStoreUnavailable",
     "OffsetOutOfRange",
     "OutOfOrderSequence",
     "RecordBatchTooLarge",
@@ -176,6 +184,16 @@ class ShardFailed(Unavailable):
     code = "SHARD_FAILED"
 
 
+class ObjectStoreUnavailable(Unavailable):
+    """The object store of the tier URL did not answer (connection refused, timeout, 5xx).
+
+    Retriable: the store may come back. Fields: ``url`` (the tier URL or object
+    URL), ``reason``.
+    """
+
+    code = "OBJECT_STORE_UNAVAILABLE"
+
+
 class TopicNotFound(RobustMQError):
     code = "UNKNOWN_TOPIC"
 
@@ -215,6 +233,18 @@ class CorruptRecordBatch(RobustMQError):
     code = "CORRUPT_BATCH"
 
 
+class CorruptObject(CorruptRecordBatch):
+    """A tiered segment's object failed its checks and is never served.
+
+    Its size, Parquet footer, page checksums, record count, offsets or the
+    source segment's CRC-32C recorded in it disagree with the Meta Service's
+    record of the segment (truncated, overwritten or damaged in the store).
+    Fields: ``url``, ``shard``, ``epoch``, ``reason``.
+    """
+
+    code = "CORRUPT_OBJECT"
+
+
 class StaleEpoch(RobustMQError):
     """A writer addressed an older epoch than the shard's current one (fenced)."""
 
@@ -243,6 +273,16 @@ class RecordBatchTooLarge(InvalidRequest):
 
 class InvalidConfig(InvalidRequest):
     code = "INVALID_CONFIG"
+
+
+class ObjectStoreError(InvalidConfig):
+    """The tier URL is wrong, or its store refused us: not retriable as it is.
+
+    No such bucket or directory, access denied, an unsupported scheme, a
+    malformed URL. Fields: ``url``, ``reason``.
+    """
+
+    code = "OBJECT_STORE"
 
 
 class OutOfOrderSequence(InvalidRequest):

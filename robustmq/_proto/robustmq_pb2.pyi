@@ -12,6 +12,7 @@ class SegmentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACTIVE: _ClassVar[SegmentState]
     SEALED: _ClassVar[SegmentState]
     TIERED: _ClassVar[SegmentState]
+    REMOTE: _ClassVar[SegmentState]
 
 class Acks(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -21,6 +22,7 @@ class Acks(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 ACTIVE: SegmentState
 SEALED: SegmentState
 TIERED: SegmentState
+REMOTE: SegmentState
 ACKS_LEADER: Acks
 ACKS_ALL: Acks
 ACKS_QUORUM: Acks
@@ -36,7 +38,7 @@ class ErrorInfo(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., fields_json: _Optional[str] = ...) -> None: ...
 
 class TopicConfig(_message.Message):
-    __slots__ = ("partitions", "engine", "replication_factor", "segment_bytes_max", "roll_interval_ms", "retention_bytes", "retention_ms", "cleanup_policy", "max_batch_bytes", "retention_records", "min_insync_replicas")
+    __slots__ = ("partitions", "engine", "replication_factor", "segment_bytes_max", "roll_interval_ms", "retention_bytes", "retention_ms", "cleanup_policy", "max_batch_bytes", "retention_records", "min_insync_replicas", "local_retention_ms", "local_retention_bytes")
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +50,8 @@ class TopicConfig(_message.Message):
     MAX_BATCH_BYTES_FIELD_NUMBER: _ClassVar[int]
     RETENTION_RECORDS_FIELD_NUMBER: _ClassVar[int]
     MIN_INSYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RETENTION_BYTES_FIELD_NUMBER: _ClassVar[int]
     partitions: int
     engine: str
     replication_factor: int
@@ -59,7 +63,9 @@ class TopicConfig(_message.Message):
     max_batch_bytes: int
     retention_records: int
     min_insync_replicas: int
-    def __init__(self, partitions: _Optional[int] = ..., engine: _Optional[str] = ..., replication_factor: _Optional[int] = ..., segment_bytes_max: _Optional[int] = ..., roll_interval_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., retention_ms: _Optional[int] = ..., cleanup_policy: _Optional[str] = ..., max_batch_bytes: _Optional[int] = ..., retention_records: _Optional[int] = ..., min_insync_replicas: _Optional[int] = ...) -> None: ...
+    local_retention_ms: int
+    local_retention_bytes: int
+    def __init__(self, partitions: _Optional[int] = ..., engine: _Optional[str] = ..., replication_factor: _Optional[int] = ..., segment_bytes_max: _Optional[int] = ..., roll_interval_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., retention_ms: _Optional[int] = ..., cleanup_policy: _Optional[str] = ..., max_batch_bytes: _Optional[int] = ..., retention_records: _Optional[int] = ..., min_insync_replicas: _Optional[int] = ..., local_retention_ms: _Optional[int] = ..., local_retention_bytes: _Optional[int] = ...) -> None: ...
 
 class Topic(_message.Message):
     __slots__ = ("name", "config", "created_ms", "incarnation")
@@ -74,7 +80,7 @@ class Topic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ..., created_ms: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class Segment(_message.Message):
-    __slots__ = ("shard", "epoch", "start_offset", "end_offset", "state", "replicas", "leader", "isr", "crc32c", "size_bytes")
+    __slots__ = ("shard", "epoch", "start_offset", "end_offset", "state", "replicas", "leader", "isr", "crc32c", "size_bytes", "sealed_seq", "sealed_ms", "object_url", "object_bytes", "max_timestamp_ms")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +91,11 @@ class Segment(_message.Message):
     ISR_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SEALED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SEALED_MS_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_URL_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     shard: str
     epoch: int
     start_offset: int
@@ -95,7 +106,12 @@ class Segment(_message.Message):
     isr: _containers.RepeatedScalarFieldContainer[str]
     crc32c: int
     size_bytes: int
-    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., state: _Optional[_Union[SegmentState, str]] = ..., replicas: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ..., isr: _Optional[_Iterable[str]] = ..., crc32c: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    sealed_seq: int
+    sealed_ms: int
+    object_url: str
+    object_bytes: int
+    max_timestamp_ms: int
+    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., state: _Optional[_Union[SegmentState, str]] = ..., replicas: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ..., isr: _Optional[_Iterable[str]] = ..., crc32c: _Optional[int] = ..., size_bytes: _Optional[int] = ..., sealed_seq: _Optional[int] = ..., sealed_ms: _Optional[int] = ..., object_url: _Optional[str] = ..., object_bytes: _Optional[int] = ..., max_timestamp_ms: _Optional[int] = ...) -> None: ...
 
 class ShardInfo(_message.Message):
     __slots__ = ("topic", "partition", "shard", "segments", "leader_address", "high_watermark", "incarnation", "reserved_offset")
@@ -232,6 +248,58 @@ class HeartbeatResponse(_message.Message):
     deletions: _containers.RepeatedCompositeFieldContainer[ShardDeletion]
     assignments_version: int
     def __init__(self, interval_ms: _Optional[int] = ..., deletions: _Optional[_Iterable[_Union[ShardDeletion, _Mapping]]] = ..., assignments_version: _Optional[int] = ...) -> None: ...
+
+class ClusterConfig(_message.Message):
+    __slots__ = ("tier_url",)
+    TIER_URL_FIELD_NUMBER: _ClassVar[int]
+    tier_url: str
+    def __init__(self, tier_url: _Optional[str] = ...) -> None: ...
+
+class ListSealedRequest(_message.Message):
+    __slots__ = ("after_seq", "limit", "untiered_only")
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    UNTIERED_ONLY_FIELD_NUMBER: _ClassVar[int]
+    after_seq: int
+    limit: int
+    untiered_only: bool
+    def __init__(self, after_seq: _Optional[int] = ..., limit: _Optional[int] = ..., untiered_only: _Optional[bool] = ...) -> None: ...
+
+class SealedSegment(_message.Message):
+    __slots__ = ("topic", "partition", "incarnation", "segment")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    incarnation: int
+    segment: Segment
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., incarnation: _Optional[int] = ..., segment: _Optional[_Union[Segment, _Mapping]] = ...) -> None: ...
+
+class ListSealedResponse(_message.Message):
+    __slots__ = ("segments", "last_seq")
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[SealedSegment]
+    last_seq: int
+    def __init__(self, segments: _Optional[_Iterable[_Union[SealedSegment, _Mapping]]] = ..., last_seq: _Optional[int] = ...) -> None: ...
+
+class MarkTieredRequest(_message.Message):
+    __slots__ = ("shard", "incarnation", "epoch", "object_url", "object_bytes", "max_timestamp_ms")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_URL_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    incarnation: int
+    epoch: int
+    object_url: str
+    object_bytes: int
+    max_timestamp_ms: int
+    def __init__(self, shard: _Optional[str] = ..., incarnation: _Optional[int] = ..., epoch: _Optional[int] = ..., object_url: _Optional[str] = ..., object_bytes: _Optional[int] = ..., max_timestamp_ms: _Optional[int] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes",)

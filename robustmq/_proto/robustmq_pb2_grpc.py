@@ -129,6 +129,21 @@ class MetaServiceStub:
                 request_serializer=robustmq__pb2.DrainNodeRequest.SerializeToString,
                 response_deserializer=robustmq__pb2.NodeInfo.FromString,
                 _registered_method=True)
+        self.GetClusterConfig = channel.unary_unary(
+                '/robustmq.MetaService/GetClusterConfig',
+                request_serializer=robustmq__pb2.Empty.SerializeToString,
+                response_deserializer=robustmq__pb2.ClusterConfig.FromString,
+                _registered_method=True)
+        self.ListSealed = channel.unary_unary(
+                '/robustmq.MetaService/ListSealed',
+                request_serializer=robustmq__pb2.ListSealedRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.ListSealedResponse.FromString,
+                _registered_method=True)
+        self.MarkTiered = channel.unary_unary(
+                '/robustmq.MetaService/MarkTiered',
+                request_serializer=robustmq__pb2.MarkTieredRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.Segment.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -248,6 +263,24 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetClusterConfig(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSealed(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MarkTiered(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -345,6 +378,21 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.DrainNode,
                     request_deserializer=robustmq__pb2.DrainNodeRequest.FromString,
                     response_serializer=robustmq__pb2.NodeInfo.SerializeToString,
+            ),
+            'GetClusterConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetClusterConfig,
+                    request_deserializer=robustmq__pb2.Empty.FromString,
+                    response_serializer=robustmq__pb2.ClusterConfig.SerializeToString,
+            ),
+            'ListSealed': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSealed,
+                    request_deserializer=robustmq__pb2.ListSealedRequest.FromString,
+                    response_serializer=robustmq__pb2.ListSealedResponse.SerializeToString,
+            ),
+            'MarkTiered': grpc.unary_unary_rpc_method_handler(
+                    servicer.MarkTiered,
+                    request_deserializer=robustmq__pb2.MarkTieredRequest.FromString,
+                    response_serializer=robustmq__pb2.Segment.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -860,6 +908,87 @@ class MetaService:
             '/robustmq.MetaService/DrainNode',
             robustmq__pb2.DrainNodeRequest.SerializeToString,
             robustmq__pb2.NodeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetClusterConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/GetClusterConfig',
+            robustmq__pb2.Empty.SerializeToString,
+            robustmq__pb2.ClusterConfig.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSealed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/ListSealed',
+            robustmq__pb2.ListSealedRequest.SerializeToString,
+            robustmq__pb2.ListSealedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MarkTiered(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/MarkTiered',
+            robustmq__pb2.MarkTieredRequest.SerializeToString,
+            robustmq__pb2.Segment.FromString,
             options,
             channel_credentials,
             insecure,

@@ -32,6 +32,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq._tier_store import ObjectStore
 from robustmq.errors import (
     InvalidRequest,
     RobustMQError,
@@ -49,7 +50,9 @@ from ._load import AssignmentVersions, ClusterLoad
 from ._nodes import MAX_DELETIONS_PER_BEAT, MAX_NODES, NodeTable
 from ._offsets import OffsetTable, partition_lag
 from ._replica_control import MAX_EPOCH, ReplicaControl
+from ._retention import RetentionControl
 from ._store import MetaStore, WriteSet
+from ._tiering import TieringControl, assign_sequences, decode_last_seal
 from ._topics import TopicTable
 from ._validation import (
     require_address,
@@ -80,7 +83,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class MetaController(ReplicaControl):
+class MetaController(ReplicaControl, TieringControl, RetentionControl):
     """Topics, segments, nodes and group offsets behind one lock.
 
     Parameters
@@ -90,9 +93,16 @@ class MetaController(ReplicaControl):
     node_timeout_ms
         A node is alive while its last heartbeat since this process started is
         at most this old (after a restart, a node is dead until it beats again).
+    tier_url
+        The cluster's object store (docs/tiering.md), "" for none. Checked by the
+        caller (:meth:`ObjectStore.check`); here only parsed.
     """
 
-    def __init__(self, store: MetaStore, *, node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS) -> None:
+    def __init__(
+        self, store: MetaStore, *, node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS, tier_url: str = ""
+    ) -> None:
+        self._tier_store = ObjectStore.from_url(tier_url) if tier_url else None
+        self._tier_url = self._tier_store.url if self._tier_store is not None else ""
         self._store = store
         self._lock = threading.Lock()
         self._closed = False
@@ -102,6 +112,7 @@ class MetaController(ReplicaControl):
         self._liveness = Liveness(node_timeout_ms)
         self._interval_ms = max(1, min(HEARTBEAT_INTERVAL_MS, node_timeout_ms // 4))
         self._check_format()
+        self._last_seal = decode_last_seal(self._store.get(keys.LAST_SEAL_KEY))
         self._progress: dict[str, tuple[int, int]] = {}  # shard -> (high watermark, log start)
         self._reserved: dict[str, int] = {}  # shard -> reserved offset (memory engine), if reported
         for key, value in self._store.scan(keys.PROGRESS):
@@ -114,26 +125,37 @@ class MetaController(ReplicaControl):
         self._stored_bytes: dict[str, int] = {}  # node -> bytes it stores, as it last reported
 
     def _check_format(self) -> None:
-        """Refuse a store of another format; upgrade a format-1 store (index its pending deletions)."""
+        """Refuse a store of another format; upgrade an older one.
+
+        Format 1 gets its pending deletions indexed; formats 1 and 2 get seal sequence
+        numbers (:func:`._tiering.assign_sequences`). The version is written last, so an
+        upgrade cut short by a crash runs again (each step skips what it already did).
+        """
         raw = self._store.get(keys.VERSION_KEY)
         version = keys.FORMAT_VERSION if raw is None else int.from_bytes(raw, "big")
-        if version not in (1, keys.FORMAT_VERSION):
+        if version not in (1, 2, keys.FORMAT_VERSION):
             raise RobustMQError(
                 f"meta store format {version} is not supported "
-                f"(this version reads formats 1 and {keys.FORMAT_VERSION})",
+                f"(this version reads formats 1 to {keys.FORMAT_VERSION})",
                 version=version,
             )
         if raw is not None and version == keys.FORMAT_VERSION:
             return
         ws = WriteSet()
         indexed = self._nodes.stage_build_index(ws) if version == 1 else 0
+        ws.commit(self._store)
+        numbered = assign_sequences(self._store, _now_ms()) if raw is not None else 0
+        ws = WriteSet()
         ws.put(keys.VERSION_KEY, keys.FORMAT_VERSION.to_bytes(4, "big"))
         ws.commit(self._store)
-        if version == 1:
+        if raw is not None:
             logger.info(
-                "meta store upgraded to format %d (%d pending deletions indexed)",
+                "meta store upgraded from format %d to %d (%d pending deletions indexed, "
+                "%d sealed segments numbered)",
+                version,
                 keys.FORMAT_VERSION,
                 indexed,
+                numbered,
             )
 
     def close(self) -> None:
@@ -212,6 +234,9 @@ class MetaController(ReplicaControl):
             incarnation = self._topics.require(name).incarnation
             ws = WriteSet()
             segments = self._topics.stage_delete(name, ws)
+            for segment in segments:
+                _, partition = split_shard(segment.shard)
+                self._stage_forget_segments(name, partition, incarnation, [segment], ws)
             self._offsets.stage_delete_topic(name, ws)
             for segment in segments:
                 for node_id in segment.replicas:

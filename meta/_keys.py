@@ -15,11 +15,15 @@ __all__ = [
     "GROUP",
     "HOLDER",
     "INCARNATION_KEY",
+    "LAST_SEAL_KEY",
     "NODE",
+    "OBJECT_DELETION",
     "PENDING",
     "PROGRESS",
+    "SEALED_INDEX",
     "SEGMENT",
     "TOPIC",
+    "UNTIERED_INDEX",
     "VERSION_KEY",
     "decode_group_key",
     "decode_holder_key",
@@ -28,13 +32,16 @@ __all__ = [
     "decode_offset_value",
     "decode_pending_key",
     "decode_progress",
+    "decode_sealed_entry",
     "encode_incarnation",
     "encode_offset_value",
     "encode_progress",
+    "encode_sealed_entry",
     "group_key",
     "holder_key",
     "holders_prefix",
     "node_key",
+    "object_deletion_key",
     "offset_key",
     "offsets_prefix",
     "pending_key",
@@ -44,6 +51,7 @@ __all__ = [
     "progress_key",
     "progress_prefix",
     "seal_key",
+    "sealed_index_key",
     "seals_prefix",
     "segment_key",
     "segments_prefix",
@@ -51,7 +59,10 @@ __all__ = [
     "topic_key",
 ]
 
-FORMAT_VERSION = 2  # 2: the "E" index of pending deletions by shard (built from "D" when opening a 1)
+# 2: the "E" index of pending deletions by shard (built from "D" when opening a 1).
+# 3: seal sequence numbers ("Q", "L", "U"; assigned to sealed segments in chain order when opening a
+#    1 or 2) and pending object deletions ("X").
+FORMAT_VERSION = 3
 VERSION_KEY = b"V"
 TOPIC = b"T"
 SEGMENT = b"S"
@@ -64,6 +75,10 @@ OFFSET = b"O"
 GROUP = b"G"
 PROGRESS = b"P"
 INCARNATION_KEY = b"I"
+LAST_SEAL_KEY = b"Q"
+SEALED_INDEX = b"L"
+UNTIERED_INDEX = b"U"
+OBJECT_DELETION = b"X"
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -226,3 +241,24 @@ def decode_group_key(key: bytes) -> tuple[str, str]:
     group, position = _read_text(key, len(GROUP))
     topic, _ = _read_text(key, position)
     return group, topic
+
+
+def sealed_index_key(index: bytes, seq: int) -> bytes:
+    """An entry of the ``L`` (every listed seal) or ``U`` (seals not yet tiered) index."""
+    return index + _U64.pack(seq)
+
+
+def encode_sealed_entry(topic: str, partition: int, epoch: int) -> bytes:
+    return text(topic) + _U32.pack(partition) + _U32.pack(epoch)
+
+
+def decode_sealed_entry(value: bytes) -> tuple[str, int, int]:
+    """``(topic, partition, epoch)`` a seal index entry points at."""
+    topic, position = _read_text(value, 0)
+    partition, epoch = struct.unpack_from(">II", value, position)
+    return topic, int(partition), int(epoch)
+
+
+def object_deletion_key(url: str) -> bytes:
+    """A pending deletion of the object at ``url`` (value empty)."""
+    return OBJECT_DELETION + url.encode("utf-8")

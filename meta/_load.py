@@ -3,8 +3,8 @@
 :class:`ClusterLoad` counts, per node, the ACTIVE segments it leads
 (``leaders``, and which shards: ``led``, what failover looks up), the ACTIVE
 segments it is a replica of (``active_replicas``, what placement balances
-first) and every segment it is a replica of (``held``, shown as
-``NodeInfo.replica_segments``). It is rebuilt from the
+first) and every segment it is a replica of and stores (``held``: not the
+REMOTE ones; shown as ``NodeInfo.replica_segments``). It is rebuilt from the
 store when the Meta Service starts and kept in step by the controller: every
 operation works on a :meth:`ClusterLoad.copy` and swaps it in only once its
 write is durable, so a failed write leaves the counts as they were.
@@ -64,7 +64,8 @@ class ClusterLoad:
 
     def _count(self, segment: pb.Segment, step: int) -> None:
         for node_id in segment.replicas:
-            self.held[node_id] += step
+            if segment.state != pb.REMOTE:  # a remote segment's replicas no longer store it
+                self.held[node_id] += step
             if segment.state == pb.ACTIVE:
                 self.active_replicas[node_id] += step
         if segment.state == pb.ACTIVE and segment.leader:

@@ -61,8 +61,16 @@ class ReplicaControl:
     # (:func:`._repair.reseal_wanted`); replaced by each full scan, at most one entry per shard.
     _reseal: dict[str, int] = {}
 
+    _last_seal: tuple[int, int]
+
     def _locked(self) -> AbstractContextManager[None]:
         raise NotImplementedError  # the controller's
+
+    if TYPE_CHECKING:  # TieringControl's, a sibling mixin: a stub here would shadow it
+
+        def _stage_seal_stamp(
+            self, topic: str, partition: int, sealed: pb.Segment, ws: WriteSet
+        ) -> tuple[int, int]: ...
 
     def _shard_info(
         self, topic: pb.Topic, partition: int, chain: list[pb.Segment], addresses: Mapping[str, str]
@@ -95,9 +103,11 @@ class ReplicaControl:
         load.replace(chain[-1], sealed)
         following = self._following(topic, partition, [*chain[:-1], sealed], load)
         load.add(following)
+        last_seal = self._stage_seal_stamp(topic, partition, sealed, ws)
         self._topics.stage_segment(topic, partition, sealed, ws)
         self._topics.stage_segment(topic, partition, following, ws)
         ws.commit(self._store)
+        self._last_seal = last_seal
         self._load = load
         self._versions.bump_segments((sealed, following))
         return following
@@ -243,6 +253,8 @@ class ReplicaControl:
             segment = self._topics.segment(topic, partition, epoch)
             if segment is None:
                 raise InvalidRequest(f"shard {shard!r} has no epoch {epoch}", shard=shard, epoch=epoch)
+            if segment.state == pb.REMOTE:
+                return segment  # in the object store only: no local copy joins its isr again
             reported = reported_segment(segment, node_id, crc32c, size_bytes)
             if reported is None:
                 return segment

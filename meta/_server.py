@@ -9,7 +9,15 @@ instead of an ever-growing queue. A request is at most ``MAX_REQUEST_BYTES``
 :class:`~robustmq.errors.MessageTooLarge`).
 
 It runs a :class:`~robustmq.meta._failover.ReplicaSupervisor` (failover,
-repair, drain) on a background thread from start to stop.
+repair, drain) and a :class:`~robustmq.meta._retention.RetentionWorker`
+(retention across tiers, every ``retention_check_ms``) on background threads
+from start to stop.
+
+The tier URL (docs/tiering.md), if given, is checked before anything starts
+(:meth:`~robustmq._tier_store.ObjectStore.check`): a misconfigured store is
+:class:`~robustmq.errors.ObjectStoreError` (``robustmq meta`` prints one line
+naming the URL and exits 2), an unreachable one
+:class:`~robustmq.errors.ObjectStoreUnavailable` (exit 1).
 
 Stopping stops the supervisor (a failover in progress finishes; each is
 bounded by its node deadlines), waits up to ``grace`` seconds for RPCs in
@@ -35,10 +43,12 @@ import grpc
 
 from robustmq._proto import robustmq_pb2_grpc as pb_grpc
 from robustmq._ready import announce_ready
-from robustmq.errors import RobustMQError, Unavailable
+from robustmq._tier_store import ObjectStore
+from robustmq.errors import InvalidConfig, ObjectStoreError, RobustMQError, Unavailable
 
 from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
 from ._failover import NodeRequests, ReplicaSupervisor
+from ._retention import DEFAULT_RETENTION_CHECK_MS, RetentionWorker
 from ._service import MetaServicer
 from ._store import RocksDBMetaStore
 
@@ -105,6 +115,11 @@ class MetaServer:
         Where to listen; port 0 picks a free port (see :attr:`address`).
     node_timeout_ms
         A storage node is dead once its last heartbeat is older than this.
+    tier_url
+        The cluster's object store (``file:///path``, ``s3://bucket/prefix``); ""
+        or None: nothing is tiered. Checked at :meth:`start`.
+    retention_check_ms
+        How often retention across tiers runs (docs/tiering.md).
 
     Examples
     --------
@@ -118,7 +133,15 @@ class MetaServer:
         host: str = "127.0.0.1",
         port: int = DEFAULT_META_PORT,
         node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS,
+        *,
+        tier_url: str | None = None,
+        retention_check_ms: int = DEFAULT_RETENTION_CHECK_MS,
     ) -> None:
+        if retention_check_ms <= 0:
+            raise InvalidConfig(f"retention_check_ms must be positive, got {retention_check_ms}")
+        self._tier_url = tier_url or ""
+        self._retention_check_ms = retention_check_ms
+        self._retention: RetentionWorker | None = None
         self._data_dir = Path(data_dir)
         self._host = host
         self._port = port
@@ -136,10 +159,12 @@ class MetaServer:
         """Open the store and start answering RPCs."""
         if self._server is not None:
             raise RuntimeError("the Meta Service is already started")
+        if self._tier_url:
+            ObjectStore.from_url(self._tier_url).check()  # before anything is opened or bound
         self._data_dir.mkdir(parents=True, exist_ok=True)
         store = RocksDBMetaStore(self._data_dir / "store")
         try:
-            controller = MetaController(store, node_timeout_ms=self._node_timeout_ms)
+            controller = MetaController(store, node_timeout_ms=self._node_timeout_ms, tier_url=self._tier_url)
             server = grpc.server(
                 ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="meta-rpc"),
                 maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
@@ -160,6 +185,7 @@ class MetaServer:
         self._server = server
         self._controller = controller
         self._supervisor = ReplicaSupervisor(controller, _node_caller).start()
+        self._retention = RetentionWorker(controller, self._retention_check_ms).start()
         logger.info("meta service listening on %s, data in %s", self.address, self._data_dir)
         return self
 
@@ -167,7 +193,9 @@ class MetaServer:
         """Stop taking RPCs, wait up to ``grace`` s for those in flight, close the store."""
         if self._server is None:
             return
-        assert self._supervisor is not None
+        assert self._supervisor is not None and self._retention is not None
+        self._retention.stop()
+        self._retention = None
         self._supervisor.stop()
         self._supervisor = None
         self._server.stop(grace).wait()
@@ -196,6 +224,8 @@ def run_meta(
     host: str = "127.0.0.1",
     port: int = DEFAULT_META_PORT,
     node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS,
+    tier_url: str | None = None,
+    retention_check_ms: int = DEFAULT_RETENTION_CHECK_MS,
 ) -> int:
     """Run the Meta Service until SIGTERM or SIGINT (``robustmq meta``).
 
@@ -204,8 +234,10 @@ def run_meta(
     Returns
     -------
     int
-        The process exit code: 0 after a clean stop, 1 if the service could not
-        start (port taken, data directory locked by another process).
+        The process exit code: 0 after a clean stop, 2 for a misconfigured tier
+        URL (``ObjectStoreError``), 1 if the service could not start otherwise
+        (port taken, data directory locked by another process, the object store
+        unreachable).
     """
     if not logging.getLogger().handlers:
         logging.basicConfig(
@@ -222,10 +254,17 @@ def run_meta(
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         try:
-            server = MetaServer(data_dir, host=host, port=port, node_timeout_ms=node_timeout_ms).start()
+            server = MetaServer(
+                data_dir,
+                host=host,
+                port=port,
+                node_timeout_ms=node_timeout_ms,
+                tier_url=tier_url,
+                retention_check_ms=retention_check_ms,
+            ).start()
         except RobustMQError as exc:
             print(f"robustmq meta: the meta service cannot start: {exc}", file=sys.stderr, flush=True)
-            return 1
+            return 2 if isinstance(exc, ObjectStoreError) else 1
         try:
             announce_ready()
             while not stopping.wait(0.5):

@@ -226,3 +226,22 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
     @_answers_errors
     def DrainNode(self, request: pb.DrainNodeRequest, context: Any) -> pb.NodeInfo:
         return self._controller.drain_node(request.node_id, request.undrain)
+
+    @_answers_errors
+    def GetClusterConfig(self, request: pb.Empty, context: Any) -> pb.ClusterConfig:
+        return self._controller.cluster_config()
+
+    @_answers_errors
+    def ListSealed(self, request: pb.ListSealedRequest, context: Any) -> pb.ListSealedResponse:
+        return self._controller.list_sealed(request.after_seq, request.limit, request.untiered_only)
+
+    @_answers_errors
+    def MarkTiered(self, request: pb.MarkTieredRequest, context: Any) -> pb.Segment:
+        return self._controller.mark_tiered(
+            request.shard,
+            request.incarnation,
+            request.epoch,
+            request.object_url,
+            request.object_bytes,
+            request.max_timestamp_ms,
+        )

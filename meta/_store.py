@@ -31,13 +31,21 @@ so numbers sort in numeric order within a prefix::
     "G" text(group) text(topic)                  (empty): the topics a group has offsets for
     "P" text(topic) be32(partition)              be64(high watermark) be64(log start) [be64(reserved)],
                                                  as last reported by the leader
+    "Q"                                          be64(last sealed_seq handed out)
+    "L" be64(sealed_seq)                         text(topic) be32(partition) be32(epoch): every segment
+                                                 of a chain with a seal sequence number (ListSealed)
+    "U" be64(sealed_seq)                         the same, for the SEALED ones only (not yet tiered)
+    "X" utf8(object URL)                         (empty): an object whose segment left its chain and
+                                                 that is still to be deleted from the object store
 
 A topic's incarnation (in its ``T`` record and every ``ShardInfo``) is unique
 per creation of its name; topics from before incarnations have 0. A ``D``
 entry stays until the node acknowledges the deletion in a heartbeat.
 
 Invariants, kept by writing everything one operation changes in one batch:
-every ``S``/``R``/``A``/``O``/``P`` key has its ``T`` key; every ``G`` key has at least one
+every ``S``/``R``/``A``/``O``/``P`` key has its ``T`` key; every ``L`` entry points at a
+segment in a chain with that ``sealed_seq``, and every non-ACTIVE segment in a chain has one
+(``U`` likewise for the SEALED ones); ``Q`` is at least every ``sealed_seq``; every ``G`` key has at least one
 ``O`` key; a shard's epochs are contiguous from 0 and only the last segment is
 ACTIVE. Reported high watermarks, and the offsets a node reserves for a
 memory-engine shard (it acknowledges nothing at or past one before the Meta

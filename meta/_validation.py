@@ -168,4 +168,17 @@ def validated_topic_config(config: pb.TopicConfig) -> pb.TopicConfig:
             value=filled.cleanup_policy[:80],
         )
     shard_config_of(filled)  # validates sizes, intervals and retention (InvalidConfig)
+    _check_local_retention(filled)
     return filled
+
+
+def _check_local_retention(config: pb.TopicConfig) -> None:
+    """``local_retention_ms`` / ``_bytes``: -1 (as long as the whole log) or >= 0 (docs/tiering.md)."""
+    for name in ("local_retention_ms", "local_retention_bytes"):
+        value = getattr(config, name)
+        if value < -1:
+            raise InvalidConfig(
+                f"{name} must be -1 (keep local copies as long as the whole log) or >= 0, got {value}",
+                field=name,
+                value=value,
+            )

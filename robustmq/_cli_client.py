@@ -32,7 +32,7 @@ __all__ = [
     "print_table",
 ]
 
-STATES = {pb.ACTIVE: "active", pb.SEALED: "sealed", pb.TIERED: "tiered"}
+STATES = {pb.ACTIVE: "active", pb.SEALED: "sealed", pb.TIERED: "tiered", pb.REMOTE: "remote"}
 LEADER_WAIT_S = 5.0  # how long `topic describe` waits for a leader's offsets
 
 
@@ -58,6 +58,8 @@ FLAGS = {
     "segment_bytes_max": "--segment-bytes",
     "retention_ms": "--retention-ms",
     "retention_bytes": "--retention-bytes",
+    "local_retention_ms": "--local-retention-ms",
+    "local_retention_bytes": "--local-retention-bytes",
     "cleanup_policy": "--cleanup",
 }
 
@@ -100,6 +102,8 @@ def _create(client: Client, args: argparse.Namespace) -> None:
             "segment_bytes_max": args.segment_bytes,
             "retention_ms": args.retention_ms,
             "retention_bytes": args.retention_bytes,
+            "local_retention_ms": args.local_retention_ms,
+            "local_retention_bytes": args.local_retention_bytes,
             "cleanup_policy": args.cleanup,
             "min_insync_replicas": args.min_insync_replicas,
         }.items()
@@ -166,7 +170,9 @@ def _describe(client: Client, name: str, as_json: bool) -> None:
     )
     print(
         f"  segment_bytes_max={config.segment_bytes_max} roll_interval_ms={config.roll_interval_ms} "
-        f"retention_ms={config.retention_ms} retention_bytes={config.retention_bytes}"
+        f"retention_ms={config.retention_ms} retention_bytes={config.retention_bytes} "
+        f"local_retention_ms={_local(config, 'local_retention_ms')} "
+        f"local_retention_bytes={_local(config, 'local_retention_bytes')}"
     )
     print_table(keys, [[("?" if v is None else v) for v in row] for row in rows])
     for problem in sorted(set(problems.values())):
@@ -216,7 +222,13 @@ def _leader_offsets(
 
 
 def _config_dict(config: pb.TopicConfig) -> dict[str, Any]:
-    return {field.name: getattr(config, field.name) for field in config.DESCRIPTOR.fields}
+    values = {field.name: getattr(config, field.name) for field in config.DESCRIPTOR.fields}
+    return values | {name: _local(config, name) for name in ("local_retention_ms", "local_retention_bytes")}
+
+
+def _local(config: pb.TopicConfig, name: str) -> int:
+    """A ``local_retention_*`` setting; -1 (as long as the whole log) when unset."""
+    return int(getattr(config, name)) if config.HasField(name) else -1
 
 
 # -- consume --------------------------------------------------------------------------------
@@ -454,7 +466,19 @@ def cmd_segments(args: argparse.Namespace) -> int:
         if action == "seal":
             return _seal(client, topic, partition)
         description = client.describe_topic(topic)
-    keys = ["partition", "epoch", "start", "end", "state", "replicas", "isr", "leader", "size_bytes"]
+    keys = [
+        "partition",
+        "epoch",
+        "start",
+        "end",
+        "state",
+        "replicas",
+        "isr",
+        "leader",
+        "size_bytes",
+        "sealed_seq",
+        "object_url",
+    ]
     rows = []
     for shard in sorted(description.shards, key=lambda s: s.partition):
         for segment in shard.segments:
@@ -470,6 +494,8 @@ def cmd_segments(args: argparse.Namespace) -> int:
                     list(segment.isr) if args.json else ",".join(segment.isr),
                     segment.leader or None,
                     segment.size_bytes if sealed else None,  # known once sealed
+                    segment.sealed_seq or None,
+                    segment.object_url or None,  # tiered and remote segments
                 ]
             )
     _print_rows_or(rows, keys, args.json, f"topic {topic} has no segments")

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from robustmq._embedded import default_tier_url
 from robustmq._ready import announce_ready
 from robustmq.errors import InvalidConfig, RobustMQError
 
@@ -115,7 +116,12 @@ def _ports(host: str, meta_port: int, base_port: int, nodes: int) -> tuple[int, 
 
 
 def _children(
-    root: Path, host: str, meta_port: int, node_ports: list[int], node_timeout_ms: int
+    root: Path,
+    host: str,
+    meta_port: int,
+    node_ports: list[int],
+    node_timeout_ms: int,
+    tier: tuple[str, int] = ("none", 30_000),
 ) -> list[_Child]:
     logs = root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -133,6 +139,10 @@ def _children(
             str(meta_port),
             "--node-timeout-ms",
             str(node_timeout_ms),
+            "--tier-url",
+            tier[0],
+            "--retention-check-ms",
+            str(tier[1]),
         ],
         logs / "meta.log",
     )
@@ -254,12 +264,18 @@ def run_cluster(
     meta_port: int,
     base_port: int,
     node_timeout_ms: int = 1500,
+    tier_url: str | None = None,
+    retention_check_ms: int = 30_000,
 ) -> int:
-    """Run the cluster until a stop signal; the exit code (0 after a stop, 1 if it could not start)."""
+    """Run the cluster until a stop signal; the exit code (0 after a stop, 1 if it could not start).
+
+    ``tier_url`` None: ``file://{data_dir}/tier``; "none": nothing is tiered.
+    """
     meta_port, node_ports = _ports(host, meta_port, base_port, nodes)
     root = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="robustmq-cluster-"))
     stop = threading.Event()
-    children = _children(root, host, meta_port, node_ports, node_timeout_ms)
+    tier = tier_url if tier_url is not None else default_tier_url(root)
+    children = _children(root, host, meta_port, node_ports, node_timeout_ms, (tier, retention_check_ms))
     try:
         with _stop_signals(stop):
             for child in children:

@@ -16,18 +16,30 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from robustmq._ready import announce_ready
-from robustmq.errors import RobustMQError
+from robustmq.errors import ObjectStoreError, RobustMQError
 
 if TYPE_CHECKING:
     from robustmq.meta import MetaServer
     from robustmq.storage_node import StorageNode
 
-__all__ = ["EmbeddedCluster", "run_server"]
+__all__ = ["EmbeddedCluster", "default_tier_url", "run_server"]
 
 log = logging.getLogger("robustmq.server")
 
 
+def default_tier_url(data_dir: str | Path) -> str:
+    """``file://{data_dir}/tier`` (absolute): the embedded clusters' object store by default."""
+    return f"file://{Path(data_dir).resolve() / 'tier'}"
+
+
 class EmbeddedCluster:
+    """The Meta Service and one storage node in this process.
+
+    ``tier_url``: the object store (docs/tiering.md); None: ``file://{data_dir}/tier``;
+    "none": nothing is tiered. ``retention_check_ms``: how often the Meta
+    Service applies retention across tiers.
+    """
+
     def __init__(
         self,
         data_dir: str | Path,
@@ -36,8 +48,12 @@ class EmbeddedCluster:
         meta_port: int = 7070,
         node_port: int = 7101,
         node_timeout_ms: int = 1500,
+        tier_url: str | None = None,
+        retention_check_ms: int = 30_000,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.tier_url = default_tier_url(data_dir) if tier_url is None else tier_url
+        self._retention_check_ms = retention_check_ms
         self._host = host
         self._meta_port = meta_port
         self._node_port = node_port
@@ -60,6 +76,8 @@ class EmbeddedCluster:
             host=self._host,
             port=self._meta_port,
             node_timeout_ms=self._node_timeout_ms,
+            tier_url=None if self.tier_url == "none" else self.tier_url,
+            retention_check_ms=self._retention_check_ms,
         )
         self.meta_server.start()
         try:
@@ -90,23 +108,39 @@ class EmbeddedCluster:
         self.stop()
 
 
-def run_server(*, data_dir: str | Path, host: str, meta_port: int, node_port: int) -> int:
+def run_server(
+    *,
+    data_dir: str | Path,
+    host: str,
+    meta_port: int,
+    node_port: int,
+    tier_url: str | None = None,
+    retention_check_ms: int = 30_000,
+) -> int:
     """Run an embedded cluster until SIGTERM/SIGINT; print ``ready`` once it serves.
 
-    Returns the exit code: 0 after a clean stop, 1 if it could not start (a port
-    taken, a data directory locked): then stderr holds one line saying why.
+    Returns the exit code: 0 after a clean stop, 2 for a misconfigured tier URL,
+    1 if it could not start otherwise (a port taken, a data directory locked):
+    then stderr holds one line saying why.
     Logging to stderr starts once both servers run, so a failed start is not
     buried under the start-up lines of the server that did start.
     """
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    cluster = EmbeddedCluster(data_dir, host=host, meta_port=meta_port, node_port=node_port)
+    cluster = EmbeddedCluster(
+        data_dir,
+        host=host,
+        meta_port=meta_port,
+        node_port=node_port,
+        tier_url=tier_url,
+        retention_check_ms=retention_check_ms,
+    )
     try:
         cluster.start()
     except RobustMQError as error:
         print(f"robustmq server: cannot start: {error.message}", file=sys.stderr, flush=True)
-        return 1
+        return 2 if isinstance(error, ObjectStoreError) else 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.info(
         "Meta Service on %s, storage node on %s, data in %s",

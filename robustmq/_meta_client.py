@@ -47,7 +47,7 @@ import grpc
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._proto import robustmq_pb2_grpc as pb_grpc
-from robustmq._wire import DEFAULT_TOPIC_CONFIG, error_from_info, topic_config
+from robustmq._wire import DEFAULT_TOPIC_CONFIG, error_from_info, has_presence, topic_config
 from robustmq.errors import (
     Busy,
     InvalidConfig,
@@ -176,7 +176,8 @@ def _check_setting(name: str, value: Any) -> None:
     """Refuse a topic setting of the wrong type, or an explicit 0.
 
     proto3 sends 0 as "unset" (the default), so an explicit 0 must be refused
-    here. ``partitions`` and ``replication_factor`` get the service's own
+    here (except for the ``optional`` fields, ``local_retention_*``, where 0 is
+    a value). ``partitions`` and ``replication_factor`` get the service's own
     wording for any value below 1, so every spelling of the mistake reads the
     same. Unknown names are left to :func:`robustmq._wire.topic_config`.
     """
@@ -188,7 +189,7 @@ def _check_setting(name: str, value: Any) -> None:
         raise InvalidConfig(f"{name} must be {kind}, got {value!r}", field=name, value=repr(value)[:80])
     if name in ("partitions", "replication_factor") and value < 1:
         raise InvalidConfig(f"{name} must be at least 1, got {value}", field=name, value=value)
-    if value == 0:
+    if value == 0 and not has_presence(name):
         raise InvalidConfig(f"{name} cannot be 0 (leave it out for the default)", field=name, value=value)
 
 
@@ -503,3 +504,46 @@ class MetaClient:
         """Remove every offset ``group`` committed; how many there were (0: none, nothing done)."""
         request = pb.DeleteGroupRequest(group=group)
         return int(self._call(self._stub.DeleteGroup, request, "idempotent").offsets_removed)
+
+    # -- tiering (docs/tiering.md) -----------------------------------------
+
+    def cluster_config(self) -> pb.ClusterConfig:
+        """Cluster-wide settings: ``tier_url`` ("" when nothing is tiered)."""
+        return self._call(self._stub.GetClusterConfig, pb.Empty(), "read")
+
+    def list_sealed(
+        self, after_seq: int, limit: int = 0, untiered_only: bool = False
+    ) -> pb.ListSealedResponse:
+        """One page of sealed segments with ``sealed_seq > after_seq``, in ``sealed_seq`` order.
+
+        ``limit`` 0 is the service's default page (1,000; at most 10,000); ``last_seq`` is the
+        highest ``sealed_seq`` assigned so far. Segments that left the chain are not listed.
+        """
+        request = pb.ListSealedRequest(after_seq=after_seq, limit=limit, untiered_only=untiered_only)
+        return self._call(self._stub.ListSealed, request, "read")
+
+    def mark_tiered(
+        self,
+        shard: str,
+        incarnation: int,
+        epoch: int,
+        object_url: str,
+        object_bytes: int,
+        max_timestamp_ms: int,
+    ) -> pb.Segment:
+        """Record that sealed ``epoch`` of ``shard`` is in the object store; the segment as stored.
+
+        Idempotent: the same request again answers the same segment. Refused with
+        ``StaleEpoch`` (the segment is active), ``ShardNotFound`` (unknown shard, another
+        incarnation, a segment no longer in the chain), ``InvalidRequest`` (another URL than the
+        one recorded, an URL outside the tier URL, a negative size).
+        """
+        request = pb.MarkTieredRequest(
+            shard=shard,
+            incarnation=incarnation,
+            epoch=epoch,
+            object_url=object_url,
+            object_bytes=object_bytes,
+            max_timestamp_ms=max_timestamp_ms,
+        )
+        return self._call(self._stub.MarkTiered, request, "idempotent")

@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_TOPIC_CONFIG",
     "error_from_info",
     "error_info",
+    "has_presence",
     "shard_config_of",
     "topic_config",
 ]
@@ -38,7 +39,16 @@ DEFAULT_TOPIC_CONFIG: dict[str, Any] = {
     "max_batch_bytes": 16 * MiB,
     # 0: a majority of replication_factor, resolved by the Meta Service when it creates the topic.
     "min_insync_replicas": 0,
+    # Tiered storage: -1 keeps tiered segments' local copies as long as the whole log. These
+    # fields have presence on the wire, so 0 (drop local copies once tiered) is a real value.
+    "local_retention_ms": -1,
+    "local_retention_bytes": -1,
 }
+
+
+def has_presence(name: str) -> bool:
+    """Whether the wire tells an unset ``TopicConfig`` field from 0 (``optional`` fields)."""
+    return bool(pb.TopicConfig.DESCRIPTOR.fields_by_name[name].has_presence)
 
 
 def error_info(error: BaseException) -> pb.ErrorInfo:
@@ -76,7 +86,8 @@ def with_defaults(config: pb.TopicConfig) -> pb.TopicConfig:
     filled = pb.TopicConfig()
     filled.CopyFrom(config)
     for name, default in DEFAULT_TOPIC_CONFIG.items():
-        if not getattr(filled, name):
+        unset = not filled.HasField(name) if has_presence(name) else not getattr(filled, name)
+        if unset:
             setattr(filled, name, default)
     return filled
 

@@ -127,11 +127,46 @@ def _separator(text: str) -> str:
 # -- handlers -------------------------------------------------------------------------------
 
 
+def _tier_url(text: str) -> str:
+    """A tier URL (``file:///path``, ``s3://bucket/prefix``) or ``none``; checked for form only."""
+    from robustmq._tier_store import ObjectStore
+    from robustmq.errors import ObjectStoreError
+
+    if text.lower() == "none":
+        return "none"
+    try:
+        return ObjectStore.from_url(text).url
+    except ObjectStoreError as error:
+        raise argparse.ArgumentTypeError(error.message) from None
+
+
+def _tier_option(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--tier-url",
+        type=_tier_url,
+        default=None,
+        metavar="URL",
+        help=f"the object store sealed segments are tiered to: s3://bucket/prefix or file:///path, "
+        f"or none (default {default}; see docs/tiering.md)",
+    )
+    parser.add_argument(
+        "--retention-check-ms",
+        type=_bounded_int(10, 86_400_000),
+        default=30_000,
+        help="how often the Meta Service applies retention across tiers (default 30000)",
+    )
+
+
 def _run_meta(args: argparse.Namespace) -> int:
     from robustmq.meta import run_meta
 
     return run_meta(
-        data_dir=args.data_dir, host=args.host, port=args.meta_port, node_timeout_ms=args.node_timeout_ms
+        data_dir=args.data_dir,
+        host=args.host,
+        port=args.meta_port,
+        node_timeout_ms=args.node_timeout_ms,
+        tier_url=None if args.tier_url in (None, "none") else args.tier_url,
+        retention_check_ms=args.retention_check_ms,
     )
 
 
@@ -151,7 +186,12 @@ def _run_server(args: argparse.Namespace) -> int:
     from robustmq._embedded import run_server
 
     return run_server(
-        data_dir=args.data_dir, host=args.host, meta_port=args.meta_port, node_port=args.node_port
+        data_dir=args.data_dir,
+        host=args.host,
+        meta_port=args.meta_port,
+        node_port=args.node_port,
+        tier_url=args.tier_url,
+        retention_check_ms=args.retention_check_ms,
     )
 
 
@@ -180,6 +220,8 @@ def _cluster(args: argparse.Namespace) -> int:
         meta_port=args.meta_port,
         base_port=args.base_port,
         node_timeout_ms=args.node_timeout_ms,
+        tier_url=args.tier_url,
+        retention_check_ms=args.retention_check_ms,
     )
 
 
@@ -218,6 +260,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     server.add_argument("--data-dir", default="./robustmq-data", help="default ./robustmq-data")
     server.add_argument("--meta-port", type=_port, default=DEFAULT_META_PORT)
     server.add_argument("--node-port", type=_port, default=DEFAULT_NODE_PORT)
+    _tier_option(server, "file://DATA_DIR/tier")
     server.set_defaults(handler=_run_server)
 
     cluster = commands.add_parser(
@@ -251,6 +294,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         help="the Meta Service's --node-timeout-ms: how long a silent node's shards wait to fail over "
         "(default 1500)",
     )
+    _tier_option(cluster, "file://DATA_DIR/tier")
     cluster.set_defaults(handler=_cluster)
 
     meta = commands.add_parser("meta", help="run the Meta Service")
@@ -264,6 +308,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         help="a storage node missing heartbeats this long is dead: its shards fail over (default 1500; "
         "nodes beat every quarter of it)",
     )
+    _tier_option(meta, "none")
     meta.set_defaults(handler=_run_meta)
 
     node = commands.add_parser("storage-node", help="run a storage node")
@@ -297,6 +342,19 @@ def _add_topic(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> N
     create.add_argument("--segment-bytes", type=int, default=None)
     create.add_argument("--retention-ms", type=int, default=None)
     create.add_argument("--retention-bytes", type=int, default=None)
+    create.add_argument(
+        "--local-retention-ms",
+        type=int,
+        default=None,
+        help="how long tiered segments also stay on the nodes (default -1: as long as the whole log; "
+        "0: drop local copies once tiered)",
+    )
+    create.add_argument(
+        "--local-retention-bytes",
+        type=int,
+        default=None,
+        help="how many bytes of tiered segments a partition keeps on the nodes (default -1: all)",
+    )
     create.add_argument(
         "--cleanup", choices=["delete", "compact"], default=None, help="compact: not supported yet"
     )

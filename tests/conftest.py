@@ -22,6 +22,7 @@ from robustmq.storage_node import (
     ShardConfig,
     StorageAdapter,
 )
+from tests._s3 import S3Server, run_moto_server
 
 ENGINE_NAMES = ["segment", "rocksdb", "memory"]
 
@@ -112,3 +113,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedCluste
 def client(cluster: EmbeddedCluster) -> Iterator[robustmq.Client]:
     with robustmq.connect(cluster.meta_address, timeout_s=30) as connected:
         yield connected
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3 API server (``moto_server``) on loopback for the module's tests."""
+    with run_moto_server(tmp_path_factory.mktemp("moto")) as server:
+        yield server

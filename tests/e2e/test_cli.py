@@ -76,6 +76,11 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     (["topic", "create", "t", "--segment-bytes", "1000", META], 2, "--segment-bytes", None),
     (["topic", "create", "t", "--retention-ms", "0", META], 2, "--retention-ms", None),
     (["topic", "create", "t", "--min-insync-replicas", "x"], 2, "--min-insync-replicas", None),
+    (["topic", "create", "t", "--local-retention-ms", "-2", META], 2, "--local-retention-ms", None),
+    (["topic", "create", "t", "--local-retention-bytes", "x"], 2, "--local-retention-bytes", None),
+    (["meta", "--tier-url", "gs://bucket/x"], 2, "--tier-url", None),
+    (["server", "--tier-url", "file://relative/path"], 2, "--tier-url", None),
+    (["cluster", "--retention-check-ms", "0"], 2, "--retention-check-ms", None),
     (["topic", "create", "t", "--min-insync-replicas", "0", META], 2, "--min-insync-replicas", None),
     (["topic", "create", "t", "--min-insync-replicas", "2", META], 2, "--min-insync-replicas", None),
     (["topic", "create", "t", "--replication-factor", "3", META], 1, "need 3 live storage nodes", None),
@@ -408,3 +413,31 @@ def test_segments_seal_seals_the_active_segments(meta: str) -> None:
         assert len(chains[0]) == 2, chains  # partition 0 had records: sealed now
         listed = cli("segments", "list", "to-seal", "--meta", meta)
         assert listed.returncode == 0 and "sealed" in listed.stdout, listed.stderr
+
+
+def test_local_retention_settings_and_tiered_segments_show_in_describe_and_segments(meta: str) -> None:
+    from robustmq._tier_store import ObjectStore, segment_key
+
+    created = cli("topic", "create", "tiers", "--local-retention-ms", "0", "--meta", meta)
+    assert created.returncode == 0, created.stderr
+    described = cli("topic", "describe", "tiers", "--meta", meta)
+    assert "local_retention_ms=0 local_retention_bytes=-1" in described.stdout, described.stdout
+    config = json.loads(cli("topic", "describe", "tiers", "--json", "--meta", meta).stdout)["config"]
+    assert (config["local_retention_ms"], config["local_retention_bytes"]) == (0, -1)
+    with robustmq.connect(meta) as client:
+        tier_url = client.meta.cluster_config().tier_url
+        assert tier_url.startswith("file://") and tier_url.endswith("/tier")  # the server's default
+        with client.producer() as producer:
+            producer.send("tiers", b"a").result(30)
+        assert cli("segments", "seal", "tiers", "0", "--meta", meta).returncode == 0
+        shard = client.meta.get_shard("tiers_0")
+        sealed = shard.segments[0]
+        url = ObjectStore.from_url(tier_url).url_of(
+            segment_key("tiers", 0, 0, 0, incarnation=shard.incarnation)
+        )
+        client.meta.mark_tiered("tiers_0", shard.incarnation, 0, url, 10, 1)
+    listed = json.loads(cli("segments", "tiers", "--json", "--meta", meta).stdout)
+    assert [(row["state"], row["object_url"], row["sealed_seq"]) for row in listed] == [
+        ("tiered", url, sealed.sealed_seq),
+        ("active", None, None),
+    ]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from robustmq._meta_client import MetaClient
 from tests.e2e._cli import cli, cli_cluster, process_gone
 from tests.e2e._procs import ROOT, wait_until
 
@@ -29,6 +30,9 @@ def test_a_three_node_cluster_starts_lists_its_nodes_reports_a_dead_one_and_stop
         nodes = json.loads(listed.stdout)
         assert len(nodes) == 3 and all(node["alive"] and not node["draining"] for node in nodes), nodes
         assert all((tmp_path / f"node-{number}").is_dir() for number in range(3))
+        with MetaClient(meta) as client:  # the default object store: file://{data-dir}/tier
+            assert client.cluster_config().tier_url == f"file://{tmp_path.resolve()}/tier"
+        assert (tmp_path / "tier").is_dir()
 
         created = cli("topic", "create", "r", "--replication-factor", "3", "--min-insync-replicas", "2",
                       "--meta", meta)  # fmt: skip

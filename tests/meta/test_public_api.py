@@ -33,7 +33,8 @@ def test_all_is_sorted_and_resolves() -> None:
 def test_signatures() -> None:
     assert str(inspect.signature(meta.run_meta)) == (
         "(*, data_dir: 'str | Path', host: 'str' = '127.0.0.1', port: 'int' = 7070, "
-        "node_timeout_ms: 'int' = 1500) -> 'int'"
+        "node_timeout_ms: 'int' = 1500, tier_url: 'str | None' = None, "
+        "retention_check_ms: 'int' = 30000) -> 'int'"
     )
     server = inspect.signature(MetaServer)
     assert list(server.parameters) == [
@@ -41,8 +42,11 @@ def test_signatures() -> None:
         "host",
         "port",
         "node_timeout_ms",
+        "tier_url",
+        "retention_check_ms",
     ]
     assert server.parameters["node_timeout_ms"].default == 1500
+    assert server.parameters["tier_url"].kind is inspect.Parameter.KEYWORD_ONLY
     client = inspect.signature(MetaClient)
     assert client.parameters["timeout_s"].kind is inspect.Parameter.KEYWORD_ONLY
     assert client.parameters["channel"].default is None
@@ -60,6 +64,9 @@ def test_signatures() -> None:
         "fetch_offsets",
         "group_lag",
         "list_groups",
+        "cluster_config",
+        "list_sealed",
+        "mark_tiered",
         "close",
     ):
         assert callable(getattr(MetaClient, rpc))
@@ -74,7 +81,7 @@ def test_a_closed_controller_sends_callers_elsewhere(tmp_path: Path) -> None:
 
 def test_a_newer_store_format_is_refused(tmp_path: Path) -> None:
     store = RocksDBMetaStore(tmp_path / "store")
-    store.write({b"V": (3).to_bytes(4, "big")})
-    with pytest.raises(RobustMQError, match="format 3 is not supported"):
+    store.write({b"V": (4).to_bytes(4, "big")})
+    with pytest.raises(RobustMQError, match="format 4 is not supported"):
         MetaController(store)
     store.close()

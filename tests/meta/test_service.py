@@ -666,7 +666,7 @@ def test_a_format_1_store_is_upgraded_with_its_pending_deletions_indexed(tmp_pat
     finally:
         controller.close()
     reopened = RocksDBMetaStore(tmp_path / "store")
-    assert reopened.get(b"V") == (2).to_bytes(4, "big")
+    assert reopened.get(b"V") == (3).to_bytes(4, "big")
     reopened.close()
 
 

@@ -133,7 +133,12 @@ def test_kill_9_keeps_every_acknowledged_batch_whole(tmp_path: Path) -> None:
 
 def test_key_layout_is_stable() -> None:
     """Golden bytes: if this fails, the on-disk format changed (bump FORMAT_VERSION)."""
-    assert keys.FORMAT_VERSION == 2
+    assert keys.FORMAT_VERSION == 3
+    assert keys.sealed_index_key(keys.SEALED_INDEX, 258) == b"L" + b"\x00" * 6 + b"\x01\x02"
+    assert keys.sealed_index_key(keys.UNTIERED_INDEX, 1) == b"U" + b"\x00" * 7 + b"\x01"
+    assert keys.encode_sealed_entry("ab", 3, 1) == b"\x00\x02ab\x00\x00\x00\x03\x00\x00\x00\x01"
+    assert keys.decode_sealed_entry(keys.encode_sealed_entry("ab", 3, 1)) == ("ab", 3, 1)
+    assert keys.LAST_SEAL_KEY == b"Q" and keys.object_deletion_key("s3://b/k") == b"Xs3://b/k"
     assert keys.topic_key("orders") == b"T\x00\x06orders"
     assert keys.segment_key("ab", 3, 258) == b"S\x00\x02ab\x00\x00\x00\x03\x00\x00\x01\x02"
     assert keys.seal_key("ab", 3, 1) == b"R\x00\x02ab\x00\x00\x00\x03\x00\x00\x00\x01"

@@ -1,4 +1,8 @@
-"""A real S3 API server (``moto_server``) on loopback, started and stopped by pid."""
+"""A real S3 API server (``moto_server``) on loopback, started and stopped by pid.
+
+Shared by every test that needs S3 (the ``s3_server`` fixture in ``tests/conftest.py``
+wraps :func:`run_moto_server`).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,9 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 from tests.e2e._procs import free_port
 
@@ -44,11 +47,20 @@ class S3Server:
         )
 
 
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    @property
+    def environment(self) -> dict[str, str]:
+        """The environment variables boto3 (and so ``ObjectStore``) reads to reach this server."""
+        return {key: value for key, value in self.storage_options.items() if key != "AWS_ALLOW_HTTP"} | {
+            "AWS_DEFAULT_REGION": "us-east-1"
+        }
+
+
+@contextmanager
+def run_moto_server(directory: Path) -> Iterator[S3Server]:
+    """A ``moto_server`` on a free loopback port, its log in ``directory``; stopped by pid on exit."""
     moto = Path(sys.executable).parent / "moto_server"
     port = free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    log = directory / "moto.log"
     with open(log, "wb") as output:
         process = subprocess.Popen(
             [str(moto), "-H", "127.0.0.1", "-p", str(port)],

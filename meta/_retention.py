@@ -1,0 +1,285 @@
+"""Retention across tiers for ``segment``-engine topics (docs/tiering.md, "Retention across tiers").
+
+:func:`retention_plan` (pure) decides, for one shard's chain:
+
+- **whole log** (``retention_ms`` / ``retention_bytes``): how many of the
+  oldest non-active segments leave the chain. A segment goes while the log is
+  past a limit: by time when its ``max_timestamp_ms`` (else ``sealed_ms``) is
+  older than ``retention_ms``; by bytes while the sealed segments without it
+  still hold at least ``retention_bytes`` (the active segment's bytes are not
+  known to the Meta Service and count as 0: the log kept is never smaller
+  than asked). Oldest first, stopping at the first that stays, so the log
+  stays one contiguous range and only its start moves.
+- **local** (``local_retention_ms`` / ``local_retention_bytes``, -1 or unset:
+  as long as the whole log): which of the remaining TIERED segments become
+  REMOTE. Oldest first, stopping at the first that stays or is not TIERED:
+  a node's local log must stay contiguous, so a local copy is only ever
+  dropped at its start; a SEALED segment (not yet in the object store) is
+  never dropped, and stops the ones after it too.
+
+:class:`RetentionControl` (a mixin of the controller) carries a plan out in
+one batch per shard: removed segments leave the chain, their seal index
+entries and seal records go and their objects are recorded for deletion
+(``X``), in that batch; REMOTE segments keep their ``replicas`` (the record of
+whose local logs covered them, which placement's contiguity rule reads) and
+lose their ``isr`` (nobody serves them from a local copy). The object
+deletions themselves happen outside the lock (:class:`RetentionWorker`).
+
+:class:`RetentionWorker` runs a pass every ``retention_check_ms``: the chains
+(one topic under the lock at a time), then up to :data:`MAX_OBJECT_DELETIONS_PER_PASS`
+pending object deletions. Bounded: a pass reads each chain once and deletes a
+bounded number of objects; a failing object store is logged (at most every
+minute) and retried at the next pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq._tier_store import ObjectStore, object_store_of
+from robustmq.errors import RobustMQError, ShardNotFound
+from robustmq.storage_node import shard_name
+
+from . import _keys as keys
+from ._load import AssignmentVersions, ClusterLoad
+from ._store import MetaStore, WriteSet
+from ._topics import TopicTable
+
+__all__ = [
+    "DEFAULT_RETENTION_CHECK_MS",
+    "MAX_OBJECT_DELETIONS_PER_PASS",
+    "RetentionControl",
+    "RetentionPlan",
+    "RetentionWorker",
+    "local_limit",
+    "retention_plan",
+]
+
+DEFAULT_RETENTION_CHECK_MS = 30_000
+MAX_OBJECT_DELETIONS_PER_PASS = 1_000
+_WARN_EVERY_S = 60.0
+
+logger = logging.getLogger("robustmq.meta")
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPlan:
+    """What retention does to one chain: ``remove`` oldest segments leave it; ``remote`` epochs
+    (TIERED, after those) become REMOTE."""
+
+    remove: int = 0
+    remote: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.remove or self.remote)
+
+
+def local_limit(config: pb.TopicConfig, name: str) -> int:
+    """``local_retention_ms`` / ``_bytes``: -1 when unset (topics from before tiering)."""
+    return int(getattr(config, name)) if config.HasField(name) else -1
+
+
+def _age_ms(segment: pb.Segment) -> int:
+    """The time retention reads: the newest record's, else when the seal was recorded (0: unknown)."""
+    return segment.max_timestamp_ms if segment.max_timestamp_ms > 0 else segment.sealed_ms
+
+
+def retention_plan(config: pb.TopicConfig, chain: list[pb.Segment], now_ms: int) -> RetentionPlan:
+    """What retention does to ``chain`` (oldest first, the last one active) at ``now_ms``."""
+    sealed = [segment for segment in chain if segment.state != pb.ACTIVE]
+    total = sum(segment.size_bytes for segment in sealed)
+    remove = 0
+    for segment in sealed:
+        age = _age_ms(segment)
+        expired = config.retention_ms > 0 and 0 < age < now_ms - config.retention_ms
+        too_big = config.retention_bytes > 0 and total - segment.size_bytes >= config.retention_bytes
+        if not (expired or too_big):
+            break
+        remove += 1
+        total -= segment.size_bytes
+    local_ms = local_limit(config, "local_retention_ms")
+    local_bytes = local_limit(config, "local_retention_bytes")
+    kept = sealed[remove:]
+    local_total = sum(segment.size_bytes for segment in kept if segment.state != pb.REMOTE)
+    remote = []
+    for segment in kept:
+        if segment.state == pb.REMOTE:
+            continue
+        if segment.state != pb.TIERED:
+            break
+        age = _age_ms(segment)
+        expired = local_ms >= 0 and 0 < age <= now_ms - local_ms
+        too_big = local_bytes >= 0 and local_total - segment.size_bytes >= local_bytes
+        if not (expired or too_big):
+            break
+        remote.append(segment.epoch)
+        local_total -= segment.size_bytes
+    return RetentionPlan(remove, tuple(remote))
+
+
+class RetentionControl:
+    """The controller's side of retention (see the module docstring)."""
+
+    _store: MetaStore
+    _topics: TopicTable
+    _load: ClusterLoad
+    _versions: AssignmentVersions
+    _tier_store: ObjectStore | None
+
+    def _locked(self) -> AbstractContextManager[None]:
+        raise NotImplementedError  # the controller's
+
+    if TYPE_CHECKING:  # TieringControl's, a sibling mixin: a stub here would shadow it
+
+        def _stage_forget_segments(
+            self, topic: str, partition: int, incarnation: int, segments: list[pb.Segment], ws: WriteSet
+        ) -> int: ...
+
+    def retention_topics(self) -> list[str]:
+        """The topics retention looks at (``segment`` engine)."""
+        with self._locked():
+            return [topic.name for topic in self._topics.all() if topic.config.engine == "segment"]
+
+    def apply_retention(self, topic_name: str, now_ms: int) -> tuple[int, int]:
+        """Apply retention to every shard of one topic; ``(segments removed, segments made REMOTE)``."""
+        removed = remote = 0
+        with self._locked():
+            topic = self._topics.get(topic_name)
+            if topic is None or topic.config.engine != "segment":
+                return 0, 0
+            for partition, chain in sorted(self._topics.chains(topic_name).items()):
+                plan = retention_plan(topic.config, chain, now_ms)
+                if plan:
+                    self._apply_plan(topic, partition, chain, plan)
+                    removed += plan.remove
+                    remote += len(plan.remote)
+        return removed, remote
+
+    def _apply_plan(
+        self, topic: pb.Topic, partition: int, chain: list[pb.Segment], plan: RetentionPlan
+    ) -> None:
+        name = topic.name
+        leaving = chain[: plan.remove]
+        ws = WriteSet()
+        load = self._load.copy()
+        for segment in leaving:
+            ws.delete(keys.segment_key(name, partition, segment.epoch))
+            ws.delete(keys.seal_key(name, partition, segment.epoch))
+            ws.delete(keys.placed_key(name, partition, segment.epoch))
+            load.remove(segment)
+        untiered = self._stage_forget_segments(name, partition, topic.incarnation, leaving, ws)
+        changed = list(leaving)
+        for segment in chain[plan.remove :]:
+            if segment.epoch in plan.remote:
+                made = pb.Segment()
+                made.CopyFrom(segment)
+                made.state = pb.REMOTE
+                del made.isr[:]
+                self._topics.stage_segment(name, partition, made, ws)
+                load.replace(segment, made)
+                changed.append(made)
+        ws.commit(self._store)
+        self._load = load
+        self._versions.bump_segments(changed)
+        shard = shard_name(name, partition)
+        if leaving:
+            logger.info(
+                "retention: %s epochs %d-%d left the chain (offsets below %d)%s",
+                shard,
+                leaving[0].epoch,
+                leaving[-1].epoch,
+                leaving[-1].end_offset,
+                f"; {untiered} of them were never tiered" if untiered else "",
+            )
+        if plan.remote:
+            logger.info("retention: %s epochs %s are in the object store only", shard, list(plan.remote))
+
+
+class RetentionWorker:
+    """Runs retention every ``interval_ms`` on its own thread until :meth:`stop`.
+
+    Parameters
+    ----------
+    control
+        The controller (``retention_topics``, ``apply_retention``,
+        ``pending_object_deletions``, ``forget_object_deletions``).
+    interval_ms
+        Time between passes.
+    clock
+        Wall-clock milliseconds (the test seam).
+    """
+
+    def __init__(self, control: object, interval_ms: int, clock: Callable[[], int] | None = None) -> None:
+        self._control = control
+        self._interval_s = interval_ms / 1000
+        self._clock = clock or (lambda: int(time.time() * 1000))
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="meta-retention", daemon=True)
+        self._last_warning = 0.0
+        self._stores: dict[str, ObjectStore] = {}  # root URL -> store (a cluster has one or two)
+
+    def start(self) -> RetentionWorker:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self._interval_s):
+            try:
+                self.run_pass()
+            except RobustMQError as error:  # the store is closing, say: the next pass tries again
+                self._warn("retention pass failed: %s", error.message)
+            except Exception:  # a bug must not stop retention for good
+                logger.exception("retention pass failed")
+
+    def _warn(self, message: str, *args: object) -> None:
+        if time.monotonic() - self._last_warning >= _WARN_EVERY_S:
+            self._last_warning = time.monotonic()
+            logger.warning(message, *args)
+
+    def run_pass(self) -> tuple[int, int, int]:
+        """One pass: ``(segments removed, made REMOTE, objects deleted)``."""
+        control = self._control
+        removed = remote = 0
+        for topic in control.retention_topics():  # type: ignore[attr-defined]
+            if self._stopping.is_set():
+                break
+            try:
+                gone, moved = control.apply_retention(topic, self._clock())  # type: ignore[attr-defined]
+            except ShardNotFound:  # deleted meanwhile
+                continue
+            removed += gone
+            remote += moved
+        return removed, remote, self.delete_objects()
+
+    def delete_objects(self) -> int:
+        """Delete up to :data:`MAX_OBJECT_DELETIONS_PER_PASS` pending objects; how many went."""
+        control = self._control
+        urls = control.pending_object_deletions(MAX_OBJECT_DELETIONS_PER_PASS)  # type: ignore[attr-defined]
+        done = []
+        for url in urls:
+            if self._stopping.is_set():
+                break
+            try:
+                store = object_store_of(url)
+                store = self._stores.setdefault(store.url, store)  # keep one client per store
+                store.delete(store.key_of(url))
+            except RobustMQError as error:
+                self._warn("cannot delete the object %s yet (retried): %s", url, error.message)
+                continue
+            done.append(url)
+        if done:
+            control.forget_object_deletions(done)  # type: ignore[attr-defined]
+            logger.info("retention deleted %d objects", len(done))
+        return len(done)

@@ -19,13 +19,18 @@ Two things stand in the way of a clean stop of a Spark job driven from Python:
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "BatchGate", "BatchRefused", "StopSignals"]
+__all__ = ["STOP_SIGNALS", "BatchGate", "BatchRefused", "StopSignals", "run_gated_query"]
+
+log = logging.getLogger("robustmq.jobs")
+
+STOP_WAIT_S = 600  # how long a stop waits for the micro-batch in progress before interrupting it
 
 # What each stop signal prints, and the exit code it gives (a shell's 128 + the signal's number).
 STOP_SIGNALS = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143)}
@@ -99,3 +104,62 @@ class StopSignals:
         name, code = STOP_SIGNALS[signal.Signals(self.received)]
         print(f"{prog}: {name}; stopping the query", file=sys.stderr, flush=True)
         return code
+
+
+def run_gated_query(
+    spark: Any,
+    start: Callable[[Callable[[Callable[[Any, int], None]], BatchGate]], Any],
+    stop: StopSignals,
+    *,
+    prog: str,
+    describe: Callable[[Any], str],
+) -> int:
+    """Start a ``foreachBatch`` query and run it until it ends or a stop signal; the exit code.
+
+    ``start(gate)`` starts the query, wrapping its batch function with ``gate``; a
+    :class:`~robustmq.errors.RobustMQError` it raises propagates (the caller words it).
+    ``describe(failure)`` turns Spark's failure into one line. Prints ``ready`` once the query
+    runs; returns 0 (it ended), 1 (it failed or did not start: one line on stderr) or the
+    signal's code after stopping between micro-batches.
+    """
+    from robustmq._ready import announce_ready
+    from robustmq.errors import RobustMQError
+
+    gates: list[BatchGate] = []
+
+    def gate(batch: Callable[[Any, int], None]) -> BatchGate:
+        gates.append(BatchGate(batch))
+        return gates[-1]
+
+    try:
+        query = start(gate)
+    except RobustMQError:
+        raise
+    except Exception as error:  # Spark's (a checkpoint it cannot write, say): its first line, no traceback
+        log.debug("the query did not start", exc_info=True)
+        print(f"{prog}: the query did not start: {describe(error)}", file=sys.stderr, flush=True)
+        return 1
+    announce_ready()
+    while query.isActive and not stop.event.is_set():
+        try:
+            query.awaitTermination(1)
+        except Exception:  # the query failed: query.exception() below says why
+            break
+    if stop.event.is_set():
+        code = stop.announce(prog)
+        # What follows is the stop this job asked for: Spark's and Py4J's reports of it are noise.
+        spark.sparkContext.setLogLevel("OFF")
+        logging.getLogger("py4j").setLevel(logging.CRITICAL)
+        for each in gates:
+            each.close(STOP_WAIT_S)
+        query.stop()
+        failure = query.exception()
+        if failure is not None and BatchRefused.__name__ not in str(failure):
+            log.warning("the query failed while stopping: %s", describe(failure))
+        return code
+    failure = query.exception()
+    if failure is not None:
+        log.debug("the query failed: %s", failure)
+        print(f"{prog}: the query failed: {describe(failure)}", file=sys.stderr, flush=True)
+        return 1
+    return 0

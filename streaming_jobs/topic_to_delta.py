@@ -39,11 +39,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from robustmq._ready import announce_ready
 from robustmq.errors import RetriableError, RobustMQError, TopicNotFound
 
 from ._delta import PARTITION_BY, TABLE_SCHEMA, DeltaAppender, delta_spark_available
-from ._stopping import BatchGate, BatchRefused, StopSignals
+from ._stopping import BatchGate, StopSignals, run_gated_query
 from ._table import MIN_ORPHAN_RETENTION_HOURS, prepare_table
 
 __all__ = ["check_source", "default_group", "main", "parser", "spark_session", "start_topic_to_delta"]
@@ -52,7 +51,6 @@ log = logging.getLogger("robustmq.jobs")
 
 PROG = "robustmq topic-to-delta"
 EXIT_FAILED, EXIT_USAGE = 1, 2
-STOP_WAIT_S = 600  # how long a stop waits for the micro-batch in progress before interrupting it
 
 DESCRIPTION = r"""Materialise topics into a Delta table, exactly once across restarts and
 checkpoint resets.
@@ -349,10 +347,11 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def options_table() -> str:
-    """The command's options as the Markdown table in docs/spark.md (a test keeps them equal)."""
+def options_table(of: argparse.ArgumentParser | None = None) -> str:
+    """A command's options (this one's by default) as the Markdown table in docs/spark.md (a test
+    keeps them equal)."""
     lines = ["| option | meaning |", "|---|---|"]
-    for action in parser()._actions:
+    for action in (of or parser())._actions:
         if not action.option_strings or isinstance(action, argparse._HelpAction):
             continue
         flag = action.option_strings[0]
@@ -412,14 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(spark: Any, args: argparse.Namespace, stop: StopSignals) -> int:
-    gates: list[BatchGate] = []
-
-    def gate(batch: Callable[[Any, int], None]) -> BatchGate:
-        gates.append(BatchGate(batch))
-        return gates[-1]
-
-    try:
-        query = start_topic_to_delta(
+    def start(gate: Callable[[Callable[[Any, int], None]], BatchGate]) -> Any:
+        return start_topic_to_delta(
             spark,
             meta_address=args.meta,
             table_path=args.table,
@@ -435,34 +428,11 @@ def _run(spark: Any, args: argparse.Namespace, stop: StopSignals) -> int:
             orphan_retention_hours=None if args.orphan_retention_hours < 0 else args.orphan_retention_hours,
             gate=gate,
         )
+
+    try:
+        return run_gated_query(spark, start, stop, prog=PROG, describe=_failure_message)
     except RobustMQError as error:  # a table of another shape, a bad option: the input's; else the cluster's
         return _fail(_in_cli_terms(error.message), EXIT_FAILED if error.retriable else EXIT_USAGE)
-    except Exception as error:  # Spark's (a checkpoint it cannot write, say): its first line, no traceback
-        log.debug("the query did not start", exc_info=True)
-        return _fail(f"the query did not start: {_failure_message(error)}", EXIT_FAILED)
-    announce_ready()
-    while query.isActive and not stop.event.is_set():
-        try:
-            query.awaitTermination(1)
-        except Exception:  # the query failed: query.exception() below says why
-            break
-    if stop.event.is_set():
-        code = stop.announce(PROG)
-        # What follows is the stop this job asked for: Spark's and Py4J's reports of it are noise.
-        spark.sparkContext.setLogLevel("OFF")
-        logging.getLogger("py4j").setLevel(logging.CRITICAL)
-        for each in gates:
-            each.close(STOP_WAIT_S)
-        query.stop()
-        failure = query.exception()
-        if failure is not None and BatchRefused.__name__ not in str(failure):
-            log.warning("the query failed while stopping: %s", _failure_message(failure))
-        return code
-    failure = query.exception()
-    if failure is not None:
-        log.debug("the query failed: %s", failure)
-        return _fail(f"the query failed: {_failure_message(failure)}", EXIT_FAILED)
-    return 0
 
 
 if __name__ == "__main__":

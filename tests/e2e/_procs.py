@@ -234,7 +234,7 @@ def kill_at_random_moment(
 
 
 class NodeCluster:
-    """A ``robustmq meta`` process and ``nodes`` storage-node processes on loopback.
+    """A ``robustmq meta`` process (with ``meta_args``) and ``nodes`` storage-node processes on loopback.
 
     Each node has its own fixed port and data directory (``root/node-{i}``), so
     any of them can be killed, paused and started again at the same address.
@@ -243,7 +243,13 @@ class NodeCluster:
     """
 
     def __init__(
-        self, root: Path, *, nodes: int = 3, io_workers: int | None = 2, log_dir: Path | None = None
+        self,
+        root: Path,
+        *,
+        nodes: int = 3,
+        io_workers: int | None = 2,
+        log_dir: Path | None = None,
+        meta_args: Sequence[str] = (),
     ) -> None:
         self.root = root
         self.meta_port = free_port()
@@ -251,7 +257,7 @@ class NodeCluster:
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
         self.meta = ServerProcess(
-            ["meta", "--data-dir", str(root / "meta"), "--meta-port", str(self.meta_port)],
+            ["meta", "--data-dir", str(root / "meta"), "--meta-port", str(self.meta_port), *meta_args],
             log_path=log_dir / "meta.log" if log_dir else None,
         )
         self._io_workers = io_workers

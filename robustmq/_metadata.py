@@ -14,7 +14,13 @@ active segment at its epoch. Reads go by the segment that holds the offset:
   reads of many clients (Spark tasks, consumers) spread over the replicas
   while one client keeps reading a segment from the same node. A caller that
   failed on a replica passes it in ``avoid`` and gets another one; with every
-  member avoided or down, the choice starts over among all of them.
+  member avoided or down, the choice starts over among all of them;
+- a ``tiered`` segment (also in the object store) like a sealed one, but with
+  every ``isr`` member avoided or down, from any live node (it serves the
+  offsets from the object: a cold read);
+- a ``remote`` segment (in the object store only) from any live node, chosen
+  by the same hash among the live ones, avoided ones last: every node serves
+  it from the object through its cache (docs/tiering.md).
 
 Thread-safe: one lock guards the caches; Meta Service calls run outside it.
 """
@@ -128,21 +134,45 @@ class Metadata:
             return leader
         for segment in info.segments:
             if segment.start_offset <= offset < segment.end_offset:
-                address = self._replica_address(info.shard, segment, avoid)
+                if segment.state == pb.REMOTE:  # any node serves it from the object store
+                    address = self._any_address(info.shard, segment, avoid)
+                else:
+                    tiered = segment.state == pb.TIERED
+                    address = self._replica_address(info.shard, segment, avoid, retry_members=not tiered)
+                    if not address and tiered:
+                        address = self._any_address(info.shard, segment, avoid)
                 if address:
                     return Route(topic, partition, info.shard, address, segment.epoch, info.incarnation)
                 break
         return leader  # no replica known: the leader's local log may hold it (it answers if not)
 
-    def _replica_address(self, shard: str, segment: pb.Segment, avoid: Collection[str]) -> str:
-        """The address of the member of the sealed ``segment``'s ``isr`` this reader uses."""
+    def _any_address(self, shard: str, segment: pb.Segment, avoid: Collection[str]) -> str:
+        """A live node for a read of a ``remote`` (or ``tiered``) segment: nodes serve it from its
+        object. Chosen by reader id as :meth:`_replica_address` does; ``avoid``ed nodes last."""
+        nodes = self._node_table(())
+        alive = sorted(node.address for node in nodes.values() if node.alive)
+        candidates = [a for a in alive if a not in avoid] or alive
+        if not candidates:
+            return ""
+        spread = zlib.crc32(f"{self.reader_id}/{shard}/{segment.epoch}".encode())
+        return candidates[spread % len(candidates)]
+
+    def _replica_address(
+        self, shard: str, segment: pb.Segment, avoid: Collection[str], *, retry_members: bool = True
+    ) -> str:
+        """The address of the member of the sealed ``segment``'s ``isr`` this reader uses.
+
+        With every member avoided or down: one of them again (``retry_members``), else none.
+        """
         members = list(segment.isr) or list(segment.replicas)
         if not members:
             return ""
         nodes = self._node_table(members)
         known = sorted(nodes[member].address for member in members if member in nodes)
         alive = sorted(nodes[member].address for member in members if member in nodes and nodes[member].alive)
-        candidates = [a for a in alive if a not in avoid] or [a for a in known if a not in avoid] or known
+        candidates = [a for a in alive if a not in avoid]
+        if retry_members:
+            candidates = candidates or [a for a in known if a not in avoid] or known
         if not candidates:
             return ""
         spread = zlib.crc32(f"{self.reader_id}/{shard}/{segment.epoch}".encode())

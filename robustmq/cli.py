@@ -179,6 +179,8 @@ def _run_node(args: argparse.Namespace) -> int:
         port=args.node_port,
         meta_address=args.meta_address,
         io_workers=args.io_workers,
+        tier_cache_bytes=args.tier_cache_bytes,
+        retention_check_ms=args.node_retention_check_ms,
     )
 
 
@@ -319,6 +321,20 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         type=_bounded_int(1, 256),
         default=None,
         help="I/O worker threads (default: CPU count)",
+    )
+    node.add_argument(
+        "--tier-cache-bytes",
+        type=_bounded_int(0, 1 << 40),
+        default=256 * 1024 * 1024,
+        help="bytes of tiered row groups kept in memory for reads from the object store (default 256 MiB)",
+    )
+    node.add_argument(
+        "--retention-check-ms",
+        dest="node_retention_check_ms",
+        type=_bounded_int(10, 86_400_000),
+        default=60_000,
+        help="how often the node drops local copies of remote segments and applies the memory and "
+        "rocksdb engines' retention (default 60000)",
     )
     node.set_defaults(handler=_run_node)
 

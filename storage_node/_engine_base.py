@@ -36,6 +36,7 @@ __all__ = [
     "decode_frames",
     "each_request",
     "frame_header",
+    "scan_mask",
     "stale_epoch",
 ]
 
@@ -319,7 +320,7 @@ class EngineBase(StorageAdapter):
                 continue
             records = decode_frames(read.frames, position, read.next_offset)
             scanned += records.num_rows
-            matching = records.filter(_scan_mask(records, key, tags, min_timestamp_ms, max_timestamp_ms))
+            matching = records.filter(scan_mask(records, key, tags, min_timestamp_ms, max_timestamp_ms))
             if found + matching.num_rows >= max_records:
                 matching = matching.slice(0, max_records - found)
                 tables.append(matching)
@@ -377,7 +378,7 @@ def _rows_with_tag(records: pa.Table, tag: str) -> pa.Table:
     return records.filter(pa.array(_tag_mask(records, tag)))
 
 
-def _scan_mask(
+def scan_mask(
     records: pa.Table,
     key: bytes | None,
     tags: Sequence[str],

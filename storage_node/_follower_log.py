@@ -148,13 +148,16 @@ def plan_copy(
 
 def completed_segments(state: NodeShard, node_id: str) -> list[SealedCopy]:
     """Sealed segments of ``state``'s view that this node is a replica of, holds whole, and
-    is not yet in the ``isr`` of (its ``ReportReplica`` is owed)."""
+    is not yet in the ``isr`` of (its ``ReportReplica`` is owed). ``remote`` segments keep
+    their ``replicas`` but have no ``isr`` (docs/tiering.md): nothing is owed for them."""
     if state.view is None:
         return []
     offsets = state.engine.list_offsets(state.engine_shard)
     owed = []
     for segment in state.view.segments:
         if segment.end_offset < 0 or node_id not in segment.replicas or node_id in segment.isr:
+            continue
+        if segment.state == pb.REMOTE:  # read from its object only: no copy of it is reported
             continue
         if offsets.earliest_offset <= segment.start_offset and segment.end_offset <= offsets.log_end_offset:
             owed.append(

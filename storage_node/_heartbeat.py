@@ -33,7 +33,10 @@ The first beat runs in ``StorageNode.start`` before the front end serves, so
 deletions owed from while the node was away are queued ahead of any request.
 
 Retention (every ``retention_check_ms``) runs on this thread too: it only
-touches sealed segments, never a shard's writes.
+touches sealed segments, never a shard's writes. It removes records of the
+``memory`` and ``rocksdb`` engines only; for the ``segment`` engine the Meta
+Service runs retention across tiers and ``_tier_retention`` (its own thread)
+drops the local copies it no longer needs.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from typing import Any
 from robustmq.errors import RobustMQError, ShardNotFound
 
 from ._io_worker import DeleteShard, Reserved
+from ._reads import reader_log_start
 from ._replica_serving import visible_to_readers
 from ._shards import RESERVE_RECORDS
 
@@ -148,7 +152,9 @@ class Heartbeat(threading.Thread):
             # Committed progress only: on an RF > 1 leader its high watermark, not its log end (a
             # restarted leader starts its HW from this report, ``_replication``).
             committed = visible_to_readers(state, offsets.log_end_offset)
-            progress.append((shard, committed, min(offsets.earliest_offset, committed)))
+            # The log start readers see (segment engine: the chain's, below the local copies).
+            log_start = reader_log_start(node, state, offsets.earliest_offset)
+            progress.append((shard, committed, min(log_start, committed)))
             incarnations[shard] = state.incarnation
             if state.ack_limit is not None:
                 log_end = offsets.log_end_offset
@@ -231,7 +237,14 @@ class Heartbeat(threading.Thread):
         for name in ("segment", "rocksdb", "memory"):
             if (node.config.data_dir / name).exists() or name == "memory":
                 try:
-                    removed = node.manager.driver(name).enforce_retention()
+                    driver = node.manager.driver(name)
+                    # Segment-engine records are retained by the Meta Service across tiers
+                    # (``_tier_retention``); here only its idle producers expire.
+                    removed = (
+                        driver.enforce_retention(remove_records=False)
+                        if name == "segment"
+                        else driver.enforce_retention()
+                    )
                 except Exception:
                     log.exception("retention on the %s engine failed", name)
                     continue

@@ -82,6 +82,7 @@ from robustmq._records import now_ms
 from robustmq.errors import (
     Busy,
     InvalidRequest,
+    NotLeader,
     RobustMQError,
     SegmentSealed,
     ShardNotFound,
@@ -568,8 +569,13 @@ class IOWorker(threading.Thread):
         self.fail(item, error)
 
     def fail(self, item: Request, error: BaseException) -> None:
-        if not item.answered:
-            self.reply(item, error_response(item.message.correlation_id, error))
+        if item.answered:
+            return
+        if isinstance(error, NotLeader) and item.message.WhichOneof("body") in ("fetch", "scan"):
+            # Not served here; but clients send reads of remote segments to any node.
+            self._node.cold.submit(item, None, error)
+            return
+        self.reply(item, error_response(item.message.correlation_id, error))
 
     # -- parking for the Meta Service ----------------------------------------------------
 

@@ -67,41 +67,34 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import pyarrow.compute as pc
 import zmq
 
 from robustmq._frame import crc32c
 from robustmq._node_client import NodeCaller
-from robustmq._node_protocol import MAX_HEADER_BYTES, error_response, table_payload
+from robustmq._node_protocol import MAX_HEADER_BYTES, error_response
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._ready import announce_ready
 from robustmq.errors import (
     Busy,
     InvalidRequest,
-    OffsetOutOfRange,
     RequestTimeout,
     RobustMQError,
-    ShardNotFound,
     Unavailable,
 )
 
+from ._cold_reads import ColdReads
 from ._control import MetaControl
-from ._driver_manager import StorageDriverManager, split_shard_name
+from ._driver_manager import StorageDriverManager
 from ._fences import FenceStore
 from ._follower import Follower
 from ._heartbeat import Heartbeat
-from ._io_worker import IOWorker, ParkRead, Refresh, Request
+from ._io_worker import IOWorker, Refresh, Request
 from ._long_poll import WaitRegistry
-from ._replica_serving import (
-    answer_replica_empty,
-    replica_key,
-    send_acks,
-    serve_checksum,
-    serve_replica_fetch,
-    visible_to_readers,
-)
+from ._reads import NodeReads
+from ._replica_serving import replica_key, send_acks
 from ._replication import LeaderState
-from ._shards import NodeShard, ShardDirectory
+from ._shards import ShardDirectory
+from ._tier_retention import TierRetention
 
 __all__ = ["NodeConfig", "StorageNode", "run_storage_node", "tune_gc_for_serving"]
 
@@ -112,16 +105,6 @@ _RESULTS = "inproc://robustmq-node-results"
 # Each node's results socket gets a name no other node of this process ever had: ZeroMQ frees a
 # closed inproc name later, and id() of a stopped node is reused by the next one.
 _NODE_NUMBERS = itertools.count()
-_READS = (
-    "fetch",
-    "read_by_key",
-    "read_by_tag",
-    "scan",
-    "offset_for_timestamp",
-    "list_offsets",
-    "replica_fetch",
-    "checksum",
-)
 _WORKER_BODIES = ("produce", "seal", "fence")
 _STOP_ANSWERS = 100_000  # requests still unread at stop() that are answered Unavailable, at most
 
@@ -153,9 +136,11 @@ class NodeConfig:
     replica_fetch_wait_ms: int = 500  # long poll of a follower's fetch that finds nothing new
     ack_timeout_ms: int = 10_000  # longest an acks=all/quorum write waits for its replicas
     replica_lag_ms: int = 5_000  # an ISR member not caught up for this long leaves the ISR
+    tier_cache_bytes: int = 256 * MiB  # row groups of tiered objects kept for cold reads (``_tier_cache``)
+    cold_read_threads: int = 2  # threads serving reads from the object store (``_cold_reads``)
 
 
-class StorageNode:
+class StorageNode(NodeReads):
     """One storage node; ``start()`` binds and registers, ``stop()`` drains and closes."""
 
     def __init__(self, config: NodeConfig, *, meta: Any = None) -> None:
@@ -222,6 +207,12 @@ class StorageNode:
             for i in range(config.reader_threads)
         ]
         self._heartbeat = Heartbeat(self)
+        self.cold = ColdReads(
+            self, self._control_meta, cache_bytes=config.tier_cache_bytes, threads=config.cold_read_threads
+        )
+        self.tier_retention = TierRetention(
+            self, self._control_meta, interval_s=config.retention_check_ms / 1000
+        )
         self.address = ""
         self._results_name = f"{_RESULTS}-{os.getpid()}-{next(_NODE_NUMBERS)}"
 
@@ -251,7 +242,8 @@ class StorageNode:
         # Deletions owed from while we were away are queued to the workers ahead of any request.
         self._heartbeat.beat()
         self.control.start()
-        for thread in (*self._workers, *self._readers, self._heartbeat):
+        self.cold.start()
+        for thread in (*self._workers, *self._readers, self._heartbeat, self.tier_retention):
             thread.start()
         self.follower.start()
         self._frontend_thread = threading.Thread(target=self._frontend_loop, name="rmq-frontend", daemon=True)
@@ -294,6 +286,7 @@ class StorageNode:
                 self._reads.put(None)
         for reader in self._readers:
             reader.join(timeout=30)
+        self.cold.stop()
         self._answer_leftover_reads()
         self._drained.set()  # the front end forwards the last answers and exits
         if self._frontend_thread is not None:
@@ -301,6 +294,8 @@ class StorageNode:
         if self._heartbeat.is_alive():
             self._heartbeat.wake()
             self._heartbeat.join(timeout=15)
+        if self.tier_retention.is_alive():
+            self.tier_retention.join(timeout=15)
         self.manager.close()
         self.caller.close()
         self.fences.close()
@@ -551,287 +546,6 @@ class StorageNode:
                 return True
             return False
 
-    # -- reads -----------------------------------------------------------------------
-
-    def _read_loop(self) -> None:
-        while True:
-            request = self._reads.get()
-            if request is None:
-                return
-            try:
-                self._read(request)
-            except Exception as error:
-                if not isinstance(error, RobustMQError):
-                    log.exception("read failed")
-                self.reply(request, error_response(request.message.correlation_id, error))
-
-    def _read(self, request: Request) -> None:
-        message = request.message
-        body = message.WhichOneof("body")
-        cid = message.correlation_id
-        if body == "status":
-            self._answer_status(request)
-            return
-        if body not in _READS:
-            raise InvalidRequest(f"unknown request {body!r}")
-        names = (
-            list(message.list_offsets.shards[:10_000])
-            if body == "list_offsets"
-            else [getattr(message, body).shard]
-        )
-        states = []
-        for shard in names:
-            state = self.directory.cached(shard)
-            if state is None:  # not resolved since start: its worker parks us until it is
-                split_shard_name(shard)
-                if not self.worker_for(shard).post(ParkRead(request, shard)):
-                    raise Unavailable(f"storage node {self.node_id} is stopping; try again")
-                return
-            states.append(state)
-        state = states[0] if states else None
-        if body == "fetch":
-            assert state is not None
-            self._fetch(request, state)
-        elif body == "replica_fetch":
-            assert state is not None
-            serve_replica_fetch(self, request, state)
-        elif body == "checksum":
-            assert state is not None
-            serve_checksum(self, request, state)
-        elif body == "read_by_key":
-            assert state is not None
-            self._answer_read(request, _read_key(state, message.read_by_key.key))
-        elif body == "read_by_tag":
-            assert state is not None
-            ask = message.read_by_tag
-            records = state.engine.read_by_tag(
-                state.engine_shard,
-                ask.tag,
-                start_offset=ask.start_offset,
-                max_records=ask.max_records or 10_000,
-            )
-            self._answer_read(request, _below(records, state, ask.start_offset))
-        elif body == "scan":
-            assert state is not None
-            self._scan(request, state)
-        elif body == "offset_for_timestamp":
-            assert state is not None
-            offset = state.engine.get_offset_by_timestamp(
-                state.engine_shard, message.offset_for_timestamp.timestamp_ms
-            )
-            if offset is not None and offset >= visible_to_readers(state, state.log_end()):
-                offset = None  # that record is not committed yet: not visible
-            found = pb.OffsetResponse(found=offset is not None, offset=-1 if offset is None else offset)
-            self.reply(request, pb.NodeResponse(correlation_id=cid, offset=found))
-        else:
-            infos = []
-            for state in states:
-                offsets = state.engine.list_offsets(state.engine_shard)
-                infos.append(
-                    pb.ShardOffsetsInfo(
-                        shard=state.name,
-                        log_start_offset=offsets.earliest_offset,
-                        high_watermark=visible_to_readers(state, offsets.log_end_offset),
-                        log_end_offset=offsets.log_end_offset,
-                        epoch=state.epoch,
-                    )
-                )
-            answer = pb.ListOffsetsResponse(shards=infos)
-            self.reply(request, pb.NodeResponse(correlation_id=cid, list_offsets=answer))
-
-    def _scan(self, request: Request, state: NodeShard) -> None:
-        ask = request.message.scan
-        engine: Any = state.engine  # every engine scans (EngineBase), the interface does not say so
-        end_offset = ask.end_offset
-        if state.replicated:  # nothing past the high watermark
-            visible = visible_to_readers(state, state.log_end())
-            end_offset = visible if end_offset < 0 else min(end_offset, visible)
-        records = engine.scan(
-            state.engine_shard,
-            ask.start_offset,
-            end_offset,
-            key=ask.key if ask.HasField("key") else None,
-            tags=list(ask.tags),
-            min_timestamp_ms=ask.min_timestamp_ms if ask.HasField("min_timestamp_ms") else None,
-            max_timestamp_ms=ask.max_timestamp_ms if ask.HasField("max_timestamp_ms") else None,
-            max_records=ask.max_records or 10_000,
-        )
-        self._answer_read(request, _below(records, state, ask.start_offset))
-
-    def _answer_status(self, request: Request) -> None:
-        with self._accounting:
-            queued, served, scanned = self._queued_bytes, self._served, self._scanned
-        status = pb.StatusResponse(
-            node_id=self.node_id,
-            shards=self.directory.count,
-            uptime_ms=int((time.monotonic() - self._started) * 1000),
-            queued_requests=sum(w.queue.qsize() for w in self._workers) + self._reads.qsize(),
-            queued_bytes=queued,
-            records_served=served,
-            records_scanned=scanned,
-        )
-        self.reply(request, pb.NodeResponse(correlation_id=request.message.correlation_id, status=status))
-
-    def _fetch(self, request: Request, state: NodeShard) -> None:
-        ask = request.message.fetch
-        _check_incarnation(request, state)
-        engine, name = state.engine, state.engine_shard
-        offsets = engine.list_offsets(name)
-        high_watermark = visible_to_readers(state, offsets.log_end_offset)
-        # Offsets between the high watermark and the log end exist and become visible: a fetch
-        # there waits like one at the high watermark (a restarted leader's HW is behind a while).
-        if not offsets.earliest_offset <= ask.offset <= max(high_watermark, offsets.log_end_offset):
-            raise OffsetOutOfRange(
-                f"offset {ask.offset} of shard {ask.shard} is outside "
-                f"[{offsets.earliest_offset}, {high_watermark}]",
-                shard=ask.shard,
-                offset=ask.offset,
-                earliest_offset=offsets.earliest_offset,
-                high_watermark=high_watermark,
-            )
-        if ask.offset >= high_watermark:
-            wait_ms = min(max(ask.max_wait_ms, 0), self.config.max_wait_ms)
-            first = wait_ms > 0 and not request.waited
-            # Past the high watermark and released (it moved, not far enough yet): wait on.
-            again = request.waited and ask.offset > high_watermark and request.deadline > time.monotonic()
-            if (first or again) and not self.stopping.is_set():
-                if first:
-                    request.deadline = time.monotonic() + wait_ms / 1000
-                    request.waited = True
-
-                def current() -> int:
-                    return visible_to_readers(state, int(engine.list_offsets(name).log_end_offset))
-
-                if self.waiters.park(ask.shard, ask.offset, request.deadline, request, current):
-                    return
-                offsets = engine.list_offsets(name)
-                high_watermark = visible_to_readers(state, offsets.log_end_offset)
-            if ask.offset >= high_watermark:
-                self._answer_fetch_empty(request, offsets.earliest_offset, high_watermark)
-                return
-        max_bytes = min(ask.max_bytes or self.config.max_fetch_bytes, self.config.max_fetch_bytes)
-        read = engine.read_frames(
-            name,
-            ask.offset,
-            max_bytes=max_bytes,
-            max_records=ask.max_records or None,
-            end_offset=high_watermark,
-        )
-        self._answer_fetch(request, read.next_offset, high_watermark, offsets.earliest_offset, read.frames)
-
-    def _answer_fetch(
-        self, request: Request, next_offset: int, high_watermark: int, earliest: int, frames: list[bytes]
-    ) -> None:
-        self._count(next_offset - request.message.fetch.offset)
-        fetch = pb.FetchResponse(
-            start_offset=request.message.fetch.offset,
-            next_offset=next_offset,
-            high_watermark=high_watermark,
-            log_start_offset=earliest,
-        )
-        response = pb.NodeResponse(correlation_id=request.message.correlation_id, fetch=fetch)
-        self.reply(request, response, tuple(frames))
-
-    def _answer_fetch_empty(self, request: Request, earliest: int = -1, high_watermark: int = -1) -> None:
-        """Answer a fetch with no records (also on the front end: local state only, no Meta call)."""
-        if request.message.WhichOneof("body") == "replica_fetch":
-            answer_replica_empty(self, request)
-            return
-        ask = request.message.fetch
-        if high_watermark < 0:
-            state = self.directory.cached(ask.shard)
-            try:
-                if state is None:  # dropped while the fetch waited (its topic was deleted)
-                    raise ShardNotFound(f"shard {ask.shard} is no longer on this node", shard=ask.shard)
-                offsets = state.engine.list_offsets(state.engine_shard)
-            except RobustMQError as error:
-                self.reply(request, error_response(request.message.correlation_id, error))
-                return
-            earliest, high_watermark = (
-                offsets.earliest_offset,
-                visible_to_readers(state, offsets.log_end_offset),
-            )
-        self._answer_fetch(request, ask.offset, high_watermark, earliest, [])
-
-    def _count(self, served: int, scanned: int = 0) -> None:
-        with self._accounting:
-            self._served += served
-            self._scanned += scanned
-
-    def _answer_read(self, request: Request, result: Any) -> None:
-        self._count(result.records.num_rows, result.scanned)
-        self.reply(
-            request,
-            pb.NodeResponse(
-                correlation_id=request.message.correlation_id,
-                read=pb.ReadResponse(
-                    next_offset=result.next_offset,
-                    high_watermark=result.log_end_offset,
-                    scanned_records=result.scanned,
-                ),
-            ),
-            (table_payload(result.records),),
-        )
-
-
-def _below(result: Any, state: NodeShard, start: int = 0) -> Any:
-    """``result`` (of a read from ``start``) without the records at or past ``state``'s high
-    watermark (RF > 1). Its ``next_offset`` never goes back before ``start``: a read from past
-    the high watermark (a restarted leader's, still behind) continues where it asked."""
-    if not state.replicated:
-        return result
-    visible = visible_to_readers(state, result.log_end_offset)
-    records = result.records
-    if records.num_rows and pc.max(records.column("offset")).as_py() >= visible:
-        records = records.filter(pc.less(records.column("offset"), visible))
-    next_offset = min(result.next_offset, max(visible, start))
-    return replace(result, records=records, next_offset=next_offset, log_end_offset=visible)
-
-
-def _read_key(state: NodeShard, key: bytes) -> Any:
-    """The latest record with ``key`` that readers may see (RF > 1: below the high watermark).
-
-    The key index knows only the key's latest record; if that one is not committed yet, the
-    latest committed one is found by scanning back from the high watermark in growing windows
-    (rare: only while a write of the key waits for its replicas).
-    """
-    engine: Any = state.engine
-    name = state.engine_shard
-    result = engine.read_by_key(name, key)
-    if not state.replicated:
-        return result
-    visible = visible_to_readers(state, result.log_end_offset)
-    if not result.records.num_rows or result.records.column("offset")[0].as_py() < visible:
-        return _below(result, state)
-    earliest = engine.list_offsets(name).earliest_offset
-    end, window = visible, 1024
-    while end > earliest:
-        start = max(earliest, end - window)
-        found, position = None, start
-        while position < end:
-            part = engine.scan(name, position, end, key=key, max_records=10_000)
-            if part.records.num_rows:
-                found = part.records.slice(part.records.num_rows - 1, 1)
-            if part.next_offset <= position:
-                break
-            position = part.next_offset
-        if found is not None:
-            offset = found.column("offset")[0].as_py()
-            return _below(replace(result, records=found, next_offset=offset + 1), state)
-        end, window = start, window * 4
-    return _below(replace(result, records=result.records.slice(0, 0)), state)
-
-
-def _check_incarnation(request: Request, state: NodeShard) -> None:
-    """Raise unless ``state`` is the incarnation the fetch expects (see the module docstring).
-
-    The expected one is the request's ``incarnation`` field, else the one it read
-    first (a long poll read again after its wait); the first read records it.
-    """
-    ask = request.message.fetch
-    state.check_incarnation(ask.incarnation if ask.HasField("incarnation") else request.incarnation)
-    request.incarnation = state.incarnation
-
 
 def _drain(socket: zmq.Socket[Any], handle: Callable[[list[Any]], None], most: int = 1000) -> None:
     """Handle up to ``most`` waiting messages of ``socket``; the bound lets the other socket have its turn."""
@@ -856,14 +570,28 @@ def _node_id(data_dir: Path) -> str:
 
 
 def run_storage_node(
-    *, data_dir: str | Path, host: str, port: int, meta_address: str, io_workers: int | None = None
+    *,
+    data_dir: str | Path,
+    host: str,
+    port: int,
+    meta_address: str,
+    io_workers: int | None = None,
+    tier_cache_bytes: int = 256 * MiB,
+    retention_check_ms: int = 60_000,
 ) -> int:
     """Run a node until SIGTERM/SIGINT; print ``ready`` once it serves. Returns the exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    config = NodeConfig(data_dir=Path(data_dir), meta_address=meta_address, host=host, port=port)
+    config = NodeConfig(
+        data_dir=Path(data_dir),
+        meta_address=meta_address,
+        host=host,
+        port=port,
+        tier_cache_bytes=tier_cache_bytes,
+        retention_check_ms=retention_check_ms,
+    )
     if io_workers is not None:
         config = replace(config, io_workers=max(1, io_workers))
     node = StorageNode(config)

@@ -534,9 +534,14 @@ class SegmentEngine(SegmentReplica, IndexedEngine, SegmentRecovery):
 
     # -- retention -------------------------------------------------------------
 
-    def enforce_retention(self, now_ms_: int | None = None) -> int:
+    def enforce_retention(self, now_ms_: int | None = None, *, remove_records: bool = True) -> int:
         """Delete sealed segments past each shard's retention, then expire idle producers;
-        return records removed."""
+        return records removed.
+
+        A storage node passes ``remove_records=False``: the Meta Service runs retention for
+        ``segment``-engine topics across tiers, and the node drops its copies with
+        :meth:`drop_before` (docs/tiering.md); only idle producers expire here then.
+        """
         now = now_ms() if now_ms_ is None else now_ms_
         removed = 0
         for name in self.list_shards():
@@ -546,9 +551,30 @@ class SegmentEngine(SegmentReplica, IndexedEngine, SegmentRecovery):
             with state.lock:
                 if not state.deleted:
                     assert isinstance(state, SegmentShard)
-                    removed += self._retain(state, now)
+                    if remove_records:
+                        removed += self._retain(state, now)
                     self._expire_producers(state, state.view.earliest, now)
         return removed
+
+    def drop_before(self, shard: str, offset: int) -> int:
+        """Delete the shard's sealed segments that end at or before ``offset``; records removed.
+
+        The newest local segment is always kept (the local log continues from it), and a
+        segment holding ``offset - 1`` or later is kept whole. Reads of the dropped offsets
+        then fail with ``OffsetOutOfRange`` as after retention (see :meth:`_remove`).
+        """
+        state = self._state(shard)
+        with state.lock:
+            if state.deleted:
+                return 0
+            self._check_open()
+            segments = list(state.view.segments)
+            doomed = []
+            for segment in segments[:-1]:
+                if not segment.sealed or segment.end_offset > offset:
+                    break
+                doomed.append(segment)
+            return self._remove(state, segments, doomed)
 
     def _retain(self, state: SegmentShard, now: int) -> int:
         config = state.config
@@ -568,6 +594,14 @@ class SegmentEngine(SegmentReplica, IndexedEngine, SegmentRecovery):
             doomed.append(segment)
             total_bytes -= segment.size_bytes
             total_records -= records
+        return self._remove(state, segments, doomed)
+
+    def _remove(self, state: SegmentShard, segments: list[Segment], doomed: list[Segment]) -> int:
+        """Delete ``doomed``, the first segments of ``segments`` (the shard's view; lock held).
+
+        The index entries go first (synced), then the view moves past them, then the files
+        (a read that took the old view finds a file gone and answers ``OffsetOutOfRange``).
+        """
         if not doomed:
             return 0
         wb = self._index.new_batch()

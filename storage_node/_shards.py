@@ -187,6 +187,7 @@ class NodeShard:
             self.refreshed_at = now  # the rate limit counts attempts, not successes
             return True
         return False
+
     seal: SealTask | None = None
     held: deque[Any] | None = None  # writes held while a seal is settling (None: not paused)
     held_bytes: int = 0  # payload bytes of the held writes
@@ -322,6 +323,16 @@ class ShardDirectory:
         with self._lock:
             return sorted(set(self._local) | set(self._shards))
 
+    def held_in(self, engine: str) -> list[tuple[str, int]]:
+        """``(shard, incarnation)`` of every shard whose local data is in ``engine``, sorted."""
+        with self._lock:
+            return sorted(
+                (shard, incarnation)
+                for shard, local in self._local.items()
+                for incarnation, name in local.items()
+                if name == engine
+            )
+
     def cached(self, shard: str) -> NodeShard | None:
         """The shard's state if it was resolved since start (without asking anyone)."""
         with self._lock:
@@ -372,6 +383,8 @@ class ShardDirectory:
                 log.warning("shard %s already existed in the %s engine; serving it", name, engine_name)
             with self._lock:
                 self._local.setdefault(shard, {})[incarnation] = engine_name
+        elif engine_name == "segment":  # retention across tiers is the Meta Service's for this engine
+            _restart_left_behind(engine, name, info, self._node_id, _engine_config(config))
         active = info.segments[-1]
         state = NodeShard(
             name=shard,
@@ -595,6 +608,30 @@ def start_of(info: pb.ShardInfo, node_id: str) -> int:
     if active.leader == node_id:
         start = max(start, active.start_offset)
     return start
+
+
+def _restart_left_behind(
+    engine: StorageAdapter, name: str, info: pb.ShardInfo, node_id: str, config: ShardConfig
+) -> None:
+    """Start a local log again where the chain places this node, if all it holds left the chain.
+
+    Whole-log retention may remove every segment a node held (docs/tiering.md); the Meta
+    Service may then place it on a new segment of the shard as if it held nothing. Its
+    old local log ends below the chain's log start, so it cannot continue the new segment;
+    every record in it is past retention, so it is dropped and the shard created afresh.
+    """
+    offsets = engine.list_offsets(name)
+    start = start_of(info, node_id)
+    if offsets.log_end_offset < start and offsets.log_end_offset <= info.segments[0].start_offset:
+        engine.delete_shard(name)
+        engine.create_shard(name, config, start_offset=start)
+        log.info(
+            "shard %s: local offsets %d..%d left the chain (retention); starting again at %d",
+            name,
+            offsets.earliest_offset,
+            offsets.log_end_offset,
+            start,
+        )
 
 
 def _check_continuity(state: NodeShard) -> None:

@@ -13,8 +13,9 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.e2e._procs import free_port
 
@@ -24,6 +25,13 @@ class S3Server:
     """A running ``moto_server``: its endpoint and the options delta-rs and boto3 need."""
 
     endpoint_url: str
+    process: Any = field(default=None, repr=False, compare=False)  # the moto_server child
+
+    def stop(self) -> None:
+        """Stop the server now (tests of an unreachable store); exiting the context is still safe."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=15)
 
     @property
     def storage_options(self) -> dict[str, str]:
@@ -45,7 +53,6 @@ class S3Server:
             aws_secret_access_key="testing",
             region_name="us-east-1",
         )
-
 
     @property
     def environment(self) -> dict[str, str]:
@@ -79,7 +86,7 @@ def run_moto_server(directory: Path) -> Iterator[S3Server]:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}") from None
                 time.sleep(0.1)
-        yield S3Server(url)
+        yield S3Server(url, process)
     finally:
         process.terminate()
         try:

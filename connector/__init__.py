@@ -7,6 +7,7 @@ top-level module ``pyspark_robustmq``); ``register(spark)`` does it explicitly.
 
 from ._datasource import RobustMQDataSource, register
 from ._options import SinkOptions, SourceOptions
+from ._parquet_scan import read_batch
 from ._schema import ARROW_SCHEMA, SPARK_SCHEMA
 
 __all__ = [
@@ -15,5 +16,6 @@ __all__ = [
     "RobustMQDataSource",
     "SinkOptions",
     "SourceOptions",
+    "read_batch",
     "register",
 ]

@@ -366,6 +366,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("maxRequestBytes", WRITE, _integer(64 * 1024, MAX_REQUEST_BYTES_LIMIT), 8 * MiB,
            "the largest produce request (at most the topic's `max_batch_bytes` is used); see "
            '"Exactly-once"', default_text="8 MiB"),
+    Option("tieredReads", READ, _choice("direct", "node"), None,
+           "where tasks read the records of tiered segments (in the object store): `direct` from the "
+           "objects themselves, `node` through the storage nodes; the default is `direct` for objects "
+           "in a store the driver can reach, with a fall back to the nodes for a task that cannot "
+           '(see "Tiered segments")',
+           default_text="`direct` if the driver reaches the store, else `node`"),
     Option("requestTimeoutS", READ | WRITE, _integer(1), 30,
            "seconds a request to the cluster may take, retries included"),
 )  # fmt: skip

@@ -97,6 +97,7 @@ class SourceOptions:
     max_timestamp_ms: int | None
     output: str
     request_timeout_s: float
+    tiered_reads: str | None = None  # None: chosen by the driver (connector/_tiered.py)
 
     @staticmethod
     def parse(options: Mapping[str, str], mode: str = "read") -> SourceOptions:
@@ -153,6 +154,7 @@ class SourceOptions:
             max_timestamp_ms=values["maxTimestamp"],
             output=values["output"],
             request_timeout_s=float(values["requestTimeoutS"]),
+            tiered_reads=values["tieredReads"],
         )
 
 

@@ -22,11 +22,12 @@ only matching records cross the network.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,8 @@ from robustmq._partitioner import partition_for_key
 from robustmq.errors import (
     IncarnationMismatch,
     InvalidConfig,
+    ObjectStoreError,
+    ObjectStoreUnavailable,
     OffsetOutOfRange,
     RetriableError,
     RobustMQError,
@@ -48,6 +51,16 @@ from ._offsets import Range, SourceOffsets, identity_of, plan_ranges, same_topic
 from ._options import SourceOptions, option_error
 from ._schema import RANGES_ARROW_SCHEMA, to_spark_batch
 from ._spark_errors import reported_to_spark
+from ._tiered import (
+    DIRECT,
+    NODE,
+    Reachability,
+    RecordFilter,
+    TieredPiece,
+    choose_pieces,
+    read_piece,
+    tiered_pieces,
+)
 
 __all__ = ["RangePartition", "RobustMQBatchReader", "TopicReader", "client_for"]
 
@@ -92,6 +105,10 @@ class RangePartition(InputPartition):
     max_timestamp_ms: int | None = None
     identity: tuple[tuple[str, int], ...] = ()
     from_beginning: bool = False
+    tiered: tuple[TieredPiece, ...] = ()  # offsets a task reads from objects (tieredReads)
+
+    def record_filter(self) -> RecordFilter:
+        return RecordFilter(self.key, self.tags, self.min_timestamp_ms, self.max_timestamp_ms)
 
     @property
     def filtered(self) -> bool:
@@ -109,6 +126,7 @@ class TopicReader:
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._topics_cache: tuple[float, list[str]] = (0.0, [])
+        self._reachability = Reachability()
 
     def __getstate__(self) -> dict[str, Any]:
         # Readers travel to executors by pickle: only the options go; caches are rebuilt there.
@@ -304,7 +322,37 @@ class TopicReader:
             max_records=self.options.max_records_per_partition,
             min_pieces=self.options.min_partitions,
         )
-        return [self._partition(r, end, **filters) for r in ranges]
+        parts = [self._partition(r, end, **filters) for r in ranges]
+        if self.options.output == "records" and self.options.tiered_reads != NODE:
+            parts = self._with_tiered(parts)
+        return parts
+
+    def _with_tiered(self, parts: list[RangePartition]) -> list[RangePartition]:
+        """Attach the tiered pieces of each range (one Meta Service call per topic), for
+        ``tieredReads=direct`` and, by default, where the driver reaches the store (module
+        :mod:`._tiered`). A chain of another incarnation than planned gets none: the task finds the
+        re-created topic and reports it."""
+        chains: dict[str, dict[int, Any]] = {}
+        result = []
+        for part in parts:
+            if part.topic not in chains:
+                try:
+                    shards = self._call(self.client.meta.describe_topic, part.topic).shards
+                except TopicNotFound:
+                    shards = []
+                chains[part.topic] = {int(info.partition): info for info in shards}
+            info = chains[part.topic].get(part.partition)
+            planned = dict(part.identity).get("incarnation")
+            if info is None or (planned is not None and int(info.incarnation) != planned):
+                result.append(part)
+                continue
+            pieces = choose_pieces(
+                tiered_pieces(part.topic, info, part.start, part.end),
+                self.options.tiered_reads,
+                self._reachability,
+            )
+            result.append(dataclasses.replace(part, tiered=pieces) if pieces else part)
+        return result
 
     @staticmethod
     def _partition(r: Range, end: SourceOffsets, **filters: Any) -> RangePartition:
@@ -336,16 +384,28 @@ class TopicReader:
             }
             yield pa.RecordBatch.from_pylist([row], schema=RANGES_ARROW_SCHEMA)
             return
-        client = self.client
         position = part.start
-        while position < part.end:
+        for piece in part.tiered:
+            position = yield from self._read_nodes(part, position, piece.start)
+            if position >= part.end:  # the topic was re-created, or a loss skipped to the end
+                return
+            if position < piece.end:  # a loss skipped by failOnDataLoss=false may reach past it
+                position = yield from self._read_object(part, piece, max(position, piece.start))
+        yield from self._read_nodes(part, position, part.end)
+
+    def _read_nodes(
+        self, part: RangePartition, position: int, stop: int
+    ) -> Generator[pa.RecordBatch, None, int]:
+        """Records ``[position, stop)`` from the storage nodes; returns where reading goes on."""
+        client = self.client
+        while position < stop:
             try:
                 if part.filtered:
                     records = client.scan(
                         part.topic,
                         part.partition,
                         start_offset=position,
-                        end_offset=part.end,
+                        end_offset=stop,
                         key=part.key,
                         tags=part.tags,
                         min_timestamp_ms=part.min_timestamp_ms,
@@ -357,12 +417,12 @@ class TopicReader:
                         part.partition,
                         include_headers=self.options.include_headers,
                     )
-                    return
+                    return stop
                 records, following, _ = client.fetch_records(
                     part.topic,
                     part.partition,
                     position,
-                    end_offset=part.end,
+                    end_offset=stop,
                     incarnation=dict(part.identity).get("incarnation"),
                 )
             except OffsetOutOfRange as error:
@@ -370,11 +430,11 @@ class TopicReader:
                 continue
             except IncarnationMismatch:  # re-created between the check above and this fetch
                 if not self._same_topic_as_planned(part):  # reads the topic uncached
-                    return
+                    return part.end
                 raise
             if following <= position:
                 raise RobustMQError(
-                    f"topic {part.topic} partition {part.partition} ends before offset {part.end}, "
+                    f"topic {part.topic} partition {part.partition} ends before offset {stop}, "
                     f"which was planned as committed",
                     topic=part.topic,
                     partition=part.partition,
@@ -385,6 +445,51 @@ class TopicReader:
                 yield to_spark_batch(
                     records, part.topic, part.partition, include_headers=self.options.include_headers
                 )
+        return max(position, stop)
+
+    def _read_object(
+        self, part: RangePartition, piece: TieredPiece, position: int
+    ) -> Generator[pa.RecordBatch, None, int]:
+        """Records ``[position, piece.end)`` from the piece's object (``tieredReads``; see
+        :mod:`._tiered` for when a failure falls back to the nodes). Returns ``piece.end``."""
+        try:
+            for records in read_piece(dataclasses.replace(piece, start=position)):
+                if records.num_rows:
+                    position = int(records.column("offset")[-1].as_py()) + 1
+                    if part.filtered:
+                        records = part.record_filter().apply(records)
+                    yield to_spark_batch(
+                        records, part.topic, part.partition, include_headers=self.options.include_headers
+                    )
+            return piece.end
+        except (ObjectStoreError, ObjectStoreUnavailable) as error:
+            if self.options.tiered_reads == DIRECT and self._still_recorded(part, piece):
+                raise
+            log.warning(
+                "cannot read %s (%s): reading offsets %d-%d of topic %s partition %d through the "
+                "storage nodes",
+                piece.url,
+                error.message,
+                position,
+                piece.end - 1,
+                part.topic,
+                part.partition,
+            )
+        return (yield from self._read_nodes(part, position, piece.end))
+
+    def _still_recorded(self, part: RangePartition, piece: TieredPiece) -> bool:
+        """Whether the Meta Service still records the piece's segment at its URL (else retention
+        removed it, and the nodes say so)."""
+        try:
+            info = self.client.meta.get_shard(f"{part.topic}_{part.partition}")
+        except (TopicNotFound, ShardNotFound):
+            return False
+        return any(
+            s.epoch == piece.expected.epoch
+            and s.start_offset == piece.expected.start_offset
+            and s.object_url == piece.url
+            for s in info.segments
+        )
 
     def _same_topic_as_planned(self, part: RangePartition) -> bool:
         """False (after a warning) when the topic was deleted or re-created since the range was
@@ -436,8 +541,8 @@ class RobustMQBatchReader(TopicReader, DataSourceReader):
     Options are part of the relation, so they cannot leak between queries.
     """
 
-    @reported_to_spark
-    def partitions(self) -> Sequence[InputPartition]:
+    def bounds(self) -> tuple[SourceOffsets, SourceOffsets]:
+        """Where the batch starts and ends per partition, with the topics' identities (driver)."""
         topics = self.topics(refresh_s=0)
         start = self.start_offsets(topics)
         end = self.end_offsets(self._existing(topics))
@@ -447,9 +552,15 @@ class RobustMQBatchReader(TopicReader, DataSourceReader):
             end = {(t, p): o for (t, p), o in end.items() if p == partition_for_key(key, count(t))}
         # A batch's start never passes its end (a starting offset or timestamp after the ending one).
         first = {tp: min(start.positions.get(tp, 0), stop) for tp, stop in end.items()}
+        return SourceOffsets(first, start.identities), SourceOffsets(end, start.identities)
+
+    @reported_to_spark
+    def partitions(self) -> Sequence[InputPartition]:
+        first, end = self.bounds()
+        options = self.options
         parts = self.input_partitions(
-            SourceOffsets(first, start.identities),
-            SourceOffsets(end, start.identities),
+            first,
+            end,
             key=options.key,
             tags=options.tags,
             min_timestamp_ms=options.min_timestamp_ms,

@@ -87,3 +87,58 @@ def test_retention_records_bounds_a_segment_topic(cluster: TierCluster) -> None:
             lambda: client.meta.get_shard("n_0").segments[0].start_offset >= 2 * RECORDS,
             timeout_s=10,
         )
+
+
+def _remote_and_dropped(cluster: TierCluster, client: robustmq.Client, topic: str, remote: int) -> None:
+    def done() -> bool:
+        chain = client.meta.get_shard(f"{topic}_0").segments
+        if sum(segment.state == pb.REMOTE for segment in chain) < remote:
+            return False
+        return all(len(local_segment_files(node, topic)) <= len(chain) - remote for node in cluster.nodes)
+
+    wait_for(f"{remote} remote segments of {topic} and their local copies gone", done)
+
+
+def _aged_remote_log(cluster: TierCluster, client: robustmq.Client, topic: str) -> list[int]:
+    """Three sealed segments whose records carry the timestamps returned (one per segment, a
+    minute apart, the newest in the active segment), tiered and made remote (local copies gone)."""
+    from robustmq._tier_store import ObjectStore
+    from tests.e2e._tier import tier_sealed
+
+    client.create_topic(topic, partitions=1, local_retention_ms=0)
+    rng = random.Random(topic)
+    stamps = [now_ms() - 300_000 + 60_000 * i for i in range(4)]
+    for i in range(3):
+        client.produce(topic, 0, _batch(i * RECORDS, RECORDS, rng, stamps[i]))
+        client.seal(topic, 0)
+    client.produce(topic, 0, _batch(3 * RECORDS, 10, rng, stamps[3]))
+    assert len(tier_sealed(client, ObjectStore.from_url(cluster.tier_url), topic)) == 3
+    _remote_and_dropped(cluster, client, topic, 3)
+    return stamps
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: OffsetForTimestamp is answered from the node's local time index only; once "
+    "segments are remote it skips every record in them (Spark startingTimestamp, the CLI)",
+)
+def test_offset_for_timestamp_finds_records_in_remote_segments(cluster: TierCluster) -> None:
+    with robustmq.connect(cluster.address, timeout_s=10) as client:
+        stamps = _aged_remote_log(cluster, client, "ts")
+        # The records are all still in the log (the reads below prove it) ...
+        assert client.read("ts", 0, RECORDS, 1).column("offset").to_pylist() == [RECORDS]
+        # ... so the first record at or after the second segment's timestamp is its first one.
+        assert client.offset_for_timestamp("ts", 0, stamps[1]) == RECORDS
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: ReadByKey is answered from the node's local key index only; a key whose "
+    "latest record is in a remote segment is reported absent although the record is in the log",
+)
+def test_read_by_key_finds_a_key_whose_latest_record_is_remote(cluster: TierCluster) -> None:
+    with robustmq.connect(cluster.address, timeout_s=10) as client:
+        _aged_remote_log(cluster, client, "kk")
+        assert client.read("kk", 0, 5, 1).column("key").to_pylist() == [b"k5"]
+        found = client.read_by_key("kk", b"k5", partition=0)
+        assert found.column("offset").to_pylist() == [5]

@@ -142,3 +142,52 @@ def test_read_by_key_finds_a_key_whose_latest_record_is_remote(cluster: TierClus
         assert client.read("kk", 0, 5, 1).column("key").to_pylist() == [b"k5"]
         found = client.read_by_key("kk", b"k5", partition=0)
         assert found.column("offset").to_pylist() == [5]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: a replica whose local log ends inside a segment that went remote can never "
+    "catch up (plan_copy copies only from a sealed segment's isr, empty once remote; nothing "
+    "restarts its log past the remote run), so the shard stays under-replicated for good",
+)
+def test_a_replica_behind_a_remote_segment_catches_up(tmp_path: Path) -> None:
+    from robustmq._tier_store import ObjectStore
+    from robustmq.storage_node import StorageNode
+    from tests.e2e._tier import tier_sealed
+
+    (tmp_path / "tier").mkdir()
+    cluster = TierCluster(tmp_path, f"file://{tmp_path}/tier", nodes=2)
+    try:
+        store = ObjectStore.from_url(cluster.tier_url)
+        with robustmq.connect(cluster.address, timeout_s=20) as client:
+            client.create_topic(
+                "lag", partitions=1, replication_factor=2, min_insync_replicas=1, local_retention_ms=0
+            )
+            leader_id = client.meta.get_shard("lag_0").segments[0].leader
+            lagging = next(node for node in cluster.nodes if node.node_id != leader_id)
+            lagging.stop()  # down for longer than the local retention of what is written meanwhile
+            cluster.nodes.remove(lagging)
+            wait_for(
+                "the Meta Service to see the follower down",
+                lambda: any(n.node_id == lagging.node_id and not n.alive for n in client.list_nodes()),
+            )
+            rng = random.Random("lag")
+            client.produce("lag", 0, _batch(0, RECORDS, rng, now_ms() - 1_000), acks="1")
+            client.seal("lag", 0)  # epoch 0: isr the leader alone; epoch 1 on the leader alone
+            client.produce("lag", 0, _batch(RECORDS, 10, rng, now_ms() - 1_000), acks="1")
+            assert len(tier_sealed(client, store, "lag")) == 1
+            _remote_and_dropped(cluster, client, "lag", 1)
+            cluster.nodes.append(StorageNode(lagging.config).start())  # back, its log empty
+
+            def caught_up() -> bool:
+                chain = client.meta.get_shard("lag_0").segments
+                return any(lagging.node_id in s.isr for s in chain if s.epoch >= 1)
+
+            try:
+                wait_for("the returning replica to copy the data after the remote segment", caught_up, 30)
+            except AssertionError:
+                chain = client.meta.get_shard("lag_0").segments
+                shown = [(s.epoch, pb.SegmentState.Name(s.state), list(s.replicas), list(s.isr)) for s in chain]
+                raise AssertionError(f"{lagging.node_id} never caught up; chain {shown}") from None
+    finally:
+        cluster.stop()

@@ -187,7 +187,9 @@ def test_a_replica_behind_a_remote_segment_catches_up(tmp_path: Path) -> None:
                 wait_for("the returning replica to copy the data after the remote segment", caught_up, 30)
             except AssertionError:
                 chain = client.meta.get_shard("lag_0").segments
-                shown = [(s.epoch, pb.SegmentState.Name(s.state), list(s.replicas), list(s.isr)) for s in chain]
+                shown = [
+                    (s.epoch, pb.SegmentState.Name(s.state), list(s.replicas), list(s.isr)) for s in chain
+                ]
                 raise AssertionError(f"{lagging.node_id} never caught up; chain {shown}") from None
     finally:
         cluster.stop()

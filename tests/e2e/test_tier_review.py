@@ -1,4 +1,4 @@
-"""Adversarial review of issue 9 (tiering): defects found, each a failing test marked xfail(strict).
+"""Adversarial review of issue 9 (tiering): a test per defect found; open ones are xfail(strict).
 
 Real Meta Service and storage nodes on loopback (``_tier.TierCluster``), real object stores
 (``file://``; ``moto_server`` for ``s3://``). Each test names the defect it shows.
@@ -54,11 +54,6 @@ def cluster(tmp_path: Path) -> Iterator[TierCluster]:
         made.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: RF 1 seals record size_bytes 0, so the Meta Service's retention_bytes never "
-    "removes a segment of an RF 1 segment-engine topic, and nodes no longer apply it either",
-)
 def test_retention_bytes_bounds_an_rf1_topic(cluster: TierCluster) -> None:
     with robustmq.connect(cluster.address, timeout_s=10) as client:
         # ~400 KB a segment: a limit of 100 KB keeps the newest sealed segment only.
@@ -73,11 +68,6 @@ def test_retention_bytes_bounds_an_rf1_topic(cluster: TierCluster) -> None:
         wait_for("the node to delete their local copies", lambda: len(local_segment_files(node, "b")) == 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: retention_records is no longer applied to segment-engine topics: the node "
-    "skips it (enforce_retention(remove_records=False)) and the Meta Service never implemented it",
-)
 def test_retention_records_bounds_a_segment_topic(cluster: TierCluster) -> None:
     with robustmq.connect(cluster.address, timeout_s=10) as client:
         client.create_topic("n", partitions=1, retention_records=RECORDS)

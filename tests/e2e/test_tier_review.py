@@ -134,12 +134,6 @@ def test_read_by_key_finds_a_key_whose_latest_record_is_remote(cluster: TierClus
         assert found.column("offset").to_pylist() == [5]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a replica whose local log ends inside a segment that went remote can never "
-    "catch up (plan_copy copies only from a sealed segment's isr, empty once remote; nothing "
-    "restarts its log past the remote run), so the shard stays under-replicated for good",
-)
 def test_a_replica_behind_a_remote_segment_catches_up(tmp_path: Path) -> None:
     from robustmq._tier_store import ObjectStore
     from robustmq.storage_node import StorageNode
@@ -205,12 +199,6 @@ def test_a_topic_named_like_a_temporary_file_does_not_stop_retention(cluster: Ti
         assert ".tmp-a" not in client.list_topics()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a fetch that passed the node's local-log check while the retention thread "
-    "drops the segment's local copy (drop_before) answers OffsetOutOfRange (without "
-    "earliest_offset) for an offset still in the log, instead of serving it from the object",
-)
 def test_reads_racing_the_drop_of_local_copies_never_see_out_of_range(cluster: TierCluster) -> None:
     import threading
 

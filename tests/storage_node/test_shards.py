@@ -57,3 +57,28 @@ def test_a_newly_named_epoch_refreshes_soon_after_a_lookup_and_a_repeated_one_wa
     assert state.refresh_due(2, now + 0.2, 1.0, 0.1)  # ever larger epochs: one per 0.1 s at most
     assert not state.refresh_due(3, now + 0.25, 1.0, 0.1)
     assert state.refresh_due(2, now + 1.3, 1.0, 0.1)  # the interval passed
+
+
+def test_a_replica_starts_its_log_past_the_leading_remote_segments() -> None:
+    from storage_node._shards import remote_end, start_of
+
+    def segment(epoch: int, state: int, replicas: list[str], end: int) -> pb.Segment:
+        return pb.Segment(
+            epoch=epoch, state=state, replicas=replicas, start_offset=epoch * 10, end_offset=end
+        )
+
+    chain = [
+        segment(0, pb.REMOTE, ["a", "b"], 10),
+        segment(1, pb.REMOTE, ["b"], 20),
+        segment(2, pb.SEALED, ["a", "b"], 30),
+        segment(3, pb.ACTIVE, ["b", "a"], -1),
+    ]
+    chain[3].leader = "b"
+    info = pb.ShardInfo(shard="t_0", segments=chain)
+    assert remote_end(info) == 20
+    assert start_of(info, "a") == 20  # its first segment past the remote run is epoch 2
+    # Still SEALED (not remote): a lagging replica copies it from its start, as before.
+    chain[0].state = chain[1].state = pb.SEALED
+    info = pb.ShardInfo(shard="t_0", segments=chain)
+    assert remote_end(info) == 0
+    assert start_of(info, "a") == 0

@@ -185,17 +185,40 @@ class NodeReads:
         if state.replicated:  # nothing past the high watermark
             visible = visible_to_readers(state, state.log_end())
             end_offset = visible if end_offset < 0 else min(end_offset, visible)
-        records = engine.scan(
-            state.engine_shard,
-            start,
-            end_offset,
-            key=ask.key if ask.HasField("key") else None,
-            tags=list(ask.tags),
-            min_timestamp_ms=ask.min_timestamp_ms if ask.HasField("min_timestamp_ms") else None,
-            max_timestamp_ms=ask.max_timestamp_ms if ask.HasField("max_timestamp_ms") else None,
-            max_records=ask.max_records or 10_000,
-        )
+        try:
+            records = engine.scan(
+                state.engine_shard,
+                start,
+                end_offset,
+                key=ask.key if ask.HasField("key") else None,
+                tags=list(ask.tags),
+                min_timestamp_ms=ask.min_timestamp_ms if ask.HasField("min_timestamp_ms") else None,
+                max_timestamp_ms=ask.max_timestamp_ms if ask.HasField("max_timestamp_ms") else None,
+                max_records=ask.max_records or 10_000,
+            )
+        except OffsetOutOfRange:
+            if not self._dropped_meanwhile(request, state, start):
+                raise
+            return
         self.answer_read(request, _below(records, state, ask.start_offset))
+
+    def _dropped_meanwhile(self, request: Request, state: NodeShard, offset: int) -> bool:
+        """After a local read of ``offset`` raised ``OffsetOutOfRange``: whether the local
+        copies below it were dropped since the check (the retention thread's ``drop_before``
+        of ``remote`` segments races readers) while ``offset`` is still in the chain; then the
+        request went to the cold-read pool, served from the segment's object, and True."""
+        if not _tiers(state):
+            return False
+        earliest = state.engine.list_offsets(state.engine_shard).earliest_offset
+        if not chain_log_start(self, state) <= offset < earliest:
+            return False
+        if request.message.WhichOneof("body") == "fetch":
+            high_watermark = visible_to_readers(state, state.log_end())
+            log_start = reader_log_start(self, state, earliest)
+            self.cold.submit(request, state, _outside(request.message.fetch, log_start, high_watermark))
+        else:
+            self.cold.submit(request, state)
+        return True
 
     def _answer_status(self, request: Request) -> None:
         with self._accounting:
@@ -248,13 +271,18 @@ class NodeReads:
                 self._answer_fetch_empty(request, log_start, high_watermark)
                 return
         max_bytes = min(ask.max_bytes or self.config.max_fetch_bytes, self.config.max_fetch_bytes)
-        read = engine.read_frames(
-            name,
-            ask.offset,
-            max_bytes=max_bytes,
-            max_records=ask.max_records or None,
-            end_offset=high_watermark,
-        )
+        try:
+            read = engine.read_frames(
+                name,
+                ask.offset,
+                max_bytes=max_bytes,
+                max_records=ask.max_records or None,
+                end_offset=high_watermark,
+            )
+        except OffsetOutOfRange:
+            if not self._dropped_meanwhile(request, state, ask.offset):
+                raise
+            return
         self.answer_fetch(request, read.next_offset, high_watermark, log_start, read.frames)
 
     def answer_fetch(

@@ -30,6 +30,7 @@ from robustmq.errors import (
     Unavailable,
 )
 
+from ._cold_lookups import local_offset_for_timestamp
 from ._cold_reads import learned_from
 from ._driver_manager import split_shard_name
 from ._io_worker import ParkRead, Request
@@ -41,7 +42,7 @@ from ._replica_serving import (
 )
 from ._shards import NodeShard
 
-__all__ = ["NodeReads", "reader_log_start"]
+__all__ = ["NodeReads", "read_key", "reader_log_start"]
 
 log = logging.getLogger("robustmq.node")
 
@@ -131,7 +132,11 @@ class NodeReads:
             serve_checksum(self._node(), request, state)
         elif body == "read_by_key":
             assert state is not None
-            self.answer_read(request, _read_key(state, message.read_by_key.key))
+            found = read_key(state, message.read_by_key.key)
+            if found.records.num_rows or not self._below_local(state):
+                self.answer_read(request, found)
+            else:  # maybe in a tiered segment below the local log: searched on the cold-read pool
+                self.cold.submit(request, state)
         elif body == "read_by_tag":
             assert state is not None
             ask = message.read_by_tag
@@ -147,11 +152,10 @@ class NodeReads:
             self._scan(request, state)
         elif body == "offset_for_timestamp":
             assert state is not None
-            offset = state.engine.get_offset_by_timestamp(
-                state.engine_shard, message.offset_for_timestamp.timestamp_ms
-            )
-            if offset is not None and offset >= visible_to_readers(state, state.log_end()):
-                offset = None  # that record is not committed yet: not visible
+            if self._below_local(state):  # the answer may be in a tiered segment: the cold-read pool
+                self.cold.submit(request, state)
+                return
+            offset = local_offset_for_timestamp(state, message.offset_for_timestamp.timestamp_ms)
             found = pb.OffsetResponse(found=offset is not None, offset=-1 if offset is None else offset)
             self.reply(request, pb.NodeResponse(correlation_id=cid, offset=found))
         else:
@@ -201,6 +205,12 @@ class NodeReads:
                 raise
             return
         self.answer_read(request, _below(records, state, ask.start_offset))
+
+    def _below_local(self, state: NodeShard) -> bool:
+        """Whether ``state``'s log (a ``segment``-engine shard) starts below this node's local copies."""
+        if not _tiers(state):
+            return False
+        return chain_log_start(self, state) < state.engine.list_offsets(state.engine_shard).earliest_offset
 
     def _dropped_meanwhile(self, request: Request, state: NodeShard, offset: int) -> bool:
         """After a local read of ``offset`` raised ``OffsetOutOfRange``: whether the local
@@ -354,7 +364,7 @@ def _below(result: Any, state: NodeShard, start: int = 0) -> Any:
     return replace(result, records=records, next_offset=next_offset, log_end_offset=visible)
 
 
-def _read_key(state: NodeShard, key: bytes) -> Any:
+def read_key(state: NodeShard, key: bytes) -> Any:
     """The latest record with ``key`` that readers may see (RF > 1: below the high watermark).
 
     The key index knows only the key's latest record; if that one is not committed yet, the

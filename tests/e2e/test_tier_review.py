@@ -107,11 +107,6 @@ def _aged_remote_log(cluster: TierCluster, client: robustmq.Client, topic: str) 
     return stamps
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: OffsetForTimestamp is answered from the node's local time index only; once "
-    "segments are remote it skips every record in them (Spark startingTimestamp, the CLI)",
-)
 def test_offset_for_timestamp_finds_records_in_remote_segments(cluster: TierCluster) -> None:
     with robustmq.connect(cluster.address, timeout_s=10) as client:
         stamps = _aged_remote_log(cluster, client, "ts")
@@ -121,11 +116,6 @@ def test_offset_for_timestamp_finds_records_in_remote_segments(cluster: TierClus
         assert client.offset_for_timestamp("ts", 0, stamps[1]) == RECORDS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: ReadByKey is answered from the node's local key index only; a key whose "
-    "latest record is in a remote segment is reported absent although the record is in the log",
-)
 def test_read_by_key_finds_a_key_whose_latest_record_is_remote(cluster: TierCluster) -> None:
     with robustmq.connect(cluster.address, timeout_s=10) as client:
         _aged_remote_log(cluster, client, "kk")
@@ -238,3 +228,21 @@ def test_reads_racing_the_drop_of_local_copies_never_see_out_of_range(cluster: T
             if failures:
                 break
     assert not failures, failures[:3]
+
+
+def test_a_key_lookup_past_its_tiered_bound_is_a_typed_error_not_absent(
+    cluster: TierCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from robustmq.errors import InvalidRequest
+    from robustmq.storage_node import _cold_lookups
+
+    with robustmq.connect(cluster.address, timeout_s=10) as client:
+        _aged_remote_log(cluster, client, "kb")
+        # The nodes run in this process: a bound of one row group's records.
+        monkeypatch.setattr(_cold_lookups, "KEY_LOOKUP_BYTES", 1)
+        newest = client.read_by_key("kb", b"k%d" % (3 * RECORDS - 1), partition=0)
+        assert newest.column("offset").to_pylist() == [3 * RECORDS - 1]
+        with pytest.raises(InvalidRequest) as raised:
+            client.read_by_key("kb", b"k5", partition=0)
+        assert raised.value.fields["limit"] == "key_lookup_bytes"
+        assert raised.value.fields["searched_from"] > 5

@@ -1,4 +1,4 @@
-"""Index lookups across tiers: OffsetForTimestamp and ReadByKey of ``segment``-engine shards.
+"""Index lookups across tiers: OffsetForTimestamp, ReadByKey and ReadByTag of ``segment``-engine shards.
 
 A node's time and key indexes cover its local log only. Once the chain's first
 segments are ``tiered`` / ``remote`` and the node holds no local copy of them
@@ -22,6 +22,12 @@ row-group cache:
   ``InvalidRequest`` with ``limit="key_lookup_bytes"``, ``max`` and
   ``searched_from`` (the lowest offset searched), never a false "absent";
   ``scan(key=...)`` reads the older part in pages (docs/client.md).
+- **ReadByTag** from an offset below the local log: the tiered segments'
+  records with the tag in offset order (a scan of their row groups: no tag
+  index either), then the local tag index's, at most ``max_records``. Past
+  :data:`KEY_LOOKUP_BYTES` of tiered records the records found so far are the
+  answer (its ``next_offset`` says where to continue), or, if none were found,
+  ``InvalidRequest`` with ``limit="tag_lookup_bytes"`` and ``next_offset``.
 
 Segments below the local log that are neither tiered nor held here (a node
 placed after them) cannot be searched here and are skipped, as before
@@ -30,15 +36,18 @@ tiering. Nothing below the chain's log start is ever answered.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq._records import READ_SCHEMA
 from robustmq.errors import InvalidRequest
 
 from ._adapter import ReadResult
+from ._engine_base import scan_mask
 from ._replica_serving import visible_to_readers
 
 if TYPE_CHECKING:
@@ -80,6 +89,9 @@ def serve_lookup(cold: ColdReads, request: Any, state: NodeShard) -> None:
         offset = _offset_for_timestamp(cold, state, info, message.offset_for_timestamp.timestamp_ms)
         answer = pb.OffsetResponse(found=offset is not None, offset=-1 if offset is None else offset)
         cold.node.reply(request, pb.NodeResponse(correlation_id=message.correlation_id, offset=answer))
+        return
+    if message.WhichOneof("body") == "read_by_tag":
+        cold.node.answer_read(request, _read_by_tag(cold, state, info, message.read_by_tag))
         return
     from ._reads import read_key  # the local answer (a cycle at import time otherwise)
 
@@ -137,3 +149,53 @@ def _latest_with_key(
             if matching.num_rows:
                 return matching.slice(matching.num_rows - 1, 1), scanned
     return None, scanned
+
+
+def _read_by_tag(cold: ColdReads, state: NodeShard, info: pb.ShardInfo, ask: Any) -> ReadResult:
+    """Records with ``ask.tag`` from ``ask.start_offset`` (at least the log start), in offset
+    order, at most ``ask.max_records``: the tiered segments' first, then the local tag index's.
+    Past :data:`KEY_LOOKUP_BYTES` of tiered records: what was found, with ``next_offset`` where
+    to continue, or ``InvalidRequest`` if that is nothing."""
+    from ._reads import below_high_watermark  # (a cycle at import time otherwise)
+
+    max_records = ask.max_records or 10_000
+    if max_records <= 0:
+        raise InvalidRequest("max_records must be positive", max_records=max_records)
+    position = max(ask.start_offset, cold.learn(info).log_start)
+    tables: list[pa.Table] = []
+    found = scanned = examined = 0
+    for segment in tiered_below_local(cold, state, info):
+        for records in cold.segment_groups(info, segment, position):
+            if examined >= KEY_LOOKUP_BYTES:
+                if not found:
+                    raise InvalidRequest(
+                        f"no record with tag {ask.tag!r} in {KEY_LOOKUP_BYTES} bytes of tiered records of "
+                        f"shard {state.name} from offset {ask.start_offset}; continue from offset {position}",
+                        shard=state.name,
+                        limit="tag_lookup_bytes",
+                        max=KEY_LOOKUP_BYTES,
+                        next_offset=position,
+                    )
+                return _tag_result(state, tables, position, scanned)
+            examined += records.nbytes
+            scanned += records.num_rows
+            matching = records.filter(scan_mask(records, None, [ask.tag], None, None))
+            if found + matching.num_rows >= max_records:
+                matching = matching.slice(0, max_records - found)
+                tables.append(matching)
+                return _tag_result(state, tables, int(matching.column("offset")[-1].as_py()) + 1, scanned)
+            tables.append(matching)
+            found += matching.num_rows
+            position = int(records.column("offset")[-1].as_py()) + 1 if records.num_rows else position
+    earliest = state.engine.list_offsets(state.engine_shard).earliest_offset
+    local = state.engine.read_by_tag(
+        state.engine_shard, ask.tag, start_offset=max(position, earliest), max_records=max_records - found
+    )
+    local = below_high_watermark(local, state, max(position, earliest))
+    tables.append(local.records)
+    return replace(local, records=pa.concat_tables(tables), scanned=scanned + local.scanned)
+
+
+def _tag_result(state: NodeShard, tables: list[pa.Table], next_offset: int, scanned: int) -> ReadResult:
+    records = pa.concat_tables(tables) if tables else READ_SCHEMA.empty_table()
+    return ReadResult(state.name, records, next_offset, visible_to_readers(state, state.log_end()), scanned)

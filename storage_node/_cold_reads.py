@@ -304,7 +304,7 @@ class ColdReads:
             self._node.reply(request, error_response(request.message.correlation_id, error))
 
     def _serve(self, request: Any, state: Any, fallback: RobustMQError | None) -> None:
-        if request.message.WhichOneof("body") in ("offset_for_timestamp", "read_by_key"):
+        if request.message.WhichOneof("body") in ("offset_for_timestamp", "read_by_key", "read_by_tag"):
             from ._cold_lookups import serve_lookup  # it uses this module's pool (import cycle)
 
             serve_lookup(self, request, state)

@@ -42,7 +42,7 @@ from ._replica_serving import (
 )
 from ._shards import NodeShard
 
-__all__ = ["NodeReads", "read_key", "reader_log_start"]
+__all__ = ["NodeReads", "below_high_watermark", "read_key", "reader_log_start"]
 
 log = logging.getLogger("robustmq.node")
 
@@ -140,13 +140,16 @@ class NodeReads:
         elif body == "read_by_tag":
             assert state is not None
             ask = message.read_by_tag
+            if self._below_local(state, ask.start_offset):  # from tiered segments first
+                self.cold.submit(request, state)
+                return
             records = state.engine.read_by_tag(
                 state.engine_shard,
                 ask.tag,
                 start_offset=ask.start_offset,
                 max_records=ask.max_records or 10_000,
             )
-            self.answer_read(request, _below(records, state, ask.start_offset))
+            self.answer_read(request, below_high_watermark(records, state, ask.start_offset))
         elif body == "scan":
             assert state is not None
             self._scan(request, state)
@@ -204,13 +207,15 @@ class NodeReads:
             if not self._dropped_meanwhile(request, state, start):
                 raise
             return
-        self.answer_read(request, _below(records, state, ask.start_offset))
+        self.answer_read(request, below_high_watermark(records, state, ask.start_offset))
 
-    def _below_local(self, state: NodeShard) -> bool:
-        """Whether ``state``'s log (a ``segment``-engine shard) starts below this node's local copies."""
+    def _below_local(self, state: NodeShard, start: int = 0) -> bool:
+        """Whether ``state``'s log (a ``segment``-engine shard) has offsets at or past ``start``
+        below this node's local copies (in tiered segments, maybe)."""
         if not _tiers(state):
             return False
-        return chain_log_start(self, state) < state.engine.list_offsets(state.engine_shard).earliest_offset
+        earliest = state.engine.list_offsets(state.engine_shard).earliest_offset
+        return max(start, chain_log_start(self, state)) < earliest
 
     def _dropped_meanwhile(self, request: Request, state: NodeShard, offset: int) -> bool:
         """After a local read of ``offset`` raised ``OffsetOutOfRange``: whether the local
@@ -350,7 +355,7 @@ class NodeReads:
         )
 
 
-def _below(result: Any, state: NodeShard, start: int = 0) -> Any:
+def below_high_watermark(result: Any, state: NodeShard, start: int = 0) -> Any:
     """``result`` (of a read from ``start``) without the records at or past ``state``'s high
     watermark (RF > 1). Its ``next_offset`` never goes back before ``start``: a read from past
     the high watermark (a restarted leader's, still behind) continues where it asked."""
@@ -378,7 +383,7 @@ def read_key(state: NodeShard, key: bytes) -> Any:
         return result
     visible = visible_to_readers(state, result.log_end_offset)
     if not result.records.num_rows or result.records.column("offset")[0].as_py() < visible:
-        return _below(result, state)
+        return below_high_watermark(result, state)
     earliest = engine.list_offsets(name).earliest_offset
     end, window = visible, 1024
     while end > earliest:
@@ -393,9 +398,9 @@ def read_key(state: NodeShard, key: bytes) -> Any:
             position = part.next_offset
         if found is not None:
             offset = found.column("offset")[0].as_py()
-            return _below(replace(result, records=found, next_offset=offset + 1), state)
+            return below_high_watermark(replace(result, records=found, next_offset=offset + 1), state)
         end, window = start, window * 4
-    return _below(replace(result, records=result.records.slice(0, 0)), state)
+    return below_high_watermark(replace(result, records=result.records.slice(0, 0)), state)
 
 
 def _check_incarnation(request: Request, state: NodeShard) -> None:

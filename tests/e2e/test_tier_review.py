@@ -246,3 +246,22 @@ def test_a_key_lookup_past_its_tiered_bound_is_a_typed_error_not_absent(
             client.read_by_key("kb", b"k5", partition=0)
         assert raised.value.fields["limit"] == "key_lookup_bytes"
         assert raised.value.fields["searched_from"] > 5
+
+
+def test_read_by_tag_finds_records_in_remote_segments_then_local_ones(cluster: TierCluster) -> None:
+    from robustmq._tier_store import ObjectStore
+    from tests.e2e._tier import tier_sealed
+
+    with robustmq.connect(cluster.address, timeout_s=10) as client:
+        client.create_topic("tg", partitions=1, local_retention_ms=0)
+        for start in (0, 100):  # every 10th record tagged "x"; the first 100 go remote
+            tags = [["x"] if offset % 10 == 0 else None for offset in range(start, start + 100)]
+            client.produce("tg", 0, build_records([b"v"] * 100, tags=tags))
+            if start == 0:
+                client.seal("tg", 0)
+        assert len(tier_sealed(client, ObjectStore.from_url(cluster.tier_url), "tg")) == 1
+        _remote_and_dropped(cluster, client, "tg", 1)
+        found = client.read_by_tag("tg", "x", partitions=[0], start_offset=0, max_records=15)
+        assert found.column("offset").to_pylist() == list(range(0, 150, 10))
+        later = client.read_by_tag("tg", "x", partitions=[0], start_offset=55, max_records=3)
+        assert later.column("offset").to_pylist() == [60, 70, 80]

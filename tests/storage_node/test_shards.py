@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import traceback
+from pathlib import Path
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import ShardFailed
@@ -82,3 +83,36 @@ def test_a_replica_starts_its_log_past_the_leading_remote_segments() -> None:
     info = pb.ShardInfo(shard="t_0", segments=chain)
     assert remote_end(info) == 0
     assert start_of(info, "a") == 0
+
+
+def test_a_segment_log_ending_inside_the_remote_run_starts_again_past_it(tmp_path: Path) -> None:
+    from robustmq._records import build_records
+    from robustmq.storage_node import AppendRequest, SegmentEngine, ShardConfig
+    from storage_node._shards import _restart_left_behind
+
+    engine = SegmentEngine(tmp_path)
+    try:
+        engine.create_shard("t_0.1")
+        engine.batch_write([AppendRequest("t_0.1", build_records([b"v"] * 50))])  # [0, 50)
+        chain = [
+            pb.Segment(epoch=0, state=pb.REMOTE, replicas=["a", "b"], start_offset=0, end_offset=100),
+            pb.Segment(
+                epoch=1, state=pb.SEALED, replicas=["a", "b"], isr=["b"], start_offset=100, end_offset=200
+            ),
+            pb.Segment(
+                epoch=2, state=pb.ACTIVE, replicas=["b", "a"], leader="b", start_offset=200, end_offset=-1
+            ),
+        ]
+        info = pb.ShardInfo(shard="t_0", incarnation=1, segments=chain)
+        assert _restart_left_behind(engine, "t_0.1", info, "a", ShardConfig())
+        offsets = engine.list_offsets("t_0.1")
+        assert (offsets.earliest_offset, offsets.log_end_offset) == (100, 100)  # copies epoch 1 next
+        # A log behind a segment still SEALED (not remote) is kept: it copies that one as before.
+        engine.create_shard("t_0.2")
+        engine.batch_write([AppendRequest("t_0.2", build_records([b"v"] * 50))])
+        chain[0].state = pb.SEALED
+        info = pb.ShardInfo(shard="t_0", incarnation=2, segments=chain)
+        assert not _restart_left_behind(engine, "t_0.2", info, "a", ShardConfig())
+        assert engine.list_offsets("t_0.2").log_end_offset == 50
+    finally:
+        engine.close()

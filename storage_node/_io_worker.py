@@ -491,34 +491,43 @@ class IOWorker(threading.Thread):
         if not self._group:
             return
         group, self._group = self._group, []
+        touched: dict[str, NodeShard] = {}
+        answers: list[tuple[Request, pb.NodeResponse]] = []  # written, answered below
         try:
             by_engine: dict[int, list[tuple[Request, NodeShard, AppendRequest]]] = {}
             for entry in group:
                 by_engine.setdefault(id(entry[1].engine), []).append(entry)
-            touched: dict[str, NodeShard] = {}
             for entries in by_engine.values():
-                self._append(entries[0][1].engine, entries, touched)
+                self._append(entries[0][1].engine, entries, touched, answers)
         except Exception as error:  # past the engine's own refusals: answer, never strand
             log.exception("appending a group of %d requests failed", len(group))
+            written = {id(item) for item, _ in answers}
             for item, state, _ in group:
-                self.fail(item, Unavailable(f"append failed: {error}", shard=state.name))
-            touched = {}
+                if id(item) not in written:
+                    self.fail(item, Unavailable(f"append failed: {error}", shard=state.name))
         finally:
             for _, state, _ in group:
                 state.grouped = 0
         now = now_ms()
-        for name, state in touched.items():
-            if state.replication is not None:
-                self.leading.appended(state, state.replication)
-            self._node.written(name)
-            self._sealer.written(state, now)
-        self.leading.flushed()
+        try:
+            for name, state in touched.items():
+                if state.replication is not None:
+                    self.leading.appended(state, state.replication)
+                self._node.written(name)
+                self._sealer.written(state, now)
+            self.leading.flushed()
+        finally:
+            # Answered only now: what an answer acknowledges is visible to every reader,
+            # a follower's fetch included, before the producer can act on it.
+            for item, response in answers:
+                self.reply(item, response)
 
     def _append(
         self,
         engine: StorageAdapter,
         entries: list[tuple[Request, NodeShard, AppendRequest]],
         touched: dict[str, NodeShard],
+        answers: list[tuple[Request, pb.NodeResponse]],
     ) -> None:
         results: list[AppendResult | BaseException]
         try:
@@ -531,7 +540,7 @@ class IOWorker(threading.Thread):
                     "a group of %d appends failed (%s); appending them one by one", len(entries), error
                 )
                 for entry in entries:
-                    self._append(engine, [entry], touched)
+                    self._append(engine, [entry], touched, answers)
                 return
             results = [error]
         for (item, state, request), result in zip(entries, results, strict=True):
@@ -556,7 +565,7 @@ class IOWorker(threading.Thread):
             if state.replication is not None and item.message.produce.acks != pb.ACKS_LEADER:
                 self.leading.hold(state, item, result, response)  # answered when replicas have it
             else:
-                self.reply(item, response)
+                answers.append((item, response))  # answered once the group is fully applied
             touched[state.name] = state
 
     def _refuse(self, item: Request, state: NodeShard, error: BaseException) -> None:

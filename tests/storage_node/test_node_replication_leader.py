@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -256,6 +257,21 @@ def test_a_restarted_leader_keeps_its_hw_and_adds_no_follower_that_did_not_fetch
         wait_until(lambda: FOLLOWERS[1] in led.isr(), timeout_s=10)
     finally:
         led.node.stop()
+
+
+def test_a_follower_may_fetch_up_to_a_leader_acknowledged_write_at_once(lead: Any) -> None:
+    # An acks=1 answer means the leader's log holds the write: a follower's fetch
+    # sent right after it must find the leader's log end there (the answer used to
+    # leave before the leader's replication state learned the new log end).
+    led = lead(replica_lag_ms=60_000)
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns often: the race, if any, shows
+    try:
+        for end in range(1, 301):
+            led.produce(pb.ACKS_LEADER, [b"v"]).result(10)
+            assert led.fetch_as(FOLLOWERS[0], end).replica_fetch.next_offset == end
+    finally:
+        sys.setswitchinterval(switching)
 
 
 def test_a_read_by_key_answers_the_latest_committed_value(lead: Any) -> None:

@@ -50,12 +50,17 @@ def eligible_nodes(
     is in no segment of the chain, or its last segment before ``position`` is
     the one just before (``position - 1``) and it is in none from
     ``position`` on other than the one being repaired (whose replicas the
-    caller leaves out itself).
+    caller leaves out itself). The chain's leading run of ``remote`` segments
+    counts as if it had left the chain: nobody copies them (they are read from
+    their objects), so a node whose log ends in that run starts its log again
+    past it (``storage_node._shards.start_of``) and holds nothing before.
     """
     at = len(chain) if position is None else position
     last_held: dict[str, int] = {}
+    leading_remote = True
     for index, segment in enumerate(chain):
-        if index == at:
+        leading_remote = leading_remote and segment.state == pb.REMOTE
+        if index == at or leading_remote:
             continue
         for node_id in segment.replicas:
             last_held[node_id] = index

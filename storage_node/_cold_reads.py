@@ -51,7 +51,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,6 +224,11 @@ class ColdReads:
         ]
         self._threads.append(threading.Thread(target=self._ahead_loop, name="rmq-read-ahead", daemon=True))
 
+    @property
+    def node(self) -> Any:
+        """The node this pool answers for (its ``reply`` and ``answer_read``)."""
+        return self._node
+
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
@@ -299,6 +304,11 @@ class ColdReads:
             self._node.reply(request, error_response(request.message.correlation_id, error))
 
     def _serve(self, request: Any, state: Any, fallback: RobustMQError | None) -> None:
+        if request.message.WhichOneof("body") in ("offset_for_timestamp", "read_by_key", "read_by_tag"):
+            from ._cold_lookups import serve_lookup  # it uses this module's pool (import cycle)
+
+            serve_lookup(self, request, state)
+            return
         if request.message.WhichOneof("body") == "scan":
             self._serve_scan(request, state, fallback)
             return
@@ -398,7 +408,32 @@ class ColdReads:
             self._chains[shard] = (time.monotonic(), info)
         return info
 
+    def lookup_chain(self, state: Any) -> pb.ShardInfo:
+        """``state``'s chain for a lookup across tiers (its incarnation checked, its log start learned)."""
+        info = self.chain(state.name)
+        _check_incarnation(info, state.incarnation)
+        self.learn(info)
+        return info
+
     # -- objects ----------------------------------------------------------------------
+
+    def segment_groups(
+        self, info: pb.ShardInfo, segment: pb.Segment, log_start: int, *, newest_first: bool = False
+    ) -> Iterator[pa.Table]:
+        """``segment``'s records (``READ_SCHEMA``) at or past ``log_start``, one table per row
+        group (read through the cache), in offset order or ``newest_first``."""
+        opened = self._open(info, segment)
+        starts = opened.tiered.group_starts
+        groups = range(len(starts) - 1)
+        for group in reversed(groups) if newest_first else groups:
+            end = int(starts[group + 1])
+            if end <= log_start:
+                if newest_first:
+                    return
+                continue
+            yield decode_frames(
+                [self._frame(opened, segment, group)], max(int(starts[group]), log_start), end
+            )
 
     def read_segment(
         self, info: pb.ShardInfo, segment: pb.Segment, offset: int, max_bytes: int, max_records: int | None

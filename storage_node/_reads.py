@@ -30,6 +30,7 @@ from robustmq.errors import (
     Unavailable,
 )
 
+from ._cold_lookups import local_offset_for_timestamp
 from ._cold_reads import learned_from
 from ._driver_manager import split_shard_name
 from ._io_worker import ParkRead, Request
@@ -41,7 +42,7 @@ from ._replica_serving import (
 )
 from ._shards import NodeShard
 
-__all__ = ["NodeReads", "reader_log_start"]
+__all__ = ["NodeReads", "below_high_watermark", "read_key", "reader_log_start"]
 
 log = logging.getLogger("robustmq.node")
 
@@ -131,27 +132,33 @@ class NodeReads:
             serve_checksum(self._node(), request, state)
         elif body == "read_by_key":
             assert state is not None
-            self.answer_read(request, _read_key(state, message.read_by_key.key))
+            found = read_key(state, message.read_by_key.key)
+            if found.records.num_rows or not self._below_local(state):
+                self.answer_read(request, found)
+            else:  # maybe in a tiered segment below the local log: searched on the cold-read pool
+                self.cold.submit(request, state)
         elif body == "read_by_tag":
             assert state is not None
             ask = message.read_by_tag
+            if self._below_local(state, ask.start_offset):  # from tiered segments first
+                self.cold.submit(request, state)
+                return
             records = state.engine.read_by_tag(
                 state.engine_shard,
                 ask.tag,
                 start_offset=ask.start_offset,
                 max_records=ask.max_records or 10_000,
             )
-            self.answer_read(request, _below(records, state, ask.start_offset))
+            self.answer_read(request, below_high_watermark(records, state, ask.start_offset))
         elif body == "scan":
             assert state is not None
             self._scan(request, state)
         elif body == "offset_for_timestamp":
             assert state is not None
-            offset = state.engine.get_offset_by_timestamp(
-                state.engine_shard, message.offset_for_timestamp.timestamp_ms
-            )
-            if offset is not None and offset >= visible_to_readers(state, state.log_end()):
-                offset = None  # that record is not committed yet: not visible
+            if self._below_local(state):  # the answer may be in a tiered segment: the cold-read pool
+                self.cold.submit(request, state)
+                return
+            offset = local_offset_for_timestamp(state, message.offset_for_timestamp.timestamp_ms)
             found = pb.OffsetResponse(found=offset is not None, offset=-1 if offset is None else offset)
             self.reply(request, pb.NodeResponse(correlation_id=cid, offset=found))
         else:
@@ -185,17 +192,48 @@ class NodeReads:
         if state.replicated:  # nothing past the high watermark
             visible = visible_to_readers(state, state.log_end())
             end_offset = visible if end_offset < 0 else min(end_offset, visible)
-        records = engine.scan(
-            state.engine_shard,
-            start,
-            end_offset,
-            key=ask.key if ask.HasField("key") else None,
-            tags=list(ask.tags),
-            min_timestamp_ms=ask.min_timestamp_ms if ask.HasField("min_timestamp_ms") else None,
-            max_timestamp_ms=ask.max_timestamp_ms if ask.HasField("max_timestamp_ms") else None,
-            max_records=ask.max_records or 10_000,
-        )
-        self.answer_read(request, _below(records, state, ask.start_offset))
+        try:
+            records = engine.scan(
+                state.engine_shard,
+                start,
+                end_offset,
+                key=ask.key if ask.HasField("key") else None,
+                tags=list(ask.tags),
+                min_timestamp_ms=ask.min_timestamp_ms if ask.HasField("min_timestamp_ms") else None,
+                max_timestamp_ms=ask.max_timestamp_ms if ask.HasField("max_timestamp_ms") else None,
+                max_records=ask.max_records or 10_000,
+            )
+        except OffsetOutOfRange:
+            if not self._dropped_meanwhile(request, state, start):
+                raise
+            return
+        self.answer_read(request, below_high_watermark(records, state, ask.start_offset))
+
+    def _below_local(self, state: NodeShard, start: int = 0) -> bool:
+        """Whether ``state``'s log (a ``segment``-engine shard) has offsets at or past ``start``
+        below this node's local copies (in tiered segments, maybe)."""
+        if not _tiers(state):
+            return False
+        earliest = state.engine.list_offsets(state.engine_shard).earliest_offset
+        return max(start, chain_log_start(self, state)) < earliest
+
+    def _dropped_meanwhile(self, request: Request, state: NodeShard, offset: int) -> bool:
+        """After a local read of ``offset`` raised ``OffsetOutOfRange``: whether the local
+        copies below it were dropped since the check (the retention thread's ``drop_before``
+        of ``remote`` segments races readers) while ``offset`` is still in the chain; then the
+        request went to the cold-read pool, served from the segment's object, and True."""
+        if not _tiers(state):
+            return False
+        earliest = state.engine.list_offsets(state.engine_shard).earliest_offset
+        if not chain_log_start(self, state) <= offset < earliest:
+            return False
+        if request.message.WhichOneof("body") == "fetch":
+            high_watermark = visible_to_readers(state, state.log_end())
+            log_start = reader_log_start(self, state, earliest)
+            self.cold.submit(request, state, _outside(request.message.fetch, log_start, high_watermark))
+        else:
+            self.cold.submit(request, state)
+        return True
 
     def _answer_status(self, request: Request) -> None:
         with self._accounting:
@@ -248,13 +286,18 @@ class NodeReads:
                 self._answer_fetch_empty(request, log_start, high_watermark)
                 return
         max_bytes = min(ask.max_bytes or self.config.max_fetch_bytes, self.config.max_fetch_bytes)
-        read = engine.read_frames(
-            name,
-            ask.offset,
-            max_bytes=max_bytes,
-            max_records=ask.max_records or None,
-            end_offset=high_watermark,
-        )
+        try:
+            read = engine.read_frames(
+                name,
+                ask.offset,
+                max_bytes=max_bytes,
+                max_records=ask.max_records or None,
+                end_offset=high_watermark,
+            )
+        except OffsetOutOfRange:
+            if not self._dropped_meanwhile(request, state, ask.offset):
+                raise
+            return
         self.answer_fetch(request, read.next_offset, high_watermark, log_start, read.frames)
 
     def answer_fetch(
@@ -312,7 +355,7 @@ class NodeReads:
         )
 
 
-def _below(result: Any, state: NodeShard, start: int = 0) -> Any:
+def below_high_watermark(result: Any, state: NodeShard, start: int = 0) -> Any:
     """``result`` (of a read from ``start``) without the records at or past ``state``'s high
     watermark (RF > 1). Its ``next_offset`` never goes back before ``start``: a read from past
     the high watermark (a restarted leader's, still behind) continues where it asked."""
@@ -326,7 +369,7 @@ def _below(result: Any, state: NodeShard, start: int = 0) -> Any:
     return replace(result, records=records, next_offset=next_offset, log_end_offset=visible)
 
 
-def _read_key(state: NodeShard, key: bytes) -> Any:
+def read_key(state: NodeShard, key: bytes) -> Any:
     """The latest record with ``key`` that readers may see (RF > 1: below the high watermark).
 
     The key index knows only the key's latest record; if that one is not committed yet, the
@@ -340,7 +383,7 @@ def _read_key(state: NodeShard, key: bytes) -> Any:
         return result
     visible = visible_to_readers(state, result.log_end_offset)
     if not result.records.num_rows or result.records.column("offset")[0].as_py() < visible:
-        return _below(result, state)
+        return below_high_watermark(result, state)
     earliest = engine.list_offsets(name).earliest_offset
     end, window = visible, 1024
     while end > earliest:
@@ -355,9 +398,9 @@ def _read_key(state: NodeShard, key: bytes) -> Any:
             position = part.next_offset
         if found is not None:
             offset = found.column("offset")[0].as_py()
-            return _below(replace(result, records=found, next_offset=offset + 1), state)
+            return below_high_watermark(replace(result, records=found, next_offset=offset + 1), state)
         end, window = start, window * 4
-    return _below(replace(result, records=result.records.slice(0, 0)), state)
+    return below_high_watermark(replace(result, records=result.records.slice(0, 0)), state)
 
 
 def _check_incarnation(request: Request, state: NodeShard) -> None:

@@ -432,6 +432,7 @@ class ShardDirectory:
         state.refreshed_at = time.monotonic()
         state.leader_address = info.leader_address
         state.view = info
+        self._restart_behind_remote(state, info)
         if active.epoch == state.epoch:
             state.leader = active.leader == self._node_id
             self._follow_chain(state, active)
@@ -458,6 +459,18 @@ class ShardDirectory:
         if self.replication is not None:
             self.replication.viewed(state)
         return True
+
+    def _restart_behind_remote(self, state: NodeShard, info: pb.ShardInfo) -> None:
+        """A follower whose log ends inside segments that went ``remote`` while it was behind
+        starts again past them (:func:`_restart_left_behind`); a copy in flight for the old
+        log end is refused when it arrives (``CopyGroup`` checks that it continues the log)."""
+        with self._lock:
+            engine_name = self._local.get(state.name, {}).get(state.incarnation)
+        if state.leader or engine_name != "segment":
+            return
+        _restart_left_behind(
+            state.engine, state.engine_shard, info, self._node_id, _engine_config(state.config)
+        )
 
     def sealed(self, state: NodeShard, following: pb.Segment) -> None:
         """Adopt the next epoch the Meta Service opened after sealing ``state``'s segment.
@@ -594,44 +607,67 @@ def _roll(state: NodeShard) -> bool:
 def start_of(info: pb.ShardInfo, node_id: str) -> int:
     """Where a shard this node creates begins: never at an offset already handed out.
 
-    That is the first segment this node holds, or, if this node leads the active
-    segment, that segment's start; and never below the log end last reported to the
-    Meta Service nor the offset reserved for a memory-engine shard (a shard recreated
-    after a restart, a wiped data directory), so lost records show as a gap, not as
-    reused offsets.
+    That is the first segment this node holds past the chain's leading run of
+    ``remote`` segments (read from their objects only: nobody copies them, so
+    they count as if they had left the chain; :func:`remote_end`), or, if this
+    node leads the active segment, that segment's start; and never below the log
+    end last reported to the Meta Service nor the offset reserved for a
+    memory-engine shard (a shard recreated after a restart, a wiped data
+    directory), so lost records show as a gap, not as reused offsets.
     """
-    first = next(s for s in info.segments if node_id in s.replicas)
+    past_remote = remote_end(info)
+    held = [s for s in info.segments if node_id in s.replicas and s.start_offset >= past_remote]
+    first_start = held[0].start_offset if held else past_remote
     active = info.segments[-1]
     if active.leader != node_id and any(len(segment.replicas) > 1 for segment in info.segments):
-        return int(first.start_offset)  # a replica copies its segments whole, from their start
-    start = max(first.start_offset, info.high_watermark, info.reserved_offset)
+        return int(first_start)  # a replica copies its segments whole, from their start
+    start = max(first_start, info.high_watermark, info.reserved_offset)
     if active.leader == node_id:
         start = max(start, active.start_offset)
-    return start
+    return int(start)
+
+
+def remote_end(info: pb.ShardInfo) -> int:
+    """The end of the chain's leading run of ``remote`` segments (its first segment's start
+    if there is none): below it every record is read from objects, never from a copy."""
+    end = int(info.segments[0].start_offset) if info.segments else 0
+    for segment in info.segments:
+        if segment.state != pb.REMOTE or segment.end_offset < 0:
+            break
+        end = int(segment.end_offset)
+    return end
 
 
 def _restart_left_behind(
     engine: StorageAdapter, name: str, info: pb.ShardInfo, node_id: str, config: ShardConfig
-) -> None:
-    """Start a local log again where the chain places this node, if all it holds left the chain.
+) -> bool:
+    """Start a local log again where the chain places this node, if all it holds left the chain
+    or is in its leading run of ``remote`` segments; returns whether it did.
 
     Whole-log retention may remove every segment a node held (docs/tiering.md); the Meta
     Service may then place it on a new segment of the shard as if it held nothing. Its
     old local log ends below the chain's log start, so it cannot continue the new segment;
     every record in it is past retention, so it is dropped and the shard created afresh.
+    The same holds for a log that ends at or inside the leading run of ``remote``
+    segments (a replica that was down or slow while they were tiered): nobody copies a
+    remote segment (it has no ``isr``), every record of it is in its object, so the Meta
+    Service counts such a node as holding nothing (``meta._placement.eligible_nodes``)
+    and the node starts again past the run, where it is placed.
     """
     offsets = engine.list_offsets(name)
     start = start_of(info, node_id)
-    if offsets.log_end_offset < start and offsets.log_end_offset <= info.segments[0].start_offset:
+    if offsets.log_end_offset < start and offsets.log_end_offset <= remote_end(info):
         engine.delete_shard(name)
         engine.create_shard(name, config, start_offset=start)
         log.info(
-            "shard %s: local offsets %d..%d left the chain (retention); starting again at %d",
+            "shard %s: local offsets %d..%d left the chain or went remote; starting again at %d",
             name,
             offsets.earliest_offset,
             offsets.log_end_offset,
             start,
         )
+        return True
+    return False
 
 
 def _check_continuity(state: NodeShard) -> None:

@@ -107,11 +107,6 @@ def _aged_remote_log(cluster: TierCluster, client: robustmq.Client, topic: str) 
     return stamps
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: OffsetForTimestamp is answered from the node's local time index only; once "
-    "segments are remote it skips every record in them (Spark startingTimestamp, the CLI)",
-)
 def test_offset_for_timestamp_finds_records_in_remote_segments(cluster: TierCluster) -> None:
     with robustmq.connect(cluster.address, timeout_s=10) as client:
         stamps = _aged_remote_log(cluster, client, "ts")
@@ -121,11 +116,6 @@ def test_offset_for_timestamp_finds_records_in_remote_segments(cluster: TierClus
         assert client.offset_for_timestamp("ts", 0, stamps[1]) == RECORDS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: ReadByKey is answered from the node's local key index only; a key whose "
-    "latest record is in a remote segment is reported absent although the record is in the log",
-)
 def test_read_by_key_finds_a_key_whose_latest_record_is_remote(cluster: TierCluster) -> None:
     with robustmq.connect(cluster.address, timeout_s=10) as client:
         _aged_remote_log(cluster, client, "kk")
@@ -134,12 +124,6 @@ def test_read_by_key_finds_a_key_whose_latest_record_is_remote(cluster: TierClus
         assert found.column("offset").to_pylist() == [5]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a replica whose local log ends inside a segment that went remote can never "
-    "catch up (plan_copy copies only from a sealed segment's isr, empty once remote; nothing "
-    "restarts its log past the remote run), so the shard stays under-replicated for good",
-)
 def test_a_replica_behind_a_remote_segment_catches_up(tmp_path: Path) -> None:
     from robustmq._tier_store import ObjectStore
     from robustmq.storage_node import StorageNode
@@ -199,12 +183,6 @@ def test_a_topic_named_like_a_temporary_file_does_not_stop_retention(cluster: Ti
         assert ".tmp-a" not in client.list_topics()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a fetch that passed the node's local-log check while the retention thread "
-    "drops the segment's local copy (drop_before) answers OffsetOutOfRange (without "
-    "earliest_offset) for an offset still in the log, instead of serving it from the object",
-)
 def test_reads_racing_the_drop_of_local_copies_never_see_out_of_range(cluster: TierCluster) -> None:
     import threading
 
@@ -244,3 +222,40 @@ def test_reads_racing_the_drop_of_local_copies_never_see_out_of_range(cluster: T
             if failures:
                 break
     assert not failures, failures[:3]
+
+
+def test_a_key_lookup_past_its_tiered_bound_is_a_typed_error_not_absent(
+    cluster: TierCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from robustmq.errors import InvalidRequest
+    from robustmq.storage_node import _cold_lookups
+
+    with robustmq.connect(cluster.address, timeout_s=10) as client:
+        _aged_remote_log(cluster, client, "kb")
+        # The nodes run in this process: a bound of one row group's records.
+        monkeypatch.setattr(_cold_lookups, "KEY_LOOKUP_BYTES", 1)
+        newest = client.read_by_key("kb", b"k%d" % (3 * RECORDS - 1), partition=0)
+        assert newest.column("offset").to_pylist() == [3 * RECORDS - 1]
+        with pytest.raises(InvalidRequest) as raised:
+            client.read_by_key("kb", b"k5", partition=0)
+        assert raised.value.fields["limit"] == "key_lookup_bytes"
+        assert raised.value.fields["searched_from"] > 5
+
+
+def test_read_by_tag_finds_records_in_remote_segments_then_local_ones(cluster: TierCluster) -> None:
+    from robustmq._tier_store import ObjectStore
+    from tests.e2e._tier import tier_sealed
+
+    with robustmq.connect(cluster.address, timeout_s=10) as client:
+        client.create_topic("tg", partitions=1, local_retention_ms=0)
+        for start in (0, 100):  # every 10th record tagged "x"; the first 100 go remote
+            tags = [["x"] if offset % 10 == 0 else None for offset in range(start, start + 100)]
+            client.produce("tg", 0, build_records([b"v"] * 100, tags=tags))
+            if start == 0:
+                client.seal("tg", 0)
+        assert len(tier_sealed(client, ObjectStore.from_url(cluster.tier_url), "tg")) == 1
+        _remote_and_dropped(cluster, client, "tg", 1)
+        found = client.read_by_tag("tg", "x", partitions=[0], start_offset=0, max_records=15)
+        assert found.column("offset").to_pylist() == list(range(0, 150, 10))
+        later = client.read_by_tag("tg", "x", partitions=[0], start_offset=55, max_records=3)
+        assert later.column("offset").to_pylist() == [60, 70, 80]

@@ -40,6 +40,19 @@ def test_eligible_nodes_hold_nothing_of_the_shard_or_the_segment_just_before() -
     assert eligible_nodes({"c", "d"}, chain, position=0) == {"d"}
 
 
+def test_a_leading_run_of_remote_segments_counts_as_left_the_chain() -> None:
+    # a held only epoch 0, now remote (read from its object, copied by nobody): like a node
+    # holding nothing, it may take any segment (it starts its log past the remote run).
+    remote = sealed(0, ["a", "b"], [])
+    remote.state = pb.REMOTE
+    chain = [remote, sealed(1, ["b"], ["b"]), sealed(2, ["b"], ["b"])]
+    assert eligible_nodes({"a"}, chain) == {"a"}
+    assert eligible_nodes({"a"}, chain, position=2) == {"a"}
+    # A remote segment after a sealed one is not in the leading run: the gap rule holds.
+    chain = [sealed(0, ["c"], ["c"]), remote, sealed(2, ["b"], ["b"])]
+    assert eligible_nodes({"a"}, chain) == set()
+
+
 def test_the_leader_holds_the_previous_segment_and_followers_are_the_least_loaded() -> None:
     replicas = place_replicas(
         {"a", "b", "c", "d"},

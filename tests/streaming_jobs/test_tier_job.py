@@ -125,10 +125,9 @@ def test_a_missing_unreachable_or_refusing_store_is_one_line_naming_it(
         cluster.stop()
 
 
-def _kill_after_a_new_object(job: list[str], s3: Any, bucket: str, rng: random.Random) -> tuple[int, int]:
-    """Run ``job`` until it put one more object than the bucket held, then SIGKILL it at once or
-    a moment later (the put done, ``MarkTiered`` probably not yet). Returns the objects before
-    and after."""
+def _kill_after_a_new_object(job: list[str], s3: Any, bucket: str, delay_s: float) -> tuple[int, int]:
+    """Run ``job`` until it put one more object than the bucket held, then SIGKILL it ``delay_s``
+    later (the put done, ``MarkTiered`` probably not yet). Returns the objects before and after."""
     before = s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0)
     child = subprocess.Popen(job, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -137,7 +136,7 @@ def _kill_after_a_new_object(job: list[str], s3: Any, bucket: str, rng: random.R
             assert child.poll() is None, child.communicate(timeout=30)[1][-3000:]
             assert time.monotonic() < deadline, "the job put nothing within 180 s"
             time.sleep(0.02)
-        time.sleep(rng.uniform(0, 0.1))
+        time.sleep(delay_s)
         child.kill()
         child.wait(timeout=30)
     finally:
@@ -169,18 +168,23 @@ def test_sigkill_mid_upload_and_restart_tier_each_segment_exactly_once(
             job = [*ROBUSTMQ, "tier", "--meta", cluster.meta_address, "--checkpoint", str(tmp_path / "ck")]
             job += ["--trigger-seconds", "0", "--max-segments-per-trigger", "1"]
             unmarked = 0  # rounds killed between a put and its MarkTiered
-            for round_ in range(3):
+            round_ = 0
+            # At least 3 rounds; more (up to 6) until one kill lands between a put and its
+            # MarkTiered, which a loaded machine can make rarer: then kill with no delay.
+            while round_ < 3 or (not unmarked and round_ < 6):
                 seal_segments(
                     client, topic, segments=2, records=2000, partitions=2, value_bytes=200, seed=round_
                 )
-                _, objects = _kill_after_a_new_object(job, s3, "killed", rng)
+                delay_s = rng.uniform(0, 0.1) if round_ < 2 or unmarked else 0.0
+                _, objects = _kill_after_a_new_object(job, s3, "killed", delay_s)
                 tiered = sum(s.state == pb.TIERED for _, _, s in sealed_segments(meta, topic, 2))
                 unmarked += objects > tiered
                 print(f"round {round_}: {objects} objects, {tiered} segments tiered")
+                round_ += 1
             assert unmarked, "no round was killed between a put and its MarkTiered"
             final = _tier("--meta", cluster.meta_address, "--checkpoint", str(tmp_path / "ck"), "--once")
             assert final.returncode == 0, final.stderr[-3000:]
-            assert check_tiered(client, meta, topic, 2) == 12
+            assert check_tiered(client, meta, topic, 2) == 4 * round_
     finally:
         cluster.stop()
 

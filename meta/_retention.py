@@ -29,10 +29,12 @@ lose their ``isr`` (nobody serves them from a local copy). The object
 deletions themselves happen outside the lock (:class:`RetentionWorker`).
 
 :class:`RetentionWorker` runs a pass every ``retention_check_ms``: the chains
-(one topic under the lock at a time), then up to :data:`MAX_OBJECT_DELETIONS_PER_PASS`
-pending object deletions. Bounded: a pass reads each chain once and deletes a
-bounded number of objects; a failing object store is logged (at most every
-minute) and retried at the next pass.
+(one topic under the lock at a time; a topic whose retention fails is logged and
+skipped, the others are trimmed), then up to :data:`MAX_OBJECT_DELETIONS_PER_PASS`
+pending object deletions, going round them from pass to pass. Bounded: a pass
+reads each chain once and deletes a bounded number of objects; an unavailable
+object store ends the pass's deletions at its first failure; failures are logged
+(at most every minute) and retried later.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from typing import TYPE_CHECKING
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._tier_store import ObjectStore, object_store_of
-from robustmq.errors import RobustMQError, ShardNotFound
+from robustmq.errors import ObjectStoreUnavailable, RobustMQError, ShardNotFound
 from robustmq.storage_node import shard_name
 
 from . import _keys as keys
@@ -259,6 +261,7 @@ class RetentionWorker:
         self._thread = threading.Thread(target=self._run, name="meta-retention", daemon=True)
         self._last_warning = 0.0
         self._stores: dict[str, ObjectStore] = {}  # root URL -> store (a cluster has one or two)
+        self._after = ""  # where the next pass's object deletions start (see delete_objects)
 
     def start(self) -> RetentionWorker:
         self._thread.start()
@@ -278,9 +281,15 @@ class RetentionWorker:
             except Exception:  # a bug must not stop retention for good
                 logger.exception("retention pass failed")
 
-    def _warn(self, message: str, *args: object) -> None:
+    def _may_warn(self) -> bool:
+        """At most one warning a minute: a store that stays down must not flood the log."""
         if time.monotonic() - self._last_warning >= _WARN_EVERY_S:
             self._last_warning = time.monotonic()
+            return True
+        return False
+
+    def _warn(self, message: str, *args: object) -> None:
+        if self._may_warn():
             logger.warning(message, *args)
 
     def run_pass(self) -> tuple[int, int, int]:
@@ -290,30 +299,55 @@ class RetentionWorker:
         for topic in control.retention_topics():  # type: ignore[attr-defined]
             if self._stopping.is_set():
                 break
-            try:
-                gone, moved = control.apply_retention(topic, self._clock())  # type: ignore[attr-defined]
-            except ShardNotFound:  # deleted meanwhile
-                continue
+            gone, moved = self._apply(topic)
             removed += gone
             remote += moved
         return removed, remote, self.delete_objects()
 
+    def _apply(self, topic: str) -> tuple[int, int]:
+        """Retention of one topic; a failure is logged and skips that topic only (this pass)."""
+        try:
+            return self._control.apply_retention(topic, self._clock())  # type: ignore[attr-defined]
+        except ShardNotFound:  # deleted meanwhile
+            return 0, 0
+        except RobustMQError as error:
+            self._warn("retention skipped topic %s this pass: %s", topic, error.message)
+        except Exception:  # a bug on one topic must not stop retention of the others
+            if self._may_warn():
+                logger.exception("retention skipped topic %s this pass", topic)
+        return 0, 0
+
     def delete_objects(self) -> int:
-        """Delete up to :data:`MAX_OBJECT_DELETIONS_PER_PASS` pending objects; how many went."""
+        """Delete up to :data:`MAX_OBJECT_DELETIONS_PER_PASS` pending objects; how many went.
+
+        Passes go round the pending deletions from where the last one stopped, so
+        objects that cannot be deleted (another store's URL, access denied) are
+        retried once a round and never starve the others. The first
+        ``ObjectStoreUnavailable`` ends the pass's deletions (the store is down:
+        the rest would wait for the same timeouts); the next pass starts with it.
+        """
         control = self._control
-        urls = control.pending_object_deletions(MAX_OBJECT_DELETIONS_PER_PASS)  # type: ignore[attr-defined]
+        urls = control.pending_object_deletions(MAX_OBJECT_DELETIONS_PER_PASS, self._after)  # type: ignore[attr-defined]
+        # Fewer than asked: the round is over, the next pass starts again from the first.
+        after = urls[-1] if len(urls) >= MAX_OBJECT_DELETIONS_PER_PASS else ""
         done = []
-        for url in urls:
+        for index, url in enumerate(urls):
             if self._stopping.is_set():
+                after = urls[index - 1] if index else self._after
                 break
             try:
                 store = object_store_of(url)
                 store = self._stores.setdefault(store.url, store)  # keep one client per store
                 store.delete(store.key_of(url))
+            except ObjectStoreUnavailable as error:
+                self._warn("cannot delete objects now (retried next pass): %s", error.message)
+                after = urls[index - 1] if index else self._after
+                break
             except RobustMQError as error:
-                self._warn("cannot delete the object %s yet (retried): %s", url, error.message)
+                self._warn("cannot delete the object %s (retried next round): %s", url, error.message)
                 continue
             done.append(url)
+        self._after = after
         if done:
             control.forget_object_deletions(done)  # type: ignore[attr-defined]
             logger.info("retention deleted %d objects", len(done))

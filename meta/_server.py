@@ -16,8 +16,10 @@ from start to stop.
 The tier URL (docs/tiering.md), if given, is checked before anything starts
 (:meth:`~robustmq._tier_store.ObjectStore.check`): a misconfigured store is
 :class:`~robustmq.errors.ObjectStoreError` (``robustmq meta`` prints one line
-naming the URL and exits 2), an unreachable one
-:class:`~robustmq.errors.ObjectStoreUnavailable` (exit 1).
+naming the URL and exits 2); an unreachable one
+(:class:`~robustmq.errors.ObjectStoreUnavailable`) is logged as a warning and
+the service starts: an object store outage must not take the cluster's
+metadata down with it (tiering and object deletions retry until it is back).
 
 Stopping stops the supervisor (a failover in progress finishes; each is
 bounded by its node deadlines), waits up to ``grace`` seconds for RPCs in
@@ -44,7 +46,13 @@ import grpc
 from robustmq._proto import robustmq_pb2_grpc as pb_grpc
 from robustmq._ready import announce_ready
 from robustmq._tier_store import ObjectStore
-from robustmq.errors import InvalidConfig, ObjectStoreError, RobustMQError, Unavailable
+from robustmq.errors import (
+    InvalidConfig,
+    ObjectStoreError,
+    ObjectStoreUnavailable,
+    RobustMQError,
+    Unavailable,
+)
 
 from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
 from ._failover import NodeRequests, ReplicaSupervisor
@@ -155,12 +163,26 @@ class MetaServer:
         """``host:port`` the server listens on (the real port once started)."""
         return _join(self._host, self._port)
 
+    def _check_tier_store(self) -> None:
+        """Refuse a misconfigured tier URL before anything is opened or bound; start
+        anyway while the store is only unreachable (an S3 outage must not keep the
+        cluster's Meta Service down: tiering and retention retry it, and say so)."""
+        try:
+            ObjectStore.from_url(self._tier_url).check()
+        except ObjectStoreUnavailable as error:
+            logger.warning(
+                "the object store %s is unavailable now (%s); starting anyway: tiering and "
+                "retention of objects wait for it",
+                self._tier_url,
+                error.message,
+            )
+
     def start(self) -> MetaServer:
         """Open the store and start answering RPCs."""
         if self._server is not None:
             raise RuntimeError("the Meta Service is already started")
         if self._tier_url:
-            ObjectStore.from_url(self._tier_url).check()  # before anything is opened or bound
+            self._check_tier_store()
         self._data_dir.mkdir(parents=True, exist_ok=True)
         store = RocksDBMetaStore(self._data_dir / "store")
         try:

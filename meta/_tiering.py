@@ -164,11 +164,19 @@ class TieringControl:
             ws.put(keys.object_deletion_key(url), b"")
 
     def _would_be_url(self, topic: str, partition: int, incarnation: int, segment: pb.Segment) -> str:
-        """Where the tiering job puts ``segment``'s object in the current store ("" without one)."""
+        """Where the tiering job puts ``segment``'s object in the current store ("" without one).
+
+        Never raises: a segment with no valid key (an invariant broken elsewhere) has no
+        object that could have been put, so there is nothing to delete or accept ("").
+        """
         if self._tier_store is None:
             return ""
         key = segment_key(topic, partition, segment.epoch, segment.start_offset, incarnation=incarnation)
-        return self._tier_store.url_of(key)
+        try:
+            return self._tier_store.url_of(key)
+        except ObjectStoreError as error:
+            logger.error("%s_%d epoch %d has no object key: %s", topic, partition, segment.epoch, error)
+            return ""
 
     def _stage_forget_segments(
         self, topic: str, partition: int, incarnation: int, segments: Iterable[pb.Segment], ws: WriteSet
@@ -381,11 +389,12 @@ class TieringControl:
 
     # -- object deletions (the retention worker's side) ----------------------
 
-    def pending_object_deletions(self, limit: int) -> list[str]:
-        """Up to ``limit`` object URLs still to delete, oldest key first."""
+    def pending_object_deletions(self, limit: int, after: str = "") -> list[str]:
+        """Up to ``limit`` object URLs still to delete, in key order, those after ``after`` only."""
+        start = keys.object_deletion_key(after) + b"\x00" if after else b""
         with self._locked():
             urls = []
-            for key, _ in self._store.scan(keys.OBJECT_DELETION):
+            for key, _ in self._store.scan(keys.OBJECT_DELETION, start=start):
                 urls.append(key[len(keys.OBJECT_DELETION) :].decode("utf-8"))
                 if len(urls) >= limit:
                     break

@@ -13,7 +13,11 @@ Invariants
   file in the target directory, fsyncs it, ``link``\\ s it to the final name
   (which fails if the name exists) and fsyncs the directory, so a crash leaves
   either no object or the whole object, never a torn one; a leftover temporary
-  file (``.tmp-*``) is never a key. ``s3://`` uses ``PutObject`` with
+  file (``~tmp-*``, :data:`TEMPORARY_MARKER`) is never a key: ``~`` is in no
+  topic name, partition or segment file name, so no valid key part looks like
+  one. Directories are created only below the tier root: a missing root (an
+  unmounted share) is an ``ObjectStoreError``, never recreated on a local disk.
+  ``s3://`` uses ``PutObject`` with
   ``If-None-Match: *`` (412: it existed). A put whose answer was lost and that
   is retried answers ``False``: callers check an existing object's contents.
 - Every wait is bounded: S3 connects within 5 s and reads within 10 s per
@@ -44,13 +48,17 @@ from urllib.parse import unquote, urlsplit
 
 from robustmq.errors import ObjectStoreError, ObjectStoreUnavailable, RobustMQError
 
-__all__ = ["LIST_LIMIT", "ObjectStore", "object_store_of", "segment_key"]
+__all__ = ["LIST_LIMIT", "TEMPORARY_MARKER", "ObjectStore", "object_store_of", "segment_key"]
 
 LIST_LIMIT = 10_000  # the most keys one list() returns
 _CONNECT_TIMEOUT_S = 5
 _READ_TIMEOUT_S = 10
 _MAX_ATTEMPTS = 3
 _COPY_CHUNK_BYTES = 1024 * 1024
+# How temporary files (file://) and probe objects start. "~" is outside what topic
+# names allow (A-Za-z0-9._-, meta/_validation.py) and outside partitions, incarnations
+# and segment file names, so no valid key part ever collides with it.
+TEMPORARY_MARKER = "~tmp-"
 
 
 def segment_key(topic: str, partition: int, epoch: int, start: int, *, incarnation: int) -> str:
@@ -78,10 +86,10 @@ def object_store_of(object_url: str) -> ObjectStore:
 
 def _check_key(key: str, url: str) -> str:
     parts = key.split("/") if isinstance(key, str) else [""]
-    if not key or any(part in ("", ".", "..") or part.startswith(".tmp-") for part in parts):
+    if not key or any(part in ("", ".", "..") or part.startswith(TEMPORARY_MARKER) for part in parts):
         raise ObjectStoreError(
             f"invalid object key {str(key)[:200]!r} in {url}: expected a relative path "
-            f"without empty, '.', '..' or '.tmp-' parts",
+            f"without empty, '.', '..' or {TEMPORARY_MARKER!r} parts",
             url=url,
             key=str(key)[:200],
             reason="bad key",
@@ -207,7 +215,7 @@ class FileStore(ObjectStore):
         try:
             # Creates the last directory only: a missing parent (an unmounted share) is an error.
             self.root.mkdir(exist_ok=True)
-            probe = self.root / f".tmp-check-{uuid.uuid4().hex}"
+            probe = self.root / f"{TEMPORARY_MARKER}check-{uuid.uuid4().hex}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
@@ -215,9 +223,9 @@ class FileStore(ObjectStore):
 
     def put_if_absent(self, key: str, data: bytes | Path) -> bool:
         final = self._path(key)
-        temporary = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex}"
+        temporary = final.parent / f"{TEMPORARY_MARKER}{final.name}-{uuid.uuid4().hex}"
         try:
-            final.parent.mkdir(parents=True, exist_ok=True)
+            self._make_directories(key)
             with open(temporary, "xb") as output:
                 if isinstance(data, Path):
                     with open(data, "rb") as source:
@@ -236,6 +244,28 @@ class FileStore(ObjectStore):
             raise _file_error(exc, self.url, f"cannot put {key}") from exc
         finally:
             temporary.unlink(missing_ok=True)
+
+    def _make_directories(self, key: str) -> None:
+        """The directories of ``key`` below the root, one at a time: never the root itself.
+
+        ``mkdir(parents=True)`` would recreate a missing root, so an unmounted share
+        would silently take objects on a local disk no other process sees (and which
+        local retention then counts as the only copy): the first ``mkdir`` fails instead.
+        """
+        directory = self.root
+        for part in key.split("/")[:-1]:
+            directory = directory / part
+            try:
+                directory.mkdir()
+            except FileExistsError:
+                continue
+            except FileNotFoundError as exc:
+                raise ObjectStoreError(
+                    f"object store {self.url}: cannot put {key}: the tier directory {self.root} "
+                    f"does not exist (an unmounted share?); it is not created",
+                    url=self.url,
+                    reason="no tier directory",
+                ) from exc
 
     def get(self, key: str) -> bytes:
         try:
@@ -276,7 +306,7 @@ class FileStore(ObjectStore):
                 dirnames.sort()
                 relative = os.path.relpath(dirpath, self.root)
                 for name in sorted(filenames):
-                    if name.startswith(".tmp-"):
+                    if name.startswith(TEMPORARY_MARKER):
                         continue
                     key = name if relative == "." else f"{relative}/{name}"
                     if key.startswith(prefix):
@@ -385,7 +415,7 @@ class S3Store(ObjectStore):
         client = self._s3()
         self._run("bucket check", client.head_bucket, Bucket=self.bucket)
         self._run("cannot list", client.list_objects_v2, Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
-        probe = self._name("probe") + f".tmp-check-{uuid.uuid4().hex}"
+        probe = self._name("probe") + f"{TEMPORARY_MARKER}check-{uuid.uuid4().hex}"
         put = {"Bucket": self.bucket, "Key": probe, "Body": b"", "IfNoneMatch": "*"}
         self._run("cannot put a probe object", client.put_object, **put)
         try:

@@ -45,7 +45,7 @@ def test_java_is_looked_for_where_spark_looks(tmp_path: Path) -> None:
     old = tmp_path / "old" / "bin"
     old.mkdir(parents=True)
     fake = old / "java"  # a script that answers like Java 8 does
-    fake.write_text('#!/bin/sh\necho \'openjdk version "1.8.0_392"\' >&2\n')
+    fake.write_text("#!/bin/sh\necho 'openjdk version \"1.8.0_392\"' >&2\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     too_old = java_problem({"PATH": str(old)})
     assert too_old is not None and "Java 8" in too_old and "17 or newer" in too_old

@@ -26,7 +26,9 @@ def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
 @pytest.fixture(params=["file", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
     if request.param == "file":
-        yield ObjectStore.from_url(f"file://{tmp_path}/tier")
+        made = ObjectStore.from_url(f"file://{tmp_path}/tier")
+        made.check()  # creates the tier directory: puts never create it
+        yield made
     else:
         server: S3Server = request.getfixturevalue("s3_env")
         bucket = f"b-{uuid.uuid4().hex[:12]}"
@@ -87,9 +89,18 @@ def test_missing_objects_and_bad_keys_are_typed_errors(store: ObjectStore) -> No
     assert store.url in str(missing.value)
     with pytest.raises(ObjectStoreError):
         store.size("no/such/key")
-    for key in ("", "/abs", "a/../b", "a//b", "a/.tmp-x"):
+    for key in ("", "/abs", "a/../b", "a//b", "a/~tmp-x"):
         with pytest.raises(ObjectStoreError, match="invalid object key"):
             store.put_if_absent(key, b"x")
+
+
+def test_key_parts_that_look_like_old_temporary_files_are_valid(store: ObjectStore) -> None:
+    # ".tmp-a" is a valid topic name (A-Za-z0-9._-): its objects must have keys.
+    key = segment_key(".tmp-a", 0, 1, 0, incarnation=1)
+    assert store.put_if_absent(key, b"v")
+    assert store.list(".tmp-a/") == [key]
+    assert store.key_of(store.url_of(key)) == key
+    assert store.get(key) == b"v"
 
 
 def test_concurrent_puts_of_one_key_store_exactly_one(store: ObjectStore) -> None:
@@ -124,7 +135,7 @@ def test_file_put_leaves_no_temporary_files_and_ignores_leftovers(tmp_path: Path
     store.put_if_absent("t/0/k", b"v")
     store.put_if_absent("t/0/k", b"w")
     assert sorted(p.name for p in (tmp_path / "tier/t/0").iterdir()) == ["k"]
-    (tmp_path / "tier/t/0/.tmp-k-crashed").write_bytes(b"torn")  # a crash mid-put
+    (tmp_path / "tier/t/0/~tmp-k-crashed").write_bytes(b"torn")  # a crash mid-put
     assert store.list("t/") == ["t/0/k"]
 
 

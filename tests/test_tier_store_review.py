@@ -11,18 +11,13 @@ from robustmq._tier_store import ObjectStore
 from robustmq.errors import ObjectStoreError
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: FileStore.put_if_absent creates the tier root (mkdir parents=True) when it is "
-    "gone (an unmounted share): the object lands on a local disk other processes cannot see, "
-    "is recorded tiered, and local retention then deletes the only readable copies",
-)
 def test_put_refuses_when_the_tier_directory_is_gone(tmp_path: Path) -> None:
     share = tmp_path / "share"
     share.mkdir()
     store = ObjectStore.from_url(f"file://{share}/tier")
     store.check()  # creates the last directory only, as documented
     shutil.rmtree(share / "tier")  # the share is unmounted: its mount point is empty
-    with pytest.raises(ObjectStoreError):
+    with pytest.raises(ObjectStoreError, match="does not exist") as refused:
         store.put_if_absent("t/0/1/0000000000-00000000000000000000.parquet", b"data")
+    assert store.url in str(refused.value)
     assert not (share / "tier").exists()

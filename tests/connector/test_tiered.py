@@ -95,6 +95,7 @@ def _records(start: int, count: int) -> pa.Table:
 
 def _object(tmp_path: Path, records: pa.Table, start: int) -> tuple[ObjectStore, TieredPiece]:
     store = ObjectStore.from_url(f"file://{tmp_path}/tier")
+    store.check()  # creates the tier directory (puts never do)
     count = records.num_rows
     meta = ObjectMeta("t", 0, 1, 0, start, start + count, count, 77, 1234, BASE_MS + start + count - 1)
     sink = io.BytesIO()

@@ -169,12 +169,6 @@ def test_a_replica_behind_a_remote_segment_catches_up(tmp_path: Path) -> None:
         cluster.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a valid topic name starting with '.tmp-' has no valid object key "
-    "(_check_key refuses it): the Meta Service's retention pass raises ObjectStoreError on it "
-    "and stops, so no later topic is ever trimmed; the topic cannot be deleted either",
-)
 def test_a_topic_named_like_a_temporary_file_does_not_stop_retention(cluster: TierCluster) -> None:
     with robustmq.connect(cluster.address, timeout_s=10) as client:
         for topic in (".tmp-a", "z"):

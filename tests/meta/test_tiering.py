@@ -7,6 +7,7 @@ through a real MetaServer and a real ``robustmq meta`` process.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -367,6 +368,25 @@ def test_a_meta_server_on_s3_checks_its_bucket_at_start(
         MetaClient(server.address, timeout_s=5) as client,
     ):
         assert client.cluster_config().tier_url == "s3://tier-bucket/cluster"  # normalised
+
+
+def test_a_meta_server_starts_while_its_object_store_is_down_and_says_so(
+    tmp_path: Path, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An S3 outage must not keep the cluster's Meta Service down: only tiering and
+    # retention wait for the store. A misconfigured store still refuses (tests above).
+    for key, value in s3_server.environment.items():
+        monkeypatch.setenv(key, value)
+    s3_server.boto3_client().create_bucket(Bucket="tier-bucket")
+    s3_server.stop()  # the store is down now
+    caplog.set_level(logging.WARNING, logger="robustmq.meta")
+    with (
+        MetaServer(tmp_path / "meta", port=0, tier_url="s3://tier-bucket/c") as server,
+        MetaClient(server.address, timeout_s=5) as client,
+    ):
+        assert client.cluster_config().tier_url == "s3://tier-bucket/c"  # it serves
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("s3://tier-bucket/c" in w and "unavailable" in w.lower() for w in warnings), warnings
 
 
 def test_a_page_larger_than_one_read_chunk_lists_everything_in_order(controllers: Controllers) -> None:

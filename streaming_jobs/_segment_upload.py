@@ -23,7 +23,7 @@ For a segment of the Meta Service's chain (:func:`tier_segment`):
 The driver marks the segments ``tiered`` (``MarkTiered``) afterwards
 (:mod:`.tier_segments`). Crash behaviour: a crash anywhere leaves at most a whole object
 (``put_if_absent`` is atomic) that the replay finds and verifies; temporary files are
-removed.
+removed, and those of a process killed mid-upload are swept by the next job (:mod:`._scratch`).
 
 Clients (Meta Service, storage nodes, the object store) are opened lazily and shared per
 Python process; everything is thread-safe, and every request has a deadline.
@@ -34,7 +34,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -65,6 +64,7 @@ from robustmq.errors import (
     Unavailable,
 )
 
+from ._scratch import UPLOAD_PREFIX, scratch_dir
 from ._sealed_source import SEGMENT_FIELDS, SegmentPartition, meta_client_for, spark_ddl
 
 __all__ = [
@@ -191,7 +191,7 @@ def tier_segment(segment: SegmentPartition, *, meta: Any, store: Any, timeout_s:
     key = segment_key(
         segment.topic, segment.partition, segment.epoch, segment.start_offset, incarnation=segment.incarnation
     )
-    scratch = Path(tempfile.mkdtemp(prefix="robustmq-tier-"))
+    scratch = scratch_dir(UPLOAD_PREFIX)  # a killed process's copy is swept by the next job
     try:
         path = scratch / "segment.parquet"
         written = _copy_from_holders(meta, current, segment, path, timeout_s)

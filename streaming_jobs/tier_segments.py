@@ -24,7 +24,6 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,6 +37,7 @@ from robustmq.errors import (
     TopicNotFound,
 )
 
+from ._scratch import CHECKPOINT_PREFIX, UPLOAD_PREFIX, scratch_dir, sweep
 from ._sealed_source import SealedSegmentsSource, meta_client_for
 from ._segment_upload import EXISTED, RESULT_SCHEMA, UPLOADED, shared_store, tier_partitions
 from ._stopping import BatchGate, StopSignals, run_gated_query
@@ -295,7 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return stop.announce(PROG)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("botocore").setLevel(logging.WARNING)  # "found credentials in ...": noise
-    checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="robustmq-tier-checkpoint-")
+    sweep(UPLOAD_PREFIX)  # what jobs killed before left (executors on this machine)
+    checkpoint = args.checkpoint or str(scratch_dir(CHECKPOINT_PREFIX))
     spark = spark_session("robustmq-tier", master=args.master)
     stop.install()  # the SparkContext installed its own SIGINT handler
     try:

@@ -125,11 +125,15 @@ def test_a_missing_unreachable_or_refusing_store_is_one_line_naming_it(
         cluster.stop()
 
 
-def _kill_after_a_new_object(job: list[str], s3: Any, bucket: str, delay_s: float) -> tuple[int, int]:
+def _kill_after_a_new_object(
+    job: list[str], s3: Any, bucket: str, delay_s: float, env: dict[str, str]
+) -> tuple[int, int]:
     """Run ``job`` until it put one more object than the bucket held, then SIGKILL it ``delay_s``
     later (the put done, ``MarkTiered`` probably not yet). Returns the objects before and after."""
     before = s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0)
-    child = subprocess.Popen(job, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        job, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
     try:
         deadline = time.monotonic() + 180
         while s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) <= before:
@@ -167,6 +171,9 @@ def test_sigkill_mid_upload_and_restart_tier_each_segment_exactly_once(
             client.create_topic(topic, partitions=2)
             job = [*ROBUSTMQ, "tier", "--meta", cluster.meta_address, "--checkpoint", str(tmp_path / "ck")]
             job += ["--trigger-seconds", "0", "--max-segments-per-trigger", "1"]
+            scratch = tmp_path / "tmp"  # the jobs' temporary directory: what killed ones leave
+            scratch.mkdir()
+            env = {**os.environ, "TMPDIR": str(scratch)}
             unmarked = 0  # rounds killed between a put and its MarkTiered
             round_ = 0
             # At least 3 rounds; more (up to 6) until one kill lands between a put and its
@@ -176,15 +183,19 @@ def test_sigkill_mid_upload_and_restart_tier_each_segment_exactly_once(
                     client, topic, segments=2, records=2000, partitions=2, value_bytes=200, seed=round_
                 )
                 delay_s = rng.uniform(0, 0.1) if round_ < 2 or unmarked else 0.0
-                _, objects = _kill_after_a_new_object(job, s3, "killed", delay_s)
+                _, objects = _kill_after_a_new_object(job, s3, "killed", delay_s, env)
                 tiered = sum(s.state == pb.TIERED for _, _, s in sealed_segments(meta, topic, 2))
                 unmarked += objects > tiered
                 print(f"round {round_}: {objects} objects, {tiered} segments tiered")
                 round_ += 1
             assert unmarked, "no round was killed between a put and its MarkTiered"
-            final = _tier("--meta", cluster.meta_address, "--checkpoint", str(tmp_path / "ck"), "--once")
+            final = _tier(
+                "--meta", cluster.meta_address, "--checkpoint", str(tmp_path / "ck"), "--once", env=env
+            )
             assert final.returncode == 0, final.stderr[-3000:]
             assert check_tiered(client, meta, topic, 2) == 4 * round_
+            # Killed jobs' scratch files are swept by the next job, not left to fill the disk.
+            assert sorted(p.name for p in scratch.glob("robustmq-tier-*")) == []
     finally:
         cluster.stop()
 

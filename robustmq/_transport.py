@@ -28,6 +28,16 @@ once, and the caller retries (after a metadata refresh: another leader, or
 another replica of a sealed segment). A request sent over a new connection
 just before the report of an older one's close may fail with it too; a
 retry settles it (produces are idempotent, reads have no effect).
+
+The socket whose connection closed is then closed too, and the next request
+to that node opens a fresh one. Reusing it raced libzmq: the report of the
+close reaches us before the socket itself has detached the dead connection,
+so a request sent right after it could go into that connection and be lost,
+waiting out its whole deadline instead of being refused at once. The fresh
+socket does not wait to connect (a first socket to a node waits up to 2 s):
+until it has, requests to that node are refused at once, as they are to any
+node with no live connection, and the I/O thread never stalls on a node that
+is known to have gone away.
 """
 
 from __future__ import annotations
@@ -65,6 +75,9 @@ HEARTBEAT_TIMEOUT_MS = 2000
 # Inbox names, unique in the process: ZeroMQ frees a closed socket's inproc name only later, on
 # its own thread, and a new transport can get the address (``id``) of one just closed.
 _INBOXES = itertools.count(1)
+# Monitor addresses, unique for the same reason: pyzmq's default names one after the socket's
+# file descriptor, which a socket opened right after another's close gets again.
+_MONITORS = itertools.count(1)
 
 
 class NodeTransport:
@@ -175,9 +188,13 @@ class NodeTransport:
         monitors: dict[zmq.Socket[Any], bytes] = {}  # a dealer's monitor -> the dealer's address
         poller = zmq.Poller()
         poller.register(self._inbox, zmq.POLLIN)
+        went_away: set[bytes] = set()  # nodes whose connection closed once (a fresh socket's is not waited for)
         try:
             while not self._closed.is_set():
+                closed_to: set[bytes] = set()  # nodes whose connection closed in this round
                 for socket, _ in poller.poll(50):
+                    if socket.closed:
+                        continue
                     for _ in range(1000):
                         try:
                             parts = socket.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -187,13 +204,17 @@ class NodeTransport:
                             break
                         try:
                             if socket is self._inbox:
-                                self._send(parts, dealers, monitors, poller)
+                                self._send(parts, dealers, monitors, poller, went_away)
                             elif socket in monitors:
-                                self._connection_event(parts, monitors[socket])
+                                if self._connection_event(parts, monitors[socket]):
+                                    closed_to.add(monitors[socket])
                             else:
                                 self._receive(parts)
                         except Exception:  # one bad message must not stop every other request
                             log.exception("client I/O thread failed on one message")
+                for address in closed_to:
+                    self._retire(address, dealers, monitors, poller)
+                went_away |= closed_to
                 self._expire(time.monotonic())
         except BaseException:
             log.exception("client I/O thread stopped; failing every pending request")
@@ -212,6 +233,7 @@ class NodeTransport:
         dealers: dict[bytes, zmq.Socket[Any]],
         monitors: dict[zmq.Socket[Any], bytes],
         poller: zmq.Poller,
+        went_away: set[bytes],
     ) -> None:
         address = parts[0].bytes
         message = parts[2:]
@@ -224,7 +246,9 @@ class NodeTransport:
             dealer.setsockopt(zmq.RCVHWM, 10_000)
             dealer.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
             dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-            monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            monitor = dealer.get_monitor_socket(
+                zmq.EVENT_DISCONNECTED, addr=f"inproc://robustmq-monitor-{next(_MONITORS)}"
+            )
             try:
                 dealer.connect(address.decode())
             except zmq.ZMQError as exc:
@@ -236,9 +260,9 @@ class NodeTransport:
             monitors[monitor] = address
             poller.register(dealer, zmq.POLLIN)
             poller.register(monitor, zmq.POLLIN)
-            # A fresh socket needs a moment to connect before IMMEDIATE lets it send.
-            deadline = float.fromhex(parts[1].bytes.decode())
-            self._wait_connected(dealer, min(deadline, time.monotonic() + 2.0))
+            if address not in went_away:  # a fresh socket needs a moment before IMMEDIATE lets it send
+                deadline = float.fromhex(parts[1].bytes.decode())
+                self._wait_connected(dealer, min(deadline, time.monotonic() + 2.0))
         try:
             dealer.send_multipart(message, zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -247,12 +271,12 @@ class NodeTransport:
                 Unavailable(f"storage node {address.decode()} is unreachable", address=address.decode()),
             )
 
-    def _connection_event(self, parts: list[Any], address: bytes) -> None:
+    def _connection_event(self, parts: list[Any], address: bytes) -> bool:
         """A monitor's event: the connection to ``address`` closed, so nothing sent on it will be
-        answered; fail those requests now instead of at their deadlines."""
+        answered; fail those requests now instead of at their deadlines. True if it closed."""
         event = zmq.utils.monitor.parse_monitor_message([part.bytes for part in parts])
         if event["event"] != zmq.EVENT_DISCONNECTED:
-            return
+            return False
         with self._lock:
             lost = [cid for cid, (_, _, sent_to) in self._pending.items() if sent_to == address]
         node = address.decode()
@@ -265,6 +289,27 @@ class NodeTransport:
                     address=node,
                 ),
             )
+        return True
+
+    @staticmethod
+    def _retire(
+        address: bytes,
+        dealers: dict[bytes, zmq.Socket[Any]],
+        monitors: dict[zmq.Socket[Any], bytes],
+        poller: zmq.Poller,
+    ) -> None:
+        """Close the socket to a node whose connection closed (see the module docstring)."""
+        dealer = dealers.pop(address, None)
+        if dealer is None:
+            return
+        with contextlib.suppress(zmq.ZMQError):
+            dealer.disable_monitor()
+        for monitor in [m for m, sent_to in monitors.items() if sent_to == address]:
+            del monitors[monitor]
+            poller.unregister(monitor)
+            monitor.close(linger=0)
+        poller.unregister(dealer)
+        dealer.close(linger=0)
 
     @staticmethod
     def _wait_connected(dealer: zmq.Socket[Any], until: float) -> None:

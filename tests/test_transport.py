@@ -59,3 +59,30 @@ def test_a_node_that_dies_or_stops_fails_its_requests_at_once_not_at_their_deadl
         transport.close()
         os.kill(node.pid, signal.SIGKILL)
         node.wait(10)
+
+
+def test_a_request_right_after_a_close_is_refused_not_lost() -> None:
+    """The report of a closed connection can reach the client before its socket has dropped the
+    dead connection; a request sent in that gap used to go into it and wait out its deadline.
+    Repeated, since the gap is short: every request after a kill is refused at once."""
+    for _ in range(20):
+        port = free_port()
+        node = subprocess.Popen(
+            [sys.executable, "-c", _SILENT_NODE, str(port)], stdout=subprocess.PIPE, text=True
+        )
+        transport = NodeTransport(timeout_s=60)
+        try:
+            assert node.stdout is not None and node.stdout.readline().strip() == "ready"
+            address = f"tcp://127.0.0.1:{port}"
+            pending = transport.request(address, pb.NodeRequest(status=pb.StatusRequest()))
+            time.sleep(0.05)
+            os.kill(node.pid, signal.SIGKILL)
+            with pytest.raises(Unavailable):
+                pending.result(timeout=20)
+            started = time.monotonic()
+            with pytest.raises(Unavailable):
+                transport.call(address, pb.NodeRequest(status=pb.StatusRequest()), timeout_s=10)
+            assert time.monotonic() - started < 5
+        finally:
+            transport.close()
+            node.wait(10)

@@ -188,7 +188,7 @@ class NodeTransport:
         monitors: dict[zmq.Socket[Any], bytes] = {}  # a dealer's monitor -> the dealer's address
         poller = zmq.Poller()
         poller.register(self._inbox, zmq.POLLIN)
-        went_away: set[bytes] = set()  # nodes whose connection closed once (a fresh socket's is not waited for)
+        went_away: set[bytes] = set()  # nodes whose connection closed once: not waited for again
         try:
             while not self._closed.is_set():
                 closed_to: set[bytes] = set()  # nodes whose connection closed in this round

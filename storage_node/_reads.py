@@ -433,22 +433,17 @@ def _tiers(state: NodeShard) -> bool:
 def reader_log_start(node: Any, state: NodeShard, local_earliest: int) -> int:
     """Where readers of ``state`` find its log starting, as this node knows it.
 
-    ``segment``-engine shards: the chain's log start (the highest learned from the
-    Meta Service: whole-log retention only moves it up) when the local copies start
-    there, or when everything between it and the local copies is in the object store
-    (``tiered``/``remote`` segments, per the installed chain or the last one learned);
-    otherwise this node's local log start (a node placed after the first segments, or
-    local copies removed by hand), as before tiering. Other engines keep node-local
-    retention: their local log start.
+    ``segment``-engine shards with a chain: the chain's log start (the highest learned
+    from the Meta Service: whole-log retention only moves it up), wherever the records
+    below this node's local copies live: on the replicas of their segments (a node
+    placed after the first segments holds none of them), or in the object store.
+    Answering the local log start instead told readers that records still on other
+    nodes were gone, and a consumer below it skipped them as lost. Other engines keep
+    node-local retention: their local log start.
     """
     if not _tiers(state) or state.view is None or not state.view.segments:
         return local_earliest
-    viewed = learned_from(state.view)
-    known = node.cold.learned(state.name, state.incarnation)
-    chain_start = max(viewed.log_start, known.log_start)
-    if local_earliest <= chain_start or max(viewed.tiered_end, known.tiered_end) >= local_earliest:
-        return chain_start
-    return local_earliest
+    return chain_log_start(node, state)
 
 
 def chain_log_start(node: Any, state: NodeShard) -> int:

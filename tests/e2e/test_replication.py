@@ -235,3 +235,37 @@ def test_a_resumed_paused_leader_truncates_its_tail_and_reports_the_sealed_segme
     _joins_isr(client, shard, cluster.node_id(old))
     assert _log_end(client, cluster.address(old), shard) == sealed
     assert len({_checksum(client, cluster.address(i), shard, incarnation, sealed) for i in range(3)}) == 1
+
+
+
+def test_a_leader_placed_after_the_first_segments_reports_the_chain_log_start(
+    client: robustmq.Client, cluster: NodeCluster
+) -> None:
+    """A node that leads a later segment and holds no copy of the first one tells readers the
+    log starts where the chain does (0), not at its own first offset: the earlier records are on
+    their segments' replicas. Reporting its own first offset made a consumer positioned below
+    it skip them as if retention had removed them. Draining moves the leadership twice (RF 2):
+    first to the other replica of segment 0, then to a node that joined at segment 1."""
+    client.create_topic("later", 1, replication_factor=2, min_insync_replicas=1)
+    shard = "later_0"
+    try:
+        for moves in (1, 2):
+            _produce(client, "later", 0, 10, "all")
+            client.drain_node(client.meta.get_shard(shard).segments[-1].leader)
+            wait_until(lambda m=moves: len(client.meta.get_shard(shard).segments) > m, timeout_s=FAILOVER_S)
+            for node in range(3):
+                client.drain_node(cluster.node_id(node), undrain=True)
+        _produce(client, "later", 0, 10, "all")
+    finally:
+        for node in range(3):
+            client.drain_node(cluster.node_id(node), undrain=True)
+    segments = client.meta.get_shard(shard).segments
+    leader = segments[-1].leader
+    assert leader not in segments[0].replicas, [list(s.replicas) for s in segments]
+    address = cluster.address(next(i for i in range(3) if cluster.node_id(i) == leader))
+    ask = pb.NodeRequest(list_offsets=pb.ListOffsetsRequest(shards=[shard]))
+    info = _call(client, address, ask).list_offsets.shards[0]
+    assert (info.log_end_offset, segments[1].start_offset) == (150, 50)  # it holds [50, 150)
+    assert info.log_start_offset == 0
+    assert client.list_offsets("later")[0][0] == 0
+    assert client.read("later", 0, 0, 10).num_rows == 10

@@ -8,8 +8,11 @@
 3. a Spark Structured Streaming job (``topic_to_delta``) reads the topic with
    ``format("robustmq")`` and appends it exactly once to a Delta table;
 4. seal the partitions' active segments;
-5. query the Delta table with Spark SQL (revenue by country and by hour);
-6. stop everything it started and remove the directory (unless ``--keep``).
+5. tier the sealed segments to the embedded object store (``file://`` in the
+   directory) with the tiering job, a Spark streaming query, and read one
+   tiered segment back from its Parquet object (:mod:`._demo_tiering`);
+6. query the Delta table with Spark SQL (revenue by country and by hour);
+7. stop everything it started and remove the directory (unless ``--keep``).
 
 Before anything starts it checks that Java (which Spark needs) is there, so a
 missing Java is one line, not a Spark traceback after the cluster started.
@@ -232,6 +235,9 @@ class _Demo:
         print(f"the ETL committed group offsets for all {self.records:,} records; query stopped")
         self._seal()
         self.check()
+        if not self._tier():
+            return 1
+        self.check()
         ok = self._query()
         self.check()
         print(f"\ndemo {'finished' if ok else 'FAILED'} in {time.monotonic() - self.began:.0f}s", flush=True)
@@ -329,6 +335,27 @@ class _Demo:
                 for s in shard.segments
             )
             print(f"  partition {shard.partition}: {chain}")
+
+    def _tier(self) -> bool:
+        from robustmq._demo_tiering import tier_and_read_back
+        from robustmq.streaming_jobs import read_table
+
+        _step("tiering the sealed segments to the object store (robustmq tier, a Spark streaming job)")
+        return tier_and_read_back(
+            self.spark,
+            self.client,
+            meta_address=self.cluster.meta_address,
+            tier_url=self.cluster.tier_url,
+            checkpoint=str(self.root / "checkpoints" / "tier"),
+            table=read_table(self.spark, str(self.root / "tables" / "orders")),
+            topic="orders",
+            wait=self._sleep,
+        )
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep between Spark calls; raise if the demo is being stopped."""
+        if self.stopping.wait(seconds):
+            self.check()
 
     def _query(self) -> bool:
         from robustmq.streaming_jobs import read_table

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +30,9 @@ def test_demo_runs_end_to_end() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "the table holds 40,000 rows, 40,000 distinct records" in done.stdout
     assert "revenue by country" in done.stdout and "demo finished" in done.stdout
+    tiered = re.search(r"(\d+) segments tiered \(0 still sealed\)", done.stdout)
+    assert tiered is not None and int(tiered.group(1)) >= 4, done.stdout[-3000:]  # one per partition at least
+    assert "records read from the Parquet object; identical to the rows the ETL wrote" in done.stdout
     assert set(Path(tempfile.gettempdir()).glob("robustmq-demo-*")) == before, "the demo left its directory"
 
 

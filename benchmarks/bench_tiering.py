@@ -252,10 +252,13 @@ def part_cold_reads(client: Any, data_dir: Path, samples: int, fetch_records: in
     return results
 
 
-def noop(frame: Any) -> float:
+def noop(query: Any) -> tuple[float, float]:
+    """Seconds to build ``query()``'s DataFrame (planning on the driver) and to run it."""
     started = time.perf_counter()
+    frame = query()
+    planned = time.perf_counter()
     frame.write.format("noop").mode("overwrite").save()
-    return time.perf_counter() - started
+    return planned - started, time.perf_counter() - planned
 
 
 def part_scan(spark: Any, env: dict[str, str], work: Path, records: int, repeat: int) -> dict:
@@ -289,12 +292,14 @@ def part_scan(spark: Any, env: dict[str, str], work: Path, records: int, repeat:
         if counted != records:
             raise RuntimeError(f"read_batch counted {counted} rows of {records}")
         seconds: dict[str, list[float]] = {name: [] for name in queries}
+        plans: dict[str, list[float]] = {name: [] for name in queries}
         for round_ in range(repeat + 1):  # round 0 warms up (JIT, Python workers)
             for name, query in queries.items():
-                elapsed = noop(query())
+                plan_s, run_s = noop(query)
                 if round_:
-                    seconds[name].append(elapsed)
-            print(f"scan round {round_}", {n: round(s[-1], 3) for n, s in seconds.items() if s}, flush=True)
+                    seconds[name].append(plan_s + run_s)
+                    plans[name].append(plan_s)
+                print(f"scan round {round_} {name}: plan {plan_s:.3f} s, run {run_s:.3f} s", flush=True)
     best = {name: min(values) for name, values in seconds.items()}
     results = {
         "scan_records": records,
@@ -307,6 +312,7 @@ def part_scan(spark: Any, env: dict[str, str], work: Path, records: int, repeat:
         "direct_source_rows_per_s": records / best["direct"],
         "direct_source_ratio_to_parquet": best["parquet"] / best["direct"],
         "scan_seconds": seconds,
+        "scan_plan_seconds": plans,
     }
     print("scan", {k: v for k, v in results.items() if k != "scan_seconds"}, flush=True)
     return results
@@ -340,6 +346,9 @@ def main() -> None:
     parser.add_argument("--compact-rows", type=int, default=2_000_000)
     parser.add_argument("--compact-keys", type=int, default=200_000)
     parser.add_argument("--quick", action="store_true", help="small sizes, 2 scan rounds")
+    parser.add_argument(
+        "--parts", default="tiering,scan,compaction", help="comma-separated: which parts to run (default all)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.tier_records, args.scan_records, args.scan_repeat = 400_000, 500_000, 2
@@ -354,6 +363,7 @@ def main() -> None:
             "fetch_records",
             "compact_rows",
             "compact_keys",
+            "parts",
         )
     } | {"partitions": PARTITIONS, "value_bytes": 100, "seed": SEED, "spark_master": "local[2]"}
     print("parameters", parameters, flush=True)
@@ -367,7 +377,8 @@ def main() -> None:
         with run_moto_server(work) as s3:
             results = run_parts(work, s3.environment, args)
     emit("bench_tiering", parameters, results)
-    plot(results)
+    if args.parts == parser.get_default("parts"):
+        plot(results)
 
 
 def run_parts(work: Path, env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
@@ -377,13 +388,20 @@ def run_parts(work: Path, env: dict[str, str], args: argparse.Namespace) -> dict
     os.environ.update(env)  # before Spark starts: its Python workers upload and read with it
     spark = spark_session("bench-tiering")
     try:
-        _boto3(env).create_bucket(Bucket="bench")
-        root = work / "s3-cluster"
-        with cluster(root, "s3://bench/tier", env) as procs, robustmq.connect(procs.meta_address) as client:
-            results = part_tiering(spark, env, work, procs, client, args.tier_records)
-            results |= part_cold_reads(client, procs.data_dir(0), args.read_samples, args.fetch_records)
-        results |= part_scan(spark, env, work, args.scan_records, args.scan_repeat)
-        results |= part_compaction(spark, work, args.compact_rows, args.compact_keys)
+        parts = args.parts.split(",")
+        results: dict[str, Any] = {}
+        if "tiering" in parts:  # and the cold reads, of the topic it tiers
+            _boto3(env).create_bucket(Bucket="bench")
+            with (
+                cluster(work / "s3-cluster", "s3://bench/tier", env) as procs,
+                robustmq.connect(procs.meta_address) as client,
+            ):
+                results |= part_tiering(spark, env, work, procs, client, args.tier_records)
+                results |= part_cold_reads(client, procs.data_dir(0), args.read_samples, args.fetch_records)
+        if "scan" in parts:
+            results |= part_scan(spark, env, work, args.scan_records, args.scan_repeat)
+        if "compaction" in parts:
+            results |= part_compaction(spark, work, args.compact_rows, args.compact_keys)
     finally:
         spark.stop()
     return results

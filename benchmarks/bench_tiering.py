@@ -376,9 +376,11 @@ def main() -> None:
         work = Path(scratch)
         with run_moto_server(work) as s3:
             results = run_parts(work, s3.environment, args)
-    emit("bench_tiering", parameters, results)
     if args.parts == parser.get_default("parts"):
+        emit("bench_tiering", parameters, results)
         plot(results)
+    else:  # a partial run leaves the whole run's output alone
+        emit("bench_tiering-" + args.parts.replace(",", "-"), parameters, results)
 
 
 def run_parts(work: Path, env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:

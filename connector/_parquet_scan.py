@@ -53,6 +53,8 @@ _OBJECT_SCHEMA = (
     "headers array<struct<key:string,value:binary>>"
 )
 _S3A = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+_S3A_BY_GATEWAY: dict[int, tuple[Any, bool]] = {}  # id(Py4J gateway) -> (gateway, S3A present)
+_HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 # The source's options that read_batch fixes for the source's part of the read.
 _PLANNED = {
     "topic",
@@ -104,7 +106,8 @@ def read_batch(spark: Any, **options: Any) -> Any:
                 scans.append((topic, partition, run))
             rest.setdefault(topic, {})[str(partition)] = boundary
     _verify([piece for *_, run in scans for piece in run])
-    parts = [_parquet_part(spark, parsed, *scan, s3a) for scan in scans]
+    objects = _object_reader(spark, parsed) if scans else None
+    parts = [_parquet_part(objects, parsed, *scan, s3a) for scan in scans]
     if any(rest[t][str(p)] < o for t, ends in end.by_topic().items() for p, o in ends.items()) or not parts:
         parts.append(_source_part(spark, given, parsed, rest, end.by_topic()))
     frame = parts[0]
@@ -114,11 +117,19 @@ def read_batch(spark: Any, **options: Any) -> Any:
 
 
 def _spark_has_s3a(spark: Any) -> bool:
+    """Whether Spark's JVM has the S3A filesystem, asked once per JVM (its class path is fixed
+    when it starts): a missing class costs a Py4J exception, about 40 ms of every call."""
+    gateway = spark.sparkContext._gateway
+    known = _S3A_BY_GATEWAY.get(id(gateway))
+    if known is not None and known[0] is gateway:
+        return known[1]
     try:
         spark._jvm.java.lang.Class.forName(_S3A)
-        return True
+        present = True
     except Exception:  # py4j reports a missing class as a Py4JJavaError
-        return False
+        present = False
+    _S3A_BY_GATEWAY[id(gateway)] = (gateway, present)
+    return present
 
 
 def _spark_path(url: str, s3a: bool) -> str | None:
@@ -184,8 +195,18 @@ def _source_part(
     )
 
 
+def _object_reader(spark: Any, options: SourceOptions) -> Any:
+    """One ``DataFrameReader`` for every object scan of a call (each Py4J call costs ~1 ms).
+    The schema is known (READ_SCHEMA): giving it spares Spark a footer read per scan to infer it."""
+    return (
+        spark.read.schema(_OBJECT_SCHEMA)
+        .option("parquet.page.verify-checksum.enabled", "true")
+        .option("ignoreMissingFiles", str(not options.fail_on_data_loss).lower())
+    )
+
+
 def _parquet_part(
-    spark: Any,
+    objects: Any,
     options: SourceOptions,
     topic: str,
     partition: int,
@@ -195,32 +216,28 @@ def _parquet_part(
     """The records of ``run`` (pieces of one partition) from their objects, in the source's
     schema. Objects wholly inside the range are read without a row filter (filtering every row
     halves the scan's speed, measured); the first and last, if cut, with one."""
-    from pyspark.sql import functions as F
-
     whole = [p for p in run if (p.start, p.end) == (p.expected.start_offset, p.expected.end_offset)]
     cut = [p for p in run if p not in whole]
-    frames = [_scan(spark, options, [p.url for p in whole], s3a)] if whole else []
+    frames = [objects.parquet(*[_spark_path(p.url, s3a) for p in whole])] if whole else []
     for piece in cut:
-        frame = _scan(spark, options, [piece.url], s3a)
-        frames.append(frame.where((F.col("offset") >= piece.start) & (F.col("offset") < piece.end)))
+        frame = objects.parquet(_spark_path(piece.url, s3a))
+        frames.append(frame.where(f"offset >= {int(piece.start)} AND offset < {int(piece.end)}"))
     frame = frames[0]
     for other in frames[1:]:
-        frame = frame.unionByName(other)
+        frame = frame.union(other)  # the same columns in the same order
     return _as_source(frame, options, topic, partition)
 
 
-def _scan(spark: Any, options: SourceOptions, urls: list[str], s3a: bool) -> Any:
-    # The schema is known (READ_SCHEMA): giving it spares Spark a footer read per scan to infer it.
-    return (
-        spark.read.schema(_OBJECT_SCHEMA)
-        .option("parquet.page.verify-checksum.enabled", "true")
-        .option("ignoreMissingFiles", str(not options.fail_on_data_loss).lower())
-        .parquet(*[_spark_path(url, s3a) for url in urls])
-    )
+def _sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal (backslash escapes are on by default)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _as_source(frame: Any, options: SourceOptions, topic: str, partition: int) -> Any:
-    """Objects' rows (READ_SCHEMA) in the source's schema, with the source's filters applied."""
+    """Objects' rows (READ_SCHEMA) in the source's schema, with the source's filters applied.
+
+    The projection is one ``selectExpr`` (one Py4J call with its arguments); building it from
+    ``Column`` objects took ~60 calls per partition, a measurable part of a scan's planning."""
     from pyspark.sql import functions as F
 
     if options.key is not None:
@@ -231,16 +248,14 @@ def _as_source(frame: Any, options: SourceOptions, topic: str, partition: int) -
         frame = frame.where(F.col("timestamp") >= F.timestamp_millis(F.lit(options.min_timestamp_ms)))
     if options.max_timestamp_ms is not None:
         frame = frame.where(F.col("timestamp") <= F.timestamp_millis(F.lit(options.max_timestamp_ms)))
-    headers = F.col("headers")
-    if not options.include_headers:
-        headers = F.lit(None).cast(frame.schema["headers"].dataType)
-    return frame.select(
+    headers = "headers" if options.include_headers else f"CAST(NULL AS {_HEADERS_TYPE}) AS headers"
+    return frame.selectExpr(
         "key",
         "value",
-        F.lit(topic).alias("topic"),
-        F.lit(partition).cast("int").alias("partition"),
+        f"{_sql_string(topic)} AS topic",
+        f"CAST({int(partition)} AS INT) AS partition",
         "offset",
         "timestamp",
         "tags",
-        headers.alias("headers"),
+        headers,
     )

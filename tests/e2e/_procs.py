@@ -239,6 +239,8 @@ class NodeCluster:
     Each node has its own fixed port and data directory (``root/node-{i}``), so
     any of them can be killed, paused and started again at the same address.
     With ``log_dir``, each process's output goes to ``meta.log`` / ``node-{i}.log``.
+    ``node_args`` go at the end of every node's command line, ``env`` into every
+    process's environment (an object store's settings).
     ``stop`` continues paused processes first, then stops every one by its pid.
     """
 
@@ -250,6 +252,8 @@ class NodeCluster:
         io_workers: int | None = 2,
         log_dir: Path | None = None,
         meta_args: Sequence[str] = (),
+        node_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.root = root
         self.meta_port = free_port()
@@ -259,8 +263,11 @@ class NodeCluster:
         self.meta = ServerProcess(
             ["meta", "--data-dir", str(root / "meta"), "--meta-port", str(self.meta_port), *meta_args],
             log_path=log_dir / "meta.log" if log_dir else None,
+            env=env,
         )
         self._io_workers = io_workers
+        self._node_args = list(node_args)
+        self._env = env
         self._log_dir = log_dir
         self.ports: list[int] = []
         self.nodes: list[ServerProcess] = []
@@ -275,7 +282,7 @@ class NodeCluster:
             args += ["--io-workers", str(self._io_workers)]
         log = self._log_dir / f"node-{i}.log" if self._log_dir else None
         self.ports.append(port)
-        self.nodes.append(ServerProcess(args, log_path=log))
+        self.nodes.append(ServerProcess([*args, *self._node_args], log_path=log, env=self._env))
         return i
 
     def start(self) -> NodeCluster:

@@ -383,7 +383,11 @@ def _add_topic(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> N
         help="how many bytes of tiered segments a partition keeps on the nodes (default -1: all)",
     )
     create.add_argument(
-        "--cleanup", choices=["delete", "compact"], default=None, help="compact: not supported yet"
+        "--cleanup",
+        choices=["delete", "compact"],
+        default=None,
+        help="delete (the default): retention only; compact: every record needs a key, and "
+        "`robustmq compact` keeps the latest record per key in a Delta table (retention still applies)",
     )
     listing = actions.add_parser("list", help="list topics")
     listing.add_argument("--json", action="store_true")

@@ -49,6 +49,7 @@ def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         address = f"127.0.0.1:{port}"
         with robustmq.connect(address) as client:
             client.create_topic("known", 2)
+            client.create_topic("compacted", 2, cleanup_policy="compact")
         yield address
 
 
@@ -86,7 +87,8 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     (["topic", "create", "t", "--replication-factor", "3", META], 1, "need 3 live storage nodes", None),
     (["topic", "create", "t", "--replication-factor", "2", "--engine", "memory", META], 2, "segment", None),
     (["topic", "list", "--json", CLOSED], 1, "unavailable", None),
-    (["topic", "create", "t", "--cleanup", "compact", META], 2, "cleanup", None),
+    (["produce", "compacted", META], 2, "every record needs a key", "x\n"),
+    (["produce", "compacted", "--format", "json", META], 2, "have no key", '{"value": "a"}\n'),
     (["topic", "create", "t", "--cleanup", "shred"], 2, "--cleanup", None),
     (["topic", "describe", "nosuch", META], 2, "nosuch", None),
     (["topic", "delete", "nosuch", META], 2, "nosuch", None),

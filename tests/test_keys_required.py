@@ -41,7 +41,10 @@ def test_the_node_refuses_a_keyless_record_and_changes_nothing(client: robustmq.
         client.produce(topic, 0, mixed)  # no client-side check on this path: the node's answer
     assert caught.value.fields["row"] == 1 and caught.value.fields["keyless"] == 2
     assert caught.value.fields["topic"] == topic
-    assert "cleanup=compact" in caught.value.message and "Nothing of this batch was stored" in caught.value.message
+    assert (
+        "cleanup=compact" in caught.value.message
+        and "Nothing of this batch was stored" in caught.value.message
+    )
     assert _ends(client, topic) == before
     client.produce(topic, 0, keyed)  # the node keeps serving this shard, and others
     assert _ends(client, topic) == [before[0] + 2, before[1]]

@@ -149,6 +149,13 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     ),
     (["tier", "--max-segments-per-trigger", "0"], 2, "--max-segments-per-trigger", None),
     (["tier", "--once", CLOSED], 1, "cannot reach the Meta Service", None),
+    (["compact"], 2, "required", None),
+    (["compact", "--topic", "nosuch", "--table", "/nonexistent/t", META], 2, "nosuch", None),
+    (["compact", "--topic", "known", "--table", "/nonexistent/t", META], 2, "not cleanup=compact", None),
+    (["compact", "--topic", "t", "--table", "x", "--trigger-seconds", "-1"], 2, "--trigger-seconds", None),
+    (["table-maintenance"], 2, "required", None),
+    (["table-maintenance", "--table", "/nonexistent/t"], 2, "no Delta table", None),
+    (["table-maintenance", "--table", "/nonexistent/t", "--retain-hours", "0"], 2, "--retain-hours", None),
     (["demo", "--records", "0"], 2, "--records", None),
     (["demo", "--records", "many"], 2, "--records", None),
 ]

@@ -67,6 +67,19 @@ def _apply(model: Model, records: list[tuple[int, int, bytes, bytes | None]]) ->
             model[key] = value
 
 
+def test_the_docs_list_the_options_as_help_does() -> None:
+    import re
+
+    from robustmq.streaming_jobs.compact_to_delta import compact_options_table
+
+    match = re.search(
+        r"<!-- generated: compact-options -->\n(.*?)\n<!-- end: compact-options -->",
+        (ROOT / "docs" / "spark.md").read_text(),
+        re.DOTALL,
+    )
+    assert match and match.group(1) == compact_options_table(), compact_options_table()
+
+
 def test_latest_per_key_is_the_model_of_a_seeded_history() -> None:
     rng = random.Random(7)
     records = []
@@ -80,10 +93,11 @@ def test_latest_per_key_is_the_model_of_a_seeded_history() -> None:
     rng.shuffle(records)  # the reduction does not depend on the rows' order
     latest = latest_per_key(_rows(records))
     expected: dict[bytes, tuple[int, bytes | None]] = {}
-    for partition, offset, key, value in records:
+    for _, offset, key, value in records:
         if key not in expected or offset > expected[key][0]:
             expected[key] = (offset, value)
-    got = dict(zip(latest.column("key").to_pylist(), zip(latest.column("offset").to_pylist(), latest.column("value").to_pylist(), strict=True), strict=True))  # fmt: skip
+    offsets_values = zip(latest.column("offset").to_pylist(), latest.column("value").to_pylist(), strict=True)
+    got = dict(zip(latest.column("key").to_pylist(), offsets_values, strict=True))
     assert got == expected
 
 
@@ -230,7 +244,7 @@ def test_sigkilled_and_restarted_job_with_maintenance_running_equals_the_model(
                 continue
             try:
                 optimized.append(maintain(str(table), retain_hours=1).files_removed)
-            except BaseException as error:  # noqa: BLE001 - reported below
+            except BaseException as error:  # reported below
                 failures.append(error)
                 return
 

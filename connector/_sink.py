@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from robustmq._partitioner import partitions_for_keys
-from robustmq._records import coerce_records
+from robustmq._records import coerce_records, require_keys
 from robustmq.errors import (
     DuplicateSequenceMismatch,
     InvalidRequest,
@@ -244,6 +244,10 @@ class _Task:
                 topic=topic,
             ) from None
         records = coerce_records(table.select([c for c in _RECORD_COLUMNS if c in table.column_names]))
+        # Before any request: the node would refuse a keyless request to a compact topic, but
+        # only after this task's earlier requests were stored.
+        cleanup_policy = self.client.metadata.topic(topic).config.cleanup_policy
+        require_keys(records.column("key"), cleanup_policy, topic=topic)
         if "partition" in table.column_names and table.column("partition").null_count < table.num_rows:
             targets = pc.fill_null(table.column("partition"), -1).to_numpy().astype(np.int64)
         else:

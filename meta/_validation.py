@@ -33,9 +33,11 @@ MAX_PARTITIONS = 10_000
 # Every replica of an active segment fetches from its leader: a bound on that fan-out.
 MAX_REPLICATION_FACTOR = 16
 MAX_NAME_CHARS = 255
-# "compact" is part of the design (a Delta table keyed by ``key``) but nothing
-# compacts yet, so a compacted topic would silently keep every record.
-CLEANUP_POLICIES = ("delete",)
+# "compact": every record needs a key (storage nodes refuse keyless ones), and
+# ``robustmq compact`` materialises the latest record per key into a Delta table.
+# Retention applies to both: a compact topic's log keeps its retention settings
+# and the Delta table is its compacted view (docs/tiering.md, "Compaction").
+CLEANUP_POLICIES = ("delete", "compact")
 # Engines whose shards can be copied verbatim to other nodes (replication_factor > 1).
 REPLICATED_ENGINES = ("segment",)
 _NODE_ID = re.compile(r"[A-Za-z0-9._:-]{1,255}")
@@ -153,13 +155,6 @@ def validated_topic_config(config: pb.TopicConfig) -> pb.TopicConfig:
             f"got {filled.min_insync_replicas}",
             field="min_insync_replicas",
             value=filled.min_insync_replicas,
-        )
-    if filled.cleanup_policy == "compact":
-        raise InvalidConfig(
-            "cleanup_policy 'compact' is not supported yet: compaction comes with the "
-            "tiering/compaction release; use 'delete' (with retention_ms/retention_bytes) for now",
-            field="cleanup_policy",
-            value="compact",
         )
     if filled.cleanup_policy not in CLEANUP_POLICIES:
         raise InvalidConfig(

@@ -48,10 +48,10 @@ import pyarrow as pa
 
 from robustmq._client import Client, connect
 from robustmq._progress import Progress
-from robustmq._records import HEADERS_TYPE, TAGS_TYPE, TIMESTAMP_TYPE, coerce_records, now_ms
+from robustmq._records import COMPACT_POLICY, HEADERS_TYPE, TAGS_TYPE, TIMESTAMP_TYPE, coerce_records, now_ms
 from robustmq._request_limits import FRAMING_BYTES
 from robustmq._transport import MAX_MESSAGE_BYTES
-from robustmq.errors import InvalidRequest, RecordBatchTooLarge, RobustMQError
+from robustmq.errors import InvalidRequest, KeyRequired, RecordBatchTooLarge, RobustMQError
 
 __all__ = ["SEPARATOR_NAMES", "cmd_produce", "plural", "too_long"]
 
@@ -330,6 +330,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         with connect(args.meta_address, timeout_s=args.timeout_s) as client:
             with signals.waiting():  # nothing read yet: a signal may stop the set-up at once
                 topic = client.metadata.topic(args.topic)  # an unknown topic fails before any read
+            _check_keys_given(args, topic.config.cleanup_policy)
             return _Run(client, args, signals, topic, fd, total).run()
     except _Stopped as stopped:  # during the set-up, before any line was read
         _say(f"robustmq produce: interrupted ({signal.Signals(stopped.signum).name}); produced 0 records")
@@ -338,6 +339,18 @@ def cmd_produce(args: argparse.Namespace) -> int:
         signals.restore()
         if opened is not None:
             opened.close()
+
+
+def _check_keys_given(args: argparse.Namespace, cleanup_policy: str) -> None:
+    """A ``cleanup=compact`` topic needs a key per record: text lines get one only from
+    ``--key-separator`` (JSON lines name theirs, and the producer checks each)."""
+    if cleanup_policy == COMPACT_POLICY and args.format == "text" and args.key_separator is None:
+        raise KeyRequired(
+            f"topic {args.topic} is a cleanup=compact topic: every record needs a key. Give one per "
+            "line with --key-separator (e.g. --key-separator TAB for 'key<TAB>value' lines) or use "
+            '--format json with a "key" field; nothing was produced',
+            topic=args.topic,
+        )
 
 
 class _Run:

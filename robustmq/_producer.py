@@ -48,6 +48,7 @@ from robustmq._acks import DEFAULT_ACKS, acks_wire
 from robustmq._partitioner import Partitioner, partition_for_key
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import (
+    COMPACT_POLICY,
     HEADERS_TYPE,
     RECORD_SCHEMA,
     TAGS_TYPE,
@@ -58,6 +59,7 @@ from robustmq._records import (
     encode_batch,
     now_ms,
     null_column,
+    require_keys,
 )
 from robustmq._request_limits import (
     FRAMING_BYTES,
@@ -298,7 +300,7 @@ class Producer:
         self._producer_id = secrets.randbits(62) if idempotent else -1
         self._partitioner = Partitioner(secrets.randbelow(1 << 16))
         self._round_robin = secrets.randbelow(1 << 16)  # send()'s own sequence (under _lock)
-        self._topics: dict[str, tuple[int, int, int]] = {}  # see _topic_limits
+        self._topics: dict[str, tuple[int, int, int, bool]] = {}  # see _topic_limits
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._partitions: dict[tuple[str, int], _Partition] = {}
@@ -327,7 +329,8 @@ class Producer:
 
         A record that breaks a node's per-record limit (key or tag size, tag
         count, timestamp range; see ``robustmq._records``) raises
-        ``InvalidRecordBatch`` here, so it cannot fail the batch it would join.
+        ``InvalidRecordBatch`` here, so it cannot fail the batch it would join; so
+        does a record without a key for a ``cleanup=compact`` topic (``KeyRequired``).
 
         An argument of the wrong type (a str for ``tags``, an int for ``value``)
         raises ``InvalidRequest`` naming it; a record too large for any request
@@ -350,7 +353,9 @@ class Producer:
             value, key, size = checked_send(value, key, tags, headers, partition, timestamp_ms)
         if key is not None or tags is not None or timestamp_ms is not None:
             check_record(key, tags, timestamp_ms)
-        count, record_limit, batch_bytes = self._topics.get(topic) or self._topic_limits(topic)
+        count, record_limit, batch_bytes, keys_required = self._topics.get(topic) or self._topic_limits(topic)
+        if key is None and keys_required:
+            require_keys(pa.nulls(1, pa.binary()), COMPACT_POLICY, topic=topic)
         if size > record_limit:
             raise too_large(size, record_limit + FRAMING_BYTES, topic=topic)
         stamp = time.time_ns() // 1_000_000 if timestamp_ms is None else int(timestamp_ms)
@@ -395,8 +400,12 @@ class Producer:
                 self._wakeup.notify()
         return RecordFuture(batch, index, stamp)
 
-    def _topic_limits(self, topic: str) -> tuple[int, int, int]:
-        """``(partitions, the largest record, the bytes of a batch)`` for ``topic``.
+    def _topic_limits(self, topic: str) -> tuple[int, int, int, bool]:
+        """``(partitions, the largest record, the bytes of a batch, keys required)`` for ``topic``.
+
+        Keys are required on ``cleanup=compact`` topics: a keyless record is refused
+        here (:class:`~robustmq.errors.KeyRequired`) before it is queued, as the node
+        would refuse its whole batch.
 
         Cached per producer: a topic's partition count and ``max_batch_bytes``
         never change, but a topic can be deleted and re-created with others, so a
@@ -406,7 +415,12 @@ class Producer:
         """
         config = self._client.metadata.topic(topic).config
         record_limit = batch_limit(config.max_batch_bytes) - FRAMING_BYTES
-        limits = (int(config.partitions), record_limit, min(self._batch_bytes, record_limit))
+        limits = (
+            int(config.partitions),
+            record_limit,
+            min(self._batch_bytes, record_limit),
+            config.cleanup_policy == COMPACT_POLICY,
+        )
         self._topics[topic] = limits
         return limits
 
@@ -414,7 +428,8 @@ class Producer:
         """Queue a whole Arrow table (the bulk path); resolves to one entry per batch sent.
 
         A table with a record that breaks a per-record limit raises
-        ``InvalidRecordBatch`` (naming the row and the limit) and queues nothing.
+        ``InvalidRecordBatch`` (naming the row and the limit) and queues nothing; so does
+        a record without a key for a ``cleanup=compact`` topic (``KeyRequired``).
         """
         table = pa.Table.from_batches([records]) if isinstance(records, pa.RecordBatch) else records
         partition_column = table.column("partition") if "partition" in table.column_names else None
@@ -422,12 +437,14 @@ class Producer:
             table = table.drop_columns(["partition"])
         table = coerce_records(table)
         check_record_limits(table)  # the whole table is refused at once, as the node would
+        partitions, record_limit, _, keys_required = self._topics.get(topic) or self._topic_limits(topic)
+        if keys_required:
+            require_keys(table.column("key"), COMPACT_POLICY, topic=topic)
         if table.column("timestamp").null_count:  # the producer's clock, as for send()
             stamps = pc.fill_null(table.column("timestamp"), pa.scalar(now_ms(), TIMESTAMP_TYPE))
             table = table.set_column(2, "timestamp", stamps)
         if partition_column is not None:
             table = table.append_column("partition", partition_column)
-        partitions, record_limit, _ = self._topics.get(topic) or self._topic_limits(topic)
         parts = self._partitioner.split(topic, partitions, table)
         request_bytes = min(self._batch_bytes * 8, record_limit)
         chunks = [

@@ -17,7 +17,8 @@ The per-record limits every storage node enforces (:data:`MAX_KEY_BYTES`,
 :data:`MAX_TAG_BYTES`, :data:`MAX_TAGS_PER_RECORD`, :data:`MAX_TIMESTAMP_MS`)
 are defined here once, so clients can refuse a record before sending it
 (:func:`check_record`, :func:`check_record_limits`) with the same rule the
-node applies.
+node applies. So is the rule of ``cleanup=compact`` topics, that every record
+has a key (:func:`require_keys`).
 
 :func:`encode_batch` is canonical: the same records give the same bytes
 however they were chunked or sliced, because an idempotent producer's replay
@@ -35,9 +36,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from robustmq.errors import InvalidRecordBatch, RecordBatchTooLarge
+from robustmq.errors import InvalidRecordBatch, KeyRequired, RecordBatchTooLarge
 
 __all__ = [
+    "COMPACT_POLICY",
     "HEADERS_TYPE",
     "MAX_KEY_BYTES",
     "MAX_TAGS_PER_RECORD",
@@ -56,6 +58,7 @@ __all__ = [
     "encode_batch",
     "now_ms",
     "null_column",
+    "require_keys",
     "tag_rows",
     "with_offsets",
 ]
@@ -251,6 +254,31 @@ def check_record_limits(records: pa.Table) -> tuple[int, int] | None:
         row = pc.index(pc.fill_null(outside, False), True).as_py()
         _raise_bad_timestamp(row, millis[row].as_py())
     return lowest, highest
+
+
+COMPACT_POLICY = "compact"
+
+
+def require_keys(keys: pa.Array | pa.ChunkedArray, cleanup_policy: str, **fields: Any) -> None:
+    """Raise :class:`KeyRequired` when a ``cleanup=compact`` topic gets a record without a key.
+
+    ``keys`` is the ``key`` column of a batch; ``fields`` (``topic``, ``shard``) go into the
+    error. Other cleanup policies take keyless records. Costs nothing when every record has
+    a key (Arrow keeps the null count).
+    """
+    if cleanup_policy != COMPACT_POLICY or not keys.null_count:
+        return
+    row = pc.index(pc.is_null(keys), True).as_py()
+    where = f"topic {fields['topic']}" if fields.get("topic") else "the topic"
+    raise KeyRequired(
+        f"{keys.null_count} of {len(keys)} records have no key (the first is row {row}), and "
+        f"{where} is a cleanup=compact topic: it keeps the latest record per key, so every record "
+        "needs one. Nothing of this batch was stored",
+        **fields,
+        row=row,
+        keyless=keys.null_count,
+        cleanup_policy=cleanup_policy,
+    )
 
 
 def check_record(key: bytes | None, tags: Sequence[str] | None, timestamp_ms: int | None) -> None:

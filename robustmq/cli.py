@@ -383,7 +383,11 @@ def _add_topic(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> N
         help="how many bytes of tiered segments a partition keeps on the nodes (default -1: all)",
     )
     create.add_argument(
-        "--cleanup", choices=["delete", "compact"], default=None, help="compact: not supported yet"
+        "--cleanup",
+        choices=["delete", "compact"],
+        default=None,
+        help="delete (the default): retention only; compact: every record needs a key, and "
+        "`robustmq compact` keeps the latest record per key in a Delta table (retention still applies)",
     )
     listing = actions.add_parser("list", help="list topics")
     listing.add_argument("--json", action="store_true")
@@ -515,6 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help; main() hands its arguments to the job's own parser.
     commands.add_parser("topic-to-delta", help="materialise topics into a Delta table (a Spark job)")
     commands.add_parser("tier", help="tier sealed segments to the cluster's object store (a Spark job)")
+    commands.add_parser("compact", help="compact a cleanup=compact topic into a Delta table (a Spark job)")
+    commands.add_parser("table-maintenance", help="OPTIMIZE and VACUUM a Delta table (safe while jobs run)")
 
     demo = commands.add_parser("demo", help="run the end-to-end demo on an embedded node")
     demo.add_argument("--records", type=_bounded_int(1), default=400_000, help="order events to produce")
@@ -547,6 +553,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from robustmq.streaming_jobs.tier_segments import main as tier_job
 
         return tier_job(arguments[1:])
+    if arguments[:1] == ["compact"]:  # likewise
+        from robustmq.streaming_jobs.compact_to_delta import main as compact_job
+
+        return compact_job(arguments[1:])
+    if arguments[:1] == ["table-maintenance"]:  # likewise
+        from robustmq.streaming_jobs.table_maintenance import main as maintenance
+
+        return maintenance(arguments[1:])
     args = build_parser().parse_args(arguments)
     if hasattr(args, "meta"):
         args.meta_address = args.meta or os.environ.get("ROBUSTMQ_META") or f"{args.host}:{DEFAULT_META_PORT}"

@@ -35,6 +35,8 @@ in-process or over the network.
     +-- EngineClosed                   CLOSED
     +-- InvalidRequest                 INVALID_REQUEST
         +-- InvalidRecordBatch         INVALID_BATCH   not Arrow IPC, or the wrong schema
+        |   +-- KeyRequired            KEY_REQUIRED    a record without a key for a
+        |                                              cleanup=compact topic
         +-- RecordBatchTooLarge        BATCH_TOO_LARGE
         +-- InvalidConfig              INVALID_CONFIG
         |   +-- ObjectStoreError       OBJECT_STORE    the tier URL is wrong or refused us
@@ -67,6 +69,7 @@ __all__ = [
     "InvalidConfig",
     "InvalidRecordBatch",
     "InvalidRequest",
+    "KeyRequired",
     "MessageTooLarge",
     "NotEnoughReplicas",
     "NotLeader",
@@ -265,6 +268,18 @@ class InvalidRecordBatch(InvalidRequest):
     """The payload is not an Arrow IPC stream of the record schema."""
 
     code = "INVALID_BATCH"
+
+
+class KeyRequired(InvalidRecordBatch):
+    """A record without a key was sent to a ``cleanup=compact`` topic; nothing of its batch was stored.
+
+    A compacted topic keeps the latest record per key, so a record without one
+    could never be found, updated or deleted. Fields: ``topic`` (or ``shard`` when
+    raised by a node), ``row`` (the first keyless record in the batch),
+    ``keyless`` (how many there were).
+    """
+
+    code = "KEY_REQUIRED"
 
 
 class RecordBatchTooLarge(InvalidRequest):

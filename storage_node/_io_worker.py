@@ -78,7 +78,7 @@ from typing import Any
 
 from robustmq._node_protocol import error_response
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._records import now_ms
+from robustmq._records import now_ms, require_keys
 from robustmq.errors import (
     Busy,
     InvalidRequest,
@@ -467,6 +467,10 @@ class IOWorker(threading.Thread):
                 self.leading.check_produce(state, state.replication, produce.acks)
             producer_id, producer_sequence = producer_fields(produce)
             batch = prepare_batch(item.payloads[0].buffer, max_batch_bytes=state.config.max_batch_bytes)
+            # The node is the authority on this rule: every produce path (producers, the CLI, the
+            # Spark sink, any client) reaches it, and a refused batch changes nothing.
+            keys = batch.records.column("key")
+            require_keys(keys, state.config.cleanup_policy, shard=state.name, topic=state.topic)
         except Exception as error:
             if not isinstance(error, RobustMQError):
                 log.exception("unexpected error preparing a produce request")

@@ -228,8 +228,12 @@ def prepare_table(
     *,
     storage_options: Mapping[str, str] | None = None,
     orphan_retention_hours: int | None = 168,
+    description: str | None = None,
 ) -> TableLocation:
     """Create the table if missing, check its shape, vacuum orphan files older than the retention.
+
+    ``description``: the ``metaData.description`` of a table this call creates (an existing
+    table's is left as it is).
 
     Returns the table's location with its ``table_id``. ``orphan_retention_hours=None``
     skips the vacuum; below :data:`MIN_ORPHAN_RETENTION_HOURS` it is an
@@ -252,7 +256,12 @@ def prepare_table(
         table = open_table(location, storage_options)
     except TableNotFoundError:
         table = DeltaTable.create(
-            location.uri, schema, mode="ignore", partition_by=partition_by, storage_options=options
+            location.uri,
+            schema,
+            mode="ignore",
+            partition_by=partition_by,
+            storage_options=options,
+            description=description,
         )
     check_table(table, location, schema, partition_by)
     if orphan_retention_hours is not None:

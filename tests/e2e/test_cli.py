@@ -49,6 +49,7 @@ def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         address = f"127.0.0.1:{port}"
         with robustmq.connect(address) as client:
             client.create_topic("known", 2)
+            client.create_topic("compacted", 2, cleanup_policy="compact")
         yield address
 
 
@@ -86,7 +87,8 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     (["topic", "create", "t", "--replication-factor", "3", META], 1, "need 3 live storage nodes", None),
     (["topic", "create", "t", "--replication-factor", "2", "--engine", "memory", META], 2, "segment", None),
     (["topic", "list", "--json", CLOSED], 1, "unavailable", None),
-    (["topic", "create", "t", "--cleanup", "compact", META], 2, "cleanup", None),
+    (["produce", "compacted", META], 2, "every record needs a key", "x\n"),
+    (["produce", "compacted", "--format", "json", META], 2, "have no key", '{"value": "a"}\n'),
     (["topic", "create", "t", "--cleanup", "shred"], 2, "--cleanup", None),
     (["topic", "describe", "nosuch", META], 2, "nosuch", None),
     (["topic", "delete", "nosuch", META], 2, "nosuch", None),
@@ -147,6 +149,13 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     ),
     (["tier", "--max-segments-per-trigger", "0"], 2, "--max-segments-per-trigger", None),
     (["tier", "--once", CLOSED], 1, "cannot reach the Meta Service", None),
+    (["compact"], 2, "required", None),
+    (["compact", "--topic", "nosuch", "--table", "/nonexistent/t", META], 2, "nosuch", None),
+    (["compact", "--topic", "known", "--table", "/nonexistent/t", META], 2, "not cleanup=compact", None),
+    (["compact", "--topic", "t", "--table", "x", "--trigger-seconds", "-1"], 2, "--trigger-seconds", None),
+    (["table-maintenance"], 2, "required", None),
+    (["table-maintenance", "--table", "/nonexistent/t"], 2, "no Delta table", None),
+    (["table-maintenance", "--table", "/nonexistent/t", "--retain-hours", "0"], 2, "--retain-hours", None),
     (["demo", "--records", "0"], 2, "--records", None),
     (["demo", "--records", "many"], 2, "--records", None),
 ]

@@ -171,13 +171,15 @@ def test_invalid_topics_are_refused_with_typed_errors(
     assert client.list_topics() == []
 
 
-def test_compaction_is_refused_until_it_exists(client: MetaClient) -> None:
+def test_compact_topics_are_accepted_and_keep_their_retention(client: MetaClient) -> None:
     register(client, "n1")
+    created = client.create_topic("k", cleanup_policy="compact", retention_ms=3_600_000)
+    assert created.config.cleanup_policy == "compact"
+    assert created.config.retention_ms == 3_600_000  # the log keeps its retention; the table is the view
     with pytest.raises(InvalidConfig) as caught:
-        client.create_topic("k", cleanup_policy="compact")
-    assert caught.value.fields == {"field": "cleanup_policy", "value": "compact"}
-    assert "compaction comes with the tiering/compaction release" in caught.value.message
-    assert client.list_topics() == []
+        client.create_topic("s", cleanup_policy="shred")
+    assert caught.value.fields == {"field": "cleanup_policy", "value": "shred"}
+    assert [t.name for t in client.list_topics()] == ["k"]
 
 
 def test_replication_needs_the_segment_engine_and_a_valid_min_insync(client: MetaClient) -> None:

@@ -1,0 +1,320 @@
+"""Compact a ``cleanup=compact`` topic into a Delta table keyed by ``key``, exactly once.
+
+Reads the topic with the ``robustmq`` source (``group`` offsets committed, so
+``robustmq groups`` shows the job's lag) and MERGEs every micro-batch into a
+Delta table with delta-rs (see :mod:`._compaction`): per key the record with
+the highest offset wins, a record with a null value deletes its key, and a
+replayed batch changes nothing, however often the job is killed and restarted,
+whether from its checkpoint or after it was deleted.
+
+Run it::
+
+    robustmq compact --topic profiles --table ./tables/profiles --checkpoint ./checkpoints/profiles
+    robustmq compact --topic profiles --table s3://bucket/profiles --once \\
+        --storage-option AWS_REGION=eu-west-1
+
+Before Spark starts the command checks that the Meta Service answers, that the
+topic exists and is ``cleanup=compact`` (a ``delete`` topic may hold records
+without a key, which a table keyed by key cannot hold: refused), and that the
+table is missing or a compacted table of this topic. Ctrl-C (exit 130) and
+SIGTERM (143) stop the query between micro-batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from robustmq._records import COMPACT_POLICY
+from robustmq.errors import InvalidConfig, RetriableError, RobustMQError, TopicNotFound
+
+from ._compaction import CompactMerger, prepare_compact_table, topic_incarnation
+from ._stopping import BatchGate, StopSignals, run_gated_query
+from .topic_to_delta import (
+    _at_least,
+    _boolean,
+    _failure_message,
+    _in_cli_terms,
+    _retention_hours,
+    _storage_option,
+    options_table,
+    spark_session,
+)
+
+__all__ = ["compacted_topic", "default_group", "main", "parser", "start_compaction"]
+
+log = logging.getLogger("robustmq.jobs")
+
+PROG = "robustmq compact"
+EXIT_FAILED, EXIT_USAGE = 1, 2
+
+DESCRIPTION = r"""Compact a cleanup=compact topic into a Delta table keyed by key, exactly once.
+
+Every micro-batch is reduced to the latest record per key (the highest offset)
+and MERGEd into the table: a newer record replaces the stored one, a record
+with a null value (a tombstone) deletes its key. A replayed micro-batch (after
+a crash or a restart) changes nothing (docs/spark.md, "Compaction").
+
+examples:
+  robustmq compact --topic profiles --table ./tables/profiles --checkpoint ./checkpoints/profiles
+  robustmq compact --topic profiles --table s3://bucket/profiles --once \
+      --storage-option AWS_REGION=eu-west-1
+
+Before it starts Spark or creates anything, the job checks that the Meta
+Service answers, that --topic exists and is a cleanup=compact topic, and that
+--table is missing or a compacted table of that topic.
+
+exit codes: 0 done (--once); 1 the query failed, or the cluster did not answer;
+2 bad arguments, no such topic, a topic that is not cleanup=compact, or a table
+of another shape or topic; 130 stopped by Ctrl-C (SIGINT); 143 stopped by
+SIGTERM. Either signal stops the query cleanly; a second one ends the job at once.
+"""
+
+
+def default_group(table_id: str) -> str:
+    """The job's consumer group for the Delta table of this id (``metaData.id``)."""
+    return f"robustmq-compact-{table_id}"
+
+
+def default_checkpoint(table_path: str) -> str:
+    """Where the checkpoint goes without ``--checkpoint``: a directory named after the table."""
+    digest = hashlib.sha256(table_path.encode()).hexdigest()[:16]
+    return os.path.join(os.path.expanduser("~"), ".robustmq", "checkpoints", f"compact-{digest}")
+
+
+def compacted_topic(meta_address: str, topic: str, *, timeout_s: float = 10.0) -> int:
+    """Check ``topic`` exists and is ``cleanup=compact``; returns its incarnation.
+
+    Raises :class:`~robustmq.errors.TopicNotFound`, :class:`~robustmq.errors.InvalidConfig`
+    (another cleanup policy), or a :class:`~robustmq.errors.RetriableError` when the Meta
+    Service does not answer within ``timeout_s``.
+    """
+    import robustmq
+    from robustmq.connector._offsets import identity_of
+
+    with robustmq.connect(meta_address, timeout_s=timeout_s) as client:
+        try:
+            described = client.describe_topic(topic).topic
+        except TopicNotFound:
+            raise TopicNotFound(f"topic {topic!r} does not exist at {meta_address}", topic=topic) from None
+    if described.config.cleanup_policy != COMPACT_POLICY:
+        raise InvalidConfig(
+            f"topic {topic} is cleanup={described.config.cleanup_policy}, not cleanup=compact: its records "
+            "need not have keys, and a compacted table is keyed by key. Create the topic with "
+            "--cleanup compact (robustmq topic create NAME --cleanup compact)",
+            topic=topic,
+            cleanup_policy=described.config.cleanup_policy,
+        )
+    return topic_incarnation(identity_of(described))
+
+
+def start_compaction(
+    spark: Any,
+    *,
+    meta_address: str,
+    topic: str,
+    table_path: str,
+    checkpoint: str,
+    once: bool = False,
+    trigger_seconds: float = 1.0,
+    max_records_per_trigger: int | None = None,
+    group: str | None = None,
+    storage_options: dict[str, str] | None = None,
+    fail_on_data_loss: bool = True,
+    orphan_retention_hours: int | None = 168,
+    gate: Callable[[Callable[[Any, int], None]], BatchGate] | None = None,
+) -> Any:
+    """Check the topic, prepare the table (create or check it, vacuum orphans), start the query.
+
+    Returns the running ``StreamingQuery``. ``gate`` wraps the ``foreachBatch`` function
+    (:class:`._stopping.BatchGate`). ``group`` defaults to one named after the table's id.
+    """
+    incarnation = compacted_topic(meta_address, topic)
+    location = prepare_compact_table(
+        table_path,
+        topic=topic,
+        incarnation=incarnation,
+        storage_options=storage_options,
+        orphan_retention_hours=orphan_retention_hours,
+    )
+    group = group or default_group(location.table_id)
+    reader = (
+        spark.readStream.format("robustmq")
+        .option("metaAddress", meta_address)
+        .option("topic", topic)
+        .option("startingOffsets", "group")
+        .option("group", group)
+        .option("includeHeaders", "true")
+        .option("failOnDataLoss", "true" if fail_on_data_loss else "false")
+    )
+    if max_records_per_trigger:
+        reader = reader.option("maxRecordsPerTrigger", max_records_per_trigger)
+    merger = CompactMerger(
+        location.uri,
+        topic=topic,
+        incarnation=incarnation,
+        meta_address=meta_address,
+        storage_options=storage_options,
+    )
+    name = "compact_" + hashlib.sha256(f"{topic} {location.uri}".encode()).hexdigest()[:12]
+    writer = (
+        reader.load()
+        .writeStream.foreachBatch(merger if gate is None else gate(merger))
+        .option("checkpointLocation", checkpoint)
+        .queryName(name)
+    )
+    if once:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
+    return writer.start()
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``robustmq compact``."""
+    from robustmq.cli import OneLineArgumentParser
+
+    parser = OneLineArgumentParser(
+        prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--meta",
+        default=os.environ.get("ROBUSTMQ_META", "127.0.0.1:7070"),
+        metavar="HOST:PORT",
+        help="the Meta Service (default: $ROBUSTMQ_META or 127.0.0.1:7070)",
+    )
+    parser.add_argument("--topic", required=True, help="the cleanup=compact topic to compact")
+    parser.add_argument(
+        "--table", required=True, help="the Delta table: a path or a URI delta-rs accepts (s3://, file://...)"
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="the Spark checkpoint directory (default: ~/.robustmq/checkpoints/compact-HASH, HASH "
+        "from --table); a new one resumes from the --group's offsets",
+    )
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="compact what is there, then stop (Trigger.AvailableNow; default: off, keep running)",
+    )
+    parser.add_argument(
+        "--trigger-seconds",
+        type=_at_least(float, 0, "a number of seconds (0 or more)"),
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between micro-batches (default 1; 0: one right after another)",
+    )
+    parser.add_argument(
+        "--max-records-per-trigger",
+        type=_at_least(int, 1, "a positive integer"),
+        default=None,
+        metavar="N",
+        help="at most N records per micro-batch (default: everything waiting)",
+    )
+    parser.add_argument(
+        "--group",
+        default=None,
+        help="the consumer group the job commits to, for lag and restarts with a new checkpoint "
+        "(default: robustmq-compact-ID, ID being the Delta table's id)",
+    )
+    parser.add_argument(
+        "--fail-on-data-loss",
+        type=_boolean,
+        default=True,
+        metavar="{true,false}",
+        help="records removed by retention before the job read them: fail (true, the default) or "
+        "skip them with a warning (false)",
+    )
+    parser.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a delta-rs storage option, repeatable, e.g. AWS_ENDPOINT_URL=http://127.0.0.1:9000 "
+        "(default: none; delta-rs then reads its settings from the environment)",
+    )
+    parser.add_argument(
+        "--orphan-retention-hours",
+        type=_retention_hours,
+        default=168,
+        metavar="HOURS",
+        help="vacuum unreferenced files older than this at start (default 168, at least 1; -1 never)",
+    )
+    parser.add_argument(
+        "--master",
+        default="local[2]",
+        metavar="URL",
+        help="the Spark master (default local[2]: two local cores)",
+    )
+    return parser
+
+
+def compact_options_table() -> str:
+    """The options as the Markdown table in docs/spark.md (a test keeps them equal)."""
+    return options_table(parser())
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``robustmq compact``: exit codes 0, 1, 2, 130, 143 (see the description); every failure is
+    one line on stderr."""
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = StopSignals()
+    stop.install()
+    try:
+        compacted_topic(args.meta, args.topic)
+    except TopicNotFound:
+        where = f"no such topic at the Meta Service {args.meta} (robustmq topic list shows the topics)"
+        return _fail(f"--topic {args.topic}: {where}", EXIT_USAGE)
+    except InvalidConfig as error:
+        return _fail(f"--topic {args.topic}: {error.message}", EXIT_USAGE)
+    except RetriableError as error:
+        return _fail(f"--meta {args.meta}: cannot reach the Meta Service: {error.message}", EXIT_FAILED)
+    if stop.event.is_set():
+        return stop.announce(PROG)
+    spark = spark_session("robustmq-compact", master=args.master)
+    stop.install()  # the SparkContext installed its own SIGINT handler
+    try:
+        return _run(spark, args, stop)
+    finally:
+        spark.stop()
+
+
+def _run(spark: Any, args: argparse.Namespace, stop: StopSignals) -> int:
+    def start(gate: Callable[[Callable[[Any, int], None]], BatchGate]) -> Any:
+        return start_compaction(
+            spark,
+            meta_address=args.meta,
+            topic=args.topic,
+            table_path=args.table,
+            checkpoint=args.checkpoint or default_checkpoint(args.table),
+            once=args.once,
+            trigger_seconds=args.trigger_seconds,
+            max_records_per_trigger=args.max_records_per_trigger,
+            group=args.group,
+            storage_options=dict(args.storage_option) or None,
+            fail_on_data_loss=args.fail_on_data_loss,
+            orphan_retention_hours=None if args.orphan_retention_hours < 0 else args.orphan_retention_hours,
+            gate=gate,
+        )
+
+    try:
+        return run_gated_query(spark, start, stop, prog=PROG, describe=_failure_message)
+    except RobustMQError as error:  # a table of another shape or topic: the input's; else the cluster's
+        return _fail(_in_cli_terms(error.message), EXIT_FAILED if error.retriable else EXIT_USAGE)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

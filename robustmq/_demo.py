@@ -12,7 +12,10 @@
    directory) with the tiering job, a Spark streaming query, and read one
    tiered segment back from its Parquet object (:mod:`._demo_tiering`);
 6. query the Delta table with Spark SQL (revenue by country and by hour);
-7. stop everything it started and remove the directory (unless ``--keep``).
+7. compact a keyed topic of customer profiles (``cleanup=compact``, updates
+   and deletes) into a Delta table with the compaction job and check it holds
+   the latest profile of each live customer (:mod:`._demo_compaction`);
+8. stop everything it started and remove the directory (unless ``--keep``).
 
 Before anything starts it checks that Java (which Spark needs) is there, so a
 missing Java is one line, not a Spark traceback after the cluster started.
@@ -240,6 +243,8 @@ class _Demo:
         self.check()
         ok = self._query()
         self.check()
+        ok = self._compact() and ok
+        self.check()
         print(f"\ndemo {'finished' if ok else 'FAILED'} in {time.monotonic() - self.began:.0f}s", flush=True)
         return 0 if ok else 1
 
@@ -350,6 +355,14 @@ class _Demo:
             table=read_table(self.spark, str(self.root / "tables" / "orders")),
             topic="orders",
             wait=self._sleep,
+        )
+
+    def _compact(self) -> bool:
+        from robustmq._demo_compaction import compact_customers
+
+        _step("compacting a keyed topic of customer profiles into a Delta table (robustmq compact)")
+        return compact_customers(
+            self.spark, self.client, meta_address=self.cluster.meta_address, root=self.root, wait=self._sleep
         )
 
     def _sleep(self, seconds: float) -> None:

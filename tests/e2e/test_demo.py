@@ -33,6 +33,7 @@ def test_demo_runs_end_to_end() -> None:
     tiered = re.search(r"(\d+) segments tiered \(0 still sealed\)", done.stdout)
     assert tiered is not None and int(tiered.group(1)) >= 4, done.stdout[-3000:]  # one per partition at least
     assert "records read from the Parquet object; identical to the rows the ETL wrote" in done.stdout
+    assert "the table holds 900 customers, exactly the latest profile of each live one" in done.stdout
     assert set(Path(tempfile.gettempdir()).glob("robustmq-demo-*")) == before, "the demo left its directory"
 
 

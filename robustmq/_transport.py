@@ -33,12 +33,11 @@ The socket whose connection closed is then closed too, and the next request
 to that node opens a fresh one. Reusing it raced libzmq: the report of the
 close reaches us before the socket itself has detached the dead connection,
 so a request sent right after it could go into that connection and be lost,
-waiting out its whole deadline instead of being refused at once.
-
-A fresh socket needs a moment to connect. Requests to it wait (the I/O thread
-goes on serving every other node) until it has, up to 2 s for a node never
-reached and 0.25 s for one whose connection closed, then are refused with
-``Unavailable`` if it has not.
+waiting out its whole deadline instead of being refused at once. A fresh
+socket needs a moment to connect before ``IMMEDIATE`` lets it send: the first
+request waits for it, up to 2 s for a node never reached and up to 0.25 s for
+one whose connection closed (likely gone: the caller retries after a metadata
+refresh; a node back at its address connects within milliseconds).
 """
 
 from __future__ import annotations
@@ -72,9 +71,7 @@ Reply = tuple[pb.NodeResponse, list[Any]]
 # process or a cut link does not.
 HEARTBEAT_IVL_MS = 500
 HEARTBEAT_TIMEOUT_MS = 2000
-# How long requests to a node wait for a fresh socket to connect before they are refused: a node
-# never reached, and one whose connection closed (likely gone: a retry after a metadata refresh
-# goes elsewhere; a node back at its address connects within milliseconds on a LAN).
+# How long a fresh socket's first request waits for it to connect (see the module docstring).
 CONNECT_WAIT_S = 2.0
 RECONNECT_WAIT_S = 0.25
 
@@ -190,13 +187,17 @@ class NodeTransport:
         return push
 
     def _loop(self) -> None:
+        dealers: dict[bytes, zmq.Socket[Any]] = {}
+        monitors: dict[zmq.Socket[Any], bytes] = {}  # a dealer's monitor -> the dealer's address
         poller = zmq.Poller()
         poller.register(self._inbox, zmq.POLLIN)
-        nodes = _Connections(self._context, poller)
+        went_away: set[bytes] = set()  # nodes whose connection closed once (bounded by the nodes)
         try:
             while not self._closed.is_set():
                 closed_to: set[bytes] = set()  # nodes whose connection closed in this round
-                for socket, _ in poller.poll(2 if nodes.connecting else 50):
+                for socket, _ in poller.poll(50):
+                    if socket.closed:
+                        continue
                     for _ in range(1000):
                         try:
                             parts = socket.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -206,49 +207,69 @@ class NodeTransport:
                             break
                         try:
                             if socket is self._inbox:
-                                self._send(parts, nodes)
-                            elif socket in nodes.monitors:
-                                if self._connection_event(parts, nodes.monitors[socket]):
-                                    closed_to.add(nodes.monitors[socket])
+                                self._send(parts, dealers, monitors, poller, went_away)
+                            elif socket in monitors:
+                                if self._connection_event(parts, monitors[socket]):
+                                    closed_to.add(monitors[socket])
                             else:
                                 self._receive(parts)
                         except Exception:  # one bad message must not stop every other request
                             log.exception("client I/O thread failed on one message")
-                for address in closed_to:  # after the round: its sockets may be in poll's answer
-                    for _, message in nodes.retire(address):
-                        gone = Unavailable(f"storage node {address.decode()} went away")
-                        self._fail_header(message[0], gone)
-                now = time.monotonic()
-                for address, message in nodes.due(now):
-                    self._deliver(nodes.dealers[address], address, message)
-                self._expire(now)
+                for address in closed_to:
+                    self._retire(address, dealers, monitors, poller)
+                went_away |= closed_to
+                self._expire(time.monotonic())
         except BaseException:
             log.exception("client I/O thread stopped; failing every pending request")
             self._closed.set()
             raise
         finally:
-            nodes.close()
+            for monitor in monitors:
+                monitor.close(linger=0)
+            for dealer in dealers.values():
+                dealer.close(linger=0)
             self._fail_pending(Unavailable("the client's I/O thread stopped before the node answered"))
 
-    def _send(self, parts: list[Any], nodes: _Connections) -> None:
+    def _send(
+        self,
+        parts: list[Any],
+        dealers: dict[bytes, zmq.Socket[Any]],
+        monitors: dict[zmq.Socket[Any], bytes],
+        poller: zmq.Poller,
+        went_away: set[bytes],
+    ) -> None:
         address = parts[0].bytes
         message = parts[2:]
-        if address not in nodes.dealers:
+        dealer = dealers.get(address)
+        if dealer is None:
+            dealer = self._context.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.IMMEDIATE, 1)
+            dealer.setsockopt(zmq.SNDHWM, 10_000)
+            dealer.setsockopt(zmq.RCVHWM, 10_000)
+            dealer.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+            dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+            monitor = dealer.get_monitor_socket(
+                zmq.EVENT_DISCONNECTED, addr=f"inproc://robustmq-monitor-{next(_MONITORS)}"
+            )
             try:
-                nodes.open(address)
+                dealer.connect(address.decode())
             except zmq.ZMQError as exc:
+                monitor.close(linger=0)
+                dealer.close(linger=0)
                 self._fail_header(message[0], InvalidRequest(f"bad node address {address!r}: {exc}"))
                 return
-        if address in nodes.connecting:  # sent once the socket connects, else refused (see _Connections)
+            dealers[address] = dealer
+            monitors[monitor] = address
+            poller.register(dealer, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
+            # A fresh socket needs a moment to connect before IMMEDIATE lets it send.
+            wait = RECONNECT_WAIT_S if address in went_away else CONNECT_WAIT_S
             deadline = float.fromhex(parts[1].bytes.decode())
-            nodes.connecting[address][1].append((deadline, message))
-            return
-        self._deliver(nodes.dealers[address], address, message)
-
-    def _deliver(self, dealer: zmq.Socket[Any], address: bytes, message: list[Any]) -> None:
+            self._wait_connected(dealer, min(deadline, time.monotonic() + wait))
         try:
             dealer.send_multipart(message, zmq.NOBLOCK, copy=False)
-        except zmq.Again:  # IMMEDIATE: no live connection to the node
+        except zmq.Again:
             self._fail_header(
                 message[0],
                 Unavailable(f"storage node {address.decode()} is unreachable", address=address.decode()),
@@ -273,6 +294,33 @@ class NodeTransport:
                 ),
             )
         return True
+
+    @staticmethod
+    def _retire(
+        address: bytes,
+        dealers: dict[bytes, zmq.Socket[Any]],
+        monitors: dict[zmq.Socket[Any], bytes],
+        poller: zmq.Poller,
+    ) -> None:
+        """Close the socket to a node whose connection closed (see the module docstring)."""
+        dealer = dealers.pop(address, None)
+        if dealer is None:
+            return
+        with contextlib.suppress(zmq.ZMQError):
+            dealer.disable_monitor()
+        for monitor in [m for m, sent_to in monitors.items() if sent_to == address]:
+            del monitors[monitor]
+            poller.unregister(monitor)
+            monitor.close(linger=0)
+        poller.unregister(dealer)
+        dealer.close(linger=0)
+
+    @staticmethod
+    def _wait_connected(dealer: zmq.Socket[Any], until: float) -> None:
+        while time.monotonic() < until:
+            if dealer.poll(0, zmq.POLLOUT):
+                return
+            time.sleep(0.002)
 
     def _fail_header(self, header: Any, error: Exception) -> None:
         message = pb.NodeRequest.FromString(header.bytes)
@@ -313,82 +361,3 @@ class NodeTransport:
             expired = [cid for cid, (_, deadline, _) in self._pending.items() if deadline <= now]
         for correlation_id in expired:
             self._resolve(correlation_id, error=RequestTimeout("the storage node did not answer in time"))
-
-
-class _Connections:
-    """The I/O thread's DEALER sockets, one per node, and their monitors (that thread's alone).
-
-    A fresh socket needs a moment to connect before ``IMMEDIATE`` lets it send: its requests
-    wait in ``connecting`` (without holding the thread) until it has, or until it gives up
-    (:data:`CONNECT_WAIT_S`; :data:`RECONNECT_WAIT_S` for a node whose connection closed
-    before, which is likely gone) and they are refused; see the module docstring.
-    """
-
-    def __init__(self, context: zmq.Context[Any], poller: zmq.Poller) -> None:
-        self._context = context
-        self._poller = poller
-        self.dealers: dict[bytes, zmq.Socket[Any]] = {}
-        self.monitors: dict[zmq.Socket[Any], bytes] = {}  # a dealer's monitor -> its node's address
-        # a fresh socket's node -> (when it gives up, the requests waiting for it to connect)
-        self.connecting: dict[bytes, tuple[float, list[tuple[float, list[Any]]]]] = {}
-        self._went_away: set[bytes] = set()  # nodes whose connection closed (bounded by the nodes)
-
-    def open(self, address: bytes) -> None:
-        dealer = self._context.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.IMMEDIATE, 1)
-        dealer.setsockopt(zmq.SNDHWM, 10_000)
-        dealer.setsockopt(zmq.RCVHWM, 10_000)
-        dealer.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
-        dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-        monitor = dealer.get_monitor_socket(
-            zmq.EVENT_DISCONNECTED, addr=f"inproc://robustmq-monitor-{next(_MONITORS)}"
-        )
-        try:
-            dealer.connect(address.decode())
-        except zmq.ZMQError:
-            monitor.close(linger=0)
-            dealer.close(linger=0)
-            raise
-        self.dealers[address] = dealer
-        self.monitors[monitor] = address
-        self._poller.register(dealer, zmq.POLLIN)
-        self._poller.register(monitor, zmq.POLLIN)
-        wait = RECONNECT_WAIT_S if address in self._went_away else CONNECT_WAIT_S
-        self.connecting[address] = (time.monotonic() + wait, [])
-
-    def due(self, now: float) -> list[tuple[bytes, list[Any]]]:
-        """The waiting requests to send now: all of a fresh socket that connected or gave up, and
-        those whose deadline came (a socket that has not connected refuses them, as it does any
-        request while not connected; that is ``Unavailable``, not a timeout)."""
-        due: list[tuple[bytes, list[Any]]] = []
-        for address, (give_up, waiting) in list(self.connecting.items()):
-            if now >= give_up or self.dealers[address].poll(0, zmq.POLLOUT):
-                del self.connecting[address]
-                due.extend((address, message) for _, message in waiting)
-            elif any(deadline <= now for deadline, _ in waiting):
-                due.extend((address, message) for deadline, message in waiting if deadline <= now)
-                waiting[:] = [(deadline, message) for deadline, message in waiting if deadline > now]
-        return due
-
-    def retire(self, address: bytes) -> list[tuple[float, list[Any]]]:
-        """Close the socket to a node whose connection closed (see the module docstring); the
-        requests still waiting for it to connect (to refuse)."""
-        self._went_away.add(address)
-        dealer = self.dealers.pop(address)
-        _, waiting = self.connecting.pop(address, (0.0, []))
-        with contextlib.suppress(zmq.ZMQError):
-            dealer.disable_monitor()
-        for monitor in [m for m, sent_to in self.monitors.items() if sent_to == address]:
-            del self.monitors[monitor]
-            self._poller.unregister(monitor)
-            monitor.close(linger=0)
-        self._poller.unregister(dealer)
-        dealer.close(linger=0)
-        return waiting
-
-    def close(self) -> None:
-        for monitor in self.monitors:
-            monitor.close(linger=0)
-        for dealer in self.dealers.values():
-            dealer.close(linger=0)

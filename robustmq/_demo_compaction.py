@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ def compact_customers(
 
     ``wait(seconds)`` sleeps, raising if the demo is being stopped.
     """
+    from robustmq._demo_tiering import run_once
     from robustmq.streaming_jobs.compact_to_delta import start_compaction
 
     client.create_topic(TOPIC, 2, cleanup_policy="compact")
@@ -53,15 +53,7 @@ def compact_customers(
         checkpoint=str(root / "checkpoints" / TOPIC),
         once=True,
     )
-    deadline = time.monotonic() + COMPACT_TIMEOUT_S
-    while query.isActive and time.monotonic() < deadline:
-        wait(0.5)
-    if query.isActive:
-        query.stop()
-        print(f"robustmq demo: FAILED: the compaction job did not finish within {COMPACT_TIMEOUT_S:g} s")
-        return False
-    if query.exception() is not None:
-        print(f"robustmq demo: FAILED: the compaction job failed: {query.exception()}")
+    if not run_once(query, "the compaction job", COMPACT_TIMEOUT_S, wait):
         return False
     return _check(spark, table_path, expected)
 

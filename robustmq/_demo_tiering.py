@@ -16,7 +16,7 @@ from typing import Any
 
 from robustmq._proto import robustmq_pb2 as pb
 
-__all__ = ["tier_and_read_back"]
+__all__ = ["run_once", "tier_and_read_back"]
 
 TIER_TIMEOUT_S = 180.0
 _STATES = {pb.ACTIVE: "active", pb.SEALED: "sealed", pb.TIERED: "tiered", pb.REMOTE: "remote"}
@@ -43,15 +43,7 @@ def tier_and_read_back(
     query = start_tiering(
         spark, meta_address=meta_address, tier_url=tier_url, checkpoint=checkpoint, once=True
     )
-    deadline = time.monotonic() + TIER_TIMEOUT_S
-    while query.isActive and time.monotonic() < deadline:
-        wait(0.5)
-    if query.isActive:
-        query.stop()
-        print(f"robustmq demo: FAILED: the tiering job did not finish within {TIER_TIMEOUT_S:g} s")
-        return False
-    if query.exception() is not None:
-        print(f"robustmq demo: FAILED: the tiering job failed: {query.exception()}")
+    if not run_once(query, "the tiering job", TIER_TIMEOUT_S, wait):
         return False
     shards = client.describe_topic(topic).shards
     counts = {name: 0 for name in _STATES.values()}
@@ -68,6 +60,21 @@ def tier_and_read_back(
         (shard.partition, s) for shard in shards for s in shard.segments if s.state in (pb.TIERED, pb.REMOTE)
     )
     return _read_back(spark, meta_address, topic, int(partition), segment, table)
+
+
+def run_once(query: Any, what: str, timeout_s: float, wait: Callable[[float], None]) -> bool:
+    """Wait for an ``availableNow`` query to end; False (said) if it failed or ran too long."""
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and time.monotonic() < deadline:
+        wait(0.5)
+    if query.isActive:
+        query.stop()
+        print(f"robustmq demo: FAILED: {what} did not finish within {timeout_s:g} s")
+        return False
+    if query.exception() is not None:
+        print(f"robustmq demo: FAILED: {what} failed: {query.exception()}")
+        return False
+    return True
 
 
 def _describe(segment: pb.Segment) -> str:

@@ -36,12 +36,12 @@ from robustmq.errors import InvalidConfig, RetriableError, RobustMQError, TopicN
 from ._compaction import CompactMerger, prepare_compact_table, topic_incarnation
 from ._stopping import BatchGate, StopSignals, run_gated_query
 from .topic_to_delta import (
-    _at_least,
     _boolean,
     _failure_message,
     _in_cli_terms,
-    _retention_hours,
-    _storage_option,
+    add_meta_option,
+    add_table_job_options,
+    add_trigger_options,
     options_table,
     spark_session,
 )
@@ -182,12 +182,7 @@ def parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(
         prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--meta",
-        default=os.environ.get("ROBUSTMQ_META", "127.0.0.1:7070"),
-        metavar="HOST:PORT",
-        help="the Meta Service (default: $ROBUSTMQ_META or 127.0.0.1:7070)",
-    )
+    add_meta_option(parser)
     parser.add_argument("--topic", required=True, help="the cleanup=compact topic to compact")
     parser.add_argument(
         "--table", required=True, help="the Delta table: a path or a URI delta-rs accepts (s3://, file://...)"
@@ -203,20 +198,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compact what is there, then stop (Trigger.AvailableNow; default: off, keep running)",
     )
-    parser.add_argument(
-        "--trigger-seconds",
-        type=_at_least(float, 0, "a number of seconds (0 or more)"),
-        default=1.0,
-        metavar="SECONDS",
-        help="seconds between micro-batches (default 1; 0: one right after another)",
-    )
-    parser.add_argument(
-        "--max-records-per-trigger",
-        type=_at_least(int, 1, "a positive integer"),
-        default=None,
-        metavar="N",
-        help="at most N records per micro-batch (default: everything waiting)",
-    )
+    add_trigger_options(parser)
     parser.add_argument(
         "--group",
         default=None,
@@ -231,28 +213,7 @@ def parser() -> argparse.ArgumentParser:
         help="records removed by retention before the job read them: fail (true, the default) or "
         "skip them with a warning (false)",
     )
-    parser.add_argument(
-        "--storage-option",
-        type=_storage_option,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a delta-rs storage option, repeatable, e.g. AWS_ENDPOINT_URL=http://127.0.0.1:9000 "
-        "(default: none; delta-rs then reads its settings from the environment)",
-    )
-    parser.add_argument(
-        "--orphan-retention-hours",
-        type=_retention_hours,
-        default=168,
-        metavar="HOURS",
-        help="vacuum unreferenced files older than this at start (default 168, at least 1; -1 never)",
-    )
-    parser.add_argument(
-        "--master",
-        default="local[2]",
-        metavar="URL",
-        help="the Spark master (default local[2]: two local cores)",
-    )
+    add_table_job_options(parser)
     return parser
 
 

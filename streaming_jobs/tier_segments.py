@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import sys
 import time
@@ -41,7 +40,7 @@ from ._scratch import CHECKPOINT_PREFIX, UPLOAD_PREFIX, scratch_dir, sweep
 from ._sealed_source import SealedSegmentsSource, meta_client_for
 from ._segment_upload import EXISTED, RESULT_SCHEMA, UPLOADED, shared_store, tier_partitions
 from ._stopping import BatchGate, StopSignals, run_gated_query
-from .topic_to_delta import _at_least, _failure_message, spark_session
+from .topic_to_delta import _at_least, _failure_message, add_meta_option, spark_session
 
 __all__ = ["SegmentCommitter", "check_tier_url", "main", "parser", "record_tiered", "start_tiering"]
 
@@ -222,12 +221,7 @@ def parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(
         prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--meta",
-        default=os.environ.get("ROBUSTMQ_META", "127.0.0.1:7070"),
-        metavar="HOST:PORT",
-        help="the Meta Service (default: $ROBUSTMQ_META or 127.0.0.1:7070)",
-    )
+    add_meta_option(parser)
     parser.add_argument(
         "--once",
         action="store_true",

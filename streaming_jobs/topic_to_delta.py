@@ -254,6 +254,62 @@ def _retention_hours(text: str) -> int:
     return hours
 
 
+def add_meta_option(parser: argparse.ArgumentParser) -> None:
+    """``--meta``, as every job's command line has it."""
+    parser.add_argument(
+        "--meta",
+        default=os.environ.get("ROBUSTMQ_META", "127.0.0.1:7070"),
+        metavar="HOST:PORT",
+        help="the Meta Service (default: $ROBUSTMQ_META or 127.0.0.1:7070)",
+    )
+
+
+def add_trigger_options(parser: argparse.ArgumentParser) -> None:
+    """``--trigger-seconds`` and ``--max-records-per-trigger`` of the jobs that read records."""
+    parser.add_argument(
+        "--trigger-seconds",
+        type=_at_least(float, 0, "a number of seconds (0 or more)"),
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between micro-batches (default 1; 0: one right after another)",
+    )
+    parser.add_argument(
+        "--max-records-per-trigger",
+        type=_at_least(int, 1, "a positive integer"),
+        default=None,
+        metavar="N",
+        help="at most N records per micro-batch (default: everything waiting)",
+    )
+
+
+def add_table_job_options(parser: argparse.ArgumentParser) -> None:
+    """``--storage-option``, ``--orphan-retention-hours`` and ``--master`` of the jobs writing a
+    Delta table."""
+    parser.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a delta-rs storage option, repeatable, e.g. AWS_ENDPOINT_URL=http://127.0.0.1:9000 "
+        "(default: none; delta-rs then reads its settings from the environment)",
+    )
+    parser.add_argument(
+        "--orphan-retention-hours",
+        type=_retention_hours,
+        default=168,
+        metavar="HOURS",
+        help=f"vacuum unreferenced files older than this at start (default 168, at least "
+        f"{MIN_ORPHAN_RETENTION_HOURS}; -1 never)",
+    )
+    parser.add_argument(
+        "--master",
+        default="local[2]",
+        metavar="URL",
+        help="the Spark master (default local[2]: two local cores)",
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line of ``robustmq topic-to-delta``."""
     from robustmq.cli import OneLineArgumentParser  # usage errors in one line, as every subcommand
@@ -263,12 +319,7 @@ def parser() -> argparse.ArgumentParser:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--meta",
-        default=os.environ.get("ROBUSTMQ_META", "127.0.0.1:7070"),
-        metavar="HOST:PORT",
-        help="the Meta Service (default: $ROBUSTMQ_META or 127.0.0.1:7070)",
-    )
+    add_meta_option(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--topic",
@@ -293,20 +344,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="process what is there, then stop (default: off, keep running and read new records)",
     )
-    parser.add_argument(
-        "--trigger-seconds",
-        type=_at_least(float, 0, "a number of seconds (0 or more)"),
-        default=1.0,
-        metavar="SECONDS",
-        help="seconds between micro-batches (default 1; 0: one right after another)",
-    )
-    parser.add_argument(
-        "--max-records-per-trigger",
-        type=_at_least(int, 1, "a positive integer"),
-        default=None,
-        metavar="N",
-        help="at most N records per micro-batch (default: everything waiting)",
-    )
+    add_trigger_options(parser)
     parser.add_argument(
         "--group",
         default=None,
@@ -321,29 +359,7 @@ def parser() -> argparse.ArgumentParser:
         help="records lost before the job read them (retention, a topic deleted or re-created): "
         "fail (true, the default) or skip them with a warning (false)",
     )
-    parser.add_argument(
-        "--storage-option",
-        type=_storage_option,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a delta-rs storage option, repeatable, e.g. AWS_ENDPOINT_URL=http://127.0.0.1:9000 "
-        "(default: none; delta-rs then reads its settings from the environment)",
-    )
-    parser.add_argument(
-        "--orphan-retention-hours",
-        type=_retention_hours,
-        default=168,
-        metavar="HOURS",
-        help=f"vacuum unreferenced files older than this at start (default 168, at least "
-        f"{MIN_ORPHAN_RETENTION_HOURS}; -1 never)",
-    )
-    parser.add_argument(
-        "--master",
-        default="local[2]",
-        metavar="URL",
-        help="the Spark master (default local[2]: two local cores)",
-    )
+    add_table_job_options(parser)
     return parser
 
 

@@ -447,7 +447,9 @@ def test_local_retention_settings_and_tiered_segments_show_in_describe_and_segme
         url = ObjectStore.from_url(tier_url).url_of(
             segment_key("tiers", 0, 0, 0, incarnation=shard.incarnation)
         )
-        client.meta.mark_tiered("tiers_0", shard.incarnation, 0, url, 10, 1)
+        # The newest record's time is now: a max_timestamp_ms of 1 (1970) made the segment older
+        # than the hour, and a retention pass between this and the listing made it remote.
+        client.meta.mark_tiered("tiers_0", shard.incarnation, 0, url, 10, int(time.time() * 1000))
     listed = json.loads(cli("segments", "tiers", "--json", "--meta", meta).stdout)
     assert [(row["state"], row["object_url"], row["sealed_seq"]) for row in listed] == [
         ("tiered", url, sealed.sealed_seq),

@@ -55,7 +55,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from robustmq._records import HEADERS_TYPE, TAGS_TYPE
+from robustmq.connector._schema import ARROW_SCHEMA
 
 from ._table import TableLocation, open_table, prepare_table
 from .errors import TableConflict, TableMismatch
@@ -75,18 +75,7 @@ __all__ = [
 log = logging.getLogger("robustmq.jobs")
 
 # What the robustmq source gives, in its order: the table keeps the winning record as it is.
-COMPACT_SCHEMA = pa.schema(
-    [
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary()),
-        pa.field("topic", pa.string()),
-        pa.field("partition", pa.int32()),
-        pa.field("offset", pa.int64()),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("tags", TAGS_TYPE),
-        pa.field("headers", HEADERS_TYPE),
-    ]
-)
+COMPACT_SCHEMA = ARROW_SCHEMA
 COLUMNS = COMPACT_SCHEMA.names
 DESCRIPTION_KEY = "robustmq.compact"
 MERGE_ATTEMPTS = 20  # conflicting commits (a concurrent OPTIMIZE) retried before giving up

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -33,6 +36,28 @@ while True:
 """
 
 
+@contextlib.contextmanager
+def _silent_node() -> Iterator[tuple[subprocess.Popen[str], NodeTransport, str]]:
+    """A node process that takes requests and answers none, a transport and the node's address;
+    both stopped at the end."""
+    port = free_port()
+    node = subprocess.Popen(
+        [sys.executable, "-c", _SILENT_NODE, str(port)], stdout=subprocess.PIPE, text=True
+    )
+    transport = NodeTransport(timeout_s=60)
+    try:
+        assert node.stdout is not None and select.select([node.stdout], [], [], 30)[0], (
+            "the node did not start"
+        )
+        assert node.stdout.readline().strip() == "ready"
+        yield node, transport, f"tcp://127.0.0.1:{port}"
+    finally:
+        transport.close()
+        if node.poll() is None:
+            os.kill(node.pid, signal.SIGKILL)
+        node.wait(10)
+
+
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "paused"])
 def test_a_node_that_dies_or_stops_fails_its_requests_at_once_not_at_their_deadline(
     how: signal.Signals,
@@ -40,14 +65,7 @@ def test_a_node_that_dies_or_stops_fails_its_requests_at_once_not_at_their_deadl
     """Requests in flight to a node that is killed (its connection closes) or paused (its
     heartbeats go unanswered) fail with ``Unavailable`` within seconds, so a caller retries
     against the next leader instead of waiting out a 60 s request timeout."""
-    port = free_port()
-    node = subprocess.Popen(
-        [sys.executable, "-c", _SILENT_NODE, str(port)], stdout=subprocess.PIPE, text=True
-    )
-    transport = NodeTransport(timeout_s=60)
-    try:
-        assert node.stdout is not None and node.stdout.readline().strip() == "ready"
-        address = f"tcp://127.0.0.1:{port}"
+    with _silent_node() as (node, transport, address):
         pending = transport.request(address, pb.NodeRequest(status=pb.StatusRequest()))
         time.sleep(0.5)  # sent and waiting on the node
         os.kill(node.pid, how)
@@ -55,10 +73,6 @@ def test_a_node_that_dies_or_stops_fails_its_requests_at_once_not_at_their_deadl
             pending.result(timeout=20)  # well under the request's own 60 s
         with pytest.raises(Unavailable):  # and the next one is refused at once
             transport.call(address, pb.NodeRequest(status=pb.StatusRequest()), timeout_s=20)
-    finally:
-        transport.close()
-        os.kill(node.pid, signal.SIGKILL)
-        node.wait(10)
 
 
 def test_a_request_right_after_a_close_is_refused_not_lost() -> None:
@@ -66,14 +80,7 @@ def test_a_request_right_after_a_close_is_refused_not_lost() -> None:
     dead connection; a request sent in that gap used to go into it and wait out its deadline.
     Repeated, since the gap is short: every request after a kill is refused at once."""
     for _ in range(20):
-        port = free_port()
-        node = subprocess.Popen(
-            [sys.executable, "-c", _SILENT_NODE, str(port)], stdout=subprocess.PIPE, text=True
-        )
-        transport = NodeTransport(timeout_s=60)
-        try:
-            assert node.stdout is not None and node.stdout.readline().strip() == "ready"
-            address = f"tcp://127.0.0.1:{port}"
+        with _silent_node() as (node, transport, address):
             pending = transport.request(address, pb.NodeRequest(status=pb.StatusRequest()))
             time.sleep(0.05)
             os.kill(node.pid, signal.SIGKILL)
@@ -83,6 +90,3 @@ def test_a_request_right_after_a_close_is_refused_not_lost() -> None:
             with pytest.raises(Unavailable):
                 transport.call(address, pb.NodeRequest(status=pb.StatusRequest()), timeout_s=10)
             assert time.monotonic() - started < 5
-        finally:
-            transport.close()
-            node.wait(10)

@@ -224,10 +224,8 @@ class NodeTransport:
             self._closed.set()
             raise
         finally:
-            for monitor in monitors:
-                monitor.close(linger=0)
-            for dealer in dealers.values():
-                dealer.close(linger=0)
+            for address in list(dealers):
+                self._retire(address, dealers, monitors, poller)
             self._fail_pending(Unavailable("the client's I/O thread stopped before the node answered"))
 
     def _send(
@@ -255,6 +253,7 @@ class NodeTransport:
             try:
                 dealer.connect(address.decode())
             except zmq.ZMQError as exc:
+                dealer.disable_monitor()  # before its reader closes: see _retire
                 monitor.close(linger=0)
                 dealer.close(linger=0)
                 self._fail_header(message[0], InvalidRequest(f"bad node address {address!r}: {exc}"))
@@ -302,7 +301,13 @@ class NodeTransport:
         monitors: dict[zmq.Socket[Any], bytes],
         poller: zmq.Poller,
     ) -> None:
-        """Close the socket to a node whose connection closed (see the module docstring)."""
+        """Close the socket to ``address`` (its connection closed, or the client closes).
+
+        The monitor is disabled before its reader closes, always: libzmq sends a monitor's
+        events from the context's I/O thread with a blocking send, so an event for a reader
+        that is gone (a connection that breaks while the socket is being closed) blocks that
+        thread for good, and with it every socket of the process (``Context.instance()``).
+        """
         dealer = dealers.pop(address, None)
         if dealer is None:
             return

@@ -211,6 +211,13 @@ class MetaServer:
         logger.info("meta service listening on %s, data in %s", self.address, self._data_dir)
         return self
 
+    def apply_retention(self) -> tuple[int, int, int]:
+        """One retention pass now, as the background worker runs every ``retention_check_ms``:
+        ``(segments removed, made remote, objects deleted)``."""
+        if self._retention is None:
+            raise RuntimeError("the Meta Service is not started")
+        return self._retention.run_pass()
+
     def stop(self, grace: float | None = STOP_GRACE_S) -> None:
         """Stop taking RPCs, wait up to ``grace`` s for those in flight, close the store."""
         if self._server is None:

@@ -98,6 +98,14 @@ class EmbeddedCluster:
             raise
         return self
 
+    def apply_retention(self) -> int:
+        """Retention now, as the cluster runs it every ``retention_check_ms``: the Meta
+        Service's pass across tiers, then the node's drop of its copies the pass released;
+        returns the records whose local copies were deleted."""
+        assert self.meta_server is not None and self.node is not None, "the cluster is not started"
+        self.meta_server.apply_retention()
+        return self.node.tier_retention.run_pass()
+
     def stop(self) -> None:
         if self.node is not None:
             self.node.stop()

@@ -442,14 +442,14 @@ class Client:
                 continue
             except RobustMQError as error:
                 attempts += 1
-                if not self.retry.retriable(error) or time.monotonic() >= deadline:
+                if not self.retry.retriable(error) or deadline - time.monotonic() < self.retry.min_attempt_s:
                     raise
                 if not write and self.retry.moves_to_another_replica(error):
                     avoid.add(route.address)
                     self.metadata.invalidate_nodes()
                 self.metadata.invalidate(topic, partition)
                 pause = self.retry.backoff_s(error, attempts)
-                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic() - self.retry.min_attempt_s)))
 
 
 def _ipc_table(frames: list[Any]) -> pa.Table:

@@ -644,7 +644,9 @@ class Producer:
         if (
             error is not None
             and self._retry.retriable(error)
-            and (time.monotonic() - batch.created < self._delivery_timeout_s)
+            # Not with less than min_attempt_s left: that attempt would end in the producer's own
+            # timeout before the node could say why (robustmq/_retry.py).
+            and time.monotonic() - batch.created < self._delivery_timeout_s - self._retry.min_attempt_s
         ):
             self._client.metadata.invalidate(batch.topic, batch.partition)
             with self._wakeup:

@@ -26,7 +26,12 @@ fetches, :class:`robustmq.Client`'s reads, produces and seals) follows it:
   names the next epoch). The cap is low because a failover takes about a
   second: a client that backed off for longer would add its own wait to it.
 - **Overall bound**: the caller's deadline (the client's ``timeout_s``, a
-  producer's ``delivery_timeout_s``); the last error is raised when it passes.
+  producer's ``delivery_timeout_s``); the last error is raised when it passes,
+  or when less than :attr:`RetryPolicy.min_attempt_s` is left: an attempt that
+  short would end in the client's own timeout before a node could say why.
+  Every request tells the node its timeout, and a node answers what it holds
+  (a write waiting for replicas or for a seal) before then, with an error that
+  names the shard.
 
 Reads of a sealed segment move to another member of its ``isr`` after a
 failure that is the node's (:meth:`RetryPolicy.moves_to_another_replica`).
@@ -50,6 +55,7 @@ class RetryPolicy:
 
     attempt_timeout_s: float = 15.0
     fetch_margin_s: float = 5.0
+    min_attempt_s: float = 0.5
     backoff_first_s: float = 0.05
     backoff_max_s: float = 0.4
 

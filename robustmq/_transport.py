@@ -78,6 +78,7 @@ RECONNECT_WAIT_S = 0.25
 # Inbox names, unique in the process: ZeroMQ frees a closed socket's inproc name only later, on
 # its own thread, and a new transport can get the address (``id``) of one just closed.
 _INBOXES = itertools.count(1)
+_MAX_TIMEOUT_MS = 2**32 - 1  # NodeRequest.timeout_ms is a uint32
 # Monitor addresses, unique for the same reason: pyzmq's default names one after the socket's
 # file descriptor, which a socket opened right after another's close gets again.
 _MONITORS = itertools.count(1)
@@ -133,6 +134,8 @@ class NodeTransport:
         future: Future[Reply] = Future()
         correlation_id = next(self._ids)
         message.correlation_id = correlation_id
+        # The node answers what it holds before then (storage_node/_deadlines.py).
+        message.timeout_ms = min(max(int(timeout * 1000), 1), _MAX_TIMEOUT_MS)
         with self._lock:
             self._pending[correlation_id] = (future, deadline, address.encode())
         if self._closed.is_set():  # closed while we waited for a slot: nobody would answer

@@ -93,6 +93,7 @@ from robustmq.errors import (
 from ._adapter import AppendRequest, AppendResult, StorageAdapter
 from ._batch import prepare_batch
 from ._control import Job, MetaAnswer, MetaControl
+from ._deadlines import answer_by
 from ._driver_manager import split_shard_name
 from ._engine_base import check_producer
 from ._follower import Assigned
@@ -134,6 +135,12 @@ class Request:
     parked: bool = False  # parked or held by its I/O worker (answered later, not by a failed batch)
     held_until: float = 0.0  # held for a seal: answered Unavailable at this time if still held
     incarnation: int = -1  # fetches: the shard incarnation it read first (a long poll re-checks it)
+    received: float = field(default_factory=time.monotonic)
+
+    def answer_by(self, limit_s: float) -> float:
+        """When to answer this request if the node holds it: within ``limit_s`` of its arrival
+        and before its client gives up (``_deadlines.answer_by``)."""
+        return answer_by(self.received, self.message.timeout_ms, limit_s)
 
 
 @dataclass(frozen=True, slots=True)

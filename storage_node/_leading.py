@@ -14,7 +14,7 @@ what the shard's I/O worker does with it, in queue order with the writes:
   leader's durable log end moves, ``acks=1`` requests were answered as for
   RF 1, the others wait in the state (their payload released) and are
   answered when their replicas have them (or ``RequestTimeout`` after
-  ``ack_timeout_ms``).
+  ``ack_timeout_ms``, or earlier before the client's own timeout: ``_deadlines``).
 - **every tick** (at most every :data:`TICK_S`): expired acks are answered,
   and an ISR change the state proposes is sent with ``UpdateIsr`` on a control
   thread; its answer comes back as a ``MetaAnswer`` (``isr``) and is applied
@@ -113,7 +113,7 @@ class Leading:
         acks = item.message.produce.acks
         # acks=all is answered once the high watermark is at least its end; quorum may be earlier.
         response.produce.high_watermark = end if acks == pb.ACKS_ALL else replication.high_watermark
-        deadline = time.monotonic() + self._ack_timeout_s
+        deadline = item.answer_by(self._ack_timeout_s)
         self._held.setdefault(state.name, []).append(WaitingAck(item, end, acks, deadline, response))
 
     def appended(self, state: NodeShard, replication: LeaderState) -> None:

@@ -67,6 +67,8 @@ from typing import Any
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import NotEnoughReplicas, RequestTimeout, RobustMQError
 
+from ._deadlines import take_due
+
 __all__ = ["AckAnswer", "LeaderState", "WaitingAck", "min_insync_of"]
 
 _INF = float("inf")
@@ -87,6 +89,10 @@ class WaitingAck:
     acks: int  # pb.ACKS_ALL or pb.ACKS_QUORUM
     deadline: float
     answer: pb.NodeResponse
+
+
+def _deadline(ack: WaitingAck) -> float:
+    return ack.deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,9 +202,8 @@ class LeaderState:
         """Answer ``RequestTimeout`` to the requests whose deadline passed (their records may be stored)."""
         answers = []
         with self._lock:
-            for waiting in (self._all, self._quorum):  # each in deadline order: queued in time order
-                while waiting and waiting[0].deadline <= now:
-                    ack = waiting.popleft()
+            for waiting in (self._all, self._quorum):
+                for ack in take_due(waiting, now, _deadline):
                     error = RequestTimeout(
                         f"the replicas of {self.shard} did not confirm offset {ack.end_offset - 1} in "
                         f"time; the records may be stored (an idempotent producer's retry is safe)",

@@ -47,9 +47,10 @@ stalls the others: held writes and waiting seal requests count against the
 worker's ``max_parked`` (``Busy`` past it); a shard holds at most
 ``max_held_bytes`` of payload (``Busy`` past it, so it takes at most that
 share of the node's ``max_queued_bytes``); and nothing waits longer than
-``hold_s``: a held write or seal request is then answered ``Unavailable``
-(retriable; the write was not appended) whatever its client's own deadline,
-so a client that gave up long ago does not keep memory held.
+``hold_s``, nor past just before its client's own timeout (``_deadlines``): a
+held write or seal request is then answered ``Unavailable`` (retriable; the
+write was not appended), so its client hears why instead of timing out, and a
+client that gave up does not keep memory held.
 
 Every job and answer names the shard's incarnation; an answer about another
 incarnation than the one served now is ignored, and the Meta Service refuses
@@ -83,6 +84,7 @@ from robustmq.errors import (
 )
 
 from ._control import Agreement, Job, MetaAnswer
+from ._deadlines import take_due
 from ._shards import NodeShard, SealTask
 
 if TYPE_CHECKING:
@@ -210,7 +212,7 @@ class Sealer:
     def _park(self, item: Request) -> None:
         self._worker.parked += 1
         item.parked = True
-        item.held_until = time.monotonic() + self._worker.hold_s
+        item.held_until = item.answer_by(self._worker.hold_s)
 
     def _unpark(self, item: Request) -> None:
         self._worker.parked -= 1
@@ -445,13 +447,13 @@ class Sealer:
                 self.start(state, None)
 
     def _expire(self, state: NodeShard, now: float) -> None:
-        """Answer ``state``'s seal requests and held writes that waited past ``hold_s`` (oldest first)."""
+        """Answer ``state``'s seal requests and held writes that waited past ``hold_s`` or until
+        just before their clients give up (``_deadlines``)."""
         task = state.seal
         if task is None or state.held is None:
             self._paused.pop(state.name, None)
             return
-        while task.waiters and task.waiters[0].held_until <= now:
-            waiter = task.waiters.popleft()
+        for waiter in take_due(task.waiters, now, _held_until):
             self._unpark(waiter)
             self._worker.fail(
                 waiter,
@@ -461,8 +463,7 @@ class Sealer:
                     shard=state.name,
                 ),
             )
-        while state.held and state.held[0].held_until <= now:
-            request = state.held.popleft()
+        for request in take_due(state.held, now, _held_until):
             state.held_bytes -= request.size_bytes
             self._unpark(request)
             self._worker.fail(
@@ -473,6 +474,10 @@ class Sealer:
                     shard=state.name,
                 ),
             )
+
+
+def _held_until(request: Request) -> float:
+    return request.held_until
 
 
 def _empty_seal_allowed(state: NodeShard) -> bool:

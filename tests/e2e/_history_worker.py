@@ -59,9 +59,13 @@ POISON_TAG = "x" * 70_000  # a tag longer than the 65,535 bytes an index key can
 
 
 def node_silent(error: BaseException) -> bool:
-    """True if ``error`` says a storage node did not answer in time (not the Meta Service:
-    its errors carry the gRPC ``status``)."""
-    return isinstance(error, RequestTimeout) and "status" not in error.fields
+    """True if ``error`` says a storage node did not answer in time: the client's own timeout.
+
+    Not the Meta Service's (its errors carry the gRPC ``status``), nor a node's answer that
+    its replicas did not confirm in time (it names the ``shard``): a node that says so
+    before the client gives up has answered.
+    """
+    return isinstance(error, RequestTimeout) and not {"status", "shard"} & set(error.fields)
 
 
 def refused(error: BaseException) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -18,7 +19,7 @@ import robustmq
 from robustmq._frame import crc32c
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records
-from robustmq.errors import RobustMQError
+from robustmq.errors import RequestTimeout, RobustMQError
 from tests.e2e._procs import NodeCluster, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -237,7 +238,6 @@ def test_a_resumed_paused_leader_truncates_its_tail_and_reports_the_sealed_segme
     assert len({_checksum(client, cluster.address(i), shard, incarnation, sealed) for i in range(3)}) == 1
 
 
-
 def test_a_leader_placed_after_the_first_segments_reports_the_chain_log_start(
     client: robustmq.Client, cluster: NodeCluster
 ) -> None:
@@ -269,3 +269,30 @@ def test_a_leader_placed_after_the_first_segments_reports_the_chain_log_start(
     assert info.log_start_offset == 0
     assert client.list_offsets("later")[0][0] == 0
     assert client.read("later", 0, 0, 10).num_rows == 10
+
+
+def test_a_write_its_replicas_cannot_confirm_is_answered_before_its_client_gives_up(
+    client: robustmq.Client, cluster: NodeCluster
+) -> None:
+    """Both followers paused: an ``acks=all`` write cannot be confirmed, and the ISR cannot
+    shrink yet (their lag is within ``replica_lag_ms``). The leader answers ``RequestTimeout``
+    naming the shard before the client's own 3 s timeout; it waited ``ack_timeout_ms`` (10 s)
+    before, so the client only ever saw its own timeout and could not tell a stalled node
+    from a slow replica."""
+    shard, _ = _topic(client, "held")
+    _produce(client, "held", 0, 1, "all")
+    leader = client.meta.get_shard(shard).segments[-1].leader
+    followers = [i for i in range(3) if cluster.node_id(i) != leader]
+    for i in followers:
+        os.kill(cluster.nodes[i].pid, signal.SIGSTOP)
+    try:
+        with robustmq.connect(cluster.meta_address, timeout_s=3) as short:
+            started = time.monotonic()
+            with pytest.raises(RequestTimeout) as failed:
+                short.produce("held", 0, build_records([b"held"]), acks="all")
+            took = time.monotonic() - started
+    finally:
+        for i in followers:
+            os.kill(cluster.nodes[i].pid, signal.SIGCONT)
+    assert failed.value.fields.get("shard") == shard, failed.value
+    assert took < 3.0, took

@@ -1,0 +1,25 @@
+"""When a node answers what it holds, and taking what is due from an unordered queue."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from storage_node._deadlines import answer_by, take_due
+
+
+def test_a_client_that_names_no_timeout_waits_the_node_limit() -> None:
+    assert answer_by(100.0, 0, 10.0) == 110.0
+
+
+def test_the_answer_comes_before_the_client_gives_up_with_room_for_the_way_back() -> None:
+    assert answer_by(100.0, 5_000, 10.0) == 104.0  # 5 s less 1 s
+    assert answer_by(100.0, 30_000, 10.0) == 110.0  # the node's own limit is earlier
+    assert answer_by(100.0, 1_000, 10.0) == 100.8  # a short timeout keeps a fifth for the way back
+
+
+def test_due_items_are_taken_wherever_they_are_and_the_rest_keep_their_order() -> None:
+    queue = deque([("a", 5.0), ("b", 1.0), ("c", 9.0), ("d", 2.0)])
+    assert take_due(queue, 2.0, lambda item: item[1]) == [("b", 1.0), ("d", 2.0)]
+    assert list(queue) == [("a", 5.0), ("c", 9.0)]
+    assert take_due(queue, 2.0, lambda item: item[1]) == []
+    assert list(queue) == [("a", 5.0), ("c", 9.0)]

@@ -262,6 +262,7 @@ class RetentionWorker:
         self._last_warning = 0.0
         self._stores: dict[str, ObjectStore] = {}  # root URL -> store (a cluster has one or two)
         self._after = ""  # where the next pass's object deletions start (see delete_objects)
+        self._pass_lock = threading.Lock()  # one pass at a time (MetaServer.apply_retention runs one too)
 
     def start(self) -> RetentionWorker:
         self._thread.start()
@@ -294,15 +295,16 @@ class RetentionWorker:
 
     def run_pass(self) -> tuple[int, int, int]:
         """One pass: ``(segments removed, made REMOTE, objects deleted)``."""
-        control = self._control
-        removed = remote = 0
-        for topic in control.retention_topics():  # type: ignore[attr-defined]
-            if self._stopping.is_set():
-                break
-            gone, moved = self._apply(topic)
-            removed += gone
-            remote += moved
-        return removed, remote, self.delete_objects()
+        with self._pass_lock:
+            control = self._control
+            removed = remote = 0
+            for topic in control.retention_topics():  # type: ignore[attr-defined]
+                if self._stopping.is_set():
+                    break
+                gone, moved = self._apply(topic)
+                removed += gone
+                remote += moved
+            return removed, remote, self.delete_objects()
 
     def _apply(self, topic: str) -> tuple[int, int]:
         """Retention of one topic; a failure is logged and skips that topic only (this pass)."""

@@ -351,7 +351,9 @@ class Client:
         """Append one table of records (record schema) to one partition, retrying retriable errors.
 
         With ``producer_id`` and ``sequence`` set, a repeat (after a retry or a
-        replayed Spark batch) is acknowledged as a duplicate and stored once.
+        replayed Spark batch) is acknowledged as a duplicate and stored once; without
+        them, a retry after a ``RequestTimeout`` (the records may be stored) may store
+        them twice.
         ``acks``: ``"all"`` (default), ``"quorum"`` or ``"1"`` (see :mod:`robustmq._acks`);
         ``NotEnoughReplicas`` is retried like ``Unavailable`` until the client's timeout.
         """
@@ -442,14 +444,14 @@ class Client:
                 continue
             except RobustMQError as error:
                 attempts += 1
-                if not self.retry.retriable(error) or deadline - time.monotonic() < self.retry.min_attempt_s:
+                if not self.retry.worth_another_attempt(error, deadline - time.monotonic()):
                     raise
                 if not write and self.retry.moves_to_another_replica(error):
                     avoid.add(route.address)
                     self.metadata.invalidate_nodes()
                 self.metadata.invalidate(topic, partition)
                 pause = self.retry.backoff_s(error, attempts)
-                time.sleep(min(pause, max(0.0, deadline - time.monotonic() - self.retry.min_attempt_s)))
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic() - self.retry.floor_s(error))))
 
 
 def _ipc_table(frames: list[Any]) -> pa.Table:

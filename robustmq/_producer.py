@@ -641,17 +641,15 @@ class Producer:
         if done is not None:
             error = done.exception()
         batch.attempts += 1
-        if (
-            error is not None
-            and self._retry.retriable(error)
-            # Not with less than min_attempt_s left: that attempt would end in the producer's own
-            # timeout before the node could say why (robustmq/_retry.py).
-            and time.monotonic() - batch.created < self._delivery_timeout_s - self._retry.min_attempt_s
-        ):
+        give_up_at = batch.created + self._delivery_timeout_s
+        if error is not None and self._retry.worth_another_attempt(error, give_up_at - time.monotonic()):
             self._client.metadata.invalidate(batch.topic, batch.partition)
             with self._wakeup:
                 if not self._abandoned:  # under the lock: close() may be failing the queue
-                    batch.retry_at = time.monotonic() + self._retry.backoff_s(error, batch.attempts)
+                    batch.retry_at = min(  # the attempt keeps the time worth sending it (_retry.py)
+                        time.monotonic() + self._retry.backoff_s(error, batch.attempts),
+                        give_up_at - self._retry.floor_s(error),
+                    )
                     state.batches.appendleft(batch)
                     state.in_flight = None
                     self._wakeup.notify_all()

@@ -26,12 +26,12 @@ fetches, :class:`robustmq.Client`'s reads, produces and seals) follows it:
   names the next epoch). The cap is low because a failover takes about a
   second: a client that backed off for longer would add its own wait to it.
 - **Overall bound**: the caller's deadline (the client's ``timeout_s``, a
-  producer's ``delivery_timeout_s``); the last error is raised when it passes,
-  or when less than :attr:`RetryPolicy.min_attempt_s` is left: an attempt that
-  short would end in the client's own timeout before a node could say why.
+  producer's ``delivery_timeout_s``); the last error is raised when it passes.
   Every request tells the node its timeout, and a node answers what it holds
   (a write waiting for replicas or for a seal) before then, with an error that
-  names the shard.
+  names the shard. After a ``RequestTimeout``, no attempt starts with less than
+  :attr:`RetryPolicy.min_attempt_s` left: it would end in the client's own
+  timeout before the node could say why; the node's error is raised instead.
 
 Reads of a sealed segment move to another member of its ``isr`` after a
 failure that is the node's (:meth:`RetryPolicy.moves_to_another_replica`).
@@ -63,6 +63,14 @@ class RetryPolicy:
     def retriable(error: BaseException) -> bool:
         """Whether a request that failed with ``error`` may succeed when sent again."""
         return isinstance(error, RobustMQError) and (error.retriable or isinstance(error, StaleEpoch))
+
+    def floor_s(self, error: BaseException) -> float:
+        """The least time worth another attempt after ``error`` (see the module docstring)."""
+        return self.min_attempt_s if isinstance(error, RequestTimeout) else 0.0
+
+    def worth_another_attempt(self, error: BaseException, remaining_s: float) -> bool:
+        """Whether to send again after ``error`` with ``remaining_s`` left of the caller's deadline."""
+        return self.retriable(error) and remaining_s > self.floor_s(error)
 
     @staticmethod
     def moves_to_another_replica(error: BaseException) -> bool:

@@ -84,6 +84,18 @@ _MAX_TIMEOUT_MS = 2**32 - 1  # NodeRequest.timeout_ms is a uint32
 _MONITORS = itertools.count(1)
 
 
+def _timeout_ms(deadline: float) -> int:
+    """``NodeRequest.timeout_ms`` for a request due at ``deadline``: the node answers what it
+    holds before then (storage_node/_deadlines.py)."""
+    return min(max(int((deadline - time.monotonic()) * 1000), 1), _MAX_TIMEOUT_MS)
+
+
+def _restamped(header: Any, deadline: float) -> bytes:
+    message = pb.NodeRequest.FromString(header.bytes)
+    message.timeout_ms = _timeout_ms(deadline)
+    return message.SerializeToString()
+
+
 class NodeTransport:
     """Futures-based requests to storage nodes; see the module docstring."""
 
@@ -134,8 +146,7 @@ class NodeTransport:
         future: Future[Reply] = Future()
         correlation_id = next(self._ids)
         message.correlation_id = correlation_id
-        # The node answers what it holds before then (storage_node/_deadlines.py).
-        message.timeout_ms = min(max(int(timeout * 1000), 1), _MAX_TIMEOUT_MS)
+        message.timeout_ms = _timeout_ms(deadline)  # what is left after the wait for a slot
         with self._lock:
             self._pending[correlation_id] = (future, deadline, address.encode())
         if self._closed.is_set():  # closed while we waited for a slot: nobody would answer
@@ -256,7 +267,8 @@ class NodeTransport:
             try:
                 dealer.connect(address.decode())
             except zmq.ZMQError as exc:
-                dealer.disable_monitor()  # before its reader closes: see _retire
+                with contextlib.suppress(zmq.ZMQError):
+                    dealer.disable_monitor()  # before its reader closes: see _retire
                 monitor.close(linger=0)
                 dealer.close(linger=0)
                 self._fail_header(message[0], InvalidRequest(f"bad node address {address!r}: {exc}"))
@@ -269,6 +281,7 @@ class NodeTransport:
             wait = RECONNECT_WAIT_S if address in went_away else CONNECT_WAIT_S
             deadline = float.fromhex(parts[1].bytes.decode())
             self._wait_connected(dealer, min(deadline, time.monotonic() + wait))
+            message = [_restamped(message[0], deadline), *message[1:]]  # the wait took some of it
         try:
             dealer.send_multipart(message, zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -331,7 +344,7 @@ class NodeTransport:
             time.sleep(0.002)
 
     def _fail_header(self, header: Any, error: Exception) -> None:
-        message = pb.NodeRequest.FromString(header.bytes)
+        message = pb.NodeRequest.FromString(header if isinstance(header, bytes) else header.bytes)
         self._resolve(message.correlation_id, error=error)
 
     def _receive(self, parts: list[Any]) -> None:

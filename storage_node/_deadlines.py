@@ -3,9 +3,10 @@
 A request names how long its client waits (``NodeRequest.timeout_ms``). A request
 the node holds (an ``acks=all``/``quorum`` write waiting for its replicas, a write
 held while its segment's seal settles) is answered by the earlier of the node's own
-limit and the client's deadline less a margin for the way back: a retriable error
-that names the shard, instead of silence the client can only time out on. A client
-that does not say waits the node's limit.
+limit (counted from when the wait starts) and the client's deadline less a margin
+for the way back and for the worker's tick: a retriable error that names the shard,
+instead of silence the client can only time out on. A client that does not say
+waits the node's limit.
 """
 
 from __future__ import annotations
@@ -18,16 +19,23 @@ __all__ = ["answer_by", "take_due"]
 
 T = TypeVar("T")
 
-MARGIN_S = 1.0  # kept for the answer's way back, at most
-MARGIN_SHARE = 0.2  # of the client's timeout, for short ones
+MARGIN_MAX_S = 1.0  # kept for the answer's way back, at most
+MARGIN_MIN_S = 0.25  # at least (an idle I/O worker ticks every 0.1 s) ...
+MARGIN_SHARE = 0.2  # ... else a fifth of the client's timeout; never more than half of it
 
 
-def answer_by(received: float, timeout_ms: int, limit_s: float) -> float:
-    """The latest (monotonic) time to answer a request received at ``received``."""
-    latest = received + limit_s
+def margin_s(timeout_s: float) -> float:
+    """What is kept of a client's ``timeout_s`` for the answer to reach it in time."""
+    return min(MARGIN_MAX_S, max(MARGIN_MIN_S, timeout_s * MARGIN_SHARE), timeout_s / 2)
+
+
+def answer_by(now: float, limit_s: float, received: float, timeout_ms: int) -> float:
+    """The latest (monotonic) time to answer a request received at ``received`` whose wait of at
+    most ``limit_s`` starts at ``now``."""
+    latest = now + limit_s
     if timeout_ms > 0:
         timeout_s = timeout_ms / 1000
-        latest = min(latest, received + timeout_s - min(MARGIN_S, timeout_s * MARGIN_SHARE))
+        latest = min(latest, received + timeout_s - margin_s(timeout_s))
     return latest
 
 

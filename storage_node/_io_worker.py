@@ -138,9 +138,9 @@ class Request:
     received: float = field(default_factory=time.monotonic)
 
     def answer_by(self, limit_s: float) -> float:
-        """When to answer this request if the node holds it: within ``limit_s`` of its arrival
-        and before its client gives up (``_deadlines.answer_by``)."""
-        return answer_by(self.received, self.message.timeout_ms, limit_s)
+        """When to answer this request if the node holds it from now: within ``limit_s`` and
+        before its client gives up (``_deadlines.answer_by``)."""
+        return answer_by(time.monotonic(), limit_s, self.received, self.message.timeout_ms)
 
 
 @dataclass(frozen=True, slots=True)

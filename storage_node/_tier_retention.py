@@ -62,6 +62,7 @@ class TierRetention(threading.Thread):
         self._meta = meta
         self._interval_s = interval_s
         self._cursor: tuple[str, int] | None = None  # the last shard the previous pass looked at
+        self._pass_lock = threading.Lock()  # one pass at a time (a test or an operator may run one)
 
     def run(self) -> None:
         node = self._node
@@ -73,6 +74,10 @@ class TierRetention(threading.Thread):
 
     def run_pass(self) -> int:
         """One pass; returns the records whose local copies were deleted."""
+        with self._pass_lock:
+            return self._run_pass()
+
+    def _run_pass(self) -> int:
         node = self._node
         held = node.directory.held_in("segment")
         if self._cursor is not None:

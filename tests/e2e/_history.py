@@ -586,13 +586,19 @@ class _Checker:
 
     def availability(self) -> None:
         """stalled_write: the storage node, up and not paused, left a write unanswered for the
-        client's whole timeout (the Meta Service may have been down: writes must not wait for it).
+        client's whole timeout (the Meta Service may have been down: writes must not wait for it),
+        or answered that it could not confirm it in time while nothing at all was broken.
         invalid_not_refused: with no fault at all, a record the node must refuse was not
         refused with a typed error before the producer's delivery timeout."""
         for invocation, done in self.pairs:
             window = (invocation.time, done.time)
             if done.f == "produce" and done.type == INFO and done.value.get("node_silent"):
                 if not self._faulty(*window, ("node", "net")):
+                    self.found["stalled_write"].append(
+                        {"op": done.index, "from": window[0], "to": window[1], "error": done.error}
+                    )
+            elif done.f == "produce" and done.type == INFO and done.value.get("node_timed_out"):
+                if not self._faulty(*window, ("node", "meta", "net")):
                     self.found["stalled_write"].append(
                         {"op": done.index, "from": window[0], "to": window[1], "error": done.error}
                     )

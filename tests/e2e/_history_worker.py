@@ -51,7 +51,7 @@ from robustmq.errors import (
 from tests.e2e._history import FAIL, INFO, OK, History, Op, write_outcome, write_value
 from tests.e2e._history_workload import Settings, TopicPlan, TopicSlot
 
-__all__ = ["Worker", "create_topic", "node_silent", "refused"]
+__all__ = ["Worker", "create_topic", "node_silent", "node_timed_out", "refused"]
 
 log = logging.getLogger("robustmq.history")
 
@@ -62,10 +62,15 @@ def node_silent(error: BaseException) -> bool:
     """True if ``error`` says a storage node did not answer in time: the client's own timeout.
 
     Not the Meta Service's (its errors carry the gRPC ``status``), nor a node's answer that
-    its replicas did not confirm in time (it names the ``shard``): a node that says so
-    before the client gives up has answered.
+    it could not confirm the write in time (it names the ``shard``: see :func:`node_timed_out`).
     """
     return isinstance(error, RequestTimeout) and not {"status", "shard"} & set(error.fields)
+
+
+def node_timed_out(error: BaseException) -> bool:
+    """True if ``error`` is a node's answer that it could not confirm the write in time (its
+    replicas did not, or a seal did not settle): fine during faults, a stall without one."""
+    return isinstance(error, RequestTimeout) and "shard" in error.fields
 
 
 def refused(error: BaseException) -> bool:
@@ -314,7 +319,8 @@ class Worker(threading.Thread):
                 type_, outcome = write_outcome(
                     [], values if refused(error) else [], [] if refused(error) else values
                 )
-                op.finish(type_, {**outcome, "node_silent": node_silent(error)}, repr(error))
+                silent, timed_out = node_silent(error), node_timed_out(error)
+                op.finish(type_, {**outcome, "node_silent": silent, "node_timed_out": timed_out}, repr(error))
                 return
             offsets = [answer.base_offset + i if answer.base_offset >= 0 else -1 for i in range(len(values))]
             for offset in offsets:

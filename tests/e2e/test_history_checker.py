@@ -339,13 +339,13 @@ def test_lost_and_resurrected_topics() -> None:
     assert b.anomalies() == {"resurrected"}
 
 
-def _silent_produce(b: Build, value: str) -> None:
+def _silent_produce(b: Build, value: str, how: str = "node_silent") -> None:
     b.op(
         "0",
         "produce",
         {"topic": "t", "inc": 1, "writes": [[0, value]]},
         INFO,
-        {"acked": [], "failed": [], "unknown": [value], "node_silent": True},
+        {"acked": [], "failed": [], "unknown": [value], how: True},
     )
 
 
@@ -363,6 +363,17 @@ def test_stalled_write_unless_the_storage_node_was_down() -> None:
     _silent_produce(b, v(0))
     b.op("nemesis", "heal", {"fault": "pause_node", "target": "node"}, INFO)
     _silent_produce(b, v(1))  # within the grace period after the heal
+    assert b.anomalies() == set()
+
+
+def test_a_node_that_says_it_could_not_confirm_a_write_stalled_only_if_nothing_was_broken() -> None:
+    b = Build()
+    _silent_produce(b, v(0), "node_timed_out")
+    assert b.anomalies() == {"stalled_write"}
+    b = Build()  # the Meta Service was down: the ISR could not shrink, the node said so in time
+    b.op("nemesis", "inject", {"fault": "pause_meta", "target": "meta"}, INFO)
+    _silent_produce(b, v(0), "node_timed_out")
+    b.op("nemesis", "heal", {"fault": "pause_meta", "target": "meta"}, INFO)
     assert b.anomalies() == set()
 
 

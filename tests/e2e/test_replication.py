@@ -289,7 +289,7 @@ def test_a_write_its_replicas_cannot_confirm_is_answered_before_its_client_gives
         with robustmq.connect(cluster.meta_address, timeout_s=3) as short:
             started = time.monotonic()
             with pytest.raises(RequestTimeout) as failed:
-                short.produce("held", 0, build_records([b"held"]), acks="all")
+                short.produce("held", 0, build_records([b"held"]), producer_id=7, sequence=0, acks="all")
             took = time.monotonic() - started
     finally:
         for i in followers:

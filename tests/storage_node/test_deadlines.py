@@ -4,17 +4,21 @@ from __future__ import annotations
 
 from collections import deque
 
+import pytest
+
 from storage_node._deadlines import answer_by, take_due
 
 
-def test_a_client_that_names_no_timeout_waits_the_node_limit() -> None:
-    assert answer_by(100.0, 0, 10.0) == 110.0
+def test_a_client_that_names_no_timeout_waits_the_node_limit_from_the_start_of_the_wait() -> None:
+    assert answer_by(103.0, 10.0, 100.0, 0) == 113.0
 
 
 def test_the_answer_comes_before_the_client_gives_up_with_room_for_the_way_back() -> None:
-    assert answer_by(100.0, 5_000, 10.0) == 104.0  # 5 s less 1 s
-    assert answer_by(100.0, 30_000, 10.0) == 110.0  # the node's own limit is earlier
-    assert answer_by(100.0, 1_000, 10.0) == 100.8  # a short timeout keeps a fifth for the way back
+    assert answer_by(100.0, 10.0, 100.0, 5_000) == 104.0  # 5 s less a fifth (1 s)
+    assert answer_by(100.0, 10.0, 100.0, 30_000) == 110.0  # the node's own limit is earlier
+    assert answer_by(100.0, 10.0, 100.0, 1_000) == 100.75  # at least 0.25 s: the worker ticks
+    assert answer_by(100.0, 10.0, 100.0, 300) == pytest.approx(100.15)  # never more than half of it
+    assert answer_by(105.0, 10.0, 100.0, 20_000) == 115.0  # held later: its own limit from then
 
 
 def test_due_items_are_taken_wherever_they_are_and_the_rest_keep_their_order() -> None:

@@ -61,6 +61,33 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - started, result
 
 
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine spent busy so far (every core; /proc/stat, Linux): the
+    difference over an interval is the work every process did in it, servers included."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_command() -> dict[str, float]:
+    """CPU seconds used so far by each running process, summed by a short name of its command
+    line (Linux /proc): the difference over an interval shows where the CPU went."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used: dict[str, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            words = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # it ended meanwhile
+            continue
+        words = [w.decode(errors="replace").rsplit("/", 1)[-1] for w in words if w]
+        if "java" in words[:1]:
+            words = ["java", *[w for w in words if w.startswith("org.apache")][-1:]]
+        name = " ".join(w for w in words[:3] if "\n" not in w)[:48] or "?"
+        used[name] = used.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return used
+
+
 def machine() -> dict[str, Any]:
     return {
         "python": platform.python_version(),

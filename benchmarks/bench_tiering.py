@@ -56,7 +56,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests: moto_server and process runners
 
-from _common import OUT_DIR, bar_panels, emit, percentile_ms
+from _common import OUT_DIR, bar_panels, busy_cpu_s, cpu_by_command, emit, percentile_ms
 from bench_spark import produce_topic
 from bench_tier import MiB, _boto3, _in_threads
 
@@ -153,8 +153,12 @@ def part_tiering(spark: Any, env: dict[str, str], work: Path, procs: Any, client
     bodies = [path.read_bytes() for path in segment_files(data_dir, "tiering")]
     bodies = [body for body in bodies if body]  # the empty active segments the seals opened
     segment_bytes = sum(len(body) for body in bodies)
+    cpu = busy_cpu_s()
     raw_before = put_files(s3, "bench", bodies, "before")
+    raw_cpu, cpu, by_command = busy_cpu_s() - cpu, busy_cpu_s(), cpu_by_command()
     tier_s, batches_s = run_tier_job(spark, procs.meta_address, tier_url, work / "ck-tiering")
+    tier_cpu, after = busy_cpu_s() - cpu, cpu_by_command()
+    spent = {name: used - by_command.get(name, 0.0) for name, used in after.items()}
     if not all_tiered(client, "tiering"):
         raise RuntimeError("the tiering job ended with segments of 'tiering' still untiered")
     raw_after = put_files(s3, "bench", bodies, "after")
@@ -171,6 +175,15 @@ def part_tiering(spark: Any, env: dict[str, str], work: Path, procs: Any, client
         "raw_put_mib_per_s": segment_bytes / MiB / raw_s,
         "raw_put_mib_per_s_before_after": [segment_bytes / MiB / raw_before, segment_bytes / MiB / raw_after],
         "tier_ratio_to_raw_put": raw_s / tier_s,
+        # Busy CPU seconds of the whole machine (every process: the job, the node, moto_server),
+        # and the share of its cores they are: a share near 1 means CPU-bound, not waiting.
+        "raw_put_cpu_s": raw_cpu,
+        "tier_cpu_s": tier_cpu,
+        "raw_put_cpu_share": raw_cpu / raw_before / (os.cpu_count() or 1),
+        "tier_cpu_share": tier_cpu / tier_s / (os.cpu_count() or 1),
+        "tier_cpu_s_by_process": {
+            name: round(used, 2) for name, used in sorted(spent.items(), key=lambda i: -i[1]) if used >= 0.1
+        },
     }
     print("tiering", results, flush=True)
     return results

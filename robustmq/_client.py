@@ -427,12 +427,16 @@ class Client:
         attempts = 0
         avoid: set[str] = set()
         refreshed_unknown = False
+        floor = self.retry.floor_s(self.timeout_s)
+        last: RobustMQError | None = None
         while True:
             route = (
                 self.metadata.write_route(topic, partition)
                 if write
                 else self.metadata.read_route(topic, partition, offset, avoid=avoid)
             )
+            if last is not None and deadline - time.monotonic() < floor:
+                raise last  # the lookup took the time a retry needed (see robustmq/_retry.py)
             try:
                 attempt_s = self.retry.attempt_s(deadline - time.monotonic())
                 return self.transport.call(route.address, build(route), payloads, timeout_s=attempt_s)
@@ -444,14 +448,15 @@ class Client:
                 continue
             except RobustMQError as error:
                 attempts += 1
-                if not self.retry.worth_another_attempt(error, deadline - time.monotonic()):
+                if not self.retry.worth_another_attempt(error, deadline - time.monotonic(), self.timeout_s):
                     raise
+                last = error
                 if not write and self.retry.moves_to_another_replica(error):
                     avoid.add(route.address)
                     self.metadata.invalidate_nodes()
                 self.metadata.invalidate(topic, partition)
                 pause = self.retry.backoff_s(error, attempts)
-                time.sleep(min(pause, max(0.0, deadline - time.monotonic() - self.retry.floor_s(error))))
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic() - floor)))
 
 
 def _ipc_table(frames: list[Any]) -> pa.Table:

@@ -642,13 +642,15 @@ class Producer:
             error = done.exception()
         batch.attempts += 1
         give_up_at = batch.created + self._delivery_timeout_s
-        if error is not None and self._retry.worth_another_attempt(error, give_up_at - time.monotonic()):
+        if error is not None and self._retry.worth_another_attempt(
+            error, give_up_at - time.monotonic(), self._delivery_timeout_s
+        ):
             self._client.metadata.invalidate(batch.topic, batch.partition)
             with self._wakeup:
                 if not self._abandoned:  # under the lock: close() may be failing the queue
                     batch.retry_at = min(  # the attempt keeps the time worth sending it (_retry.py)
                         time.monotonic() + self._retry.backoff_s(error, batch.attempts),
-                        give_up_at - self._retry.floor_s(error),
+                        give_up_at - self._retry.floor_s(self._delivery_timeout_s),
                     )
                     state.batches.appendleft(batch)
                     state.in_flight = None

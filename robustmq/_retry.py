@@ -29,9 +29,11 @@ fetches, :class:`robustmq.Client`'s reads, produces and seals) follows it:
   producer's ``delivery_timeout_s``); the last error is raised when it passes.
   Every request tells the node its timeout, and a node answers what it holds
   (a write waiting for replicas or for a seal) before then, with an error that
-  names the shard. After a ``RequestTimeout``, no attempt starts with less than
-  :attr:`RetryPolicy.min_attempt_s` left: it would end in the client's own
-  timeout before the node could say why; the node's error is raised instead.
+  names the shard. No retry starts with less than :meth:`RetryPolicy.floor_s`
+  left (:attr:`RetryPolicy.min_attempt_s`, 0.5 s, or a quarter of a shorter
+  overall timeout), counted when the request would go out (a slow metadata
+  lookup counts): that attempt would end in the client's own timeout before a
+  node could say why, so the last error is raised instead.
 
 Reads of a sealed segment move to another member of its ``isr`` after a
 failure that is the node's (:meth:`RetryPolicy.moves_to_another_replica`).
@@ -64,13 +66,13 @@ class RetryPolicy:
         """Whether a request that failed with ``error`` may succeed when sent again."""
         return isinstance(error, RobustMQError) and (error.retriable or isinstance(error, StaleEpoch))
 
-    def floor_s(self, error: BaseException) -> float:
-        """The least time worth another attempt after ``error`` (see the module docstring)."""
-        return self.min_attempt_s if isinstance(error, RequestTimeout) else 0.0
+    def floor_s(self, timeout_s: float) -> float:
+        """The least time worth a retry under an overall ``timeout_s`` (see the module docstring)."""
+        return min(self.min_attempt_s, timeout_s / 4)
 
-    def worth_another_attempt(self, error: BaseException, remaining_s: float) -> bool:
-        """Whether to send again after ``error`` with ``remaining_s`` left of the caller's deadline."""
-        return self.retriable(error) and remaining_s > self.floor_s(error)
+    def worth_another_attempt(self, error: BaseException, remaining_s: float, timeout_s: float) -> bool:
+        """Whether to send again after ``error`` with ``remaining_s`` left of the caller's ``timeout_s``."""
+        return self.retriable(error) and remaining_s > self.floor_s(timeout_s)
 
     @staticmethod
     def moves_to_another_replica(error: BaseException) -> bool:

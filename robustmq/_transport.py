@@ -379,6 +379,10 @@ class NodeTransport:
             return
         self._next_expiry = now + 0.02  # scanning every 20 ms bounds the work under load
         with self._lock:
-            expired = [cid for cid, (_, deadline, _) in self._pending.items() if deadline <= now]
-        for correlation_id in expired:
-            self._resolve(correlation_id, error=RequestTimeout("the storage node did not answer in time"))
+            expired = [(cid, to) for cid, (_, deadline, to) in self._pending.items() if deadline <= now]
+        for correlation_id, sent_to in expired:
+            node = sent_to.decode()
+            self._resolve(
+                correlation_id,
+                error=RequestTimeout(f"storage node {node} did not answer in time", address=node),
+            )

@@ -56,3 +56,14 @@ def test_one_attempt_is_bounded_below_the_overall_deadline_and_a_long_poll_gets_
     assert policy.attempt_s(3.0) == 3.0  # never past what is left
     assert policy.attempt_s(0.0) == 0.1
     assert policy.attempt_s(30.0, wait_ms=500) == 5.5  # a fetch: its long poll plus the margin
+
+
+def test_no_retry_starts_with_too_little_time_left_for_a_node_to_answer() -> None:
+    from robustmq.errors import InvalidRequest, RequestTimeout, Unavailable
+
+    policy = RetryPolicy()
+    assert policy.floor_s(30.0) == 0.5 and policy.floor_s(1.0) == 0.25
+    assert policy.worth_another_attempt(Unavailable("x"), 0.6, 30.0)
+    assert not policy.worth_another_attempt(RequestTimeout("x", shard="s"), 0.4, 30.0)
+    assert policy.worth_another_attempt(Unavailable("x"), 0.3, 1.0)  # a short timeout still retries
+    assert not policy.worth_another_attempt(InvalidRequest("x"), 10.0, 30.0)

@@ -59,12 +59,15 @@ POISON_TAG = "x" * 70_000  # a tag longer than the 65,535 bytes an index key can
 
 
 def node_silent(error: BaseException) -> bool:
-    """True if ``error`` says a storage node did not answer in time: the client's own timeout.
+    """True if ``error`` says a storage node did not answer in time: the transport's own timeout
+    of a request it sent (it names the node's ``address``).
 
     Not the Meta Service's (its errors carry the gRPC ``status``), nor a node's answer that
     it could not confirm the write in time (it names the ``shard``: see :func:`node_timed_out`).
     """
-    return isinstance(error, RequestTimeout) and not {"status", "shard"} & set(error.fields)
+    if not isinstance(error, RequestTimeout):
+        return False
+    return "address" in error.fields and not {"status", "shard"} & set(error.fields)
 
 
 def node_timed_out(error: BaseException) -> bool:

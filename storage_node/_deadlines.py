@@ -45,10 +45,11 @@ def take_due(queue: deque[T], now: float, due: Callable[[T], float]) -> list[T]:
     Clients name different timeouts, so the queue is not in deadline order: every item is
     looked at (queues are bounded by ``max_parked``).
     """
-    if not any(due(item) <= now for item in queue):
-        return []
-    taken = [item for item in queue if due(item) <= now]
-    kept = [item for item in queue if due(item) > now]
-    queue.clear()
-    queue.extend(kept)
+    taken: list[T] = []
+    kept: list[T] = []
+    for item in queue:  # one look at each item
+        (taken if due(item) <= now else kept).append(item)
+    if taken:
+        queue.clear()
+        queue.extend(kept)
     return taken

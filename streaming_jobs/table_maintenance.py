@@ -136,7 +136,7 @@ def parser() -> argparse.ArgumentParser:
     """The command line of ``robustmq table-maintenance``."""
     from robustmq.cli import OneLineArgumentParser
 
-    from .topic_to_delta import _storage_option
+    from .topic_to_delta import add_storage_option
 
     parser = OneLineArgumentParser(
         prog=PROG,
@@ -167,14 +167,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="the size OPTIMIZE aims at (default: the table's delta.targetFileSize, else 100 MiB)",
     )
-    parser.add_argument(
-        "--storage-option",
-        type=_storage_option,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a delta-rs storage option, repeatable (default: none; settings from the environment)",
-    )
+    add_storage_option(parser)
     return parser
 
 

@@ -282,9 +282,8 @@ def add_trigger_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_table_job_options(parser: argparse.ArgumentParser) -> None:
-    """``--storage-option``, ``--orphan-retention-hours`` and ``--master`` of the jobs writing a
-    Delta table."""
+def add_storage_option(parser: argparse.ArgumentParser) -> None:
+    """``--storage-option``, as every command that opens a Delta table has it."""
     parser.add_argument(
         "--storage-option",
         type=_storage_option,
@@ -294,6 +293,12 @@ def add_table_job_options(parser: argparse.ArgumentParser) -> None:
         help="a delta-rs storage option, repeatable, e.g. AWS_ENDPOINT_URL=http://127.0.0.1:9000 "
         "(default: none; delta-rs then reads its settings from the environment)",
     )
+
+
+def add_table_job_options(parser: argparse.ArgumentParser) -> None:
+    """``--storage-option``, ``--orphan-retention-hours`` and ``--master`` of the jobs writing a
+    Delta table."""
+    add_storage_option(parser)
     parser.add_argument(
         "--orphan-retention-hours",
         type=_retention_hours,

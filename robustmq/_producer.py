@@ -10,9 +10,12 @@ Delivery guarantees:
   sequence per partition; a batch keeps its sequence across retries, so a
   retry of a batch the node already stored is acknowledged with the original
   offsets and stored once.
-- **Ordered**: at most one batch per partition is in flight. The node accepts
+- **Ordered**: at most one request per partition is in flight. The node accepts
   sequences with gaps (the Spark sink needs them), so a retried earlier batch
   must never follow a later one that succeeded; one in flight guarantees it.
+  Batches that queued behind the request in flight go out together in the
+  next one, as far as a request may carry (``_take_riders``), so a stream of
+  small ``send_batch`` tables is not held to one table per round trip.
 - **Acknowledged** per ``acks`` (default ``"all"``; see :mod:`robustmq._acks`).
 - **Retries** on retriable errors (``Unavailable``, ``Busy``, ``NotLeader``,
   ``SegmentSealed``, ``StaleEpoch``, ``RequestTimeout``, ``NotEnoughReplicas``)
@@ -119,6 +122,7 @@ class _Batch:
         "keys",
         "partition",
         "retry_at",
+        "riders",
         "sequence",
         "size",
         "stamps",
@@ -148,10 +152,20 @@ class _Batch:
         self.duplicate = False
         self.error: BaseException | None = None
         self.callbacks: list[Callable[[], None]] = []
+        self.riders: list[_Batch] = []  # batches sent in this batch's request, after its records
 
     @property
     def count(self) -> int:
         return self.table.num_rows if self.table is not None else len(self.values)
+
+    @property
+    def request_bytes(self) -> int:
+        """About how many bytes this batch's records take in a request (``split_rows``' measure)."""
+        return self.size if self.table is None else self.size + ROW_OVERHEAD_BYTES * self.table.num_rows
+
+    def members(self) -> list[_Batch]:
+        """The batches one request carries: this one and its riders, in order."""
+        return [self, *self.riders]
 
     def add_tags(self, index: int, tags: Sequence[str]) -> None:
         if self.tags is None:
@@ -473,8 +487,9 @@ class Producer:
                 if remaining[0]:
                     return
             errors = [b.error for b in batches if b.error is not None]
-            if errors:
-                result.set_exception(errors[0])
+            if errors:  # a copy: batches that rode in one request share their error object
+                error = errors[0]
+                result.set_exception(error.again() if isinstance(error, RobustMQError) else error)
             else:
                 result.set_result(
                     [
@@ -530,7 +545,12 @@ class Producer:
     def _fail_unsent(self) -> None:
         """Fail the batches close() gave up on, so no future waits forever."""
         with self._wakeup:
-            unsent = [batch for state in self._partitions.values() for batch in state.batches]
+            unsent = [
+                member
+                for state in self._partitions.values()
+                for batch in state.batches
+                for member in batch.members()  # a batch back for a retry keeps its riders
+            ]
             for state in self._partitions.values():
                 state.batches.clear()
                 state.open = None
@@ -597,7 +617,8 @@ class Producer:
                         if state.open is batch:  # send() must not add to a batch on its way
                             state.open = None
                         state.in_flight = batch
-                        if batch.sequence < 0:
+                        if batch.sequence < 0:  # a first attempt: its request is made now, for good
+                            self._take_riders(state, batch)
                             batch.sequence = state.next_sequence
                             state.next_sequence += 1
                         ready.append((state, batch))
@@ -609,10 +630,39 @@ class Producer:
             for state, batch in ready:
                 self._dispatch(state, batch)
 
+    def _take_riders(self, state: _Partition, head: _Batch) -> None:
+        """Move the batches queued behind ``head`` into its request while they fit (lock held).
+
+        One request per partition is in flight, so without this every batch that queued
+        meanwhile (a ``send_batch`` table each, or a full ``send`` batch) waits a round
+        trip of its own, and a producer sending small tables at a steady pace falls
+        behind a node that could take them all in one append. The request stays within
+        what ``send_batch`` would cut (``batch_bytes`` x 8, at most the topic's limit).
+
+        The request is retried until the head's delivery timeout, so batches ride only with
+        a head that has more than half of its own left: a rider keeps at least half of its
+        own, and behind a request that is slow to succeed each batch goes alone again.
+        """
+        limits = self._topics.get(head.topic)  # _completed may drop it meanwhile (not under the lock)
+        if limits is None or time.monotonic() - head.created > self._delivery_timeout_s / 2:
+            return
+        limit = min(self._batch_bytes * 8, limits[1])
+        size = head.request_bytes
+        while state.batches:
+            rider = state.batches[0]
+            if rider.sequence >= 0 or size + rider.request_bytes > limit:
+                return
+            state.batches.popleft()
+            if state.open is rider:  # send() must not add to a batch on its way
+                state.open = None
+            head.riders.append(rider)
+            size += rider.request_bytes
+
     def _dispatch(self, state: _Partition, batch: _Batch) -> None:
         try:
             route = self._client.metadata.write_route(batch.topic, batch.partition)
-            payload = encode_batch(batch.build())
+            tables = [member.build() for member in batch.members()]
+            payload = encode_batch(tables[0] if len(tables) == 1 else pa.concat_tables(tables))
             request = pb.NodeRequest(
                 produce=pb.ProduceRequest(
                     shard=route.shard,
@@ -642,6 +692,14 @@ class Producer:
             error = done.exception()
         batch.attempts += 1
         give_up_at = batch.created + self._delivery_timeout_s
+        if error is not None and batch.riders and not self._retry.retriable(error):
+            # Refused for good: the head fails as it would have alone, and its riders queue
+            # again to go out with fresh metadata, as they would have without riding. So one
+            # batch that finds out that its topic was re-created does not fail all of them.
+            with self._wakeup:
+                if not self._abandoned:
+                    state.batches.extendleft(reversed(batch.riders))
+                    batch.riders = []
         if error is not None and self._retry.worth_another_attempt(
             error, give_up_at - time.monotonic(), self._delivery_timeout_s
         ):
@@ -661,15 +719,20 @@ class Producer:
             # perhaps re-created with other partitions or limits): read the topic again next time.
             self._topics.pop(batch.topic, None)
             self._client.metadata.invalidate(batch.topic)
-            batch.finish(error=error)
+            for member in batch.members():
+                member.finish(error=error)
         else:
             assert done is not None
             response = done.result()[0].produce
-            batch.finish(base_offset=response.base_offset, duplicate=response.duplicate)
+            offset = response.base_offset  # the members' records follow each other in the request
+            for member in batch.members():
+                member.finish(base_offset=offset, duplicate=response.duplicate)
+                offset += member.count
         with self._wakeup:
             state.in_flight = None
-            self._buffered -= batch.size
-            self._outstanding -= 1
+            for member in batch.members():
+                self._buffered -= member.size
+                self._outstanding -= 1
             self._wakeup.notify_all()
 
 

@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-long check bench-quick clean-venv
+.PHONY: demo test test-long check bench-quick bench-peers clean-venv
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "robustmq needs Python >= 3.11; set PYTHON=python3.11")'
@@ -34,6 +34,12 @@ test-long: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(PY) benchmarks/bench_storage.py --quick
+
+# RobustMQ beside Redis Streams, NATS JetStream and RabbitMQ streams (about 15 minutes;
+# BENCH_ARGS=--quick for a few). scripts/install_peers installs them (Debian packages, PyPI).
+bench-peers: $(STAMP)
+	scripts/install_peers $(PY)
+	$(PY) benchmarks/bench_peers.py $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

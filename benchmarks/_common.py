@@ -177,3 +177,79 @@ def run_producers(target: Any, argument_sets: list[tuple[Any, ...]]) -> list[Any
     for process in processes:
         process.join(60)
     return answers
+
+
+# Paced sending, shared by the peer benchmark's producers (bench_peers.py and its _peer_* modules).
+TICK_S = 0.01  # a paced producer sends the records due every 10 ms, as one batch/pipeline/window
+WARMUP_S = 1.0  # a paced run's first second (connections, shards) is left out of its latencies
+VALUE_BYTES = 100
+
+
+class Pacer:
+    """Records due at ``rate`` records/s for ``WARMUP_S + seconds``, taken every ``TICK_S``.
+
+    ``wait_s()`` is how long to sleep until the next tick; ``take()`` how many records are due now
+    (possibly 0). ``lag_s`` is how far behind its schedule the sender ever fell after the warm-up:
+    a sender that cannot keep up sends late, so its acknowledgements alone would hide the queueing.
+    """
+
+    def __init__(self, rate: float, seconds: float) -> None:
+        self.rate = rate
+        self.total = int(rate * (seconds + WARMUP_S))
+        self.sent = 0
+        self.lag_s = 0.0
+        self.started = time.perf_counter()
+        self._ticks = 0
+
+    @property
+    def done(self) -> bool:
+        return self.sent >= self.total
+
+    @property
+    def warm(self) -> bool:
+        return time.perf_counter() - self.started >= WARMUP_S
+
+    def wait_s(self) -> float:
+        self._ticks += 1
+        return max(0.0, self.started + self._ticks * TICK_S - time.perf_counter())
+
+    def take(self) -> int:
+        elapsed = time.perf_counter() - self.started
+        due = min(self.total, int(elapsed * self.rate)) - self.sent
+        if due > 0:
+            # the first of these records was due at sent / rate: how late is it going out?
+            # (the warm-up's first sends wait for connections and metadata; they do not count)
+            if elapsed >= WARMUP_S:
+                self.lag_s = max(self.lag_s, elapsed - self.sent / self.rate - TICK_S)
+            self.sent += due
+        return max(due, 0)
+
+
+def stamped_values(count: int, *, seed: int = 0) -> np.ndarray:
+    """``count`` x ``VALUE_BYTES`` random bytes as a (count, VALUE_BYTES) uint8 array; ``stamp`` writes
+    the send time into the first 8 bytes of every row."""
+    return np.random.default_rng(seed).integers(0, 256, size=(count, VALUE_BYTES), dtype=np.uint8)
+
+
+def stamp(values: np.ndarray) -> np.ndarray:
+    """Write ``time.monotonic_ns()`` (big-endian; the same clock in every process of the machine)
+    into the first 8 bytes of each row, in place."""
+    values[:, :8] = np.frombuffer(time.monotonic_ns().to_bytes(8, "big"), np.uint8)
+    return values
+
+
+def age_s(value: bytes) -> float:
+    """Seconds since the stamp at the start of ``value`` was written."""
+    return (time.monotonic_ns() - int.from_bytes(value[:8], "big")) / 1e9
+
+
+def weighted_percentile_ms(samples: list[tuple[float, int]], q: float) -> float:
+    """The ``q``-th percentile, in ms, of latencies given as (seconds, how many records had it)."""
+    if not samples:
+        return float("nan")
+    latencies = np.asarray([s for s, _ in samples])
+    counts = np.asarray([n for _, n in samples])
+    order = np.argsort(latencies)
+    cumulative = np.cumsum(counts[order])
+    index = int(np.searchsorted(cumulative, q / 100.0 * cumulative[-1]))
+    return float(latencies[order][min(index, len(order) - 1)] * 1000.0)

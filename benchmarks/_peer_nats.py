@@ -27,6 +27,7 @@ from _common import Pacer, age_s, stamp, stamped_values
 NAME = "jetstream"
 CLIENTS = ("nats-py",)
 WINDOW = 4_000
+API_TIMEOUT_S = 60.0  # JetStream API calls (creating a consumer on a busy server takes seconds)
 _runs = itertools.count()
 
 
@@ -63,6 +64,9 @@ class Server:
         config = self.root / "nats.conf"
         config.write_text(
             f'listen: "{self.address["url"].removeprefix("nats://")}"\n'
+            # The server cuts off a client that reads slower than it pushes after 10 s by default;
+            # a Python consumer draining 2 M records is such a client (durability is unchanged).
+            + 'write_deadline: "120s"\n'
             f'jetstream {{\n  store_dir: "{self.root / "store"}"\n  {sync}\n}}\n'
         )
         log = (self.root / "nats.log").open("wb")
@@ -106,7 +110,7 @@ async def _account_info(url: str) -> None:
         nats.connect(url, connect_timeout=1, allow_reconnect=False, error_cb=quiet), 5
     )
     try:
-        await connection.jetstream().account_info()
+        await connection.jetstream(timeout=API_TIMEOUT_S).account_info()
     finally:
         await connection.close()
 
@@ -119,8 +123,9 @@ def setup(address: dict[str, Any], streams: int) -> dict[str, Any]:
 
         connection = await nats.connect(target["url"])
         try:
+            js = connection.jetstream(timeout=API_TIMEOUT_S)
             for subject in _subjects(target, streams):
-                await connection.jetstream().add_stream(name=subject, subjects=[subject], storage="file")
+                await js.add_stream(name=subject, subjects=[subject], storage="file")
         finally:
             await connection.close()
 
@@ -144,7 +149,7 @@ async def _produce(
     import nats
 
     connection = await nats.connect(target["url"])
-    js = connection.jetstream(publish_async_max_pending=WINDOW)
+    js = connection.jetstream(publish_async_max_pending=WINDOW, timeout=API_TIMEOUT_S)
     subjects = _subjects(target, streams)
     values = stamped_values(WINDOW)
     try:
@@ -210,7 +215,7 @@ async def _consume(target: dict[str, Any], streams: int, records: int, timeout_s
             enough.set()
 
     try:
-        js = connection.jetstream()
+        js = connection.jetstream(timeout=API_TIMEOUT_S)
         for subject in _subjects(target, streams):
             await js.subscribe(subject, cb=on_message, ordered_consumer=True)
         with contextlib.suppress(TimeoutError):

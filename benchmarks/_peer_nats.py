@@ -64,9 +64,10 @@ class Server:
         config = self.root / "nats.conf"
         config.write_text(
             f'listen: "{self.address["url"].removeprefix("nats://")}"\n'
-            # The server cuts off a client that reads slower than it pushes after 10 s by default;
-            # a Python consumer draining 2 M records is such a client (durability is unchanged).
-            + 'write_deadline: "120s"\n'
+            # The server cuts off a client that reads slower than it pushes (64 MB pending or 10 s
+            # by default); a Python consumer draining a 2 M-record backlog is such a client.
+            # Neither setting touches durability.
+            + 'write_deadline: "120s"\nmax_pending: 1073741824\n'
             f'jetstream {{\n  store_dir: "{self.root / "store"}"\n  {sync}\n}}\n'
         )
         log = (self.root / "nats.log").open("wb")

@@ -19,7 +19,7 @@ For each system and level:
    ``--max-produce-seconds``), with every client: RobustMQ's bulk ``send_batch`` and per-record
    ``send``; redis-py (hiredis, pipelines of 1,000) and ``redis-benchmark -P 1000 -c 1``;
    nats-py (``publish_async``, 4,000 in flight); a RabbitMQ streams client;
-2. **consume**: one consumer process reads the first ``--consume-records`` back from the start;
+2. **consume**: one consumer process reads them back from the start;
 3. **latency under load** (synced): the producer is paced (the records due every 10 ms are sent
    together) at fractions of the produce peak for ``--step-seconds`` each, with a consumer
    tailing. Each step reports the ack latency (send to acknowledgement) p50/p99, the
@@ -224,7 +224,12 @@ def run_level(
                     (
                         module_name,
                         "consume",
-                        (target, streams, min(produced["records"], args.consume_records), 600),
+                        (
+                            target,
+                            streams,
+                            min(produced["records"], args.consume_records or produced["records"]),
+                            600,
+                        ),
                     )
                 ],
                 timeout_s=700,
@@ -387,9 +392,8 @@ def main() -> None:
     parser.add_argument(
         "--consume-records",
         type=int,
-        default=1_000_000,
-        help="how many of the produced records the consumer reads back (nats-py's push consumer "
-        "was cut off draining 2 M here)",
+        default=0,
+        help="how many records the consumer reads back (default: all)",
     )
     parser.add_argument("--streams", type=int, default=10)
     parser.add_argument(

@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import os
 import platform
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -253,3 +254,15 @@ def weighted_percentile_ms(samples: list[tuple[float, int]], q: float) -> float:
     cumulative = np.cumsum(counts[order])
     index = int(np.searchsorted(cumulative, q / 100.0 * cumulative[-1]))
     return float(latencies[order][min(index, len(order) - 1)] * 1000.0)
+
+
+def stop_child(process: subprocess.Popen[Any] | None, grace_s: float = 30.0) -> None:
+    """SIGTERM a server the benchmark started, SIGKILL it if it is still there after ``grace_s``."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(grace_s)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import Pacer, age_s, stamp, stamped_values
+from _common import Pacer, age_s, stamp, stamped_values, stop_child
 
 NAME = "jetstream"
 CLIENTS = ("nats-py",)
@@ -89,13 +89,7 @@ class Server:
                 time.sleep(0.2)
 
     def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(30)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait(30)
+        stop_child(self._process)
 
     def pids(self) -> list[int]:
         return [self._process.pid] if self._process is not None else []

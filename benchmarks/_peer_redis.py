@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import VALUE_BYTES, Pacer, age_s, stamp, stamped_values
+from _common import VALUE_BYTES, Pacer, age_s, stamp, stamped_values, stop_child
 
 NAME = "redis"
 CLIENTS = ("redis-py", "redis-benchmark")
@@ -76,13 +76,7 @@ class Server:
                 time.sleep(0.1)
 
     def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(30)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait(30)
+        stop_child(self._process)
 
     def pids(self) -> list[int]:
         return [self._process.pid] if self._process is not None else []

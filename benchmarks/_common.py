@@ -214,6 +214,15 @@ class Pacer:
         self._ticks += 1
         return max(0.0, self.started + self._ticks * TICK_S - time.perf_counter())
 
+    def report(self, ack_latencies: list[tuple[float, int]]) -> dict[str, Any]:
+        """A paced producer's result: records sent, seconds since the start, lag, ack latencies."""
+        return {
+            "records": self.sent,
+            "seconds": time.perf_counter() - self.started,
+            "lag_s": self.lag_s,
+            "ack_latencies_s": ack_latencies,
+        }
+
     def take(self) -> int:
         elapsed = time.perf_counter() - self.started
         due = min(self.total, int(elapsed * self.rate)) - self.sent

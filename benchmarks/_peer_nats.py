@@ -91,9 +91,6 @@ class Server:
     def stop(self) -> None:
         stop_child(self._process)
 
-    def pids(self) -> list[int]:
-        return [self._process.pid] if self._process is not None else []
-
 
 async def _account_info(url: str) -> None:
     import nats
@@ -175,12 +172,7 @@ async def _produce(
                             lambda _, sent=sent: latencies.append((time.perf_counter() - sent, 1))
                         )
         await asyncio.wait_for(js.publish_async_completed(), 600)
-        return {
-            "records": pacer.sent,
-            "seconds": time.perf_counter() - pacer.started,
-            "lag_s": pacer.lag_s,
-            "ack_latencies_s": latencies,
-        }
+        return pacer.report(latencies)
     finally:
         await connection.close()
 

@@ -74,12 +74,6 @@ def available() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -120,7 +114,7 @@ async def _declare(address: dict, names: list[str], reset: bool) -> None:
 
 
 class Server:
-    """A private RabbitMQ node with the stream plugin; a context manager."""
+    """A private RabbitMQ node with the stream plugin."""
 
     def __init__(self, root: Path, level: str) -> None:
         if level not in levels():
@@ -128,16 +122,8 @@ class Server:
         self.root = Path(root)
         self.level = level
         self.address: dict = {}
-        self.startup_s: float | None = None
         self._epmd: subprocess.Popen | None = None
         self._broker: subprocess.Popen | None = None
-
-    def __enter__(self) -> Server:
-        self.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
 
     def _log_tail(self, lines: int = 30) -> str:
         out = []
@@ -147,9 +133,11 @@ class Server:
         return "\n".join(out)
 
     def start(self, timeout_s: float = 60.0) -> None:
+        from tests.e2e._procs import free_port
+
         t0 = time.monotonic()
         deadline = t0 + timeout_s
-        epmd_port, dist_port, amqp_port, stream_port = (_free_port() for _ in range(4))
+        epmd_port, dist_port, amqp_port, stream_port = (free_port() for _ in range(4))
         for d in ("mnesia", "log", "home"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         conf = self.root / "rabbitmq.conf"
@@ -220,7 +208,6 @@ class Server:
                 try:
                     left = max(1.0, deadline - time.monotonic())
                     asyncio.run(asyncio.wait_for(_declare(self.address, ["__ready"], True), min(10.0, left)))
-                    self.startup_s = time.monotonic() - t0
                     return
                 except Exception as e:  # any failure means not ready yet
                     last_error = f"declare failed: {e!r}"
@@ -246,9 +233,6 @@ class Server:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         self._broker = self._epmd = None
-
-    def pids(self) -> list[int]:
-        return [p.pid for p in (self._broker, self._epmd) if p is not None]
 
 
 def setup(address: dict, streams: int) -> dict:

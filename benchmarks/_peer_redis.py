@@ -78,9 +78,6 @@ class Server:
     def stop(self) -> None:
         stop_child(self._process)
 
-    def pids(self) -> list[int]:
-        return [self._process.pid] if self._process is not None else []
-
 
 def setup(address: dict[str, Any], streams: int) -> dict[str, Any]:
     return {**address, "prefix": f"r{next(_runs)}s"}
@@ -123,12 +120,7 @@ def produce(
             pipe.execute()
         if due and pacer.warm:
             latencies.append((time.perf_counter() - sent_at, due))
-    return {
-        "records": pacer.sent,
-        "seconds": time.perf_counter() - pacer.started,
-        "lag_s": pacer.lag_s,
-        "ack_latencies_s": latencies,
-    }
+    return pacer.report(latencies)
 
 
 def _redis_benchmark(target: dict[str, Any], streams: int, records: int) -> dict[str, Any]:

@@ -35,36 +35,20 @@ def available() -> str | None:
 
 class Server:
     def __init__(self, root: Path, level: str) -> None:
-        from tests.e2e._procs import ServerProcess, free_port
+        from tests.e2e._procs import Cluster
 
-        meta_port, node_port = free_port(), free_port()
-        meta = f"127.0.0.1:{meta_port}"
-        self.address = {"meta": meta, "engine": "segment" if level == "synced" else "memory"}
-        self._processes = [
-            ServerProcess(["meta", "--data-dir", str(root / "meta"), "--meta-port", str(meta_port)]),
-            ServerProcess(
-                [
-                    "storage-node",
-                    "--data-dir",
-                    str(root / "node"),
-                    "--node-port",
-                    str(node_port),
-                    "--meta",
-                    meta,
-                ]
-            ),
-        ]
+        self._cluster = Cluster(root)
+        self.address = {
+            "meta": self._cluster.meta_address,
+            "engine": "segment" if level == "synced" else "memory",
+        }
 
     def start(self, timeout_s: float = 60.0) -> None:
-        for process in self._processes:
-            process.start(timeout_s)
+        self._cluster.meta.start(timeout_s)
+        self._cluster.node.start(timeout_s)
 
     def stop(self) -> None:
-        for process in reversed(self._processes):
-            process.stop()
-
-    def pids(self) -> list[int]:
-        return [process.pid for process in self._processes]
+        self._cluster.stop()
 
 
 def setup(address: dict[str, Any], streams: int) -> dict[str, Any]:
@@ -142,12 +126,7 @@ def _produce_batches(
         futures.append(future)
     for future in futures:
         future.result(600)
-    return {
-        "records": pacer.sent,
-        "seconds": time.perf_counter() - pacer.started,
-        "lag_s": pacer.lag_s,
-        "ack_latencies_s": latencies,
-    }
+    return pacer.report(latencies)
 
 
 def _produce_send(producer: Any, topic: str, records: int, rate: float, seconds: float) -> dict[str, Any]:
@@ -177,12 +156,7 @@ def _produce_send(producer: Any, topic: str, records: int, rate: float, seconds:
                 lambda _, sent=sent, due=due: latencies.append((time.perf_counter() - sent, due))
             )
     producer.flush(600)
-    return {
-        "records": pacer.sent,
-        "seconds": time.perf_counter() - pacer.started,
-        "lag_s": pacer.lag_s,
-        "ack_latencies_s": latencies,
-    }
+    return pacer.report(latencies)
 
 
 def consume(target: dict[str, Any], streams: int, records: int, timeout_s: float) -> dict[str, Any]:

@@ -59,6 +59,7 @@ import logging
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -96,7 +97,7 @@ from ._replication import LeaderState
 from ._shards import ShardDirectory
 from ._tier_retention import TierRetention
 
-__all__ = ["NodeConfig", "StorageNode", "run_storage_node", "tune_gc_for_serving"]
+__all__ = ["NodeConfig", "StorageNode", "run_storage_node", "tune_for_serving"]
 
 log = logging.getLogger("robustmq.node")
 
@@ -107,6 +108,7 @@ _RESULTS = "inproc://robustmq-node-results"
 _NODE_NUMBERS = itertools.count()
 _WORKER_BODIES = ("produce", "seal", "fence")
 _STOP_ANSWERS = 100_000  # requests still unread at stop() that are answered Unavailable, at most
+SWITCH_INTERVAL_S = 0.0005  # a serving process's GIL switch interval (tune_for_serving)
 
 
 @dataclass(frozen=True, slots=True)
@@ -600,22 +602,31 @@ def run_storage_node(
     except RobustMQError as error:
         log.error("storage node could not start: %s", error.message)
         return 1
-    tune_gc_for_serving()
+    tune_for_serving()
     announce_ready()
     stop.wait()
     node.stop()
     return 0
 
 
-def tune_gc_for_serving() -> None:
-    """Keep garbage-collection pauses out of request latency in a long-running server.
+def tune_for_serving() -> None:
+    """Keep garbage-collection pauses and GIL waits out of request latency in a long-running server.
 
     Everything allocated at start-up (modules, engines, shard state) lives for the
     whole process; ``gc.freeze`` moves it out of the collector's view, so a full
     collection no longer walks it (measured: 10-25 ms pauses without it). A larger
     first-generation threshold makes collections rarer; requests allocate few
     long-lived cycles, so memory stays bounded.
+
+    A request passes through several threads (front end, I/O worker, the answer's way
+    back); each hand-off waits for the GIL, and a thread busy in Python keeps it for up
+    to the switch interval (5 ms by default) before it must let a waiting one run. At
+    0.5 ms the tail is shorter: RobustMQ's synced ack p99 at 600-648k records/s (the
+    paced step of benchmarks/bench_peers.py, 6 runs each, alternating with the default)
+    was 7.0-9.3 ms (median 7.8) against 7.3-12.9 ms (median 8.7), with no loss of bulk
+    produce throughput.
     """
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)

@@ -108,7 +108,8 @@ _RESULTS = "inproc://robustmq-node-results"
 _NODE_NUMBERS = itertools.count()
 _WORKER_BODIES = ("produce", "seal", "fence")
 _STOP_ANSWERS = 100_000  # requests still unread at stop() that are answered Unavailable, at most
-SWITCH_INTERVAL_S = 0.0005  # a serving process's GIL switch interval (tune_for_serving)
+_SWITCH_INTERVAL_S = 0.0005  # a serving process's GIL switch interval (tune_for_serving)
+REPLICA_FETCH_BYTES = 8 * MiB  # at most this much frame data in one answer to a follower's fetch
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +187,7 @@ class StorageNode(NodeReads):
             self,
             fetchers=config.replica_fetchers,
             max_wait_ms=config.replica_fetch_wait_ms,
-            max_bytes=min(config.max_fetch_bytes, 8 * MiB),
+            max_bytes=min(config.max_fetch_bytes, REPLICA_FETCH_BYTES),
             timeout_s=config.control_timeout_s,
         )
         self.directory.replication = self.follower
@@ -626,7 +627,7 @@ def tune_for_serving() -> None:
     was 7.0-9.3 ms (median 7.8) against 7.3-12.9 ms (median 8.7), with no loss of bulk
     produce throughput.
     """
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    sys.setswitchinterval(_SWITCH_INTERVAL_S)
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)

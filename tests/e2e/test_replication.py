@@ -20,6 +20,7 @@ from robustmq._frame import crc32c
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records
 from robustmq.errors import RequestTimeout, RobustMQError
+from robustmq.storage_node._node import REPLICA_FETCH_BYTES
 from tests.e2e._procs import NodeCluster, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -48,9 +49,13 @@ def client(cluster: NodeCluster) -> Iterator[robustmq.Client]:
             cluster.start_nodes([index])
 
 
-def _produce(client: robustmq.Client, topic: str, first: int, count: int, acks: str) -> None:
+def _produce(
+    client: robustmq.Client, topic: str, first: int, count: int, acks: str, pad_bytes: int = 0
+) -> None:
+    """``count`` batches of 5 records each, every record ``topic-NNNNNN`` plus ``pad_bytes``."""
     for i in range(first, first + count):
-        client.produce(topic, 0, build_records([b"%s-%06d" % (topic.encode(), i)] * 5), acks=acks)
+        value = b"%s-%06d" % (topic.encode(), i) + b"x" * pad_bytes
+        client.produce(topic, 0, build_records([value] * 5), acks=acks)
 
 
 def _call(client: robustmq.Client, address: str, message: pb.NodeRequest) -> pb.NodeResponse:
@@ -131,9 +136,9 @@ def _leader_alone(
 
     The followers are paused first: each can still copy the one answer its parked fetch gets
     when it resumes. A loaded leader may build that answer late, when the whole tail is there,
-    but an answer holds whole frames up to 8 MiB (the followers' ``max_bytes``), and the tail is
-    three frames of 3.5 MB: the seal is 0, 5 or 10 records past ``log_end``, never at the
-    leader's end.
+    but an answer holds whole frames up to ``REPLICA_FETCH_BYTES``, and the tail is three frames
+    of 0.4 of that each: the seal is 0, 5 or 10 records past ``log_end``, never at the leader's
+    end.
     """
     shard = f"{topic}_0"
     old = cluster.index_of(client.meta.get_shard(shard).segments[-1].leader)
@@ -142,9 +147,7 @@ def _leader_alone(
     for i in followers:
         os.kill(cluster.nodes[i].pid, signal.SIGSTOP)
     try:
-        for i in range(3):  # acknowledged by the leader alone
-            value = b"%s-tail-%d-" % (topic.encode(), i) + b"x" * 700_000
-            client.produce(topic, 0, build_records([value] * 5), acks="1")
+        _produce(client, topic, 1000, 3, "1", pad_bytes=REPLICA_FETCH_BYTES * 2 // 25)  # the leader alone
     finally:
         os.kill(cluster.nodes[old].pid, then)
         for i in followers:

@@ -112,8 +112,8 @@ def main() -> None:
         args.files, args.batches = 20_000, 10
 
     import robustmq
-    from robustmq._embedded import EmbeddedCluster
     from robustmq._records import build_records
+    from robustmq.cli._embedded import EmbeddedCluster
     from robustmq.streaming_jobs import spark_session
 
     root = Path(tempfile.mkdtemp(prefix="bench-delta-"))

@@ -29,7 +29,7 @@ from _common import OUT_DIR, bar_panels, emit
 
 from robustmq._records import build_records, encode_batch
 from robustmq.storage_node import AppendRequest, SegmentEngine
-from robustmq.storage_node._index_store import IndexStore, sid_bytes
+from robustmq.storage_node.engine._index_store import IndexStore, sid_bytes
 
 GROUP = 1_000
 

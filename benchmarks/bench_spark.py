@@ -236,7 +236,7 @@ def main() -> None:
     print(f"parameters: {parameters}", flush=True)
 
     import robustmq
-    from robustmq._embedded import EmbeddedCluster
+    from robustmq.cli._embedded import EmbeddedCluster
     from robustmq.streaming_jobs import spark_session, start_topic_to_delta
 
     root = Path(tempfile.mkdtemp(prefix="rmq-spark-bench-"))

@@ -151,10 +151,10 @@ def part_end_to_end(s3_env: dict[str, str], bucket: str, segment_bytes: int, rep
     """``tier_segment`` here against a ``robustmq server`` process (its node serves the frames)."""
     import robustmq
     from robustmq._meta_client import MetaClient
-    from robustmq._tier_format import RangeFile, read_object_meta
-    from robustmq._tier_store import ObjectStore
     from robustmq.streaming_jobs._sealed_source import list_untiered
     from robustmq.streaming_jobs._segment_upload import tier_segment
+    from robustmq.tier._format import RangeFile, read_object_meta
+    from robustmq.tier._store import ObjectStore
     from tests.e2e._procs import ServerProcess, free_port
 
     s3 = _boto3(s3_env)
@@ -253,7 +253,7 @@ def main() -> None:
             bucket = "bench"
             s3 = _boto3(env)
             s3.create_bucket(Bucket=bucket)
-            from robustmq._tier_store import ObjectStore
+            from robustmq.tier._store import ObjectStore
 
             store = ObjectStore.from_url(f"s3://{bucket}/objects")
             results: dict[str, Any] = {}

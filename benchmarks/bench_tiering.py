@@ -194,8 +194,8 @@ def row_group_starts(client: Any, topic: str) -> list[list[tuple[int, int]]]:
     their footers)."""
     import pyarrow.parquet as pq
 
-    from robustmq._tier_format import RangeFile
-    from robustmq._tier_store import object_store_of
+    from robustmq.tier._format import RangeFile
+    from robustmq.tier._store import object_store_of
 
     starts = []
     for partition, info in enumerate(chains(client, topic)):

@@ -17,7 +17,7 @@ segments that Spark can open:
 
 Before building the DataFrame the driver checks every object against the
 Meta Service's record of its segment (size, footer metadata, row count, the
-row groups' offset statistics; :func:`robustmq._tier_format.verify_object`),
+row groups' offset statistics; :func:`robustmq.tier._format.verify_object`),
 in parallel; a mismatch is ``CorruptObject`` naming the URL. Spark verifies
 every page's checksum as it reads (``parquet.page.verify-checksum.enabled``).
 
@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from robustmq._tier_format import RangeFile, verify_object
+from robustmq.tier._format import RangeFile, verify_object
 
 from ._options import SourceOptions, option_error
 from ._schema import SPARK_SCHEMA

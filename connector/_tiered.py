@@ -39,10 +39,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._tier_format import ObjectMeta, RangeFile, verify_object
-from robustmq._tier_store import ObjectStore
-from robustmq._tier_store import object_store_of as store_of_url
 from robustmq.errors import ObjectStoreError, ObjectStoreUnavailable
+from robustmq.tier._format import ObjectMeta, RangeFile, verify_object
+from robustmq.tier._store import ObjectStore
+from robustmq.tier._store import object_store_of as store_of_url
 
 __all__ = [
     "DIRECT",

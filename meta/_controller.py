@@ -32,7 +32,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._tier_store import ObjectStore
 from robustmq.errors import (
     InvalidRequest,
     RobustMQError,
@@ -42,6 +41,7 @@ from robustmq.errors import (
     Unavailable,
 )
 from robustmq.storage_node import shard_name
+from robustmq.tier._store import ObjectStore
 
 from . import _keys as keys
 from ._chains import checked_isr, sealed_segment

@@ -48,9 +48,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._tier_store import ObjectStore, object_store_of
 from robustmq.errors import ObjectStoreUnavailable, RobustMQError, ShardNotFound
 from robustmq.storage_node import shard_name
+from robustmq.tier._store import ObjectStore, object_store_of
 
 from . import _keys as keys
 from ._load import AssignmentVersions, ClusterLoad

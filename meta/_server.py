@@ -14,7 +14,7 @@ repair, drain) and a :class:`~robustmq.meta._retention.RetentionWorker`
 from start to stop.
 
 The tier URL (docs/tiering.md), if given, is checked before anything starts
-(:meth:`~robustmq._tier_store.ObjectStore.check`): a misconfigured store is
+(:meth:`~robustmq.tier._store.ObjectStore.check`): a misconfigured store is
 :class:`~robustmq.errors.ObjectStoreError` (``robustmq meta`` prints one line
 naming the URL and exits 2); an unreachable one
 (:class:`~robustmq.errors.ObjectStoreUnavailable`) is logged as a warning and
@@ -45,7 +45,6 @@ import grpc
 
 from robustmq._proto import robustmq_pb2_grpc as pb_grpc
 from robustmq._ready import announce_ready
-from robustmq._tier_store import ObjectStore
 from robustmq.errors import (
     InvalidConfig,
     ObjectStoreError,
@@ -53,6 +52,7 @@ from robustmq.errors import (
     RobustMQError,
     Unavailable,
 )
+from robustmq.tier._store import ObjectStore
 
 from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
 from ._failover import NodeRequests, ReplicaSupervisor

@@ -34,8 +34,8 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._tier_store import ObjectStore, segment_key
 from robustmq.errors import InvalidRequest, ObjectStoreError, ShardNotFound, TopicNotFound
+from robustmq.tier._store import ObjectStore, segment_key
 
 from . import _keys as keys
 from ._load import AssignmentVersions

@@ -86,7 +86,7 @@ _MONITORS = itertools.count(1)
 
 def _timeout_ms(deadline: float) -> int:
     """``NodeRequest.timeout_ms`` for a request due at ``deadline``: the node answers what it
-    holds before then (storage_node/_deadlines.py)."""
+    holds before then (storage_node/replication/_deadlines.py)."""
     return min(max(int((deadline - time.monotonic()) * 1000), 1), _MAX_TIMEOUT_MS)
 
 

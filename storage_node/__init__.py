@@ -1,11 +1,21 @@
-"""The storage layer and (later) the storage node process.
+"""The storage node: its engines, replication, cold reads and the process that serves them.
 
 Public front: the :class:`StorageAdapter` interface, its three engines, the
-:class:`StorageDriverManager` entry point and the values they exchange. See
+:class:`StorageDriverManager` entry point and the values they exchange, and the
+storage node process (:class:`StorageNode`, :func:`run_storage_node`). See
 ``docs/format.md`` for the bytes on disk.
+
+Subpackages, each importing only those listed before it (and the ``robustmq``
+core: records, frames, wire protocol, client, errors; ``robustmq.tier``):
+
+- ``engine/``: the engines, their indexes and crash recovery (one disk);
+- ``replication/``: a node's shards and their segment life across nodes (leading,
+  following, seals, fences, the control jobs to the Meta Service);
+- ``tiered/``: cold reads of segments in the object store, local retention;
+- ``node/``: the process (ZeroMQ front end, I/O workers, reads, heartbeat).
 """
 
-from ._adapter import (
+from .engine._adapter import (
     AppendRequest,
     AppendResult,
     Checksum,
@@ -18,7 +28,7 @@ from ._adapter import (
     ShardOffsets,
     StorageAdapter,
 )
-from ._driver_manager import (
+from .engine._driver_manager import (
     ENGINES,
     LocalTopicCatalog,
     StorageDriverManager,
@@ -27,10 +37,10 @@ from ._driver_manager import (
     shard_name,
     split_shard_name,
 )
-from ._memory_engine import MemoryEngine
-from ._node import NodeConfig, StorageNode, run_storage_node
-from ._rocksdb_engine import RocksDBEngine
-from ._segment_engine import SegmentEngine
+from .engine._memory_engine import MemoryEngine
+from .engine._rocksdb_engine import RocksDBEngine
+from .engine._segment_engine import SegmentEngine
+from .node._node import NodeConfig, StorageNode, run_storage_node
 
 __all__ = [
     "ENGINES",

@@ -46,9 +46,9 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from robustmq._tier_format import seal_bytes, seal_crc32c
 from robustmq.connector._spark_errors import reported_to_spark
 from robustmq.errors import InvalidConfig
+from robustmq.tier._format import seal_bytes, seal_crc32c
 
 __all__ = [
     "SEALED_ARROW_SCHEMA",

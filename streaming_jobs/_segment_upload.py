@@ -46,15 +46,6 @@ import pyarrow as pa
 from robustmq._frame import FRAME_HEADER_SIZE, crc32c, decode_header, decode_payload, verify_payload
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import with_offsets
-from robustmq._tier_format import (
-    COMPRESSION,
-    ObjectMeta,
-    ObjectWriter,
-    RangeFile,
-    seal_bytes,
-    seal_crc32c,
-    verify_object,
-)
 from robustmq.errors import (
     CorruptRecordBatch,
     RequestTimeout,
@@ -62,6 +53,15 @@ from robustmq.errors import (
     ShardNotFound,
     TopicNotFound,
     Unavailable,
+)
+from robustmq.tier._format import (
+    COMPRESSION,
+    ObjectMeta,
+    ObjectWriter,
+    RangeFile,
+    seal_bytes,
+    seal_crc32c,
+    verify_object,
 )
 
 from ._scratch import UPLOAD_PREFIX, scratch_dir
@@ -146,7 +146,7 @@ def _node_caller(timeout_s: float) -> Any:
 
 def shared_store(url: str) -> Any:
     """The ``ObjectStore`` of ``url`` shared by everything in this process (thread-safe)."""
-    from robustmq._tier_store import ObjectStore
+    from robustmq.tier._store import ObjectStore
 
     return _shared_client(f"store {url}", lambda: ObjectStore.from_url(url))
 
@@ -186,7 +186,7 @@ def tier_segment(segment: SegmentPartition, *, meta: Any, store: Any, timeout_s:
         return Tiered(segment, GONE)
     if current.state in (pb.TIERED, pb.REMOTE):
         return Tiered(segment, DONE, current.object_url, current.object_bytes, current.max_timestamp_ms)
-    from robustmq._tier_store import segment_key
+    from robustmq.tier._store import segment_key
 
     key = segment_key(
         segment.topic, segment.partition, segment.epoch, segment.start_offset, incarnation=segment.incarnation

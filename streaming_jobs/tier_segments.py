@@ -83,7 +83,7 @@ def check_tier_url(meta_address: str, *, timeout_s: float = 10.0) -> str:
     :class:`~robustmq.errors.RetriableError` when the Meta Service or the store does not answer.
     """
     from robustmq._meta_client import MetaClient
-    from robustmq._tier_store import ObjectStore
+    from robustmq.tier._store import ObjectStore
 
     with MetaClient(meta_address, timeout_s=timeout_s) as meta:
         url = meta.cluster_config().tier_url

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import robustmq
-from robustmq._embedded import EmbeddedCluster
+from robustmq.cli._embedded import EmbeddedCluster
 from robustmq.storage_node import (
     MemoryEngine,
     RocksDBEngine,

@@ -17,10 +17,10 @@ import pyarrow as pa
 import pytest
 
 import robustmq
-from robustmq._embedded import EmbeddedCluster
 from robustmq._metadata import Metadata
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records
+from robustmq.cli._embedded import EmbeddedCluster
 from robustmq.errors import (
     IncarnationMismatch,
     InvalidConfig,

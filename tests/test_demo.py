@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import robustmq
-from robustmq._demo import _Demo, java_problem
-from robustmq._embedded import EmbeddedCluster
+from robustmq.cli._demo import _Demo, java_problem
+from robustmq.cli._embedded import EmbeddedCluster
 
 
 class _RunningQuery:

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from robustmq._records import READ_SCHEMA, build_records, with_offsets
-from robustmq._tier_format import (
+from robustmq.errors import CorruptObject
+from robustmq.tier._format import (
     ROW_GROUP_MAX_BYTES,
     ROW_GROUP_MAX_ROWS,
     ObjectMeta,
@@ -25,7 +26,6 @@ from robustmq._tier_format import (
     segment_to_parquet,
     verify_object,
 )
-from robustmq.errors import CorruptObject
 
 URL = "s3://bucket/prefix/orders/3/0000000002-00000000000000000100.parquet"
 

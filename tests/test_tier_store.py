@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from robustmq._tier_store import ObjectStore, object_store_of, segment_key
 from robustmq.errors import ObjectStoreError, ObjectStoreUnavailable
+from robustmq.tier._store import ObjectStore, object_store_of, segment_key
 from tests._s3 import S3Server
 from tests.e2e._procs import free_port
 

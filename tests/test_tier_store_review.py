@@ -1,4 +1,4 @@
-"""Adversarial review of issue 9: defects of ``robustmq/_tier_store.py`` (failing tests, xfail strict)."""
+"""Adversarial review of issue 9: defects of ``robustmq/tier/_store.py`` (failing tests, xfail strict)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from robustmq._tier_store import ObjectStore
 from robustmq.errors import ObjectStoreError
+from robustmq.tier._store import ObjectStore
 
 
 def test_put_refuses_when_the_tier_directory_is_gone(tmp_path: Path) -> None:

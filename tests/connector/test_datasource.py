@@ -12,7 +12,7 @@ import pytest
 from pyspark.errors import AnalysisException, StreamingQueryException
 
 import robustmq
-from robustmq._embedded import EmbeddedCluster
+from robustmq.cli._embedded import EmbeddedCluster
 
 pytestmark = pytest.mark.spark
 

@@ -14,8 +14,8 @@ from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 import robustmq
-from robustmq._embedded import EmbeddedCluster
 from robustmq._records import build_records
+from robustmq.cli._embedded import EmbeddedCluster
 from robustmq.errors import Unavailable
 from tests.e2e._procs import wait_until
 

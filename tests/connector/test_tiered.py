@@ -10,8 +10,6 @@ import pytest
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import READ_SCHEMA, build_records
-from robustmq._tier_format import ObjectMeta, segment_to_parquet
-from robustmq._tier_store import ObjectStore, segment_key
 from robustmq.connector._options import SourceOptions
 from robustmq.connector._tiered import (
     RECHECK_S,
@@ -23,6 +21,8 @@ from robustmq.connector._tiered import (
     tiered_pieces,
 )
 from robustmq.errors import CorruptObject, InvalidConfig
+from robustmq.tier._format import ObjectMeta, segment_to_parquet
+from robustmq.tier._store import ObjectStore, segment_key
 
 BASE_MS = 1_763_800_000_000
 

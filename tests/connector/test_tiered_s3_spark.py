@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 import robustmq
-from robustmq._embedded import EmbeddedCluster
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq.cli._embedded import EmbeddedCluster
 from robustmq.connector import read_batch, register
 from tests._s3 import S3Server
 from tests.connector.test_tiered_spark import (

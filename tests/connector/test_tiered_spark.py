@@ -20,10 +20,9 @@ from typing import Any
 import pytest
 
 import robustmq
-from robustmq._embedded import EmbeddedCluster
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records
-from robustmq._tier_store import ObjectStore
+from robustmq.cli._embedded import EmbeddedCluster
 from robustmq.connector import read_batch
 from robustmq.connector._options import SourceOptions
 from robustmq.connector._source import RobustMQBatchReader
@@ -31,6 +30,7 @@ from robustmq.errors import CorruptObject, InvalidRequest, ObjectStoreError
 from robustmq.streaming_jobs._sealed_source import list_untiered
 from robustmq.streaming_jobs._segment_upload import EXISTED, UPLOADED, tier_segment
 from robustmq.streaming_jobs.tier_segments import record_tiered
+from robustmq.tier._store import ObjectStore
 from tests.e2e._procs import wait_until
 
 pytestmark = pytest.mark.spark

@@ -15,7 +15,7 @@ import tempfile
 import threading
 
 from robustmq import connect
-from robustmq._embedded import EmbeddedCluster
+from robustmq.cli._embedded import EmbeddedCluster
 
 
 def _ignore_sigint() -> None:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import robustmq
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._tier_store import ObjectStore
+from robustmq.tier._store import ObjectStore
 
 _T = TypeVar("_T")
 
@@ -66,9 +66,9 @@ def tier_sealed(client: robustmq.Client, store: ObjectStore, topic: str) -> list
     """Tier every ``sealed`` segment of ``topic`` with the tiering job's own per-segment code
     (``tier_segment``: ReplicaFetch from a holder, CRC checks, Parquet, ``put_if_absent``;
     then ``record_tiered``: ``MarkTiered``), without the Spark query around it."""
-    from streaming_jobs._sealed_source import list_untiered
-    from streaming_jobs._segment_upload import tier_segment
-    from streaming_jobs.tier_segments import record_tiered
+    from robustmq.streaming_jobs._sealed_source import list_untiered
+    from robustmq.streaming_jobs._segment_upload import tier_segment
+    from robustmq.streaming_jobs.tier_segments import record_tiered
 
     meta = client.meta
     through = int(meta.list_sealed(0, limit=1).last_seq)

@@ -427,7 +427,7 @@ def test_segments_seal_seals_the_active_segments(meta: str) -> None:
 
 
 def test_local_retention_settings_and_tiered_segments_show_in_describe_and_segments(meta: str) -> None:
-    from robustmq._tier_store import ObjectStore, segment_key
+    from robustmq.tier._store import ObjectStore, segment_key
 
     # An hour: the server's retention pass (every 30 s) must not make the segment remote meanwhile.
     created = cli("topic", "create", "tiers", "--local-retention-ms", "3600000", "--meta", meta)

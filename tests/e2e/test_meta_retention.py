@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import robustmq
-from robustmq._tier_store import ObjectStore, segment_key
+from robustmq.tier._store import ObjectStore, segment_key
 from tests.e2e._cli import cli
 from tests.e2e._procs import free_port, running, wait_until
 

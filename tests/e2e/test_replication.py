@@ -20,7 +20,7 @@ from robustmq._frame import crc32c
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records
 from robustmq.errors import RequestTimeout, RobustMQError
-from robustmq.storage_node._node import REPLICA_FETCH_BYTES
+from robustmq.storage_node.node._node import REPLICA_FETCH_BYTES
 from tests.e2e._procs import NodeCluster, wait_until
 
 pytestmark = pytest.mark.e2e

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 import robustmq
-from robustmq._embedded import EmbeddedCluster
 from robustmq._records import build_records
+from robustmq.cli._embedded import EmbeddedCluster
 from tests.e2e._procs import ServerProcess, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]

@@ -23,8 +23,8 @@ import robustmq
 from robustmq._frame import decode_frames
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records, now_ms
-from robustmq._tier_store import ObjectStore
 from robustmq.errors import CorruptObject, ObjectStoreUnavailable, OffsetOutOfRange
+from robustmq.tier._store import ObjectStore
 from tests._s3 import run_moto_server
 from tests.e2e._tier import TierCluster, local_segment_files, tier_sealed, wait_for
 

@@ -92,7 +92,7 @@ def _remote_and_dropped(cluster: TierCluster, client: robustmq.Client, topic: st
 def _aged_remote_log(cluster: TierCluster, client: robustmq.Client, topic: str) -> list[int]:
     """Three sealed segments whose records carry the timestamps returned (one per segment, a
     minute apart, the newest in the active segment), tiered and made remote (local copies gone)."""
-    from robustmq._tier_store import ObjectStore
+    from robustmq.tier._store import ObjectStore
     from tests.e2e._tier import tier_sealed
 
     client.create_topic(topic, partitions=1, local_retention_ms=0)
@@ -125,8 +125,8 @@ def test_read_by_key_finds_a_key_whose_latest_record_is_remote(cluster: TierClus
 
 
 def test_a_replica_behind_a_remote_segment_catches_up(tmp_path: Path) -> None:
-    from robustmq._tier_store import ObjectStore
     from robustmq.storage_node import StorageNode
+    from robustmq.tier._store import ObjectStore
     from tests.e2e._tier import tier_sealed
 
     (tmp_path / "tier").mkdir()
@@ -186,8 +186,8 @@ def test_a_topic_named_like_a_temporary_file_does_not_stop_retention(cluster: Ti
 def test_reads_racing_the_drop_of_local_copies_never_see_out_of_range(cluster: TierCluster) -> None:
     import threading
 
-    from robustmq._tier_store import ObjectStore
     from robustmq.errors import OffsetOutOfRange
+    from robustmq.tier._store import ObjectStore
     from tests.e2e._tier import tier_sealed
 
     store = ObjectStore.from_url(cluster.tier_url)
@@ -228,7 +228,7 @@ def test_a_key_lookup_past_its_tiered_bound_is_a_typed_error_not_absent(
     cluster: TierCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from robustmq.errors import InvalidRequest
-    from robustmq.storage_node import _cold_lookups
+    from robustmq.storage_node.tiered import _cold_lookups
 
     with robustmq.connect(cluster.address, timeout_s=10) as client:
         _aged_remote_log(cluster, client, "kb")
@@ -243,7 +243,7 @@ def test_a_key_lookup_past_its_tiered_bound_is_a_typed_error_not_absent(
 
 
 def test_read_by_tag_finds_records_in_remote_segments_then_local_ones(cluster: TierCluster) -> None:
-    from robustmq._tier_store import ObjectStore
+    from robustmq.tier._store import ObjectStore
     from tests.e2e._tier import tier_sealed
 
     with robustmq.connect(cluster.address, timeout_s=10) as client:

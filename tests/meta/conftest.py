@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from robustmq._tier_store import ObjectStore
+from robustmq.tier._store import ObjectStore
 
 from .test_tiering import Controllers
 

@@ -11,13 +11,13 @@ import pytest
 
 from robustmq._meta_client import MetaClient
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._tier_store import ObjectStore
 from robustmq.errors import InvalidRequest
 from robustmq.meta import MetaServer
 from robustmq.meta._chains import is_assigned
 from robustmq.meta._controller import MetaController
 from robustmq.meta._retention import RetentionPlan, RetentionWorker, retention_plan
 from robustmq.meta._store import RocksDBMetaStore
+from robustmq.tier._store import ObjectStore
 
 from .test_tiering import Controllers, fail_over, mark, object_url, seal
 

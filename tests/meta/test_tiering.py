@@ -16,7 +16,6 @@ import pytest
 
 from robustmq._meta_client import MetaClient
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._tier_store import ObjectStore, segment_key
 from robustmq.errors import (
     InvalidConfig,
     InvalidRequest,
@@ -29,6 +28,7 @@ from robustmq.meta import _keys as keys
 from robustmq.meta._controller import MetaController
 from robustmq.meta._failover_rules import FailoverTask, IsrDecision, SealPoint
 from robustmq.meta._store import RocksDBMetaStore, WriteSet
+from robustmq.tier._store import ObjectStore, segment_key
 from tests._s3 import S3Server
 
 

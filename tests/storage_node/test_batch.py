@@ -19,7 +19,7 @@ import pytest
 from robustmq._records import RECORD_SCHEMA, TIMESTAMP_TYPE, build_records, encode_batch, null_column
 from robustmq.errors import InvalidRecordBatch, InvalidRequest, RecordBatchTooLarge, RobustMQError
 from robustmq.storage_node import AppendRequest, StorageAdapter
-from robustmq.storage_node._batch import (
+from robustmq.storage_node.engine._batch import (
     MAX_KEY_BYTES,
     MAX_TAG_BYTES,
     MAX_TAGS_PER_RECORD,

@@ -8,7 +8,7 @@ import pytest
 
 from robustmq._records import build_records
 from robustmq.storage_node import MemoryEngine, RocksDBEngine, ShardConfig
-from robustmq.storage_node._rocksdb_engine import CHUNK_RECORDS
+from robustmq.storage_node.engine._rocksdb_engine import CHUNK_RECORDS
 
 
 def test_memory_engine_keeps_at_most_its_bounds() -> None:

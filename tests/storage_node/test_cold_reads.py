@@ -15,10 +15,10 @@ import pytest
 from robustmq._frame import decode_frames, decode_header, verify_payload
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records, with_offsets
-from robustmq._tier_format import ObjectMeta, segment_to_parquet
-from robustmq._tier_store import ObjectStore, segment_key
 from robustmq.errors import CorruptObject, IncarnationMismatch, ObjectStoreError, Unavailable
-from robustmq.storage_node._cold_reads import ColdReads, _check_incarnation, _tiered_segment, frame_of
+from robustmq.storage_node.tiered._cold_reads import ColdReads, _check_incarnation, _tiered_segment, frame_of
+from robustmq.tier._format import ObjectMeta, segment_to_parquet
+from robustmq.tier._store import ObjectStore, segment_key
 
 
 def test_a_row_group_becomes_one_frame_clients_decode() -> None:

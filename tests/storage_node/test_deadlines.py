@@ -6,7 +6,7 @@ from collections import deque
 
 import pytest
 
-from storage_node._deadlines import answer_by, take_due
+from robustmq.storage_node.replication._deadlines import answer_by, take_due
 
 
 def test_a_client_that_names_no_timeout_waits_the_node_limit_from_the_start_of_the_wait() -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from robustmq.errors import CorruptRecordBatch, InvalidRequest
-from robustmq.storage_node import _fences
-from robustmq.storage_node._fences import FenceStore
+from robustmq.storage_node.replication import _fences
+from robustmq.storage_node.replication._fences import FenceStore
 
 
 def test_fences_only_go_up_and_survive_a_reopen(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 from robustmq._frame import encode_header
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._wire import topic_config
-from storage_node._follower_log import frames_until, plan_copy, visible_end
+from robustmq.storage_node.replication._follower_log import frames_until, plan_copy, visible_end
 
 ME, A, B = "node-me", "node-a", "node-b"
 
@@ -138,9 +138,9 @@ def test_copied_frames_must_continue_the_log_and_stop_at_the_sealed_end() -> Non
 def _directory(tmp_path: Any, node_id: str) -> Any:
     from types import SimpleNamespace
 
-    from storage_node._driver_manager import StorageDriverManager
-    from storage_node._follower import Follower
-    from storage_node._shards import ShardDirectory
+    from robustmq.storage_node.engine._driver_manager import StorageDriverManager
+    from robustmq.storage_node.replication._follower import Follower
+    from robustmq.storage_node.replication._shards import ShardDirectory
 
     manager = StorageDriverManager(tmp_path, fsync=False)
     directory = ShardDirectory(manager, node_id, tmp_path)
@@ -150,7 +150,7 @@ def _directory(tmp_path: Any, node_id: str) -> Any:
 
 def _write(state: Any, epoch: int, batches: int) -> None:
     from robustmq._records import build_records
-    from storage_node._adapter import AppendRequest
+    from robustmq.storage_node.engine._adapter import AppendRequest
 
     requests = [AppendRequest(state.engine_shard, build_records([b"v"] * 10), epoch) for _ in range(batches)]
     for result in state.engine.batch_write_each(requests):
@@ -160,7 +160,7 @@ def _write(state: Any, epoch: int, batches: int) -> None:
 def test_an_old_leader_adopting_its_sealed_epoch_truncates_the_unreplicated_tail(tmp_path: Any) -> None:
     """Before: adopt() blocked the shard (Unavailable) and kept offsets 50..69, which the
     chain gives to epoch 2; now they are removed and the node follows epoch 2 from 50."""
-    from storage_node._shards import ShardView
+    from robustmq.storage_node.replication._shards import ShardView
 
     manager, directory = _directory(tmp_path, ME)
     config = topic_config(partitions=1, engine="segment", replication_factor=3)
@@ -178,7 +178,7 @@ def test_an_old_leader_adopting_its_sealed_epoch_truncates_the_unreplicated_tail
 
 
 def test_a_tail_of_the_next_epoch_is_kept(tmp_path: Any) -> None:
-    from storage_node._shards import ShardView
+    from robustmq.storage_node.replication._shards import ShardView
 
     manager, directory = _directory(tmp_path, ME)
     config = topic_config(partitions=1, engine="segment", replication_factor=3)
@@ -199,7 +199,7 @@ def test_a_tail_of_the_next_epoch_is_kept(tmp_path: Any) -> None:
 
 
 def test_a_restarted_follower_truncates_before_it_serves(tmp_path: Any) -> None:
-    from storage_node._shards import ShardView
+    from robustmq.storage_node.replication._shards import ShardView
 
     manager, directory = _directory(tmp_path, ME)
     config = topic_config(partitions=1, engine="segment", replication_factor=3)
@@ -218,11 +218,11 @@ def test_a_restarted_follower_truncates_before_it_serves(tmp_path: Any) -> None:
 def test_a_fenced_epoch_is_not_copied_until_its_seal_is_known(tmp_path: Any) -> None:
     from types import SimpleNamespace
 
-    from storage_node._driver_manager import StorageDriverManager
-    from storage_node._fences import FenceStore
-    from storage_node._follower import Follower
-    from storage_node._follower_log import FetchTarget, ReplicaData
-    from storage_node._shards import ShardDirectory, ShardView
+    from robustmq.storage_node.engine._driver_manager import StorageDriverManager
+    from robustmq.storage_node.replication._fences import FenceStore
+    from robustmq.storage_node.replication._follower import Follower
+    from robustmq.storage_node.replication._follower_log import FetchTarget, ReplicaData
+    from robustmq.storage_node.replication._shards import ShardDirectory, ShardView
 
     manager = StorageDriverManager(tmp_path, fsync=False)
     directory = ShardDirectory(manager, ME, tmp_path)

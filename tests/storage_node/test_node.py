@@ -14,9 +14,9 @@ import pytest
 import zmq
 
 import robustmq
-from robustmq._embedded import EmbeddedCluster
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records, encode_batch
+from robustmq.cli._embedded import EmbeddedCluster
 from robustmq.errors import (
     InvalidRecordBatch,
     InvalidRequest,

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 import robustmq
-from robustmq._embedded import EmbeddedCluster
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records, encode_batch
+from robustmq.cli._embedded import EmbeddedCluster
 from robustmq.errors import DuplicateSequenceMismatch, InvalidRecordBatch, InvalidRequest, OutOfOrderSequence
 from tests.storage_node.test_batch import YEAR_2023_MS, _compressed_zeros
 

@@ -39,7 +39,7 @@ from robustmq.errors import (
 )
 from robustmq.meta import MetaServer
 from robustmq.storage_node import NodeConfig, StorageNode
-from robustmq.storage_node._control import MetaAnswer
+from robustmq.storage_node.replication._control import MetaAnswer
 from tests.e2e._procs import wait_until
 
 FOLLOWERS = ("fake-follower-1", "fake-follower-2")

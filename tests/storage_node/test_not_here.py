@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import NotLeader, ShardNotFound, TopicNotFound, Unavailable
-from robustmq.storage_node._not_here import (
+from robustmq.storage_node.node._not_here import (
     MAX_SHARDS,
     NOT_FOUND_TTL_S,
     NOT_LEADER_TTL_S,

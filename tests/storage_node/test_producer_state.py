@@ -27,8 +27,13 @@ from robustmq.storage_node import (
     ShardConfig,
     StorageAdapter,
 )
-from robustmq.storage_node._index_store import IndexStore, sid_bytes
-from robustmq.storage_node._producer_state import PRODUCER_WINDOW, ProducerEntry, decode_entry, encode_entry
+from robustmq.storage_node.engine._index_store import IndexStore, sid_bytes
+from robustmq.storage_node.engine._producer_state import (
+    PRODUCER_WINDOW,
+    ProducerEntry,
+    decode_entry,
+    encode_entry,
+)
 from tests.conftest import EngineFactory
 
 SPARK_BATCH = 1 << 20  # the Spark sink's sequence of request k in micro-batch b is b * 2**20 + k

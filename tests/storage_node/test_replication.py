@@ -18,7 +18,7 @@ import pytest
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import NotEnoughReplicas, RequestTimeout
-from storage_node._replication import AckAnswer, LeaderState, WaitingAck
+from robustmq.storage_node.replication._replication import AckAnswer, LeaderState, WaitingAck
 
 LEADER, FOLLOWERS = "L", ("F1", "F2")
 

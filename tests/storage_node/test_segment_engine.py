@@ -16,7 +16,7 @@ import pytest
 from robustmq._records import build_records, encode_batch
 from robustmq.errors import CorruptRecordBatch, OffsetOutOfRange, ShardFailed, Unavailable
 from robustmq.storage_node import AppendRequest, SegmentEngine, ShardConfig
-from robustmq.storage_node._index_store import IndexStore, sid_bytes
+from robustmq.storage_node.engine._index_store import IndexStore, sid_bytes
 
 SMALL = ShardConfig(segment_bytes_max=64 * 1024, index_interval_records=10)
 

@@ -22,8 +22,8 @@ from robustmq._frame import decode_header
 from robustmq._records import build_records, encode_batch
 from robustmq.errors import DuplicateSequenceMismatch
 from robustmq.storage_node import AppendRequest, SegmentEngine, ShardConfig
-from robustmq.storage_node._index_store import IndexStore, sid_bytes
-from robustmq.storage_node._producer_state import PRODUCER_WINDOW
+from robustmq.storage_node.engine._index_store import IndexStore, sid_bytes
+from robustmq.storage_node.engine._producer_state import PRODUCER_WINDOW
 from tests.e2e._procs import kill_at_random_moment
 
 SMALL = ShardConfig(segment_bytes_max=65536)

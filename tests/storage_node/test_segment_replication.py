@@ -29,7 +29,7 @@ from robustmq.errors import (
     Unavailable,
 )
 from robustmq.storage_node import FrameAppend, FrameAppendResult, SegmentEngine, ShardConfig
-from robustmq.storage_node._index_store import IndexStore, sid_bytes
+from robustmq.storage_node.engine._index_store import IndexStore, sid_bytes
 from tests.e2e._procs import kill_at_random_moment
 
 SMALL = ShardConfig(segment_bytes_max=64 * 1024, index_interval_records=10)

@@ -8,7 +8,7 @@ from pathlib import Path
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import ShardFailed
 from robustmq.storage_node import MemoryEngine
-from storage_node._shards import NodeShard
+from robustmq.storage_node.replication._shards import NodeShard
 
 
 def _refuse(state: NodeShard, payload: bytes) -> ShardFailed:
@@ -61,7 +61,7 @@ def test_a_newly_named_epoch_refreshes_soon_after_a_lookup_and_a_repeated_one_wa
 
 
 def test_a_replica_starts_its_log_past_the_leading_remote_segments() -> None:
-    from storage_node._shards import remote_end, start_of
+    from robustmq.storage_node.replication._shards import remote_end, start_of
 
     def segment(epoch: int, state: int, replicas: list[str], end: int) -> pb.Segment:
         return pb.Segment(
@@ -88,7 +88,7 @@ def test_a_replica_starts_its_log_past_the_leading_remote_segments() -> None:
 def test_a_segment_log_ending_inside_the_remote_run_starts_again_past_it(tmp_path: Path) -> None:
     from robustmq._records import build_records
     from robustmq.storage_node import AppendRequest, SegmentEngine, ShardConfig
-    from storage_node._shards import _restart_left_behind
+    from robustmq.storage_node.replication._shards import _restart_left_behind
 
     engine = SegmentEngine(tmp_path)
     try:

@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import pytest
 
-from robustmq.storage_node._tier_cache import TierCache
+from robustmq.storage_node.tiered._tier_cache import TierCache
 
 
 def test_least_recently_used_goes_first() -> None:

@@ -10,7 +10,7 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records
 from robustmq.errors import OffsetOutOfRange
 from robustmq.storage_node import SegmentEngine
-from robustmq.storage_node._tier_retention import drop_point
+from robustmq.storage_node.tiered._tier_retention import drop_point
 
 
 def chain(*states: int, start: int = 0, size: int = 10) -> pb.ShardInfo:
@@ -76,7 +76,7 @@ def test_node_retention_leaves_segment_engine_records_to_the_meta_service(tmp_pa
 
 
 def test_a_local_log_that_left_the_chain_starts_again_where_the_node_is_placed(tmp_path: Path) -> None:
-    from robustmq.storage_node._shards import _restart_left_behind
+    from robustmq.storage_node.replication._shards import _restart_left_behind
 
     engine = SegmentEngine(tmp_path)
     engine.create_shard("t_0")

@@ -11,8 +11,8 @@ import pyarrow.compute as pc
 from robustmq._meta_client import MetaClient
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records
-from robustmq._tier_format import ObjectMeta, RangeFile, verify_object
-from robustmq._tier_store import ObjectStore, segment_key
+from robustmq.tier._format import ObjectMeta, RangeFile, verify_object
+from robustmq.tier._store import ObjectStore, segment_key
 
 
 def seal_segments(

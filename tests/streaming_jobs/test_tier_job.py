@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 import robustmq
-from robustmq._embedded import EmbeddedCluster
 from robustmq._meta_client import MetaClient
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._tier_store import ObjectStore, segment_key
+from robustmq.cli._embedded import EmbeddedCluster
 from robustmq.streaming_jobs.tier_segments import parser, start_tiering
 from robustmq.streaming_jobs.topic_to_delta import options_table
+from robustmq.tier._store import ObjectStore, segment_key
 from tests._s3 import S3Server
 from tests.e2e._procs import ROOT, free_port
 from tests.streaming_jobs._tiering import check_tiered, seal_segments, sealed_segments

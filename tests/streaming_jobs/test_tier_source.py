@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
 
-from robustmq._tier_store import ObjectStore, segment_key
 from robustmq.errors import InvalidConfig
 from robustmq.streaming_jobs._sealed_source import (
     SealedOptions,
@@ -18,6 +17,7 @@ from robustmq.streaming_jobs._sealed_source import (
     SegmentPartition,
     list_untiered,
 )
+from robustmq.tier._store import ObjectStore, segment_key
 from tests.streaming_jobs._tiering import seal_segments, sealed_segments
 
 

@@ -11,8 +11,6 @@ import pytest
 
 from robustmq._meta_client import MetaClient
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._tier_format import ObjectMeta, read_object_meta
-from robustmq._tier_store import ObjectStore, segment_key
 from robustmq.errors import CorruptObject
 from robustmq.streaming_jobs._sealed_source import SegmentPartition, list_untiered
 from robustmq.streaming_jobs._segment_upload import (
@@ -25,6 +23,8 @@ from robustmq.streaming_jobs._segment_upload import (
     tier_segment,
 )
 from robustmq.streaming_jobs.tier_segments import record_tiered
+from robustmq.tier._format import ObjectMeta, read_object_meta
+from robustmq.tier._store import ObjectStore, segment_key
 from tests.e2e._procs import NodeCluster
 from tests.streaming_jobs._tiering import check_tiered, seal_segments, sealed_segments
 

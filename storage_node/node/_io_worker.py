@@ -90,18 +90,18 @@ from robustmq.errors import (
     Unavailable,
 )
 
-from ._adapter import AppendRequest, AppendResult, StorageAdapter
-from ._batch import prepare_batch
-from ._control import Job, MetaAnswer, MetaControl
-from ._deadlines import answer_by
-from ._driver_manager import split_shard_name
-from ._engine_base import check_producer
-from ._follower import Assigned
-from ._follower_log import CopyGroup, ReplicaData
-from ._leading import Leading
+from ..engine._adapter import AppendRequest, AppendResult, StorageAdapter
+from ..engine._batch import prepare_batch
+from ..engine._driver_manager import split_shard_name
+from ..engine._engine_base import check_producer
+from ..replication._control import Job, MetaAnswer, MetaControl
+from ..replication._deadlines import answer_by
+from ..replication._follower import Assigned
+from ..replication._follower_log import CopyGroup, ReplicaData
+from ..replication._leading import Leading
+from ..replication._sealing import Sealer
+from ..replication._shards import NodeShard, ShardDirectory
 from ._not_here import NotHere, named_incarnation
-from ._sealing import Sealer
-from ._shards import NodeShard, ShardDirectory
 
 __all__ = [
     "REFRESH_INTERVAL_S",

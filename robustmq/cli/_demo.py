@@ -54,8 +54,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from robustmq._progress import Progress
 from robustmq._records import TAGS_TYPE, TIMESTAMP_TYPE, coerce_records, now_ms
+from robustmq.cli._progress import Progress
 from robustmq.errors import RequestTimeout
 
 __all__ = ["java_problem", "run_demo"]
@@ -173,7 +173,7 @@ class _Demo:
     """The demo's parts, so that :meth:`stop` can stop whatever was started, from any step."""
 
     def __init__(self, root: Path, records: int, catch_up_timeout_s: float) -> None:
-        from robustmq._embedded import EmbeddedCluster
+        from robustmq.cli._embedded import EmbeddedCluster
 
         self.root = root
         self.records = records
@@ -342,7 +342,7 @@ class _Demo:
             print(f"  partition {shard.partition}: {chain}")
 
     def _tier(self) -> bool:
-        from robustmq._demo_tiering import tier_and_read_back
+        from robustmq.cli._demo_tiering import tier_and_read_back
         from robustmq.streaming_jobs import read_table
 
         _step("tiering the sealed segments to the object store (robustmq tier, a Spark streaming job)")
@@ -358,7 +358,7 @@ class _Demo:
         )
 
     def _compact(self) -> bool:
-        from robustmq._demo_compaction import compact_customers
+        from robustmq.cli._demo_compaction import compact_customers
 
         _step("compacting a keyed topic of customer profiles into a Delta table (robustmq compact)")
         return compact_customers(

@@ -83,19 +83,19 @@ from robustmq.errors import (
     Unavailable,
 )
 
-from ._cold_reads import ColdReads
-from ._control import MetaControl
-from ._driver_manager import StorageDriverManager
-from ._fences import FenceStore
-from ._follower import Follower
+from ..engine._driver_manager import StorageDriverManager
+from ..replication._control import MetaControl
+from ..replication._fences import FenceStore
+from ..replication._follower import Follower
+from ..replication._replica_serving import replica_key, send_acks
+from ..replication._replication import LeaderState
+from ..replication._shards import ShardDirectory
+from ..tiered._cold_reads import ColdReads
+from ..tiered._tier_retention import TierRetention
 from ._heartbeat import Heartbeat
 from ._io_worker import IOWorker, Refresh, Request
 from ._long_poll import WaitRegistry
 from ._reads import NodeReads
-from ._replica_serving import replica_key, send_acks
-from ._replication import LeaderState
-from ._shards import ShardDirectory
-from ._tier_retention import TierRetention
 
 __all__ = ["NodeConfig", "StorageNode", "run_storage_node", "tune_for_serving"]
 

@@ -117,7 +117,7 @@ def _acks(text: str) -> str:
 
 def _separator(text: str) -> str:
     """A literal separator, or a name for one a shell makes awkward (TAB, SPACE, COMMA, ...)."""
-    from robustmq._cli_produce import SEPARATOR_NAMES
+    from robustmq.cli._produce import SEPARATOR_NAMES
 
     if not text:
         raise argparse.ArgumentTypeError("the separator must not be empty")
@@ -129,8 +129,8 @@ def _separator(text: str) -> str:
 
 def _tier_url(text: str) -> str:
     """A tier URL (``file:///path``, ``s3://bucket/prefix``) or ``none``; checked for form only."""
-    from robustmq._tier_store import ObjectStore
     from robustmq.errors import ObjectStoreError
+    from robustmq.tier._store import ObjectStore
 
     if text.lower() == "none":
         return "none"
@@ -196,7 +196,7 @@ def _run_node(args: argparse.Namespace) -> int:
 
 
 def _run_server(args: argparse.Namespace) -> int:
-    from robustmq._embedded import run_server
+    from robustmq.cli._embedded import run_server
 
     return run_server(
         data_dir=args.data_dir,
@@ -211,21 +211,21 @@ def _run_server(args: argparse.Namespace) -> int:
 
 def _client_command(name: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        from robustmq import _cli_client
+        from robustmq.cli import _commands
 
-        return int(getattr(_cli_client, name)(args))
+        return int(getattr(_commands, name)(args))
 
     return run
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from robustmq._cli_produce import cmd_produce
+    from robustmq.cli._produce import cmd_produce
 
     return cmd_produce(args)
 
 
 def _cluster(args: argparse.Namespace) -> int:
-    from robustmq._cli_cluster import run_cluster
+    from robustmq.cli._cluster import run_cluster
 
     return run_cluster(
         nodes=args.nodes,
@@ -241,7 +241,7 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from robustmq._demo import run_demo
+    from robustmq.cli._demo import run_demo
 
     return run_demo(records=args.records, keep=args.keep, catch_up_timeout_s=args.catch_up_timeout_s)
 
@@ -589,6 +589,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             EXIT_RUNTIME,
         )
 
-
-if __name__ == "__main__":
-    sys.exit(main())

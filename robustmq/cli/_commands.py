@@ -1,6 +1,6 @@
 """The client-side CLI commands: topic, consume, groups, segments, nodes, node (drain, remove).
 
-``produce`` lives in :mod:`robustmq._cli_produce`. Commands print readable
+``produce`` lives in :mod:`robustmq.cli._produce`. Commands print readable
 tables (or JSON with ``--json``); errors are raised as :mod:`robustmq.errors`
 and ``robustmq.cli.main`` prints them as one line.
 """
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import IO, Any
 
-from robustmq._cli_produce import plural
 from robustmq._client import Client, connect
 from robustmq._consumer import Consumer, first_offsets
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq.cli._produce import plural
 from robustmq.errors import InvalidConfig, InvalidRequest, RobustMQError
 
 __all__ = [

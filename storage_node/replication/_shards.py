@@ -76,8 +76,8 @@ from robustmq.errors import (
     Unavailable,
 )
 
-from ._adapter import ShardConfig, StorageAdapter
-from ._driver_manager import StorageDriverManager, split_shard_name
+from ..engine._adapter import ShardConfig, StorageAdapter
+from ..engine._driver_manager import StorageDriverManager, split_shard_name
 from ._replication import LeaderState, min_insync_of
 
 __all__ = [

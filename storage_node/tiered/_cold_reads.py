@@ -62,8 +62,6 @@ from robustmq._frame import decode_frames, encode_header
 from robustmq._node_protocol import error_response
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import READ_SCHEMA, encode_batch
-from robustmq._tier_format import ObjectMeta, RangeFile, TieredObject
-from robustmq._tier_store import ObjectStore, object_store_of
 from robustmq.errors import (
     Busy,
     CorruptObject,
@@ -73,9 +71,11 @@ from robustmq.errors import (
     RobustMQError,
     Unavailable,
 )
+from robustmq.tier._format import ObjectMeta, RangeFile, TieredObject
+from robustmq.tier._store import ObjectStore, object_store_of
 
-from ._adapter import ReadResult
-from ._engine_base import scan_mask
+from ..engine._adapter import ReadResult
+from ..engine._engine_base import scan_mask
 from ._tier_cache import CacheKey, TierCache
 
 __all__ = [
@@ -386,7 +386,7 @@ class ColdReads:
 
     def _high_watermark(self, info: pb.ShardInfo, state: Any) -> int:
         if state is not None:
-            from ._replica_serving import visible_to_readers
+            from ..replication._replica_serving import visible_to_readers
 
             return int(visible_to_readers(state, state.log_end()))
         return max(int(info.high_watermark), int(info.segments[-1].start_offset))

@@ -46,13 +46,13 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import READ_SCHEMA
 from robustmq.errors import InvalidRequest
 
-from ._adapter import ReadResult
-from ._engine_base import scan_mask
-from ._replica_serving import visible_to_readers
+from ..engine._adapter import ReadResult
+from ..engine._engine_base import scan_mask
+from ..replication._replica_serving import visible_to_readers
 
 if TYPE_CHECKING:
+    from ..replication._shards import NodeShard
     from ._cold_reads import ColdReads
-    from ._shards import NodeShard
 
 __all__ = ["KEY_LOOKUP_BYTES", "local_offset_for_timestamp", "serve_lookup", "tiered_below_local"]
 
@@ -93,7 +93,7 @@ def serve_lookup(cold: ColdReads, request: Any, state: NodeShard) -> None:
     if message.WhichOneof("body") == "read_by_tag":
         cold.node.answer_read(request, _read_by_tag(cold, state, info, message.read_by_tag))
         return
-    from ._reads import read_key  # the local answer (a cycle at import time otherwise)
+    from ..node._reads import read_key  # the local answer (a cycle at import time otherwise)
 
     local = read_key(state, message.read_by_key.key)
     if local.records.num_rows:  # written since the reader thread looked: the newest
@@ -156,7 +156,7 @@ def _read_by_tag(cold: ColdReads, state: NodeShard, info: pb.ShardInfo, ask: Any
     order, at most ``ask.max_records``: the tiered segments' first, then the local tag index's.
     Past :data:`KEY_LOOKUP_BYTES` of tiered records: what was found, with ``next_offset`` where
     to continue, or ``InvalidRequest`` if that is nothing."""
-    from ._reads import below_high_watermark  # (a cycle at import time otherwise)
+    from ..node._reads import below_high_watermark  # (a cycle at import time otherwise)
 
     max_records = ask.max_records or 10_000
     if max_records <= 0:

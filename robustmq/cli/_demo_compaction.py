@@ -35,7 +35,7 @@ def compact_customers(
 
     ``wait(seconds)`` sleeps, raising if the demo is being stopped.
     """
-    from robustmq._demo_tiering import run_once
+    from robustmq.cli._demo_tiering import run_once
     from robustmq.streaming_jobs.compact_to_delta import start_compaction
 
     client.create_topic(TOPIC, 2, cleanup_policy="compact")

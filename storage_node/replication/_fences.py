@@ -45,7 +45,7 @@ from pathlib import Path
 from robustmq._crc import crc32c
 from robustmq.errors import CorruptRecordBatch, InvalidRequest
 
-from ._segment import fsync_directory
+from ..engine._segment import fsync_directory
 
 __all__ = ["FenceStore"]
 

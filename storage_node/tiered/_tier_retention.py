@@ -34,7 +34,7 @@ from typing import Any
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import RobustMQError, ShardNotFound, TopicNotFound
 
-from ._shards import engine_shard_name
+from ..replication._shards import engine_shard_name
 
 __all__ = ["MAX_SHARDS_PER_PASS", "TierRetention", "drop_point"]
 

@@ -163,7 +163,7 @@ def run_server(
         cluster.node.address if cluster.node else "?",
         data_dir,
     )
-    from robustmq.storage_node._node import tune_for_serving
+    from robustmq.storage_node.node._node import tune_for_serving
 
     tune_for_serving()
     announce_ready()

@@ -47,10 +47,10 @@ from typing import IO, Any
 import pyarrow as pa
 
 from robustmq._client import Client, connect
-from robustmq._progress import Progress
 from robustmq._records import COMPACT_POLICY, HEADERS_TYPE, TAGS_TYPE, TIMESTAMP_TYPE, coerce_records, now_ms
 from robustmq._request_limits import FRAMING_BYTES
 from robustmq._transport import MAX_MESSAGE_BYTES
+from robustmq.cli._progress import Progress
 from robustmq.errors import InvalidRequest, KeyRequired, RecordBatchTooLarge, RobustMQError
 
 __all__ = ["SEPARATOR_NAMES", "cmd_produce", "plural", "too_long"]

@@ -40,7 +40,7 @@ from robustmq._frame import decode_header
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import CorruptRecordBatch, RobustMQError, ShardFailed
 
-from ._adapter import FrameAppend
+from ..engine._adapter import FrameAppend
 
 if TYPE_CHECKING:
     from ._shards import NodeShard

@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from robustmq._embedded import default_tier_url
 from robustmq._ready import announce_ready
+from robustmq.cli._embedded import default_tier_url
 from robustmq.errors import InvalidConfig, RobustMQError
 
 __all__ = ["START_TIMEOUT_S", "STOP_WAIT_S", "run_cluster"]

@@ -88,7 +88,7 @@ from ._deadlines import take_due
 from ._shards import NodeShard, SealTask
 
 if TYPE_CHECKING:
-    from ._io_worker import IOWorker, Request
+    from ..node._io_worker import IOWorker, Request
 
 __all__ = ["Sealer"]
 

@@ -35,8 +35,8 @@ from ._follower_log import visible_end
 from ._replication import AckAnswer, LeaderState
 
 if TYPE_CHECKING:
-    from ._io_worker import Request
-    from ._node import StorageNode
+    from ..node._io_worker import Request
+    from ..node._node import StorageNode
     from ._shards import NodeShard
 
 __all__ = [

@@ -58,7 +58,7 @@ from typing import Any, Literal
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import Busy, RequestTimeout, RobustMQError, Unavailable
 
-from ._driver_manager import split_shard_name
+from ..engine._driver_manager import split_shard_name
 from ._shards import RESERVE_RECORDS, ShardView, start_of
 
 __all__ = ["UNREACHABLE_HOLD_S", "Agreement", "Job", "MetaAnswer", "MetaControl"]

@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING, Any
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import Busy, NotEnoughReplicas, NotLeader, RobustMQError, StaleEpoch, Unavailable
 
-from ._adapter import AppendResult
+from ..engine._adapter import AppendResult
 from ._control import Job, MetaAnswer
 from ._replication import LeaderState, WaitingAck
 from ._shards import NodeShard
 
 if TYPE_CHECKING:
-    from ._io_worker import IOWorker, Request
+    from ..node._io_worker import IOWorker, Request
 
 __all__ = ["ISR_RETRY_MAX_S", "ISR_RETRY_S", "TICK_S", "Leading"]
 

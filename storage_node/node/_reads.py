@@ -30,17 +30,17 @@ from robustmq.errors import (
     Unavailable,
 )
 
-from ._cold_lookups import local_offset_for_timestamp
-from ._cold_reads import learned_from
-from ._driver_manager import split_shard_name
-from ._io_worker import ParkRead, Request
-from ._replica_serving import (
+from ..engine._driver_manager import split_shard_name
+from ..replication._replica_serving import (
     answer_replica_empty,
     serve_checksum,
     serve_replica_fetch,
     visible_to_readers,
 )
-from ._shards import NodeShard
+from ..replication._shards import NodeShard
+from ..tiered._cold_lookups import local_offset_for_timestamp
+from ..tiered._cold_reads import learned_from
+from ._io_worker import ParkRead, Request
 
 __all__ = ["NodeReads", "below_high_watermark", "read_key", "reader_log_start"]
 

@@ -32,6 +32,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq._topics import shard_name
 from robustmq.errors import (
     InvalidRequest,
     RobustMQError,
@@ -40,7 +41,6 @@ from robustmq.errors import (
     TopicNotFound,
     Unavailable,
 )
-from robustmq.storage_node import shard_name
 from robustmq.tier._store import ObjectStore
 
 from . import _keys as keys

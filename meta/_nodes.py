@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq.storage_node import shard_name
+from robustmq._topics import shard_name
 
 from . import _keys as keys
 from ._store import MetaStore, WriteSet

@@ -53,7 +53,7 @@ def eligible_nodes(
     caller leaves out itself). The chain's leading run of ``remote`` segments
     counts as if it had left the chain: nobody copies them (they are read from
     their objects), so a node whose log ends in that run starts its log again
-    past it (``storage_node._shards.start_of``) and holds nothing before.
+    past it (``storage_node.replication._shards.start_of``) and holds nothing before.
     """
     at = len(chain) if position is None else position
     last_held: dict[str, int] = {}

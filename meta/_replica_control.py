@@ -20,8 +20,8 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq._topics import shard_name
 from robustmq.errors import InvalidRequest, ShardNotFound, StaleEpoch
-from robustmq.storage_node import shard_name
 
 from ._chains import checked_isr, is_assigned, next_segment, reported_segment, sealed_segment
 from ._failover_rules import FailoverTask, IsrDecision, SealPoint, SealTarget, chain_unchanged

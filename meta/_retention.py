@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq._topics import shard_name
 from robustmq.errors import ObjectStoreUnavailable, RobustMQError, ShardNotFound
-from robustmq.storage_node import shard_name
 from robustmq.tier._store import ObjectStore, object_store_of
 
 from . import _keys as keys

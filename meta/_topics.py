@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq._topics import shard_name
 from robustmq.errors import ShardNotFound, TopicNotFound
-from robustmq.storage_node import shard_name
 
 from . import _keys as keys
 from ._store import MetaStore, WriteSet

@@ -10,10 +10,9 @@ from __future__ import annotations
 import re
 
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq._topics import ENGINES, shard_name, validate_topic_name
 from robustmq._wire import shard_config_of, with_defaults
 from robustmq.errors import InvalidConfig, InvalidRequest
-from robustmq.storage_node import ENGINES, shard_name
-from robustmq.storage_node.engine._driver_manager import validate_topic_name
 
 __all__ = [
     "CLEANUP_POLICIES",

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq._topics import ShardConfig
 from robustmq.errors import InvalidConfig, RobustMQError, error_from_code
 
 __all__ = [
@@ -92,10 +93,8 @@ def with_defaults(config: pb.TopicConfig) -> pb.TopicConfig:
     return filled
 
 
-def shard_config_of(config: pb.TopicConfig) -> Any:
+def shard_config_of(config: pb.TopicConfig) -> ShardConfig:
     """The storage layer's ``ShardConfig`` for a topic (validates the limits)."""
-    from robustmq.storage_node import ShardConfig
-
     return ShardConfig(
         segment_bytes_max=config.segment_bytes_max,
         roll_interval_ms=config.roll_interval_ms,

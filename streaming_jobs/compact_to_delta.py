@@ -177,7 +177,7 @@ def start_compaction(
 
 def parser() -> argparse.ArgumentParser:
     """The command line of ``robustmq compact``."""
-    from robustmq.cli import OneLineArgumentParser
+    from robustmq._arguments import OneLineArgumentParser
 
     parser = OneLineArgumentParser(
         prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter

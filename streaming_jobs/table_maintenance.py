@@ -134,7 +134,7 @@ def _is_conflict(error: Exception) -> bool:
 
 def parser() -> argparse.ArgumentParser:
     """The command line of ``robustmq table-maintenance``."""
-    from robustmq.cli import OneLineArgumentParser
+    from robustmq._arguments import OneLineArgumentParser
 
     from .topic_to_delta import add_storage_option
 

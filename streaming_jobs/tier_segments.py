@@ -216,7 +216,7 @@ def start_tiering(
 
 def parser() -> argparse.ArgumentParser:
     """The command line of ``robustmq tier``."""
-    from robustmq.cli import OneLineArgumentParser
+    from robustmq._arguments import OneLineArgumentParser
 
     parser = OneLineArgumentParser(
         prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -317,7 +317,7 @@ def add_table_job_options(parser: argparse.ArgumentParser) -> None:
 
 def parser() -> argparse.ArgumentParser:
     """The command line of ``robustmq topic-to-delta``."""
-    from robustmq.cli import OneLineArgumentParser  # usage errors in one line, as every subcommand
+    from robustmq._arguments import OneLineArgumentParser  # usage errors in one line, as every subcommand
 
     parser = OneLineArgumentParser(
         prog="robustmq topic-to-delta",

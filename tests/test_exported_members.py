@@ -8,6 +8,7 @@ import pytest
 
 PACKAGES = [
     "robustmq",
+    "robustmq.cli",
     "robustmq.errors",
     "robustmq.storage_node",
     "robustmq.meta",

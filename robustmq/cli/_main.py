@@ -23,24 +23,14 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import NoReturn
+
+from robustmq._arguments import EXIT_USAGE, OneLineArgumentParser
 
 __all__ = ["OneLineArgumentParser", "build_parser", "main"]
 
 DEFAULT_META_PORT = 7070
 DEFAULT_NODE_PORT = 7101
-EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
-
-
-class OneLineArgumentParser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line (the usage is one ``--help`` away).
-
-    Exit code 2, as argparse's own. Every ``robustmq`` subcommand's parser is one,
-    including the jobs that parse their own arguments (``topic-to-delta``).
-    """
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+EXIT_RUNTIME, EXIT_INTERRUPTED = 1, 130
 
 
 # -- argument types: each raises ArgumentTypeError with what is expected ---------------------

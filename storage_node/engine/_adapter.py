@@ -25,7 +25,8 @@ from typing import Any
 import pyarrow as pa
 
 from robustmq._records import READ_SCHEMA
-from robustmq.errors import InvalidConfig, InvalidRequest, RobustMQError
+from robustmq._topics import ShardConfig
+from robustmq.errors import InvalidRequest, RobustMQError
 
 __all__ = [
     "AppendRequest",
@@ -54,45 +55,6 @@ def validate_shard_name(shard: str) -> str:
             shard=shard,
         )
     return shard
-
-
-@dataclass(frozen=True, slots=True)
-class ShardConfig:
-    """Per-shard storage limits (a topic's settings, copied to each of its shards).
-
-    ``-1`` means unlimited. Retention is off by default: data is kept until an
-    operator sets ``retention_ms`` or ``retention_bytes``.
-    """
-
-    segment_bytes_max: int = 128 * MiB
-    roll_interval_ms: int = 7 * 24 * 3600 * 1000
-    retention_bytes: int = -1
-    retention_ms: int = -1
-    retention_records: int = -1
-    max_batch_bytes: int = 16 * MiB
-    index_interval_records: int = 1000
-
-    def __post_init__(self) -> None:
-        if self.segment_bytes_max < 64 * 1024:
-            raise InvalidConfig("segment_bytes_max must be at least 65536", field="segment_bytes_max")
-        if self.roll_interval_ms <= 0:
-            raise InvalidConfig("roll_interval_ms must be positive", field="roll_interval_ms")
-        if not 1024 <= self.max_batch_bytes <= 1024 * MiB:
-            raise InvalidConfig("max_batch_bytes must be between 1 KiB and 1 GiB", field="max_batch_bytes")
-        if self.index_interval_records <= 0:
-            raise InvalidConfig("index_interval_records must be positive", field="index_interval_records")
-        for name in ("retention_bytes", "retention_ms", "retention_records"):
-            value = getattr(self, name)
-            if value < -1 or value == 0:
-                raise InvalidConfig(f"{name} must be -1 (unlimited) or positive", field=name)
-
-    def to_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ShardConfig:
-        known = {k: int(v) for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,8 @@ import pyarrow as pa
 
 from robustmq._partitioner import Partitioner
 from robustmq._records import coerce_records
-from robustmq.errors import InvalidConfig, InvalidRequest, TopicAlreadyExists, TopicNotFound
+from robustmq._topics import ENGINES, shard_name, split_shard_name, validate_topic_name
+from robustmq.errors import InvalidConfig, TopicAlreadyExists, TopicNotFound
 
 from ._adapter import AppendRequest, AppendResult, ShardConfig, StorageAdapter
 from ._memory_engine import MemoryEngine
@@ -42,33 +42,6 @@ __all__ = [
     "split_shard_name",
     "validate_topic_name",
 ]
-
-ENGINES = ("segment", "rocksdb", "memory")
-_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
-_SHARD_NAME = re.compile(r"(?P<topic>[A-Za-z0-9._-]{1,200})_(?P<partition>0|[1-9][0-9]{0,4})")
-
-
-def validate_topic_name(topic: str) -> str:
-    if not isinstance(topic, str) or not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
-        raise InvalidRequest(
-            f"invalid topic name {topic!r}: use 1-200 characters of A-Z a-z 0-9 . _ -",
-            topic=topic,
-        )
-    return topic
-
-
-def shard_name(topic: str, partition: int) -> str:
-    """``{topic}_{partition}``: the one place a shard name is made."""
-    return f"{topic}_{partition}"
-
-
-def split_shard_name(shard: str) -> tuple[str, int]:
-    """``(topic, partition)`` of a ``{topic}_{partition}`` name; the inverse of :func:`shard_name`."""
-    match = _SHARD_NAME.fullmatch(shard) if isinstance(shard, str) else None
-    if match is None:
-        raise InvalidRequest(f"{shard!r} is not a shard name ({{topic}}_{{partition}})", shard=shard)
-    return match["topic"], int(match["partition"])
-
 
 @dataclass(frozen=True, slots=True)
 class TopicInfo:

@@ -51,8 +51,8 @@ from typing import Any
 
 from robustmq.errors import RobustMQError, ShardNotFound
 
-from ..replication._replica_serving import visible_to_readers
 from ..replication._shards import RESERVE_RECORDS
+from ..replication._visibility import visible_to_readers
 from ._io_worker import DeleteShard, Reserved
 from ._reads import reader_log_start
 

@@ -4,7 +4,7 @@ Shards map to workers by ``crc32c(shard) % workers``, so everything that
 changes a shard happens on one thread, in queue order. The queue
 (:class:`WorkQueue`) has two entrances: clients' requests (bounded: a full
 queue answers ``Busy``) and the node's own items (always accepted; bounded by
-construction): answers from the control threads (:mod:`._control`), reads
+construction): answers from the control threads (:mod:`..replication._control`), reads
 waiting for a shard to be resolved, and deletions from the heartbeat. Both
 go into one FIFO.
 
@@ -79,6 +79,7 @@ from typing import Any
 from robustmq._node_protocol import error_response
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import now_ms, require_keys
+from robustmq._topics import split_shard_name
 from robustmq.errors import (
     Busy,
     InvalidRequest,
@@ -92,7 +93,6 @@ from robustmq.errors import (
 
 from ..engine._adapter import AppendRequest, AppendResult, StorageAdapter
 from ..engine._batch import prepare_batch
-from ..engine._driver_manager import split_shard_name
 from ..engine._engine_base import check_producer
 from ..replication._control import Job, MetaAnswer, MetaControl
 from ..replication._deadlines import answer_by

@@ -2,7 +2,7 @@
 
 Readers (``reader_threads``) run :meth:`NodeReads._read` for every read the
 front end queues. Reads stop at the high watermark on an RF > 1 leader (see
-``_replica_serving.visible_to_readers``). A fetch below the node's local log
+``replication._visibility``). A fetch below the node's local log
 start of a ``segment``-engine shard, where the node dropped its copies of
 ``remote`` segments or never held them, goes to the cold-read pool
 (``_cold_reads``): it is served from the segment's object, never on a reader
@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from typing import Any
-
-import pyarrow.compute as pc
 
 from robustmq._node_protocol import error_response, table_payload
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq._topics import split_shard_name
 from robustmq.errors import (
     InvalidRequest,
     OffsetOutOfRange,
@@ -30,19 +28,14 @@ from robustmq.errors import (
     Unavailable,
 )
 
-from ..engine._driver_manager import split_shard_name
-from ..replication._replica_serving import (
-    answer_replica_empty,
-    serve_checksum,
-    serve_replica_fetch,
-    visible_to_readers,
-)
+from ..replication._replica_serving import answer_replica_empty, serve_checksum, serve_replica_fetch
 from ..replication._shards import NodeShard
+from ..replication._visibility import below_high_watermark, read_key, visible_to_readers
 from ..tiered._cold_lookups import local_offset_for_timestamp
 from ..tiered._cold_reads import learned_from
 from ._io_worker import ParkRead, Request
 
-__all__ = ["NodeReads", "below_high_watermark", "read_key", "reader_log_start"]
+__all__ = ["NodeReads", "reader_log_start"]
 
 log = logging.getLogger("robustmq.node")
 
@@ -353,54 +346,6 @@ class NodeReads:
             ),
             (table_payload(result.records),),
         )
-
-
-def below_high_watermark(result: Any, state: NodeShard, start: int = 0) -> Any:
-    """``result`` (of a read from ``start``) without the records at or past ``state``'s high
-    watermark (RF > 1). Its ``next_offset`` never goes back before ``start``: a read from past
-    the high watermark (a restarted leader's, still behind) continues where it asked."""
-    if not state.replicated:
-        return result
-    visible = visible_to_readers(state, result.log_end_offset)
-    records = result.records
-    if records.num_rows and pc.max(records.column("offset")).as_py() >= visible:
-        records = records.filter(pc.less(records.column("offset"), visible))
-    next_offset = min(result.next_offset, max(visible, start))
-    return replace(result, records=records, next_offset=next_offset, log_end_offset=visible)
-
-
-def read_key(state: NodeShard, key: bytes) -> Any:
-    """The latest record with ``key`` that readers may see (RF > 1: below the high watermark).
-
-    The key index knows only the key's latest record; if that one is not committed yet, the
-    latest committed one is found by scanning back from the high watermark in growing windows
-    (rare: only while a write of the key waits for its replicas).
-    """
-    engine: Any = state.engine
-    name = state.engine_shard
-    result = engine.read_by_key(name, key)
-    if not state.replicated:
-        return result
-    visible = visible_to_readers(state, result.log_end_offset)
-    if not result.records.num_rows or result.records.column("offset")[0].as_py() < visible:
-        return below_high_watermark(result, state)
-    earliest = engine.list_offsets(name).earliest_offset
-    end, window = visible, 1024
-    while end > earliest:
-        start = max(earliest, end - window)
-        found, position = None, start
-        while position < end:
-            part = engine.scan(name, position, end, key=key, max_records=10_000)
-            if part.records.num_rows:
-                found = part.records.slice(part.records.num_rows - 1, 1)
-            if part.next_offset <= position:
-                break
-            position = part.next_offset
-        if found is not None:
-            offset = found.column("offset")[0].as_py()
-            return below_high_watermark(replace(result, records=found, next_offset=offset + 1), state)
-        end, window = start, window * 4
-    return below_high_watermark(replace(result, records=result.records.slice(0, 0)), state)
 
 
 def _check_incarnation(request: Request, state: NodeShard) -> None:

@@ -10,7 +10,7 @@ leads, follows, seals and fences the shard's segments.
 - ``_leading``, ``_sealing``: the I/O worker's side of leading and sealing;
 - ``_follower``, ``_replica_fetcher``, ``_follower_log``: the follower's side;
 - ``_replica_serving``: what a node serves to other replicas (``ReplicaFetch``,
-  ``Checksum``) and what readers may see (below the high watermark);
+  ``Checksum``); ``_visibility``: what readers may see (below the high watermark);
 - ``_fences``: the durable fences; ``_deadlines``: when a held request is answered.
 
 May import: ``robustmq.storage_node.engine`` and the ``robustmq`` core. Not the node

@@ -56,9 +56,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq._topics import split_shard_name
 from robustmq.errors import Busy, RequestTimeout, RobustMQError, Unavailable
 
-from ..engine._driver_manager import split_shard_name
 from ._shards import RESERVE_RECORDS, ShardView, start_of
 
 __all__ = ["UNREACHABLE_HOLD_S", "Agreement", "Job", "MetaAnswer", "MetaControl"]

@@ -31,8 +31,8 @@ from robustmq._node_protocol import error_response
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import InvalidRequest, NotLeader, OffsetOutOfRange, ShardNotFound, Unavailable
 
-from ._follower_log import visible_end
 from ._replication import AckAnswer, LeaderState
+from ._visibility import visible_to_readers
 
 if TYPE_CHECKING:
     from ..node._io_worker import Request
@@ -45,17 +45,7 @@ __all__ = [
     "send_acks",
     "serve_checksum",
     "serve_replica_fetch",
-    "visible_to_readers",
 ]
-
-
-def visible_to_readers(state: NodeShard, log_end: int) -> int:
-    """Where reads of ``state`` stop on this node: its log end for RF 1; on the leader of an
-    RF > 1 epoch, its high watermark; on a follower, the bound of ``_follower_log.visible_end``."""
-    replication = state.replication
-    if replication is not None:
-        return min(log_end, replication.high_watermark)
-    return visible_end(state, log_end)
 
 
 def replica_key(shard: str) -> str:

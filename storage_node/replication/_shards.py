@@ -28,7 +28,7 @@ the reserved offset, so lost records show as a gap, never as reused offsets.
 
 Seals are decided by the node, not the engine: the engine's own roll limits
 are switched off for node-managed shards, the I/O worker seals through the
-Meta Service (:mod:`._io_worker`) and only then rolls the local segment.
+Meta Service (:mod:`..node._io_worker`) and only then rolls the local segment.
 Writes carry the epoch they target: an older one gets ``SegmentSealed``
 (retriable after a metadata refresh).
 
@@ -63,6 +63,7 @@ from typing import Any
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import now_ms
+from robustmq._topics import split_shard_name
 from robustmq._wire import shard_config_of
 from robustmq.errors import (
     IncarnationMismatch,
@@ -77,7 +78,7 @@ from robustmq.errors import (
 )
 
 from ..engine._adapter import ShardConfig, StorageAdapter
-from ..engine._driver_manager import StorageDriverManager, split_shard_name
+from ..engine._driver_manager import StorageDriverManager
 from ._replication import LeaderState, min_insync_of
 
 __all__ = [

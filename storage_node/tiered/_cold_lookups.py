@@ -48,7 +48,7 @@ from robustmq.errors import InvalidRequest
 
 from ..engine._adapter import ReadResult
 from ..engine._engine_base import scan_mask
-from ..replication._replica_serving import visible_to_readers
+from ..replication._visibility import below_high_watermark, read_key, visible_to_readers
 
 if TYPE_CHECKING:
     from ..replication._shards import NodeShard
@@ -93,7 +93,6 @@ def serve_lookup(cold: ColdReads, request: Any, state: NodeShard) -> None:
     if message.WhichOneof("body") == "read_by_tag":
         cold.node.answer_read(request, _read_by_tag(cold, state, info, message.read_by_tag))
         return
-    from ..node._reads import read_key  # the local answer (a cycle at import time otherwise)
 
     local = read_key(state, message.read_by_key.key)
     if local.records.num_rows:  # written since the reader thread looked: the newest
@@ -156,7 +155,6 @@ def _read_by_tag(cold: ColdReads, state: NodeShard, info: pb.ShardInfo, ask: Any
     order, at most ``ask.max_records``: the tiered segments' first, then the local tag index's.
     Past :data:`KEY_LOOKUP_BYTES` of tiered records: what was found, with ``next_offset`` where
     to continue, or ``InvalidRequest`` if that is nothing."""
-    from ..node._reads import below_high_watermark  # (a cycle at import time otherwise)
 
     max_records = ask.max_records or 10_000
     if max_records <= 0:

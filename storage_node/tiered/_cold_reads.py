@@ -76,6 +76,7 @@ from robustmq.tier._store import ObjectStore, object_store_of
 
 from ..engine._adapter import ReadResult
 from ..engine._engine_base import scan_mask
+from ..replication._visibility import visible_to_readers
 from ._tier_cache import CacheKey, TierCache
 
 __all__ = [
@@ -386,8 +387,6 @@ class ColdReads:
 
     def _high_watermark(self, info: pb.ShardInfo, state: Any) -> int:
         if state is not None:
-            from ..replication._replica_serving import visible_to_readers
-
             return int(visible_to_readers(state, state.log_end()))
         return max(int(info.high_watermark), int(info.segments[-1].start_offset))
 

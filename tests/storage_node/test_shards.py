@@ -1,4 +1,4 @@
-"""A node's view of one shard (``storage_node._shards.NodeShard``), on its own."""
+"""A node's view of one shard (``storage_node.replication._shards.NodeShard``), on its own."""
 
 from __future__ import annotations
 

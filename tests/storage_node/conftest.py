@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.storage_node._led import Led, start_led
 from tests.storage_node._meta_network import Cluster, start_cluster
 
 
@@ -24,3 +25,18 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     yield make
     for cluster in started:
         cluster.stop()
+
+
+@pytest.fixture
+def lead(tmp_path: Path) -> Iterator[Callable[..., Led]]:
+    """``lead(spares=..., lose=..., **node_settings)``: a started :class:`Led` (stopped at the end)."""
+    started: list[Led] = []
+
+    def make(**settings: Any) -> Led:
+        led = start_led(tmp_path / f"led-{len(started)}", **settings)
+        started.append(led)
+        return led
+
+    yield make
+    for led in started:
+        led.stop()

@@ -1,13 +1,10 @@
 """The leader side of replication, driven by hand-made followers over the real node protocol.
 
-A real Meta Service and one real storage node run in-process on loopback; two
-more nodes are only registered with the Meta Service (and kept alive by the
-test's heartbeats), so the node leads an RF 3 shard whose followers are this
-test: it sends their ``ReplicaFetch`` requests with :class:`NodeCaller`, the
-client a real follower uses, and decides when each follower has fetched.
-That makes the high watermark, the acks, the ISR shrink, the timeouts and the
-fence observable one step at a time. The last test runs three real nodes
-(real followers) for the seal's agreement on checksums.
+The node leads an RF 3 shard whose two followers are this test
+(``tests/storage_node/_led.py``), which makes the high watermark, the acks, the
+ISR shrink, the timeouts and the fence observable one step at a time. The last
+test runs three real nodes (real followers) for the seal's agreement on
+checksums.
 """
 
 from __future__ import annotations
@@ -17,9 +14,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +21,6 @@ import pytest
 
 import robustmq
 from robustmq._meta_client import MetaClient
-from robustmq._node_client import NodeCaller
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records, encode_batch
 from robustmq.errors import (
@@ -41,113 +34,7 @@ from robustmq.meta import MetaServer
 from robustmq.storage_node import NodeConfig, StorageNode
 from robustmq.storage_node.replication._control import MetaAnswer
 from tests.e2e._procs import wait_until
-
-FOLLOWERS = ("fake-follower-1", "fake-follower-2")
-
-
-@dataclass
-class Led:
-    """A node leading shard ``shard`` (RF 3) whose two followers are the test."""
-
-    meta: MetaServer
-    node: StorageNode
-    client: robustmq.Client
-    caller: NodeCaller
-    shard: str
-    partition: int
-    incarnation: int
-
-    def produce(self, acks: int, values: list[bytes], timeout_s: float = 20) -> Future[Any]:
-        ask = pb.ProduceRequest(shard=self.shard, epoch=0, acks=acks, producer_id=-1, producer_sequence=-1)
-        payload = encode_batch(build_records(values))
-        return self.caller.request(self.node.address, "produce", ask, (payload,), timeout_s=timeout_s)
-
-    def fetch_as(self, follower: str, offset: int, *, epoch: int = 0, wait_ms: int = 0) -> pb.NodeResponse:
-        ask = pb.ReplicaFetchRequest(
-            shard=self.shard,
-            incarnation=self.incarnation,
-            epoch=epoch,
-            offset=offset,
-            node_id=follower,
-            max_wait_ms=wait_ms,
-        )
-        response, _ = self.caller.call(self.node.address, "replica_fetch", ask, timeout_s=10)
-        return response
-
-    def follow(self, follower: str, offset: int) -> threading.Event:
-        """Run ``follower`` live from ``offset`` (it copies nothing, it acknowledges what it is
-        sent, long-polling at the log end as a real follower does) until the event is set."""
-        stop = threading.Event()
-
-        def run() -> None:
-            position = offset
-            while not stop.is_set():
-                try:
-                    position = self.fetch_as(follower, position, wait_ms=200).replica_fetch.next_offset
-                except RobustMQError:
-                    stop.wait(0.05)
-
-        threading.Thread(target=run, daemon=True).start()
-        return stop
-
-    def offsets(self) -> pb.ShardOffsetsInfo:
-        ask = pb.ListOffsetsRequest(shards=[self.shard])
-        response, _ = self.caller.call(self.node.address, "list_offsets", ask)
-        return response.list_offsets.shards[0]
-
-    def isr(self) -> list[str]:
-        return list(self.client.describe_topic("t").shards[self.partition].segments[-1].isr)
-
-
-def _outcome(future: Future[Any], timeout_s: float = 30) -> Any:
-    try:
-        return future.result(timeout_s)[0]
-    except RobustMQError as error:
-        return error
-
-
-@pytest.fixture
-def lead(tmp_path: Path) -> Iterator[Any]:
-    """``lead(**node_settings)``: a :class:`Led` shard; everything stops at the end."""
-    started: list[tuple[Any, ...]] = []
-
-    def make(**settings: Any) -> Led:
-        root = tmp_path / f"cluster-{len(started)}"
-        meta = MetaServer(root / "meta", port=0).start()
-        node = StorageNode(
-            NodeConfig(data_dir=root / "node", meta_address=meta.address, port=0, io_workers=1, **settings)
-        ).start()
-        beats = MetaClient(meta.address, timeout_s=5)
-        for follower in FOLLOWERS:  # registered and alive, never serving: the test speaks for them
-            beats.register_node(follower, "tcp://127.0.0.1:9")
-        stop = threading.Event()
-
-        def beat() -> None:
-            while not stop.wait(0.5):
-                for follower in FOLLOWERS:
-                    beats.heartbeat(follower, "tcp://127.0.0.1:9")
-
-        beating = threading.Thread(target=beat, daemon=True)
-        beating.start()
-        client = robustmq.connect(meta.address, timeout_s=20)
-        caller = NodeCaller(timeout_s=10)
-        started.append((meta, node, client, caller, stop, beating, beats))
-        client.create_topic("t", 3, replication_factor=3)
-        shards = client.describe_topic("t").shards
-        partition = next(p for p, s in enumerate(shards) if s.segments[-1].leader == node.node_id)
-        shard = shards[partition]
-        assert set(shard.segments[-1].isr) == {node.node_id, *FOLLOWERS}
-        return Led(meta, node, client, caller, shard.shard, partition, int(shard.incarnation))
-
-    yield make
-    for meta, node, client, caller, stop, beating, beats in started:
-        stop.set()
-        beating.join(10)
-        beats.close()
-        caller.close()
-        client.close()
-        node.stop()
-        meta.stop()
+from tests.storage_node._led import FOLLOWERS, Led, outcome
 
 
 def test_acks_all_waits_for_every_isr_member_and_reads_stop_at_the_high_watermark(lead: Any) -> None:
@@ -164,7 +51,7 @@ def test_acks_all_waits_for_every_isr_member_and_reads_stop_at_the_high_watermar
     assert not both.done() and led.offsets().high_watermark == 0  # one ISR member still lacks them
 
     led.fetch_as(FOLLOWERS[1], 3)
-    produced = _outcome(both)
+    produced = outcome(both)
     assert not isinstance(produced, RobustMQError), produced
     assert produced.produce.base_offset == 0
     assert led.offsets().high_watermark == 3
@@ -173,19 +60,19 @@ def test_acks_all_waits_for_every_isr_member_and_reads_stop_at_the_high_watermar
 
 def test_acks_quorum_needs_a_majority_and_acks_1_nobody(lead: Any) -> None:
     led = lead()
-    leader_only = _outcome(led.produce(pb.ACKS_LEADER, [b"x"]))
+    leader_only = outcome(led.produce(pb.ACKS_LEADER, [b"x"]))
     assert leader_only.produce.base_offset == 0 and leader_only.produce.high_watermark == 0  # not committed
     quorum = led.produce(pb.ACKS_QUORUM, [b"y", b"z"])
     wait_until(lambda: led.offsets().log_end_offset == 3, timeout_s=10)
     assert not quorum.done()
     led.fetch_as(FOLLOWERS[1], 3)  # leader + one follower: 2 of 3
-    assert _outcome(quorum).produce.base_offset == 1
+    assert outcome(quorum).produce.base_offset == 1
     assert led.offsets().high_watermark == 0  # the HW waits for the whole ISR
 
 
 def test_a_waiting_ack_times_out_and_a_long_poll_is_woken_by_an_append(lead: Any) -> None:
     led = lead(ack_timeout_ms=300, replica_lag_ms=60_000)
-    assert isinstance(_outcome(led.produce(pb.ACKS_ALL, [b"late"])), RequestTimeout)
+    assert isinstance(outcome(led.produce(pb.ACKS_ALL, [b"late"])), RequestTimeout)
     assert led.offsets().log_end_offset == 1  # stored, not confirmed: the client must retry
     parked = led.caller.request(
         led.node.address,
@@ -204,13 +91,13 @@ def test_lagging_followers_leave_the_isr_acks_all_is_refused_and_a_follower_rejo
     led = lead(replica_lag_ms=1000, ack_timeout_ms=30_000)
     live = led.follow(FOLLOWERS[0], 0)  # follower 1 keeps up (long-polling), follower 2 never fetches
     waiting = led.produce(pb.ACKS_ALL, [b"v"])
-    assert not isinstance(_outcome(waiting), RobustMQError)  # answered once follower 2 was shrunk out
+    assert not isinstance(outcome(waiting), RobustMQError)  # answered once follower 2 was shrunk out
     wait_until(lambda: set(led.isr()) == {led.node.node_id, FOLLOWERS[0]}, timeout_s=10)  # recorded
 
     live.set()  # follower 1 stops fetching too
     led.produce(pb.ACKS_LEADER, [b"w"]).result(10)
     wait_until(lambda: led.isr() == [led.node.node_id], timeout_s=10)
-    refused = _outcome(led.produce(pb.ACKS_ALL, [b"no"]))
+    refused = outcome(led.produce(pb.ACKS_ALL, [b"no"]))
     assert isinstance(refused, NotEnoughReplicas) and refused.fields["appended"] is False, refused
     assert led.offsets().log_end_offset == 2  # nothing was written
 
@@ -220,7 +107,7 @@ def test_lagging_followers_leave_the_isr_acks_all_is_refused_and_a_follower_rejo
     wait_until(lambda: led.offsets().log_end_offset == 3, timeout_s=10)
     assert not again.done()
     led.fetch_as(FOLLOWERS[0], 3)
-    assert _outcome(again).produce.base_offset == 2
+    assert outcome(again).produce.base_offset == 2
 
 
 def test_a_restarted_leader_keeps_its_hw_and_adds_no_follower_that_did_not_fetch(lead: Any) -> None:
@@ -229,10 +116,10 @@ def test_a_restarted_leader_keeps_its_hw_and_adds_no_follower_that_did_not_fetch
     wait_until(lambda: led.offsets().log_end_offset == 3, timeout_s=10)
     led.fetch_as(FOLLOWERS[0], 3)
     led.fetch_as(FOLLOWERS[1], 3)
-    assert not isinstance(_outcome(first), RobustMQError)
+    assert not isinstance(outcome(first), RobustMQError)
     live = led.follow(FOLLOWERS[0], 3)  # follower 2 stops: it leaves the ISR
     more = led.produce(pb.ACKS_ALL, [b"d", b"e", b"f"])
-    assert not isinstance(_outcome(more), RobustMQError)
+    assert not isinstance(outcome(more), RobustMQError)
     wait_until(lambda: set(led.isr()) == {led.node.node_id, FOLLOWERS[0]}, timeout_s=10)
     live.set()
     wait_until(lambda: led.client.describe_topic("t").shards[led.partition].high_watermark == 6, timeout_s=10)
@@ -349,7 +236,7 @@ def test_replica_fetches_are_checked_and_a_fence_stops_writes(lead: Any) -> None
     answer, _ = led.caller.call(led.node.address, "fence", fence)
     assert (answer.fence.log_end_offset, answer.fence.segment_start) == (2, 0)
     assert led.node.fences.fenced_epoch(led.shard, led.incarnation) == 0
-    assert isinstance(_outcome(led.produce(pb.ACKS_LEADER, [b"after"])), Unavailable)
+    assert isinstance(outcome(led.produce(pb.ACKS_LEADER, [b"after"])), Unavailable)
     led.fetch_as(FOLLOWERS[0], 2)
     led.fetch_as(FOLLOWERS[1], 2)
     assert led.offsets().high_watermark == 0  # nothing past the fence point becomes committed here
@@ -357,7 +244,7 @@ def test_replica_fetches_are_checked_and_a_fence_stops_writes(lead: Any) -> None
     led.node.stop()  # a restart does not forget the fence
     led.node = StorageNode(led.node.config).start()
     try:
-        refused = _outcome(led.produce(pb.ACKS_LEADER, [b"after a restart"]))
+        refused = outcome(led.produce(pb.ACKS_LEADER, [b"after a restart"]))
         assert isinstance(refused, Unavailable) and "fenced" in refused.message, refused
         led.client.delete_topic("t")  # the shard incarnation is dropped: its fence goes with it
         wait_until(lambda: led.node.fences.fences() == {}, timeout_s=20)

@@ -91,6 +91,11 @@ class AppendResult:
     def last_offset(self) -> int:
         return self.base_offset + self.record_count - 1
 
+    @property
+    def end_offset(self) -> int:
+        """The offset after the batch's last record."""
+        return self.base_offset + self.record_count
+
 
 @dataclass(frozen=True, slots=True)
 class ShardOffsets:

@@ -573,9 +573,8 @@ class IOWorker(threading.Thread):
                     epoch=state.epoch,
                 ),
             )
-            if state.replication is not None and item.message.produce.acks != pb.ACKS_LEADER:
-                self.leading.hold(state, item, result, response)  # answered when replicas have it
-            else:
+            held = state.replication is not None and item.message.produce.acks != pb.ACKS_LEADER
+            if not (held and self.leading.hold(state, item, result, response)):  # held: replicas answer
                 answers.append((item, response))  # answered once the group is fully applied
             touched[state.name] = state
 

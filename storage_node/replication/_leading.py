@@ -15,6 +15,17 @@ what the shard's I/O worker does with it, in queue order with the writes:
   RF 1, the others wait in the state (their payload released) and are
   answered when their replicas have them (or ``RequestTimeout`` after
   ``ack_timeout_ms``, or earlier before the client's own timeout: ``_deadlines``).
+- **a replay of a batch stored in an earlier epoch** (an idempotent producer's
+  retry after its epoch was sealed: a seal by size or age, a drain, a reseal, a
+  failover) is not this epoch's to confirm: the followers of this epoch may hold
+  nothing of the earlier one. It is judged by the sealed segment its offsets are
+  in: confirmed at once if the nodes known to hold that segment whole (its
+  ``isr``, verified by CRC; or the object store once it is tiered) are as many as
+  the request's ``acks`` needs (``min_insync_replicas`` for ``all``, a majority of
+  the replication factor for ``quorum``), else refused ``NotEnoughReplicas``
+  (``appended=true``: stored, not on enough disks; retriable) and the shard is
+  looked up, so a copy repair or a returning replica made since is seen by the
+  client's next retry.
 - **every tick** (at most every :data:`TICK_S`): expired acks are answered,
   and an ISR change the state proposes is sent with ``UpdateIsr`` on a control
   thread; its answer comes back as a ``MetaAnswer`` (``isr``) and is applied
@@ -43,7 +54,7 @@ from robustmq.errors import Busy, NotEnoughReplicas, NotLeader, RobustMQError, S
 
 from ..engine._adapter import AppendResult
 from ._control import Job, MetaAnswer
-from ._replication import LeaderState, WaitingAck
+from ._replication import LeaderState, WaitingAck, quorum_of
 from ._shards import NodeShard
 
 if TYPE_CHECKING:
@@ -103,18 +114,28 @@ class Leading:
         if replication.waiting() >= self._worker.max_parked:
             raise Busy(f"too many writes to {state.name} wait for their replicas; retry", shard=state.name)
 
-    def hold(self, state: NodeShard, item: Request, result: AppendResult, response: pb.NodeResponse) -> None:
-        """``item`` was appended; it waits for its replicas (see :meth:`flushed`)."""
-        # A duplicate older than its producer's window (no offset): wait for everything there is.
-        end = result.base_offset + result.record_count if result.base_offset >= 0 else state.log_end()
-        item.payloads = []  # written: its bytes need not be kept while it waits
+    def hold(self, state: NodeShard, item: Request, result: AppendResult, response: pb.NodeResponse) -> bool:
+        """``item`` was appended; it waits for its replicas (see :meth:`flushed`). False: it is not
+        held, the caller answers ``response`` with the group (a replay of a sealed batch whose
+        segment has enough holders); a refused replay is answered here."""
         replication = state.replication
         assert replication is not None
         acks = item.message.produce.acks
+        if result.duplicate and result.base_offset >= 0 and result.end_offset <= replication.segment_start:
+            refusal = _sealed_replay_refusal(state, result, acks, replication)
+            if refusal is None:
+                return False
+            self._worker.look_up(state)  # the segment's holders may have grown since this view
+            self._worker.fail(item, refusal)
+            return True
+        # A duplicate older than its producer's window (no offset): wait for everything there is.
+        end = result.end_offset if result.base_offset >= 0 else state.log_end()
+        item.payloads = []  # written: its bytes need not be kept while it waits
         # acks=all is answered once the high watermark is at least its end; quorum may be earlier.
         response.produce.high_watermark = end if acks == pb.ACKS_ALL else replication.high_watermark
         deadline = item.answer_by(self._ack_timeout_s)
         self._held.setdefault(state.name, []).append(WaitingAck(item, end, acks, deadline, response))
+        return True
 
     def appended(self, state: NodeShard, replication: LeaderState) -> None:
         """A group commit wrote to ``state``: move its log end, queue what waits, answer what is covered."""
@@ -252,3 +273,30 @@ class Leading:
             segment_start = known[0].start_offset if known else -1
         fenced = pb.FenceResponse(log_end_offset=state.log_end(), segment_start=segment_start)
         self._worker.reply(item, pb.NodeResponse(correlation_id=item.message.correlation_id, fence=fenced))
+
+
+def _sealed_replay_refusal(
+    state: NodeShard, result: AppendResult, acks: int, replication: LeaderState
+) -> NotEnoughReplicas | None:
+    """Why a replay of a batch stored at ``result``'s offsets, in a sealed segment, may not be
+    confirmed with ``acks``; None if it may (see the module docstring)."""
+    segments = state.view.segments if state.view is not None else ()
+    segment = next(
+        (s for s in segments if s.start_offset <= result.base_offset and result.end_offset <= s.end_offset),
+        None,
+    )
+    if segment is None or segment.state in (pb.TIERED, pb.REMOTE):
+        return None  # in the object store, or gone by retention: no replica count applies any more
+    needed = replication.min_insync if acks == pb.ACKS_ALL else quorum_of(replication.replication_factor)
+    holders = len(segment.isr) or 1  # an empty isr: sealed before ISRs were recorded, the leader alone
+    if holders >= needed:
+        return None
+    return NotEnoughReplicas(
+        f"the records of this batch (offsets {result.base_offset}..{result.end_offset - 1}) are stored "
+        f"in sealed epoch {segment.epoch} of {state.name}, which {holders} node(s) hold whole, fewer than "
+        f"the {needed} its acks need; nothing was written again; retry once the segment is repaired",
+        shard=state.name,
+        isr=holders,
+        min_insync_replicas=needed,
+        appended=True,
+    )

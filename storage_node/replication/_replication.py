@@ -20,9 +20,13 @@ they took before replication). It keeps, for the active epoch:
   log end. **It never goes down** (a follower whose position goes back, one
   that lost unsynced data, cannot take it back);
 - the produce requests waiting for ``acks=all`` (released when the HW covers
-  their end) and ``acks=quorum`` (released when a majority of the replica set,
-  leader included, holds their end), each in a deque ordered by end offset,
-  and answered ``RequestTimeout`` at their deadline.
+  their end) and ``acks=quorum`` (released when a majority of the topic's
+  replication factor, leader included, holds their end: an epoch placed on
+  fewer nodes than the factor needs as many copies all the same), each in a
+  deque ordered by end offset, and answered ``RequestTimeout`` at their
+  deadline. Both count only replicas of this epoch, so they judge records of
+  this epoch only: a replay of a batch stored in an earlier epoch is judged by
+  the holders of the segment it is in (``_leading``).
 
 ISR changes are decided here (:meth:`LeaderState.propose`) and carried out by
 the worker through a control thread (``UpdateIsr``); the new ISR is used only
@@ -69,7 +73,7 @@ from robustmq.errors import NotEnoughReplicas, RequestTimeout, RobustMQError
 
 from ._deadlines import take_due
 
-__all__ = ["AckAnswer", "LeaderState", "WaitingAck", "min_insync_of"]
+__all__ = ["AckAnswer", "LeaderState", "WaitingAck", "min_insync_of", "quorum_of"]
 
 _INF = float("inf")
 
@@ -78,6 +82,12 @@ def min_insync_of(config: pb.TopicConfig) -> int:
     """The topic's ``min_insync_replicas`` (0: a majority of its replication factor)."""
     replication = max(1, config.replication_factor)
     return config.min_insync_replicas or replication // 2 + 1
+
+
+def quorum_of(replication_factor: int) -> int:
+    """How many copies (the leader's included) an ``acks=quorum`` record needs: a majority of the
+    topic's replication factor."""
+    return max(1, replication_factor) // 2 + 1
 
 
 @dataclass(slots=True)
@@ -123,6 +133,7 @@ class LeaderState:
     replicas: tuple[str, ...]
     isr: tuple[str, ...]
     min_insync: int
+    replication_factor: int
     segment_start: int
     log_end: int
     now: float
@@ -310,10 +321,11 @@ class LeaderState:
         return max(self.segment_start, min(lowest, self.log_end))
 
     def _quorum_end(self) -> int:
-        """The largest offset a majority of the replica set (leader included) holds."""
+        """The largest offset a majority of the replication factor holds (leader included);
+        -1 while the epoch has fewer replicas than that majority (nothing is confirmed)."""
         positions = sorted(self._positions(set(self.replicas) | {self.node_id}), reverse=True)
-        majority = len(self.replicas) // 2 + 1
-        return positions[min(majority, len(positions)) - 1]
+        majority = quorum_of(self.replication_factor)
+        return positions[majority - 1] if len(positions) >= majority else -1
 
     def _advance(self) -> tuple[bool, list[AckAnswer]]:
         if self.fenced:  # nothing past the fence point becomes visible or confirmed through this node

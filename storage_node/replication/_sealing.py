@@ -369,7 +369,8 @@ class Sealer:
     def _sealed(self, state: NodeShard, answer: pb.SealSegmentResponse) -> None:
         task = state.seal
         assert task is not None
-        self._directory.sealed(state, answer.next)  # a failed roll marks the shard failed, never raises
+        # A failed roll marks the shard failed, never raises.
+        self._directory.sealed(state, answer.sealed, answer.next)
         log.info(
             "sealed %s epoch %d at offset %d; epoch %d is active",
             state.name,

@@ -473,8 +473,9 @@ class ShardDirectory:
             state.engine, state.engine_shard, info, self._node_id, _engine_config(state.config)
         )
 
-    def sealed(self, state: NodeShard, following: pb.Segment) -> None:
-        """Adopt the next epoch the Meta Service opened after sealing ``state``'s segment.
+    def sealed(self, state: NodeShard, sealed: pb.Segment, following: pb.Segment) -> None:
+        """Adopt the next epoch the Meta Service opened after sealing ``state``'s segment
+        (``sealed``, as the Meta Service recorded it: its ``isr`` are the nodes that hold it whole).
 
         Then roll the local segment; if that fails (a full disk, a missing
         directory) the shard is marked failed (``ShardFailed``): the chain has
@@ -483,11 +484,11 @@ class ShardDirectory:
         assert following.epoch > state.epoch, (
             f"shard {state.name}: epoch {following.epoch} follows {state.epoch}"
         )
-        sealed_at = state.epoch
+        assert sealed.epoch == state.epoch, f"shard {state.name}: sealed {sealed.epoch}, at {state.epoch}"
         state.advance(following, self._node_id)
         _roll(state)
         if state.view is not None:
-            state.view = _sealed_view(state.view, sealed_at, following)
+            state.view = _sealed_view(state.view, sealed, following)
         self._follow_chain(state, following)
         if self.replication is not None:
             self.replication.viewed(state)
@@ -526,6 +527,7 @@ class ShardDirectory:
             replicas=tuple(active.replicas) or (self._node_id,),
             isr=tuple(active.isr) or (self._node_id,),
             min_insync=min_insync_of(state.config),
+            replication_factor=state.config.replication_factor,
             segment_start=state.segment_start,
             log_end=max(state.log_end(), state.segment_start),
             now=time.monotonic(),
@@ -577,16 +579,13 @@ class ShardDirectory:
         state.segment_bytes = active.size_bytes if active.base_offset >= state.segment_start else 0
 
 
-def _sealed_view(view: pb.ShardInfo, epoch: int, following: pb.Segment) -> pb.ShardInfo:
-    """``view`` after this node sealed ``epoch`` at ``following``'s start and the Meta Service
-    opened ``following`` (until a lookup brings the recorded one, with the sealed ``isr``)."""
+def _sealed_view(view: pb.ShardInfo, sealed: pb.Segment, following: pb.Segment) -> pb.ShardInfo:
+    """``view`` after this node sealed its active segment (``sealed``, as recorded) and the Meta
+    Service opened ``following``."""
     info = pb.ShardInfo()
     info.CopyFrom(view)
-    if info.segments and info.segments[-1].epoch == epoch:
-        last = info.segments[-1]
-        last.end_offset = following.start_offset
-        last.state = pb.SEALED
-        last.leader = ""
+    if info.segments and info.segments[-1].epoch == sealed.epoch:
+        info.segments[-1].CopyFrom(sealed)
         info.segments.append(following)
     return info
 

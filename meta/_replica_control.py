@@ -211,7 +211,14 @@ class ReplicaControl:
     # -- replicas ----------------------------------------------------------
 
     def update_isr(
-        self, shard: str, incarnation: int, epoch: int, node_id: str, isr: Sequence[str]
+        self,
+        shard: str,
+        incarnation: int,
+        epoch: int,
+        node_id: str,
+        isr: Sequence[str],
+        *,
+        expected: Sequence[str] = (),
     ) -> pb.Segment:
         """Record the ISR of the active segment, as its leader asks; the segment as stored.
 
@@ -219,8 +226,12 @@ class ReplicaControl:
         is the active one, with ``ShardNotFound`` if ``incarnation`` is not the
         topic's current one, and with ``InvalidRequest`` unless ``isr``
         contains the leader and only replicas of the segment. The same ISR
-        again writes nothing. Followers are not told (their assignments are
-        the same): no assignments version changes.
+        again writes nothing. A compare-and-set: with ``expected`` (the ISR the
+        leader's proposal is based on), a recorded ISR that is neither
+        ``expected`` nor ``isr`` is left as it is and answered, so a delayed
+        proposal never overwrites a newer ISR (the leader adopts the answer).
+        Followers are not told (their assignments are the same): no
+        assignments version changes.
         """
         topic, partition = split_shard(shard)
         node_id = require_node_id(node_id)
@@ -230,6 +241,16 @@ class ReplicaControl:
             self._require_leader(active, epoch, node_id)
             members = checked_isr(active, isr, node_id)
             if list(active.isr) == members:
+                return active
+            if expected and set(active.isr) != set(expected):
+                logger.info(
+                    "%s epoch %d: ISR change to %s based on %s not made: the ISR is %s",
+                    shard,
+                    epoch,
+                    members,
+                    sorted(expected),
+                    list(active.isr),
+                )
                 return active
             before = list(active.isr)
             del active.isr[:]

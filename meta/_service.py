@@ -205,7 +205,12 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
     @_answers_errors
     def UpdateIsr(self, request: pb.UpdateIsrRequest, context: Any) -> pb.Segment:
         return self._controller.update_isr(
-            request.shard, request.incarnation, request.epoch, request.node_id, list(request.isr)
+            request.shard,
+            request.incarnation,
+            request.epoch,
+            request.node_id,
+            list(request.isr),
+            expected=list(request.expected_isr),
         )
 
     @_answers_errors

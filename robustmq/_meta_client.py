@@ -375,16 +375,29 @@ class MetaClient:
     # -- replicas ----------------------------------------------------------
 
     def update_isr(
-        self, shard: str, incarnation: int, epoch: int, node_id: str, isr: Iterable[str]
+        self,
+        shard: str,
+        incarnation: int,
+        epoch: int,
+        node_id: str,
+        isr: Iterable[str],
+        expected: Iterable[str] = (),
     ) -> pb.Segment:
         """Record the ISR of the active segment ``epoch``, which ``node_id`` leads; the segment as stored.
 
         ``StaleEpoch`` unless ``node_id`` leads ``epoch`` and it is active; ``ShardNotFound``
         for another incarnation; ``InvalidRequest`` unless ``isr`` holds the leader and only
-        replicas. Idempotent (the same ISR again changes nothing).
+        replicas. Idempotent (the same ISR again changes nothing). With ``expected`` (the ISR
+        the proposal is based on), a recorded ISR that is neither changes nothing: the answer
+        is the segment as recorded.
         """
         request = pb.UpdateIsrRequest(
-            shard=shard, incarnation=incarnation, epoch=epoch, node_id=node_id, isr=list(isr)
+            shard=shard,
+            incarnation=incarnation,
+            epoch=epoch,
+            node_id=node_id,
+            isr=list(isr),
+            expected_isr=list(expected),
         )
         return self._call(self._stub.UpdateIsr, request, "idempotent")
 

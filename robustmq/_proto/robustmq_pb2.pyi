@@ -442,18 +442,20 @@ class RemoveNodeResponse(_message.Message):
     def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., led_shards: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UpdateIsrRequest(_message.Message):
-    __slots__ = ("shard", "incarnation", "epoch", "node_id", "isr")
+    __slots__ = ("shard", "incarnation", "epoch", "node_id", "isr", "expected_isr")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ISR_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_ISR_FIELD_NUMBER: _ClassVar[int]
     shard: str
     incarnation: int
     epoch: int
     node_id: str
     isr: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, shard: _Optional[str] = ..., incarnation: _Optional[int] = ..., epoch: _Optional[int] = ..., node_id: _Optional[str] = ..., isr: _Optional[_Iterable[str]] = ...) -> None: ...
+    expected_isr: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, shard: _Optional[str] = ..., incarnation: _Optional[int] = ..., epoch: _Optional[int] = ..., node_id: _Optional[str] = ..., isr: _Optional[_Iterable[str]] = ..., expected_isr: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReportReplicaRequest(_message.Message):
     __slots__ = ("shard", "incarnation", "epoch", "node_id", "crc32c", "size_bytes")

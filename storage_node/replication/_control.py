@@ -98,6 +98,8 @@ class MetaAnswer:
     error: RobustMQError | None = None
     segment: pb.Segment | None = None  # isr: the segment as recorded
     agreement: Agreement | None = None  # agree
+    isr: tuple[str, ...] = ()  # isr: the proposal asked for, and the ISR it was based on
+    expected_isr: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,7 @@ class Job:
     incarnation: int = -1
     install: bool = False  # a lookup for a shard the node will create if it holds it
     isr: tuple[str, ...] = ()  # isr: the new ISR; agree: the members to ask; seal: the agreed isr
+    expected_isr: tuple[str, ...] = ()  # isr: the ISR the proposal is based on
     agreement: Agreement | None = None  # seal: what the replicas agreed on (RF 1: the size only)
     start_offset: int = -1  # agree: the segment's start
     engine: Any = None  # agree: the leader's engine and its name for the shard
@@ -137,6 +140,8 @@ class Job:
             error,
             segment,
             agreement,
+            self.isr if self.kind == "isr" else (),
+            self.expected_isr,
         )
 
 
@@ -235,7 +240,7 @@ class MetaControl:
                 return job.answer(sealed=sealed)
             if job.kind == "isr":
                 segment = self._meta.update_isr(
-                    job.shard, job.incarnation, job.epoch, self._node_id, list(job.isr)
+                    job.shard, job.incarnation, job.epoch, self._node_id, job.isr, job.expected_isr
                 )
                 return job.answer(segment=segment)
             info = self._meta.get_shard(job.shard)

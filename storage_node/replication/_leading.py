@@ -28,11 +28,17 @@ what the shard's I/O worker does with it, in queue order with the writes:
   client's next retry.
 - **every tick** (at most every :data:`TICK_S`): expired acks are answered,
   and an ISR change the state proposes is sent with ``UpdateIsr`` on a control
-  thread; its answer comes back as a ``MetaAnswer`` (``isr``) and is applied
-  only then. ``StaleEpoch``: this node no longer leads that epoch; the shard is
-  looked up (it adopts the chain). Any other failure (a refusal such as
-  ``InvalidRequest``, a Meta Service outage): proposed again after
-  :data:`ISR_RETRY_S`, doubling with each failure in a row of the same epoch up
+  thread, with the ISR it is based on (the Meta Service changes nothing if the
+  recorded one is another, and answers it); its answer comes back as a
+  ``MetaAnswer`` (``isr``) and is applied only then: the recorded ISR in the
+  answer becomes the state's. ``StaleEpoch``: this node no longer leads that
+  epoch; the shard is looked up (it adopts the chain). A refusal
+  (``InvalidRequest``, the topic gone): the proposal is dropped and proposed
+  again after :data:`ISR_RETRY_S`. An unknown outcome (a timeout, a lost
+  answer, a Meta Service outage) is not a refusal: the change may be recorded,
+  so the proposal stays ``pending`` (counted in the HW on the safe side) and
+  the identical request is sent again after :data:`ISR_RETRY_S` until an answer
+  settles it. Retries double with each failure in a row of the same epoch up
   to :data:`ISR_RETRY_MAX_S`; warned once per epoch and reason, not every time.
 - **fence** (:meth:`Leading.fence`, a node request from the Meta Service in a
   failover): recorded durably (``FenceStore``) before the answer; if this node
@@ -50,7 +56,17 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq.errors import Busy, NotEnoughReplicas, NotLeader, RobustMQError, StaleEpoch, Unavailable
+from robustmq.errors import (
+    Busy,
+    InvalidRequest,
+    NotEnoughReplicas,
+    NotLeader,
+    RobustMQError,
+    ShardNotFound,
+    StaleEpoch,
+    TopicNotFound,
+    Unavailable,
+)
 
 from ..engine._adapter import AppendResult
 from ._control import Job, MetaAnswer
@@ -81,6 +97,8 @@ class Leading:
         self._states: dict[str, NodeShard] = {}  # shards led here with a LeaderState
         self._held: dict[str, list[WaitingAck]] = {}  # appended in the current group, to wait
         self._retry_at: dict[str, float] = {}  # shard -> when its ISR may be changed again
+        # shard -> (proposal, the ISR it is based on) whose outcome is unknown: sent again as is
+        self._unsettled: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         self._failures: dict[str, tuple[int, int, str]] = {}  # shard -> (epoch, failures in a row, why)
         self._next_tick = 0.0
 
@@ -182,20 +200,27 @@ class Leading:
                 del self._states[name]
                 self._retry_at.pop(name, None)
                 self._failures.pop(name, None)
+                self._unsettled.pop(name, None)
                 continue
             self._node.deliver(replication.expire(now))
             if now < self._retry_at.get(name, 0.0):
                 continue
-            proposal = replication.propose(now, self._lag_s)
-            if proposal is None:
-                continue
-            log.info(
-                "shard %s epoch %d: asking to change the ISR from %s to %s",
-                name,
-                replication.epoch,
-                list(replication.isr),
-                list(proposal),
-            )
+            unsettled = self._unsettled.pop(name, None)
+            if unsettled is not None and unsettled[0] == replication.pending:
+                proposal, based_on = unsettled
+            else:
+                based_on = replication.isr
+                proposed = replication.propose(now, self._lag_s)
+                if proposed is None:
+                    continue
+                proposal = proposed
+                log.info(
+                    "shard %s epoch %d: asking to change the ISR from %s to %s",
+                    name,
+                    replication.epoch,
+                    list(based_on),
+                    list(proposal),
+                )
             job = Job(
                 "isr",
                 name,
@@ -203,8 +228,9 @@ class Leading:
                 epoch=replication.epoch,
                 incarnation=state.incarnation,
                 isr=proposal,
+                expected_isr=based_on,
             )
-            if not self._worker.control.submit(job):
+            if not self._worker.control.submit(job):  # never sent: the outcome is known
                 replication.refused()
                 self._retry_at[name] = now + ISR_RETRY_S
 
@@ -221,10 +247,15 @@ class Leading:
         if answer.error is None:
             assert answer.segment is not None
             self._failures.pop(state.name, None)
+            self._unsettled.pop(state.name, None)
             self._deliver(state, *replication.recorded(list(answer.segment.isr)))
             log.info("shard %s epoch %d: the ISR is %s", state.name, answer.epoch, list(replication.isr))
             return
-        replication.refused()
+        self._unsettled.pop(state.name, None)
+        if _definite(answer.error):
+            replication.refused()
+        elif replication.pending == answer.isr:  # perhaps recorded: keep counting it, send it again
+            self._unsettled[state.name] = (answer.isr, answer.expected_isr)
         if isinstance(answer.error, StaleEpoch | NotLeader):  # no longer the leader of that epoch
             self._retry_at[state.name] = time.monotonic() + ISR_RETRY_S
             log.warning("shard %s: ISR change refused (%s); looking it up", state.name, answer.error.message)
@@ -273,6 +304,13 @@ class Leading:
             segment_start = known[0].start_offset if known else -1
         fenced = pb.FenceResponse(log_end_offset=state.log_end(), segment_start=segment_start)
         self._worker.reply(item, pb.NodeResponse(correlation_id=item.message.correlation_id, fence=fenced))
+
+
+def _definite(error: RobustMQError) -> bool:
+    """Whether an ``UpdateIsr`` failure means the change was certainly not recorded (and a repeat
+    would be refused again): the Meta Service's own refusals. Anything else (a timeout, a lost
+    answer, a Meta Service that is down or busy) leaves the outcome unknown."""
+    return isinstance(error, InvalidRequest | StaleEpoch | NotLeader | ShardNotFound | TopicNotFound)
 
 
 def _sealed_replay_refusal(

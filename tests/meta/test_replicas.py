@@ -58,6 +58,26 @@ def test_update_isr_is_for_the_active_leader_only_and_validated(client: MetaClie
     assert list(sealed.next.isr) == [sealed.next.leader] == [leader]
 
 
+def test_update_isr_is_a_compare_and_set_on_the_isr_it_is_based_on(client: MetaClient) -> None:
+    """A delayed proposal (based on an ISR that changed since) never overwrites the newer ISR."""
+    register(client, "n1", "n2", "n3")
+    incarnation = client.create_topic("t", replication_factor=3).incarnation
+    leader, first, second = client.get_shard("t_0").segments[0].replicas
+    everyone = [leader, first, second]
+    shrunk = client.update_isr("t_0", incarnation, 0, leader, [leader, first], expected=everyone)
+    assert list(shrunk.isr) == [leader, first]
+    # The leader restarted and shrank again; then its earlier proposal (grow back) arrives late.
+    client.update_isr("t_0", incarnation, 0, leader, [leader], expected=[leader, first])
+    late = client.update_isr("t_0", incarnation, 0, leader, everyone, expected=[leader, first])
+    assert list(late.isr) == [leader]  # not applied: answered with the ISR as recorded
+    assert list(client.get_shard("t_0").segments[0].isr) == [leader]
+    # A repeat of an applied proposal (its answer was lost) is answered as applied.
+    repeat = client.update_isr("t_0", incarnation, 0, leader, [leader], expected=[leader, first])
+    assert list(repeat.isr) == [leader]
+    grown = client.update_isr("t_0", incarnation, 0, leader, [leader, second], expected=[leader])
+    assert list(grown.isr) == [leader, second]
+
+
 def test_seal_isr_must_hold_the_leader_and_only_replicas(client: MetaClient) -> None:
     register(client, "n1", "n2")
     client.create_topic("t", replication_factor=2)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -67,3 +68,28 @@ def test_quorum_needs_a_majority_of_the_replication_factor(lead: Any) -> None:
     assert isinstance(quorum, RequestTimeout), quorum  # one copy is not a majority of 3
     leader_only = outcome(led.produce(pb.ACKS_LEADER, [b"c"], epoch=answer.seal.next.epoch))
     assert not isinstance(leader_only, RobustMQError), leader_only
+
+
+def test_a_lost_isr_answer_keeps_the_joining_follower_counted(lead: Any) -> None:
+    """L proposes ISR [L, F1]; the Meta Service records it but the answer is lost. Until L knows
+    the outcome it must count F1 (recorded, as far as anyone knows): a write F1 lacks must not
+    become visible, or a failover that seals at F1's end would take back what readers saw."""
+    led = lead(lose={"UpdateIsr"}, replica_lag_ms=1000, ack_timeout_ms=30_000)
+    wait_until(lambda: led.isr() == [led.node.node_id], timeout_s=30)  # the followers never fetched
+    led.produce(pb.ACKS_LEADER, [b"a"]).result(10)
+    wait_until(lambda: led.offsets().high_watermark == 1, timeout_s=10)  # ISR [L]: committed at once
+
+    led.network.armed.set()  # from here on, UpdateIsr answers are lost on the way back
+    live = led.follow(FOLLOWERS[0], 1)  # F1 catches up: L asks for ISR [L, F1] ...
+    wait_until(lambda: set(led.isr()) == {led.node.node_id, FOLLOWERS[0]}, timeout_s=30)  # ... recorded
+    wait_until(lambda: led.network.lost >= 1, timeout_s=10)
+    live.set()  # F1 stops (cut off): it holds offset 0 only
+    time.sleep(0.3)  # its last long poll ends
+    led.produce(pb.ACKS_LEADER, [b"b"]).result(10)
+    time.sleep(1.5)  # L's answer is lost and retried meanwhile; nothing may make "b" visible
+    assert led.offsets().high_watermark == 1, "a write F1 lacks became visible"
+    assert led.client.read("t", led.partition, 0, 100).column("value").to_pylist() == [b"a"]
+
+    led.network.armed.clear()  # answers arrive again: L learns the ISR is [L, F1]
+    led.fetch_as(FOLLOWERS[0], 2)
+    wait_until(lambda: led.offsets().high_watermark == 2, timeout_s=10)

@@ -52,7 +52,7 @@ from typing import Any
 from robustmq.errors import RobustMQError, ShardNotFound
 
 from ..replication._shards import RESERVE_RECORDS
-from ..replication._visibility import visible_to_readers
+from ..replication._visibility import settled, visible_to_readers
 from ._io_worker import DeleteShard, Reserved
 from ._reads import reader_log_start
 
@@ -144,6 +144,8 @@ class Heartbeat(threading.Thread):
         for shard in sorted(changed):
             state = node.directory.cached(shard)
             if state is None:
+                continue
+            if not settled(state):  # a restarted leader: nothing lower than its last report goes out
                 continue
             try:
                 offsets = state.engine.list_offsets(state.engine_shard)

@@ -30,7 +30,7 @@ from robustmq.errors import (
 
 from ..replication._replica_serving import answer_replica_empty, serve_checksum, serve_replica_fetch
 from ..replication._shards import NodeShard
-from ..replication._visibility import below_high_watermark, read_key, visible_to_readers
+from ..replication._visibility import below_high_watermark, check_readable, read_key, visible_to_readers
 from ..tiered._cold_lookups import local_offset_for_timestamp
 from ..tiered._cold_reads import learned_from
 from ._io_worker import ParkRead, Request
@@ -112,6 +112,8 @@ class NodeReads:
                 if not self.worker_for(shard).post(ParkRead(request, shard)):
                     raise Unavailable(f"storage node {self.node_id} is stopping; try again")
                 return
+            if body not in ("replica_fetch", "checksum"):  # replicas read below any high watermark
+                check_readable(state)
             states.append(state)
         state = states[0] if states else None
         if body == "fetch":

@@ -57,8 +57,14 @@ Crash behaviour: nothing here is durable. A restarted leader starts with the
 recorded ISR and the high watermark ``committed`` (the one it last reported to
 the Meta Service: a committed lower bound, clamped to its log end, never
 below the segment start); the HW moves on once the ISR members fetch again.
-Records between the HW and the log end are not visible until then (readers
-asking for them get an empty answer, not an error), which is the safe side.
+Readers may have seen a higher HW before the restart (the report is up to a
+heartbeat old), so until the HW is **settled** nothing here is shown to them
+(``_visibility`` refuses their reads, retriable): it is settled once every
+recorded ISR member (the leader aside) has fetched in this state, when the
+HW is the minimum of real positions, each of which holds every record
+committed before (an ISR member holds every committed record, and a fetch
+offset is durable), so it is at least any HW a reader saw. A state made
+with nothing past its HW (a new epoch, an idle shard) is settled at once.
 """
 
 from __future__ import annotations
@@ -139,6 +145,7 @@ class LeaderState:
     now: float
     committed: int = -1  # the HW this leader last reported to the Meta Service (-1: unknown)
     high_watermark: int = -1
+    settled: bool = False  # the HW is at least any a reader saw (module docstring)
     pending: tuple[str, ...] | None = None
     fenced: bool = False  # the Meta Service fenced this epoch: no more writes, no more acks
     _followers: dict[str, _Follower] = field(default_factory=dict)
@@ -154,6 +161,7 @@ class LeaderState:
                 # Recorded members get lag_s to fetch; others have never caught up (module docstring).
                 self._followers[replica] = self._new_follower(self.now if replica in self.isr else -_INF)
         self.high_watermark = max(self._compute(), min(self.committed, self.log_end))
+        self.settled = self.high_watermark >= self.log_end
 
     # -- readers of the state (any thread) ----------------------------------------------
 
@@ -334,6 +342,8 @@ class LeaderState:
         moved = computed > self.high_watermark
         if moved:
             self.high_watermark = computed
+        if not self.settled and all(self._follower(m).has_fetched for m in self.isr if m != self.node_id):
+            self.settled = moved = True  # readers may see it now (wakes their long polls)
         answers: list[AckAnswer] = []
         while self._all and self._all[0].end_offset <= self.high_watermark:
             ack = self._all.popleft()

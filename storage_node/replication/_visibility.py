@@ -7,6 +7,12 @@ lookups by key, tag and timestamp, cold reads of tiered segments, the heartbeat'
 report) cuts its answer here, so a reader never sees a record that could still be
 lost in a failover.
 
+A restarted leader does not know the high watermark readers saw before (its last
+report is up to a heartbeat old): until its ISR members have fetched again and the
+high watermark is settled (``_replication``), :func:`check_readable` refuses reads
+of the shard with a retriable ``Unavailable`` rather than answer a lower one, and
+the heartbeat does not report it.
+
 Thread-safety: reader threads only; shard state is read, never changed here.
 """
 
@@ -17,12 +23,30 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.compute as pc
 
+from robustmq.errors import Unavailable
+
 from ._follower_log import visible_end
 
 if TYPE_CHECKING:
     from ._shards import NodeShard
 
-__all__ = ["below_high_watermark", "read_key", "visible_to_readers"]
+__all__ = ["below_high_watermark", "check_readable", "read_key", "settled", "visible_to_readers"]
+
+
+def settled(state: NodeShard) -> bool:
+    """Whether ``state``'s high watermark may be shown to readers (see the module docstring)."""
+    replication = state.replication
+    return replication is None or replication.settled
+
+
+def check_readable(state: NodeShard) -> None:
+    """Raise ``Unavailable`` (retriable) while ``state``'s high watermark is not settled."""
+    if not settled(state):
+        raise Unavailable(
+            f"the leader of shard {state.name} restarted and is waiting for its in-sync replicas to "
+            f"fetch again before it answers reads (its high watermark must not go back); retry",
+            shard=state.name,
+        )
 
 
 def visible_to_readers(state: NodeShard, log_end: int) -> int:

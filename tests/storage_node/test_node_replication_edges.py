@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq.errors import NotEnoughReplicas, RequestTimeout, RobustMQError
+from robustmq.errors import NotEnoughReplicas, RequestTimeout, RobustMQError, Unavailable
+from robustmq.storage_node import StorageNode
 from tests.e2e._procs import wait_until
 from tests.storage_node._led import FOLLOWERS, Led, outcome
 
@@ -93,3 +94,33 @@ def test_a_lost_isr_answer_keeps_the_joining_follower_counted(lead: Any) -> None
     led.network.armed.clear()  # answers arrive again: L learns the ISR is [L, F1]
     led.fetch_as(FOLLOWERS[0], 2)
     wait_until(lambda: led.offsets().high_watermark == 2, timeout_s=10)
+
+
+def test_a_leader_restarted_before_it_reported_its_hw_never_shows_readers_a_lower_one(lead: Any) -> None:
+    """The leader's last heartbeat reported an old high watermark (here: none, beats are rare);
+    readers saw 5 before the restart, so nothing the restarted leader answers may say less."""
+    led = lead(replica_lag_ms=3000, ack_timeout_ms=30_000, heartbeat_interval_ms=60_000)
+    lives = [led.follow(follower, 0) for follower in FOLLOWERS]
+    assert not isinstance(outcome(led.produce(pb.ACKS_ALL, [b"v%d" % i for i in range(5)])), RobustMQError)
+    assert led.offsets().high_watermark == 5  # a reader saw 5
+    for live in lives:
+        live.set()  # the followers pause (their fetches stop) across the restart
+    time.sleep(0.5)
+
+    led.node.stop()
+    led.node = StorageNode(led.node.config).start()
+    try:
+        seen = []
+        for _ in range(20):  # while the followers are away: never an answer below 5
+            try:
+                seen.append(led.offsets().high_watermark)
+            except Unavailable:
+                seen.append(None)
+            time.sleep(0.05)
+        assert all(hw is None or hw >= 5 for hw in seen), seen
+        lives = [led.follow(follower, 5) for follower in FOLLOWERS]  # they are back
+        wait_until(lambda: led.offsets().high_watermark == 5, timeout_s=10)
+        for live in lives:
+            live.set()
+    finally:
+        led.node.stop()

@@ -59,6 +59,7 @@ from robustmq.errors import RobustMQError, Unavailable
 
 from ._controller import MetaController
 from ._failover_rules import (
+    ChecksumTask,
     FailoverTask,
     FenceAnswer,
     IsrDecision,
@@ -145,6 +146,7 @@ class ReplicaSupervisor:
         self._in_hand: set[str] = set()  # shards a pool thread is failing over
         self._retry: dict[str, tuple[float, float, str]] = {}  # shard -> (not before, back-off s, reason)
         self._fenced: dict[str, tuple[int, int]] = {}  # shard -> (incarnation, epoch) fenced, not sealed
+        self._checksums_in_hand: set[tuple[str, int, int]] = set()  # checksums a pool thread asks for
         # Used by the loop thread only:
         self._resealed: dict[str, float] = {}  # shard -> when its leader was last asked to seal
 
@@ -329,10 +331,47 @@ class ReplicaSupervisor:
             answers[node_id] = response
         return answers
 
+    # -- checksums of segments sealed without one ----------------------------------
+
+    def _fill_checksums(self) -> None:
+        """Ask the holders of segments sealed without a checksum for it, on the pool (bounded)."""
+        for task in self._controller.checksum_tasks(limit=self._max_parallel):
+            key = (task.shard, task.incarnation, task.epoch)
+            with self._shared_lock:
+                if key in self._checksums_in_hand or len(self._checksums_in_hand) >= self._max_parallel:
+                    continue
+                self._checksums_in_hand.add(key)
+            assert self._pool is not None
+            self._pool.submit(self._fill_checksum, task)
+
+    def _fill_checksum(self, task: ChecksumTask) -> None:
+        try:
+            request = pb.ChecksumRequest(
+                shard=task.shard,
+                incarnation=task.incarnation,
+                start_offset=task.start_offset,
+                end_offset=task.end_offset,
+            )
+            sums = self._ask(task.holders, "checksum", request)
+            checksums = {node_id: (r.checksum.crc32c, r.checksum.size_bytes) for node_id, r in sums.items()}
+            decision = decide_isr([node_id for node_id, _ in task.holders], checksums)
+            if isinstance(decision, Waiting):
+                logger.warning(
+                    "checksum of %s epoch %d not recorded: %s", task.shard, task.epoch, decision.reason
+                )
+                return
+            self._controller.record_checksum(task, decision.crc32c, decision.size_bytes)
+        except Exception:
+            logger.exception("asking for the checksum of %s epoch %d failed", task.shard, task.epoch)
+        finally:
+            with self._shared_lock:
+                self._checksums_in_hand.discard((task.shard, task.incarnation, task.epoch))
+
     # -- repair and reseal --------------------------------------------------------
 
     def _repair_and_reseal(self) -> None:
         self._controller.repair()
+        self._fill_checksums()
         now = time.monotonic()
         with self._shared_lock:
             fenced = dict(self._fenced)

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from robustmq._proto import robustmq_pb2 as pb
 
 __all__ = [
+    "ChecksumTask",
     "FailoverTask",
     "FenceAnswer",
     "IsrDecision",
@@ -67,6 +68,19 @@ class FailoverTask:
     isr: tuple[str, ...]
     addresses: tuple[tuple[str, str], ...]  # (node id, address) of the other live replicas
     placed: int = 0  # replicas it was placed on, if repair grew it since (0: it was not)
+
+
+@dataclass(frozen=True, slots=True)
+class ChecksumTask:
+    """A sealed segment recorded without a checksum whose copies wait to be verified: the
+    checksum of ``[start_offset, end_offset)`` is asked of its live holders (``isr`` members)."""
+
+    shard: str
+    incarnation: int
+    epoch: int
+    start_offset: int
+    end_offset: int
+    holders: tuple[tuple[str, str], ...]  # (node id, address)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._topics import shard_name
-from robustmq.errors import InvalidRequest, ShardNotFound, StaleEpoch
+from robustmq.errors import InvalidRequest, ShardNotFound, StaleEpoch, Unavailable
 
 from ._chains import checked_isr, is_assigned, next_segment, reported_segment, sealed_segment
-from ._failover_rules import FailoverTask, IsrDecision, SealPoint, SealTarget, chain_unchanged
+from ._failover_rules import ChecksumTask, FailoverTask, IsrDecision, SealPoint, SealTarget, chain_unchanged
 from ._liveness import Liveness
 from ._load import AssignmentVersions, ClusterLoad
 from ._nodes import NodeTable
@@ -41,6 +41,7 @@ __all__ = ["MAX_EPOCH", "REPAIR_RESCAN_S", "ReplicaControl"]
 
 MAX_EPOCH = 2**32 - 1
 REPAIR_RESCAN_S = 30.0
+_MAX_CHECKSUMS_WANTED = 10_000
 
 logger = logging.getLogger("robustmq.meta")
 
@@ -60,6 +61,11 @@ class ReplicaControl:
     # shard -> active epoch that the last repair scan found under-replicated, to be sealed
     # (:func:`._repair.reseal_wanted`); replaced by each full scan, at most one entry per shard.
     _reseal: dict[str, int] = {}
+    # (shard, incarnation, epoch) of sealed segments recorded without a checksum (their seal's
+    # agreement failed) that a replica reported a copy of: the supervisor asks a holder for the
+    # checksum (:meth:`checksum_tasks`, :meth:`record_checksum`). In memory (a restart forgets it;
+    # the replica's next report asks again), replaced and never mutated (a class default).
+    _checksum_wanted: dict[tuple[str, int, int], None] = {}
 
     _last_seal: tuple[int, int]
 
@@ -276,6 +282,20 @@ class ReplicaControl:
                 raise InvalidRequest(f"shard {shard!r} has no epoch {epoch}", shard=shard, epoch=epoch)
             if segment.state == pb.REMOTE:
                 return segment  # in the object store only: no local copy joins its isr again
+            if (
+                segment.state == pb.SEALED
+                and not segment.HasField("crc32c")
+                and node_id in segment.replicas
+                and node_id not in segment.isr
+            ):
+                if len(self._checksum_wanted) < _MAX_CHECKSUMS_WANTED:
+                    self._checksum_wanted = {**self._checksum_wanted, (shard, incarnation, epoch): None}
+                raise Unavailable(
+                    f"shard {shard!r} epoch {epoch} was sealed without a checksum; the Meta Service is "
+                    f"asking a node that holds it for one, so that this copy can be verified; retry",
+                    shard=shard,
+                    epoch=epoch,
+                )
             reported = reported_segment(segment, node_id, crc32c, size_bytes)
             if reported is None:
                 return segment
@@ -284,6 +304,65 @@ class ReplicaControl:
             ws.commit(self._store)
         logger.info("%s epoch %d: %s holds it whole; isr %s", shard, epoch, node_id, list(reported.isr))
         return reported
+
+    def checksum_tasks(self, limit: int) -> list[ChecksumTask]:
+        """Up to ``limit`` sealed segments waiting for a checksum (see ``_checksum_wanted``) with a
+        live holder to ask; the ones that no longer need one are forgotten."""
+        tasks: list[ChecksumTask] = []
+        with self._locked():
+            if not self._checksum_wanted:
+                return tasks
+            addresses = {node.node_id: node.address for node in self._nodes.all()}
+            keep: dict[tuple[str, int, int], None] = {}
+            for shard, incarnation, epoch in self._checksum_wanted:
+                segment = self._checksum_less(shard, incarnation, epoch)
+                if segment is None:
+                    continue
+                keep[(shard, incarnation, epoch)] = None
+                holders = tuple(
+                    (node_id, addresses[node_id])
+                    for node_id in segment.isr
+                    if node_id in addresses and self._liveness.is_alive(node_id)
+                )
+                if holders and len(tasks) < limit:
+                    start, end = segment.start_offset, segment.end_offset
+                    tasks.append(ChecksumTask(shard, incarnation, epoch, start, end, holders))
+            self._checksum_wanted = keep
+        return tasks
+
+    def record_checksum(self, task: ChecksumTask, crc32c: int, size_bytes: int) -> bool:
+        """Record the checksum its holders gave for ``task``'s segment, if it still has none."""
+        topic, partition = split_shard(task.shard)
+        with self._locked():
+            segment = self._checksum_less(task.shard, task.incarnation, task.epoch)
+            if segment is None or segment.end_offset != task.end_offset:
+                return False
+            segment.crc32c = crc32c
+            segment.size_bytes = size_bytes
+            ws = WriteSet()
+            self._topics.stage_segment(topic, partition, segment, ws)
+            ws.commit(self._store)
+            done = (task.shard, task.incarnation, task.epoch)
+            self._checksum_wanted = {key: None for key in self._checksum_wanted if key != done}
+        logger.info(
+            "%s epoch %d: checksum %#010x (%d bytes) recorded from its holders; copies can be verified",
+            task.shard,
+            task.epoch,
+            crc32c,
+            size_bytes,
+        )
+        return True
+
+    def _checksum_less(self, shard: str, incarnation: int, epoch: int) -> pb.Segment | None:
+        """The sealed segment ``epoch`` of ``shard`` at ``incarnation`` if it has no checksum."""
+        topic_name, partition = split_shard(shard)
+        topic = self._topics.get(topic_name)
+        if topic is None or topic.incarnation != incarnation:
+            return None
+        segment = self._topics.segment(topic_name, partition, epoch)
+        if segment is None or segment.state != pb.SEALED or segment.HasField("crc32c"):
+            return None
+        return segment
 
     def list_assignments(self, node_id: str) -> pb.AssignmentsResponse:
         """Every shard where ``node_id`` must follow or copy a segment (:func:`._chains.is_assigned`),

@@ -376,3 +376,26 @@ def test_a_node_repairing_sealed_segments_joins_the_next_epoch_through_the_one_s
         assert controller.seal_targets({})[0] == []
     finally:
         controller.close()
+
+
+def test_a_segment_sealed_without_a_checksum_gets_one_from_its_holder(cluster: Cluster) -> None:
+    """A seal whose agreement failed records no checksum: the replicas that copy the segment later
+    must still be able to join its isr (issue 19: they were refused forever)."""
+    client = cluster.client
+    incarnation = client.create_topic("t", replication_factor=3).incarnation
+    leader, first, _second = client.get_shard("t_0").segments[0].replicas
+    client.seal_segment("t_0", 0, 10, leader, incarnation, isr=[leader], crc32c=None, size_bytes=0)
+    assert not client.get_shard("t_0").segments[0].HasField("crc32c")
+    cluster.nodes[leader].answers["checksum"] = checksum(0xABC, 640)
+
+    def report() -> pb.Segment | None:
+        try:
+            return client.report_replica("t_0", incarnation, 0, first, 0xABC, 640)
+        except Unavailable:  # the Meta Service is asking the holder for it meanwhile
+            return None
+
+    wait_for(lambda: report() is not None, timeout_s=15)
+    sealed = client.get_shard("t_0").segments[0]
+    assert (sealed.crc32c, sealed.size_bytes) == (0xABC, 640)
+    assert list(sealed.isr) == [leader, first]
+    assert "checksum" in cluster.nodes[leader].bodies()

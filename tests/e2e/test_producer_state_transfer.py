@@ -50,13 +50,19 @@ def _active(client: robustmq.Client, shard: str) -> pb.Segment:
 
 
 def _produce(
-    caller: NodeCaller, address: str, shard: str, segment: pb.Segment, incarnation: int, payload: bytes
+    caller: NodeCaller,
+    address: str,
+    shard: str,
+    segment: pb.Segment,
+    incarnation: int,
+    payload: bytes,
+    acks: int = pb.ACKS_ALL,
 ) -> pb.ProduceResponse:
     """The idempotent producer's batch, sent as its retry would send it: same id, sequence, bytes."""
     request = pb.ProduceRequest(
         shard=shard,
         epoch=segment.epoch,
-        acks=pb.ACKS_ALL,
+        acks=acks,
         producer_id=PRODUCER_ID,
         producer_sequence=SEQUENCE,
         incarnation=incarnation,
@@ -65,7 +71,12 @@ def _produce(
 
 
 def _replay_until_answered(
-    caller: NodeCaller, cluster: NodeCluster, client: robustmq.Client, shard: str, incarnation: int
+    caller: NodeCaller,
+    cluster: NodeCluster,
+    client: robustmq.Client,
+    shard: str,
+    incarnation: int,
+    acks: int = pb.ACKS_ALL,
 ) -> pb.ProduceResponse:
     """Send the replay to the active leader until it answers (a move may still be settling)."""
     answer: list[pb.ProduceResponse] = []
@@ -74,7 +85,7 @@ def _replay_until_answered(
         segment = _active(client, shard)
         address = cluster.address(cluster.index_of(segment.leader))
         try:
-            answer.append(_produce(caller, address, shard, segment, incarnation, _batch()))
+            answer.append(_produce(caller, address, shard, segment, incarnation, _batch(), acks))
         except RobustMQError:  # NotLeader, SegmentSealed, Unavailable while it settles: again
             return False
         return True
@@ -86,6 +97,72 @@ def _replay_until_answered(
 def _values(client: robustmq.Client, topic: str) -> list[bytes]:
     end = client.list_offsets(topic)[0][1]
     return list(client.read(topic, 0, 0, max_records=max(end, 1)).column("value").to_pylist())
+
+
+def _moved_to_new_nodes(
+    cluster: NodeCluster, client: robustmq.Client, caller: NodeCaller, topic: str
+) -> tuple[int, int, list[int]]:
+    """The review's sequence, up to the replay: a batch stored at 0-1 on three replicas; two of
+    them die; two new nodes take the next epoch with logs starting at 2 (one more record is
+    written there); the leader is drained, so a new node leads. Returns the topic's
+    incarnation, the first leader's index and the new nodes' indexes."""
+    shard = f"{topic}_0"
+    incarnation = int(client.create_topic(topic, 1, replication_factor=3).incarnation)
+    wait_until(lambda: len(_active(client, shard).isr) == 3, MOVE_S)
+    first = _active(client, shard)
+    leader = cluster.index_of(first.leader)
+    stored = _produce(caller, cluster.address(leader), shard, first, incarnation, _batch())
+    assert (stored.base_offset, stored.record_count, stored.duplicate) == (0, 2, False)
+    for index in range(3):
+        if index != leader:
+            cluster.nodes[index].kill()
+    new = [cluster.add_node(), cluster.add_node()]
+    new_ids = {cluster.node_id(index) for index in new}
+    # Repair seals the under-replicated epoch; the next one goes to the old leader and the two
+    # new nodes, whose logs start at 2.
+    wait_until(lambda: new_ids <= set(_active(client, shard).replicas), MOVE_S, 0.2)
+    client.produce(topic, 0, build_records([b"after-the-move"]), acks="1")
+    wait_until(lambda: new_ids <= set(_active(client, shard).isr), MOVE_S, 0.2)
+    client.drain_node(first.leader)
+    wait_until(lambda: _active(client, shard).leader in new_ids, MOVE_S, 0.2)
+    return incarnation, leader, new
+
+
+def test_a_replay_reaching_a_leader_that_never_held_the_batch_is_a_duplicate(
+    cluster: NodeCluster,
+) -> None:
+    """The producer's replay of the batch, sent to a new node that leads after the move, must be
+    answered ``duplicate`` with offsets 0-1, and the log must hold it once. Before producer
+    snapshots it was stored again at 3-4."""
+    caller = NodeCaller(timeout_s=20)
+    with robustmq.connect(cluster.meta_address, timeout_s=30) as client:
+        try:
+            incarnation, _, _ = _moved_to_new_nodes(cluster, client, caller, "replay")
+            replay = _replay_until_answered(caller, cluster, client, "replay_0", incarnation)
+            assert (replay.duplicate, replay.base_offset, replay.record_count) == (True, 0, 2), replay
+            assert _values(client, "replay") == [b"exactly-once-0", b"exactly-once-1", b"after-the-move"]
+        finally:
+            caller.close()
+
+
+def test_a_node_restarted_after_storing_its_snapshot_does_not_need_it_again(cluster: NodeCluster) -> None:
+    """Every other node that could send the snapshot is gone; the new leader is killed and
+    started again. It must recognise the replay at once: the stored snapshot survived the
+    crash (were it to fetch it again, nobody could answer and the replay would be refused)."""
+    caller = NodeCaller(timeout_s=20)
+    shard = "restart_0"
+    with robustmq.connect(cluster.meta_address, timeout_s=30) as client:
+        try:
+            incarnation, old, new = _moved_to_new_nodes(cluster, client, caller, "restart")
+            leader = cluster.index_of(_active(client, shard).leader)
+            cluster.nodes[old].kill()
+            cluster.nodes[next(index for index in new if index != leader)].kill()
+            cluster.nodes[leader].kill()
+            cluster.start_nodes([leader])
+            replay = _replay_until_answered(caller, cluster, client, shard, incarnation, pb.ACKS_LEADER)
+            assert (replay.duplicate, replay.base_offset, replay.record_count) == (True, 0, 2), replay
+        finally:
+            caller.close()
 
 
 def test_a_node_that_drops_its_local_copy_of_a_tiered_segment_still_recognises_its_replays(

@@ -56,7 +56,7 @@ def _produce(
     segment: pb.Segment,
     incarnation: int,
     payload: bytes,
-    acks: int = pb.ACKS_ALL,
+    acks: pb.Acks = pb.ACKS_ALL,
 ) -> pb.ProduceResponse:
     """The idempotent producer's batch, sent as its retry would send it: same id, sequence, bytes."""
     request = pb.ProduceRequest(
@@ -76,7 +76,7 @@ def _replay_until_answered(
     client: robustmq.Client,
     shard: str,
     incarnation: int,
-    acks: int = pb.ACKS_ALL,
+    acks: pb.Acks = pb.ACKS_ALL,
 ) -> pb.ProduceResponse:
     """Send the replay to the active leader until it answers (a move may still be settling)."""
     answer: list[pb.ProduceResponse] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from robustmq._records import build_records, now_ms
@@ -24,6 +25,7 @@ from robustmq.storage_node.engine._indexed_engine import IndexedEngine
 from robustmq.storage_node.engine._producer_state import (
     PRODUCER_WINDOW,
     ProducerEntry,
+    SnapshotPage,
     decode_entries,
     encode_entries,
 )
@@ -37,7 +39,7 @@ def _open(kind: str, root: Path) -> IndexedEngine:
     return RocksDBEngine(root)
 
 
-def _one(value: bytes, stamp: int = 1_000) -> object:
+def _one(value: bytes, stamp: int = 1_000) -> pa.Table:
     return build_records([value], timestamps_ms=[stamp])
 
 
@@ -62,8 +64,9 @@ def _fill(
     return stored
 
 
-def _all_pages(engine: IndexedEngine, shard: str, as_of: int, max_bytes: int) -> list[object]:
-    pages, after = [], -1
+def _all_pages(engine: IndexedEngine, shard: str, as_of: int, max_bytes: int) -> list[SnapshotPage]:
+    pages: list[SnapshotPage] = []
+    after = -1
     while True:
         page = engine.producer_snapshot(shard, as_of, after_producer_id=after, max_bytes=max_bytes)
         pages.append(page)

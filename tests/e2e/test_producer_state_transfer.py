@@ -165,6 +165,40 @@ def test_a_node_restarted_after_storing_its_snapshot_does_not_need_it_again(clus
             caller.close()
 
 
+def test_a_replay_after_a_replication_factor_1_leader_is_drained_is_a_duplicate(
+    cluster: NodeCluster,
+) -> None:
+    """Replication factor 1: the leader is drained and its segment sealed; the replay goes to
+    whoever leads the next epoch. Today placement keeps the drained node leading (the next
+    leader must be in the sealed segment's ``isr``, the old leader alone); a node that led
+    instead would copy nothing and fetch the producers' state from the drained one first
+    (the leader's case, ``tests/storage_node/test_producer_snapshot_node.py``)."""
+    shard = "single_0"
+    caller = NodeCaller(timeout_s=20)
+    with robustmq.connect(cluster.meta_address, timeout_s=30) as client:
+        try:
+            incarnation = int(client.create_topic("single", 1, replication_factor=1).incarnation)
+            first = _active(client, shard)
+            stored = _produce(
+                caller,
+                cluster.address(cluster.index_of(first.leader)),
+                shard,
+                first,
+                incarnation,
+                _batch(),
+                pb.ACKS_LEADER,
+            )
+            assert (stored.base_offset, stored.duplicate) == (0, False)
+            client.drain_node(first.leader)
+            client.seal("single", 0)
+            wait_until(lambda: _active(client, shard).epoch > first.epoch, MOVE_S)
+            replay = _replay_until_answered(caller, cluster, client, shard, incarnation, pb.ACKS_LEADER)
+            assert (replay.duplicate, replay.base_offset, replay.record_count) == (True, 0, 2), replay
+            assert _values(client, "single") == [b"exactly-once-0", b"exactly-once-1"]
+        finally:
+            caller.close()
+
+
 def test_a_node_that_drops_its_local_copy_of_a_tiered_segment_still_recognises_its_replays(
     tmp_path: Path,
 ) -> None:

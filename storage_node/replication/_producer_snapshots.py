@@ -57,7 +57,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from robustmq._frame import crc32c
@@ -245,7 +245,7 @@ class _Wait:
     in_flight: bool = False
     failures: int = 0
     not_before: float = 0.0
-    reason: str = ""  # the last reason logged
+    reasons: set[str] = field(default_factory=set)  # the reasons logged (each once; at most 32)
     pages: int = 0
     producers: int = 0
     entries: int = 0
@@ -314,8 +314,12 @@ class ProducerSnapshots:
             stored = _indexed(state).store_producer_snapshot(
                 state.engine_shard, wait.as_of, page.windows, first=wait.after < 0, last=not page.more
             )
-        except RobustMQError as error:
+        except RobustMQError as error:  # a page no node could have sent, a failed write
             self._failed(state, wait, error)
+            return
+        except Exception as error:  # a page not stored must never be skipped: start again
+            log.exception("shard %s: storing a producer snapshot page failed", state.name)
+            self._failed(state, wait, Unavailable(f"the storage node failed: {error}", shard=state.name))
             return
         wait.pages += 1
         wait.producers += len(page.windows)
@@ -345,7 +349,17 @@ class ProducerSnapshots:
             follower.viewed(state)  # it may copy now
 
     def _next(self, state: NodeShard, wait: _Wait) -> None:
-        """Ask the attempt's source for its next page (or the first page of a new attempt)."""
+        """Ask the attempt's source for its next page (or the first page of a new attempt); any
+        failure on the way starts the attempt again later."""
+        try:
+            self._ask(state, wait)
+        except RobustMQError as error:
+            self._failed(state, wait, error)
+        except Exception as error:  # an engine failing on this shard: retried, never stranded
+            log.exception("shard %s: asking for a producer snapshot failed", state.name)
+            self._failed(state, wait, Unavailable(f"the storage node failed: {error}", shard=state.name))
+
+    def _ask(self, state: NodeShard, wait: _Wait) -> None:
         view = state.view
         if view is None or not view.segments:
             self._failed(state, wait, Unavailable(f"shard {state.name}: no view of its chain yet"))
@@ -369,7 +383,8 @@ class ProducerSnapshots:
         if not sources:
             self._failed(state, wait, Unavailable(f"no other node of {state.name}'s chain holds it"))
             return
-        source = sources[wait.turn % len(sources)]
+        # An attempt takes every page from one node (each page is a view of that node's windows).
+        source = wait.source if wait.after >= 0 else sources[wait.turn % len(sources)]
         address = follower.address_of(source) if follower is not None else None
         if address is None and source == view.segments[-1].leader and view.leader_address:
             address = view.leader_address
@@ -394,8 +409,8 @@ class ProducerSnapshots:
         delay = min(_BACKOFF_MAX_S, _BACKOFF_FIRST_S * 2 ** min(wait.failures - 1, 6))
         wait.not_before = time.monotonic() + delay
         reason = f"{wait.source}:{error.code}"
-        if reason != wait.reason:
-            wait.reason = reason
+        if reason not in wait.reasons and len(wait.reasons) < 32:
+            wait.reasons.add(reason)
             log.warning(
                 "shard %s: no producer snapshot as of offset %d yet (%s); idempotent writes and copies "
                 "wait, retrying",

@@ -17,6 +17,11 @@ whose incarnation differs from the one the Meta Service names is never
 served; an older one is dropped when the current one is installed. Shards
 on disk are listed (with their incarnations) at start.
 
+A local log created past the chain's first offset while other nodes held the
+records below it awaits their idempotent producers' state: the engine records
+that with the shard (``_producer_snapshots`` fetches it; ``NodeShard.snapshot_as_of``
+mirrors the marker for the produce path).
+
 Memory-engine shards lose their records in a restart, so a node must never
 acknowledge an offset the Meta Service could not tell a restarted node about.
 Such a shard has an ``ack_limit``: an offset the Meta Service has stored as

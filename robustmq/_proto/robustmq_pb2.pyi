@@ -631,8 +631,42 @@ class ChecksumRequest(_message.Message):
     end_offset: int
     def __init__(self, shard: _Optional[str] = ..., incarnation: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
 
+class ProducerSnapshotRequest(_message.Message):
+    __slots__ = ("shard", "incarnation", "as_of_offset", "after_producer_id", "max_bytes")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    AFTER_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    incarnation: int
+    as_of_offset: int
+    after_producer_id: int
+    max_bytes: int
+    def __init__(self, shard: _Optional[str] = ..., incarnation: _Optional[int] = ..., as_of_offset: _Optional[int] = ..., after_producer_id: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class ProducerWindow(_message.Message):
+    __slots__ = ("producer_id", "entries")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    entries: bytes
+    def __init__(self, producer_id: _Optional[int] = ..., entries: _Optional[bytes] = ...) -> None: ...
+
+class ProducerSnapshotResponse(_message.Message):
+    __slots__ = ("producers", "more", "last_producer_id", "log_end_offset")
+    PRODUCERS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    LAST_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    producers: _containers.RepeatedCompositeFieldContainer[ProducerWindow]
+    more: bool
+    last_producer_id: int
+    log_end_offset: int
+    def __init__(self, producers: _Optional[_Iterable[_Union[ProducerWindow, _Mapping]]] = ..., more: _Optional[bool] = ..., last_producer_id: _Optional[int] = ..., log_end_offset: _Optional[int] = ...) -> None: ...
+
 class NodeRequest(_message.Message):
-    __slots__ = ("correlation_id", "timeout_ms", "produce", "fetch", "read_by_key", "read_by_tag", "offset_for_timestamp", "list_offsets", "seal", "status", "scan", "replica_fetch", "fence", "checksum")
+    __slots__ = ("correlation_id", "timeout_ms", "produce", "fetch", "read_by_key", "read_by_tag", "offset_for_timestamp", "list_offsets", "seal", "status", "scan", "replica_fetch", "fence", "checksum", "producer_snapshot")
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     PRODUCE_FIELD_NUMBER: _ClassVar[int]
@@ -647,6 +681,7 @@ class NodeRequest(_message.Message):
     REPLICA_FETCH_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     correlation_id: int
     timeout_ms: int
     produce: ProduceRequest
@@ -661,7 +696,8 @@ class NodeRequest(_message.Message):
     replica_fetch: ReplicaFetchRequest
     fence: FenceRequest
     checksum: ChecksumRequest
-    def __init__(self, correlation_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., produce: _Optional[_Union[ProduceRequest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., read_by_key: _Optional[_Union[ReadByKeyRequest, _Mapping]] = ..., read_by_tag: _Optional[_Union[ReadByTagRequest, _Mapping]] = ..., offset_for_timestamp: _Optional[_Union[OffsetForTimestampRequest, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., status: _Optional[_Union[StatusRequest, _Mapping]] = ..., scan: _Optional[_Union[ScanRequest, _Mapping]] = ..., replica_fetch: _Optional[_Union[ReplicaFetchRequest, _Mapping]] = ..., fence: _Optional[_Union[FenceRequest, _Mapping]] = ..., checksum: _Optional[_Union[ChecksumRequest, _Mapping]] = ...) -> None: ...
+    producer_snapshot: ProducerSnapshotRequest
+    def __init__(self, correlation_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., produce: _Optional[_Union[ProduceRequest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., read_by_key: _Optional[_Union[ReadByKeyRequest, _Mapping]] = ..., read_by_tag: _Optional[_Union[ReadByTagRequest, _Mapping]] = ..., offset_for_timestamp: _Optional[_Union[OffsetForTimestampRequest, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., status: _Optional[_Union[StatusRequest, _Mapping]] = ..., scan: _Optional[_Union[ScanRequest, _Mapping]] = ..., replica_fetch: _Optional[_Union[ReplicaFetchRequest, _Mapping]] = ..., fence: _Optional[_Union[FenceRequest, _Mapping]] = ..., checksum: _Optional[_Union[ChecksumRequest, _Mapping]] = ..., producer_snapshot: _Optional[_Union[ProducerSnapshotRequest, _Mapping]] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
     __slots__ = ("base_offset", "record_count", "duplicate", "high_watermark", "epoch")
@@ -788,7 +824,7 @@ class ChecksumResponse(_message.Message):
     def __init__(self, crc32c: _Optional[int] = ..., size_bytes: _Optional[int] = ..., records: _Optional[int] = ...) -> None: ...
 
 class NodeResponse(_message.Message):
-    __slots__ = ("correlation_id", "error", "produce", "fetch", "read", "offset", "list_offsets", "seal", "status", "replica_fetch", "fence", "checksum")
+    __slots__ = ("correlation_id", "error", "produce", "fetch", "read", "offset", "list_offsets", "seal", "status", "replica_fetch", "fence", "checksum", "producer_snapshot")
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PRODUCE_FIELD_NUMBER: _ClassVar[int]
@@ -801,6 +837,7 @@ class NodeResponse(_message.Message):
     REPLICA_FETCH_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     correlation_id: int
     error: ErrorInfo
     produce: ProduceResponse
@@ -813,4 +850,5 @@ class NodeResponse(_message.Message):
     replica_fetch: ReplicaFetchResponse
     fence: FenceResponse
     checksum: ChecksumResponse
-    def __init__(self, correlation_id: _Optional[int] = ..., error: _Optional[_Union[ErrorInfo, _Mapping]] = ..., produce: _Optional[_Union[ProduceResponse, _Mapping]] = ..., fetch: _Optional[_Union[FetchResponse, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., offset: _Optional[_Union[OffsetResponse, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsResponse, _Mapping]] = ..., seal: _Optional[_Union[SealResponse, _Mapping]] = ..., status: _Optional[_Union[StatusResponse, _Mapping]] = ..., replica_fetch: _Optional[_Union[ReplicaFetchResponse, _Mapping]] = ..., fence: _Optional[_Union[FenceResponse, _Mapping]] = ..., checksum: _Optional[_Union[ChecksumResponse, _Mapping]] = ...) -> None: ...
+    producer_snapshot: ProducerSnapshotResponse
+    def __init__(self, correlation_id: _Optional[int] = ..., error: _Optional[_Union[ErrorInfo, _Mapping]] = ..., produce: _Optional[_Union[ProduceResponse, _Mapping]] = ..., fetch: _Optional[_Union[FetchResponse, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., offset: _Optional[_Union[OffsetResponse, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsResponse, _Mapping]] = ..., seal: _Optional[_Union[SealResponse, _Mapping]] = ..., status: _Optional[_Union[StatusResponse, _Mapping]] = ..., replica_fetch: _Optional[_Union[ReplicaFetchResponse, _Mapping]] = ..., fence: _Optional[_Union[FenceResponse, _Mapping]] = ..., checksum: _Optional[_Union[ChecksumResponse, _Mapping]] = ..., producer_snapshot: _Optional[_Union[ProducerSnapshotResponse, _Mapping]] = ...) -> None: ...

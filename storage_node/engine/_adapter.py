@@ -194,12 +194,22 @@ class StorageAdapter(ABC):
     name: str = "abstract"
 
     @abstractmethod
-    def create_shard(self, shard: str, config: ShardConfig | None = None, *, start_offset: int = 0) -> None:
+    def create_shard(
+        self,
+        shard: str,
+        config: ShardConfig | None = None,
+        *,
+        start_offset: int = 0,
+        awaits_producer_snapshot: bool = False,
+    ) -> None:
         """Create an empty shard whose first record will get ``start_offset``.
 
         A storage node creates a shard at the start of the segment it was given
-        (not 0 when the segment continues a log begun elsewhere). Raises
-        ``ShardAlreadyExists``.
+        (not 0 when the segment continues a log begun elsewhere). With
+        ``awaits_producer_snapshot`` (and ``start_offset`` > 0), the indexed
+        engines record durably, with the shard, that it takes no idempotent
+        write or copied frame until a producer snapshot as of ``start_offset``
+        is stored (``_producer_state``, "Snapshots"). Raises ``ShardAlreadyExists``.
         """
 
     @abstractmethod

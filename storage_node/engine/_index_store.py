@@ -18,6 +18,8 @@ big-endian unsigned integer, so keys sort by shard, then by offset::
                    "G" be16(len) group shard                  be64(committed offset)
                    "W" sid be64(producer id) be64(ordinal)    producer entry (see _producer_state)
                    "P" sid be64(producer id)                  old producer window, migrated on open
+                   "Q" sid                                    be64(s): a producer snapshot as of s is awaited
+                   "R" sid                                    be64(s): the producer snapshot as of s is stored
                    "K" sid                                    (empty): key index rebuild under way
                    "X" sid                                    (empty): truncation's file cut under way
 
@@ -43,7 +45,7 @@ from __future__ import annotations
 import json
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +58,12 @@ from robustmq.errors import EngineClosed, RobustMQError, Unavailable
 
 from ._batch import MAX_TAG_BYTES
 from ._producer_state import (
+    ENTRY_BYTES,
     PRODUCER_WINDOW,
     TAIL_ENTRIES,
     UNKNOWN_CHECKSUM,
     ProducerEntry,
+    SnapshotPage,
     Tail,
     decode_entry,
     encode_entry,
@@ -72,6 +76,7 @@ _OLD_WINDOW = struct.Struct(">qqI")  # a "P" window entry (the format before "W"
 _U64 = struct.Struct(">Q")
 _TS_BIAS = 1 << 63
 _MiB = 1024 * 1024
+_SNAPSHOT_KEYS_PER_PAGE = 200_000  # producer keys one page of a snapshot examines, at most
 
 
 def _tag_prefix(sid_prefix: bytes, tag: bytes) -> bytes:
@@ -349,8 +354,14 @@ class IndexStore:
 
     # -- deletes -----------------------------------------------------------
 
-    def delete_shard_entries(self, sid: int) -> None:
-        """Remove every index entry and metadata record of a shard."""
+    def delete_shard_entries(self, sid: int, *, keep_producers_below: int | None = None) -> None:
+        """Remove every index entry and metadata record of a shard.
+
+        With ``keep_producers_below`` (a re-index of every local frame), the producer
+        entries of batches below that offset stay, and so do the snapshot markers: frames
+        below the local log (a producer snapshot's, local copies dropped as ``remote``)
+        cannot rebuild them. The entries at or past it are rebuilt from the frames.
+        """
         self.check_open()
         low, high = sid_bytes(sid), sid_bytes(sid + 1)
         families = [self.offsets, self.times, self.keys, self.tags]
@@ -358,7 +369,14 @@ class IndexStore:
             families.append(self.records)
         for family in families:
             family.delete_range(low, high)
-        for tag in (b"C", b"E", b"T", b"P", b"K", b"W", b"X"):
+        tags = [b"C", b"E", b"T", b"P", b"K", b"X"]
+        if keep_producers_below is None:
+            tags += [b"W", b"Q", b"R"]
+        else:
+            wb = self.new_batch()
+            self.forget_producer_entries(wb, sid, keep_producers_below)
+            self.write(wb, sync=True)
+        for tag in tags:
             self._db.delete_range(tag + low, tag + high)
 
     def delete_segment_entries(
@@ -538,6 +556,82 @@ class IndexStore:
             it.seek_for_prev(producer_prefix)  # the previous producer's newest key
         return expired
 
+    # -- producer snapshots (see _producer_state, "Snapshots") --------------------------
+
+    @staticmethod
+    def snapshot_awaited_key(sid: int) -> bytes:
+        return b"Q" + sid_bytes(sid)
+
+    @staticmethod
+    def snapshot_stored_key(sid: int) -> bytes:
+        return b"R" + sid_bytes(sid)
+
+    def snapshot_marks(self, sid: int) -> tuple[int | None, int | None]:
+        """``(awaited as of, stored as of)`` of a shard's producer snapshot (None: no marker)."""
+        awaited = self.get_meta(self.snapshot_awaited_key(sid))
+        stored = self.get_meta(self.snapshot_stored_key(sid))
+        return (
+            None if awaited is None else from_be64(awaited),
+            None if stored is None else from_be64(stored),
+        )
+
+    def producer_snapshot(
+        self, sid: int, as_of_offset: int, after_producer_id: int, max_bytes: int, log_end_offset: int
+    ) -> SnapshotPage:
+        """A page of the shard's producer windows as of ``as_of_offset`` (see ``SnapshotPage``).
+
+        Producers with ids above ``after_producer_id`` (-1: from the first), whole,
+        until the next would pass ``max_bytes`` of entries (one at least) or
+        :data:`_SNAPSHOT_KEYS_PER_PAGE` keys were examined. One iterator, so the
+        page is one consistent view of the index even while the shard is written.
+        """
+        self.check_open()
+        shard_prefix = b"W" + sid_bytes(sid)
+        it = self._db.iter()
+        it.seek(shard_prefix if after_producer_id < 0 else shard_prefix + be64(after_producer_id + 1))
+        windows: list[tuple[int, tuple[ProducerEntry, ...]]] = []
+        size = examined = 0
+        last = after_producer_id
+        while it.valid() and it.key().startswith(shard_prefix):
+            producer_prefix = bytes(it.key()[: len(shard_prefix) + 8])
+            producer_id = from_be64(producer_prefix[len(shard_prefix) :])
+            entries: list[ProducerEntry] = []
+            while it.valid() and it.key().startswith(producer_prefix):
+                examined += 1
+                entry = decode_entry(bytes(it.value()))
+                if entry.base_offset >= as_of_offset:  # later entries are later batches
+                    it.seek(producer_prefix + b"\xff" * 8)
+                    break
+                entries.append(entry)
+                it.next()
+            cost = 8 + ENTRY_BYTES * len(entries)
+            if entries and windows and size + cost > max_bytes:
+                return SnapshotPage(as_of_offset, tuple(windows), True, last, log_end_offset)
+            if entries:
+                windows.append((producer_id, tuple(entries)))
+                size += cost
+            last = producer_id
+            if examined >= _SNAPSHOT_KEYS_PER_PAGE and it.valid() and it.key().startswith(shard_prefix):
+                return SnapshotPage(as_of_offset, tuple(windows), True, last, log_end_offset)
+        return SnapshotPage(as_of_offset, tuple(windows), False, last, log_end_offset)
+
+    def put_snapshot_windows(
+        self,
+        wb: rocksdict.WriteBatch,
+        sid: int,
+        windows: Sequence[tuple[int, Sequence[ProducerEntry]]],
+        *,
+        clear: bool,
+    ) -> None:
+        """Put received windows (ordinals from 0) in ``wb``; with ``clear``, drop the shard's
+        producer entries first (a partly stored earlier attempt)."""
+        if clear:
+            wb.delete_range(b"W" + sid_bytes(sid), b"W" + sid_bytes(sid + 1))
+        for producer_id, entries in windows:
+            prefix = self._producer_prefix(sid, producer_id)
+            for ordinal, entry in enumerate(entries):
+                wb.put(prefix + be64(ordinal), encode_entry(entry))
+
     def migrate_producer_windows(self) -> int:
         """Rewrite windows in the old ``P`` format as ``W`` entries (checksum unknown); return how many."""
         migrated = 0
@@ -569,11 +663,19 @@ class IndexStore:
             self.put_meta_sync(b"N", _SID.pack(sid + 1))
             return sid
 
-    def put_shard(self, record: ShardRecord) -> None:
+    def put_shard(self, record: ShardRecord, *, snapshot_awaited_as_of: int | None = None) -> None:
+        """Register a shard (synced); with ``snapshot_awaited_as_of``, its ``Q`` marker in the same
+        write, so no restart finds the shard without knowing it awaits a producer snapshot."""
         body: dict[str, Any] = {"sid": record.sid, "config": record.config, "created_ms": record.created_ms}
         if record.checksums_from is not None:
             body["checksums_from"] = record.checksums_from
-        self.put_meta_sync(b"S" + record.name.encode(), json.dumps(body).encode())
+        if snapshot_awaited_as_of is None:
+            self.put_meta_sync(b"S" + record.name.encode(), json.dumps(body).encode())
+            return
+        wb = self.new_batch()
+        wb.put(self.snapshot_awaited_key(record.sid), be64(snapshot_awaited_as_of))
+        wb.put(b"S" + record.name.encode(), json.dumps(body).encode())
+        self.write(wb, sync=True)
 
     def delete_shard_record(self, name: str) -> None:
         self.check_open()

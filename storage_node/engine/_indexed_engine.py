@@ -4,13 +4,30 @@ Both engines keep their shard registry, consumer-group offsets, producer
 windows and key/tag/time indexes in an :class:`IndexStore`; they differ only
 in where frame bytes live (segment files vs. the ``records`` column family).
 This base class holds the shared half so the two cannot drift apart.
+
+Producer snapshots (``_producer_state``, "Snapshots"): a shard created with
+``awaits_producer_snapshot`` at ``start_offset`` ``s`` > 0 records ``"Q" sid``
+= ``s`` in the same synced write as its registration. Until
+:meth:`IndexedEngine.store_producer_snapshot` has stored the last page (one
+synced WriteBatch that also deletes ``Q`` and writes ``"R" sid`` = ``s``), the
+shard refuses idempotent writes and copied frames (``Unavailable``: its
+windows are not complete, so a replay could not be recognised) and keeps its
+windows from expiring; other writes go ahead. Pages before the last are
+written without a sync, the first one deleting whatever producer entries an
+interrupted attempt left: a crash at any point leaves ``Q`` in place, and the
+next attempt starts again from the first page. :meth:`IndexedEngine.producer_snapshot`
+serves such pages, refused while the shard's own snapshot is awaited.
+
+Expiry by offset (``_expire_producers``) never uses a local log start that a
+stored snapshot lies below: the snapshot's entries describe batches other
+nodes hold.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from rocksdict import WriteBatch
@@ -18,10 +35,12 @@ from rocksdict import WriteBatch
 from robustmq._records import now_ms
 from robustmq.errors import (
     EngineClosed,
+    InvalidRequest,
     RobustMQError,
     ShardAlreadyExists,
     ShardNotFound,
     StaleEpoch,
+    Unavailable,
 )
 
 from ._adapter import AppendRequest, AppendResult, ShardConfig, validate_shard_name
@@ -33,8 +52,10 @@ from ._producer_state import (
     IndexedWindow,
     PendingTail,
     ProducerEntry,
+    SnapshotPage,
     TailCache,
     check_sequence,
+    check_snapshot_window,
 )
 
 __all__ = ["IndexedEngine", "PendingBase", "ShardBase"]
@@ -52,9 +73,22 @@ class ShardBase:
         self.lock = threading.Lock()
         self.epoch = 0
         self.deleted = False
+        self.snapshot_awaited: int | None = None  # the producer snapshot's offset while awaited ("Q")
+        self.snapshot_stored: int | None = None  # ... once stored ("R")
 
     def stale(self, epoch: int) -> StaleEpoch:
         return stale_epoch(self.name, self.epoch, epoch)
+
+    def snapshot_refusal(self, what: str) -> Unavailable:
+        """Why ``what`` (an idempotent write, a copy) cannot be taken before the snapshot is stored."""
+        return Unavailable(
+            f"shard {self.name} awaits its idempotent producers' state as of offset "
+            f"{self.snapshot_awaited} (a producer snapshot from a node that holds it); {what} is "
+            "refused until it is stored; retry",
+            shard=self.name,
+            reason="producer_snapshot",
+            as_of_offset=self.snapshot_awaited,
+        )
 
 
 @dataclass(slots=True)
@@ -112,6 +146,14 @@ class IndexedEngine(EngineBase):
             return self._shards[shard]
         except KeyError:
             raise ShardNotFound(f"shard {shard} does not exist", shard=shard) from None
+
+    @staticmethod
+    def _awaited_from(start_offset: int, awaits_producer_snapshot: bool) -> int | None:
+        """The ``Q`` marker a new shard is created with (None: none; a log from 0 has every batch)."""
+        return start_offset if awaits_producer_snapshot and start_offset > 0 else None
+
+    def _load_snapshot_marks(self, state: ShardBase) -> None:
+        state.snapshot_awaited, state.snapshot_stored = self._index.snapshot_marks(state.sid)
 
     def _register(self, shard: str, config: ShardConfig) -> ShardRecord:
         """Validate, check for duplicates and persist a new shard record (registry lock held)."""
@@ -235,6 +277,8 @@ class IndexedEngine(EngineBase):
                 if request.epoch < item.epoch:
                     raise item.shard.stale(request.epoch)
                 idempotent = request.producer_id >= 0
+                if idempotent and item.shard.snapshot_awaited is not None:
+                    raise item.shard.snapshot_refusal("an idempotent write")
                 duplicate = self._check_sequence(item, request) if idempotent else None
             except RobustMQError as error:
                 if refused is None:
@@ -275,8 +319,107 @@ class IndexedEngine(EngineBase):
         for producer_id, tail in pending.producers.items():
             self._producers.put(pending.shard.sid, producer_id, tail.settled())
 
+    # -- producer snapshots (see the module docstring) ---------------------------------
+
+    def producer_snapshot_awaited(self, shard: str) -> int | None:
+        """The offset as of which ``shard`` awaits a producer snapshot (None: it does not)."""
+        return self._shard(shard).snapshot_awaited
+
+    def producer_snapshot(
+        self, shard: str, as_of_offset: int, *, after_producer_id: int = -1, max_bytes: int = 1 << 20
+    ) -> SnapshotPage:
+        """A page of ``shard``'s producer windows as of ``as_of_offset`` (``SnapshotPage``).
+
+        Refused with ``Unavailable`` while the shard's own snapshot is awaited (its windows
+        are not complete) or when its log ends below ``as_of_offset`` (it has not seen every
+        batch before it). Thread-safe, lock-free (one RocksDB iterator).
+        """
+        state = self._shard(shard)
+        if state.snapshot_awaited is not None:
+            raise state.snapshot_refusal("serving a producer snapshot")
+        if as_of_offset < 0 or after_producer_id < -1:
+            raise InvalidRequest(
+                f"a producer snapshot of {shard} as of offset {as_of_offset} after producer "
+                f"{after_producer_id} cannot be asked for",
+                shard=shard,
+                as_of_offset=as_of_offset,
+            )
+        log_end = self.list_offsets(shard).log_end_offset
+        if as_of_offset > log_end:
+            raise Unavailable(
+                f"shard {shard} ends at offset {log_end} here: its producer windows are not yet "
+                f"as of offset {as_of_offset}; ask a node that holds it",
+                shard=shard,
+                as_of_offset=as_of_offset,
+                log_end_offset=log_end,
+            )
+        return self._index.producer_snapshot(
+            state.sid, as_of_offset, after_producer_id, max(1, max_bytes), log_end
+        )
+
+    def store_producer_snapshot(
+        self,
+        shard: str,
+        as_of_offset: int,
+        windows: Sequence[tuple[int, Sequence[ProducerEntry]]],
+        *,
+        first: bool,
+        last: bool,
+    ) -> bool:
+        """Store one page of the producer snapshot ``shard`` awaits as of ``as_of_offset``.
+
+        ``first`` drops what an interrupted attempt stored; ``last`` completes it (one synced
+        write: the entries, ``Q`` deleted, ``R`` written). Returns False, changing nothing, if
+        the shard does not await a snapshot as of that offset (stored already: a repeat after a
+        crash or a late page). A window no node could have sent is refused (``InvalidRequest``)
+        before anything is written. Takes the shard's write lock (the node calls it on the
+        shard's I/O worker).
+        """
+        previous = -1
+        for producer_id, entries in windows:
+            check_snapshot_window(producer_id, entries, as_of_offset)
+            if producer_id <= previous:
+                raise InvalidRequest(
+                    f"a producer snapshot page of {shard} names producer {producer_id} after {previous}",
+                    shard=shard,
+                    producer_id=producer_id,
+                )
+            previous = producer_id
+        state = self._shard(shard)
+        with state.lock:
+            self._check_open()
+            if state.deleted:
+                raise ShardNotFound(f"shard {shard} was deleted", shard=shard)
+            if state.snapshot_awaited != as_of_offset:
+                return False
+            wb = self._index.new_batch()
+            self._index.put_snapshot_windows(wb, state.sid, windows, clear=first)
+            if last:
+                wb.delete(IndexStore.snapshot_awaited_key(state.sid))
+                wb.put(IndexStore.snapshot_stored_key(state.sid), be64(as_of_offset))
+            self._index.write(wb, sync=last)
+            if last:
+                state.snapshot_awaited, state.snapshot_stored = None, as_of_offset
+                self._producers.forget_shard(state.sid)
+            return True
+
+    def _expiry_floor(self, state: ShardBase, local_earliest: int) -> int:
+        """The offset below which a producer's newest batch counts as removed by retention.
+
+        The local log's start, unless a stored snapshot lies at or above it: its entries
+        describe batches below the local log that other nodes hold, which no local
+        retention removed (0 then: by time only, until retention here passes it).
+        """
+        stored = state.snapshot_stored
+        return 0 if stored is not None and local_earliest <= stored else local_earliest
+
     def _expire_producers(self, state: ShardBase, earliest_offset: int, now: int) -> int:
-        """Forget producers whose newest entry is below ``earliest_offset`` or too old (lock held)."""
+        """Forget producers whose newest entry is below ``earliest_offset`` or too old (lock held).
+
+        Nothing expires while a snapshot is awaited: its windows are still arriving.
+        """
+        if state.snapshot_awaited is not None:
+            return 0
         wb = self._index.new_batch()
         expired = self._index.expire_producers(
             wb,

@@ -16,6 +16,17 @@ newest remembered batch was dropped is forgotten, and so is one idle for
 ``producer_expiration_ms`` (checked by :meth:`MemoryEngine.enforce_retention`),
 so the windows are bounded by the retained frames. Thread-safe: one lock per
 shard for writers; readers copy references under it.
+
+No producer snapshots (``_producer_state``, "Snapshots"): a memory shard needs
+none. Its topics have replication factor 1 (memory shards do not replicate),
+and the leader of each next epoch of such a topic is the node that sealed the
+previous one (placement takes it from the sealed segment's ``isr``, the old
+leader alone, even while that node drains), so a memory shard's log is never
+continued on a node that did not hold it. And its frames, with the windows
+that describe them, do not survive a restart: a restarted node starts the
+shard at its reserved offset with a gap below, and no other node holds those
+records or their windows to send. ``create_shard`` accepts
+``awaits_producer_snapshot`` and ignores it.
 """
 
 from __future__ import annotations
@@ -140,7 +151,15 @@ class MemoryEngine(EngineBase):
 
     # -- shards --------------------------------------------------------------
 
-    def create_shard(self, shard: str, config: ShardConfig | None = None, *, start_offset: int = 0) -> None:
+    def create_shard(
+        self,
+        shard: str,
+        config: ShardConfig | None = None,
+        *,
+        start_offset: int = 0,
+        awaits_producer_snapshot: bool = False,
+    ) -> None:
+        """Create a shard; ``awaits_producer_snapshot`` is ignored (see the module docstring)."""
         validate_shard_name(shard)
         check_start(start_offset)
         with self._registry:

@@ -57,6 +57,17 @@ in O(1) and searched by bisection, so a group of N requests of one producer
 costs O(N log N). The memory engine keeps the same window in lists and also
 forgets entries whose frames its retention dropped.
 
+**Snapshots.** A node whose local log of a shard starts at an offset ``s``
+above the chain's first one holds no frame below ``s`` to rebuild windows
+from; before it appends anything it stores a producer snapshot as of ``s``
+fetched from a node that holds the shard (docs/replication.md, "Producer
+state"): every remembered entry whose batch starts below ``s``, grouped by
+producer, oldest first. On the wire and in the index store an entry is the
+36-byte ``W`` value (:func:`encode_entries`, :func:`decode_entries`); a page of
+a snapshot is a :class:`SnapshotPage` of whole producers. The indexed engines
+keep two markers beside the entries (see ``_index_store``): ``"Q" sid`` while
+the snapshot is awaited and ``"R" sid`` once it is stored, both naming ``s``.
+
 Thread-safety: a shard's windows change only under its write lock; the LRU has
 its own lock. Crash behaviour: entries are written with the frames' index
 entries; segment-engine recovery rebuilds them from frame headers, taking the
@@ -69,14 +80,15 @@ import bisect
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from robustmq.errors import DuplicateSequenceMismatch, OutOfOrderSequence
+from robustmq.errors import DuplicateSequenceMismatch, InvalidRequest, OutOfOrderSequence
 
 from ._adapter import AppendResult
 
 __all__ = [
+    "ENTRY_BYTES",
     "PRODUCER_EXPIRATION_MS",
     "PRODUCER_WINDOW",
     "TAIL_ENTRIES",
@@ -86,11 +98,15 @@ __all__ = [
     "MemoryWindow",
     "PendingTail",
     "ProducerEntry",
+    "SnapshotPage",
     "Tail",
     "TailCache",
     "Window",
     "check_sequence",
+    "check_snapshot_window",
+    "decode_entries",
     "decode_entry",
+    "encode_entries",
     "encode_entry",
 ]
 
@@ -121,6 +137,74 @@ def decode_entry(raw: bytes) -> ProducerEntry:
     if len(raw) == _ENTRY_WITHOUT_TIME.size:
         return ProducerEntry(*_ENTRY_WITHOUT_TIME.unpack(raw))
     return ProducerEntry(*_ENTRY.unpack(raw))
+
+
+ENTRY_BYTES = _ENTRY.size  # 36
+
+
+def encode_entries(entries: Iterable[ProducerEntry]) -> bytes:
+    """Entries as one byte string of 36-byte ``W`` values, in order (a snapshot's wire form)."""
+    return b"".join(encode_entry(entry) for entry in entries)
+
+
+def decode_entries(raw: bytes, *, where: str = "a producer snapshot") -> tuple[ProducerEntry, ...]:
+    """The entries of :func:`encode_entries`; ``InvalidRequest`` if ``raw`` is not whole entries."""
+    if len(raw) % _ENTRY.size:
+        raise InvalidRequest(
+            f"{where} holds {len(raw)} bytes of producer entries, not a multiple of {_ENTRY.size}",
+            where=where,
+        )
+    return tuple(ProducerEntry(*fields) for fields in _ENTRY.iter_unpack(raw))
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotPage:
+    """One page of a producer snapshot as of ``as_of_offset``: whole producers, ids ascending.
+
+    ``windows`` holds ``(producer_id, entries)`` with every remembered entry of
+    the producer whose batch starts below ``as_of_offset``, oldest first;
+    producers with none are left out. ``more``: producers after
+    ``last_producer_id`` (the last one the page examined, -1 none) are still to
+    be asked for.
+    """
+
+    as_of_offset: int
+    windows: tuple[tuple[int, tuple[ProducerEntry, ...]], ...]
+    more: bool
+    last_producer_id: int
+    log_end_offset: int
+
+
+def check_snapshot_window(producer_id: int, entries: Sequence[ProducerEntry], as_of_offset: int) -> None:
+    """Refuse (``InvalidRequest``) a snapshot window no node could have sent.
+
+    A window is at most :data:`PRODUCER_WINDOW` entries, sequences and base
+    offsets strictly ascending, every batch non-empty and starting in
+    ``[0, as_of_offset)``.
+    """
+    problem = ""
+    if not 0 <= producer_id < 1 << 63:
+        problem = "a producer id out of range"
+    elif not entries or len(entries) > PRODUCER_WINDOW:
+        problem = f"{len(entries)} entries (1 to {PRODUCER_WINDOW} are possible)"
+    else:
+        previous: ProducerEntry | None = None
+        for entry in entries:
+            if entry.record_count <= 0 or not 0 <= entry.base_offset < as_of_offset:
+                problem = f"a batch of {entry.record_count} records at offset {entry.base_offset}"
+            elif previous is not None and (
+                entry.sequence <= previous.sequence or entry.base_offset <= previous.base_offset
+            ):
+                problem = f"sequence {entry.sequence} after {previous.sequence}, not ascending"
+            if problem:
+                break
+            previous = entry
+    if problem:
+        raise InvalidRequest(
+            f"producer {producer_id}'s window in a snapshot as of offset {as_of_offset} has {problem}",
+            producer_id=producer_id,
+            as_of_offset=as_of_offset,
+        )
 
 
 class Window:

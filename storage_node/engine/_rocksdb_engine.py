@@ -13,7 +13,9 @@ Frames are grouped in chunks by base offset (``base // CHUNK_RECORDS``); the
 time index restarts its running maximum in each chunk, and retention removes
 whole chunks from the front of a shard (by records, bytes or age) with all
 their index entries, in one synced WriteBatch, then forgets idle idempotent
-producers (see ``_producer_state``).
+producers (see ``_producer_state``): by time, and by the shard's earliest
+offset unless a stored producer snapshot lies at or above it (its entries are
+of batches other nodes hold, see ``_indexed_engine``).
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ class RocksDBEngine(IndexedEngine):
         self._default_config = default_config or ShardConfig()
         self._init_registry(IndexStore(Path(data_dir) / "rocksdb", with_records=True), producer_expiration_ms)
         for record in self._index.load_shards():
-            self._shards[record.name] = self._load(record)
+            state = self._shards[record.name] = self._load(record)
+            self._load_snapshot_marks(state)
 
     def _load(self, record: ShardRecord) -> _Shard:
         state = _Shard(record.name, record.sid, ShardConfig.from_dict(record.config))
@@ -107,7 +110,14 @@ class RocksDBEngine(IndexedEngine):
 
     # -- shards --------------------------------------------------------------
 
-    def create_shard(self, shard: str, config: ShardConfig | None = None, *, start_offset: int = 0) -> None:
+    def create_shard(
+        self,
+        shard: str,
+        config: ShardConfig | None = None,
+        *,
+        start_offset: int = 0,
+        awaits_producer_snapshot: bool = False,
+    ) -> None:
         config = config or self._default_config
         check_start(start_offset)
         with self._registry:
@@ -117,7 +127,8 @@ class RocksDBEngine(IndexedEngine):
             wb = self._index.new_batch()
             self._put_state(wb, self._begin(state))  # the start survives a restart before any write
             self._index.write(wb, sync=True)
-            self._index.put_shard(record)
+            state.snapshot_awaited = self._awaited_from(start_offset, awaits_producer_snapshot)
+            self._index.put_shard(record, snapshot_awaited_as_of=state.snapshot_awaited)
             self._shards[shard] = state
 
     def delete_shard(self, shard: str) -> None:
@@ -275,7 +286,7 @@ class RocksDBEngine(IndexedEngine):
                     if not state.deleted:
                         assert isinstance(state, _Shard)
                         removed += self._retain(state, now)
-                        self._expire_producers(state, state.earliest, now)
+                        self._expire_producers(state, self._expiry_floor(state, state.earliest), now)
         return removed
 
     def _retain(self, state: _Shard, now: int) -> int:

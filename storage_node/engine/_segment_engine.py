@@ -151,7 +151,14 @@ class SegmentEngine(SegmentReplica, IndexedEngine, SegmentRecovery):
 
     # -- shards --------------------------------------------------------------
 
-    def create_shard(self, shard: str, config: ShardConfig | None = None, *, start_offset: int = 0) -> None:
+    def create_shard(
+        self,
+        shard: str,
+        config: ShardConfig | None = None,
+        *,
+        start_offset: int = 0,
+        awaits_producer_snapshot: bool = False,
+    ) -> None:
         config = config or self._default_config
         check_start(start_offset)
         with self._registry:
@@ -165,8 +172,10 @@ class SegmentEngine(SegmentReplica, IndexedEngine, SegmentRecovery):
             fsync_directory(directory)
             fsync_directory(self._shards_dir)
             record.checksums_from = start_offset  # every frame of it is written in this format
-            self._index.put_shard(record)
+            awaited = self._awaited_from(start_offset, awaits_producer_snapshot)
+            self._index.put_shard(record, snapshot_awaited_as_of=awaited)
             state = SegmentShard(shard, record.sid, config)
+            state.snapshot_awaited = awaited
             state.view = View.of(
                 [Segment(start_offset, first, 0, start_offset, NO_TIMESTAMP, record.created_ms, False)],
                 start_offset,
@@ -534,13 +543,23 @@ class SegmentEngine(SegmentReplica, IndexedEngine, SegmentRecovery):
 
     # -- retention -------------------------------------------------------------
 
-    def enforce_retention(self, now_ms_: int | None = None, *, remove_records: bool = True) -> int:
+    def enforce_retention(
+        self,
+        now_ms_: int | None = None,
+        *,
+        remove_records: bool = True,
+        log_starts: Callable[[str], int | None] | None = None,
+    ) -> int:
         """Delete sealed segments past each shard's retention, then expire idle producers;
         return records removed.
 
         A storage node passes ``remove_records=False``: the Meta Service runs retention for
         ``segment``-engine topics across tiers, and the node drops its copies with
-        :meth:`drop_before` (docs/tiering.md); only idle producers expire here then.
+        :meth:`drop_before` (docs/tiering.md); only idle producers expire here then, by time
+        and by ``log_starts(shard)``, the chain's whole-log start (None: not known, by time
+        only), never by the local log start: a local copy dropped because its segment lives
+        in the object store leaves its batches in the log, and a replay of one must still be
+        recognised.
         """
         now = now_ms() if now_ms_ is None else now_ms_
         removed = 0
@@ -548,12 +567,16 @@ class SegmentEngine(SegmentReplica, IndexedEngine, SegmentRecovery):
             state = self._shards.get(name)
             if state is None:
                 continue
+            log_start = log_starts(name) if log_starts is not None and not remove_records else None
             with state.lock:
                 if not state.deleted:
                     assert isinstance(state, SegmentShard)
                     if remove_records:
                         removed += self._retain(state, now)
-                    self._expire_producers(state, state.view.earliest, now)
+                        floor = self._expiry_floor(state, state.view.earliest)
+                    else:
+                        floor = log_start or 0
+                    self._expire_producers(state, floor, now)
         return removed
 
     def drop_before(self, shard: str, offset: int) -> int:

@@ -16,7 +16,12 @@ inferred rather than replaced by a rescan of everything: it stood in the
 segment after the newest sealed record, so the steps above run from there
 and damage costs only the damaged segment and older ones, as with a
 checkpoint. With no sealed record either, every older file is checked frame
-by frame; the newest damaged one and every older one are set aside.
+by frame; the newest damaged one and every older one are set aside, and the
+shard's index is rebuilt from the frames kept, except the producer entries of
+batches below them (a producer snapshot's, or of local copies dropped as
+``remote``) and the snapshot markers, which no local frame could rebuild. A
+shard created but never written has no checkpoint yet and takes this path at
+every open.
 
 Producer entries rebuilt from frames take the producer's checksum from the
 frame, except for unflagged frames below the shard record's
@@ -108,6 +113,7 @@ class SegmentRecovery:
         def _finish_truncation(
             self, state: SegmentShard, checkpoint: Checkpoint | None, files: list[tuple[int, Path]]
         ) -> list[tuple[int, Path]]: ...
+        def _load_snapshot_marks(self, state: ShardBase) -> None: ...
 
     def _open_all(self) -> None:
         started = time.monotonic()
@@ -121,7 +127,8 @@ class SegmentRecovery:
                 )
                 shutil.rmtree(directory, ignore_errors=True)
         for record in records:
-            self._shards[record.name] = self._recover_shard(record)
+            state = self._shards[record.name] = self._recover_shard(record)
+            self._load_snapshot_marks(state)
         if records:
             log.info("opened %d shards in %.2fs", len(records), time.monotonic() - started)
 
@@ -188,7 +195,7 @@ class SegmentRecovery:
             if len(files) > 1 or files[0][1].stat().st_size > 0:  # else: a shard never written to
                 log.error("shard %s: no usable checkpoint or sealed records; re-indexing it all", state.name)
             files = self._verify_chain(state, files)
-            self._index.delete_shard_entries(state.sid)
+            self._index.delete_shard_entries(state.sid, keep_producers_below=files[0][0])
             sealed = {}
             segment_base = files[0][0]
         checkpoint = Checkpoint(segment_base, 0, segment_base, NOT_INDEXED, epoch, now_ms(), NO_TIMESTAMP)

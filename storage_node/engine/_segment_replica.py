@@ -23,7 +23,9 @@ leader had forgotten the producer (it expired there): its window is forgotten
 here too, so both answer its retries alike. The shard's epoch rises to the
 frames' epoch. A follower rolls its segment file where the size limit says
 and when the epoch changes (the leader rolls at each seal), never by age, so
-its files split as the leader's do.
+its files split as the leader's do. A shard that awaits a producer snapshot
+(``_indexed_engine``) refuses copies with ``Unavailable`` until it is stored:
+windows rebuilt from later frames alone would be incomplete.
 
 **truncate_to** cuts the log back to a frame boundary. The cut is decided in
 one synced WriteBatch: index entries past it go (offsets, times, tags, the
@@ -233,6 +235,9 @@ class SegmentReplica:
             for index, item in enumerate(checked):
                 log_end, epoch = cursors[item.shard]
                 try:
+                    awaiting = pending[item.shard].shard
+                    if awaiting.snapshot_awaited is not None:
+                        raise awaiting.snapshot_refusal("copying frames")
                     _admit_copy(item, log_end, epoch)
                 except RobustMQError as error:
                     refused[index] = error

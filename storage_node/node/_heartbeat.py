@@ -36,7 +36,11 @@ Retention (every ``retention_check_ms``) runs on this thread too: it only
 touches sealed segments, never a shard's writes. It removes records of the
 ``memory`` and ``rocksdb`` engines only; for the ``segment`` engine the Meta
 Service runs retention across tiers and ``_tier_retention`` (its own thread)
-drops the local copies it no longer needs.
+drops the local copies it no longer needs. Idle idempotent producers expire
+in every engine; a ``segment``-engine shard's by time and by the chain's log
+start as this node last learned it (``chain_log_start``), never by its local
+log start: a local copy dropped because its segment lives in the object store
+leaves its batches in the log, and their replays must still be recognised.
 """
 
 from __future__ import annotations
@@ -51,10 +55,10 @@ from typing import Any
 
 from robustmq.errors import RobustMQError, ShardNotFound
 
-from ..replication._shards import RESERVE_RECORDS
+from ..replication._shards import RESERVE_RECORDS, parse_engine_shard
 from ..replication._visibility import settled, visible_to_readers
 from ._io_worker import DeleteShard, Reserved
-from ._reads import reader_log_start
+from ._reads import chain_log_start, reader_log_start
 
 __all__ = ["DeletionLedger", "Heartbeat"]
 
@@ -234,6 +238,16 @@ class Heartbeat(threading.Thread):
                 next_retention = time.monotonic() + node.config.retention_check_ms / 1000
                 self._retention()
 
+    def _chain_log_start(self, engine_shard: str) -> int | None:
+        """The chain's log start of the shard an engine holds as ``engine_shard``, as this node
+        last learned it; None if it has not resolved that shard (of that incarnation) since
+        it started: its producers then expire by time only."""
+        parsed = parse_engine_shard(engine_shard)
+        state = self._node.directory.cached(parsed[0]) if parsed is not None else None
+        if state is None or parsed is None or state.incarnation != parsed[1] or state.view is None:
+            return None
+        return int(chain_log_start(self._node, state))
+
     def _retention(self) -> None:
         node = self._node
         for name in ("segment", "rocksdb", "memory"):
@@ -243,7 +257,7 @@ class Heartbeat(threading.Thread):
                     # Segment-engine records are retained by the Meta Service across tiers
                     # (``_tier_retention``); here only its idle producers expire.
                     removed = (
-                        driver.enforce_retention(remove_records=False)
+                        driver.enforce_retention(remove_records=False, log_starts=self._chain_log_start)
                         if name == "segment"
                         else driver.enforce_retention()
                     )

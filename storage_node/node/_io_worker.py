@@ -52,6 +52,11 @@ No item ever waits for the Meta Service on this thread:
   past a sealed end is ever acknowledged (see ``_sealing``).
 - **Memory engine.** A write that would pass the shard's reserved offset is
   answered ``Busy`` and the heartbeat is asked to reserve more (see ``_shards``).
+- **Producer snapshots.** A shard whose local log starts past records other
+  nodes held awaits their idempotent producers' state: its worker fetches it
+  (``_producer_snapshots``; pages come back as ``PageAnswer`` items and are
+  stored here, in queue order with the shard's writes) and meanwhile answers
+  idempotent produce requests ``Unavailable`` (``reason`` ``producer_snapshot``).
 - **Replication** (RF > 1 shards this node leads): ``acks=all``/``quorum``
   writes wait for their replicas after the append, ISR changes go through
   the control threads, and ``Fence`` requests are handled here, in queue
@@ -99,6 +104,7 @@ from ..replication._deadlines import answer_by
 from ..replication._follower import Assigned
 from ..replication._follower_log import CopyGroup, ReplicaData
 from ..replication._leading import Leading
+from ..replication._producer_snapshots import PageAnswer, ProducerSnapshots
 from ..replication._sealing import Sealer
 from ..replication._shards import NodeShard, ShardDirectory
 from ._not_here import NotHere, named_incarnation
@@ -305,6 +311,7 @@ class IOWorker(threading.Thread):
         self._not_here = NotHere()
         self._sealer = Sealer(self)
         self.leading = Leading(self)
+        self.snapshots = ProducerSnapshots(self)  # producer snapshots this worker's shards await
         # Copied answers (``_follower``) drained in one batch: appended together, one fsync.
         self._copies = CopyGroup(node.follower) if getattr(node, "follower", None) is not None else None
 
@@ -338,6 +345,10 @@ class IOWorker(threading.Thread):
                 self.leading.tick(time.monotonic())
             except Exception:
                 log.exception("I/O worker failed to look after its replicas")
+            try:
+                self.snapshots.tick(time.monotonic())
+            except Exception:
+                log.exception("I/O worker failed to retry its producer snapshots")
             if stop:
                 self._shutdown(after_stop)
                 return
@@ -392,6 +403,8 @@ class IOWorker(threading.Thread):
             self._refresh(item)
         elif isinstance(item, Assigned):
             self._assigned(item)
+        elif isinstance(item, PageAnswer):
+            self.snapshots.answered(item)
         else:
             log.error("I/O worker got an unknown item %r", item)
 
@@ -473,6 +486,8 @@ class IOWorker(threading.Thread):
             if state.replication is not None:  # RF > 1: acks=all needs enough in-sync replicas
                 self.leading.check_produce(state, state.replication, produce.acks)
             producer_id, producer_sequence = producer_fields(produce)
+            if producer_id >= 0 and state.snapshot_as_of >= 0:
+                raise _awaits_snapshot(state)
             batch = prepare_batch(item.payloads[0].buffer, max_batch_bytes=state.config.max_batch_bytes)
             # The node is the authority on this rule: every produce path (producers, the CLI, the
             # Spark sink, any client) reaches it, and a refused batch changes nothing.
@@ -702,7 +717,7 @@ class IOWorker(threading.Thread):
             self._forget(state)
             state = None
         if state is None:
-            self.directory.install(answer.view)
+            state = self.directory.install(answer.view)
             self._not_here.forget(shard)
         elif state.seal is None or state.seal.end_offset < 0:
             moved = self.directory.adopt(state, info)
@@ -712,6 +727,7 @@ class IOWorker(threading.Thread):
                 self._sealer.end(
                     state, SegmentSealed(f"segment epoch {state.seal.epoch} of {shard} is sealed")
                 )
+        self.snapshots.check(state)  # a log that starts past others' records needs their producers
 
     def _assigned(self, item: Assigned) -> None:
         """A view from the follower side (``ListAssignments``, a follower's lookup): take it."""
@@ -729,6 +745,7 @@ class IOWorker(threading.Thread):
         self._sealer.end(state, error)
         self.directory.forget(state.name)
         self._sealer.forget(state.name)
+        self.snapshots.forget(state.name)
         self.control.cancel(state.name, state.incarnation)
         self._node.written(state.name)  # its parked fetches find out
 
@@ -774,6 +791,18 @@ class IOWorker(threading.Thread):
             )
         self._node.deleted(item.shard, item.incarnation)
         self._node.written(item.shard)  # parked fetches find out
+
+
+def _awaits_snapshot(state: NodeShard) -> Unavailable:
+    """Why an idempotent write waits: this node cannot yet tell a replay of a batch stored
+    before its log starts from a new one (``_producer_snapshots``)."""
+    return Unavailable(
+        f"shard {state.name}: this node's log starts at offset {state.snapshot_as_of} and it is still "
+        "fetching the idempotent producers' state as of there from a node that holds it; retry",
+        shard=state.name,
+        reason="producer_snapshot",
+        as_of_offset=state.snapshot_as_of,
+    )
 
 
 def _describe(item: Any) -> str:

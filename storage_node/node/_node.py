@@ -33,7 +33,9 @@ that arrived but were not read yet (up to :data:`_STOP_ANSWERS`), and closes
 the engines.
 
 Replication (RF > 1, see ``docs/replication.md``): followers' ``ReplicaFetch``
-and ``Checksum`` requests are served by the readers (``_replica_serving``);
+and ``Checksum`` requests, and other nodes' ``ProducerSnapshot`` requests, are
+served by the readers (``_replica_serving``); the ``rmq-producer-snapshot``
+thread fetches the snapshots this node's shards await (``_producer_snapshots``);
 ``Fence`` goes to the shard's I/O worker (ordered with its appends). On a
 shard this node leads, the leader state (``_replication``) keeps the
 followers' positions, the ISR and the high watermark; reads (fetch, scan,
@@ -87,6 +89,7 @@ from ..engine._driver_manager import StorageDriverManager
 from ..replication._control import MetaControl
 from ..replication._fences import FenceStore
 from ..replication._follower import Follower
+from ..replication._producer_snapshots import SnapshotFetcher
 from ..replication._replica_serving import replica_key, send_acks
 from ..replication._replication import LeaderState
 from ..replication._shards import ShardDirectory
@@ -191,6 +194,8 @@ class StorageNode(NodeReads):
             timeout_s=config.control_timeout_s,
         )
         self.directory.replication = self.follower
+        # Pages of producer snapshots from other nodes (``_producer_snapshots``), for the workers.
+        self.snapshot_fetcher = SnapshotFetcher(self.caller)
         self._workers = [
             IOWorker(
                 i,
@@ -249,6 +254,7 @@ class StorageNode(NodeReads):
         for thread in (*self._workers, *self._readers, self._heartbeat, self.tier_retention):
             thread.start()
         self.follower.start()
+        self.snapshot_fetcher.start()
         self._frontend_thread = threading.Thread(target=self._frontend_loop, name="rmq-frontend", daemon=True)
         self._frontend_thread.start()
         log.info(
@@ -278,6 +284,7 @@ class StorageNode(NodeReads):
             return
         self.stopping.set()  # the front end stops reading the ROUTER
         self.follower.stop()
+        self.snapshot_fetcher.stop()
         for worker in self._workers:
             if worker.is_alive():
                 worker.stop()

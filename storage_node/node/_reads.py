@@ -28,7 +28,12 @@ from robustmq.errors import (
     Unavailable,
 )
 
-from ..replication._replica_serving import answer_replica_empty, serve_checksum, serve_replica_fetch
+from ..replication._replica_serving import (
+    answer_replica_empty,
+    serve_checksum,
+    serve_producer_snapshot,
+    serve_replica_fetch,
+)
 from ..replication._shards import NodeShard
 from ..replication._visibility import below_high_watermark, check_readable, read_key, visible_to_readers
 from ..tiered._cold_lookups import local_offset_for_timestamp
@@ -48,6 +53,7 @@ _READS = (
     "list_offsets",
     "replica_fetch",
     "checksum",
+    "producer_snapshot",
 )
 
 
@@ -125,6 +131,9 @@ class NodeReads:
         elif body == "checksum":
             assert state is not None
             serve_checksum(self._node(), request, state)
+        elif body == "producer_snapshot":
+            assert state is not None
+            serve_producer_snapshot(self._node(), request, state)
         elif body == "read_by_key":
             assert state is not None
             found = read_key(state, message.read_by_key.key)

@@ -29,6 +29,10 @@ Threads:
   :class:`Assigned` items; installing and adopting them (with the truncation
   of a divergent tail) happens there.
 
+A shard whose local log awaits a producer snapshot (``_producer_snapshots``)
+is not copied: its fetch waits until its I/O worker stored the snapshot and
+calls :meth:`Follower.viewed` again.
+
 Bounded: the fetchers hold one target and one request per shard assigned
 here; the control thread's lookups and reports are sets keyed by shard (at
 most :data:`_MAX_PENDING` each). Every wait has a deadline.
@@ -197,6 +201,9 @@ class Follower:
         if state is None or state.incarnation != target.incarnation or state.view is None:
             self.want(target.shard, None)
             return None
+        if state.snapshot_as_of >= 0:  # nothing is copied before the producer snapshot is stored
+            self.want(target.shard, None)
+            return None
         if item.active_epoch > state.epoch:
             self.refresh(state.name)
         segment = next((s for s in state.view.segments if s.epoch == target.epoch), None)
@@ -249,8 +256,8 @@ class Follower:
         self._retarget(state, delay_s=_RETRY_S)
 
     def _retarget(self, state: NodeShard, delay_s: float = 0.0) -> None:
-        if state.view is None or state.config.replication_factor <= 1:
-            self.want(state.name, None)
+        if state.view is None or state.config.replication_factor <= 1 or state.snapshot_as_of >= 0:
+            self.want(state.name, None)  # a log awaiting its producer snapshot copies nothing yet
             return
         offsets = state.engine.list_offsets(state.engine_shard)
         spread = crc32c(self.node_id.encode())

@@ -16,6 +16,12 @@
 - ``Checksum(start, end)``: CRC-32C, bytes and records of the frames of a
   range this node holds (the seal agreement and the Meta Service's failover
   compare them).
+- ``ProducerSnapshot(as_of, after, max_bytes)``: a page of this node's
+  idempotent producers' windows of the shard as of ``as_of`` (whole producers,
+  ids after ``after``; ``_producer_snapshots``), for a node whose local log
+  starts there. Refused (``Unavailable``) while this node awaits a snapshot of
+  its own (it cannot vouch for windows it does not have) or its log ends below
+  ``as_of``; an unknown shard or incarnation gets the usual typed errors.
 
 Thread-safety: reader threads only; shard state is read, never changed here,
 except through the lock of its :class:`LeaderState`. Answers go out through
@@ -31,6 +37,8 @@ from robustmq._node_protocol import error_response
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import InvalidRequest, NotLeader, OffsetOutOfRange, ShardNotFound, Unavailable
 
+from ..engine._producer_state import encode_entries
+from ._producer_snapshots import PAGE_BYTES
 from ._replication import AckAnswer, LeaderState
 from ._visibility import visible_to_readers
 
@@ -44,6 +52,7 @@ __all__ = [
     "replica_key",
     "send_acks",
     "serve_checksum",
+    "serve_producer_snapshot",
     "serve_replica_fetch",
 ]
 
@@ -205,3 +214,36 @@ def serve_checksum(node: StorageNode, request: Request, state: NodeShard) -> Non
     result = checksum(state.engine_shard, ask.start_offset, ask.end_offset)
     answer = pb.ChecksumResponse(crc32c=result.crc32c, size_bytes=result.size_bytes, records=result.records)
     node.reply(request, pb.NodeResponse(correlation_id=request.message.correlation_id, checksum=answer))
+
+
+def serve_producer_snapshot(node: StorageNode, request: Request, state: NodeShard) -> None:
+    ask = request.message.producer_snapshot
+    state.check_incarnation(ask.incarnation)
+    if state.snapshot_as_of >= 0:
+        raise Unavailable(
+            f"shard {state.name}: this node awaits the idempotent producers' state as of offset "
+            f"{state.snapshot_as_of} itself; it cannot send any",
+            shard=state.name,
+            reason="producer_snapshot",
+        )
+    snapshot = getattr(state.engine, "producer_snapshot", None)
+    if snapshot is None:
+        raise InvalidRequest(
+            f"the {state.engine.name} engine of shard {state.name} keeps no producer windows to send",
+            shard=state.name,
+        )
+    max_bytes = min(max(ask.max_bytes, 1) if ask.max_bytes else PAGE_BYTES, node.config.max_fetch_bytes)
+    page = snapshot(
+        state.engine_shard, ask.as_of_offset, after_producer_id=ask.after_producer_id, max_bytes=max_bytes
+    )
+    answer = pb.ProducerSnapshotResponse(
+        producers=[
+            pb.ProducerWindow(producer_id=producer_id, entries=encode_entries(entries))
+            for producer_id, entries in page.windows
+        ],
+        more=page.more,
+        last_producer_id=page.last_producer_id,
+        log_end_offset=page.log_end_offset,
+    )
+    response = pb.NodeResponse(correlation_id=request.message.correlation_id, producer_snapshot=answer)
+    node.reply(request, response)

@@ -17,6 +17,11 @@ whose incarnation differs from the one the Meta Service names is never
 served; an older one is dropped when the current one is installed. Shards
 on disk are listed (with their incarnations) at start.
 
+A local log created past the chain's first offset while other nodes held the
+records below it awaits their idempotent producers' state: the engine records
+that with the shard (``_producer_snapshots`` fetches it; ``NodeShard.snapshot_as_of``
+mirrors the marker for the produce path).
+
 Memory-engine shards lose their records in a restart, so a node must never
 acknowledge an offset the Meta Service could not tell a restarted node about.
 Such a shard has an ``ack_limit``: an offset the Meta Service has stored as
@@ -79,6 +84,7 @@ from robustmq.errors import (
 
 from ..engine._adapter import ShardConfig, StorageAdapter
 from ..engine._driver_manager import StorageDriverManager
+from ._producer_snapshots import needs_producer_snapshot
 from ._replication import LeaderState, min_insync_of
 
 __all__ = [
@@ -89,6 +95,7 @@ __all__ = [
     "ShardView",
     "engine_shard_name",
     "parse_engine_shard",
+    "snapshot_awaited",
     "start_of",
 ]
 
@@ -199,6 +206,9 @@ class NodeShard:
     view: pb.ShardInfo | None = None  # the chain as last installed or adopted (replication)
     follower_hw: int = -1  # a follower: the leader's high watermark it last learned (``_follower``)
     replication: LeaderState | None = None  # RF > 1 and leading the active epoch (see _replication)
+    # The offset as of which the local log awaits a producer snapshot (-1: it does not); the
+    # engine's durable marker, kept here for the produce path (``_producer_snapshots``).
+    snapshot_as_of: int = -1
 
     @property
     def replicated(self) -> bool:
@@ -379,7 +389,7 @@ class ShardDirectory:
         if local.get(incarnation) is None:
             start = start_of(info, self._node_id)
             try:
-                engine.create_shard(name, _engine_config(config), start_offset=start)
+                _create(engine, name, _engine_config(config), info, self._node_id, start)
             except ShardAlreadyExists:  # an engine that kept it without this node knowing (memory)
                 log.warning("shard %s already existed in the %s engine; serving it", name, engine_name)
             with self._lock:
@@ -402,6 +412,7 @@ class ShardDirectory:
         )
         if engine_name == "memory":
             state.ack_limit = max(view.reserved, state.log_end())
+        state.snapshot_as_of = snapshot_awaited(engine, name)
         state.view = info
         if self.replication is not None:
             self.replication.prepare(state, info)
@@ -469,9 +480,10 @@ class ShardDirectory:
             engine_name = self._local.get(state.name, {}).get(state.incarnation)
         if state.leader or engine_name != "segment":
             return
-        _restart_left_behind(
+        if _restart_left_behind(
             state.engine, state.engine_shard, info, self._node_id, _engine_config(state.config)
-        )
+        ):
+            state.snapshot_as_of = snapshot_awaited(state.engine, state.engine_shard)
 
     def sealed(self, state: NodeShard, sealed: pb.Segment, following: pb.Segment) -> None:
         """Adopt the next epoch the Meta Service opened after sealing ``state``'s segment
@@ -658,7 +670,7 @@ def _restart_left_behind(
     start = start_of(info, node_id)
     if offsets.log_end_offset < start and offsets.log_end_offset <= remote_end(info):
         engine.delete_shard(name)
-        engine.create_shard(name, config, start_offset=start)
+        _create(engine, name, config, info, node_id, start)
         log.info(
             "shard %s: local offsets %d..%d left the chain or went remote; starting again at %d",
             name,
@@ -668,6 +680,31 @@ def _restart_left_behind(
         )
         return True
     return False
+
+
+def _create(
+    engine: StorageAdapter, name: str, config: ShardConfig, info: pb.ShardInfo, node_id: str, start: int
+) -> None:
+    """Create the local log at ``start``; one that starts past records other nodes held awaits
+    a producer snapshot as of ``start`` (``_producer_snapshots``), recorded with the shard."""
+    awaits = needs_producer_snapshot(info, node_id, start)
+    engine.create_shard(name, config, start_offset=start, awaits_producer_snapshot=awaits)
+    keeps_windows = hasattr(engine, "producer_snapshot_awaited")  # the memory engine: see its docstring
+    if keeps_windows and not awaits and start > (info.segments[0].start_offset if info.segments else 0):
+        log.warning(
+            "shard %s: its local log starts at offset %d and no other node held the records below "
+            "it; the idempotent producers' state of those records cannot be fetched",
+            name,
+            start,
+        )
+
+
+def snapshot_awaited(engine: StorageAdapter, name: str) -> int:
+    """The offset as of which ``engine``'s shard ``name`` awaits a producer snapshot; -1 if it
+    does not (or the engine keeps none: the memory engine)."""
+    awaited = getattr(engine, "producer_snapshot_awaited", None)
+    found = awaited(name) if awaited is not None else None
+    return -1 if found is None else int(found)
 
 
 def _check_continuity(state: NodeShard) -> None:

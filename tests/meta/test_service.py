@@ -661,7 +661,7 @@ def test_a_delete_not_confirmed_in_time_is_pending_and_its_retry_never_deletes_a
         started = time.monotonic()
         with pytest.raises(DeletionPending) as caught:
             client.delete_topic("r")  # n1 is alive and never acknowledges
-        assert 0.5 < time.monotonic() - started < 3.0  # it waited for about the client's timeout
+        assert 0.5 < time.monotonic() - started < 10.0  # it waited for about the client's timeout
         fields = caught.value.fields
         assert (fields["topic"], fields["incarnation"], fields["waiting_for"]) == ("r", first, ["n1"])
         assert "recorded" in caught.value.message and "background" in caught.value.message

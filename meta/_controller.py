@@ -14,7 +14,13 @@
 
 The replication operations (ISR, replica reports, assignments, drain,
 failover and repair) are in the mixin :class:`~robustmq.meta._replica_control.ReplicaControl`,
-under the same rules.
+topic deletion (recorded, then complete once no node can take the topic's writes)
+in :class:`~robustmq.meta._deletions.DeletionControl`, under the same rules.
+
+Every heartbeat answer grants the node a write lease (``lease_ms``, see
+:mod:`robustmq.meta._liveness`), unless it could not list every deletion the
+node owes: a node must learn of each deletion before a lease lets it take writes
+again.
 
 Every method runs under one lock, so what it reads and the single atomic batch
 it writes form one step, and the derived state is updated only after that
@@ -45,6 +51,7 @@ from robustmq.tier._store import ObjectStore
 
 from . import _keys as keys
 from ._chains import checked_isr, sealed_segment
+from ._deletions import DeletionControl
 from ._liveness import Liveness
 from ._load import AssignmentVersions, ClusterLoad
 from ._nodes import MAX_DELETIONS_PER_BEAT, MAX_NODES, NodeTable
@@ -83,7 +90,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class MetaController(ReplicaControl, TieringControl, RetentionControl):
+class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionControl):
     """Topics, segments, nodes and group offsets behind one lock.
 
     Parameters
@@ -110,6 +117,8 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl):
         self._nodes = NodeTable(store)
         self._offsets = OffsetTable(store)
         self._liveness = Liveness(node_timeout_ms)
+        self._deletions_changed = threading.Condition(threading.Lock())
+        self._deletion_acks = 0
         self._interval_ms = max(1, min(HEARTBEAT_INTERVAL_MS, node_timeout_ms // 4))
         self._check_format()
         self._last_seal = decode_last_seal(self._store.get(keys.LAST_SEAL_KEY))
@@ -222,32 +231,6 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl):
                 for partition in sorted(chains)
             ]
         return pb.TopicDescription(topic=topic, shards=shards)
-
-    def delete_topic(self, name: str) -> None:
-        """Remove a topic, its chains and its group offsets; tell its nodes to drop its shards.
-
-        Every node that held a segment gets a pending deletion of the shard at
-        this incarnation, kept until the node reports it done (see ``heartbeat``).
-        """
-        name = require_topic(name)
-        with self._locked():
-            incarnation = self._topics.require(name).incarnation
-            ws = WriteSet()
-            segments = self._topics.stage_delete(name, ws)
-            for segment in segments:
-                _, partition = split_shard(segment.shard)
-                self._stage_forget_segments(name, partition, incarnation, [segment], ws)
-            self._offsets.stage_delete_topic(name, ws)
-            for segment in segments:
-                for node_id in segment.replicas:
-                    self._nodes.stage_pending(node_id, segment.shard, incarnation, ws)
-            ws.commit(self._store)
-            for segment in segments:
-                self._load.remove(segment)
-                self._progress.pop(segment.shard, None)
-                self._reserved.pop(segment.shard, None)
-            self._versions.bump_segments(segments)
-        logger.info("deleted topic %s", name)
 
     def get_shard(self, shard: str) -> pb.ShardInfo:
         """The shard's chain and leader.
@@ -396,7 +379,10 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl):
         :data:`~robustmq.meta._nodes.MAX_DELETIONS_PER_BEAT`): each is repeated
         in every answer until acknowledged, so a lost answer loses nothing.
         ``stored_bytes`` (memory only) is shown by ``list_nodes``; the answer's
-        ``assignments_version`` is the node's (see :mod:`._load`).
+        ``assignments_version`` is the node's (see :mod:`._load`). The answer's
+        ``lease_ms`` is the node's write lease (:mod:`._liveness`); 0 when the
+        answer cannot list every deletion still pending for the node (it must
+        learn of all of them before it takes writes again, and beats again soon).
         """
         node_id = require_node_id(node_id)
         if address:
@@ -407,12 +393,14 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl):
             ws = WriteSet()
             self._stage_upsert_node(node_id, address, ws)
             self._nodes.stage_done(node_id, done, ws)
-            pending = self._nodes.pending_for(node_id, limit=MAX_DELETIONS_PER_BEAT + len(done))
-            deletions = [
+            pending = self._nodes.pending_for(node_id, limit=MAX_DELETIONS_PER_BEAT + len(done) + 1)
+            owed = [
                 pb.ShardDeletion(shard=shard, incarnation=incarnation)
                 for shard, incarnation in pending
                 if (shard, incarnation) not in done
-            ][:MAX_DELETIONS_PER_BEAT]
+            ]
+            deletions = owed[:MAX_DELETIONS_PER_BEAT]
+            lease_ms = self._liveness.lease_ms if len(owed) <= MAX_DELETIONS_PER_BEAT else 0
             accepted = {}
             reserved = {}
             incarnations: dict[str, int | None] = {}  # topic -> its current incarnation (None: gone)
@@ -437,8 +425,13 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl):
             self._reserved.update(reserved)
             self._stored_bytes[node_id] = max(stored_bytes, 0)
             version = self._versions.of(node_id)
+        if done:
+            self._deletion_acknowledged()
         return pb.HeartbeatResponse(
-            deletions=deletions, interval_ms=self._interval_ms, assignments_version=version
+            deletions=deletions,
+            interval_ms=self._interval_ms,
+            assignments_version=version,
+            lease_ms=lease_ms,
         )
 
     def _stage_upsert_node(self, node_id: str, address: str, ws: WriteSet) -> pb.NodeInfo:
@@ -517,8 +510,11 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl):
         Refused (``InvalidRequest``) while the node is alive or still leads
         active segments, unless ``force``. Its segments stay in their chains as
         they are: a shard whose active segment it leads fails over (replication
-        factor above 1, see :mod:`._failover`) or, with factor 1, has no
-        reachable leader until a node registers again with this id.
+        factor above 1, see :mod:`._failover`) once the node's write lease is
+        over (the node timeout from its last beat: a node removed while alive
+        may still be taking writes until then) or, with factor 1, has no
+        reachable leader until a node registers again with this id. A removed
+        node that is still running registers again with its next heartbeat.
         Shards it still owes a deletion stay owed, in case it comes back, but
         leave the index placement reads (see :mod:`._nodes`), so they cost
         nothing on creates and seals.

@@ -16,6 +16,10 @@ its local shard of that incarnation, never a newer topic of the same name.
 Kept in the store so that a Meta Service restart does not forget what nodes
 still have to drop. Not locked here: the controller's lock covers it.
 
+A topic deletion completes (:mod:`._deletions`) once no node that owes one of
+its deletions may still hold a write lease: it asks the index which nodes owe
+one, by incarnation.
+
 Placement asks which nodes still owe a deletion of a given shard (a new
 topic's shard, the next epoch of a sealed one) on every create and seal. The
 ``D`` keys are ordered by node, so each deletion also has an index entry ``E``
@@ -95,6 +99,25 @@ class NodeTable:
             _, index, node_id, _ = keys.decode_holder_key(key)
             holders.setdefault(shard_name(topic, index), set()).add(node_id)
         return holders
+
+    def holders_by_incarnation(self, topic: str) -> dict[int, set[str]]:
+        """For each incarnation of ``topic`` with a deletion still owed, the registered nodes
+        that owe it (one scan of the index)."""
+        holders: dict[int, set[str]] = {}
+        for key, _ in self._store.scan(keys.holders_prefix(topic)):
+            _, _, node_id, incarnation = keys.decode_holder_key(key)
+            holders.setdefault(incarnation, set()).add(node_id)
+        return holders
+
+    def owed_incarnations(self, node_id: str, topic: str) -> set[int]:
+        """The incarnations of ``topic`` whose deletion ``node_id`` still owes, registered or not
+        (one scan of that node's own entries: for the few removed nodes that may hold a lease)."""
+        owed = set()
+        for key, _ in self._store.scan(keys.pending_prefix(node_id)):
+            _, shard, incarnation = keys.decode_pending_key(key)
+            if shard.rpartition("_")[0] == topic:
+                owed.add(incarnation)
+        return owed
 
     def stage_pending(self, node_id: str, shard: str, incarnation: int, ws: WriteSet) -> None:
         ws.put(keys.pending_key(node_id, shard, incarnation), b"")

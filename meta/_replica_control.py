@@ -400,26 +400,24 @@ class ReplicaControl:
     # -- failover, repair, drain (the background worker's side) -------------
 
     def failover_tasks(self) -> list[FailoverTask]:
-        """The active segments of RF > 1 topics whose leader is not alive or no longer registered.
+        """The active segments of RF > 1 topics whose leader can no longer take writes.
+
+        A leader is gone once it cannot hold a write lease any more
+        (:meth:`~._liveness.Liveness.may_hold_lease`): it is not alive; or it was
+        removed from the registry and the node timeout passed since its last beat
+        (``robustmq node remove --force`` of a node still running: until then it
+        may still acknowledge writes the new epoch would not have); or, just
+        after a restart of the Meta Service, it has not beaten for the whole
+        timeout (a running node beats several times a second, so a restart never
+        moves leadership by itself). Only then is the shard handed to a new leader
+        without the old one's fence.
 
         Cheap: only the nodes that lead something are checked, and only the
         chains of the shards a gone node leads are read.
         """
         with self._locked():
             registered = {node.node_id: node for node in self._nodes.all()}
-            # Just after a restart no node has beaten yet: a leader is gone only once it had the
-            # whole timeout to beat (a running node beats every second), so a restart of the
-            # Meta Service never moves leadership by itself.
-            settled = self._liveness.uptime_s() > self._liveness.timeout_s
-
-            def is_gone(node_id: str) -> bool:
-                if node_id not in registered:
-                    return True
-                if self._liveness.is_alive(node_id):
-                    return False
-                return settled or self._liveness.has_beaten(node_id)
-
-            gone = {node_id for node_id in self._load.leaders if is_gone(node_id)}
+            gone = {node_id for node_id in self._load.leaders if not self._liveness.may_hold_lease(node_id)}
             if not gone:
                 return []
             topics: dict[str, pb.Topic | None] = {}

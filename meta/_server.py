@@ -9,7 +9,8 @@ instead of an ever-growing queue. A request is at most ``MAX_REQUEST_BYTES``
 :class:`~robustmq.errors.MessageTooLarge`).
 
 It runs a :class:`~robustmq.meta._failover.ReplicaSupervisor` (failover,
-repair, drain) and a :class:`~robustmq.meta._retention.RetentionWorker`
+repair, drain; its node requests also ask the nodes a topic deletion waits for
+to beat at once) and a :class:`~robustmq.meta._retention.RetentionWorker`
 (retention across tiers, every ``retention_check_ms``) on background threads
 from start to stop.
 
@@ -194,7 +195,8 @@ class MetaServer:
                 # on the same port would silently share its traffic.
                 options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
             )
-            servicer = MetaServicer(controller)
+            supervisor = ReplicaSupervisor(controller, _node_caller)
+            servicer = MetaServicer(controller, nudge=supervisor.nudge)
             pb_grpc.add_MetaServiceServicer_to_server(servicer, server)
             port, why = _bind(server, self.address)
             if port == 0:
@@ -206,7 +208,7 @@ class MetaServer:
         self._port = port
         self._server = server
         self._controller = controller
-        self._supervisor = ReplicaSupervisor(controller, _node_caller).start()
+        self._supervisor = supervisor.start()
         self._retention = RetentionWorker(controller, self._retention_check_ms).start()
         logger.info("meta service listening on %s, data in %s", self.address, self._data_dir)
         return self

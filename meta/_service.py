@@ -12,12 +12,22 @@ one place, :func:`_answers_errors`:
   ``INTERNAL`` (with a generic ``ErrorInfo``); the server keeps serving.
 
 Requests that do not parse never reach a handler: gRPC answers them itself.
+
+``DeleteTopic`` is the one handler that waits: it records the deletion, asks
+the nodes it waits for to beat at once (``nudge``: a node ``status`` request
+each, not waited for), then waits for the deletion to complete
+(:mod:`robustmq.meta._deletions`) until shortly before the caller's deadline
+(at most :data:`DELETE_WAIT_MAX_S`), and answers ``DeletionPending`` if it did
+not. At most :data:`MAX_DELETES_WAITING` calls wait at once, so deletions never
+hold the threads heartbeats need; past that, a call that would wait answers
+``DeletionPending`` at once (the client sends it again).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -28,6 +38,7 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._proto import robustmq_pb2_grpc as pb_grpc
 from robustmq._wire import error_info
 from robustmq.errors import (
+    DeletionPending,
     InvalidRequest,
     RequestTimeout,
     RetriableError,
@@ -40,8 +51,12 @@ from robustmq.errors import (
 )
 
 from ._controller import MetaController
+from ._deletions import MAX_WAITING_NODES, TopicDeletion
 
-__all__ = ["MetaServicer", "status_of"]
+__all__ = ["DELETE_WAIT_MAX_S", "MAX_DELETES_WAITING", "MetaServicer", "status_of"]
+
+DELETE_WAIT_MAX_S = 30.0  # the longest a DeleteTopic call waits for its deletion to complete
+MAX_DELETES_WAITING = 4  # DeleteTopic calls waiting at once (each holds one of the server's threads)
 
 logger = logging.getLogger("robustmq.meta")
 
@@ -111,11 +126,28 @@ def _answers_errors(handler: _Handler) -> _Handler:
     return wrapper  # type: ignore[return-value]
 
 
-class MetaServicer(pb_grpc.MetaServiceServicer):
-    """``MetaService`` over a :class:`MetaController`."""
+def _delete_wait_s(time_remaining_s: float | None) -> float:
+    """How long a ``DeleteTopic`` call may wait, given the caller's time left (None: no deadline):
+    its answer must leave before the caller gives up (a tenth of the time left, 50 ms to 0.5 s)."""
+    if time_remaining_s is None:
+        return DELETE_WAIT_MAX_S
+    margin_s = min(0.5, max(0.05, time_remaining_s / 10))
+    return max(0.0, min(DELETE_WAIT_MAX_S, time_remaining_s - margin_s))
 
-    def __init__(self, controller: MetaController) -> None:
+
+class MetaServicer(pb_grpc.MetaServiceServicer):
+    """``MetaService`` over a :class:`MetaController`.
+
+    ``nudge`` is called with the addresses of nodes a deletion waits for: it
+    asks them to beat now (the Meta Service's node requests; none in tests).
+    """
+
+    def __init__(
+        self, controller: MetaController, *, nudge: Callable[[list[str]], None] | None = None
+    ) -> None:
         self._controller = controller
+        self._nudge = nudge
+        self._deletes_waiting = threading.BoundedSemaphore(MAX_DELETES_WAITING)
 
     @_answers_errors
     def CreateTopic(self, request: pb.CreateTopicRequest, context: Any) -> pb.Topic:
@@ -130,9 +162,24 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         return self._controller.describe_topic(request.name)
 
     @_answers_errors
-    def DeleteTopic(self, request: pb.TopicRequest, context: Any) -> pb.Empty:
-        self._controller.delete_topic(request.name)
-        return pb.Empty()
+    def DeleteTopic(self, request: pb.DeleteTopicRequest, context: Any) -> pb.DeleteTopicResponse:
+        incarnation = request.incarnation if request.HasField("incarnation") else None
+        deletion = self._controller.delete_topic(request.name, incarnation)
+        waiting, addresses = self._controller.deletion_waits(deletion)
+        if waiting and not request.record_only:
+            if self._nudge is not None and addresses:
+                self._nudge(addresses)
+            if self._deletes_waiting.acquire(blocking=False):
+                try:
+                    budget_s = _delete_wait_s(context.time_remaining())
+                    waiting = self._controller.await_deletion(deletion, budget_s)
+                finally:
+                    self._deletes_waiting.release()
+            if waiting:
+                raise _pending(deletion, waiting)
+        return pb.DeleteTopicResponse(
+            incarnation=deletion.incarnation, complete=not waiting, waiting_for=waiting[:MAX_WAITING_NODES]
+        )
 
     @_answers_errors
     def GetShard(self, request: pb.ShardRequest, context: Any) -> pb.ShardInfo:
@@ -250,3 +297,17 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
             request.object_bytes,
             request.max_timestamp_ms,
         )
+
+
+def _pending(deletion: TopicDeletion, waiting: list[str]) -> DeletionPending:
+    shown = ", ".join(waiting[:5]) + (f" and {len(waiting) - 5} more" if len(waiting) > 5 else "")
+    return DeletionPending(
+        f"topic {deletion.topic!r} (incarnation {deletion.incarnation}) is deleted and its deletion "
+        f"is recorded, but node(s) {shown} have not yet confirmed dropping it and may still take its "
+        f"writes; it completes in the background once they do (or stop being alive); sending the "
+        f"delete again waits for it",
+        topic=deletion.topic,
+        incarnation=deletion.incarnation,
+        waiting_for=waiting[:10],
+        waiting_count=len(waiting),
+    )

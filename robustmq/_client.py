@@ -98,8 +98,16 @@ class Client:
         return self.meta.describe_topic(name)
 
     def delete_topic(self, name: str) -> None:
-        self.meta.delete_topic(name)
-        self.metadata.invalidate(name)
+        """Delete a topic; returns once no storage node can take writes of it any more.
+
+        Raises ``DeletionPending`` (retriable) if a node that held it has not confirmed
+        dropping it within the client's timeout: the deletion is recorded (the topic is
+        gone for everyone) and completes in the background; calling again waits for it.
+        """
+        try:
+            self.meta.delete_topic(name)
+        finally:
+            self.metadata.invalidate(name)
 
     def list_nodes(self) -> list[pb.NodeInfo]:
         return list(self.meta.list_nodes())

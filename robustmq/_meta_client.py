@@ -29,7 +29,10 @@ Retries (with exponential back-off, within the call's deadline):
 - ``create_topic`` retries like those, and a ``TopicAlreadyExists`` after a
   retry counts as success only if the existing topic has the requested config;
 - ``delete_topic`` and ``remove_node`` are sent once (only a ``Busy`` from the
-  server's admission bound, which means the request was never run, is retried).
+  server's admission bound, which means the request was never run, is retried);
+  a ``DeletionPending`` answer (the deletion is recorded, a node has not
+  confirmed it yet) is asked again naming the incarnation it gave, which waits
+  for that deletion and deletes nothing else.
 
 Listings that can grow without bound (``list_groups``) are read in pages of a
 bounded size; the client follows the pages.
@@ -51,6 +54,7 @@ from robustmq._proto import robustmq_pb2_grpc as pb_grpc
 from robustmq._wire import DEFAULT_TOPIC_CONFIG, error_from_info, has_presence, topic_config
 from robustmq.errors import (
     Busy,
+    DeletionPending,
     InvalidConfig,
     MessageTooLarge,
     RequestTimeout,
@@ -246,8 +250,12 @@ class MetaClient:
 
     # -- plumbing ----------------------------------------------------------
 
-    def _call(self, rpc: Callable[..., _Response], request: Any, retry: _Retry) -> _Response:
-        deadline = time.monotonic() + self.timeout_s
+    def _call(
+        self, rpc: Callable[..., _Response], request: Any, retry: _Retry, *, deadline: float | None = None
+    ) -> _Response:
+        """One call, retried as ``retry`` says, until ``deadline`` (monotonic; default: in ``timeout_s``)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout_s
         backoff_s = _BACKOFF_FIRST_S
         while True:
             remaining_s = deadline - time.monotonic()
@@ -335,8 +343,30 @@ class MetaClient:
     def describe_topic(self, name: str) -> pb.TopicDescription:
         return self._call(self._stub.DescribeTopic, pb.TopicRequest(name=name), "read")
 
-    def delete_topic(self, name: str) -> None:
-        self._call(self._stub.DeleteTopic, pb.TopicRequest(name=name), "once")
+    def delete_topic(self, name: str, *, wait: bool = True) -> pb.DeleteTopicResponse:
+        """Delete a topic; answered once no node can still take its writes (docs/replication.md,
+        "Leases"), with the incarnation deleted.
+
+        A ``DeletionPending`` from the service (a node that held the topic has not
+        confirmed dropping it yet) is asked again, naming that incarnation (so a topic
+        created again meanwhile is never deleted by the retry), until ``timeout_s``;
+        then it is raised: the deletion is recorded and completes in the background.
+        ``wait=False`` answers as soon as the deletion is recorded (``complete`` and
+        ``waiting_for`` say where it stands).
+        """
+        deadline = time.monotonic() + self.timeout_s
+        request = pb.DeleteTopicRequest(name=name, record_only=not wait)
+        backoff_s = _BACKOFF_FIRST_S
+        while True:
+            try:
+                return self._call(self._stub.DeleteTopic, request, "once", deadline=deadline)
+            except DeletionPending as pending:
+                incarnation = pending.fields.get("incarnation")
+                if not isinstance(incarnation, int) or time.monotonic() + backoff_s >= deadline:
+                    raise
+                request = pb.DeleteTopicRequest(name=name, incarnation=incarnation)
+            time.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
 
     def get_shard(self, shard: str) -> pb.ShardInfo:
         return self._call(self._stub.GetShard, pb.ShardRequest(shard=shard), "read")
@@ -437,6 +467,7 @@ class MetaClient:
         reserved: Mapping[str, int] | None = None,
         incarnations: Mapping[str, int] | None = None,
         stored_bytes: int = 0,
+        timeout_s: float | None = None,
     ) -> pb.HeartbeatResponse:
         """Report liveness and ``(shard, high_watermark, log_start_offset)`` per changed shard.
 
@@ -446,7 +477,8 @@ class MetaClient:
         ``incarnations`` the topic incarnation a report is about (the service
         ignores a report of another incarnation than the topic's current one).
         ``stored_bytes`` is what the node stores. The answer's ``assignments_version``
-        changes when the node must call :meth:`list_assignments` again.
+        changes when the node must call :meth:`list_assignments` again; its ``lease_ms`` is the
+        node's write lease. ``timeout_s`` (default: the client's) bounds this call.
         """
         reserved = reserved or {}
         incarnations = incarnations or {}
@@ -467,7 +499,8 @@ class MetaClient:
             deleted=[pb.ShardDeletion(shard=shard, incarnation=inc) for shard, inc in deleted],
             stored_bytes=stored_bytes,
         )
-        return self._call(self._stub.Heartbeat, request, "read")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        return self._call(self._stub.Heartbeat, request, "read", deadline=deadline)
 
     def list_nodes(self) -> list[pb.NodeInfo]:
         return list(self._call(self._stub.ListNodes, pb.Empty(), "read").nodes)

@@ -22,6 +22,10 @@ in-process or over the network.
     |                                                       a node restart runs it
     |   +-- ObjectStoreUnavailable     OBJECT_STORE_UNAVAILABLE
     |                                                  yes  the tier URL's store did not answer
+    |   +-- DeletionPending            DELETION_PENDING
+    |                                                  yes  a topic deletion is recorded; a node
+    |                                                       that may still take its writes has
+    |                                                       not confirmed dropping it yet
     +-- TopicNotFound                  UNKNOWN_TOPIC
     +-- ShardNotFound                  UNKNOWN_SHARD
     |   +-- IncarnationMismatch        INCARNATION_MISMATCH
@@ -63,6 +67,7 @@ __all__ = [
     "Busy",
     "CorruptObject",
     "CorruptRecordBatch",
+    "DeletionPending",
     "DuplicateSequenceMismatch",
     "EngineClosed",
     "IncarnationMismatch",
@@ -195,6 +200,22 @@ class ObjectStoreUnavailable(Unavailable):
     """
 
     code = "OBJECT_STORE_UNAVAILABLE"
+
+
+class DeletionPending(RetriableError):
+    """A topic's deletion is recorded but not complete: a node that held it and may still take
+    its writes (it is alive) has not confirmed dropping it within the call's deadline.
+
+    The topic is gone for every other call at once; the deletion completes in the
+    background once those nodes confirm (their next heartbeats) or stop being alive.
+    Sending the same delete again waits for it again (it does not answer
+    ``TopicNotFound`` while the deletion is pending, and with ``incarnation`` it never
+    deletes a topic created again under the name since). Fields: ``topic``,
+    ``incarnation`` (the one being deleted), ``waiting_for`` (up to 10 node ids),
+    ``waiting_count``.
+    """
+
+    code = "DELETION_PENDING"
 
 
 class TopicNotFound(RobustMQError):

@@ -169,6 +169,26 @@ class TopicRequest(_message.Message):
     name: str
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
+class DeleteTopicRequest(_message.Message):
+    __slots__ = ("name", "incarnation", "record_only")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    RECORD_ONLY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    incarnation: int
+    record_only: bool
+    def __init__(self, name: _Optional[str] = ..., incarnation: _Optional[int] = ..., record_only: _Optional[bool] = ...) -> None: ...
+
+class DeleteTopicResponse(_message.Message):
+    __slots__ = ("incarnation", "complete", "waiting_for")
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
+    incarnation: int
+    complete: bool
+    waiting_for: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, incarnation: _Optional[int] = ..., complete: _Optional[bool] = ..., waiting_for: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class Empty(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -240,14 +260,16 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ShardProgress, _Mapping]]] = ..., shard_count: _Optional[int] = ..., deleted: _Optional[_Iterable[_Union[ShardDeletion, _Mapping]]] = ..., stored_bytes: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("interval_ms", "deletions", "assignments_version")
+    __slots__ = ("interval_ms", "deletions", "assignments_version", "lease_ms")
     INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     DELETIONS_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     interval_ms: int
     deletions: _containers.RepeatedCompositeFieldContainer[ShardDeletion]
     assignments_version: int
-    def __init__(self, interval_ms: _Optional[int] = ..., deletions: _Optional[_Iterable[_Union[ShardDeletion, _Mapping]]] = ..., assignments_version: _Optional[int] = ...) -> None: ...
+    lease_ms: int
+    def __init__(self, interval_ms: _Optional[int] = ..., deletions: _Optional[_Iterable[_Union[ShardDeletion, _Mapping]]] = ..., assignments_version: _Optional[int] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class ClusterConfig(_message.Message):
     __slots__ = ("tier_url",)

@@ -51,8 +51,8 @@ class MetaServiceStub:
                 _registered_method=True)
         self.DeleteTopic = channel.unary_unary(
                 '/robustmq.MetaService/DeleteTopic',
-                request_serializer=robustmq__pb2.TopicRequest.SerializeToString,
-                response_deserializer=robustmq__pb2.Empty.FromString,
+                request_serializer=robustmq__pb2.DeleteTopicRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.DeleteTopicResponse.FromString,
                 _registered_method=True)
         self.GetShard = channel.unary_unary(
                 '/robustmq.MetaService/GetShard',
@@ -301,8 +301,8 @@ def add_MetaServiceServicer_to_server(servicer, server):
             ),
             'DeleteTopic': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteTopic,
-                    request_deserializer=robustmq__pb2.TopicRequest.FromString,
-                    response_serializer=robustmq__pb2.Empty.SerializeToString,
+                    request_deserializer=robustmq__pb2.DeleteTopicRequest.FromString,
+                    response_serializer=robustmq__pb2.DeleteTopicResponse.SerializeToString,
             ),
             'GetShard': grpc.unary_unary_rpc_method_handler(
                     servicer.GetShard,
@@ -501,8 +501,8 @@ class MetaService:
             request,
             target,
             '/robustmq.MetaService/DeleteTopic',
-            robustmq__pb2.TopicRequest.SerializeToString,
-            robustmq__pb2.Empty.FromString,
+            robustmq__pb2.DeleteTopicRequest.SerializeToString,
+            robustmq__pb2.DeleteTopicResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,7 +1,11 @@
 """The node's heartbeat: liveness, shard progress and the deletion protocol; and retention.
 
-Every ``heartbeat_interval_ms`` (and at once when a deletion is done) the
-heartbeat thread sends the Meta Service one ``Heartbeat``:
+Every ``heartbeat_interval_ms``, or more often if the Meta Service's answer
+asks for it (``interval_ms``: a quarter of its node timeout, so several beats
+fall within one lease), at once when a deletion is done (after a 10 ms gather)
+and when the Meta Service asks for this node's status (a nudge: a topic
+deletion waits for this node), the heartbeat thread sends the Meta Service one
+``Heartbeat``:
 
 - the progress (high watermark, log start) of the shards written since the
   last beat, which the Meta Service keeps (lag, and where a lost
@@ -30,7 +34,17 @@ acknowledged, so a deletion repeated by the next answers is not queued twice.
 If a beat fails, the progress and acknowledgments go with the next one.
 
 The first beat runs in ``StorageNode.start`` before the front end serves, so
-deletions owed from while the node was away are queued ahead of any request.
+deletions owed from while the node was away are queued ahead of any request,
+and the node holds a lease before it takes its first write.
+
+**The lease** (:mod:`._lease`). Each answer's ``lease_ms`` extends the node's
+write lease from when that beat was sent (read just before the call). The
+deletions an answer lists are marked doomed in the ledger *before* the lease is
+extended, so a node cut off while a topic was deleted refuses that topic's
+writes from the moment it may take writes again (its worker drops the shard
+soon after). A beat's deadline is the lease itself (an answer later than that
+grants nothing); a failed beat is followed by the next one at the usual pace,
+and a lease running out is renewed early (by the time a third of it is left).
 
 Retention (every ``retention_check_ms``) runs on this thread too: it only
 touches sealed segments, never a shard's writes. It removes records of the
@@ -47,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -58,6 +73,7 @@ from robustmq.errors import RobustMQError, ShardNotFound
 from ..replication._shards import RESERVE_RECORDS, parse_engine_shard
 from ..replication._visibility import settled, visible_to_readers
 from ._io_worker import DeleteShard, Reserved
+from ._lease import Lease
 from ._reads import chain_log_start, reader_log_start
 
 __all__ = ["DeletionLedger", "Heartbeat"]
@@ -68,7 +84,10 @@ _MAX_ACKS_PER_BEAT = 1000
 # Each report is under ~300 bytes (shard names have at most 249 characters): 10,000 stay
 # well below the Meta Service's 4 MiB message limit.
 _MAX_PROGRESS_PER_BEAT = 10_000
-_WOKEN_GATHER_S = 0.05
+_WOKEN_GATHER_S = 0.01  # after a deletion is done, let more finish: one beat acknowledges them all
+_NUDGED_GAP_S = 0.05  # a nudge (a status request) beats at once, but at most this often
+_MAX_DOOMED = 100_000
+_MIN_INTERVAL_S = 0.01
 _STORED_BYTES_EVERY_S = 30.0
 
 
@@ -83,12 +102,36 @@ def _disk_usage(root: Path) -> int:
 
 
 class DeletionLedger:
-    """Deletions under way, and done but not yet acknowledged (thread-safe; bounded by the Meta Service)."""
+    """Deletions under way, and done but not yet acknowledged (thread-safe; bounded by the Meta Service).
+
+    It also knows every deletion the Meta Service has listed and not yet seen
+    acknowledged (``doomed``): a write to a shard of such an incarnation is refused
+    from the moment the answer listing it arrived, before the shard's I/O worker
+    gets to the deletion itself.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._running: set[tuple[str, int]] = set()
         self._done: dict[tuple[str, int], None] = {}  # insertion-ordered
+        self._doomed: dict[str, int] = {}  # shard -> the newest incarnation listed for deletion
+
+    def doom(self, deletions: list[tuple[str, int]]) -> None:
+        """The Meta Service listed these deletions: their writes are refused from now on."""
+        with self._lock:
+            for shard, incarnation in deletions:
+                if incarnation > self._doomed.get(shard, -1):
+                    self._doomed[shard] = incarnation
+            while len(self._doomed) > _MAX_DOOMED:  # far past what the Meta Service lists: oldest go
+                self._doomed.pop(next(iter(self._doomed)))
+
+    def any_doomed(self, shard: str) -> bool:
+        """Whether some incarnation of ``shard`` is listed for deletion and not yet acknowledged."""
+        return shard in self._doomed
+
+    def doomed(self, shard: str, incarnation: int) -> bool:
+        """Whether ``shard`` of ``incarnation`` is deleted (listed by the Meta Service; maybe not dropped)."""
+        return incarnation <= self._doomed.get(shard, -1)
 
     def start(self, shard: str, incarnation: int) -> bool:
         """Whether this deletion is new (and now under way)."""
@@ -116,6 +159,8 @@ class DeletionLedger:
         with self._lock:
             for key in deletions:
                 self._done.pop(key, None)
+                if self._doomed.get(key[0]) == key[1]:  # dropped: its state is gone from the node
+                    del self._doomed[key[0]]
 
     def pending(self) -> int:
         with self._lock:
@@ -129,13 +174,31 @@ class Heartbeat(threading.Thread):
         super().__init__(name="rmq-heartbeat", daemon=True)
         self._node = node
         self.ledger = DeletionLedger()
+        self.lease = Lease()
         self._wake = threading.Event()
+        self._nudged = False
         self._last_warning = 0.0
         self._stored = 0  # written by the disk-usage thread only (an int: read without a lock)
+        self._interval_s = node.config.heartbeat_interval_ms / 1000
+        self._lease_ms = 0  # the lease the last answer granted (0: none yet)
 
     def wake(self) -> None:
         """Beat now (a deletion is done: acknowledge it without waiting)."""
         self._wake.set()
+
+    def nudge(self) -> None:
+        """Beat now, without gathering (the Meta Service asked this node's status: a topic
+        deletion waits for it); at most one such beat per :data:`_NUDGED_GAP_S`."""
+        self._nudged = True
+        self._wake.set()
+
+    def _call_timeout_s(self) -> float | None:
+        """The deadline of one beat (None: the Meta client's own). An answer that comes later than
+        the lease it grants grants nothing, so a beat is given up after that long (at least a
+        second, at most ten) and the next one goes out."""
+        if not self._lease_ms:
+            return None
+        return min(max(1.0, self._lease_ms / 1000), 10.0)
 
     def beat(self) -> None:
         """One heartbeat; raises if the Meta Service did not answer."""
@@ -168,6 +231,8 @@ class Heartbeat(threading.Thread):
                 reserved[shard] = max(log_end, state.reserve_wanted) + window
                 states.append((state, log_end))
         done = self.ledger.to_acknowledge()
+        timeout_s = self._call_timeout_s()
+        sent = time.monotonic()  # the lease runs from here: before the request leaves
         try:
             answer = node.meta.heartbeat(
                 node.node_id,
@@ -178,11 +243,22 @@ class Heartbeat(threading.Thread):
                 reserved=reserved,
                 incarnations=incarnations,
                 stored_bytes=self._stored_bytes(),
+                **({} if timeout_s is None else {"timeout_s": timeout_s}),
             )
         except Exception:  # reported again with the next beat
             node.restore_changed(changed)
             raise
         self.ledger.acknowledged(done)
+        # The deletions listed take effect before the lease granted (module docstring of _lease).
+        self.ledger.doom([(deletion.shard, int(deletion.incarnation)) for deletion in answer.deletions])
+        lease_ms = int(answer.lease_ms) if answer.HasField("lease_ms") else None
+        self.lease.grant(sent, lease_ms)
+        if lease_ms:
+            self._lease_ms = lease_ms
+        if answer.interval_ms > 0:  # the Meta Service's pace: several beats within a lease
+            self._interval_s = max(
+                _MIN_INTERVAL_S, min(node.config.heartbeat_interval_ms, answer.interval_ms) / 1000
+            )
         node.follower.assignments_seen(int(getattr(answer, "assignments_version", 0)))
         for state, log_end in states:
             state.reported_end = log_end
@@ -216,16 +292,27 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         node = self._node
-        interval = node.config.heartbeat_interval_ms / 1000
-        next_beat = time.monotonic() + interval
+        next_beat = time.monotonic() + self._interval_s
+        last_nudged = last_beat = 0.0
         next_retention = time.monotonic() + node.config.retention_check_ms / 1000
         while not node.stopping.is_set():
-            if self._wake.wait(max(0.0, next_beat - time.monotonic())):
-                node.stopping.wait(_WOKEN_GATHER_S)  # let more deletions finish: one beat for all
+            # A lease about to run out is renewed early: the next beat goes out by the time a third
+            # of it is left, whatever the interval (but not right after another one).
+            left = self.lease.left_s()
+            renew_at = time.monotonic() + left - self._lease_ms / 3000 if 0 < left < math.inf else math.inf
+            renew_at = max(renew_at, last_beat + _MIN_INTERVAL_S * 5)
+            if self._wake.wait(max(0.0, min(next_beat, renew_at) - time.monotonic())):
+                if self._nudged:  # asked by the Meta Service: at once, but not more than so often
+                    node.stopping.wait(max(0.0, last_nudged + _NUDGED_GAP_S - time.monotonic()))
+                    last_nudged = time.monotonic()
+                else:
+                    node.stopping.wait(_WOKEN_GATHER_S)  # let more deletions finish: one beat for all
             self._wake.clear()
+            self._nudged = False
             if node.stopping.is_set():
                 return
-            next_beat = time.monotonic() + interval
+            last_beat = time.monotonic()
+            next_beat = last_beat + self._interval_s
             try:
                 self.beat()
             except RobustMQError as error:

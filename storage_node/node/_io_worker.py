@@ -61,6 +61,12 @@ No item ever waits for the Meta Service on this thread:
   writes wait for their replicas after the append, ISR changes go through
   the control threads, and ``Fence`` requests are handled here, in queue
   order with the writes (see ``_leading``).
+- **Lease.** A produce request is refused (``Unavailable``, nothing written)
+  while the node holds no lease from the Meta Service, and ``ShardNotFound``
+  for an incarnation a heartbeat answer listed for deletion; a group's answers
+  are checked again after the append (an append that outlasted the lease is
+  answered ``Unavailable`` with ``appended=true``: the records may be stored).
+  See ``_lease``.
 - **Deletion.** A deletion ``(shard, incarnation)`` from the heartbeat forgets
   the shard if it is of that incarnation (held and parked requests get
   ``ShardNotFound``), drops the local data of that incarnation and reports it
@@ -483,6 +489,11 @@ class IOWorker(threading.Thread):
                 )
             state.check_incarnation(produce.incarnation if produce.HasField("incarnation") else -1)
             state.check_write(produce.epoch)
+            # No lease from the Meta Service, or an incarnation it listed for deletion: nothing is
+            # appended (after the checks above, whose refusals say more: a sealed segment, say).
+            refusal = self._node.write_refusal(state.name, state.incarnation)
+            if refusal is not None:
+                raise refusal
             if state.replication is not None:  # RF > 1: acks=all needs enough in-sync replicas
                 self.leading.check_produce(state, state.replication, produce.acks)
             producer_id, producer_sequence = producer_fields(produce)
@@ -517,6 +528,7 @@ class IOWorker(threading.Thread):
         if not self._group:
             return
         group, self._group = self._group, []
+        states = {id(item): state for item, state, _ in group}
         touched: dict[str, NodeShard] = {}
         answers: list[tuple[Request, pb.NodeResponse]] = []  # written, answered below
         try:
@@ -544,9 +556,15 @@ class IOWorker(threading.Thread):
             self.leading.flushed()
         finally:
             # Answered only now: what an answer acknowledges is visible to every reader,
-            # a follower's fetch included, before the producer can act on it.
+            # a follower's fetch included, before the producer can act on it; and only while
+            # the lease holds (an append may outlast it: then it is not confirmed).
             for item, response in answers:
-                self.reply(item, response)
+                state = states[id(item)]
+                refusal = self._node.write_refusal(state.name, state.incarnation, appended=True)
+                if refusal is None:
+                    self.reply(item, response)
+                else:
+                    self.fail(item, refusal)
 
     def _append(
         self,

@@ -19,11 +19,17 @@ Threads and what bounds them:
   heartbeat that call the Meta Service (shard lookups, seal probes and seals;
   each call with the short deadline ``control_timeout_s``, at most three
   calls a job); see ``_control``.
-- **heartbeat** (1): liveness, shard progress and the deletion protocol with
-  the Meta Service, and retention; see ``_heartbeat``.
+- **heartbeat** (1): liveness, the write lease, shard progress and the
+  deletion protocol with the Meta Service, and retention; see ``_heartbeat``.
 
 No Meta Service call ever runs on the front end or an I/O worker, so a Meta
-Service outage does not stall writes to shards the node already serves.
+Service outage shorter than the node's write lease does not stall writes to
+shards the node already serves. The lease (``_lease``, kept by the heartbeat)
+is what lets the Meta Service delete topics and fail shards over without this
+node: past it, the node takes and confirms no writes (``write_refusal``,
+checked by the I/O worker before an append and before each answer, and by
+``send_acks`` before a leader releases an ``acks=all``/``quorum`` write) until
+a heartbeat is answered again; reads go on.
 
 Frames are received and sent zero-copy (``copy=False``): a produce payload
 goes from the socket to ``writev`` without a copy, and a fetch sends the
@@ -82,6 +88,7 @@ from robustmq.errors import (
     InvalidRequest,
     RequestTimeout,
     RobustMQError,
+    ShardNotFound,
     Unavailable,
 )
 
@@ -382,6 +389,32 @@ class StorageNode(NodeReads):
     def deliver(self, answers: list[Any]) -> None:
         """Send the answers a :class:`LeaderState` released (any thread)."""
         send_acks(self, answers)
+
+    def write_refusal(self, shard: str, incarnation: int, *, appended: bool = False) -> RobustMQError | None:
+        """Why this node may not take (or, ``appended``, confirm) a write to ``shard`` of
+        ``incarnation`` now, or None (any thread).
+
+        ``ShardNotFound`` if the Meta Service has listed that incarnation for deletion
+        (the worker may not have dropped it yet); ``Unavailable`` if the node's lease
+        from the Meta Service does not hold (see ``_lease``).
+        """
+        if self._heartbeat.ledger.doomed(shard, incarnation):
+            return ShardNotFound(
+                f"shard {shard} of incarnation {incarnation} was deleted",
+                shard=shard,
+                incarnation=incarnation,
+            )
+        return self._heartbeat.lease.refusal(self.node_id, shard, appended=appended)
+
+    def confirmation_refusal(self, request: Request) -> RobustMQError | None:
+        """Why a write already appended may not be confirmed now (its answer is this error
+        instead), or None: the lease, and a deletion learned of since (any thread)."""
+        shard = request.message.produce.shard
+        if self._heartbeat.ledger.any_doomed(shard):  # some incarnation of it is being deleted (rare)
+            state = self.directory.cached(shard)
+            incarnation = state.incarnation if state is not None else request.message.produce.incarnation
+            return self.write_refusal(shard, incarnation, appended=True)
+        return self._heartbeat.lease.refusal(self.node_id, shard, appended=True)
 
     def refresh(self, shard: str, epoch: int, replica: str = "") -> None:
         """A request showed this node's view of ``shard`` may be old: look it up (rate-limited;

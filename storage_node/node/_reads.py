@@ -9,6 +9,9 @@ start of a ``segment``-engine shard, where the node dropped its copies of
 thread. No offset below the log start the node last learned from the Meta
 Service (whole-log retention) is served: ``OffsetOutOfRange`` with
 ``earliest_offset``, as for node-local retention.
+
+A ``status`` request also nudges the heartbeat (a beat now, at most one per
+50 ms): the Meta Service asks the status of the nodes a topic deletion waits for.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class NodeReads:
     node_id: str
     cold: Any
     _reads: Any
+    _heartbeat: Any
     _accounting: Any
     _served: int
     _scanned: int
@@ -240,6 +244,9 @@ class NodeReads:
         return True
 
     def _answer_status(self, request: Request) -> None:
+        """The node's figures; and a beat now (rate-limited): the Meta Service asks a node's status
+        when a topic deletion waits for it, so it learns of the deletion at once."""
+        self._heartbeat.nudge()
         with self._accounting:
             queued, served, scanned = self._queued_bytes, self._served, self._scanned
         status = pb.StatusResponse(

@@ -14,7 +14,9 @@ what the shard's I/O worker does with it, in queue order with the writes:
   leader's durable log end moves, ``acks=1`` requests were answered as for
   RF 1, the others wait in the state (their payload released) and are
   answered when their replicas have them (or ``RequestTimeout`` after
-  ``ack_timeout_ms``, or earlier before the client's own timeout: ``_deadlines``).
+  ``ack_timeout_ms``, or earlier before the client's own timeout: ``_deadlines``);
+  a release is sent only while the node holds its lease from the Meta
+  Service (``send_acks``), else it is answered ``Unavailable`` (may be stored).
 - **a replay of a batch stored in an earlier epoch** (an idempotent producer's
   retry after its epoch was sealed: a seal by size or age, a drain, a reseal, a
   failover) is not this epoch's to confirm: the followers of this epoch may hold

@@ -63,12 +63,18 @@ def replica_key(shard: str) -> str:
 
 
 def send_acks(node: StorageNode, answers: list[AckAnswer]) -> None:
-    """Send what a :class:`LeaderState` released (outside its lock)."""
+    """Send what a :class:`LeaderState` released (outside its lock).
+
+    A release is a confirmation the node gives only while it holds its lease (and
+    not for an incarnation it has learned is deleted): otherwise the request gets
+    the node's refusal instead, which says the records may be stored.
+    """
     for answer in answers:
         if answer.request.answered:
             continue
-        if answer.error is not None:
-            node.reply(answer.request, error_response(answer.request.message.correlation_id, answer.error))
+        error = answer.error if answer.error is not None else node.confirmation_refusal(answer.request)
+        if error is not None:
+            node.reply(answer.request, error_response(answer.request.message.correlation_id, error))
         else:
             assert answer.answer is not None
             node.reply(answer.request, answer.answer)

@@ -163,16 +163,11 @@ with connect(sys.argv[1], timeout_s=3.0) as admin, connect(sys.argv[1], timeout_
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect (Meta Service / storage node): a node that has not yet learned of a deletion "
-    "acknowledges a stale client's write to the deleted incarnation after the delete and the "
-    "re-create were acknowledged; the write is then lost with it",
-)
 @pytest.mark.timeout(180)
 def test_a_write_acknowledged_after_a_re_create_is_in_the_new_topic(tmp_path: Path) -> None:
     """On two nodes, a stale client's write after delete + create must not be acknowledged by the
-    old incarnation's node (which has not heard of the deletion yet) and then vanish."""
+    old incarnation's node (which has not heard of the deletion yet) and then vanish: the delete
+    answers only once that node's lease is over, and without a lease it takes no writes."""
     try:
         cluster = NetCluster(tmp_path / "c", nodes=2, log_dir=tmp_path / "c")
         cluster.start()

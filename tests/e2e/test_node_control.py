@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -102,11 +101,6 @@ def test_a_topic_created_again_right_after_its_deletion_starts_empty(cluster: Cl
             assert producer.send("again", b"new").result(20).offset == 0
 
 
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
 class _Writer:
     """One idempotent producer sending ~4 kB requests at a steady pace; records each latency."""
 
@@ -167,15 +161,19 @@ def _chain_length(client: robustmq.Client) -> int:
 
 
 @pytest.mark.serial
-def test_writes_keep_their_latency_while_the_meta_service_is_down(tmp_path: Path) -> None:
-    """Produce p99 with the Meta Service killed stays within 2x (+20 ms) of p99 with it up.
+def test_writes_go_on_for_the_lease_while_the_meta_service_is_down_then_stop_and_lose_nothing(
+    tmp_path: Path,
+) -> None:
+    """With the Meta Service killed, the node takes writes as before while its lease holds (no
+    Meta Service call is on the write path), then refuses them (``Unavailable``: it cannot know
+    whether a topic was deleted or a shard moved meanwhile) until the Meta Service is back; the
+    producer retries, and every acknowledged record is stored once, offsets contiguous.
 
-    Segments are small (1 MiB, ~5 s of writes), so a seal is due through most of
-    the outage: every attempt fails and is retried in the background.
-    A hostile client meanwhile sends writes addressed to a huge epoch to the same
-    shard. The 20 ms added to the bound absorbs scheduling noise on a loaded
-    2-core machine; the ratio is measured within one run.
+    Segments are small (1 MiB, ~5 s of writes), so a seal is due during the outage: it fails
+    and is retried in the background. A hostile client meanwhile sends writes addressed to a
+    huge epoch to the same shard.
     """
+    lease_s = 1.35  # 90 % of the Meta Service's default node timeout
     cluster = Cluster(tmp_path, io_workers=1)
     stop_hostile = threading.Event()
     try:
@@ -188,7 +186,7 @@ def test_writes_keep_their_latency_while_the_meta_service_is_down(tmp_path: Path
             writer.start()
             time.sleep(1.0)  # warm up
             baseline_start = time.monotonic()
-            time.sleep(10.0)
+            time.sleep(5.0)
             # Kill the Meta Service just after a seal, once the writer has moved to the new epoch:
             # no seal is in flight then (one would rightly hold the shard's writes until the
             # Meta Service answers) and the writer needs no new route.
@@ -200,7 +198,7 @@ def test_writes_keep_their_latency_while_the_meta_service_is_down(tmp_path: Path
             outage_start = time.monotonic()
             hostile = threading.Thread(target=_hostile_epochs, args=(address, "latency_0", stop_hostile))
             hostile.start()
-            time.sleep(30.0)
+            time.sleep(10.0)
             outage_end = time.monotonic()
             stop_hostile.set()
             hostile.join(30)
@@ -209,18 +207,21 @@ def test_writes_keep_their_latency_while_the_meta_service_is_down(tmp_path: Path
             wait_until(lambda: _chain_length(client) > chain + 1, timeout_s=30)  # seals happen again
             writer.join()
             baseline = writer.between(baseline_start, outage_start - 0.05)
-            outage = writer.between(outage_start, outage_end)
-            assert len(outage) > 0.5 * len(baseline) * 3, (
-                f"writes slowed down: {len(baseline)} requests in 10 s, {len(outage)} in the 30 s outage"
+            # While the lease holds, writes go on at their pace: the first 0.3 s of the outage
+            # (the lease has at least ~0.9 s left at the kill: beats go out every 375 ms).
+            early = [sent for sent, latency in writer.latencies if outage_start <= sent < outage_start + 0.3]
+            assert len(early) >= 3, (
+                f"{len(early)} requests in the outage's first 0.3 s: {len(baseline)} in 5 s"
             )
-            p99_baseline, p99_outage = _percentile(baseline, 0.99), _percentile(outage, 0.99)
-            summary = (
-                f"baseline: {len(baseline)} requests, p50 {statistics.median(baseline) * 1000:.1f} ms, "
-                f"p99 {p99_baseline * 1000:.1f} ms; outage: {len(outage)} requests, "
-                f"p50 {statistics.median(outage) * 1000:.1f} ms, p99 {p99_outage * 1000:.1f} ms"
-            )
-            print(summary)
-            assert p99_outage <= 2 * p99_baseline + 0.020, summary
+            # Past the lease, nothing is acknowledged until the Meta Service is back.
+            late = [
+                sent + latency
+                for sent, latency in writer.latencies
+                if outage_start + lease_s + 0.5 < sent + latency < outage_end
+            ]
+            assert not late, f"{len(late)} requests acknowledged without a lease, {late[:3]}"
+            after = [sent for sent, _ in writer.latencies if sent >= outage_end]
+            assert after, "writes did not resume once the Meta Service was back"
             assert not writer.failures, writer.failures[:3]
             table = client.read("latency", 0, 0, 10**7)
             offsets = table.column("offset").to_pylist()

@@ -247,17 +247,50 @@ def test_a_meta_restart_moves_no_leadership_and_changes_every_assignments_versio
     }
     controller.close()
 
-    controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=60_000)
+    controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=3000)
     try:
         others = [node_id for node_id in ("n1", "n2", "n3") if node_id != leader]
         after = {node_id: controller.heartbeat(node_id, "", [], 0).assignments_version for node_id in others}
         # The leader has not beaten since the restart, but it had no time to: it is not gone.
         assert controller.failover_tasks() == []
         assert all(after[node_id] != before.get(node_id) for node_id in others)
-        controller.remove_node(leader, force=True)  # no longer registered: it is gone
+        # No longer registered; but a lease the last process granted it may hold for one node
+        # timeout after this one started: it is gone only then.
+        controller.remove_node(leader, force=True)
+        assert controller.failover_tasks() == []
+        time.sleep(max(0.0, 3.05 - controller._liveness.uptime_s()))
+        for node_id in others:
+            controller.heartbeat(node_id, "", [], 0)
         (task,) = controller.failover_tasks()
         assert (task.shard, task.leader, task.epoch) == ("t_0", leader, 0)
         assert sorted(node_id for node_id, _ in task.addresses) == sorted(others)
+    finally:
+        controller.close()
+
+
+def test_a_leader_removed_while_alive_fails_over_only_once_its_lease_is_over(tmp_path: Path) -> None:
+    controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=1000)
+    try:
+        for node_id in ("n1", "n2", "n3"):
+            controller.register_node(node_id, f"tcp://127.0.0.1:{7000 + int(node_id[1])}")
+        time.sleep(1.05)  # past the start-up grace: only beats count from now on
+        for node_id in ("n1", "n2", "n3"):
+            controller.heartbeat(node_id, "", [], 0)
+        controller.create_topic("t", pb.TopicConfig(replication_factor=3))
+        leader = controller.get_shard("t_0").segments[0].leader
+        beat = time.monotonic()
+        controller.heartbeat(leader, "", [], 0)
+        controller.remove_node(leader, force=True)  # `robustmq node remove --force` of a running node
+        assert controller.failover_tasks() == []  # it may still acknowledge writes for a while
+        while time.monotonic() - beat <= 1.0:
+            assert controller.failover_tasks() == [] or time.monotonic() - beat > 1.0
+            time.sleep(0.05)
+            for node_id in ("n1", "n2", "n3"):
+                if node_id != leader:
+                    controller.heartbeat(node_id, "", [], 0)
+        time.sleep(0.01)
+        (task,) = controller.failover_tasks()
+        assert (task.shard, task.leader) == ("t_0", leader)
     finally:
         controller.close()
 

@@ -15,6 +15,7 @@ from robustmq._meta_client import MetaClient
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._wire import DEFAULT_TOPIC_CONFIG
 from robustmq.errors import (
+    DeletionPending,
     InvalidConfig,
     InvalidRequest,
     RequestTimeout,
@@ -27,6 +28,7 @@ from robustmq.errors import (
 )
 from robustmq.meta import MetaServer
 from robustmq.meta._controller import MetaController
+from robustmq.meta._nodes import MAX_DELETIONS_PER_BEAT
 from robustmq.meta._store import RocksDBMetaStore
 
 
@@ -114,14 +116,26 @@ def test_create_list_describe_delete(client: MetaClient) -> None:
         assert shard.leader_address == "tcp://127.0.0.1:7101"
         assert shard.high_watermark == -1
 
-    client.delete_topic("orders")
+    deleted = client.delete_topic("orders", wait=False)  # n1 is alive: it may still take writes
+    assert (deleted.incarnation, deleted.complete, list(deleted.waiting_for)) == (
+        topic.incarnation,
+        False,
+        ["n1"],
+    )
     assert [t.name for t in client.list_topics()] == ["audit"]
     with pytest.raises(TopicNotFound) as caught:
         client.describe_topic("orders")
     assert caught.value.fields["topic"] == "orders"
     with pytest.raises(ShardNotFound):
         client.get_shard("orders_0")
-    with pytest.raises(TopicNotFound):
+    again = client.delete_topic("orders", wait=False)  # the same deletion, still pending: not TopicNotFound
+    assert (again.incarnation, again.complete) == (topic.incarnation, False)
+    assert drop_pending(client, "n1") == ["orders_0", "orders_1", "orders_2"]
+    # A retry naming the incarnation (what the client sends after DeletionPending) is answered
+    # complete now; one naming no incarnation finds nothing to delete.
+    retried = client._stub.DeleteTopic(pb.DeleteTopicRequest(name="orders", incarnation=topic.incarnation))
+    assert (retried.incarnation, retried.complete) == (topic.incarnation, True)
+    with pytest.raises(TopicNotFound):  # a deletion of that name that is complete: nothing to delete
         client.delete_topic("orders")
 
 
@@ -496,7 +510,7 @@ def test_commit_fetch_and_lag(client: MetaClient) -> None:
         client.group_lag("g", "missing")
     assert client.fetch_offsets("g", "o") == {0: 7, 2: 9}
 
-    client.delete_topic("o")  # takes its offsets along
+    client.delete_topic("o", wait=False)  # takes its offsets along
     assert client.list_groups() == ["h"]
     assert drop_pending(client, "n1") == ["o_0", "o_1", "o_2"]  # then it may hold new o_* shards
     client.create_topic("o", partitions=3)
@@ -512,7 +526,7 @@ def test_pending_deletions_repeat_until_acknowledged_even_across_a_restart(meta:
     created = client.create_topic("d", partitions=2, replication_factor=2)  # d_0: n1,n2  d_1: n2,n3
     # n3 holds nothing of d_0 and is the least loaded: it follows epoch 1.
     assert list(client.seal_segment("d_0", 0, 10, "n1").next.replicas) == ["n1", "n3"]
-    client.delete_topic("d")
+    client.delete_topic("d", wait=False)
     incarnation = created.incarnation
     assert incarnation > 0
     assert pending(client.heartbeat("n1", "")) == [("d_0", incarnation)]
@@ -532,12 +546,12 @@ def test_pending_deletions_repeat_until_acknowledged_even_across_a_restart(meta:
 def test_every_incarnation_of_a_name_is_deleted_on_its_own(client: MetaClient) -> None:
     register(client, "n1", "n2")
     first = client.create_topic("x", partitions=1)  # x_0 on n1
-    client.delete_topic("x")
+    client.delete_topic("x", wait=False)
     second = client.create_topic("x", partitions=1)  # x_0 on n2: n1 still has to drop its x_0
     assert second.incarnation > first.incarnation
     assert client.get_shard("x_0").incarnation == second.incarnation
     assert client.describe_topic("x").topic.incarnation == second.incarnation
-    client.delete_topic("x")
+    client.delete_topic("x", wait=False)
     assert pending(client.heartbeat("n1", "")) == [("x_0", first.incarnation)]
     assert pending(client.heartbeat("n2", "")) == [("x_0", second.incarnation)]
 
@@ -545,9 +559,9 @@ def test_every_incarnation_of_a_name_is_deleted_on_its_own(client: MetaClient) -
 def test_a_recreated_topic_avoids_nodes_still_holding_the_old_shards(client: MetaClient) -> None:
     register(client, "n1", "n2")
     client.create_topic("x")  # x_0 on n1
-    client.delete_topic("x")
+    client.delete_topic("x", wait=False)
     assert leaders(client.describe_topic(client.create_topic("x").name)) == ["n2"]
-    client.delete_topic("x")
+    client.delete_topic("x", wait=False)
     with pytest.raises(Unavailable) as caught:  # n1 and n2 both still have to drop an old x_0
         client.create_topic("x")
     assert "2 more must first drop an older 'x_0'" in str(caught.value)
@@ -559,7 +573,7 @@ def test_a_seal_of_another_incarnation_is_refused_and_changes_nothing(client: Me
     register(client, "n1")
     first = client.create_topic("s").incarnation
     assert client.seal_segment("s_0", 0, 10, "n1", incarnation=first).next.epoch == 1
-    client.delete_topic("s")
+    client.delete_topic("s", wait=False)
     assert drop_pending(client, "n1") == ["s_0"]
     second = client.create_topic("s").incarnation
     with pytest.raises(ShardNotFound) as refused:  # a late repeat of the deleted topic's seal
@@ -577,7 +591,7 @@ def test_a_lookup_that_finds_nothing_names_the_newest_incarnation(client: MetaCl
         client.get_shard("nothing_0")
     assert never.value.fields["last_incarnation"] == 0  # no topic was ever created
     created = client.create_topic("g").incarnation
-    client.delete_topic("g")
+    client.delete_topic("g", wait=False)
     with pytest.raises((ShardNotFound, TopicNotFound)) as gone:
         client.get_shard("g_0")
     assert gone.value.fields["last_incarnation"] == created
@@ -586,7 +600,7 @@ def test_a_lookup_that_finds_nothing_names_the_newest_incarnation(client: MetaCl
 def test_progress_of_another_incarnation_is_ignored(client: MetaClient) -> None:
     register(client, "n1")
     first = client.create_topic("p", engine="memory").incarnation
-    client.delete_topic("p")
+    client.delete_topic("p", wait=False)
     drop_pending(client, "n1")
     second = client.create_topic("p", engine="memory").incarnation
     stale = {"p_0": first}  # a beat gathered before the deletion, answered after the re-creation
@@ -599,18 +613,108 @@ def test_progress_of_another_incarnation_is_ignored(client: MetaClient) -> None:
     assert (info.high_watermark, info.reserved_offset) == (7, 10_007)
 
 
+# -- leases: a delete completes once no node can take the topic's writes ------------------------
+
+
+def test_heartbeat_answers_grant_a_lease_below_the_node_timeout_once_every_deletion_is_listed(
+    client: MetaClient,
+) -> None:
+    register(client, "n1")
+    assert client.heartbeat("n1", "").lease_ms == 5400  # 90 % of the 6 s node timeout
+    client.create_topic("big", partitions=MAX_DELETIONS_PER_BEAT + 1)
+    client.delete_topic("big", wait=False)
+    first = client.heartbeat("n1", "")
+    # Not every deletion fits: no lease until the node has heard of them all.
+    assert (len(first.deletions), first.lease_ms) == (MAX_DELETIONS_PER_BEAT, 0)
+    assert first.HasField("lease_ms")
+    second = client.heartbeat("n1", "", deleted=pending(first))
+    assert (len(second.deletions), second.lease_ms) == (1, 5400)
+
+
+def test_a_delete_waits_for_a_live_holder_to_drop_the_topic(client: MetaClient) -> None:
+    register(client, "n1")
+    client.create_topic("w", partitions=2)
+    acknowledged = threading.Event()
+
+    def node() -> None:  # beats a little later, drops what it is told and acknowledges it
+        time.sleep(0.3)
+        with MetaClient(client.address, timeout_s=5) as beats:
+            drop_pending(beats, "n1")
+        acknowledged.set()
+
+    beating = threading.Thread(target=node)
+    beating.start()
+    try:
+        deleted = client.delete_topic("w")
+        assert acknowledged.is_set() or pending(client.heartbeat("n1", "")) == []
+        assert (deleted.complete, list(deleted.waiting_for)) == (True, [])
+    finally:
+        beating.join(10)
+
+
+def test_a_delete_not_confirmed_in_time_is_pending_and_its_retry_never_deletes_a_re_created_topic(
+    meta: Meta,
+) -> None:
+    register(meta.client, "n1", "n2")
+    with MetaClient(meta.server.address, timeout_s=1.0) as client:
+        first = client.create_topic("r").incarnation  # r_0 on n1
+        started = time.monotonic()
+        with pytest.raises(DeletionPending) as caught:
+            client.delete_topic("r")  # n1 is alive and never acknowledges
+        assert 0.5 < time.monotonic() - started < 10.0  # it waited for about the client's timeout
+        fields = caught.value.fields
+        assert (fields["topic"], fields["incarnation"], fields["waiting_for"]) == ("r", first, ["n1"])
+        assert "recorded" in caught.value.message and "background" in caught.value.message
+        second = client.create_topic("r").incarnation  # on n2: n1 still owes the old r_0
+        assert leaders(client.describe_topic("r")) == ["n2"]
+        retry = pb.DeleteTopicRequest(name="r", incarnation=first)
+        with pytest.raises(grpc.RpcError) as refused:  # still pending: waits, then says so again
+            client._stub.DeleteTopic(retry, timeout=0.5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert client.describe_topic("r").topic.incarnation == second  # the new topic is untouched
+        assert drop_pending(client, "n1") == ["r_0"]
+        done = client._stub.DeleteTopic(retry, timeout=5)
+        assert (done.incarnation, done.complete) == (first, True)
+        assert client.describe_topic("r").topic.incarnation == second
+        with pytest.raises(TopicNotFound):  # an incarnation the name never had
+            client._call(
+                client._stub.DeleteTopic, pb.DeleteTopicRequest(name="r", incarnation=second + 1), "once"
+            )
+
+
+def test_a_removed_or_not_yet_heard_from_holder_keeps_a_delete_waiting_for_its_lease(tmp_path: Path) -> None:
+    meta = Meta(tmp_path, node_timeout_ms=1000)
+    try:
+        client = meta.client
+        register(client, "n1", "n2")
+        client.create_topic("gone")  # on n1
+        beat = time.monotonic()
+        client.heartbeat("n1", "")
+        client.remove_node("n1", force=True)  # it beat just now: it may take writes for 0.9 s more
+        assert client.delete_topic("gone").complete
+        assert time.monotonic() - beat > 0.99  # not before the node timeout after that beat
+        client.heartbeat("n2", "")
+        client.create_topic("later")  # on n2
+        restarted = time.monotonic()
+        meta.restart()  # n2 has not beaten this process: a lease the last one granted may hold
+        assert client.delete_topic("later").complete
+        assert time.monotonic() - restarted > 0.99  # not before this process ran for the timeout
+    finally:
+        meta.close()
+
+
 def test_a_removed_node_keeps_its_deletions_and_owes_them_again_when_it_returns(client: MetaClient) -> None:
     register(client, "n1", "n2")
     incarnation = client.create_topic("x").incarnation  # x_0 on n1
-    client.delete_topic("x")
+    client.delete_topic("x", wait=False)
     client.remove_node("n1", force=True)
     assert leaders(client.describe_topic(client.create_topic("x").name)) == ["n2"]
-    client.delete_topic("x")
+    client.delete_topic("x", wait=False)
     assert drop_pending(client, "n2") == ["x_0"]
     assert pending(client.heartbeat("n1", "tcp://127.0.0.1:7101")) == [("x_0", incarnation)]  # back
     client.heartbeat("n2", "")
     assert leaders(client.describe_topic(client.create_topic("x").name)) == ["n2"]  # n1 still owes x_0
-    client.delete_topic("x")
+    client.delete_topic("x", wait=False)
     assert drop_pending(client, "n1") == ["x_0"]
     assert drop_pending(client, "n2") == ["x_0"]
     assert leaders(client.describe_topic(client.create_topic("x").name)) == ["n1"]
@@ -635,7 +739,7 @@ def test_pending_deletions_of_a_removed_node_do_not_slow_seals(meta: Meta) -> No
         client.register_node("gone", "tcp://127.0.0.1:7102")
         for index in range(3):  # big topics deleted while "gone" holds half their shards
             client.create_topic(f"big{index}", partitions=10_000)
-            client.delete_topic(f"big{index}")
+            client.delete_topic(f"big{index}", wait=False)
         client.remove_node("gone", force=True)  # gone for good: its deletions can never be carried out
         owed = client.heartbeat("n1", "").deletions
         while owed:  # n1, alive, drops its share and acknowledges it, as a node does
@@ -723,7 +827,7 @@ def test_reported_high_watermarks_survive_a_restart_and_go_with_their_topic(meta
     meta.restart()
     assert client.get_shard("hw_0").high_watermark == 42
     assert client.get_shard("hw_1").high_watermark == 7
-    client.delete_topic("hw")
+    client.delete_topic("hw", wait=False)
     drop_pending(client, "n1")
     client.create_topic("hw", partitions=2)
     meta.restart()

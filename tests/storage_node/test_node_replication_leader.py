@@ -250,7 +250,9 @@ def test_replica_fetches_are_checked_and_a_fence_stops_writes(lead: Any) -> None
     try:
         refused = outcome(led.produce(pb.ACKS_LEADER, [b"after a restart"]))
         assert isinstance(refused, Unavailable) and "fenced" in refused.message, refused
-        led.client.delete_topic("t")  # the shard incarnation is dropped: its fence goes with it
+        # The shard incarnation is dropped: its fence goes with it. (The scripted followers never
+        # confirm a deletion: the call does not wait for them.)
+        led.client.meta.delete_topic("t", wait=False)
         wait_until(lambda: led.node.fences.fences() == {}, timeout_s=20)
     finally:
         led.node.stop()

@@ -185,9 +185,9 @@ class ReplicaSupervisor:
             return
         for address in addresses:
             try:
-                caller.request(address, "status", pb.StatusRequest(), timeout_s=self._node_timeout_s)
+                caller.request(address, "beat", pb.BeatRequest(), timeout_s=self._node_timeout_s)
             except RobustMQError as error:
-                logger.debug("status to %s not sent: %s", address, error)
+                logger.debug("beat request to %s not sent: %s", address, error)
 
     def _node_requests(self) -> NodeRequests:
         """The node request client, made at first use (a cluster without replication needs none)."""

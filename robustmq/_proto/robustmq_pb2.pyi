@@ -613,6 +613,14 @@ class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class BeatRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BeatResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class ReplicaFetchRequest(_message.Message):
     __slots__ = ("shard", "incarnation", "epoch", "offset", "node_id", "max_bytes", "max_wait_ms")
     SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -688,7 +696,7 @@ class ProducerSnapshotResponse(_message.Message):
     def __init__(self, producers: _Optional[_Iterable[_Union[ProducerWindow, _Mapping]]] = ..., more: _Optional[bool] = ..., last_producer_id: _Optional[int] = ..., log_end_offset: _Optional[int] = ...) -> None: ...
 
 class NodeRequest(_message.Message):
-    __slots__ = ("correlation_id", "timeout_ms", "produce", "fetch", "read_by_key", "read_by_tag", "offset_for_timestamp", "list_offsets", "seal", "status", "scan", "replica_fetch", "fence", "checksum", "producer_snapshot")
+    __slots__ = ("correlation_id", "timeout_ms", "produce", "fetch", "read_by_key", "read_by_tag", "offset_for_timestamp", "list_offsets", "seal", "status", "scan", "replica_fetch", "fence", "checksum", "producer_snapshot", "beat")
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     PRODUCE_FIELD_NUMBER: _ClassVar[int]
@@ -704,6 +712,7 @@ class NodeRequest(_message.Message):
     FENCE_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    BEAT_FIELD_NUMBER: _ClassVar[int]
     correlation_id: int
     timeout_ms: int
     produce: ProduceRequest
@@ -719,7 +728,8 @@ class NodeRequest(_message.Message):
     fence: FenceRequest
     checksum: ChecksumRequest
     producer_snapshot: ProducerSnapshotRequest
-    def __init__(self, correlation_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., produce: _Optional[_Union[ProduceRequest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., read_by_key: _Optional[_Union[ReadByKeyRequest, _Mapping]] = ..., read_by_tag: _Optional[_Union[ReadByTagRequest, _Mapping]] = ..., offset_for_timestamp: _Optional[_Union[OffsetForTimestampRequest, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., status: _Optional[_Union[StatusRequest, _Mapping]] = ..., scan: _Optional[_Union[ScanRequest, _Mapping]] = ..., replica_fetch: _Optional[_Union[ReplicaFetchRequest, _Mapping]] = ..., fence: _Optional[_Union[FenceRequest, _Mapping]] = ..., checksum: _Optional[_Union[ChecksumRequest, _Mapping]] = ..., producer_snapshot: _Optional[_Union[ProducerSnapshotRequest, _Mapping]] = ...) -> None: ...
+    beat: BeatRequest
+    def __init__(self, correlation_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., produce: _Optional[_Union[ProduceRequest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., read_by_key: _Optional[_Union[ReadByKeyRequest, _Mapping]] = ..., read_by_tag: _Optional[_Union[ReadByTagRequest, _Mapping]] = ..., offset_for_timestamp: _Optional[_Union[OffsetForTimestampRequest, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., status: _Optional[_Union[StatusRequest, _Mapping]] = ..., scan: _Optional[_Union[ScanRequest, _Mapping]] = ..., replica_fetch: _Optional[_Union[ReplicaFetchRequest, _Mapping]] = ..., fence: _Optional[_Union[FenceRequest, _Mapping]] = ..., checksum: _Optional[_Union[ChecksumRequest, _Mapping]] = ..., producer_snapshot: _Optional[_Union[ProducerSnapshotRequest, _Mapping]] = ..., beat: _Optional[_Union[BeatRequest, _Mapping]] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
     __slots__ = ("base_offset", "record_count", "duplicate", "high_watermark", "epoch")
@@ -846,7 +856,7 @@ class ChecksumResponse(_message.Message):
     def __init__(self, crc32c: _Optional[int] = ..., size_bytes: _Optional[int] = ..., records: _Optional[int] = ...) -> None: ...
 
 class NodeResponse(_message.Message):
-    __slots__ = ("correlation_id", "error", "produce", "fetch", "read", "offset", "list_offsets", "seal", "status", "replica_fetch", "fence", "checksum", "producer_snapshot")
+    __slots__ = ("correlation_id", "error", "produce", "fetch", "read", "offset", "list_offsets", "seal", "status", "replica_fetch", "fence", "checksum", "producer_snapshot", "beat")
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PRODUCE_FIELD_NUMBER: _ClassVar[int]
@@ -860,6 +870,7 @@ class NodeResponse(_message.Message):
     FENCE_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    BEAT_FIELD_NUMBER: _ClassVar[int]
     correlation_id: int
     error: ErrorInfo
     produce: ProduceResponse
@@ -873,4 +884,5 @@ class NodeResponse(_message.Message):
     fence: FenceResponse
     checksum: ChecksumResponse
     producer_snapshot: ProducerSnapshotResponse
-    def __init__(self, correlation_id: _Optional[int] = ..., error: _Optional[_Union[ErrorInfo, _Mapping]] = ..., produce: _Optional[_Union[ProduceResponse, _Mapping]] = ..., fetch: _Optional[_Union[FetchResponse, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., offset: _Optional[_Union[OffsetResponse, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsResponse, _Mapping]] = ..., seal: _Optional[_Union[SealResponse, _Mapping]] = ..., status: _Optional[_Union[StatusResponse, _Mapping]] = ..., replica_fetch: _Optional[_Union[ReplicaFetchResponse, _Mapping]] = ..., fence: _Optional[_Union[FenceResponse, _Mapping]] = ..., checksum: _Optional[_Union[ChecksumResponse, _Mapping]] = ..., producer_snapshot: _Optional[_Union[ProducerSnapshotResponse, _Mapping]] = ...) -> None: ...
+    beat: BeatResponse
+    def __init__(self, correlation_id: _Optional[int] = ..., error: _Optional[_Union[ErrorInfo, _Mapping]] = ..., produce: _Optional[_Union[ProduceResponse, _Mapping]] = ..., fetch: _Optional[_Union[FetchResponse, _Mapping]] = ..., read: _Optional[_Union[ReadResponse, _Mapping]] = ..., offset: _Optional[_Union[OffsetResponse, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsResponse, _Mapping]] = ..., seal: _Optional[_Union[SealResponse, _Mapping]] = ..., status: _Optional[_Union[StatusResponse, _Mapping]] = ..., replica_fetch: _Optional[_Union[ReplicaFetchResponse, _Mapping]] = ..., fence: _Optional[_Union[FenceResponse, _Mapping]] = ..., checksum: _Optional[_Union[ChecksumResponse, _Mapping]] = ..., producer_snapshot: _Optional[_Union[ProducerSnapshotResponse, _Mapping]] = ..., beat: _Optional[_Union[BeatResponse, _Mapping]] = ...) -> None: ...

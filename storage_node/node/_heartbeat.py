@@ -3,7 +3,7 @@
 Every ``heartbeat_interval_ms``, or more often if the Meta Service's answer
 asks for it (``interval_ms``: a quarter of its node timeout, so several beats
 fall within one lease), at once when a deletion is done (after a 10 ms gather)
-and when the Meta Service asks for this node's status (a nudge: a topic
+and when the Meta Service asks it to (a ``beat`` request, a nudge: a topic
 deletion waits for this node), the heartbeat thread sends the Meta Service one
 ``Heartbeat``:
 
@@ -85,7 +85,7 @@ _MAX_ACKS_PER_BEAT = 1000
 # well below the Meta Service's 4 MiB message limit.
 _MAX_PROGRESS_PER_BEAT = 10_000
 _WOKEN_GATHER_S = 0.01  # after a deletion is done, let more finish: one beat acknowledges them all
-_NUDGED_GAP_S = 0.05  # a nudge (a status request) beats at once, but at most this often
+_NUDGED_GAP_S = 0.05  # a nudge (a beat request) beats at once, but at most this often
 _MAX_DOOMED = 100_000
 _MIN_INTERVAL_S = 0.01
 _STORED_BYTES_EVERY_S = 30.0

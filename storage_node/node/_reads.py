@@ -10,8 +10,8 @@ thread. No offset below the log start the node last learned from the Meta
 Service (whole-log retention) is served: ``OffsetOutOfRange`` with
 ``earliest_offset``, as for node-local retention.
 
-A ``status`` request also nudges the heartbeat (a beat now, at most one per
-50 ms): the Meta Service asks the status of the nodes a topic deletion waits for.
+A ``beat`` request nudges the heartbeat (a beat now, at most one per 50 ms):
+the Meta Service sends it to the nodes a topic deletion waits for.
 """
 
 from __future__ import annotations
@@ -106,6 +106,10 @@ class NodeReads:
         cid = message.correlation_id
         if body == "status":
             self._answer_status(request)
+            return
+        if body == "beat":  # the Meta Service waits for this node's next heartbeat: send it now
+            self._heartbeat.nudge()
+            self.reply(request, pb.NodeResponse(correlation_id=cid, beat=pb.BeatResponse()))
             return
         if body not in _READS:
             raise InvalidRequest(f"unknown request {body!r}")
@@ -244,9 +248,7 @@ class NodeReads:
         return True
 
     def _answer_status(self, request: Request) -> None:
-        """The node's figures; and a beat now (rate-limited): the Meta Service asks a node's status
-        when a topic deletion waits for it, so it learns of the deletion at once."""
-        self._heartbeat.nudge()
+        """The node's figures."""
         with self._accounting:
             queued, served, scanned = self._queued_bytes, self._served, self._scanned
         status = pb.StatusResponse(

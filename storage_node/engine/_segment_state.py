@@ -20,6 +20,10 @@ Truncation marker (``"X" sid``, empty): written with the checkpoint of a
 once they are; an open that finds it cuts the files to that checkpoint first
 (see ``_segment_replica``).
 
+Staged prepend (memory only, :class:`Staged`): a sealed segment being copied
+to go before the shard's first local segment (``_segment_prepend``), in the
+file ``{base:020d}.prepend`` of the shard's directory until it is installed.
+
 Threading: a :class:`SegmentShard`'s mutable fields are guarded by its ``lock``
 (held by writers); readers take its :class:`View`, which is replaced whole on
 publish and never mutated, and check ``truncations`` (bumped after a truncated
@@ -48,6 +52,7 @@ __all__ = [
     "Pending",
     "Segment",
     "SegmentShard",
+    "Staged",
     "View",
     "key_rebuild_marker",
     "truncation_marker",
@@ -100,10 +105,33 @@ class View:
         return self.segments[-1]
 
 
+@dataclass(slots=True)
+class Staged:
+    """A sealed segment ``[base_offset, end_offset)`` staged in ``path`` to go before the shard's
+    first segment: its frames up to ``next_offset`` (``size_bytes`` of them, their CRC-32C
+    ``crc32c``, the last one's ``epoch``) and the index entries they will get when installed,
+    gathered as they arrive (``_segment_prepend``)."""
+
+    base_offset: int
+    end_offset: int
+    path: Path
+    next_offset: int
+    size_bytes: int = 0
+    crc32c: int = 0
+    epoch: int = 0
+    max_timestamp_ms: int = NO_TIMESTAMP
+    last_index_offset: int = NOT_INDEXED
+    offset_entries: list[tuple[int, int]] = field(default_factory=list)  # (offset, file position)
+    time_entries: list[tuple[int, int]] = field(default_factory=list)  # (running max ms, frame base)
+    tag_entries: list[tuple[int, list[str]]] = field(default_factory=list)  # (frame base, its tags)
+    keys: dict[bytes, int] = field(default_factory=dict)  # each key's latest offset in the segment
+
+
 class SegmentShard(ShardBase):
     def __init__(self, name: str, sid: int, config: ShardConfig) -> None:
         super().__init__(name, sid, config)
         self.view = View.of((), 0)
+        self.staged: Staged | None = None  # a prepend being copied (``_segment_prepend``)
         self.last_index_offset = NOT_INDEXED
         self.failed: str | None = None  # why the files no longer match the view (set once, never cleared)
         self.truncations = 0  # views published by truncate_to (readers re-read when it moves)

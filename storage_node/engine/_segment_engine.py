@@ -338,7 +338,11 @@ class SegmentEngine(SegmentReplica, SegmentPrepend, IndexedEngine, SegmentRecove
             pending.last_index_offset = base
         if batch.max_timestamp_ms > segment.max_timestamp_ms:  # raises the segment's running max
             self._index.put_time_entry(wb, sid, segment.base_offset, batch.max_timestamp_ms, base)
-        self._index.put_key_entries(wb, sid, base, batch.records.column("key"))
+        keys = batch.records.column("key")
+        self._index.put_key_entries(wb, sid, base, keys)
+        if getattr(pending.shard, "staged", None) is not None and keys.null_count < len(keys):
+            # A prepend is being staged: it must learn which of its keys got later records.
+            pending.touched_keys.extend(key for key in keys.to_pylist() if key is not None)
         tags = distinct_tags(batch.records)
         if tags:
             self._index.put_tag_entries(wb, sid, base, tags, segment_base=segment.base_offset)
@@ -422,6 +426,8 @@ class SegmentEngine(SegmentReplica, SegmentPrepend, IndexedEngine, SegmentRecove
         state.epoch = pending.epoch
         self._publish_producers(pending)
         state.view = View.of(pending.segments, pending.log_end)
+        if state.staged is not None and pending.touched_keys:
+            state.staged.touch(pending.touched_keys)
 
     def roll(self, shard: str) -> SegmentInfo | None:
         """Seal the active segment now (if it holds anything); return the sealed segment."""

@@ -18,14 +18,20 @@ log's start) is never served. Each call's frames are checked whole before
 any is written (header, CRC-32C, an Arrow payload of the record schema, as a
 follower's copies are), must continue the staged ones (offsets contiguous
 from ``base``, epochs never going down) and stay below ``end``, which must be
-the local log's earliest offset. Nothing is synced while staging: a crash
-loses the staging file anyway. The index entries the segment will get are
-gathered as frames arrive (so the CPU cost is spread like a follower's copy):
-a sparse offset entry for the first frame and every ``index_interval_records``
-records, a time entry for each frame that raises the segment's running
-maximum timestamp, each frame's distinct tags, and each key's latest offset in
-the segment. One staging per shard, in memory under the shard's lock; staging
-another range discards the one in progress.
+the local log's earliest offset. Each call's frames are fdatasynced as they
+are written, as a follower's appends are (a crash loses the staging file
+anyway; syncing as it goes keeps the install's own sync short). The index
+entries the segment will get are put, as frames arrive, in a WriteBatch that
+is written only by the install (so the cost is spread over the copy as a
+follower's is, and the I/O worker is never held long): a sparse offset entry
+for the first frame and every ``index_interval_records`` records, a time
+entry for each frame that raises the segment's running maximum timestamp,
+each frame's distinct tags, and for each key the latest offset in the segment
+if the log holds no record of it at that moment (one multi-get per call). A
+key the log gets a record of later (a published append) is noted
+(``Staged.touched``) and checked again by the install. One staging per shard,
+in memory under the shard's lock; staging another range discards the one in
+progress.
 
 **Install** (:meth:`SegmentPrepend.install_prepend`), only once the staged
 frames reach ``end``, their length and CRC-32C equal the segment's recorded
@@ -38,8 +44,12 @@ lock: ``fdatasync`` the staging file; rename it to ``{base:020d}.log``;
 record (``E``), its offset, time (chunk ``base``) and tag entries (with the
 ``T`` records), and a key entry for each of its keys the shard has no offset
 for at or past ``end`` (a later record of the key wins; an entry below
-``base`` is a leftover of a segment retention removed, older than this one);
-then the view is published with the segment first. Until then readers see the
+``base`` is a leftover of a segment retention removed, older than this one):
+the keys noted as written meanwhile are looked up again and their later
+entry restated after the staged one, and all of them are if more than
+``MAX_TOUCHED_KEYS`` were written or the log was truncated meanwhile (a
+truncation can remove a later record). Then the view is published with the
+segment first. Until then readers see the
 old view; after it the segment is a sealed segment like any other: reads,
 ``checksum`` over ranges that span it and the old first segment,
 ``truncate_to``, ``drop_before`` and retention treat it alike.
@@ -61,8 +71,9 @@ WriteBatch was not written has no sealed record: recovery's chain check
 removes it as not part of the shard's chain, and the copy starts again. After
 the WriteBatch it is a normal sealed segment to recovery.
 
-Memory: a staging holds its index entries and each distinct key of the
-segment (bounded by the segment's size); the install looks each key up once.
+Memory: a staging holds its pending index entries and each distinct key of
+the segment (bounded by the segment's size), and at most ``MAX_TOUCHED_KEYS``
+keys written meanwhile.
 
 Threading: staging and install take the shard's lock (the node calls them on
 the shard's I/O worker); readers never block and never see a staging file.
@@ -168,14 +179,18 @@ class SegmentPrepend:
             if staged is None:
                 staged = self._open_staging(state, base_offset, end_offset)
             try:
-                _write_frames(staged.path, [frame.data for frame in checked])
+                _write_frames(staged.path, [frame.data for frame in checked], sync=self._fsync)
             except OSError as exc:
                 self._discard(state)
                 raise Unavailable(
                     f"staging a segment to prepend to {shard} failed: {exc}", shard=shard
                 ) from exc
+            latest: dict[bytes, int] = {}
             for frame in checked:
-                _gather(staged, frame, state.config.index_interval_records)
+                self._gather(state, staged, frame, latest)
+            # Keys with no record in the log now; one the log gets later is in staged.touched.
+            self._index.put_older_key_entries(staged.batch, state.sid, latest, end_offset)
+            staged.keys.update(latest)
             return PrependProgress(shard, base_offset, end_offset, staged.next_offset, staged.size_bytes)
 
     def install_prepend(self, shard: str, *, crc32c: int, size_bytes: int) -> SegmentInfo:
@@ -239,7 +254,9 @@ class SegmentPrepend:
             raise Unavailable(
                 f"cannot stage a segment to prepend to {state.name}: {exc}", shard=state.name
             ) from exc
-        state.staged = Staged(base_offset, end_offset, path, base_offset)
+        state.staged = Staged(
+            base_offset, end_offset, path, base_offset, self._index.new_batch(), state.truncations
+        )
         return state.staged
 
     @staticmethod
@@ -313,20 +330,42 @@ class SegmentPrepend:
         return segment
 
     def _index_batch(self, state: SegmentShard, staged: Staged, segment: Segment) -> WriteBatch:
-        index, sid, base = self._index, state.sid, staged.base_offset
-        wb = index.new_batch()
-        self._put_sealed(wb, sid, segment)
-        for offset, position in staged.offset_entries:
-            index.put_offset_entry(wb, sid, offset, position)
-        for running_max_ms, frame_base in staged.time_entries:
-            index.put_time_entry(wb, sid, base, running_max_ms, frame_base)
-        for frame_base, tags in staged.tag_entries:
-            index.put_tag_entries(wb, sid, frame_base, tags, segment_base=base)
-        for key, offset in staged.keys.items():
-            indexed = index.lookup_key(sid, key)
-            if indexed is None or indexed < staged.end_offset:  # no later record of the key
-                index.put_key_entry(wb, sid, key, offset)
+        """The staged entries, completed: key entries checked again where the log may have
+        changed since they were looked up, and the sealed record."""
+        wb = staged.batch
+        if staged.touched is None or staged.truncations != state.truncations:
+            again = staged.keys  # too many keys written meanwhile, or a truncation: all of them
+        else:
+            again = {key: staged.keys[key] for key in staged.touched if key in staged.keys}
+        self._index.put_older_key_entries(wb, state.sid, again, staged.end_offset, restate_later=True)
+        self._put_sealed(wb, state.sid, segment)
         return wb
+
+    def _gather(
+        self, state: SegmentShard, staged: Staged, frame: _CopiedFrame, latest: dict[bytes, int]
+    ) -> None:
+        """Account one written frame: its CRC, size and epoch; its offset, time and tag entries
+        go in the staged batch, its keys' latest offsets in ``latest``."""
+        header, batch = frame.header, frame.batch
+        index, sid, base, position = self._index, state.sid, header.base_offset, staged.size_bytes
+        if position == 0 or base - staged.last_index_offset >= state.config.index_interval_records:
+            index.put_offset_entry(staged.batch, sid, base, position)
+            staged.last_index_offset = base
+        if batch.max_timestamp_ms > staged.max_timestamp_ms:  # raises the segment's running max
+            index.put_time_entry(staged.batch, sid, staged.base_offset, batch.max_timestamp_ms, base)
+            staged.max_timestamp_ms = batch.max_timestamp_ms
+        tags = distinct_tags(batch.records)
+        if tags:
+            index.put_tag_entries(staged.batch, sid, base, tags, segment_base=staged.base_offset)
+        keys = batch.records.column("key")
+        if keys.null_count < len(keys):
+            for offset, key in enumerate(keys.to_pylist(), base):
+                if key is not None:
+                    latest[key] = offset
+        staged.crc32c = crc32c_of(frame.data, staged.crc32c)
+        staged.size_bytes += header.frame_length
+        staged.next_offset = header.next_offset
+        staged.epoch = header.epoch
 
 
 def _progress(state: SegmentShard) -> PrependProgress | None:
@@ -364,7 +403,7 @@ def _check_run(shard: str, frames: list[_CopiedFrame], expected: int, end: int, 
         expected, epoch = header.next_offset, header.epoch
 
 
-def _write_frames(path: Path, frames: list[memoryview]) -> None:
+def _write_frames(path: Path, frames: list[memoryview], *, sync: bool) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
         for start in range(0, len(frames), _WRITEV_FRAMES):
@@ -373,32 +412,10 @@ def _write_frames(path: Path, frames: list[memoryview]) -> None:
             written = os.writev(fd, chunk)
             if written != expected:  # a short write to a regular file: the disk is full
                 raise OSError(28, f"short write ({written} of {expected} bytes)")
+        if sync:  # spread over the copy, as a follower's appends are, so the install's sync is short
+            os.fdatasync(fd)
     finally:
         os.close(fd)
-
-
-def _gather(staged: Staged, frame: _CopiedFrame, interval_records: int) -> None:
-    """Account one written frame: its CRC, size, epoch and the index entries it will get."""
-    header, batch = frame.header, frame.batch
-    base, position = header.base_offset, staged.size_bytes
-    if position == 0 or base - staged.last_index_offset >= interval_records:
-        staged.offset_entries.append((base, position))
-        staged.last_index_offset = base
-    if batch.max_timestamp_ms > staged.max_timestamp_ms:  # raises the segment's running max
-        staged.time_entries.append((batch.max_timestamp_ms, base))
-        staged.max_timestamp_ms = batch.max_timestamp_ms
-    tags = distinct_tags(batch.records)
-    if tags:
-        staged.tag_entries.append((base, tags))
-    keys = batch.records.column("key")
-    if keys.null_count < len(keys):
-        for offset, key in enumerate(keys.to_pylist(), base):
-            if key is not None:
-                staged.keys[key] = offset
-    staged.crc32c = crc32c_of(frame.data, staged.crc32c)
-    staged.size_bytes += header.frame_length
-    staged.next_offset = header.next_offset
-    staged.epoch = header.epoch
 
 
 def _first_epoch(view: View) -> int | None:

@@ -36,6 +36,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from robustmq.errors import ShardFailed
 
@@ -45,6 +46,7 @@ from ._indexed_engine import PendingBase, ShardBase
 
 __all__ = [
     "CHECKPOINT",
+    "MAX_TOUCHED_KEYS",
     "NOT_INDEXED",
     "NO_TIMESTAMP",
     "SEALED",
@@ -59,6 +61,7 @@ __all__ = [
 ]
 
 CHECKPOINT = struct.Struct(">QQQqIqq")
+MAX_TOUCHED_KEYS = 200_000  # keys a staged prepend tracks as written meanwhile, at most
 SEALED = struct.Struct(">QQqq")
 NO_TIMESTAMP = -(1 << 63)
 NOT_INDEXED = -(1 << 62)
@@ -110,21 +113,36 @@ class Staged:
     """A sealed segment ``[base_offset, end_offset)`` staged in ``path`` to go before the shard's
     first segment: its frames up to ``next_offset`` (``size_bytes`` of them, their CRC-32C
     ``crc32c``, the last one's ``epoch``) and the index entries they will get when installed,
-    gathered as they arrive (``_segment_prepend``)."""
+    put in ``batch`` (a WriteBatch, unwritten) as they arrive (``_segment_prepend``).
+
+    ``keys`` maps each of the segment's keys to its latest offset in it. ``touched``
+    collects the keys the shard's log got new records of (published appends) since the
+    staging began, None once more than :data:`MAX_TOUCHED_KEYS` did; ``truncations`` is
+    the shard's truncation count then. They say which key entries the install must check
+    again (``_segment_prepend``).
+    """
 
     base_offset: int
     end_offset: int
     path: Path
     next_offset: int
+    batch: Any
+    truncations: int
     size_bytes: int = 0
     crc32c: int = 0
     epoch: int = 0
     max_timestamp_ms: int = NO_TIMESTAMP
     last_index_offset: int = NOT_INDEXED
-    offset_entries: list[tuple[int, int]] = field(default_factory=list)  # (offset, file position)
-    time_entries: list[tuple[int, int]] = field(default_factory=list)  # (running max ms, frame base)
-    tag_entries: list[tuple[int, list[str]]] = field(default_factory=list)  # (frame base, its tags)
-    keys: dict[bytes, int] = field(default_factory=dict)  # each key's latest offset in the segment
+    keys: dict[bytes, int] = field(default_factory=dict)
+    touched: set[bytes] | None = field(default_factory=set)
+
+    def touch(self, keys: list[bytes]) -> None:
+        """The shard's log got records of ``keys`` (an append was published)."""
+        if self.touched is None:
+            return
+        self.touched.update(keys)
+        if len(self.touched) > MAX_TOUCHED_KEYS:
+            self.touched = None  # the install checks every key again
 
 
 class SegmentShard(ShardBase):
@@ -152,6 +170,7 @@ class Pending(PendingBase):
     last_index_offset: int = NOT_INDEXED
     created_files: list[Path] = field(default_factory=list)
     start_sizes: dict[Path, int] = field(default_factory=dict)
+    touched_keys: list[bytes] = field(default_factory=list)  # while a prepend is staged (Staged.touch)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ import pytest
 from robustmq._records import build_records, encode_batch
 from robustmq.errors import CorruptRecordBatch, InvalidRequest, OffsetOutOfRange
 from robustmq.storage_node import FrameAppend, FrameAppendResult, SegmentEngine, ShardConfig
+from robustmq.storage_node.engine import _segment_state
 from tests.e2e._procs import kill_at_random_moment
 
 CONFIG = ShardConfig(segment_bytes_max=1 << 30, index_interval_records=10)
@@ -78,9 +79,11 @@ def make_follower(path: Path, leader: SegmentEngine) -> SegmentEngine:
 
 
 def stage(leader: SegmentEngine, follower: SegmentEngine, epoch: int, *, until: int | None = None) -> int:
-    """Stage epoch ``epoch`` from the leader in pieces of about 10 KB, up to ``until``; the staged end."""
+    """Stage epoch ``epoch`` from the leader in pieces of about 10 KB, from where its staging
+    stands, up to ``until``; the staged end."""
     start, end = EPOCHS[epoch]
-    offset = start
+    progress = follower.prepend_progress(SHARD)
+    offset = progress.next_offset if progress is not None and progress.base_offset == start else start
     limit = end if until is None else until
     while offset < limit:
         read = leader.read_frames(SHARD, offset, max_bytes=10_000, end_offset=limit)
@@ -195,7 +198,9 @@ def test_a_staged_segment_is_invisible_until_installed(tmp_path: Path) -> None:
     with pytest.raises(InvalidRequest):  # not whole yet: kept, nothing installed
         follower.install_prepend(SHARD, crc32c=0, size_bytes=0)
     assert follower.prepend_progress(SHARD) == progress
-    stage(leader, follower, 2)  # from the start again: the staging restarts
+    first = leader.read_frames(SHARD, 200, max_bytes=1).frames
+    assert follower.stage_prepend(SHARD, 200, 400, first).next_offset == 220  # from the start again
+    stage(leader, follower, 2)
     recorded = leader.checksum(SHARD, 200, 400)
     follower.install_prepend(SHARD, crc32c=recorded.crc32c, size_bytes=recorded.size_bytes)
     assert follower.checksum(SHARD, 200, 600) == leader.checksum(SHARD, 200, 600)
@@ -345,3 +350,50 @@ def test_a_kill_at_any_moment_leaves_the_segment_installed_whole_or_not_at_all(t
             follower.close()
             leader.close()
     assert installs >= 2, "the children installed too rarely to test anything"
+
+
+def keyed(start: int, keys: list[bytes]) -> pa.Buffer:
+    return encode_batch(build_records([b"late-%d" % i for i in range(len(keys))], keys=keys))
+
+
+@pytest.mark.parametrize("tracked", [True, False], ids=["keys tracked", "too many keys written"])
+def test_a_key_written_to_the_log_while_the_segment_is_staged_keeps_its_newest_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tracked: bool
+) -> None:
+    """Keys are looked up as the segment is staged; a record of one written to the log
+    afterwards (a produce or a copy at the log end) must still win over the prepended one."""
+    if not tracked:  # more keys written than a staging tracks: the install checks every key
+        monkeypatch.setattr(_segment_state, "MAX_TOUCHED_KEYS", 3)
+    leader = make_leader(tmp_path / "leader")
+    follower = make_follower(tmp_path / "follower", leader)
+    stage(leader, follower, 2, until=300)  # only-e2 at 201..300 is looked up: no later record
+    follower.write(SHARD, keyed(600, [b"only-e2", b"a", b"b", b"c", b"d"]), epoch=4)
+    stage(leader, follower, 2)  # only-e2 at 303..399 is looked up again: later now
+    prepend_installed(leader, follower, 2)
+    assert offsets_of(follower.read_by_key(SHARD, b"only-e2").records) == [600]
+    assert offsets_of(follower.read_by_key(SHARD, b"k1").records) == latest(b"k1", 600)
+    assert offsets_of(follower.read_by_key(SHARD, b"d").records) == [604]
+    follower.close()
+    leader.close()
+
+
+def test_a_key_whose_later_records_a_truncation_removed_points_at_the_prepended_one(tmp_path: Path) -> None:
+    leader = make_leader(tmp_path / "leader")
+    follower = make_follower(tmp_path / "follower", leader)
+    stage(leader, follower, 2)  # k0..k9 have later records (400..599) when they are looked up
+    follower.truncate_to(SHARD, 400)  # a divergent tail: every later record is gone
+    assert offsets_of(follower.read_by_key(SHARD, b"k1").records) == []
+    prepend_installed(leader, follower, 2)
+    assert offsets_of(follower.read_by_key(SHARD, b"k1").records) == latest(b"k1", 400)
+    assert offsets_of(follower.read_by_key(SHARD, b"only-e2").records) == [399]
+    follower.close()
+    reopened = SegmentEngine(tmp_path / "follower", default_config=CONFIG)
+    assert offsets_of(reopened.read_by_key(SHARD, b"k1").records) == latest(b"k1", 400)
+    reopened.close()
+    leader.close()
+
+
+def prepend_installed(leader: SegmentEngine, follower: SegmentEngine, epoch: int) -> None:
+    start, end = EPOCHS[epoch]
+    recorded = leader.checksum(SHARD, start, end)
+    follower.install_prepend(SHARD, crc32c=recorded.crc32c, size_bytes=recorded.size_bytes)

@@ -22,6 +22,11 @@ A newly joined node leads and holds nothing, so it wins the follower places of
 the next seals of existing shards and of new topics at once; no existing
 segment changes its replicas, so no byte moves.
 
+Repair only (:mod:`._repair`), never placement: a node whose local log starts
+exactly where a SEALED segment ends (its first held segment is the one right
+after) may take that segment by **prepending** it to its log, which stays
+contiguous (:func:`prepend_nodes`; docs/replication.md, "Repair and catch-up").
+
 Fewer eligible nodes than the replication factor: as many as there are are
 placed (the caller logs the segment as under-replicated; repair has it sealed
 later). None (or no eligible leader): ``Unavailable``.
@@ -37,7 +42,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import Unavailable
 
-__all__ = ["eligible_nodes", "place_replicas"]
+__all__ = ["eligible_nodes", "place_replicas", "prepend_nodes"]
 
 
 def eligible_nodes(
@@ -65,6 +70,34 @@ def eligible_nodes(
         for node_id in segment.replicas:
             last_held[node_id] = index
     return {node for node in candidates if node not in last_held or last_held[node] == at - 1}
+
+
+def prepend_nodes(candidates: Iterable[str], chain: Sequence[pb.Segment], position: int) -> set[str]:
+    """The ``candidates`` that may repair the SEALED segment ``chain[position]`` by prepending it.
+
+    A node qualifies if its first segment of the chain (past the leading run of
+    ``remote`` segments, which counts as left the chain, as in
+    :func:`eligible_nodes`) is ``chain[position + 1]``: its local log starts
+    exactly where the repaired segment ends, so putting the segment before it
+    keeps the log contiguous. Never for an active segment (nothing follows it)
+    or one that is not ``sealed``. Nothing after a ``sealed`` segment is
+    ``remote`` (only ``tiered`` segments become remote, oldest first, stopping
+    at the first ``sealed`` one), so such a node still holds that next segment
+    locally. The caller leaves out the segment's replicas and, since the copy
+    is verified before it is installed, segments sealed without a checksum.
+    """
+    after = position + 1
+    if after >= len(chain) or chain[position].state != pb.SEALED:
+        return set()
+    first_held: dict[str, int] = {}
+    leading_remote = True
+    for index, segment in enumerate(chain):
+        leading_remote = leading_remote and segment.state == pb.REMOTE
+        if leading_remote:
+            continue
+        for node_id in segment.replicas:
+            first_held.setdefault(node_id, index)
+    return {node for node in candidates if first_held.get(node) == after}
 
 
 def place_replicas(

@@ -21,8 +21,15 @@ draining, not dropping an older same-name shard, not already a replica, and
 holding nothing of the shard or having the segment just before as its last
 (:func:`._placement.eligible_nodes`), so every node's local log stays
 contiguous; a node that held nothing starts its log at that segment and copies
-the rest in chain order. The least loaded wins (fewest segments held, then
-fewest active replicas, then node id).
+the rest in chain order. A node whose first held segment is the one right
+after (its local log starts where the repaired segment ends, as for nodes
+placed on a later epoch while the segment's other holders were dead) is
+eligible too, if the segment has a recorded checksum: it copies the segment
+and prepends it to its log (:func:`._placement.prepend_nodes`), which stays
+contiguous; once it holds it, the segment before becomes the one right before
+its log, so a chain of such gaps is repaired newest first. Nodes that need no
+prepend win over those that do; among them the least loaded wins (fewest
+segments held, then fewest active replicas, then node id).
 
 A segment lists at most :func:`max_replicas` nodes (dead replicas stay listed
 in case they return), so flapping nodes cannot grow a segment without bound.
@@ -37,7 +44,7 @@ from collections.abc import Iterator, Sequence
 from robustmq._proto import robustmq_pb2 as pb
 
 from ._load import ClusterLoad
-from ._placement import eligible_nodes
+from ._placement import eligible_nodes, prepend_nodes
 
 __all__ = ["MAX_REPAIRS_PER_ROUND", "joiners", "max_replicas", "repair_choices", "reseal_wanted"]
 
@@ -77,7 +84,10 @@ def repair_choices(
     for position, segment in enumerate(chain):
         if not _needs_replica(segment, replication_factor, live):
             continue
-        eligible = eligible_nodes(candidates - set(segment.replicas), chain, position=position)
+        others = candidates - set(segment.replicas)
+        eligible = eligible_nodes(others, chain, position=position)
+        if not eligible and segment.HasField("crc32c"):  # a prepended copy is verified before install
+            eligible = prepend_nodes(others, chain, position)
         if not eligible:
             continue
         yield (

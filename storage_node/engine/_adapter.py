@@ -152,6 +152,19 @@ class FrameAppendResult:
 
 
 @dataclass(frozen=True, slots=True)
+class PrependProgress:
+    """How far a sealed segment ``[base_offset, end_offset)`` being copied to go before a shard's
+    first local segment is staged: frames up to ``next_offset``, ``size_bytes`` of them
+    (``SegmentEngine.stage_prepend``)."""
+
+    shard: str
+    base_offset: int
+    end_offset: int
+    next_offset: int
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class Checksum:
     """CRC-32C, length and record count of the frame bytes (headers + payloads) of an offset range."""
 

@@ -77,6 +77,7 @@ _U64 = struct.Struct(">Q")
 _TS_BIAS = 1 << 63
 _MiB = 1024 * 1024
 _SNAPSHOT_KEYS_PER_PAGE = 200_000  # producer keys one page of a snapshot examines, at most
+_KEYS_PER_MULTI_GET = 10_000
 
 
 def _tag_prefix(sid_prefix: bytes, tag: bytes) -> bytes:
@@ -440,6 +441,34 @@ class IndexStore:
                 return from_be64(it.key()[12:]) - _TS_BIAS
             it.prev()
         return None
+
+    def put_older_key_entries(
+        self,
+        wb: rocksdict.WriteBatch,
+        sid: int,
+        latest: dict[bytes, int],
+        later_from: int,
+        *,
+        restate_later: bool = False,
+    ) -> None:
+        """Put each key's offset from ``latest`` (records older than the ones indexed: a segment
+        put before the first one) unless the key's entry is at or past ``later_from``: a later
+        record of it wins. With ``restate_later``, such a later entry is put again instead, so
+        that it also wins over an earlier put of the key in ``wb``. One multi-get per chunk."""
+        self.check_open()
+        prefix = sid_bytes(sid)
+        pack32, pack64, crc = _SID.pack, _U64.pack, _crc32c_raw
+        handle = self._h_keys
+        items = list(latest.items())
+        for start in range(0, len(items), _KEYS_PER_MULTI_GET):
+            chunk = items[start : start + _KEYS_PER_MULTI_GET]
+            entries: list[Any] = [prefix + pack32(crc(key)) + key for key, _ in chunk]
+            founds: Any = self.keys.get(entries)  # a list for a list of keys (a multi-get)
+            for entry, found, (_, offset) in zip(entries, founds, chunk, strict=True):
+                if found is None or from_be64(found) < later_from:
+                    wb.put(entry, pack64(offset), handle)
+                elif restate_later:
+                    wb.put(entry, bytes(found), handle)
 
     def put_key_entry(self, wb: rocksdict.WriteBatch, sid: int, key: bytes, offset: int) -> None:
         wb.put(self._key_entry(sid, key), be64(offset), self._h_keys)

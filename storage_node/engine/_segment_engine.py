@@ -4,6 +4,7 @@ Layout of a data directory::
 
     {data_dir}/index/                            RocksDB (see _index_store)
     {data_dir}/shards/{shard}/{base:020d}.log    segment files of one shard (see _segment)
+    {data_dir}/shards/{shard}/{base:020d}.prepend  a segment being copied to go first (_segment_prepend)
 
 Write path (:meth:`SegmentEngine.batch_write`; one call is one group commit):
 validate every batch first (nothing is written if one is bad; with
@@ -36,7 +37,10 @@ maximum restarts with each segment), so retention can drop a segment's entries
 without making any other segment's wrong.
 
 Replication's primitives (followers' verbatim appends, ``truncate_to``,
-``checksum``) are in ``_segment_replica``, a mixin sharing this write path.
+``checksum``) are in ``_segment_replica``, a mixin sharing this write path;
+putting a repaired sealed segment before a shard's first local segment
+(staged in a file readers never see, installed atomically) is in
+``_segment_prepend``.
 
 Threading: one lock per shard serialises its writers; readers take a snapshot
 of the shard's published ``View`` and never block (a read that overlapped a
@@ -77,6 +81,7 @@ from ._index_store import IndexStore, be64, sid_bytes
 from ._indexed_engine import IndexedEngine
 from ._producer_state import PRODUCER_EXPIRATION_MS
 from ._segment import FrameCollector, fsync_directory, segment_name
+from ._segment_prepend import SegmentPrepend
 from ._segment_recovery import SegmentRecovery
 from ._segment_replica import SegmentReplica
 from ._segment_state import (
@@ -98,7 +103,7 @@ _T = TypeVar("_T")
 _STABLE_READ_ATTEMPTS = 4
 
 
-class SegmentEngine(SegmentReplica, IndexedEngine, SegmentRecovery):
+class SegmentEngine(SegmentReplica, SegmentPrepend, IndexedEngine, SegmentRecovery):
     """Segment files + RocksDB indexes, crash-safe and group-committed.
 
     Parameters
@@ -333,7 +338,11 @@ class SegmentEngine(SegmentReplica, IndexedEngine, SegmentRecovery):
             pending.last_index_offset = base
         if batch.max_timestamp_ms > segment.max_timestamp_ms:  # raises the segment's running max
             self._index.put_time_entry(wb, sid, segment.base_offset, batch.max_timestamp_ms, base)
-        self._index.put_key_entries(wb, sid, base, batch.records.column("key"))
+        keys = batch.records.column("key")
+        self._index.put_key_entries(wb, sid, base, keys)
+        if getattr(pending.shard, "staged", None) is not None and keys.null_count < len(keys):
+            # A prepend is being staged: it must learn which of its keys got later records.
+            pending.touched_keys.extend(key for key in keys.to_pylist() if key is not None)
         tags = distinct_tags(batch.records)
         if tags:
             self._index.put_tag_entries(wb, sid, base, tags, segment_base=segment.base_offset)
@@ -417,6 +426,8 @@ class SegmentEngine(SegmentReplica, IndexedEngine, SegmentRecovery):
         state.epoch = pending.epoch
         self._publish_producers(pending)
         state.view = View.of(pending.segments, pending.log_end)
+        if state.staged is not None and pending.touched_keys:
+            state.staged.touch(pending.touched_keys)
 
     def roll(self, shard: str) -> SegmentInfo | None:
         """Seal the active segment now (if it holds anything); return the sealed segment."""

@@ -11,6 +11,13 @@ later segments that no longer continue the offsets are set aside as
 from the frames under a durable marker. A crash at any instant therefore loses
 nothing acknowledged and never serves a corrupt frame.
 
+A staging file of a segment being prepended (``*.prepend``,
+``_segment_prepend``) is deleted: the copy starts again. A prepended segment
+whose file was renamed into place but whose index WriteBatch (with its
+sealed record) was not written is older than the first recorded segment and
+is removed like a leftover of an interrupted retention; once written, it is
+a sealed segment like any other.
+
 A checkpoint that is missing or ahead of the files (a damaged index) is
 inferred rather than replaced by a rescan of everything: it stood in the
 segment after the newest sealed record, so the steps above run from there
@@ -61,6 +68,7 @@ from ._segment import (
     segment_base,
     segment_name,
 )
+from ._segment_prepend import STAGING_SUFFIX
 from ._segment_state import (
     CHECKPOINT,
     NO_TIMESTAMP,
@@ -137,6 +145,9 @@ class SegmentRecovery:
         if not directory.is_dir():
             log.error("shard %s has no directory %s: starting it empty", record.name, directory)
             directory.mkdir(parents=True)
+        for staging in sorted(directory.glob(f"*{STAGING_SUFFIX}")):
+            log.warning("removing %s: a segment copied to go first that was not installed", staging)
+            staging.unlink()
         files = sorted(
             (base, path) for path in directory.iterdir() if (base := segment_base(path)) is not None
         )

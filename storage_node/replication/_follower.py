@@ -33,6 +33,22 @@ A shard whose local log awaits a producer snapshot (``_producer_snapshots``)
 is not copied: its fetch waits until its I/O worker stored the snapshot and
 calls :meth:`Follower.viewed` again.
 
+Repair by prepending (docs/replication.md, "Repair and catch-up"): when the
+view lists this node as a replica of the sealed segment that ends exactly
+where its local log starts, and not in that segment's ``isr``
+(``_follower_log.plan_prepend``), the shard has a second fetch lane beside
+the copy at the log end: ``ReplicaFetch`` of that sealed epoch from its
+``isr`` members, from the segment's start. :meth:`Follower.prepended` stages
+each answer on the I/O worker (frames checked: CRC, contiguity, the epoch in
+each frame header at most the segment's, none past its end), installs the
+segment before the log once it is whole and equal by length and CRC-32C to
+the recorded ones (``SegmentEngine.install_prepend``), and then reports it
+with ``ReportReplica`` like any copied sealed segment. The log then starts at
+that segment's start, so the segment before it (if this node was chosen for
+it too) is next: newest gap first. A failure (a refused frame, a CRC
+mismatch: the engine discards the staging) starts the copy again after a
+back-off.
+
 Bounded: the fetchers hold one target and one request per shard assigned
 here; the control thread's lookups and reports are sets keyed by shard (at
 most :data:`_MAX_PENDING` each). Every wait has a deadline.
@@ -40,8 +56,8 @@ most :data:`_MAX_PENDING` each). Every wait has a deadline.
 Thread-safety: :meth:`Follower.want`, :meth:`Follower.refresh`,
 :meth:`Follower.report` and :meth:`Follower.assignments_seen` may be called
 from any thread. :meth:`Follower.prepare`, :meth:`Follower.viewed`,
-:meth:`Follower.accept`, :meth:`Follower.appended` and :meth:`Follower.retry`
-run on the I/O worker that owns the shard.
+:meth:`Follower.accept`, :meth:`Follower.appended`, :meth:`Follower.prepended`
+and :meth:`Follower.retry` run on the I/O worker that owns the shard.
 
 Crash behaviour: nothing here is durable; the fences are (``FenceStore``). A
 restarted node learns its assignments from its first heartbeats and resumes
@@ -60,6 +76,7 @@ from typing import Any
 from robustmq._frame import crc32c
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import (
+    CorruptRecordBatch,
     IncarnationMismatch,
     InvalidRequest,
     RobustMQError,
@@ -75,7 +92,9 @@ from ._follower_log import (
     completed_segments,
     frames_until,
     plan_copy,
+    plan_prepend,
     roll_at,
+    stage_prepended,
     truncate_divergent,
 )
 from ._replica_fetcher import ReplicaFetcher
@@ -90,6 +109,8 @@ _REFRESH_INTERVAL_S = 1.0  # at most one lookup per shard in this long
 _FENCED_POLL_S = 0.1  # a fenced epoch's shard is looked up this often until its seal is known
 _FENCED_WATCH_S = 10.0  # ... for at most this long (then the heartbeat's assignments tell)
 _RETRY_S = 2.0  # a copied answer that could not be appended: fetch again after this
+_TAIL, _PREPEND = (False,), (True,)  # a shard's fetch lanes: the log end, a segment to put before it
+_BOTH = (False, True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +159,12 @@ class Follower:
 
     # -- any thread -------------------------------------------------------------------
 
-    def want(self, shard: str, target: FetchTarget | None, delay_s: float = 0.0) -> None:
-        """Fetch ``target`` next for ``shard`` (None: stop copying it), not before ``delay_s``."""
-        self._fetchers[crc32c(shard.encode()) % len(self._fetchers)].want(shard, target, delay_s)
+    def want(
+        self, shard: str, target: FetchTarget | None, delay_s: float = 0.0, *, lanes: tuple[bool, ...] = _BOTH
+    ) -> None:
+        """Fetch ``target`` next for ``shard`` in its lane, not before ``delay_s``; None: stop
+        copying it in ``lanes`` (both by default: the log end and a segment to put before it)."""
+        self._fetchers[crc32c(shard.encode()) % len(self._fetchers)].want(shard, target, delay_s, lanes)
 
     def refresh(self, shard: str) -> None:
         """Look ``shard`` up with the Meta Service soon (rate-limited per shard)."""
@@ -208,7 +232,7 @@ class Follower:
             self.refresh(state.name)
         segment = next((s for s in state.view.segments if s.epoch == target.epoch), None)
         if segment is None or self.node_id not in segment.replicas:
-            self._retarget(state)
+            self._retarget(state, lanes=_TAIL)
             return None
         end = segment.end_offset
         if end < 0 and item.segment_end >= 0:  # the source knows it sealed; this view does not yet
@@ -216,12 +240,12 @@ class Follower:
             self.refresh(state.name)
         if end < 0 and self._fenced(state, target.epoch):
             log.info("shard %s: epoch %d is fenced here; no longer copying it", state.name, target.epoch)
-            self.want(state.name, None)
+            self.want(state.name, None, lanes=_TAIL)
             self.refresh(state.name)
             return None
         log_end = state.log_end()
         if target.offset != log_end:  # an answer to a fetch from before the log last moved
-            self._retarget(state)
+            self._retarget(state, lanes=_TAIL)
             return None
         if end < 0 and target.epoch == state.epoch:
             state.follower_hw = max(state.follower_hw, min(item.high_watermark, item.log_end_offset))
@@ -241,32 +265,86 @@ class Follower:
         # Nothing new and the source says the segment is sealed where this log ends: this view
         # is behind (its lookup is on the way), so do not ask again at once.
         caught_up = not item.frames and 0 <= item.segment_end <= state.log_end()
-        self._retarget(state, delay_s=0.2 if caught_up else 0.0)
+        self._retarget(state, delay_s=0.2 if caught_up else 0.0, lanes=_TAIL)
         end = item.target.segment_end
         if item.frames and end >= 0 and state.log_end() >= end:
             for copy in completed_segments(state, self.node_id):
                 self.report(copy)
 
-    def retry(self, shard: str, incarnation: int) -> None:
-        """Copying ``shard`` failed for now: fetch again after a back-off."""
+    def prepended(self, item: ReplicaData) -> None:
+        """A fetched answer of a sealed segment to put before the local log (its own lane): stage
+        it, install the segment once whole (length and CRC-32C checked), report it, fetch on."""
+        target = item.target
+        state = self._node.directory.cached(target.shard)
+        if state is None or state.incarnation != target.incarnation or state.view is None:
+            self.want(target.shard, None, lanes=_PREPEND)
+            return
+        plan = self._plan_prepend(state)
+        if plan is None or (plan.epoch, plan.offset) != (target.epoch, target.offset):
+            self._retarget(state, lanes=_PREPEND)  # the view, the log start or the staging moved
+            return
+        segment = next(s for s in state.view.segments if s.epoch == plan.epoch)
+        try:
+            installed = stage_prepended(state, segment, item.frames, target.offset)
+        except RobustMQError as error:
+            level = logging.ERROR if isinstance(error, CorruptRecordBatch) else logging.WARNING
+            log.log(level, "shard %s: copying epoch %d to go first failed: %s", state.name, plan.epoch, error)
+            self.retry(state.name, state.incarnation, prepend=True)
+            return
+        if installed:
+            log.info(
+                "shard %s: sealed epoch %d (offsets %d-%d) copied and put before the local log",
+                state.name,
+                segment.epoch,
+                segment.start_offset,
+                segment.end_offset - 1,
+            )
+            for copy in completed_segments(state, self.node_id):
+                self.report(copy)
+        self._retarget(state, delay_s=0.2 if not item.frames else 0.0, lanes=_PREPEND)
+
+    def retry(self, shard: str, incarnation: int, *, prepend: bool = False) -> None:
+        """Copying ``shard`` (at its log end, or ``prepend``: a segment to put before it) failed for
+        now: fetch again after a back-off."""
+        lanes = _PREPEND if prepend else _TAIL
         state = self._node.directory.cached(shard)
         if state is None or state.incarnation != incarnation:
-            self.want(shard, None)
+            self.want(shard, None, lanes=lanes)
             return
-        self._retarget(state, delay_s=_RETRY_S)
+        self._retarget(state, delay_s=_RETRY_S, lanes=lanes)
 
-    def _retarget(self, state: NodeShard, delay_s: float = 0.0) -> None:
+    def _retarget(self, state: NodeShard, delay_s: float = 0.0, *, lanes: tuple[bool, ...] = _BOTH) -> None:
         if state.view is None or state.config.replication_factor <= 1 or state.snapshot_as_of >= 0:
-            self.want(state.name, None)  # a log awaiting its producer snapshot copies nothing yet
+            # A log awaiting its producer snapshot copies nothing yet, before it or at its end.
+            self.want(state.name, None, lanes=lanes)
             return
-        offsets = state.engine.list_offsets(state.engine_shard)
+        if False in lanes:
+            offsets = state.engine.list_offsets(state.engine_shard)
+            spread = crc32c(self.node_id.encode())
+            target = plan_copy(
+                state.view, self.node_id, offsets.earliest_offset, offsets.log_end_offset, spread=spread
+            )
+            if target is not None and target.segment_end < 0 and self._fenced(state, target.epoch):
+                target = None
+            if target is None:
+                self.want(state.name, None, delay_s, lanes=_TAIL)
+            else:
+                self.want(state.name, target, delay_s)
+        if True in lanes:
+            plan = self._plan_prepend(state)
+            if plan is None:
+                self.want(state.name, None, delay_s, lanes=_PREPEND)
+            else:
+                self.want(state.name, plan, delay_s)
+
+    def _plan_prepend(self, state: NodeShard) -> FetchTarget | None:
+        """The sealed segment to copy and put before ``state``'s local log (``plan_prepend``)."""
+        progress = getattr(state.engine, "prepend_progress", None)
+        if progress is None or state.view is None:  # only the segment engine prepends
+            return None
+        earliest = state.engine.list_offsets(state.engine_shard).earliest_offset
         spread = crc32c(self.node_id.encode())
-        target = plan_copy(
-            state.view, self.node_id, offsets.earliest_offset, offsets.log_end_offset, spread=spread
-        )
-        if target is not None and target.segment_end < 0 and self._fenced(state, target.epoch):
-            target = None
-        self.want(state.name, target, delay_s)
+        return plan_prepend(state.view, self.node_id, earliest, progress(state.engine_shard), spread=spread)
 
     def _fenced(self, state: NodeShard, epoch: int) -> bool:
         """Whether this node was fenced from ``epoch`` of ``state`` (it takes no more of it)."""

@@ -10,6 +10,14 @@ decided here.
   end, the next segment to copy and from whom. Segments are copied strictly in
   chain order: a node's local log is contiguous (docs/replication.md, Terms),
   so a segment is copied only once the log ends inside it.
+- :func:`plan_prepend` (pure): the sealed segment that ends exactly where the
+  local log starts, if this node is a replica of it but not in its ``isr``
+  (repair chose a node whose log starts after it: docs/replication.md, "Repair
+  and catch-up"), and from whom. It is copied alongside the log-end copy (its
+  own fetch per shard, :attr:`FetchTarget.prepend`) and put before the log
+  whole by :func:`stage_prepended` (``SegmentEngine.stage_prepend``,
+  ``install_prepend``): one segment at a time, newest gap first (once it is
+  in place the log starts at its start, so the one before it is next).
 - :class:`CopyGroup` appends the fetched answers drained in one batch with one
   ``append_frames_each`` per engine (one fsync), after checking, per answer,
   that it continues the local log, belongs to a segment this node is a replica
@@ -40,7 +48,7 @@ from robustmq._frame import decode_header
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import CorruptRecordBatch, RobustMQError, ShardFailed
 
-from ..engine._adapter import FrameAppend
+from ..engine._adapter import FrameAppend, PrependProgress
 
 if TYPE_CHECKING:
     from ._shards import NodeShard
@@ -53,7 +61,9 @@ __all__ = [
     "completed_segments",
     "frames_until",
     "plan_copy",
+    "plan_prepend",
     "roll_at",
+    "stage_prepended",
     "truncate_divergent",
     "visible_end",
 ]
@@ -63,7 +73,8 @@ log = logging.getLogger("robustmq.node")
 
 @dataclass(frozen=True, slots=True)
 class FetchTarget:
-    """The next ``ReplicaFetch`` of one shard: copy segment ``epoch`` from ``offset`` (the log end).
+    """The next ``ReplicaFetch`` of one shard: copy segment ``epoch`` from ``offset`` (the log end,
+    or for a prepend, where its staging stands).
 
     ``sources`` are node ids to ask, in order of preference (the leader of an
     active segment; the ``isr`` of a sealed one, spread by node); ``segment_end``
@@ -77,6 +88,9 @@ class FetchTarget:
     sources: tuple[str, ...]
     segment_end: int = -1
     leader_address: str = ""  # the active segment's leader as the chain view names it
+    # A sealed segment copied to go before the local log (:func:`plan_prepend`); its fetches
+    # are a shard's second lane, beside the copy at the log end.
+    prepend: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +158,83 @@ def plan_copy(
             info.shard, int(info.incarnation), segment.epoch, log_end, sources, segment.end_offset
         )
     return None
+
+
+def plan_prepend(
+    info: pb.ShardInfo,
+    node_id: str,
+    log_start: int,
+    progress: PrependProgress | None = None,
+    *,
+    spread: int = 0,
+) -> FetchTarget | None:
+    """The sealed segment ``node_id``, whose local log starts at ``log_start``, copies to put
+    before its log, and from where; None: none.
+
+    Only the segment that ends exactly at ``log_start`` qualifies (empty ones
+    are skipped): it must be ``sealed`` (a ``tiered`` or ``remote`` one is read
+    from its object), list this node as a replica but not in its ``isr`` (a
+    repair chose it), hold records, have a recorded checksum (the copy is
+    installed only if equal to it) and a holder to copy from. ``progress`` is
+    the engine's staging: the copy goes on from its next offset if it stages
+    this segment, else starts at the segment's start. ``spread`` as for
+    :func:`plan_copy`.
+    """
+    segment = None
+    for candidate in reversed(info.segments):
+        if candidate.end_offset == log_start and candidate.start_offset < log_start:
+            segment = candidate
+            break
+        if 0 <= candidate.end_offset < log_start:
+            return None
+    if segment is None or segment.state != pb.SEALED or not segment.HasField("crc32c"):
+        return None
+    if node_id not in segment.replicas or node_id in segment.isr:
+        return None
+    holders = [member for member in segment.isr if member != node_id]
+    if not holders:
+        return None
+    offset = segment.start_offset
+    if progress is not None and (progress.base_offset, progress.end_offset) == (offset, segment.end_offset):
+        offset = progress.next_offset
+    turn = spread % len(holders)
+    return FetchTarget(
+        info.shard,
+        int(info.incarnation),
+        segment.epoch,
+        offset,
+        tuple(holders[turn:] + holders[:turn]),
+        segment.end_offset,
+        prepend=True,
+    )
+
+
+def stage_prepended(state: NodeShard, segment: pb.Segment, frames: tuple[Any, ...], offset: int) -> bool:
+    """Stage a fetched answer of the sealed ``segment`` (from ``offset``) to go before the local
+    log, and install the segment once it is whole; True once installed.
+
+    The frames must continue the staging, carry an epoch at most the segment's and
+    stay below its end (:func:`frames_until`); the engine checks each frame's CRC and
+    the contiguity again, and installs the segment only if its length and CRC-32C are
+    the recorded ``size_bytes`` and ``crc32c`` (else it discards the staging and
+    raises: the copy starts again). Raises ``CorruptRecordBatch`` for frames that do not fit.
+    """
+    engine: Any = state.engine  # a SegmentEngine: only it prepends (the caller planned with it)
+    name = state.engine_shard
+    kept = frames_until(state, frames, offset, segment.end_offset, segment.epoch)
+    if kept is None:
+        raise CorruptRecordBatch(
+            f"shard {state.name}: copied frames of epoch {segment.epoch} do not continue offset {offset}",
+            shard=state.name,
+        )
+    if kept:
+        progress = engine.stage_prepend(name, segment.start_offset, segment.end_offset, kept)
+    else:
+        progress = engine.prepend_progress(name)
+    if progress is None or progress.next_offset < segment.end_offset:
+        return False
+    engine.install_prepend(name, crc32c=segment.crc32c, size_bytes=segment.size_bytes)
+    return True
 
 
 def completed_segments(state: NodeShard, node_id: str) -> list[SealedCopy]:
@@ -297,7 +388,8 @@ def frames_until(
 
 
 class CopyGroup:
-    """The copied answers of one drained batch of one I/O worker, appended together.
+    """The copied answers of one drained batch of one I/O worker, appended together (answers
+    of a shard's prepend lane are staged one by one instead: :meth:`~._follower.Follower.prepended`).
 
     ``owner`` is the I/O worker's :class:`~._follower.ReplicaHook` (for the view
     checks and for telling the fetchers what to fetch next).
@@ -319,6 +411,13 @@ class CopyGroup:
         by_engine: dict[int, list[tuple[ReplicaData, NodeShard, list[Any]]]] = {}
         taken: set[str] = set()
         for item in items:
+            if item.target.prepend:  # staged before the log, not appended: handled alone, at once
+                try:
+                    self._owner.prepended(item)
+                except Exception:
+                    log.exception("shard %s: staging a copied answer failed", item.target.shard)
+                    self._owner.retry(item.target.shard, item.target.incarnation, prepend=True)
+                continue
             if item.target.shard in taken:  # a second answer at the same log end: the first one wins
                 continue
             try:

@@ -7,6 +7,9 @@ I/O workers decided (:class:`~._follower_log.FetchTarget`, through
 :meth:`ReplicaFetcher.want`): per shard at most one fetch is out, and after an
 answer nothing more is sent for that shard until its worker has appended the
 frames and wants the next offset, so every fetch's ``offset`` is durable here.
+A shard has a second lane for a sealed segment it copies to put before its
+local log (``FetchTarget.prepend``): one more fetch at most, run the same way
+beside the first, so a repair by prepending never holds up following.
 
 A refused fetch (``NotLeader``, ``StaleEpoch``, ``ShardNotFound``, ...) makes
 the follower look the shard up; any failure tries the target's next source
@@ -82,18 +85,27 @@ class ReplicaFetcher(threading.Thread):
         self._max_bytes = max_bytes
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._wanted: dict[str, tuple[FetchTarget | None, float]] = {}
+        # Keyed by (shard, lane): lane True is the prepend copy (FetchTarget.prepend).
+        self._wanted: dict[tuple[str, bool], tuple[FetchTarget | None, float]] = {}
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
-        self._shards: dict[str, _Fetching] = {}
-        self._out: dict[int, str] = {}  # correlation id -> shard
+        self._shards: dict[tuple[str, bool], _Fetching] = {}
+        self._out: dict[int, tuple[str, bool]] = {}  # correlation id -> (shard, lane)
         self._next_id = 1
         self._dealers: dict[str, zmq.Socket[Any]] = {}
 
-    def want(self, shard: str, target: FetchTarget | None, delay_s: float) -> None:
+    def want(
+        self, shard: str, target: FetchTarget | None, delay_s: float, lanes: tuple[bool, ...] = (False,)
+    ) -> None:
+        """Fetch ``target`` next in its lane (``target.prepend``); None: stop the ``lanes`` named."""
+        not_before = time.monotonic() + delay_s
         with self._lock:
-            self._wanted[shard] = (target, time.monotonic() + delay_s)
+            if target is not None:
+                self._wanted[(shard, target.prepend)] = (target, not_before)
+            else:
+                for lane in lanes:
+                    self._wanted[(shard, lane)] = (None, not_before)
         self.wake()
 
     def wake(self) -> None:
@@ -134,12 +146,12 @@ class ReplicaFetcher(threading.Thread):
     def _take_wanted(self) -> None:
         with self._lock:
             wanted, self._wanted = self._wanted, {}
-        for shard, (target, not_before) in wanted.items():
-            fetching = self._shards.get(shard)
+        for key, (target, not_before) in wanted.items():
+            fetching = self._shards.get(key)
             if target is None:
                 if fetching is not None:
                     self._out.pop(fetching.correlation_id, None)
-                    del self._shards[shard]
+                    del self._shards[key]
                 continue
             if fetching is not None and fetching.target == target and fetching.correlation_id:
                 continue  # the same fetch is out already: its answer serves
@@ -149,7 +161,7 @@ class ReplicaFetcher(threading.Thread):
                 source, failures = 0, 0
             if fetching is not None:
                 self._out.pop(fetching.correlation_id, None)
-            self._shards[shard] = _Fetching(target, not_before, source=source, failures=failures)
+            self._shards[key] = _Fetching(target, not_before, source=source, failures=failures)
 
     def _poll_timeout_ms(self, now: float) -> int:
         soonest = now + 0.5
@@ -164,7 +176,7 @@ class ReplicaFetcher(threading.Thread):
         return self._max_wait_ms / 1000 + self._timeout_s
 
     def _send_due(self, context: zmq.Context[Any], poller: zmq.Poller, now: float) -> None:
-        for shard, fetching in self._shards.items():
+        for key, fetching in self._shards.items():
             if fetching.correlation_id or fetching.with_worker or fetching.not_before > now:
                 continue
             address = self._address(fetching)
@@ -178,7 +190,7 @@ class ReplicaFetcher(threading.Thread):
             request = pb.NodeRequest(
                 correlation_id=correlation_id,
                 replica_fetch=pb.ReplicaFetchRequest(
-                    shard=shard,
+                    shard=target.shard,
                     incarnation=target.incarnation,
                     epoch=target.epoch,
                     offset=target.offset,
@@ -194,7 +206,7 @@ class ReplicaFetcher(threading.Thread):
                 continue
             fetching.correlation_id = correlation_id
             fetching.sent_at = now
-            self._out[correlation_id] = shard
+            self._out[correlation_id] = key
 
     def _address(self, fetching: _Fetching) -> str | None:
         target = fetching.target
@@ -235,10 +247,11 @@ class ReplicaFetcher(threading.Thread):
 
     def _answer(self, parts: list[Any]) -> None:
         response = pb.NodeResponse.FromString(bytes(parts[0].buffer))
-        shard = self._out.pop(response.correlation_id, None)
-        if shard is None:
+        key = self._out.pop(response.correlation_id, None)
+        if key is None:
             return  # an abandoned or superseded fetch's late answer
-        fetching = self._shards[shard]
+        shard = key[0]
+        fetching = self._shards[key]
         fetching.correlation_id = 0
         now = time.monotonic()
         if response.HasField("error") and response.error.code:

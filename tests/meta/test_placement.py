@@ -141,3 +141,52 @@ def test_repair_skips_what_it_cannot_or_need_not_repair() -> None:
     gap = [sealed(0, ["a", "c"], ["a", "c"]), sealed(1, ["a", "b"], ["a"]), active(2, ["a", "b"])]
     # b is dead; c's last segment is epoch 0, just before epoch 1: it may repair epoch 1 only.
     assert list(repair_choices(gap, 2, {"a", "c"}, {"c"}, load)) == [(1, "c")]
+
+
+def test_repair_takes_a_node_whose_log_starts_right_after_a_sealed_segment_by_prepending() -> None:
+    # The review's case: epoch 1 was sealed with its leader alone (b and c died while it was
+    # sealed); epoch 2 went to a, x and y, whose local logs start at epoch 2. No live node holds
+    # nothing of the shard or ends at epoch 0, so only a node that prepends epoch 1 to its log
+    # (which then stays contiguous) can repair it; once x holds epoch 1, it may prepend epoch 0.
+    chain = [
+        sealed(0, ["a", "b", "c"], ["a", "b", "c"]),
+        sealed(1, ["a", "b", "c"], ["a"]),
+        active(2, ["a", "x", "y"]),
+    ]
+    for segment in chain[:2]:
+        segment.crc32c, segment.size_bytes = 0x1234, 100
+    live = {"a", "x", "y"}
+    load = ClusterLoad(chain)
+    rounds = []
+    for _ in range(4):
+        done = []
+        for position, node in repair_choices(chain, 3, live, set(live), load):
+            chain[position].replicas.append(node)  # as the controller does, before the next choice
+            done.append((position, node))
+        rounds.append(done)
+    # Newest gap first: epoch 1 before epoch 0, one node per segment and round.
+    assert rounds == [[(1, "x")], [(0, "x"), (1, "y")], [(0, "y")], []]
+    # Placement of new segments and the active segment keep the old rule.
+    assert eligible_nodes({"x"}, chain, position=1) == set()
+    assert not reseal_wanted(chain, 3, live, set(live))
+
+
+def test_a_node_that_holds_nothing_is_preferred_to_one_that_must_prepend() -> None:
+    chain = [sealed(0, ["a", "b"], ["a"]), active(1, ["a", "x"])]
+    chain[0].crc32c, chain[0].size_bytes = 0x1234, 100
+    # n holds more than x: least loaded alone would pick x.
+    busy = ClusterLoad([*chain, active(5, ["n", "m", "k"]), active(6, ["n", "m", "k"])])
+    assert list(repair_choices(chain, 2, {"a", "x", "n"}, {"a", "x", "n"}, busy)) == [(0, "n")]
+    assert list(repair_choices(chain, 2, {"a", "x"}, {"a", "x"}, busy)) == [(0, "x")]
+
+
+def test_no_prepend_for_a_segment_without_a_checksum_or_when_the_next_one_is_not_first() -> None:
+    load = ClusterLoad()
+    # Sealed without a checksum (its seal's agreement failed): a prepended copy could not be
+    # verified before it is installed, so nobody is asked to prepend it.
+    unchecked = [sealed(0, ["a", "b"], ["a"]), active(1, ["a", "x"])]
+    assert list(repair_choices(unchecked, 2, {"a", "x"}, {"a", "x"}, load)) == []
+    # x's log starts at epoch 2, not right after epoch 0: prepending epoch 0 would leave a gap.
+    gap = [sealed(0, ["a", "b"], ["a"]), sealed(1, ["a", "b"], ["a", "b"]), active(2, ["a", "x"])]
+    gap[0].crc32c = gap[1].crc32c = 0x1234
+    assert list(repair_choices(gap, 2, {"a", "x"}, {"a", "x"}, load)) == [(1, "x")]

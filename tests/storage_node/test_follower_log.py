@@ -7,7 +7,8 @@ from typing import Any
 from robustmq._frame import encode_header
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._wire import topic_config
-from robustmq.storage_node.replication._follower_log import frames_until, plan_copy, visible_end
+from robustmq.storage_node.engine._adapter import PrependProgress
+from robustmq.storage_node.replication._follower_log import frames_until, plan_copy, plan_prepend, visible_end
 
 ME, A, B = "node-me", "node-a", "node-b"
 
@@ -247,3 +248,63 @@ def test_a_fenced_epoch_is_not_copied_until_its_seal_is_known(tmp_path: Any) -> 
     finally:
         fences.close()
         manager.close()
+
+
+def _checked(segment: Any, crc: int = 0xABCD, size: int = 999) -> Any:
+    segment.crc32c, segment.size_bytes = crc, size
+    return segment
+
+
+def test_a_repair_replica_whose_log_starts_after_the_segment_copies_it_to_put_first() -> None:
+    # The review's case: epoch 1 sealed with A alone; this node's log starts at epoch 2 (100).
+    info = _chain(
+        _checked(_segment(1, 0, 100, [A, B, ME], isr=[A])),
+        _segment(2, 100, -1, [A, ME, B], leader=A),
+    )
+    target = plan_prepend(info, ME, 100)
+    assert target is not None and target.prepend
+    assert (target.epoch, target.offset, target.sources, target.segment_end) == (1, 0, (A,), 100)
+    staged = PrependProgress("t_0", 0, 100, 40, 1234)
+    assert plan_prepend(info, ME, 100, staged).offset == 40  # type: ignore[union-attr]
+    other = PrependProgress("t_0", 0, 90, 40, 1234)  # a staging of another range starts over
+    assert plan_prepend(info, ME, 100, other).offset == 0  # type: ignore[union-attr]
+    # The log-end copy is not held up by it: it follows the active segment.
+    follow = plan_copy(info, ME, 100, 130)
+    assert follow is not None and (follow.epoch, follow.prepend) == (2, False)
+    assert plan_prepend(info, ME, 130) is None  # its log starts elsewhere: nothing ends there
+    assert plan_prepend(info, B, 0) is None  # a node holding it from the start copies in order
+
+
+def test_only_a_verifiable_sealed_segment_this_node_lacks_is_prepended() -> None:
+    def chain(**changes: Any) -> pb.ShardInfo:
+        sealed = _checked(_segment(1, 0, 100, [A, ME], isr=[A]))
+        for field, value in changes.items():
+            if field == "isr":
+                del sealed.isr[:]
+                sealed.isr.extend(value)
+            elif field == "no_checksum":
+                sealed.ClearField("crc32c")
+            else:
+                setattr(sealed, field, value)
+        return _chain(sealed, _segment(2, 100, -1, [A, ME], leader=A))
+
+    assert plan_prepend(chain(), ME, 100) is not None
+    assert plan_prepend(chain(isr=[A, ME]), ME, 100) is None  # held whole already
+    assert plan_prepend(chain(isr=[ME]), ME, 100) is None  # nobody to copy from
+    assert plan_prepend(chain(no_checksum=True), ME, 100) is None  # could not be verified
+    assert plan_prepend(chain(state=pb.TIERED), ME, 100) is None  # read from its object
+    assert plan_prepend(_chain(_checked(_segment(1, 0, 100, [A, B], isr=[A]))), ME, 100) is None
+
+
+def test_gaps_before_the_log_are_filled_newest_first() -> None:
+    info = _chain(
+        _checked(_segment(1, 0, 50, [A, ME], isr=[A])),
+        _checked(_segment(2, 50, 100, [A, ME], isr=[A])),
+        _checked(_segment(3, 100, 100, [A, ME], isr=[A])),  # empty: nothing to copy
+        _segment(4, 100, -1, [A, ME], leader=A),
+    )
+    first = plan_prepend(info, ME, 100)
+    assert first is not None and (first.epoch, first.offset) == (2, 50)
+    second = plan_prepend(info, ME, 50)  # once epoch 2 is in place
+    assert second is not None and (second.epoch, second.offset) == (1, 0)
+    assert plan_prepend(info, ME, 0) is None

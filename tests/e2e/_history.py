@@ -722,10 +722,15 @@ class _Checker:
     def high_watermarks(self) -> None:
         """hw_went_back: a reader's ``list_offsets`` answered a high watermark below an end the
         same process had already seen of that log: a record it had read, a high watermark it
-        had been told, or its own ``acks=all`` write (answered only once the high watermark
-        covers it). Tolerated, ``hw_behind_other_reader``: below an end another process had
-        seen before this call began (a reader with an older route may ask a follower)."""
-        seen: dict[tuple[str, Log], tuple[int, str, float]] = {}  # (process, log) -> end, how, when
+        had been told, or its own ``acks=all`` ``produce`` (answered only once the high watermark
+        covers it). Each drop is reported once (the process's view restarts from the lower
+        value). Tolerated, ``hw_behind_other_reader``: below an end another process had seen
+        before this call began (a reader with an older route may ask a follower).
+        offsets_of_deleted_incarnation: a ``list_offsets`` answered through a route to an
+        incarnation of the topic that had been deleted (the worker knew the new one); such an
+        answer, and a ``produce`` acknowledged through one, count as nothing seen of the log."""
+        current = {(topic, inc): meta_inc for (topic, meta_inc), inc in self.meta_incs.items()}
+        seen: dict[tuple[str, Log], tuple[int, str, float, int | None]] = {}  # end, how, when, epoch
         everyone: dict[Log, tuple[int, str, str, float]] = {}  # log -> end, process, how, when
         before_call: dict[str, dict[Log, tuple[int, str, str, float]]] = {}
         for op in self.ops:
@@ -735,39 +740,60 @@ class _Checker:
                 continue
             if op.type != OK and op.f not in WRITE_FUNCTIONS:
                 continue
-            for log, end, how in self._ends_seen(op):
-                if op.f == "list_offsets":
-                    self._claim(op, log, end, seen.get((op.process, log)), before_call.get(op.process, {}))
-                if end > seen.get((op.process, log), (-1, "", 0.0))[0]:
-                    seen[(op.process, log)] = (end, how, op.time)
+            for log, end, how, epoch, route in self._ends_seen(op):
+                expected = current.get(log[:2])
+                if route is not None and expected is not None and route != expected:
+                    if op.f == "list_offsets":
+                        self.found["offsets_of_deleted_incarnation"].append(
+                            {
+                                "process": op.process,
+                                "log": list(log),
+                                "at": op.time,
+                                "route_incarnation": route,
+                                "topic_incarnation": expected,
+                                "hw": end,
+                            }
+                        )
+                    continue
+                key = (op.process, log)
+                others = before_call.get(op.process, {})
+                if op.f == "list_offsets" and self._claim(op, log, end, epoch, seen.get(key), others):
+                    seen[key] = (end, how, op.time, epoch)  # report the next drop from here
+                if end > seen.get(key, (-1, "", 0.0, None))[0]:
+                    seen[key] = (end, how, op.time, epoch)
                 if end > everyone.get(log, (-1, "", "", 0.0))[0]:
                     everyone[log] = (end, op.process, how, op.time)
 
-    def _ends_seen(self, op: Op) -> list[tuple[Log, int, str]]:
-        """What ``op`` (a completion) showed of each log's committed end."""
+    def _ends_seen(self, op: Op) -> list[tuple[Log, int, str, int | None, int | None]]:
+        """What ``op`` (a completion) showed of each log's committed end: ``(log, end, how,
+        epoch, route incarnation)`` (None: not known)."""
         value = op.value
-        if op.f in WRITE_FUNCTIONS:
+        if op.f == "produce":
             if value.get("acks") != "all":
                 return []
+            route = value.get("route_incarnation")
             return [
-                ((value["topic"], value["inc"], partition), offset + 1, "acks=all write")
-                for _v, partition, offset, _epoch, duplicate in value.get("acked", [])
+                ((value["topic"], value["inc"], partition), offset + 1, "acks=all produce", epoch, route)
+                for _v, partition, offset, epoch, duplicate in value.get("acked", [])
                 if offset >= 0 and not duplicate
             ]
         if op.f == "read" and op.process != "final":
-            ends = [(_log_of(value), offset + 1, "read") for offset, _v in value["records"][-1:]]
+            log = _log_of(value)
+            ends: list[tuple[Log, int, str, int | None, int | None]] = [
+                (log, offset + 1, "read", None, None) for offset, _v in value["records"][-1:]
+            ]
             if value.get("hw") is not None:
-                ends.append((_log_of(value), value["hw"], "fetch's high watermark"))
+                ends.append((log, value["hw"], "fetch's high watermark", None, None))
             return ends
         if op.f == "poll":
             top: dict[int, int] = {}
             for partition, offset, _v in value["records"]:
                 top[partition] = max(top.get(partition, 0), offset + 1)
-            return [((value["topic"], value["inc"], p), end, "poll") for p, end in top.items()]
+            return [((value["topic"], value["inc"], p), end, "poll", None, None) for p, end in top.items()]
         if op.f == "list_offsets":
             return [
-                ((value["topic"], value["inc"], partition), hw, "list_offsets")
-                for partition, _earliest, hw, *_rest in value["offsets"]
+                ((value["topic"], value["inc"], row[0]), row[2], "list_offsets", row[4], _at(row, 5))
+                for row in value["offsets"]
             ]
         return []
 
@@ -776,10 +802,11 @@ class _Checker:
         op: Op,
         log: Log,
         hw: int,
-        own: tuple[int, str, float] | None,
+        epoch: int | None,
+        own: tuple[int, str, float, int | None] | None,
         others: dict[Log, tuple[int, str, str, float]],
-    ) -> None:
-        epochs = {p: rest for p, _e, _hw, *rest in op.value["offsets"]}
+    ) -> bool:
+        """Judge one ``list_offsets`` answer; True if it went back for its own process."""
         if own is not None and hw < own[0]:
             self.found["hw_went_back"].append(
                 {
@@ -788,12 +815,14 @@ class _Checker:
                     "saw": own[0],
                     "by": own[1],
                     "at": own[2],
+                    "epoch": own[3],
                     "then_hw": hw,
+                    "then_epoch": epoch,
                     "at_then": op.time,
-                    "log_end_epoch": epochs.get(log[2]),
                 }
             )
-        elif log in others and hw < others[log][0]:
+            return True
+        if log in others and hw < others[log][0]:
             end, process, how, when = others[log]
             self.tolerated["hw_behind_other_reader"].append(
                 {
@@ -804,13 +833,15 @@ class _Checker:
                     "saw": [end, process, how, when],
                 }
             )
+        return False
 
     def disks(self) -> None:
         """acked_on_too_few_disks: an ``acks=all`` record (``quorum``: a majority of its replicas)
         held by fewer than ``min_insync_replicas`` nodes' files, either when it was acknowledged
         (the replicas that were stopped (paused, killed, disk lost) for the whole write, read
         while stopped, lacked it, and too few others were left) or in the final copies read
-        after the run (a segment in the object store is not judged at the end)."""
+        after the run (a segment in the object store is not judged at the end; a record on no
+        disk at all is a ``lost_write``)."""
         final_held = self._final_holders()
         snapped = {(topic, inc) for (topic, _meta_inc), inc in self.meta_incs.items()}
         for value, (log, offset, _epoch, _dup, _f) in sorted(self.acked.items()):
@@ -845,7 +876,7 @@ class _Checker:
             if segment is None or segment[1] in ("REMOTE", "TIERED") or not final_held:
                 continue
             holders = final_held.get((log, segment[0], offset, value), [])
-            if len(holders) < need:
+            if 0 < len(holders) < need:  # on no disk at all: a lost write, reported as such
                 self.found["acked_on_too_few_disks"].append(
                     {**example, "when": "at the end", "held_by": holders}
                 )
@@ -929,6 +960,10 @@ def _judged(copies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The copies of one segment that must agree: the ISR members' (every one of them holds the
     segment, or everything below the high watermark), else (no ISR recorded) the whole ones."""
     return [c for c in copies if c["in_isr"]] or [c for c in copies if c["whole"]]
+
+
+def _at(row: list[Any], index: int) -> Any:
+    return row[index] if len(row) > index else None
 
 
 def _holds(ranges: list[list[int]], offset: int) -> bool:

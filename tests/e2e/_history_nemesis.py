@@ -37,7 +37,7 @@ import signal
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tests.e2e._history import INFO, History
 from tests.e2e._netns import NetLab
@@ -74,6 +74,7 @@ class Fault:
         self.target = target  # "node" (a storage node), "meta" (the Meta Service) or "net"
         self._server = server
         self.active = False
+        self.details: dict[str, Any] = {}  # what the last inject or heal did, for the history
 
     @property
     def server(self) -> ServerProcess:
@@ -83,12 +84,14 @@ class Fault:
     def inject(self) -> str | None:
         """Inflict the fault; returns a note on anything that went wrong (None if nothing did)."""
         self.active = True
+        self.details = {}
         return self._inject()
 
     def heal(self) -> str | None:
         if not self.active:
             return None
         self.active = False
+        self.details = {}
         return self._heal()
 
     def _inject(self) -> str | None:
@@ -249,10 +252,10 @@ class Nemesis(threading.Thread):
             with self._lock:
                 note = fault.inject() if action == "inject" else fault.heal()
         except Exception as error:
-            self.history.complete(invocation, INFO, error=repr(error))
+            self.history.complete(invocation, INFO, {**invocation.value, **fault.details}, repr(error))
             self._stuck(f"{action} {name} failed: {error!r}")
             return False
-        self.history.complete(invocation, INFO)
+        self.history.complete(invocation, INFO, {**invocation.value, **fault.details})
         if note is not None:
             self._stuck(note)
         return True

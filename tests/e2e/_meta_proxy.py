@@ -46,10 +46,7 @@ the others).
 from __future__ import annotations
 
 import argparse
-import json
-import queue
 import random
-import subprocess
 import sys
 import threading
 import time
@@ -58,9 +55,11 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import grpc
+
+from tests.e2e._procs import JsonLineProcess, serve_json_lines
 
 __all__ = ["MAX_HOLD_S", "MetaProxy", "ProxyProcess", "Rule"]
 
@@ -283,33 +282,27 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     proxy = MetaProxy(args.listen, args.upstream, seed=args.seed).start()
-    print("ready", flush=True)
+
+    def handle(command: dict[str, Any]) -> dict[str, Any]:
+        if command["op"] == "rules":
+            proxy.set_rules([Rule.of(rule) for rule in command["rules"]])
+            return {}
+        if command["op"] == "clear":
+            return {"stats": proxy.clear()}
+        if command["op"] == "stats":
+            return {"stats": proxy.stats()}
+        raise ValueError(f"unknown op {command['op']!r}")
+
     try:
-        for line in sys.stdin:
-            if not line.strip():
-                continue
-            try:
-                command = json.loads(line)
-                if command["op"] == "rules":
-                    proxy.set_rules([Rule.of(rule) for rule in command["rules"]])
-                    answer: dict[str, Any] = {"ok": True}
-                elif command["op"] == "clear":
-                    answer = {"ok": True, "stats": proxy.clear()}
-                elif command["op"] == "stats":
-                    answer = {"ok": True, "stats": proxy.stats()}
-                else:
-                    answer = {"ok": False, "error": f"unknown op {command['op']!r}"}
-            except Exception as error:  # a bad command is answered, never fatal
-                answer = {"ok": False, "error": repr(error)}
-            print(json.dumps(answer), flush=True)
+        serve_json_lines(handle)
     finally:
         proxy.stop()
     return 0
 
 
-class ProxyProcess:
+class ProxyProcess(JsonLineProcess):
     """The parent's handle on ``python -m tests.e2e._meta_proxy`` run under ``wrapper`` (for
-    example ``ip netns exec NS``). Every command waits at most ``timeout_s`` for its answer."""
+    example ``ip netns exec NS``)."""
 
     def __init__(
         self,
@@ -319,81 +312,18 @@ class ProxyProcess:
         seed: int,
         wrapper: Sequence[str] = (),
         log_path: Path | None = None,
-        cwd: Path | None = None,
     ) -> None:
-        self.address = listen
-        self.argv = [*wrapper, sys.executable, "-m", "tests.e2e._meta_proxy"]
-        self.argv += ["--listen", listen, "--upstream", upstream, "--seed", str(seed)]
-        self.log_path = log_path
-        self.cwd = cwd
-        self.process: subprocess.Popen[str] | None = None
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._lock = threading.Lock()
-        self._log: IO[str] | None = None
-
-    def start(self, timeout_s: float = 60.0) -> subprocess.Popen[str]:
-        self._log = self.log_path.open("a") if self.log_path is not None else None
-        self.process = subprocess.Popen(
-            self.argv,
-            cwd=self.cwd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log if self._log is not None else subprocess.DEVNULL,
-            text=True,
+        argv = [*wrapper, sys.executable, "-m", "tests.e2e._meta_proxy"]
+        super().__init__(
+            [*argv, "--listen", listen, "--upstream", upstream, "--seed", str(seed)], log_path=log_path
         )
-        threading.Thread(target=self._pump, args=(self.process.stdout,), daemon=True).start()
-        line = self._next(timeout_s)
-        if line != "ready":
-            self.stop()
-            raise RuntimeError(f"the Meta Service proxy did not start: {line!r}")
-        return self.process
-
-    def _pump(self, stream: IO[str] | None) -> None:
-        assert stream is not None
-        for line in stream:
-            self._lines.put(line.strip())
-        self._lines.put(None)
-
-    def _next(self, timeout_s: float) -> str | None:
-        try:
-            return self._lines.get(timeout=timeout_s)
-        except queue.Empty:
-            raise TimeoutError(f"the Meta Service proxy did not answer within {timeout_s}s") from None
-
-    def command(self, command: dict[str, Any], timeout_s: float = 20.0) -> dict[str, Any]:
-        with self._lock:
-            assert self.process is not None and self.process.stdin is not None
-            self.process.stdin.write(json.dumps(command) + "\n")
-            self.process.stdin.flush()
-            line = self._next(timeout_s)
-        if line is None:
-            raise RuntimeError("the Meta Service proxy ended")
-        answer: dict[str, Any] = json.loads(line)
-        if not answer.get("ok"):
-            raise RuntimeError(f"the Meta Service proxy refused {command}: {answer.get('error')}")
-        return answer
+        self.address = listen
 
     def set_rules(self, rules: Sequence[Rule]) -> None:
         self.command({"op": "rules", "rules": [asdict(rule) for rule in rules]})
 
     def clear(self) -> dict[str, Any]:
         return dict(self.command({"op": "clear"})["stats"])
-
-    def stop(self) -> None:
-        """Close its stdin (it exits), then kill it if it has not within 10 s."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            try:
-                assert self.process.stdin is not None
-                self.process.stdin.close()
-                self.process.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.process.kill()
-                self.process.wait(timeout=30)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
 
 if __name__ == "__main__":

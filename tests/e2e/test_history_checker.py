@@ -503,13 +503,26 @@ def test_a_high_watermark_that_goes_back_for_one_reader() -> None:
     b.read("t", 1, 0, 0, [v(n) for n in range(6)])  # process "1" reads offsets 0..5
     offsets(b, "1", 4)  # below what it read (6) and what it was told (5)
     assert b.anomalies() == {"hw_went_back"}
-    b = Build()  # its own acks=all write counts; an acks=1 one does not (not committed yet)
-    b.write("t", 1, [(v(0), 0, 0), (v(1), 0, 1)], process="2", acks="1")
+    b = Build()  # its own acks=all produce counts; an acks=1 one does not (not committed yet)
+    b.write("t", 1, [(v(0), 0, 0), (v(1), 0, 1)], process="2", acks="1", f="produce")
     offsets(b, "2", 0)
     assert b.anomalies() == set()
-    b.write("t", 1, [(v(2), 0, 2)], process="2", acks="all")
+    b.write("t", 1, [(v(2), 0, 2)], process="2", acks="all", f="produce")
     offsets(b, "2", 2)
+    offsets(b, "2", 2)  # one drop, reported once
     assert b.anomalies() == {"hw_went_back"}
+    assert check(b.history.ops()).anomalies["hw_went_back"].count == 1
+
+
+def test_offsets_answered_through_a_route_to_a_deleted_incarnation() -> None:
+    b = Build().written()
+    b.op("setup", "create", {"topic": "t", "inc": 1}, OK, {"meta_incarnation": 11})
+    b.op("4", "delete", {"topic": "t", "inc": 1})
+    b.op("4", "create", {"topic": "t", "inc": 2}, OK, {"meta_incarnation": 12})
+    b.op("1", "list_offsets", {"topic": "t", "inc": 2}, OK, {"offsets": [[0, 0, 400, 400, 9, 11]]})
+    b.op("1", "list_offsets", {"topic": "t", "inc": 2}, OK, {"offsets": [[0, 0, 3, 3, 0, 12]]})
+    found = check(b.history.ops()).anomalies
+    assert set(found) == {"offsets_of_deleted_incarnation"}  # and the stale 400 is not held against 3
 
 
 def test_a_high_watermark_behind_another_readers_is_tolerated() -> None:

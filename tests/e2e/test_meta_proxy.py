@@ -16,7 +16,7 @@ import pytest
 import robustmq
 from robustmq.errors import RequestTimeout, TopicAlreadyExists
 from tests.e2e._meta_proxy import MetaProxy, ProxyProcess, Rule
-from tests.e2e._procs import ROOT, NodeCluster, ServerProcess, free_port
+from tests.e2e._procs import NodeCluster, ServerProcess, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -61,7 +61,7 @@ def test_a_dropped_create_topic_answer_leaves_the_topic_created(tmp_path: Path) 
 def test_a_node_serves_through_the_proxy_process_and_a_lost_drain_answer_was_applied(tmp_path: Path) -> None:
     cluster = NodeCluster(tmp_path, nodes=0)
     proxy = ProxyProcess(
-        f"127.0.0.1:{free_port()}", cluster.meta_address, seed=3, cwd=ROOT, log_path=tmp_path / "proxy.log"
+        f"127.0.0.1:{free_port()}", cluster.meta_address, seed=3, log_path=tmp_path / "proxy.log"
     )
     node_args = ["storage-node", "--data-dir", str(tmp_path / "n"), "--node-port", str(free_port())]
     node = ServerProcess([*node_args, "--meta", proxy.address, "--io-workers", "1"])

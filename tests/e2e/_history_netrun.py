@@ -50,6 +50,8 @@ class _Child:
         # The workers reach the Meta Service through the answer-loss proxy when there is one.
         argv += ["--variant", settings.variant, "--meta", cluster.node_meta_address]
         argv += ["--out", str(out), "--origin", repr(origin)]
+        if settings.forced_operations:
+            argv += ["--operations", ",".join(settings.forced_operations)]
         self.log = log.open("a")
         self.process = subprocess.Popen(
             cluster.client_command(argv),

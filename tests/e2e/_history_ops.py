@@ -22,7 +22,8 @@ operation's own ``random.Random``, seeded from the run's seed):
 - ``quick_restart``: SIGKILL a partition's leader and start it again at once,
   well within the Meta Service's node timeout (the downtime is recorded);
 - ``isr_answer_loss``: the leader's ``UpdateIsr`` answers are lost (applied,
-  never answered) while a follower is paused past the ISR lag bound; at heal
+  never answered; all of them, or half, drawn) while a follower is paused past
+  the ISR lag bound; at heal
   the follower resumes and, drawn from the seed, the leader is killed while
   the answers are still lost (a failover on the ISR the Meta Service
   recorded), then started again;
@@ -405,7 +406,11 @@ class AnswerLoss(_Operation):
         partition, leader, followers = chosen
         self.leader = leader
         method = "UpdateIsr" if kind == "isr_answer_loss" else "SealSegment"
-        self.lab.rules([Rule("drop", methods=(method,), callers=(self.lab.address(leader),))])
+        probability = self.rng.choice([1.0, 1.0, 0.5])
+        self.lab.rules(
+            [Rule("drop", methods=(method,), callers=(self.lab.address(leader),), probability=probability)]
+        )
+        self.details["drop_probability"] = probability
         if followers and (kind == "isr_answer_loss" or self.rng.random() < 0.5):
             self.paused = [self.rng.choice(followers)]
             self.lab.pause(self.paused[0])

@@ -569,6 +569,8 @@ class Worker(threading.Thread):
 
     def op_recreate(self, slot: TopicSlot) -> None:
         """Delete the topic and create it again: a new incarnation with an empty log."""
+        if not slot.plan.recreatable:
+            return
         with slot.lock.exclusive(self.settings.lock_timeout_s) as got:
             if not got or slot.doubt is not None:
                 return

@@ -179,6 +179,7 @@ class TopicPlan:
     roll_interval_ms: int
     replication_factor: int = 1
     min_insync_replicas: int = 1
+    recreatable: bool = True  # workers may delete and re-create it
 
     def settings(self) -> dict[str, int]:
         """``create_topic`` keyword settings (the replication ones only when replicated, so the
@@ -218,6 +219,7 @@ class Settings:
     node_timeout_ms: int | None = None
     spares: int = 0
     operation_seeds: tuple[tuple[str, int], ...] = ()
+    forced_operations: tuple[str, ...] = ()  # ROBUSTMQ_HISTORY_OPERATIONS, if it was set
 
     @property
     def nemesis_operations(self) -> bool:
@@ -225,7 +227,9 @@ class Settings:
         return bool(self.operation_seeds)
 
     @classmethod
-    def derive(cls, seed: int, variant: str) -> Settings:
+    def derive(cls, seed: int, variant: str, operations: tuple[str, ...] = ()) -> Settings:
+        """``operations`` (nemesis variants only): run these operations of ``_history_ops``, in
+        this order, instead of the ones the seed draws (names may repeat)."""
         shape = VARIANTS[variant]
         rng = random.Random(seed)
         rf = shape.replication_factor
@@ -254,7 +258,9 @@ class Settings:
         )
         worker_seeds = tuple(rng.randrange(1 << 63) for _ in range(shape.workers))
         if shape.operations or shape.operations_each:
-            return cls._derive_nemesis(seed, variant, shape, rng, topics, weights, worker_seeds)
+            return cls._derive_nemesis(seed, variant, shape, rng, topics, weights, worker_seeds, operations)
+        if operations:
+            raise ValueError(f"variant {variant} runs no nemesis operations")
         if shape.nodes == 1:
             kinds = [kind for kind in FAULT_KINDS for _ in range(shape.faults_of_each_kind)]
             kinds += [rng.choice(FAULT_KINDS) for _ in range(rng.randint(0, shape.extra_faults))]
@@ -290,17 +296,29 @@ class Settings:
         topics: tuple[TopicPlan, ...],
         weights: tuple[tuple[str, int], ...],
         worker_seeds: tuple[int, ...],
+        forced: tuple[str, ...],
     ) -> Settings:
         """The rest of a nemesis run's settings (see ``nemesis_short`` / ``nemesis_long``)."""
         weights = (*weights, ("list_offsets", rng.randint(6, 12)), ("replay", rng.randint(4, 10)))
-        if shape.operations_each:
+        # Only the last topic is deleted and re-created: the others live to the final reads, which
+        # the checks of lost, vanished and too thinly held records need.
+        topics = tuple(replace(plan, recreatable=i == len(topics) - 1) for i, plan in enumerate(topics))
+        unknown = set(forced) - set(NEMESIS_OPERATIONS)
+        if unknown:
+            raise ValueError(f"unknown nemesis operations {sorted(unknown)}; known: {NEMESIS_OPERATIONS}")
+        if forced:
+            kinds = list(forced)
+        elif shape.operations_each:
             kinds = [kind for kind in NEMESIS_OPERATIONS for _ in range(shape.operations_each)]
         else:
             kinds = rng.sample(NEMESIS_OPERATIONS, shape.operations)
         slots = [f"{kind}_s{rng.randint(1, shape.nodes)}" for kind in SLOT_KINDS]
         old = [*slots, *WHOLE_KINDS]
         kinds += old if shape.old_faults >= len(old) else rng.sample(old, shape.old_faults)
-        rng.shuffle(kinds)
+        if forced:
+            kinds = [*forced, *kinds[len(forced) :]]  # in the order asked, the old faults last
+        else:
+            rng.shuffle(kinds)
         faults = tuple(
             FaultStep(
                 gap_s=round(rng.uniform(*shape.gap_s), 2),
@@ -326,6 +344,7 @@ class Settings:
             node_timeout_ms=rng.choice([3000, 4000, 5000]),
             spares=shape.spares,
             operation_seeds=operation_seeds,
+            forced_operations=forced,
         )
 
     @staticmethod
@@ -356,6 +375,7 @@ class Settings:
             f"topic {t.name}: {t.partitions} partitions, engine {t.engine}, segment_bytes_max "
             f"{t.segment_bytes_max}, roll_interval_ms {t.roll_interval_ms}, replication_factor "
             f"{t.replication_factor}, min_insync_replicas {t.min_insync_replicas}"
+            + ("" if t.recreatable else ", never re-created")
             for t in self.topics
         ]
         lines.append("operation weights: " + ", ".join(f"{name} {weight}" for name, weight in self.weights))
@@ -364,6 +384,11 @@ class Settings:
             lines.append(
                 f"worker acks: {', '.join(self.worker_acks or ())}; replays: {self.replays}; "
                 f"meta node timeout: {self.node_timeout_ms} ms; spare node hosts: {self.spares}"
+                + (
+                    f"; operations as asked: {','.join(self.forced_operations)}"
+                    if self.forced_operations
+                    else ""
+                )
             )
             lines.append(
                 "operation seeds: " + ", ".join(f"{kind} {seed}" for kind, seed in self.operation_seeds)

@@ -30,6 +30,7 @@ from tests.e2e._procs import Cluster
 pytestmark = pytest.mark.e2e
 
 SEED_VARIABLE = "ROBUSTMQ_HISTORY_SEED"
+OPERATIONS_VARIABLE = "ROBUSTMQ_HISTORY_OPERATIONS"  # the nemesis runs: these operations, not the drawn ones
 
 
 def _seed() -> int:
@@ -40,7 +41,8 @@ def _seed() -> int:
 def run_and_check(variant: str, test: str, tmp_path: Path) -> int:
     """Run ``variant``, fail on any anomaly; returns the number of nemesis rounds (heals)."""
     seed = _seed()
-    settings = Settings.derive(seed, variant)
+    forced = os.environ.get(OPERATIONS_VARIABLE, "") if variant.startswith("nemesis") else ""
+    settings = Settings.derive(seed, variant, tuple(filter(None, forced.split(","))))
     print(settings.describe(), flush=True)
     root = tmp_path / "cluster"
     history: History
@@ -74,7 +76,8 @@ def run_and_check(variant: str, test: str, tmp_path: Path) -> int:
     if not analysis.valid:
         marker = "-m long " if variant in ("long", "rf3_long", "rf1_net", "nemesis_long") else ""
         target = f"tests/e2e/test_history.py::{test}"
-        rerun = f"{SEED_VARIABLE}={seed} .venv/bin/python -m pytest {marker}-s '{target}'"
+        also = f"{OPERATIONS_VARIABLE}={forced} " if forced else ""
+        rerun = f"{also}{SEED_VARIABLE}={seed} .venv/bin/python -m pytest {marker}-s '{target}'"
         pytest.fail(
             f"history seed {seed} ({variant}) has anomalies:\n{analysis.report()}\n"
             f"history: {saved}; logs: {logs}\n"

@@ -917,36 +917,45 @@ class _Checker:
         return held
 
     def replays(self) -> None:
-        """replay_added_records: a replay of an acknowledged idempotent batch (same producer id,
-        sequence and bytes) acknowledged as new or at other offsets than the first time, or its
-        records found at more than one offset. Tolerated: ``replay_not_confirmed`` (refused or
-        unknown: nothing more is stored by a refusal; an unknown one is judged by the reads)."""
+        """replay_added_records: a replayed batch (an acknowledged idempotent batch sent again with
+        the same producer id, sequence and bytes) acknowledged as new or at other offsets than
+        the first time, or whose records were seen at more than one offset; one finding per
+        batch, with every replay answer that differed. Tolerated: ``replay_not_confirmed``
+        (refused or unknown: a refusal stores nothing; an unknown one is judged by the reads)."""
         where: dict[str, set[tuple[Log, int]]] = defaultdict(set)
         for seen in self.obs:
             where[seen.value].add((seen.log, seen.offset))
-        judged: set[tuple[Log, int, int]] = set()  # batches whose placement was judged
+        batches: dict[tuple[Log, int, int], dict[str, Any]] = {}
         for _invocation, done in self.pairs:
             if done.f != "replay":
                 continue
             value = done.value
             log = _log_of(value)
-            example = {
-                "log": list(log),
-                "producer_id": value["producer_id"],
-                "sequence": value["sequence"],
-                "first": value["original"],
-            }
+            key = (log, value["producer_id"], value["sequence"])
+            batch = batches.setdefault(
+                key,
+                {
+                    "log": list(log),
+                    "producer_id": value["producer_id"],
+                    "sequence": value["sequence"],
+                    "first": value["original"],
+                    "values": value["values"],
+                    "replays": [],
+                },
+            )
             if done.type == OK and (value["offset"] != value["original"][0] or not value["duplicate"]):
-                self.found["replay_added_records"].append(
-                    {**example, "replay": [value["offset"], value["epoch"], value["duplicate"]]}
-                )
+                batch["replays"].append([value["offset"], value["epoch"], value["duplicate"], done.time])
             elif done.type != OK:
-                self.tolerated["replay_not_confirmed"].append({**example, "error": done.error})
-            twice = {v: _places(where[v]) for v in value["values"] if len(where[v]) > 1}
-            batch = (log, value["producer_id"], value["sequence"])
-            if twice and batch not in judged:
-                judged.add(batch)
-                self.found["replay_added_records"].append({**example, "stored_at": twice})
+                self.tolerated["replay_not_confirmed"].append(
+                    {k: batch[k] for k in ("log", "producer_id", "sequence", "first")} | {"error": done.error}
+                )
+        for batch in batches.values():
+            values = batch.pop("values")
+            twice = {v: _places(where[v]) for v in values if len(where[v]) > 1}
+            if twice:
+                batch["stored_at"] = twice
+            if batch["replays"] or twice:
+                self.found["replay_added_records"].append(batch)
 
     def stats(self) -> dict[str, int]:
         counts: Counter[str] = Counter()

@@ -625,4 +625,6 @@ def test_a_replay_acknowledged_as_new_or_stored_twice() -> None:
     b.final("t", 1, 0, [(0, v(0)), (1, v(1)), (2, v(0)), (3, v(1))])
     found = check(b.history.ops()).anomalies
     assert set(found) == {"replay_added_records", "duplicate"}
-    assert found["replay_added_records"].count == 2
+    assert found["replay_added_records"].count == 1  # one batch
+    example = found["replay_added_records"].examples[0]
+    assert [r[:3] for r in example["replays"]] == [[2, 1, False]] and "t#1/0/0" in example["stored_at"]

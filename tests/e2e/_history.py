@@ -71,8 +71,9 @@ Shapes of ``value`` by ``f`` (completions repeat the invocation's keys):
   write possible after healing); always an anomaly.
 
 The analyses about high watermarks, disks and replays (``hw_went_back``,
-``acked_on_too_few_disks``, ``replay_added_records``) are described on the
-methods that make them (:meth:`_Checker.high_watermarks`, :meth:`_Checker.disks`,
+``offsets_of_deleted_incarnation``, ``acked_on_too_few_disks``,
+``replay_added_records``) are described on the methods that make them
+(:meth:`_Checker.high_watermarks`, :meth:`_Checker.disks`,
 :meth:`_Checker.replays`).
 
 Thread-safety: :class:`History` may be appended to from any thread.

@@ -24,7 +24,9 @@ among these names, so a seed fixes which node each fault hits.
 
 :class:`Nemesis` runs a schedule of faults on its own thread, one at a time,
 and records each step in the history (``process="nemesis"``, ``f`` =
-``inject`` or ``heal``). Whatever happens, :meth:`Nemesis.heal_all` and
+``inject`` or ``heal``; the completion carries the fault's ``details``, what
+it did). More operations, on a replicated cluster, are in
+:mod:`tests.e2e._history_ops`. Whatever happens, :meth:`Nemesis.heal_all` and
 :meth:`Cluster.stop` (called from ``finally``) continue paused processes and
 stop every process the cluster started, by its pid.
 """

@@ -7,11 +7,15 @@ processes and changes nftables rules from the root namespace). The sequence:
 
 1. the child creates the topics and starts the workers (``created``); a cluster
    that refuses replicated topics raises :class:`ReplicationUnavailable`;
-2. the nemesis runs ``settings.faults`` for ``settings.duration_s``;
+2. the nemesis runs ``settings.faults`` for ``settings.duration_s`` (the
+   nemesis variants: the operations of :mod:`tests.e2e._history_ops`, after
+   recording which node id runs on which host; the workers then reach the Meta
+   Service through the cluster's answer-loss proxy);
 3. the nemesis stops, every fault is healed, the child stops its workers
    (``stop``), then settles, probes and reads back everything (``final``);
-4. the servers are stopped cleanly and each node's segment files are read:
-   for every segment of the final chains, each node's copy is recorded as a
+4. the servers are stopped cleanly and each node host's segment files are
+   read (under the node id its data directory holds): for every segment of
+   the final chains, each node's copy is recorded as a
    ``final_replica`` operation (digest, size, whole or not, records), which the
    checker compares across replicas (``replica_divergence``) and against
    every read (``inconsistent_offsets``).

@@ -15,7 +15,19 @@ invocation and a completion in the :class:`History`:
 - ``consume``: a consumer session of group ``g{process}``: ``subscribe``,
   one to four ``poll``\\ s, often a ``commit`` of what it polled;
 - ``seal`` (``Client.seal``);
-- ``recreate``: ``delete`` then ``create`` of a topic under its exclusive lock.
+- ``recreate``: ``delete`` then ``create`` of a topic under its exclusive lock
+  (only topics whose plan is ``recreatable``); a ``create`` records the Meta
+  Service's incarnation number and the replication settings;
+- ``list_offsets``: each partition's earliest offset, high watermark, log end
+  and epoch as the node the client routes a read to answers, with the topic
+  incarnation of that route;
+- ``replay`` (runs with ``settings.replays``): an acknowledged ``produce``
+  batch sent again with the same producer id, sequence and bytes (see
+  :meth:`Worker.op_replay`); ``produce`` then uses short producer sessions
+  per partition and keeps the last ``REPLAYABLE`` acknowledged batches whose
+  route named the topic's current incarnation.
+
+Writes carry the worker's ``acks`` (``settings.worker_acks`` or the run's).
 
 Outcomes: an acknowledgement is ``ok``; an error that proves the write was
 refused before anything was stored (``InvalidRequest`` and its subclasses

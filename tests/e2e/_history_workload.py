@@ -2,7 +2,10 @@
 
 :meth:`Settings.derive` turns ``(seed, variant)`` into every choice a run
 makes before it starts: topics and their engines, segment limits, the
-operation mix, each worker's own seed and the nemesis schedule. The workers
+operation mix, each worker's own seed and the nemesis schedule (for the
+``nemesis_*`` variants also each worker's acks, the Meta Service's node
+timeout and each nemesis operation's own seed; the operations may be chosen
+instead of drawn). The workers
 draw everything else from their own ``random.Random``; only the interleaving
 of threads and the timing of the servers differ between two runs of a seed.
 

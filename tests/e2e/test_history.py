@@ -38,8 +38,9 @@ def _seed() -> int:
     return int(chosen) if chosen else random.SystemRandom().randrange(1 << 32)
 
 
-def run_and_check(variant: str, test: str, tmp_path: Path) -> int:
-    """Run ``variant``, fail on any anomaly; returns the number of nemesis rounds (heals)."""
+def run_and_check(variant: str, test: str, tmp_path: Path, where: str = "tests/e2e/test_history.py") -> int:
+    """Run ``variant``, fail on any anomaly; returns the number of nemesis rounds (heals).
+    ``test`` and ``where`` (its file) name the test in the rerun line."""
     seed = _seed()
     forced = os.environ.get(OPERATIONS_VARIABLE, "") if variant.startswith("nemesis") else ""
     settings = Settings.derive(seed, variant, tuple(filter(None, forced.split(","))))
@@ -75,7 +76,7 @@ def run_and_check(variant: str, test: str, tmp_path: Path) -> int:
     print(analysis.report(), f"nemesis rounds: {rounds}", sep="\n", flush=True)
     if not analysis.valid:
         marker = "-m long " if variant in ("long", "rf3_long", "rf1_net", "nemesis_long") else ""
-        target = f"tests/e2e/test_history.py::{test}"
+        target = f"{where}::{test}"
         also = f"{OPERATIONS_VARIABLE}={forced} " if forced else ""
         rerun = f"{also}{SEED_VARIABLE}={seed} .venv/bin/python -m pytest {marker}-s '{target}'"
         pytest.fail(
@@ -115,17 +116,3 @@ def test_history_rf3_long(tmp_path: Path) -> None:
 def test_history_rf1_net(tmp_path: Path) -> None:
     """Three nodes, each partition on one of them: the partition machinery on today's system."""
     run_and_check("rf1_net", "test_history_rf1_net", tmp_path)
-
-
-@pytest.mark.timeout(420)
-def test_history_nemesis_short(tmp_path: Path) -> None:
-    """Seals under paused followers, drains, node replacement, quick restarts, lost Meta Service
-    answers and lost disks (five kinds drawn by the seed), with replays and high-watermark reads."""
-    run_and_check("nemesis_short", "test_history_nemesis_short", tmp_path)
-
-
-@pytest.mark.long
-@pytest.mark.timeout(2400)
-def test_history_nemesis_long(tmp_path: Path) -> None:
-    rounds = run_and_check("nemesis_long", "test_history_nemesis_long", tmp_path)
-    assert rounds >= 30, f"only {rounds} nemesis rounds ran (the issue asks for at least 30)"

@@ -780,11 +780,14 @@ class _Checker:
             ]
         if op.f == "read" and op.process != "final":
             log = _log_of(value)
+            route = value.get("route_incarnation")
+            # A record of another incarnation (a stale route's read) says nothing of this log.
+            mine = [offset for offset, v in value["records"] if v is not None and value_tag(v) == log[:2]]
             ends: list[tuple[Log, int, str, int | None, int | None]] = [
-                (log, offset + 1, "read", None, None) for offset, _v in value["records"][-1:]
+                (log, offset + 1, "read", None, route) for offset in mine[-1:]
             ]
-            if value.get("hw") is not None:
-                ends.append((log, value["hw"], "fetch's high watermark", None, None))
+            if value.get("hw") is not None and len(mine) == len(value["records"]):
+                ends.append((log, value["hw"], "fetch's high watermark", None, route))
             return ends
         if op.f == "poll":
             top: dict[int, int] = {}
@@ -894,10 +897,16 @@ class _Checker:
         return None
 
     def _needed(self, log: Log, acks: str, replicas: list[str] | None) -> int:
+        """``min_insync_replicas`` for ``all``; for ``quorum`` a majority of the replica set the
+        epoch was placed on: of ``replication_factor`` replicas, or of fewer if it was placed on
+        fewer (repair may list more replicas on a sealed segment later: they do not count)."""
         config = self.configs[log[0]]
         if acks == "all":
             return config["min_insync_replicas"]
-        return (len(replicas) if replicas else config["replication_factor"]) // 2 + 1
+        placed = (
+            config["replication_factor"] if not replicas else min(len(replicas), config["replication_factor"])
+        )
+        return placed // 2 + 1
 
     def _members_at(self, when: float) -> frozenset[str]:
         current: frozenset[str] = frozenset()
@@ -950,9 +959,12 @@ class _Checker:
                 self.tolerated["replay_not_confirmed"].append(
                     {k: batch[k] for k in ("log", "producer_id", "sequence", "first")} | {"error": done.error}
                 )
-        for batch in batches.values():
+        for (log, _producer, _sequence), batch in batches.items():
             values = batch.pop("values")
-            twice = {v: _places(where[v]) for v in values if len(where[v]) > 1}
+            home = {
+                v: [p for p in where[v] if p[0] == log] for v in values
+            }  # other logs: not a replay's doing
+            twice = {v: _places(places) for v, places in home.items() if len(places) > 1}
             if twice:
                 batch["stored_at"] = twice
             if batch["replays"] or twice:

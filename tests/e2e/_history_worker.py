@@ -526,6 +526,7 @@ class Worker(threading.Thread):
             except OffsetOutOfRange as error:
                 op.finish(FAIL, error=repr(error))
                 return
+            value["route_incarnation"] = self._route_incarnation(slot, partition)
             op.finish(OK, {"records": _records(table, with_partition=False), **value})
 
     def op_consume(self, slot: TopicSlot, inc: int) -> None:

@@ -58,7 +58,7 @@ OPERATION_HOLD_S = {
     "quick_restart": (0.5, 1.0),
     "isr_answer_loss": (6.0, 8.0),
     "seal_answer_loss": (1.0, 3.0),
-    "heartbeat_answer_loss": (2.0, 6.0),
+    "heartbeat_answer_loss": (4.0, 10.0),  # long enough to miss a delete + re-create
     "client_answer_loss": (2.0, 5.0),
     "meta_delay": (2.0, 5.0),
     "lose_disk": (1.0, 3.0),

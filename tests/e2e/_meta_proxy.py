@@ -25,7 +25,8 @@ A rule with ``count`` acts on the next ``count`` calls it matches, then stops
 matching; without one it acts until :meth:`MetaProxy.clear`. ``clear`` heals:
 no rule is left, and calls held for a drop are let go at once (each answers
 ``DEADLINE_EXCEEDED``, which its caller has already seen or will take as a
-lost answer). Only unary calls are proxied (every Meta Service call is
+lost answer); it returns the statistics since the previous ``clear``. Only
+unary calls are proxied (every Meta Service call is
 unary); another kind is answered ``UNIMPLEMENTED``.
 
 The module also runs as a process (``python -m tests.e2e._meta_proxy
@@ -183,11 +184,13 @@ class MetaProxy:
             self._healed.clear()
 
     def clear(self) -> dict[str, dict[str, int]]:
-        """Heal: no rule; held calls are let go. Returns the statistics so far."""
+        """Heal: no rule; held calls are let go. Returns the statistics since the last clear (and
+        starts counting again)."""
         with self._lock:
             self._rules = []
             self._healed.set()
-            return self._stats.view()
+            stats, self._stats = self._stats, _Stats()
+            return stats.view()
 
     def stats(self) -> dict[str, dict[str, int]]:
         with self._lock:

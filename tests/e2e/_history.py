@@ -497,6 +497,7 @@ class _Checker:
                 seen.kind in ("read", "poll")
                 and seen.log in self.final_logs
                 and seen.value not in final[seen.log]
+                and self.attempted.get(seen.value, seen.log[:2]) == seen.log[:2]  # else: resurrected
             ):
                 self.found["vanished_read"].append(
                     {"value": seen.value, "log": list(seen.log), "offset": seen.offset, "read_by": seen.kind}

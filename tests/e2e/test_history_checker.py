@@ -461,6 +461,12 @@ def test_a_read_of_data_that_later_vanished() -> None:
     b.final("t", 1, 0, [(0, v(0))])
     b.chain("t", 1, 0, [(0, 0, -1)])
     assert b.anomalies() == {"vanished_read"}
+    b = Build()  # a record of a deleted incarnation read in the new one: resurrected, not vanished
+    b.write("t", 1, unknown=[v(0)])
+    b.write("t", 2, unknown=[v(1, inc=2)])
+    b.read("t", 2, 0, 0, [v(0)])
+    b.final("t", 2, 0, [(0, v(1, inc=2))])
+    assert "vanished_read" not in b.anomalies() and "resurrected" in b.anomalies()
 
 
 def test_histories_of_two_processes_merge_by_time() -> None:

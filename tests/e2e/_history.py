@@ -21,11 +21,18 @@ starts a new, empty log.
 Shapes of ``value`` by ``f`` (completions repeat the invocation's keys):
 
 - writes (``send``, ``send_batch``, ``produce``, ``send_invalid``): invoke
-  ``{topic, inc, writes: [[partition or None, value]]}``; completion
+  ``{topic, inc, writes: [[partition or None, value]], acks}`` (``acks``: ``all``,
+  ``quorum`` or ``1`` when the run set it); completion
   ``{topic, inc, acked: [[value, partition, offset, epoch, duplicate]],
   failed: [value], unknown: [value]}`` (offset -1: acknowledged without an
   offset; epoch None: not known). ``ok`` iff every record was acknowledged.
-- ``read``: ``{topic, inc, partition, offset}`` -> ``records: [[offset, value]]``.
+- ``read``: ``{topic, inc, partition, offset}`` -> ``records: [[offset, value]]``
+  (and ``hw``, the high watermark a ``fetch_records`` answer carried).
+- ``list_offsets``: ``{topic, inc}`` -> ``offsets: [[partition, earliest, hw,
+  log_end, epoch]]`` as the node answering for each partition said.
+- ``replay`` (a re-send of an acknowledged idempotent batch: same producer id,
+  sequence and bytes): ``{topic, inc, partition, producer_id, sequence, values,
+  original: [offset, epoch]}`` -> ``offset, epoch, duplicate``.
 - ``final_read`` (after healing, the whole partition): ``earliest, hw, records``.
 - ``final_chain``: ``segments: [[epoch, start, end, state]]`` (end -1: active).
 - consumer sessions: ``subscribe`` ``{topic, inc, group, session}`` ->
@@ -35,11 +42,19 @@ Shapes of ``value`` by ``f`` (completions repeat the invocation's keys):
   offset 0 (``start="earliest"``; the runs set no retention).
 - ``seal``: ``{topic, inc, partition}`` -> ``epoch, end, next_epoch``.
 - ``delete``, ``create``: ``{topic, inc}`` (a ``fail`` with ``missing`` or
-  ``exists``: the topic was not in the state its history implies);
+  ``exists``: the topic was not in the state its history implies; an ``ok``
+  create may add ``meta_incarnation``, the Meta Service's number for it, and
+  ``replication_factor``, ``min_insync_replicas``);
   ``final_topic``: ``{topic, inc, expected, exists}`` after healing.
 - nemesis: ``inject`` / ``heal`` ``{fault, target}`` (``target``: ``node`` or
   ``meta``); an operation overlapping a fault (or within ``HEAL_GRACE_S`` of
   its heal) is excused from the availability checks.
+- nemesis records about disks (replicated runs): ``membership`` ``nodes:
+  [[node_id, host]]``, the storage nodes running from then on;
+  ``disk_snapshot`` ``{node, host, why, shards: [[topic, partition,
+  meta_incarnation, [[start, end]]]]}``, the offset ranges a **stopped** node's
+  files held (read while it was paused or down, or after its disk was lost:
+  nothing), valid until that node's next ``thaw`` ``{node}``.
 - ``final_nodes`` (replicated runs): ``nodes: [[node_id, address]]``;
   ``final_replica``: one node's copy of one segment read from its files after
   the servers stopped: ``{topic, inc, partition, node, epoch, start, end,
@@ -54,6 +69,12 @@ Shapes of ``value`` by ``f`` (completions repeat the invocation's keys):
   their records join the reads in every offset and placement check.
 - ``stuck``: the harness saw something hang (a thread past its deadline, no
   write possible after healing); always an anomaly.
+
+The analyses about high watermarks, disks and replays (``hw_went_back``,
+``offsets_of_deleted_incarnation``, ``acked_on_too_few_disks``,
+``replay_added_records``) are described on the methods that make them
+(:meth:`_Checker.high_watermarks`, :meth:`_Checker.disks`,
+:meth:`_Checker.replays`).
 
 Thread-safety: :class:`History` may be appended to from any thread.
 """
@@ -240,6 +261,12 @@ class _Checker:
     final_logs: set[Log] = field(default_factory=set)
     faults: list[tuple[str, float, float]] = field(default_factory=list)  # (target, injected, healed)
     copies: dict[tuple[Log, int], list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    write_info: dict[str, tuple[str | None, float, float]] = field(default_factory=dict)  # acks, from, to
+    configs: dict[str, dict[str, int]] = field(default_factory=dict)  # topic -> replication settings
+    meta_incs: dict[tuple[str, int], int] = field(default_factory=dict)  # (topic, Meta's incarnation) -> inc
+    chains: dict[Log, dict[str, Any]] = field(default_factory=dict)  # final_chain values
+    frozen: list[dict[str, Any]] = field(default_factory=list)  # disk snapshots of stopped nodes
+    members: list[tuple[float, frozenset[str]]] = field(default_factory=list)  # (time, running node ids)
 
     # -- pairing and collection ------------------------------------------------------
 
@@ -304,14 +331,54 @@ class _Checker:
                     self.obs.append(_Obs(log, offset, read, "poll", done.index))
             elif done.f == "final_replica":
                 self.copies[(_log_of(value), value["epoch"])].append(value)
+            elif done.f == "final_chain":
+                self.chains[_log_of(value)] = value
+            elif done.f == "membership":
+                self.members.append((done.time, frozenset(node for node, _host in value["nodes"])))
+        self._snapshots()
         for found in self.copies.values():
             for copy in _judged(found):
                 for offset, read in copy["records"]:
                     self.obs.append(_Obs(_log_of(copy), offset, read, "replica", -1))
 
+    def _snapshots(self) -> None:
+        """Each ``disk_snapshot`` of a stopped node, with the time span it holds for: from its
+        invocation to the invocation of that node's next ``thaw`` (or the end)."""
+        thaws: dict[str, list[float]] = defaultdict(list)
+        for invocation, _done in self.pairs:
+            if invocation.f == "thaw":
+                thaws[invocation.value["node"]].append(invocation.time)
+        for invocation, done in self.pairs:
+            if done.f != "disk_snapshot" or done.type != OK:
+                continue
+            node = done.value["node"]
+            until = min((t for t in thaws[node] if t >= invocation.time), default=float("inf"))
+            held: dict[Log, list[list[int]]] = {}
+            for topic, partition, meta_inc, ranges in done.value["shards"]:
+                inc = self.meta_incs.get((topic, meta_inc))
+                if inc is not None:
+                    held[(topic, inc, partition)] = ranges
+            self.frozen.append(
+                {
+                    "node": node,
+                    "from": invocation.time,
+                    "until": until,
+                    "held": held,
+                    "why": done.value["why"],
+                }
+            )
+
     def _topic(self, done: Op) -> None:
         """lost_topic: a topic nobody deleted is gone; resurrected: a deleted one is still there."""
         value = done.value
+        if done.f == "create" and done.type == OK:
+            if "meta_incarnation" in value:
+                self.meta_incs[(value["topic"], value["meta_incarnation"])] = value["inc"]
+            if "min_insync_replicas" in value:
+                self.configs[value["topic"]] = {
+                    "replication_factor": value["replication_factor"],
+                    "min_insync_replicas": value["min_insync_replicas"],
+                }
         where = {"topic": value["topic"], "inc": value["inc"]}
         if done.f == "delete" and done.type == FAIL and value.get("missing"):
             self.found["lost_topic"].append({**where, "why": "the delete found no topic"})
@@ -327,6 +394,7 @@ class _Checker:
         for value, partition, offset, epoch, duplicate in done.value.get("acked", []):
             log = (topic, inc, partition)
             self.acked[value] = (log, offset, epoch, duplicate, done.f)
+            self.write_info[value] = (invocation.value.get("acks"), invocation.time, done.time)
             if offset >= 0:
                 self.obs.append(_Obs(log, offset, value, "ack", done.index))
         self.failed.update(done.value.get("failed", []))
@@ -429,6 +497,7 @@ class _Checker:
                 seen.kind in ("read", "poll")
                 and seen.log in self.final_logs
                 and seen.value not in final[seen.log]
+                and self.attempted.get(seen.value, seen.log[:2]) == seen.log[:2]  # else: resurrected
             ):
                 self.found["vanished_read"].append(
                     {"value": seen.value, "log": list(seen.log), "offset": seen.offset, "read_by": seen.kind}
@@ -652,6 +721,256 @@ class _Checker:
                     }
                 )
 
+    def high_watermarks(self) -> None:
+        """hw_went_back: a reader's ``list_offsets`` answered a high watermark below an end the
+        same process had already seen of that log: a record it had read, a high watermark it
+        had been told, or its own ``acks=all`` ``produce`` (answered only once the high watermark
+        covers it). Each drop is reported once (the process's view restarts from the lower
+        value). Tolerated, ``hw_behind_other_reader``: below an end another process had seen
+        before this call began (a reader with an older route may ask a follower).
+        offsets_of_deleted_incarnation: a ``list_offsets`` answered through a route to an
+        incarnation of the topic that had been deleted (the worker knew the new one); such an
+        answer, and a ``produce`` acknowledged through one, count as nothing seen of the log."""
+        current = {(topic, inc): meta_inc for (topic, meta_inc), inc in self.meta_incs.items()}
+        seen: dict[tuple[str, Log], tuple[int, str, float, int | None]] = {}  # end, how, when, epoch
+        everyone: dict[Log, tuple[int, str, str, float]] = {}  # log -> end, process, how, when
+        before_call: dict[str, dict[Log, tuple[int, str, str, float]]] = {}
+        for op in self.ops:
+            if op.type == INVOKE:
+                if op.f == "list_offsets":
+                    before_call[op.process] = dict(everyone)
+                continue
+            if op.type != OK and op.f not in WRITE_FUNCTIONS:
+                continue
+            for log, end, how, epoch, route in self._ends_seen(op):
+                expected = current.get(log[:2])
+                if route is not None and expected is not None and route != expected:
+                    if op.f == "list_offsets":
+                        self.found["offsets_of_deleted_incarnation"].append(
+                            {
+                                "process": op.process,
+                                "log": list(log),
+                                "at": op.time,
+                                "route_incarnation": route,
+                                "topic_incarnation": expected,
+                                "hw": end,
+                            }
+                        )
+                    continue
+                key = (op.process, log)
+                others = before_call.get(op.process, {})
+                if op.f == "list_offsets" and self._claim(op, log, end, epoch, seen.get(key), others):
+                    seen[key] = (end, how, op.time, epoch)  # report the next drop from here
+                if end > seen.get(key, (-1, "", 0.0, None))[0]:
+                    seen[key] = (end, how, op.time, epoch)
+                if end > everyone.get(log, (-1, "", "", 0.0))[0]:
+                    everyone[log] = (end, op.process, how, op.time)
+
+    def _ends_seen(self, op: Op) -> list[tuple[Log, int, str, int | None, int | None]]:
+        """What ``op`` (a completion) showed of each log's committed end: ``(log, end, how,
+        epoch, route incarnation)`` (None: not known)."""
+        value = op.value
+        if op.f == "produce":
+            if value.get("acks") != "all":
+                return []
+            route = value.get("route_incarnation")
+            return [
+                ((value["topic"], value["inc"], partition), offset + 1, "acks=all produce", epoch, route)
+                for _v, partition, offset, epoch, duplicate in value.get("acked", [])
+                if offset >= 0 and not duplicate
+            ]
+        if op.f == "read" and op.process != "final":
+            log = _log_of(value)
+            route = value.get("route_incarnation")
+            # A record of another incarnation (a stale route's read) says nothing of this log.
+            mine = [offset for offset, v in value["records"] if v is not None and value_tag(v) == log[:2]]
+            ends: list[tuple[Log, int, str, int | None, int | None]] = [
+                (log, offset + 1, "read", None, route) for offset in mine[-1:]
+            ]
+            if value.get("hw") is not None and len(mine) == len(value["records"]):
+                ends.append((log, value["hw"], "fetch's high watermark", None, route))
+            return ends
+        if op.f == "poll":
+            top: dict[int, int] = {}
+            for partition, offset, _v in value["records"]:
+                top[partition] = max(top.get(partition, 0), offset + 1)
+            return [((value["topic"], value["inc"], p), end, "poll", None, None) for p, end in top.items()]
+        if op.f == "list_offsets":
+            return [
+                ((value["topic"], value["inc"], row[0]), row[2], "list_offsets", row[4], _at(row, 5))
+                for row in value["offsets"]
+            ]
+        return []
+
+    def _claim(
+        self,
+        op: Op,
+        log: Log,
+        hw: int,
+        epoch: int | None,
+        own: tuple[int, str, float, int | None] | None,
+        others: dict[Log, tuple[int, str, str, float]],
+    ) -> bool:
+        """Judge one ``list_offsets`` answer; True if it went back for its own process."""
+        if own is not None and hw < own[0]:
+            self.found["hw_went_back"].append(
+                {
+                    "process": op.process,
+                    "log": list(log),
+                    "saw": own[0],
+                    "by": own[1],
+                    "at": own[2],
+                    "epoch": own[3],
+                    "then_hw": hw,
+                    "then_epoch": epoch,
+                    "at_then": op.time,
+                }
+            )
+            return True
+        if log in others and hw < others[log][0]:
+            end, process, how, when = others[log]
+            self.tolerated["hw_behind_other_reader"].append(
+                {
+                    "process": op.process,
+                    "log": list(log),
+                    "hw": hw,
+                    "at": op.time,
+                    "saw": [end, process, how, when],
+                }
+            )
+        return False
+
+    def disks(self) -> None:
+        """acked_on_too_few_disks: an ``acks=all`` record (``quorum``: a majority of its replicas)
+        held by fewer than ``min_insync_replicas`` nodes' files, either when it was acknowledged
+        (the replicas that were stopped (paused, killed, disk lost) for the whole write, read
+        while stopped, lacked it, and too few others were left) or in the final copies read
+        after the run (a segment in the object store is not judged at the end; a record on no
+        disk at all is a ``lost_write``)."""
+        final_held = self._final_holders()
+        snapped = {(topic, inc) for (topic, _meta_inc), inc in self.meta_incs.items()}
+        for value, (log, offset, _epoch, _dup, _f) in sorted(self.acked.items()):
+            acks, invoked, completed = self.write_info.get(value, (None, 0.0, 0.0))
+            if acks not in ("all", "quorum") or offset < 0 or log[0] not in self.configs:
+                continue
+            segment = self._segment_of(log, offset)
+            replicas = segment[2] if segment is not None else None
+            need = self._needed(log, acks, replicas)
+            example = {"value": value, "log": list(log), "offset": offset, "acks": acks, "needed": need}
+            lacking = [
+                snap["node"]
+                for snap in self.frozen
+                if snap["from"] <= invoked
+                and completed <= snap["until"]
+                and not _holds(snap["held"].get(log, []), offset)
+            ]
+            if lacking and log[:2] in snapped and (replicas is not None or self.members):
+                candidates = set(replicas) if replicas is not None else set(self._members_at(completed))
+                if replicas is not None and self.members:
+                    candidates &= set(self._members_at(completed)) | set(lacking)
+                left = sorted(candidates - set(lacking))
+                if len(left) < need:
+                    self.found["acked_on_too_few_disks"].append(
+                        {
+                            **example,
+                            "when": "acknowledged",
+                            "stopped_without_it": sorted(lacking),
+                            "others": left,
+                        }
+                    )
+            if segment is None or segment[1] in ("REMOTE", "TIERED") or not final_held:
+                continue
+            holders = final_held.get((log, segment[0], offset, value), [])
+            if 0 < len(holders) < need:  # on no disk at all: a lost write, reported as such
+                self.found["acked_on_too_few_disks"].append(
+                    {**example, "when": "at the end", "held_by": holders}
+                )
+
+    def _segment_of(self, log: Log, offset: int) -> tuple[int, str, list[str] | None] | None:
+        """``(epoch, state, replicas)`` of the final chain's segment holding ``offset``."""
+        chain = self.chains.get(log)
+        if chain is None:
+            return None
+        replicas = {row[0]: row[2] for row in chain.get("replicas", [])}
+        for epoch, start, end, state in chain["segments"]:
+            if start <= offset and (end < 0 or offset < end):
+                return epoch, state, replicas.get(epoch)
+        return None
+
+    def _needed(self, log: Log, acks: str, replicas: list[str] | None) -> int:
+        """``min_insync_replicas`` for ``all``; for ``quorum`` a majority of the replica set the
+        epoch was placed on: of ``replication_factor`` replicas, or of fewer if it was placed on
+        fewer (repair may list more replicas on a sealed segment later: they do not count)."""
+        config = self.configs[log[0]]
+        if acks == "all":
+            return config["min_insync_replicas"]
+        placed = (
+            config["replication_factor"] if not replicas else min(len(replicas), config["replication_factor"])
+        )
+        return placed // 2 + 1
+
+    def _members_at(self, when: float) -> frozenset[str]:
+        current: frozenset[str] = frozenset()
+        for time_, members in self.members:
+            if time_ > when:
+                break
+            current = members
+        return current
+
+    def _final_holders(self) -> dict[tuple[Log, int, int, str], list[str]]:
+        """(log, epoch, offset, value) -> the nodes whose final files hold that record."""
+        held: dict[tuple[Log, int, int, str], list[str]] = defaultdict(list)
+        for (log, epoch), copies in self.copies.items():
+            by_digest = {c["digest"]: c["records"] for c in copies if c["records"] or not c["size"]}
+            for copy in copies:
+                for offset, value in by_digest.get(copy["digest"], []):
+                    held[(log, epoch, offset, value)].append(copy["node"])
+        return held
+
+    def replays(self) -> None:
+        """replay_added_records: a replayed batch (an acknowledged idempotent batch sent again with
+        the same producer id, sequence and bytes) acknowledged as new or at other offsets than
+        the first time, or whose records were seen at more than one offset; one finding per
+        batch, with every replay answer that differed. Tolerated: ``replay_not_confirmed``
+        (refused or unknown: a refusal stores nothing; an unknown one is judged by the reads)."""
+        where: dict[str, set[tuple[Log, int]]] = defaultdict(set)
+        for seen in self.obs:
+            where[seen.value].add((seen.log, seen.offset))
+        batches: dict[tuple[Log, int, int], dict[str, Any]] = {}
+        for _invocation, done in self.pairs:
+            if done.f != "replay":
+                continue
+            value = done.value
+            log = _log_of(value)
+            key = (log, value["producer_id"], value["sequence"])
+            batch = batches.setdefault(
+                key,
+                {
+                    "log": list(log),
+                    "producer_id": value["producer_id"],
+                    "sequence": value["sequence"],
+                    "first": value["original"],
+                    "values": value["values"],
+                    "replays": [],
+                },
+            )
+            if done.type == OK and (value["offset"] != value["original"][0] or not value["duplicate"]):
+                batch["replays"].append([value["offset"], value["epoch"], value["duplicate"], done.time])
+            elif done.type != OK:
+                self.tolerated["replay_not_confirmed"].append(
+                    {k: batch[k] for k in ("log", "producer_id", "sequence", "first")} | {"error": done.error}
+                )
+        for (log, _producer, _sequence), batch in batches.items():
+            values = batch.pop("values")
+            home = {
+                v: [p for p in where[v] if p[0] == log] for v in values
+            }  # other logs: not a replay's doing
+            twice = {v: _places(places) for v, places in home.items() if len(places) > 1}
+            if twice:
+                batch["stored_at"] = twice
+            if batch["replays"] or twice:
+                self.found["replay_added_records"].append(batch)
+
     def stats(self) -> dict[str, int]:
         counts: Counter[str] = Counter()
         for op in self.ops:
@@ -664,6 +983,14 @@ def _judged(copies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The copies of one segment that must agree: the ISR members' (every one of them holds the
     segment, or everything below the high watermark), else (no ISR recorded) the whole ones."""
     return [c for c in copies if c["in_isr"]] or [c for c in copies if c["whole"]]
+
+
+def _at(row: list[Any], index: int) -> Any:
+    return row[index] if len(row) > index else None
+
+
+def _holds(ranges: list[list[int]], offset: int) -> bool:
+    return any(start <= offset < end for start, end in ranges)
 
 
 def _log_of(value: dict[str, Any]) -> Log:
@@ -698,6 +1025,9 @@ def check(ops: list[Op]) -> Analysis:
     checker.consumers()
     checker.availability()
     checker.replicas()
+    checker.high_watermarks()
+    checker.disks()
+    checker.replays()
     return Analysis(
         anomalies={name: _finding(examples) for name, examples in checker.found.items() if examples},
         tolerated={name: _finding(examples) for name, examples in checker.tolerated.items() if examples},

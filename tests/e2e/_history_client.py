@@ -1,7 +1,8 @@
 """The client side of a history run in its own network namespace (a child process).
 
-``python -m tests.e2e._history_client --seed S --variant V --meta HOST:PORT --out F --origin T``
-derives the run's settings from the seed, creates the topics, runs the workers,
+``python -m tests.e2e._history_client --seed S --variant V --meta HOST:PORT --out F --origin T
+[--operations A,B]`` derives the run's settings from the seed (and the nemesis operations
+asked for), creates the topics, runs the workers,
 and talks to the parent (which runs the servers and the nemesis) over lines:
 
 - it prints ``created`` once the workers run (or ``unsupported <reason>`` and
@@ -38,8 +39,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--meta", required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--origin", type=float, required=True)
+    parser.add_argument("--operations", default="", help="comma-separated (see Settings.derive)")
     args = parser.parse_args(argv)
-    settings = Settings.derive(args.seed, args.variant)
+    settings = Settings.derive(args.seed, args.variant, tuple(filter(None, args.operations.split(","))))
     history = History(origin=args.origin)
     stop = threading.Event()
     try:

@@ -9,64 +9,116 @@ process can be killed, paused or restarted at the same address, and any set of
 hosts cut off from the others. Clients run in ``client`` (see
 :meth:`client_command`).
 
+Options for the nemesis runs (:mod:`tests.e2e._history_ops`):
+
+- ``spares``: more node hosts (``n<N+1>`` ..) whose storage node is not
+  started with the others: a node added during the run (:meth:`start_node`),
+  or the place a removed node's host goes back to;
+- ``meta_args``: extra ``robustmq meta`` arguments (``--node-timeout-ms``);
+- ``proxy_seed``: a :class:`tests.e2e._meta_proxy.ProxyProcess` in the
+  ``meta`` namespace (port 7072), forwarding to the Meta Service; the storage
+  nodes use it as their ``--meta`` (:attr:`node_meta_address`), so the nemesis
+  can lose or delay their answers;
+- ``agent``: a ``nemesis`` host that no partition names, running
+  :class:`tests.e2e._history_agent.AgentProcess` (the nemesis's admin calls).
+
+A host's data directory can be deleted while its node is down (:meth:`wipe`: a
+lost disk); the node then starts with a new node id.
+
 :meth:`stop` continues paused processes, stops them (SIGTERM, then SIGKILL) by
-their pids, then closes the lab, which kills anything still inside its
-namespaces and deletes them.
+their pids, stops the proxy and the agent, then closes the lab, which kills
+anything still inside its namespaces and deletes them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
+from tests.e2e._history_agent import AgentProcess
+from tests.e2e._meta_proxy import ProxyProcess
 from tests.e2e._netns import NetLab
 from tests.e2e._procs import ServerProcess
 
-__all__ = ["CLIENT", "META", "NetCluster"]
+__all__ = ["CLIENT", "META", "NEMESIS", "NetCluster"]
 
-META, CLIENT = "meta", "client"
-META_PORT, NODE_PORT = 7070, 7071
+META, CLIENT, NEMESIS = "meta", "client", "nemesis"
+META_PORT, NODE_PORT, PROXY_PORT = 7070, 7071, 7072
 
 
 class NetCluster:
     """See the module docstring. Not thread-safe: one owner starts and stops it."""
 
-    def __init__(self, root: Path, *, nodes: int = 3, log_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        nodes: int = 3,
+        log_dir: Path | None = None,
+        spares: int = 0,
+        meta_args: Sequence[str] = (),
+        proxy_seed: int | None = None,
+        agent: bool = False,
+    ) -> None:
         self.root = root
-        self.node_hosts = [f"n{i}" for i in range(1, nodes + 1)]
-        self.lab = NetLab([META, *self.node_hosts, CLIENT])
-        self.meta_address = f"{self.lab.address(META)}:{META_PORT}"
+        self.all_node_hosts = [f"n{i}" for i in range(1, nodes + spares + 1)]
+        self.node_hosts = self.all_node_hosts[:nodes]  # started by start()
+        self.lab = NetLab([META, *self.all_node_hosts, CLIENT, *([NEMESIS] if agent else [])])
+        meta_host = self.lab.address(META)
+        self.meta_address = f"{meta_host}:{META_PORT}"
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
-        names = [META, *self.node_hosts]
+        names = [META, *self.all_node_hosts]
         self.log_paths = {name: log_dir / f"{name}.log" for name in names} if log_dir else {}
         self.meta = ServerProcess(
             [
                 "meta",
                 "--host",
-                self.lab.address(META),
+                meta_host,
                 "--meta-port",
                 str(META_PORT),
                 "--data-dir",
                 str(root / META),
+                *meta_args,
             ],
             log_path=self.log_paths.get(META),
             wrapper=self.lab.wrap(META),
         )
-        self.nodes = [
-            ServerProcess(
+        self.proxy: ProxyProcess | None = None
+        self.node_meta_address = self.meta_address
+        if proxy_seed is not None:
+            self.proxy = ProxyProcess(
+                f"{meta_host}:{PROXY_PORT}",
+                self.meta_address,
+                seed=proxy_seed,
+                wrapper=self.lab.wrap(META),
+                log_path=log_dir / "proxy.log" if log_dir else None,
+            )
+            self.node_meta_address = self.proxy.address
+        self.agent: AgentProcess | None = None
+        if agent:
+            self.agent = AgentProcess(
+                self.meta_address,
+                wrapper=self.lab.wrap(NEMESIS),
+                log_path=log_dir / "agent.log" if log_dir else None,
+            )
+        self.servers = {
+            host: ServerProcess(
                 [
                     *("storage-node", "--host", self.lab.address(host), "--node-port", str(NODE_PORT)),
-                    *("--data-dir", str(self.data_dir(host)), "--meta", self.meta_address),
+                    *("--data-dir", str(self.data_dir(host)), "--meta", self.node_meta_address),
                 ],
                 log_path=self.log_paths.get(host),
                 wrapper=self.lab.wrap(host),
             )
-            for host in self.node_hosts
-        ]
+            for host in self.all_node_hosts
+        }
+        self.nodes = [self.servers[host] for host in self.node_hosts]
 
     @property
     def node(self) -> ServerProcess:
@@ -75,6 +127,24 @@ class NetCluster:
 
     def data_dir(self, host: str) -> Path:
         return self.root / host
+
+    def node_id(self, host: str) -> str | None:
+        """The id the node of ``host`` registered with (None before its first start or after a
+        :meth:`wipe`)."""
+        path = self.data_dir(host) / "node_id"
+        try:
+            return path.read_text().strip() or None
+        except OSError:
+            return None
+
+    def wipe(self, host: str) -> None:
+        """Delete the data directory of ``host`` (a lost disk); its node must be down."""
+        assert not self.servers[host].alive(), f"{host} is running: stop it before its disk goes"
+        shutil.rmtree(self.data_dir(host), ignore_errors=True)
+
+    def start_node(self, host: str) -> ServerProcess:
+        """Start (or start again) the storage node of ``host``; ready once registered."""
+        return self.servers[host].start()
 
     def host_of_address(self, address: str) -> str | None:
         """The host whose namespace has ``address`` (``tcp://10.x.0.i:port`` or ``10.x.0.i``)."""
@@ -92,6 +162,9 @@ class NetCluster:
         self.lab.open()
         try:
             self.meta.start()
+            for helper in (self.proxy, self.agent):
+                if helper is not None:
+                    self.lab.adopt(helper.start())
             for node in self.nodes:
                 node.start()
         except BaseException:
@@ -100,7 +173,7 @@ class NetCluster:
         return self
 
     def stop(self) -> None:
-        servers = [*self.nodes, self.meta]
+        servers = [*self.servers.values(), self.meta]
         for server in servers:
             if server.alive():
                 with contextlib.suppress(ProcessLookupError):
@@ -108,6 +181,9 @@ class NetCluster:
         try:
             for server in servers:
                 server.stop()
+            for helper in (self.proxy, self.agent):
+                if helper is not None:
+                    helper.stop()
         finally:
             self.lab.close()
 

@@ -24,7 +24,9 @@ among these names, so a seed fixes which node each fault hits.
 
 :class:`Nemesis` runs a schedule of faults on its own thread, one at a time,
 and records each step in the history (``process="nemesis"``, ``f`` =
-``inject`` or ``heal``). Whatever happens, :meth:`Nemesis.heal_all` and
+``inject`` or ``heal``; the completion carries the fault's ``details``, what
+it did). More operations, on a replicated cluster, are in
+:mod:`tests.e2e._history_ops`. Whatever happens, :meth:`Nemesis.heal_all` and
 :meth:`Cluster.stop` (called from ``finally``) continue paused processes and
 stop every process the cluster started, by its pid.
 """
@@ -37,7 +39,7 @@ import signal
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tests.e2e._history import INFO, History
 from tests.e2e._netns import NetLab
@@ -74,6 +76,7 @@ class Fault:
         self.target = target  # "node" (a storage node), "meta" (the Meta Service) or "net"
         self._server = server
         self.active = False
+        self.details: dict[str, Any] = {}  # what the last inject or heal did, for the history
 
     @property
     def server(self) -> ServerProcess:
@@ -83,12 +86,14 @@ class Fault:
     def inject(self) -> str | None:
         """Inflict the fault; returns a note on anything that went wrong (None if nothing did)."""
         self.active = True
+        self.details = {}
         return self._inject()
 
     def heal(self) -> str | None:
         if not self.active:
             return None
         self.active = False
+        self.details = {}
         return self._heal()
 
     def _inject(self) -> str | None:
@@ -249,10 +254,10 @@ class Nemesis(threading.Thread):
             with self._lock:
                 note = fault.inject() if action == "inject" else fault.heal()
         except Exception as error:
-            self.history.complete(invocation, INFO, error=repr(error))
+            self.history.complete(invocation, INFO, {**invocation.value, **fault.details}, repr(error))
             self._stuck(f"{action} {name} failed: {error!r}")
             return False
-        self.history.complete(invocation, INFO)
+        self.history.complete(invocation, INFO, {**invocation.value, **fault.details})
         if note is not None:
             self._stuck(note)
         return True

@@ -7,11 +7,15 @@ processes and changes nftables rules from the root namespace). The sequence:
 
 1. the child creates the topics and starts the workers (``created``); a cluster
    that refuses replicated topics raises :class:`ReplicationUnavailable`;
-2. the nemesis runs ``settings.faults`` for ``settings.duration_s``;
+2. the nemesis runs ``settings.faults`` for ``settings.duration_s`` (the
+   nemesis variants: the operations of :mod:`tests.e2e._history_ops`, after
+   recording which node id runs on which host; the workers then reach the Meta
+   Service through the cluster's answer-loss proxy);
 3. the nemesis stops, every fault is healed, the child stops its workers
    (``stop``), then settles, probes and reads back everything (``final``);
-4. the servers are stopped cleanly and each node's segment files are read:
-   for every segment of the final chains, each node's copy is recorded as a
+4. the servers are stopped cleanly and each node host's segment files are
+   read (under the node id its data directory holds): for every segment of
+   the final chains, each node's copy is recorded as a
    ``final_replica`` operation (digest, size, whole or not, records), which the
    checker compares across replicas (``replica_divergence``) and against
    every read (``inconsistent_offsets``).
@@ -32,7 +36,8 @@ from typing import IO, Any
 
 from tests.e2e._history import OK, History
 from tests.e2e._history_cluster import NetCluster
-from tests.e2e._history_nemesis import Nemesis, net_faults_of
+from tests.e2e._history_nemesis import Fault, Nemesis, net_faults_of
+from tests.e2e._history_ops import Lab, nemesis_faults
 from tests.e2e._history_replicas import read_range
 from tests.e2e._history_run import FINAL, ReplicationUnavailable, run_nemesis, stuck
 from tests.e2e._history_workload import Settings
@@ -46,8 +51,11 @@ class _Child:
 
     def __init__(self, cluster: NetCluster, settings: Settings, out: Path, origin: float, log: Path) -> None:
         argv = ["-m", "tests.e2e._history_client", "--seed", str(settings.seed)]
-        argv += ["--variant", settings.variant, "--meta", cluster.meta_address]
+        # The workers reach the Meta Service through the answer-loss proxy when there is one.
+        argv += ["--variant", settings.variant, "--meta", cluster.node_meta_address]
         argv += ["--out", str(out), "--origin", repr(origin)]
+        if settings.forced_operations:
+            argv += ["--operations", ",".join(settings.forced_operations)]
         self.log = log.open("a")
         self.process = subprocess.Popen(
             cluster.client_command(argv),
@@ -108,7 +116,7 @@ def run_net(settings: Settings, root: Path, cluster: NetCluster) -> History:
         )
         if started.startswith("unsupported"):
             raise ReplicationUnavailable(started.removeprefix("unsupported "))
-        nemesis = Nemesis(net_faults_of(cluster), settings.faults, history, stop)
+        nemesis = Nemesis(_faults(settings, cluster, history), settings.faults, history, stop)
         run_nemesis(nemesis, settings, history, stop)
         child.send("stop")
         child.expect(("stopped",), settings.worker_join_s + 30)
@@ -126,17 +134,33 @@ def run_net(settings: Settings, root: Path, cluster: NetCluster) -> History:
     return history
 
 
+def _faults(settings: Settings, cluster: NetCluster, history: History) -> dict[str, Fault]:
+    """The old faults by host, or (nemesis variants) the operations of ``_history_ops`` and the
+    old faults by slot, after recording which node runs on which host."""
+    if not settings.nemesis_operations:
+        return net_faults_of(cluster)
+    lab = Lab(
+        cluster,
+        history,
+        tuple(plan.name for plan in settings.topics),
+        max(plan.replication_factor for plan in settings.topics),
+        (settings.node_timeout_ms or 1500) / 1000,
+    )
+    lab.record_membership()
+    return nemesis_faults(lab, [step.fault for step in settings.faults], dict(settings.operation_seeds))
+
+
 def _replicas(cluster: NetCluster, history: History) -> None:
-    """Record every node's copy of every segment of the final chains (``final_replica``)."""
+    """Record every node's copy of every segment of the final chains (``final_replica``): each
+    node host's data directory, under the node id it holds (a lost disk's host holds the new
+    node's; a removed node's host, nothing)."""
     hosts: dict[str, str] = {}  # node id -> host
-    for op in history.ops():
-        if op.f == "final_nodes" and op.type == OK:
-            for node_id, address in op.value["nodes"]:
-                host = cluster.host_of_address(address)
-                if host is not None:
-                    hosts[node_id] = host
+    for host in cluster.all_node_hosts:
+        node_id = cluster.node_id(host)
+        if node_id is not None:
+            hosts[node_id] = host
     if not hosts:
-        stuck(history, "no node list after healing: cannot read the replicas")
+        stuck(history, "no node has a data directory after the run: cannot read the replicas")
         return
     chains = [op.value for op in history.ops() if op.f == "final_chain" and op.type == OK]
     hw = {

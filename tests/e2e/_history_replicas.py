@@ -6,6 +6,9 @@ node's segment files (``{data_dir}/segment/shards/{shard}.{incarnation}/
 reader's miss and to check that the replicas of every sealed segment are
 byte-identical. :func:`read_range` returns the frames' bytes digest and the
 records of one offset range; the checker compares them across replicas.
+:func:`held_ranges` reads only frame headers: the offset ranges a node's
+files hold of every shard, cheap enough to take while a node is paused or
+down (its files cannot change then); a torn or unreadable tail ends a file.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import pyarrow as pa
 
 from robustmq._crc import crc32c
 from robustmq._frame import FRAME_HEADER_SIZE, decode_header, decode_payload
+from robustmq.errors import CorruptRecordBatch
 
-__all__ = ["ReplicaRange", "read_range", "shard_dir"]
+__all__ = ["ReplicaRange", "held_ranges", "read_range", "shard_dir"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,3 +80,41 @@ def read_range(data_dir: Path, shard: str, incarnation: int, start: int, end: in
             position += length
     whole = problem is None and (end < 0 or expected == end) and (size > 0 or start == end)
     return ReplicaRange(whole, digest.hexdigest(), size, records, problem, crc)
+
+
+def held_ranges(data_dir: Path) -> list[list[Any]]:
+    """``[[topic, partition, incarnation, [[start, end], ...]]]``: the offsets whose frames a
+    node's segment files hold, per shard directory (``{topic}_{partition}.{incarnation}``),
+    contiguous runs merged. Nothing for a missing directory (a lost disk)."""
+    shards_dir = data_dir / "segment" / "shards"
+    found: list[list[Any]] = []
+    if not shards_dir.is_dir():
+        return found
+    for folder in sorted(shards_dir.iterdir()):
+        shard, _, incarnation = folder.name.rpartition(".")
+        topic, _, partition = shard.rpartition("_")
+        if not folder.is_dir() or not incarnation.isdigit() or not partition.isdigit():
+            continue
+        ranges: list[list[int]] = []
+        for path in sorted(folder.glob("*.log")):
+            try:
+                data = path.read_bytes()
+            except OSError:  # removed meanwhile (retention, a drop of the shard)
+                continue
+            position = 0
+            while position + FRAME_HEADER_SIZE <= len(data):
+                try:
+                    header = decode_header(data, position)
+                except CorruptRecordBatch:
+                    break
+                length = FRAME_HEADER_SIZE + header.payload_length
+                if position + length > len(data):
+                    break
+                start, end = header.base_offset, header.base_offset + header.record_count
+                if ranges and ranges[-1][1] == start:
+                    ranges[-1][1] = end
+                else:
+                    ranges.append([start, end])
+                position += length
+        found.append([topic, int(partition), int(incarnation), ranges])
+    return found

@@ -131,7 +131,7 @@ def _create(client: robustmq.Client, plan: TopicPlan, history: History, settings
     while True:
         invocation = history.invoke("setup", "create", {"topic": plan.name, "inc": 1})
         try:
-            create_topic(client, plan)
+            made = create_topic(client, plan)
         except RobustMQError as error:
             history.complete(invocation, INFO, error=repr(error))
             if plan.replication_factor > 1 and isinstance(error, InvalidRequest):
@@ -140,8 +140,10 @@ def _create(client: robustmq.Client, plan: TopicPlan, history: History, settings
                 raise
             time.sleep(0.5)
             continue
-        history.complete(invocation, OK)
-        return TopicSlot(plan)
+        history.complete(invocation, OK, {**invocation.value, **made})
+        slot = TopicSlot(plan)
+        slot.meta_incs[1] = made["meta_incarnation"]
+        return slot
 
 
 def _final(client: robustmq.Client, slots: list[TopicSlot], history: History, settings: Settings) -> None:

@@ -15,7 +15,19 @@ invocation and a completion in the :class:`History`:
 - ``consume``: a consumer session of group ``g{process}``: ``subscribe``,
   one to four ``poll``\\ s, often a ``commit`` of what it polled;
 - ``seal`` (``Client.seal``);
-- ``recreate``: ``delete`` then ``create`` of a topic under its exclusive lock.
+- ``recreate``: ``delete`` then ``create`` of a topic under its exclusive lock
+  (only topics whose plan is ``recreatable``); a ``create`` records the Meta
+  Service's incarnation number and the replication settings;
+- ``list_offsets``: each partition's earliest offset, high watermark, log end
+  and epoch as the node the client routes a read to answers, with the topic
+  incarnation of that route;
+- ``replay`` (runs with ``settings.replays``): an acknowledged ``produce``
+  batch sent again with the same producer id, sequence and bytes (see
+  :meth:`Worker.op_replay`); ``produce`` then uses short producer sessions
+  per partition and keeps the last ``REPLAYABLE`` acknowledged batches whose
+  route named the topic's current incarnation.
+
+Writes carry the worker's ``acks`` (``settings.worker_acks`` or the run's).
 
 Outcomes: an acknowledgement is ``ok``; an error that proves the write was
 refused before anything was stored (``InvalidRequest`` and its subclasses
@@ -51,11 +63,20 @@ from robustmq.errors import (
 from tests.e2e._history import FAIL, INFO, OK, History, Op, write_outcome, write_value
 from tests.e2e._history_workload import Settings, TopicPlan, TopicSlot
 
-__all__ = ["Worker", "create_topic", "node_silent", "node_timed_out", "refused"]
+__all__ = [
+    "Worker",
+    "create_topic",
+    "created",
+    "meta_incarnation_of",
+    "node_silent",
+    "node_timed_out",
+    "refused",
+]
 
 log = logging.getLogger("robustmq.history")
 
 POISON_TAG = "x" * 70_000  # a tag longer than the 65,535 bytes an index key can hold
+REPLAYABLE = 200  # acknowledged batches a worker keeps to replay
 
 
 def node_silent(error: BaseException) -> bool:
@@ -83,15 +104,36 @@ def refused(error: BaseException) -> bool:
     return isinstance(error, InvalidRequest | TopicNotFound)
 
 
-def create_topic(client: robustmq.Client, plan: TopicPlan) -> None:
-    """Create the topic of ``plan`` (replication settings included when it is replicated)."""
-    client.create_topic(
+def create_topic(client: robustmq.Client, plan: TopicPlan) -> dict[str, Any]:
+    """Create the topic of ``plan`` (replication settings included when it is replicated); what a
+    ``create`` completion records of it (see :func:`created`)."""
+    topic = client.create_topic(
         plan.name,
         plan.partitions,
         replication_factor=plan.replication_factor,
         engine=plan.engine,
         **plan.settings(),
     )
+    return created(plan, topic.incarnation)
+
+
+def created(plan: TopicPlan, meta_incarnation: int | None) -> dict[str, Any]:
+    """The Meta Service's incarnation number of a created topic (None: unknown) and its settings."""
+    found: dict[str, Any] = {
+        "replication_factor": plan.replication_factor,
+        "min_insync_replicas": plan.min_insync_replicas,
+    }
+    if meta_incarnation is not None:
+        found["meta_incarnation"] = meta_incarnation
+    return found
+
+
+def meta_incarnation_of(client: robustmq.Client, topic: str) -> int | None:
+    """The incarnation the Meta Service has for ``topic`` now (None if it cannot say)."""
+    try:
+        return int(client.describe_topic(topic).topic.incarnation)
+    except RobustMQError:
+        return None
 
 
 class _Recording:
@@ -136,6 +178,11 @@ class Worker(threading.Thread):
         self.sessions = itertools.count(1)
         self.sequences: dict[tuple[str, int, int], int] = {}  # (topic, inc, partition) -> next sequence
         self.producer_ids: dict[tuple[str, int], int] = {}
+        # With replays in the mix: short producer sessions per partition, and acknowledged
+        # batches to send again (bounded).
+        self.sessions_of: dict[tuple[str, int, int], list[int]] = {}  # -> [producer id, batches left]
+        self.replayable: list[dict[str, Any]] = []
+        self.acks = settings.worker_acks[index] if settings.worker_acks else settings.acks
         self.client: robustmq.Client | None = None
         self.producer: robustmq.Producer | None = None
         names = [name for name, _ in settings.weights]
@@ -170,7 +217,7 @@ class Worker(threading.Thread):
 
     def _producer(self) -> robustmq.Producer:
         if self.producer is None:
-            acks = {"acks": self.settings.acks} if self.settings.acks else {}
+            acks = {"acks": self.acks} if self.acks else {}
             self.producer = self._client.producer(
                 **acks,
                 linger_ms=2,
@@ -205,6 +252,12 @@ class Worker(threading.Thread):
         with slot.lock.shared(self.settings.lock_timeout_s) as got:
             yield slot.inc if got and slot.doubt is None else None
 
+    def _write_value(self, slot: TopicSlot, inc: int, writes: list[list[Any]]) -> dict[str, Any]:
+        value: dict[str, Any] = {"topic": slot.name, "inc": inc, "writes": writes}
+        if self.acks:
+            value["acks"] = self.acks
+        return value
+
     def _value(self, slot: TopicSlot, inc: int) -> str:
         return write_value(slot.name, inc, self.process, next(self.counter))
 
@@ -219,7 +272,7 @@ class Worker(threading.Thread):
             for _ in range(self.rng.randint(1, 8))
         ]
         tainted = False
-        with self._op("send", {"topic": slot.name, "inc": inc, "writes": writes}) as op:
+        with self._op("send", self._write_value(slot, inc, writes)) as op:
             producer = self._producer()
             futures: list[tuple[str, robustmq.RecordFuture]] = []
             failed: list[str] = []
@@ -258,9 +311,7 @@ class Worker(threading.Thread):
                 "partition": pa.array([p for p, _ in writes], pa.int32()),
             }
         )
-        with self._op(
-            "send_batch", {"topic": slot.name, "inc": inc, "writes": [list(w) for w in writes]}
-        ) as op:
+        with self._op("send_batch", self._write_value(slot, inc, [list(w) for w in writes])) as op:
             producer = self._producer()
             values = [v for _, v in writes]
             try:
@@ -291,32 +342,41 @@ class Worker(threading.Thread):
             left = [v for values_left in rows.values() for v in values_left]
             op.finish(*write_outcome(acked, [], left))
 
+    def _producer_id(self, slot: TopicSlot, inc: int, partition: int) -> int:
+        """One producer id per topic incarnation; with replays, short sessions per partition (so
+        a batch can be replayed where no later batch of its producer is known)."""
+        if not self.settings.replays:
+            return self.producer_ids.setdefault((slot.name, inc), self.rng.getrandbits(62))
+        key = (slot.name, inc, partition)
+        session = self.sessions_of.get(key)
+        if session is None or session[1] <= 0:
+            session = self.sessions_of[key] = [self.rng.getrandbits(62), self.rng.randint(1, 6)]
+            self.sequences[key] = self.rng.choice([0, self.rng.randint(1, 1000)])
+        session[1] -= 1
+        return session[0]
+
     def op_produce(self, slot: TopicSlot, inc: int) -> None:
         partition = self._partition(slot)
         values = [self._value(slot, inc) for _ in range(self.rng.randint(1, 10))]
         key = (slot.name, inc, partition)
+        producer_id = self._producer_id(slot, inc, partition)
         sequence = self.sequences.get(key, 0)
         self.sequences[key] = sequence + 1
-        producer_id = self.producer_ids.setdefault((slot.name, inc), self.rng.getrandbits(62))
         writes = [[partition, v] for v in values]
+        records = robustmq.build_records([v.encode() for v in values])
+        acks = self.acks or "1"
         with self._op(
             "produce",
             {
-                "topic": slot.name,
-                "inc": inc,
-                "writes": writes,
+                **self._write_value(slot, inc, writes),
+                "acks": acks,
                 "producer_id": producer_id,
                 "sequence": sequence,
             },
         ) as op:
             try:
                 answer = self._client.produce(
-                    slot.name,
-                    partition,
-                    robustmq.build_records([v.encode() for v in values]),
-                    producer_id=producer_id,
-                    sequence=sequence,
-                    acks=self.settings.acks or "1",
+                    slot.name, partition, records, producer_id=producer_id, sequence=sequence, acks=acks
                 )
             except RobustMQError as error:
                 type_, outcome = write_outcome(
@@ -325,9 +385,26 @@ class Worker(threading.Thread):
                 silent, timed_out = node_silent(error), node_timed_out(error)
                 op.finish(type_, {**outcome, "node_silent": silent, "node_timed_out": timed_out}, repr(error))
                 return
+            route = self._route_incarnation(slot, partition)
             offsets = [answer.base_offset + i if answer.base_offset >= 0 else -1 for i in range(len(values))]
             for offset in offsets:
                 slot.acked(inc, partition, offset)
+            if self.settings.replays and answer.base_offset >= 0 and route == slot.meta_incs.get(inc):
+                self.replayable.append(
+                    {
+                        "topic": slot.name,
+                        "inc": inc,
+                        "partition": partition,
+                        "producer_id": producer_id,
+                        "sequence": sequence,
+                        "values": values,
+                        "original": [answer.base_offset, answer.epoch],
+                        "acks": acks,
+                        "route_incarnation": route,
+                        "records": records,
+                    }
+                )
+                del self.replayable[:-REPLAYABLE]
             acked: list[list[Any]] = [
                 [
                     v,
@@ -338,7 +415,70 @@ class Worker(threading.Thread):
                 ]
                 for i, v in enumerate(values)
             ]
-            op.finish(*write_outcome(acked, [], []))
+            type_, outcome = write_outcome(acked, [], [])
+            op.finish(type_, {**outcome, "route_incarnation": route})
+
+    def op_replay(self, slot: TopicSlot, inc: int) -> None:
+        """Send an acknowledged batch again: same producer id, sequence and bytes, preferably one
+        acknowledged in an epoch before the partition's current one (leadership moved since)."""
+        mine = [b for b in self.replayable if b["topic"] == slot.name and b["inc"] == inc]
+        if not mine:
+            return
+        epochs: dict[int, int] = {}
+        for batch in mine:
+            with suppress(RobustMQError):
+                if batch["partition"] not in epochs:
+                    epochs[batch["partition"]] = self._client.metadata.write_route(
+                        slot.name, batch["partition"]
+                    ).epoch
+        moved = [b for b in mine if b["original"][1] < epochs.get(b["partition"], -1)]
+        batch = self.rng.choice(moved or mine)
+        value = {k: v for k, v in batch.items() if k != "records"}
+        value["epoch_now"] = epochs.get(batch["partition"])
+        with self._op("replay", value) as op:
+            try:
+                answer = self._client.produce(
+                    slot.name,
+                    batch["partition"],
+                    batch["records"],
+                    producer_id=batch["producer_id"],
+                    sequence=batch["sequence"],
+                    acks=batch["acks"],
+                )
+            except RobustMQError as error:
+                op.finish(FAIL if refused(error) else INFO, error=repr(error))
+                return
+            op.finish(
+                OK, {"offset": answer.base_offset, "epoch": answer.epoch, "duplicate": answer.duplicate}
+            )
+
+    def op_list_offsets(self, slot: TopicSlot, inc: int) -> None:
+        """Each partition's earliest offset, high watermark, log end and epoch, as the node the
+        client routes a read to answers (the active segment's leader, as the client knows it)."""
+        with self._op("list_offsets", {"topic": slot.name, "inc": inc}) as op:
+            found = []
+            for partition in range(slot.plan.partitions):
+                info = self._client._offsets_one(slot.name, partition)
+                route = self._route_incarnation(slot, partition)
+                found.append(
+                    [
+                        partition,
+                        info.log_start_offset,
+                        info.high_watermark,
+                        info.log_end_offset,
+                        info.epoch,
+                        route,
+                    ]
+                )
+            op.finish(OK, {"offsets": found})
+
+    def _route_incarnation(self, slot: TopicSlot, partition: int) -> int | None:
+        """The topic incarnation of the client's route to ``partition`` (cached: the one the call
+        just used, unless the call refreshed it)."""
+        try:
+            return int(self._client.metadata.read_route(slot.name, partition).incarnation)
+        except RobustMQError:
+            return None
 
     def op_send_invalid(self, slot: TopicSlot, inc: int) -> None:
         """A record the node must refuse with a typed error, at once; it must never be read."""
@@ -381,11 +521,13 @@ class Worker(threading.Thread):
                 if via == "read":
                     table = self._client.read(slot.name, partition, offset, self.rng.randint(1, 300))
                 else:  # one fetch, as far as the node's byte limit goes
-                    table, _next, _high_watermark = self._client.fetch_records(slot.name, partition, offset)
+                    table, _next, high_watermark = self._client.fetch_records(slot.name, partition, offset)
+                    value["hw"] = high_watermark
             except OffsetOutOfRange as error:
                 op.finish(FAIL, error=repr(error))
                 return
-            op.finish(OK, {"records": _records(table, with_partition=False)})
+            value["route_incarnation"] = self._route_incarnation(slot, partition)
+            op.finish(OK, {"records": _records(table, with_partition=False), **value})
 
     def op_consume(self, slot: TopicSlot, inc: int) -> None:
         base = {
@@ -440,6 +582,8 @@ class Worker(threading.Thread):
 
     def op_recreate(self, slot: TopicSlot) -> None:
         """Delete the topic and create it again: a new incarnation with an empty log."""
+        if not slot.plan.recreatable:
+            return
         with slot.lock.exclusive(self.settings.lock_timeout_s) as got:
             if not got or slot.doubt is not None:
                 return
@@ -458,15 +602,21 @@ class Worker(threading.Thread):
         while True:
             with self._op(action, {"topic": slot.name, "inc": inc}) as op:
                 try:
+                    made: dict[str, Any] = {}
                     if action == "delete":
                         self._client.delete_topic(slot.name)
                     else:
-                        create_topic(self._client, slot.plan)
-                    op.finish(OK)
+                        made = create_topic(self._client, slot.plan)
+                        slot.meta_incs[inc] = made["meta_incarnation"]
+                    op.finish(OK, made)
                     return True
                 except (TopicNotFound, TopicAlreadyExists) as error:
                     if tried:  # our earlier attempt, whose answer was lost, did it
-                        op.finish(OK, {"settled_by": "an earlier attempt"}, repr(error))
+                        if action == "create":
+                            made = created(slot.plan, meta_incarnation_of(self._client, slot.name))
+                            if "meta_incarnation" in made:
+                                slot.meta_incs[inc] = made["meta_incarnation"]
+                        op.finish(OK, {"settled_by": "an earlier attempt", **made}, repr(error))
                         return True
                     # Nobody else deletes or creates this topic: the Meta Service lost it
                     # (``missing``) or kept a deleted one (``exists``); the checker flags both.

@@ -2,7 +2,10 @@
 
 :meth:`Settings.derive` turns ``(seed, variant)`` into every choice a run
 makes before it starts: topics and their engines, segment limits, the
-operation mix, each worker's own seed and the nemesis schedule. The workers
+operation mix, each worker's own seed and the nemesis schedule (for the
+``nemesis_*`` variants also each worker's acks, the Meta Service's node
+timeout and each nemesis operation's own seed; the operations may be chosen
+instead of drawn). The workers
 draw everything else from their own ``random.Random``; only the interleaving
 of threads and the timing of the servers differ between two runs of a seed.
 
@@ -29,10 +32,37 @@ from tests.e2e._history_nemesis import (
     net_fault_kinds,
     net_fault_name,
 )
+from tests.e2e._history_ops import NEMESIS_OPERATIONS, SLOT_KINDS, WHOLE_KINDS
 
 __all__ = ["VARIANTS", "RWLock", "Settings", "TopicPlan", "TopicSlot"]
 
-OPERATIONS = ("send", "send_batch", "produce", "read", "consume", "seal", "recreate", "send_invalid")
+OPERATIONS = (
+    "send",
+    "send_batch",
+    "produce",
+    "read",
+    "consume",
+    "seal",
+    "recreate",
+    "send_invalid",
+    "list_offsets",
+    "replay",
+)
+
+# How long each nemesis operation of _history_ops is held before its heal (seconds). An ISR
+# answer loss outlasts the ISR lag bound (5 s), so the follower it pauses is shrunk away.
+OPERATION_HOLD_S = {
+    "seal_paused": (1.0, 4.0),
+    "drain_leader": (2.0, 5.0),
+    "replace_node": (0.5, 2.0),
+    "quick_restart": (0.5, 1.0),
+    "isr_answer_loss": (6.0, 8.0),
+    "seal_answer_loss": (1.0, 3.0),
+    "heartbeat_answer_loss": (4.0, 10.0),  # long enough to miss a delete + re-create
+    "client_answer_loss": (2.0, 5.0),
+    "meta_delay": (2.0, 5.0),
+    "lose_disk": (1.0, 3.0),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +78,13 @@ class _Variant:
     nodes: int = 1  # > 1: a NetCluster, every process in its own network namespace
     replication_factor: int = 1
     recreate_weights: tuple[int, ...] = (1, 1, 2)  # rarer: long-lived logs get read back in full
+    # The nemesis runs (_history_ops): how many of its operations a schedule draws (each kind
+    # at least ``operations_each`` times when that is > 0, else a sample of ``operations``
+    # distinct kinds), and how many of the old faults (by slot) go with them.
+    operations: int = 0
+    operations_each: int = 0
+    old_faults: int = 0
+    spares: int = 0
 
 
 # Replication, three storage nodes, acks=all; faults of every category of NET_FAULT_CATEGORIES
@@ -94,6 +131,45 @@ VARIANTS = {
         replication_factor=3,
         recreate_weights=(0,),  # see rf1_net
     ),
+    # The nemesis operations of _history_ops (seals under paused followers, drains, node
+    # replacement, quick restarts, lost Meta Service answers, lost disks) with replays of
+    # acknowledged batches and high-watermark reads; a spare node host; delete + re-create is
+    # back (a node that does not hear of a deletion is one of the things to find).
+    # make test: ~50 s, five operation kinds drawn by the seed and one old fault.
+    "nemesis_short": _Variant(
+        duration_s=50.0,
+        workers=3,
+        topics=2,
+        faults_of_each_kind=0,
+        extra_faults=0,
+        gap_s=(0.5, 1.5),
+        pause_s=(0.5, 3.0),
+        down_s=(0.5, 3.0),
+        nodes=3,
+        replication_factor=3,
+        recreate_weights=(1,),
+        operations=5,
+        old_faults=1,
+        spares=1,
+    ),
+    # make test-long: every operation kind three times and the old faults by slot (at least 30
+    # rounds, asserted), ~9 minutes.
+    "nemesis_long": _Variant(
+        duration_s=540.0,
+        workers=4,
+        topics=3,
+        faults_of_each_kind=0,
+        extra_faults=0,
+        gap_s=(0.5, 3.0),
+        pause_s=(0.5, 10.0),
+        down_s=(0.5, 10.0),
+        nodes=3,
+        replication_factor=3,
+        recreate_weights=(1,),
+        operations_each=3,
+        old_faults=8,
+        spares=1,
+    ),
 }
 
 
@@ -106,6 +182,7 @@ class TopicPlan:
     roll_interval_ms: int
     replication_factor: int = 1
     min_insync_replicas: int = 1
+    recreatable: bool = True  # workers may delete and re-create it
 
     def settings(self) -> dict[str, int]:
         """``create_topic`` keyword settings (the replication ones only when replicated, so the
@@ -138,9 +215,24 @@ class Settings:
     nemesis_join_s: float = 75.0  # longer than a restart (ready within 60 s)
     probe_timeout_s: float = 30.0  # settling topics and probing every partition, all together
     final_timeout_s: float = 60.0  # chains and full reads of every partition, all together
+    # The nemesis runs: each worker's acks, replays in the mix, the Meta Service's node timeout,
+    # spare node hosts, and each nemesis operation's own seed.
+    worker_acks: tuple[str, ...] | None = None
+    replays: bool = False
+    node_timeout_ms: int | None = None
+    spares: int = 0
+    operation_seeds: tuple[tuple[str, int], ...] = ()
+    forced_operations: tuple[str, ...] = ()  # ROBUSTMQ_HISTORY_OPERATIONS, if it was set
+
+    @property
+    def nemesis_operations(self) -> bool:
+        """True if the schedule runs the operations of ``_history_ops`` (and its slot faults)."""
+        return bool(self.operation_seeds)
 
     @classmethod
-    def derive(cls, seed: int, variant: str) -> Settings:
+    def derive(cls, seed: int, variant: str, operations: tuple[str, ...] = ()) -> Settings:
+        """``operations`` (nemesis variants only): run these operations of ``_history_ops``, in
+        this order, instead of the ones the seed draws (names may repeat)."""
         shape = VARIANTS[variant]
         rng = random.Random(seed)
         rf = shape.replication_factor
@@ -168,6 +260,10 @@ class Settings:
             ("send_invalid", 1),
         )
         worker_seeds = tuple(rng.randrange(1 << 63) for _ in range(shape.workers))
+        if shape.operations or shape.operations_each:
+            return cls._derive_nemesis(seed, variant, shape, rng, topics, weights, worker_seeds, operations)
+        if operations:
+            raise ValueError(f"variant {variant} runs no nemesis operations")
         if shape.nodes == 1:
             kinds = [kind for kind in FAULT_KINDS for _ in range(shape.faults_of_each_kind)]
             kinds += [rng.choice(FAULT_KINDS) for _ in range(rng.randint(0, shape.extra_faults))]
@@ -193,6 +289,73 @@ class Settings:
         acks = "all" if rf > 1 else None
         return cls(seed, variant, shape.duration_s, topics, weights, worker_seeds, faults, shape.nodes, acks)
 
+    @classmethod
+    def _derive_nemesis(
+        cls,
+        seed: int,
+        variant: str,
+        shape: _Variant,
+        rng: random.Random,
+        topics: tuple[TopicPlan, ...],
+        weights: tuple[tuple[str, int], ...],
+        worker_seeds: tuple[int, ...],
+        forced: tuple[str, ...],
+    ) -> Settings:
+        """The rest of a nemesis run's settings (see ``nemesis_short`` / ``nemesis_long``)."""
+        weights = (*weights, ("list_offsets", rng.randint(6, 12)), ("replay", rng.randint(4, 10)))
+        # Only the last topic is deleted and re-created: the others live to the final reads, which
+        # the checks of lost, vanished and too thinly held records need.
+        topics = tuple(replace(plan, recreatable=i == len(topics) - 1) for i, plan in enumerate(topics))
+        unknown = set(forced) - set(NEMESIS_OPERATIONS)
+        if unknown:
+            raise ValueError(f"unknown nemesis operations {sorted(unknown)}; known: {NEMESIS_OPERATIONS}")
+        if forced:
+            kinds = list(forced)
+        elif shape.operations_each:
+            kinds = [kind for kind in NEMESIS_OPERATIONS for _ in range(shape.operations_each)]
+        else:
+            kinds = rng.sample(NEMESIS_OPERATIONS, shape.operations)
+        slots = [f"{kind}_s{rng.randint(1, shape.nodes)}" for kind in SLOT_KINDS]
+        old = [*slots, *WHOLE_KINDS]
+        kinds += old if shape.old_faults >= len(old) else rng.sample(old, shape.old_faults)
+        if forced:
+            kinds = [*forced, *kinds[len(forced) :]]  # in the order asked, the old faults last
+        else:
+            rng.shuffle(kinds)
+        faults = tuple(
+            FaultStep(
+                gap_s=round(rng.uniform(*shape.gap_s), 2),
+                fault=kind,
+                hold_s=round(rng.uniform(*cls._hold_range(kind, shape)), 2),
+            )
+            for kind in kinds
+        )
+        worker_acks = tuple(rng.choice(["all", "all", "quorum"]) for _ in worker_seeds)
+        operation_seeds = tuple((kind, rng.randrange(1 << 63)) for kind in dict.fromkeys(kinds))
+        return cls(
+            seed,
+            variant,
+            shape.duration_s,
+            topics,
+            weights,
+            worker_seeds,
+            faults,
+            shape.nodes,
+            "all",
+            worker_acks=worker_acks,
+            replays=True,
+            node_timeout_ms=rng.choice([3000, 4000, 5000]),
+            spares=shape.spares,
+            operation_seeds=operation_seeds,
+            forced_operations=forced,
+        )
+
+    @staticmethod
+    def _hold_range(kind: str, shape: _Variant) -> tuple[float, float]:
+        if kind in OPERATION_HOLD_S:
+            return OPERATION_HOLD_S[kind]
+        return shape.pause_s if kind.startswith("pause") else shape.down_s
+
     def describe(self) -> str:
         lines = [
             f"history run: seed={self.seed} variant={self.variant} duration_s={self.duration_s} "
@@ -215,10 +378,24 @@ class Settings:
             f"topic {t.name}: {t.partitions} partitions, engine {t.engine}, segment_bytes_max "
             f"{t.segment_bytes_max}, roll_interval_ms {t.roll_interval_ms}, replication_factor "
             f"{t.replication_factor}, min_insync_replicas {t.min_insync_replicas}"
+            + ("" if t.recreatable else ", never re-created")
             for t in self.topics
         ]
         lines.append("operation weights: " + ", ".join(f"{name} {weight}" for name, weight in self.weights))
         lines.append("worker seeds: " + ", ".join(str(s) for s in self.worker_seeds))
+        if self.nemesis_operations:
+            lines.append(
+                f"worker acks: {', '.join(self.worker_acks or ())}; replays: {self.replays}; "
+                f"meta node timeout: {self.node_timeout_ms} ms; spare node hosts: {self.spares}"
+                + (
+                    f"; operations as asked: {','.join(self.forced_operations)}"
+                    if self.forced_operations
+                    else ""
+                )
+            )
+            lines.append(
+                "operation seeds: " + ", ".join(f"{kind} {seed}" for kind, seed in self.operation_seeds)
+            )
         lines.append(
             f"faults ({len(self.faults)}): "
             + ", ".join(f"{s.fault}(gap {s.gap_s}s, hold {s.hold_s}s)" for s in self.faults)
@@ -288,6 +465,7 @@ class TopicSlot:
     doubt: tuple[str, int] | None = None
     lock: RWLock = field(default_factory=RWLock)
     ends: dict[tuple[int, int], int] = field(default_factory=dict)  # (inc, partition) -> acked end
+    meta_incs: dict[int, int] = field(default_factory=dict)  # inc -> the Meta Service's incarnation
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
     @property

@@ -6,6 +6,7 @@ started it (SIGTERM, then SIGKILL after a timeout), so no test leaves one behind
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import random
@@ -16,9 +17,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
@@ -175,6 +177,91 @@ def running(args: Sequence[str], **kwargs: object) -> Iterator[ServerProcess]:
         yield server.start()
     finally:
         server.stop()
+
+
+class JsonLineProcess:
+    """A helper process that prints ``ready``, then answers each JSON command line on its stdin
+    with one JSON line (``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``) and exits when
+    stdin closes. Every wait is bounded; :meth:`stop` closes stdin, then kills it after 10 s.
+    One command at a time (a lock), from any thread."""
+
+    def __init__(self, argv: Sequence[str], *, log_path: Path | None = None, cwd: Path = ROOT) -> None:
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.cwd = cwd
+        self.process: subprocess.Popen[str] | None = None
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._log: Any = None
+
+    def start(self, timeout_s: float = READY_TIMEOUT_S) -> subprocess.Popen[str]:
+        self._log = self.log_path.open("a") if self.log_path is not None else None
+        self.process = subprocess.Popen(
+            self.argv,
+            cwd=self.cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log if self._log is not None else subprocess.DEVNULL,
+            text=True,
+        )
+        threading.Thread(target=self._pump, args=(self.process.stdout,), daemon=True).start()
+        line = self._next(timeout_s)
+        if line != "ready":
+            self.stop()
+            raise RuntimeError(f"{' '.join(self.argv[-6:])} did not start: {line!r}")
+        return self.process
+
+    def _pump(self, stream: Any) -> None:
+        for line in stream:
+            self._lines.put(line.strip())
+        self._lines.put(None)
+
+    def _next(self, timeout_s: float) -> str | None:
+        try:
+            return self._lines.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TimeoutError(f"{self.argv[-6:]} did not answer within {timeout_s}s") from None
+
+    def command(self, command: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
+        """Send ``command``; its answer (raises ``RuntimeError`` with the error if not ``ok``)."""
+        with self._lock:
+            if self.process is None or self.process.stdin is None or self.process.poll() is not None:
+                raise RuntimeError(f"{self.argv[-6:]} is not running")
+            self.process.stdin.write(json.dumps(command) + "\n")
+            self.process.stdin.flush()
+            line = self._next(timeout_s)
+        if line is None:
+            raise RuntimeError(f"{self.argv[-6:]} ended")
+        answer: dict[str, Any] = json.loads(line)
+        if not answer.get("ok"):
+            raise RuntimeError(f"{command.get('op')} refused: {answer.get('error')}")
+        return answer
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                assert self.process.stdin is not None
+                self.process.stdin.close()
+                self.process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait(timeout=30)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def serve_json_lines(handle: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """The child's side of :class:`JsonLineProcess`: ``ready``, then one answer per command."""
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            answer = {"ok": True, **handle(json.loads(line))}
+        except Exception as error:  # a failed command is answered, never fatal
+            answer = {"ok": False, "error": repr(error)}
+        print(json.dumps(answer), flush=True)
 
 
 def wait_until(predicate: object, timeout_s: float = 30.0, interval_s: float = 0.05) -> None:

@@ -30,6 +30,7 @@ from tests.e2e._procs import Cluster
 pytestmark = pytest.mark.e2e
 
 SEED_VARIABLE = "ROBUSTMQ_HISTORY_SEED"
+OPERATIONS_VARIABLE = "ROBUSTMQ_HISTORY_OPERATIONS"  # the nemesis runs: these operations, not the drawn ones
 
 
 def _seed() -> int:
@@ -37,10 +38,12 @@ def _seed() -> int:
     return int(chosen) if chosen else random.SystemRandom().randrange(1 << 32)
 
 
-def run_and_check(variant: str, test: str, tmp_path: Path) -> int:
-    """Run ``variant``, fail on any anomaly; returns the number of nemesis rounds (heals)."""
+def run_and_check(variant: str, test: str, tmp_path: Path, where: str = "tests/e2e/test_history.py") -> int:
+    """Run ``variant``, fail on any anomaly; returns the number of nemesis rounds (heals).
+    ``test`` and ``where`` (its file) name the test in the rerun line."""
     seed = _seed()
-    settings = Settings.derive(seed, variant)
+    forced = os.environ.get(OPERATIONS_VARIABLE, "") if variant.startswith("nemesis") else ""
+    settings = Settings.derive(seed, variant, tuple(filter(None, forced.split(","))))
     print(settings.describe(), flush=True)
     root = tmp_path / "cluster"
     history: History
@@ -50,7 +53,18 @@ def run_and_check(variant: str, test: str, tmp_path: Path) -> int:
         logs = f"{cluster.log_paths['node']}, {cluster.log_paths['meta']}"
     else:
         try:
-            net = NetCluster(root, nodes=settings.nodes, log_dir=root)
+            nemesis = settings.nemesis_operations
+            net = NetCluster(
+                root,
+                nodes=settings.nodes,
+                log_dir=root,
+                spares=settings.spares,
+                meta_args=["--node-timeout-ms", str(settings.node_timeout_ms)]
+                if settings.node_timeout_ms
+                else [],
+                proxy_seed=seed if nemesis else None,
+                agent=nemesis,
+            )
             history = run_net(settings, root, net)
         except (NetLabUnavailable, ReplicationUnavailable) as unavailable:
             pytest.skip(f"{variant}: {unavailable}")
@@ -61,9 +75,10 @@ def run_and_check(variant: str, test: str, tmp_path: Path) -> int:
     rounds = sum(op.process == "nemesis" and op.f == "heal" and op.type != INVOKE for op in history.ops())
     print(analysis.report(), f"nemesis rounds: {rounds}", sep="\n", flush=True)
     if not analysis.valid:
-        marker = "-m long " if variant in ("long", "rf3_long", "rf1_net") else ""
-        target = f"tests/e2e/test_history.py::{test}"
-        rerun = f"{SEED_VARIABLE}={seed} .venv/bin/python -m pytest {marker}-s '{target}'"
+        marker = "-m long " if variant in ("long", "rf3_long", "rf1_net", "nemesis_long") else ""
+        target = f"{where}::{test}"
+        also = f"{OPERATIONS_VARIABLE}={forced} " if forced else ""
+        rerun = f"{also}{SEED_VARIABLE}={seed} .venv/bin/python -m pytest {marker}-s '{target}'"
         pytest.fail(
             f"history seed {seed} ({variant}) has anomalies:\n{analysis.report()}\n"
             f"history: {saved}; logs: {logs}\n"

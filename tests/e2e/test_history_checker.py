@@ -36,12 +36,16 @@ class Build:
         f: str = "send",
         process: str = "0",
         duplicate: bool = False,
+        acks: str | None = None,
     ) -> None:
         writes = [[p, v] for v, p, _ in acked] + [[0, v] for v in [*failed, *unknown]]
         type_, outcome = write_outcome(
             [[v, p, o, epoch, duplicate] for v, p, o in acked], list(failed), list(unknown)
         )
-        self.op(process, f, {"topic": topic, "inc": inc, "writes": writes}, type_, outcome)
+        value: dict[str, Any] = {"topic": topic, "inc": inc, "writes": writes}
+        if acks is not None:
+            value["acks"] = acks
+        self.op(process, f, value, type_, outcome)
 
     def read(
         self, topic: str, inc: int, partition: int, offset: int, values: list[str], f: str = "read"
@@ -457,6 +461,12 @@ def test_a_read_of_data_that_later_vanished() -> None:
     b.final("t", 1, 0, [(0, v(0))])
     b.chain("t", 1, 0, [(0, 0, -1)])
     assert b.anomalies() == {"vanished_read"}
+    b = Build()  # a record of a deleted incarnation read in the new one: resurrected, not vanished
+    b.write("t", 1, unknown=[v(0)])
+    b.write("t", 2, unknown=[v(1, inc=2)])
+    b.read("t", 2, 0, 0, [v(0)])
+    b.final("t", 2, 0, [(0, v(1, inc=2))])
+    assert "vanished_read" not in b.anomalies() and "resurrected" in b.anomalies()
 
 
 def test_histories_of_two_processes_merge_by_time() -> None:
@@ -486,3 +496,141 @@ def test_a_sealed_copy_that_is_not_what_the_seal_recorded() -> None:
     assert b.anomalies() == set()
     replica(b, "b", 0, 0, 2, [v(0), v(1)], crc32c=8, sealed_crc32c=7, sealed_size=len(v(0) + v(1)))
     assert b.anomalies() == {"seal_checksum_mismatch"}
+
+
+def offsets(b: Build, process: str, hw: int, partition: int = 0) -> None:
+    """A reader's ``list_offsets`` answer: ``[partition, earliest, hw, log end, epoch]``."""
+    b.op(process, "list_offsets", {"topic": "t", "inc": 1}, OK, {"offsets": [[partition, 0, hw, hw, 0]]})
+
+
+def test_a_high_watermark_that_goes_back_for_one_reader() -> None:
+    b = Build().written()
+    offsets(b, "1", 5)
+    b.read("t", 1, 0, 0, [v(n) for n in range(6)])  # process "1" reads offsets 0..5
+    offsets(b, "1", 4)  # below what it read (6) and what it was told (5)
+    assert b.anomalies() == {"hw_went_back"}
+    b = Build()  # its own acks=all produce counts; an acks=1 one does not (not committed yet)
+    b.write("t", 1, [(v(0), 0, 0), (v(1), 0, 1)], process="2", acks="1", f="produce")
+    offsets(b, "2", 0)
+    assert b.anomalies() == set()
+    b.write("t", 1, [(v(2), 0, 2)], process="2", acks="all", f="produce")
+    offsets(b, "2", 2)
+    offsets(b, "2", 2)  # one drop, reported once
+    assert b.anomalies() == {"hw_went_back"}
+    assert check(b.history.ops()).anomalies["hw_went_back"].count == 1
+
+
+def test_offsets_answered_through_a_route_to_a_deleted_incarnation() -> None:
+    b = Build().written()
+    b.op("setup", "create", {"topic": "t", "inc": 1}, OK, {"meta_incarnation": 11})
+    b.op("4", "delete", {"topic": "t", "inc": 1})
+    b.op("4", "create", {"topic": "t", "inc": 2}, OK, {"meta_incarnation": 12})
+    b.op("1", "list_offsets", {"topic": "t", "inc": 2}, OK, {"offsets": [[0, 0, 400, 400, 9, 11]]})
+    b.op("1", "list_offsets", {"topic": "t", "inc": 2}, OK, {"offsets": [[0, 0, 3, 3, 0, 12]]})
+    found = check(b.history.ops()).anomalies
+    assert set(found) == {"offsets_of_deleted_incarnation"}  # and the stale 400 is not held against 3
+
+
+def test_a_high_watermark_behind_another_readers_is_tolerated() -> None:
+    b = Build().written()
+    offsets(b, "1", 7)
+    offsets(b, "3", 4)  # another reader, perhaps at a follower: reported, not an anomaly
+    analysis = check(b.history.ops())
+    assert analysis.valid, analysis.report()
+    assert analysis.tolerated["hw_behind_other_reader"].count == 1
+
+
+def disk_setup(b: Build) -> None:
+    b.op(
+        "setup",
+        "create",
+        {"topic": "t", "inc": 1},
+        OK,
+        {"meta_incarnation": 11, "replication_factor": 3, "min_insync_replicas": 2},
+    )
+    b.op("nemesis", "membership", {}, OK, {"nodes": [["a", "n1"], ["b", "n2"], ["c", "n3"]]})
+
+
+def stopped(b: Build, node: str, held: list[list[int]]) -> None:
+    value = {"node": node, "host": node, "why": "pause", "shards": [["t", 0, 11, held]]}
+    b.op("nemesis", "disk_snapshot", {"node": node}, OK, value)
+
+
+def test_acks_all_acknowledged_while_both_followers_were_stopped_without_it() -> None:
+    b = Build()
+    disk_setup(b)
+    stopped(b, "b", [[0, 2]])
+    stopped(b, "c", [[0, 2]])
+    b.write("t", 1, [(v(1), 0, 1)], acks="all")  # the stopped followers hold offset 1
+    assert b.anomalies() == set()
+    b.write("t", 1, [(v(2), 0, 2)], acks="all")  # on the leader alone
+    b.write("t", 1, [(v(3), 0, 3)], acks="1")  # acks=1 promises one copy
+    found = check(b.history.ops()).anomalies
+    assert set(found) == {"acked_on_too_few_disks"} and found["acked_on_too_few_disks"].count == 1
+    example = found["acked_on_too_few_disks"].examples[0]
+    assert example["offset"] == 2 and example["stopped_without_it"] == ["b", "c"]
+    b = Build()  # one follower stopped, the other running: two copies are possible
+    disk_setup(b)
+    stopped(b, "b", [[0, 2]])
+    b.write("t", 1, [(v(2), 0, 2)], acks="all")
+    b.op("nemesis", "thaw", {"node": "b"}, OK)
+    stopped(b, "c", [[0, 2]])
+    assert b.anomalies() == set()
+
+
+def test_acks_all_held_by_too_few_nodes_files_at_the_end() -> None:
+    b = Build()
+    disk_setup(b)
+    b.write("t", 1, [(v(0), 0, 0), (v(1), 0, 1)], acks="all")
+    b.final("t", 1, 0, [(0, v(0)), (1, v(1))])
+    b.chain("t", 1, 0, [(0, 0, -1)])
+    replica(b, "a", 0, 0, 2, [v(0), v(1)], sealed=False)
+    replica(b, "b", 0, 0, 2, [v(0), v(1)], sealed=False)
+    assert b.anomalies() == set()
+    b = Build()
+    disk_setup(b)
+    b.write("t", 1, [(v(0), 0, 0), (v(1), 0, 1)], acks="all")
+    b.final("t", 1, 0, [(0, v(0)), (1, v(1))])
+    b.chain("t", 1, 0, [(0, 0, -1)])
+    replica(b, "a", 0, 0, 2, [v(0), v(1)], sealed=False)
+    replica(b, "b", 0, 0, 2, [v(0)], sealed=False, in_isr=False)  # lost offset 1 (a lost disk)
+    found = check(b.history.ops()).anomalies
+    assert set(found) == {"acked_on_too_few_disks"}
+    assert found["acked_on_too_few_disks"].examples[0]["held_by"] == ["a"]
+
+
+def replay(
+    b: Build, original: tuple[int, int], answer: tuple[int, int, bool] | None, values: list[str]
+) -> None:
+    value = {
+        "topic": "t",
+        "inc": 1,
+        "partition": 0,
+        "producer_id": 5,
+        "sequence": 3,
+        "values": values,
+        "original": list(original),
+    }
+    if answer is None:
+        b.op("0", "replay", value, INFO)
+    else:
+        b.op("0", "replay", value, OK, dict(zip(("offset", "epoch", "duplicate"), answer, strict=True)))
+
+
+def test_a_replay_acknowledged_as_new_or_stored_twice() -> None:
+    b = Build()
+    b.write("t", 1, [(v(0), 0, 0), (v(1), 0, 1)], epoch=0, f="produce")
+    replay(b, (0, 0), (0, 1, True), [v(0), v(1)])  # answered from the window: fine
+    replay(b, (0, 0), None, [v(0), v(1)])  # unknown: tolerated
+    analysis = check(b.history.ops())
+    assert analysis.valid, analysis.report()
+    assert analysis.tolerated["replay_not_confirmed"].count == 1
+    replay(b, (0, 0), (2, 1, False), [v(0), v(1)])  # stored again at 2..3
+    found = check(b.history.ops()).anomalies
+    assert set(found) == {"replay_added_records"}
+    b.final("t", 1, 0, [(0, v(0)), (1, v(1)), (2, v(0)), (3, v(1))])
+    found = check(b.history.ops()).anomalies
+    assert set(found) == {"replay_added_records", "duplicate"}
+    assert found["replay_added_records"].count == 1  # one batch
+    example = found["replay_added_records"].examples[0]
+    assert [r[:3] for r in example["replays"]] == [[2, 1, False]] and "t#1/0/0" in example["stored_at"]

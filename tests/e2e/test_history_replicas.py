@@ -8,7 +8,7 @@ import robustmq
 from robustmq._crc import crc32c
 from robustmq._frame import encode_header
 from robustmq._records import encode_batch
-from tests.e2e._history_replicas import read_range, shard_dir
+from tests.e2e._history_replicas import held_ranges, read_range, shard_dir
 
 
 def _frame(base_offset: int, values: list[str], epoch: int = 0) -> bytes:
@@ -59,3 +59,11 @@ def test_other_bytes_a_hole_and_a_short_copy_are_told_apart(tmp_path: Path) -> N
     assert gap is not None and not gap.whole and gap.problem is not None
     cut = read_range(short, "t_0", 7, 0, 3)
     assert cut is not None and not cut.whole
+
+
+def test_held_ranges_merge_runs_and_stop_at_a_torn_tail(tmp_path: Path) -> None:
+    frames = [_frame(0, ["a", "b"]), _frame(2, ["c"]), _frame(5, ["f"])]
+    node = _node(tmp_path / "n", {0: frames[:2], 5: [frames[2], frames[2][:40]]})  # a torn header
+    (tmp_path / "n" / "segment" / "shards" / "other_1.3").mkdir()
+    assert held_ranges(node) == [["other", 1, 3, []], ["t", 0, 7, [[0, 3], [5, 6]]]]
+    assert held_ranges(tmp_path / "lost") == []

@@ -5,7 +5,10 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+import pytest
+
 from tests.e2e._history_nemesis import FAULT_KINDS, NET_FAULT_CATEGORIES, net_fault_kinds
+from tests.e2e._history_ops import NEMESIS_OPERATIONS, slot_fault_kinds
 from tests.e2e._history_workload import RWLock, Settings
 from tests.e2e._procs import wait_until
 
@@ -70,3 +73,30 @@ def test_replicated_runs_have_every_fault_category_and_the_long_one_twenty_round
             t.replication_factor == 3 and t.engine == "segment"
             for t in Settings.derive(seed, "rf3_short").topics
         )
+
+
+def test_nemesis_runs_draw_operations_and_old_faults_from_the_seed() -> None:
+    old = set(slot_fault_kinds(3))
+    for seed in range(20):
+        short = Settings.derive(seed, "nemesis_short")
+        kinds = [step.fault for step in short.faults]
+        drawn = [kind for kind in kinds if kind in NEMESIS_OPERATIONS]
+        assert len(drawn) == len(set(drawn)) == 5 and len(kinds) == 6 and set(kinds) - set(drawn) <= old
+        assert short.replays and short.node_timeout_ms and short.spares == 1
+        assert [t.recreatable for t in short.topics] == [False] * (len(short.topics) - 1) + [True]
+        assert set(short.worker_acks or ()) <= {"all", "quorum"}
+        assert {kind for kind, _seed in short.operation_seeds} == set(kinds)
+        long = Counter(step.fault for step in Settings.derive(seed, "nemesis_long").faults)
+        assert all(long[kind] == 3 for kind in NEMESIS_OPERATIONS) and sum(long.values()) >= 30
+        assert {kind for kind in long if kind not in NEMESIS_OPERATIONS} <= old
+    assert Settings.derive(3, "nemesis_short") == Settings.derive(3, "nemesis_short")
+
+
+def test_nemesis_operations_can_be_chosen_and_others_refuse_them() -> None:
+    chosen = Settings.derive(3, "nemesis_short", ("quick_restart", "quick_restart", "seal_paused"))
+    assert [step.fault for step in chosen.faults][:3] == ["quick_restart", "quick_restart", "seal_paused"]
+    assert "operations as asked: quick_restart,quick_restart,seal_paused" in chosen.describe()
+    with pytest.raises(ValueError, match="unknown nemesis operations"):
+        Settings.derive(3, "nemesis_short", ("nap",))
+    with pytest.raises(ValueError, match="runs no nemesis operations"):
+        Settings.derive(3, "rf3_short", ("quick_restart",))

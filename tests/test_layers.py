@@ -104,10 +104,7 @@ def runtime_imports(path: Path, module: str) -> list[tuple[int, str]]:
 
 def sources() -> list[Path]:
     return sorted(
-        path
-        for folder in FOLDERS
-        for path in (ROOT / folder).rglob("*.py")
-        if "_proto" not in path.parts
+        path for folder in FOLDERS for path in (ROOT / folder).rglob("*.py") if "_proto" not in path.parts
     )
 
 

@@ -578,4 +578,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"internal error: {type(error).__name__}: {error} (set ROBUSTMQ_DEBUG=1 for the traceback)",
             EXIT_RUNTIME,
         )
-

@@ -43,6 +43,7 @@ __all__ = [
     "validate_topic_name",
 ]
 
+
 @dataclass(frozen=True, slots=True)
 class TopicInfo:
     name: str

@@ -127,9 +127,7 @@ class Led:
             close()
 
 
-def start_led(
-    root: Path, *, spares: Iterable[str] = (), lose: Iterable[str] = (), **settings: Any
-) -> Led:
+def start_led(root: Path, *, spares: Iterable[str] = (), lose: Iterable[str] = (), **settings: Any) -> Led:
     """A started :class:`Led` under ``root`` (``settings``: the node's); ``Led.stop`` stops it all."""
     meta = MetaServer(root / "meta", port=0).start()
     network = LosingNetwork(set(lose))

@@ -51,8 +51,9 @@ def test_a_replay_of_a_batch_sealed_on_one_copy_is_not_confirmed(lead: Any) -> N
     led.fetch_as(SPARES[0], 2, epoch=1)
     wait_until(lambda: SPARES[0] in led.isr(), timeout_s=10)
     for sequence, acks in ((0, pb.ACKS_ALL), (1, pb.ACKS_QUORUM)):
-        replay = outcome(led.produce(acks, [b"w-all" if sequence == 0 else b"w-q"], epoch=1,
-                                     producer=(PRODUCER, sequence)))
+        replay = outcome(
+            led.produce(acks, [b"w-all" if sequence == 0 else b"w-q"], epoch=1, producer=(PRODUCER, sequence))
+        )
         assert isinstance(replay, NotEnoughReplicas), f"acks {acks}: {replay}"
         assert replay.fields["appended"] is True and replay.retriable
     assert led.offsets().log_end_offset == 2  # a replay is never stored again

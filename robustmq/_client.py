@@ -31,9 +31,13 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import READ_SCHEMA, encode_batch
 from robustmq._retry import DEFAULT_RETRY, RetryPolicy
 from robustmq._transport import NodeTransport
-from robustmq.errors import InvalidRequest, RobustMQError, ShardNotFound, StaleEpoch
+from robustmq.errors import IncarnationMismatch, InvalidRequest, RobustMQError, ShardNotFound, StaleEpoch
 
 __all__ = ["Client", "connect"]
+
+# A batched list_offsets that failed with one of these is asked again partition by partition,
+# each with a refreshed route.
+_ASK_ONE_BY_ONE = (StaleEpoch, ShardNotFound, IncarnationMismatch)
 
 
 def connect(address: str = "127.0.0.1:7070", *, timeout_s: float = 30.0) -> Client:
@@ -163,7 +167,9 @@ class Client:
         _response, frames = self._call(
             topic,
             partition,
-            lambda route: pb.NodeRequest(read_by_key=pb.ReadByKeyRequest(shard=route.shard, key=raw)),
+            lambda route: pb.NodeRequest(
+                read_by_key=pb.ReadByKeyRequest(shard=route.shard, key=raw, incarnation=_named(route))
+            ),
         )
         return _with_partition(_ipc_table(frames), partition)
 
@@ -185,7 +191,11 @@ class Client:
                 partition,
                 lambda route: pb.NodeRequest(
                     read_by_tag=pb.ReadByTagRequest(
-                        shard=route.shard, tag=tag, start_offset=start_offset, max_records=max_records
+                        shard=route.shard,
+                        tag=tag,
+                        start_offset=start_offset,
+                        max_records=max_records,
+                        incarnation=_named(route),
                     )
                 ),
             )
@@ -227,6 +237,7 @@ class Client:
                     end_offset=end_offset,
                     tags=tag_list,
                     max_records=limit,
+                    incarnation=_named(route),
                 )
                 if raw_key is not None:
                     ask.key = raw_key
@@ -262,7 +273,7 @@ class Client:
             partition,
             lambda route: pb.NodeRequest(
                 offset_for_timestamp=pb.OffsetForTimestampRequest(
-                    shard=route.shard, timestamp_ms=timestamp_ms
+                    shard=route.shard, timestamp_ms=timestamp_ms, incarnation=_named(route)
                 )
             ),
         )
@@ -274,26 +285,31 @@ class Client:
 
     def offsets_of(self, topics: Iterable[str]) -> dict[tuple[str, int], tuple[int, int]]:
         """``{(topic, partition): (earliest, high watermark)}``, one request per node (cheap to poll)."""
-        by_address: dict[str, list[tuple[str, int, str]]] = {}
+        by_address: dict[str, list[Route]] = {}
         for topic in topics:
             for partition in range(self.metadata.partitions(topic)):
                 route = self.metadata.read_route(topic, partition)
-                by_address.setdefault(route.address, []).append((topic, partition, route.shard))
+                by_address.setdefault(route.address, []).append(route)
         result: dict[tuple[str, int], tuple[int, int]] = {}
-        for address, shards in by_address.items():
-            request = pb.NodeRequest(list_offsets=pb.ListOffsetsRequest(shards=[s for _, _, s in shards]))
+        for address, routes in by_address.items():
+            ask = pb.ListOffsetsRequest(
+                shards=[r.shard for r in routes], incarnations=[r.incarnation for r in routes]
+            )
             try:
                 response, _ = self.transport.call(
-                    address, request, timeout_s=self.retry.attempt_s(self.timeout_s)
+                    address, pb.NodeRequest(list_offsets=ask), timeout_s=self.retry.attempt_s(self.timeout_s)
                 )
                 infos = list(response.list_offsets.shards)
             except RobustMQError as error:
-                if not (error.retriable or isinstance(error, StaleEpoch | ShardNotFound)):
+                if not (
+                    error.retriable or isinstance(error, StaleEpoch | ShardNotFound | IncarnationMismatch)
+                ):
                     raise
                 infos = []  # ask partition by partition, refreshing routes as needed
-            if len(infos) != len(shards):
-                infos = [self._offsets_one(topic, partition) for topic, partition, _ in shards]
-            for (topic, partition, _), info in zip(shards, infos, strict=True):
+            if len(infos) != len(routes):
+                infos = [self._offsets_one(r.topic, r.partition) for r in routes]
+            for route, info in zip(routes, infos, strict=True):
+                topic, partition = route.topic, route.partition
                 result[(topic, partition)] = (int(info.log_start_offset), int(info.high_watermark))
         return result
 
@@ -301,7 +317,9 @@ class Client:
         response, _ = self._call(
             topic,
             partition,
-            lambda route: pb.NodeRequest(list_offsets=pb.ListOffsetsRequest(shards=[route.shard])),
+            lambda route: pb.NodeRequest(
+                list_offsets=pb.ListOffsetsRequest(shards=[route.shard], incarnations=[route.incarnation])
+            ),
         )
         return response.list_offsets.shards[0]
 
@@ -340,7 +358,9 @@ class Client:
                 )
             )
 
-        response, frames = self._call(topic, partition, fetch_request, offset=offset)
+        response, frames = self._call(
+            topic, partition, fetch_request, offset=offset, follow_incarnation=False
+        )
         fetch = response.fetch
         stop = fetch.next_offset if end_offset is None else min(fetch.next_offset, end_offset)
         records = decode_frames([f.buffer for f in frames], offset, stop)
@@ -422,19 +442,23 @@ class Client:
         offset: int | None = None,
         write: bool = False,
         payloads: tuple[Any, ...] = (),
+        follow_incarnation: bool = True,
     ) -> tuple[pb.NodeResponse, list[Any]]:
         """Send ``build(route)`` for the partition, following :attr:`retry` until ``timeout_s``.
 
         ``write``: to the active segment's leader at its epoch; otherwise to the
         node :meth:`Metadata.read_route` picks for ``offset``. A read that failed
         on a node (down, cut off, too slow) goes to another replica next.
+        ``follow_incarnation``: an ``IncarnationMismatch`` (the route's topic was deleted
+        and created again) refreshes the route and tries again, once; a fetch, whose
+        offsets belong to one incarnation, raises it instead.
         """
         if partition < 0:
             raise InvalidRequest(f"partition {partition} does not exist", topic=topic, partition=partition)
         deadline = time.monotonic() + self.timeout_s
         attempts = 0
         avoid: set[str] = set()
-        refreshed_unknown = False
+        refreshed_unknown = refreshed_incarnation = False
         floor = self.retry.floor_s(self.timeout_s)
         last: RobustMQError | None = None
         while True:
@@ -454,6 +478,12 @@ class Client:
                 refreshed_unknown = True
                 self.metadata.invalidate(topic)  # the topic may be gone or re-created
                 continue
+            except IncarnationMismatch:
+                if not follow_incarnation or refreshed_incarnation:
+                    raise
+                refreshed_incarnation = True
+                self.metadata.invalidate(topic)  # created again: ask about the topic as it is now
+                continue
             except RobustMQError as error:
                 attempts += 1
                 if not self.retry.worth_another_attempt(error, deadline - time.monotonic(), self.timeout_s):
@@ -465,6 +495,11 @@ class Client:
                 self.metadata.invalidate(topic, partition)
                 pause = self.retry.backoff_s(error, attempts)
                 time.sleep(min(pause, max(0.0, deadline - time.monotonic() - floor)))
+
+
+def _named(route: Route) -> int | None:
+    """The incarnation a read names: its route's (None: not known, so not checked)."""
+    return route.incarnation if route.incarnation >= 0 else None
 
 
 def _ipc_table(frames: list[Any]) -> pa.Table:

@@ -244,6 +244,36 @@ def test_a_new_consumer_reads_a_topic_another_client_re_created(
     assert consumer.poll(timeout_s=5).column("value").to_pylist() == [b"new"] * 3
 
 
+def test_every_read_names_its_incarnation_and_a_stale_route_is_refreshed(
+    client: robustmq.Client, cluster: EmbeddedCluster
+) -> None:
+    """A route cached before another client deleted and re-created the topic must not get
+    answers about the other incarnation (issue 19: list_offsets named no incarnation, so a
+    reader with a stale route was told the new topic's offsets as if they were the old one's).
+    The node refuses a read naming another incarnation; the client refreshes and asks again."""
+    client.create_topic("named", 1)
+    client.produce("named", 0, build_records([b"k-old"] * 4, keys=[b"k"] * 4))
+    old = client.metadata.topic("named").incarnation
+    assert client.list_offsets("named")[0] == (0, 4)  # the route to the first incarnation is cached
+    with robustmq.connect(cluster.meta_address, timeout_s=30) as other:
+        other.delete_topic("named")
+        other.create_topic("named", 1)
+        other.produce("named", 0, build_records([b"k-new"], keys=[b"k"]))
+    shard = "named_0"
+    node = cluster.node.address
+    for ask in (
+        pb.NodeRequest(list_offsets=pb.ListOffsetsRequest(shards=[shard], incarnations=[old])),
+        pb.NodeRequest(read_by_key=pb.ReadByKeyRequest(shard=shard, key=b"k", incarnation=old)),
+        pb.NodeRequest(read_by_tag=pb.ReadByTagRequest(shard=shard, tag="x", incarnation=old)),
+        pb.NodeRequest(offset_for_timestamp=pb.OffsetForTimestampRequest(shard=shard, incarnation=old)),
+        pb.NodeRequest(scan=pb.ScanRequest(shard=shard, end_offset=-1, incarnation=old)),
+    ):
+        with pytest.raises(IncarnationMismatch):
+            client.transport.call(node, ask)
+    assert client.list_offsets("named")[0] == (0, 1)  # the client asked again with a fresh route
+    assert client.read_by_key("named", b"k").column("value").to_pylist() == [b"k-new"]
+
+
 # -- following leaders and replicas, through the client's seams (Meta Service and transport) --
 
 

@@ -550,38 +550,46 @@ class FetchRequest(_message.Message):
     def __init__(self, shard: _Optional[str] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., max_records: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class ReadByKeyRequest(_message.Message):
-    __slots__ = ("shard", "key")
+    __slots__ = ("shard", "key", "incarnation")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     shard: str
     key: bytes
-    def __init__(self, shard: _Optional[str] = ..., key: _Optional[bytes] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, shard: _Optional[str] = ..., key: _Optional[bytes] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class ReadByTagRequest(_message.Message):
-    __slots__ = ("shard", "tag", "start_offset", "max_records")
+    __slots__ = ("shard", "tag", "start_offset", "max_records", "incarnation")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     shard: str
     tag: str
     start_offset: int
     max_records: int
-    def __init__(self, shard: _Optional[str] = ..., tag: _Optional[str] = ..., start_offset: _Optional[int] = ..., max_records: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, shard: _Optional[str] = ..., tag: _Optional[str] = ..., start_offset: _Optional[int] = ..., max_records: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class OffsetForTimestampRequest(_message.Message):
-    __slots__ = ("shard", "timestamp_ms")
+    __slots__ = ("shard", "timestamp_ms", "incarnation")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     shard: str
     timestamp_ms: int
-    def __init__(self, shard: _Optional[str] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, shard: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class ListOffsetsRequest(_message.Message):
-    __slots__ = ("shards",)
+    __slots__ = ("shards", "incarnations")
     SHARDS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
     shards: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, shards: _Optional[_Iterable[str]] = ...) -> None: ...
+    incarnations: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, shards: _Optional[_Iterable[str]] = ..., incarnations: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SealRequest(_message.Message):
     __slots__ = ("shard",)
@@ -590,7 +598,7 @@ class SealRequest(_message.Message):
     def __init__(self, shard: _Optional[str] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
-    __slots__ = ("shard", "start_offset", "end_offset", "key", "tags", "min_timestamp_ms", "max_timestamp_ms", "max_records")
+    __slots__ = ("shard", "start_offset", "end_offset", "key", "tags", "min_timestamp_ms", "max_timestamp_ms", "max_records", "incarnation")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -599,6 +607,7 @@ class ScanRequest(_message.Message):
     MIN_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     shard: str
     start_offset: int
     end_offset: int
@@ -607,7 +616,8 @@ class ScanRequest(_message.Message):
     min_timestamp_ms: int
     max_timestamp_ms: int
     max_records: int
-    def __init__(self, shard: _Optional[str] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., key: _Optional[bytes] = ..., tags: _Optional[_Iterable[str]] = ..., min_timestamp_ms: _Optional[int] = ..., max_timestamp_ms: _Optional[int] = ..., max_records: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, shard: _Optional[str] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., key: _Optional[bytes] = ..., tags: _Optional[_Iterable[str]] = ..., min_timestamp_ms: _Optional[int] = ..., max_timestamp_ms: _Optional[int] = ..., max_records: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

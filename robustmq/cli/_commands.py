@@ -199,7 +199,10 @@ def _leader_offsets(
             last = _when(node.last_heartbeat_ms) or "never"
             why = f"leader {leader} at {address} is not alive (last heartbeat {last})"
         else:
-            request = pb.NodeRequest(list_offsets=pb.ListOffsetsRequest(shards=[s.shard for s in shards]))
+            ask = pb.ListOffsetsRequest(
+                shards=[s.shard for s in shards], incarnations=[int(s.incarnation) for s in shards]
+            )
+            request = pb.NodeRequest(list_offsets=ask)
             try:
                 response, _ = client.transport.call(
                     address, request, timeout_s=min(client.timeout_s, LEADER_WAIT_S)

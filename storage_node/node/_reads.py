@@ -47,6 +47,9 @@ __all__ = ["NodeReads", "reader_log_start"]
 
 log = logging.getLogger("robustmq.node")
 
+# Reads that check the incarnation they name themselves (a fetch remembers the one it read first).
+_OWN_INCARNATION_CHECK = ("fetch", "replica_fetch", "checksum")
+
 _READS = (
     "fetch",
     "read_by_key",
@@ -118,7 +121,7 @@ class NodeReads:
             if body == "list_offsets"
             else [getattr(message, body).shard]
         )
-        states = []
+        states: list[NodeShard] = []
         for shard in names:
             state = self.directory.cached(shard)
             if state is None:  # not resolved since start: its worker parks us until it is
@@ -128,6 +131,8 @@ class NodeReads:
                 return
             if body not in ("replica_fetch", "checksum"):  # replicas read below any high watermark
                 check_readable(state)
+            if body not in _OWN_INCARNATION_CHECK:
+                state.check_incarnation(_named_incarnation(message, body, len(states)))
             states.append(state)
         state = states[0] if states else None
         if body == "fetch":
@@ -366,6 +371,15 @@ class NodeReads:
             ),
             (table_payload(result.records),),
         )
+
+
+def _named_incarnation(message: pb.NodeRequest, body: str, index: int) -> int:
+    """The topic incarnation a read names for its ``index``-th shard (-1: none named)."""
+    if body == "list_offsets":
+        named = message.list_offsets.incarnations
+        return int(named[index]) if index < len(named) else -1
+    ask = getattr(message, body)
+    return int(ask.incarnation) if ask.HasField("incarnation") else -1
 
 
 def _check_incarnation(request: Request, state: NodeShard) -> None:

@@ -47,8 +47,11 @@ __all__ = ["NodeReads", "reader_log_start"]
 
 log = logging.getLogger("robustmq.node")
 
+# Requests of other nodes: they read below any high watermark (a replica copies, a seal compares,
+# a snapshot holds producers' windows below a sealed boundary), so an unsettled one does not matter.
+_REPLICA_READS = ("replica_fetch", "checksum", "producer_snapshot")
 # Reads that check the incarnation they name themselves (a fetch remembers the one it read first).
-_OWN_INCARNATION_CHECK = ("fetch", "replica_fetch", "checksum")
+_OWN_INCARNATION_CHECK = ("fetch", *_REPLICA_READS)
 
 _READS = (
     "fetch",
@@ -129,7 +132,7 @@ class NodeReads:
                 if not self.worker_for(shard).post(ParkRead(request, shard)):
                     raise Unavailable(f"storage node {self.node_id} is stopping; try again")
                 return
-            if body not in ("replica_fetch", "checksum"):  # replicas read below any high watermark
+            if body not in _REPLICA_READS:
                 check_readable(state)
             if body not in _OWN_INCARNATION_CHECK:
                 state.check_incarnation(_named_incarnation(message, body, len(states)))

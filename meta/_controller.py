@@ -347,12 +347,19 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
     # -- nodes -------------------------------------------------------------
 
     def register_node(self, node_id: str, address: str) -> pb.NodeInfo:
-        """Add or update a node (keeping its first registration time); it counts as alive."""
+        """Add or update a node (keeping its first registration time); it counts as alive.
+
+        Every registration starts a new session of the node (``session`` + 1, durable): a
+        storage node registers once per process start, so the requests of an earlier
+        process of the node can be told apart and refused (:meth:`update_isr`).
+        """
         node_id = require_node_id(node_id)
         address = require_address(address)
         with self._locked():
             ws = WriteSet()
             node = self._stage_upsert_node(node_id, address, ws)
+            node.session += 1
+            self._nodes.stage_put(node, ws)
             ws.commit(self._store)
             self._liveness.beat(node_id)
             return self._node_view(node)
@@ -478,6 +485,7 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
             draining=node.draining,
             replica_segments=self._load.held.get(node.node_id, 0),
             stored_bytes=self._stored_bytes.get(node.node_id, 0),
+            session=node.session,
         )
 
     def _require_live(self, live: set[str], needed: int) -> None:

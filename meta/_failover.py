@@ -20,6 +20,10 @@ Its thread wakes every ``failover_check_ms`` (100 ms) and:
   :data:`MAX_RETRY_S`; the reason is logged when it changes;
 - **repair**, every ``repair_interval_ms`` (1 s): one call of
   :meth:`~robustmq.meta._controller.MetaController.repair` (bounded work);
+- **checksums**, every ``repair_interval_ms``: a sealed segment recorded without a
+  checksum whose copy a replica reported gets one from its live ``isr`` members
+  (``Checksum`` requests on a pool of its own, :data:`_CHECKSUM_THREADS`, so a slow
+  holder never delays a failover), so the copy can be verified;
 - **reseal**, every ``repair_interval_ms``: asks live leaders to seal (a node
   ``seal`` request, not waited for; at most once per :data:`RESEAL_S` per
   shard, again until the chain shows it done) the active segments of
@@ -88,6 +92,7 @@ DEFAULT_REPAIR_INTERVAL_MS = 1000
 MAX_RETRY_S = 5.0
 RESEAL_S = 5.0
 _FIRST_RETRY_S = 0.5
+_CHECKSUM_THREADS = 2  # checksums of segments sealed without one asked at once (their own pool)
 _MAX_REMEMBERED = 100_000  # shards with a back-off, a fence or a seal request, a bound on memory
 
 logger = logging.getLogger("robustmq.meta")
@@ -145,6 +150,7 @@ class ReplicaSupervisor:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._checksum_pool: ThreadPoolExecutor | None = None  # its own: never delays a failover
         self._caller: NodeRequests | None = None
         # Shared by the loop thread and the pool threads, under _shared_lock:
         self._shared_lock = threading.Lock()
@@ -157,6 +163,9 @@ class ReplicaSupervisor:
 
     def start(self) -> ReplicaSupervisor:
         self._pool = ThreadPoolExecutor(max_workers=self._max_parallel, thread_name_prefix="meta-failover")
+        self._checksum_pool = ThreadPoolExecutor(
+            max_workers=_CHECKSUM_THREADS, thread_name_prefix="meta-checksum"
+        )
         self._thread = threading.Thread(target=self._run, name="meta-supervisor", daemon=True)
         self._thread.start()
         return self
@@ -167,9 +176,10 @@ class ReplicaSupervisor:
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        for pool in (self._pool, self._checksum_pool):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = self._checksum_pool = None
         with self._shared_lock:
             caller, self._caller = self._caller, None
         if caller is not None:
@@ -354,14 +364,14 @@ class ReplicaSupervisor:
 
     def _fill_checksums(self) -> None:
         """Ask the holders of segments sealed without a checksum for it, on the pool (bounded)."""
-        for task in self._controller.checksum_tasks(limit=self._max_parallel):
+        for task in self._controller.checksum_tasks(limit=_CHECKSUM_THREADS):
             key = (task.shard, task.incarnation, task.epoch)
             with self._shared_lock:
-                if key in self._checksums_in_hand or len(self._checksums_in_hand) >= self._max_parallel:
+                if key in self._checksums_in_hand or len(self._checksums_in_hand) >= _CHECKSUM_THREADS:
                     continue
                 self._checksums_in_hand.add(key)
-            assert self._pool is not None
-            self._pool.submit(self._fill_checksum, task)
+            assert self._checksum_pool is not None
+            self._checksum_pool.submit(self._fill_checksum, task)
 
     def _fill_checksum(self, task: ChecksumTask) -> None:
         try:

@@ -76,6 +76,7 @@ class NodeTable:
             address=node.address,
             registered_ms=node.registered_ms,
             draining=node.draining,
+            session=node.session,
         )
         ws.put(keys.node_key(node.node_id), stored.SerializeToString())
 

@@ -118,6 +118,18 @@ class ReplicaControl:
         self._versions.bump_segments((sealed, following))
         return following
 
+    def _require_session(self, node_id: str, session: int) -> None:
+        """``StaleEpoch`` if ``session`` (0: not checked) is not ``node_id``'s current one. Under the lock."""
+        node = self._nodes.get(node_id)
+        if session and node is not None and node.session != session:
+            raise StaleEpoch(
+                f"a request of node {node_id!r} from its session {session}, an earlier process of the "
+                f"node (its session is {node.session} since it registered again)",
+                node_id=node_id,
+                session=session,
+                current_session=node.session,
+            )
+
     @staticmethod
     def _require_leader(active: pb.Segment, epoch: int, node_id: str) -> None:
         """``StaleEpoch`` unless ``node_id`` leads ``active`` and ``epoch`` is its epoch."""
@@ -225,6 +237,8 @@ class ReplicaControl:
         isr: Sequence[str],
         *,
         expected: Sequence[str] = (),
+        expected_version: int | None = None,
+        node_session: int = 0,
     ) -> pb.Segment:
         """Record the ISR of the active segment, as its leader asks; the segment as stored.
 
@@ -232,11 +246,16 @@ class ReplicaControl:
         is the active one, with ``ShardNotFound`` if ``incarnation`` is not the
         topic's current one, and with ``InvalidRequest`` unless ``isr``
         contains the leader and only replicas of the segment. The same ISR
-        again writes nothing. A compare-and-set: with ``expected`` (the ISR the
-        leader's proposal is based on), a recorded ISR that is neither
-        ``expected`` nor ``isr`` is left as it is and answered, so a delayed
-        proposal never overwrites a newer ISR (the leader adopts the answer).
-        Followers are not told (their assignments are the same): no
+        again writes nothing. A compare-and-set on the segment's ``isr_version``
+        (bumped by every change): with ``expected_version`` (the version the
+        leader's proposal is based on; older nodes send ``expected``, the ISR
+        itself), a segment at another version is left as it is and answered,
+        so a delayed proposal never applies over a newer ISR, even one equal
+        to its base (the leader adopts the answer). ``node_session`` (the
+        proposing process's, ``NodeInfo.session``; 0: not checked) other than
+        the node's current one is refused with ``StaleEpoch``: a proposal of
+        an earlier process of the node, delayed past its restart, changes
+        nothing. Followers are not told (their assignments are the same): no
         assignments version changes.
         """
         topic, partition = split_shard(shard)
@@ -245,10 +264,12 @@ class ReplicaControl:
             active = self._topics.chain(topic, partition)[-1]
             self._require_incarnation(shard, topic, incarnation)
             self._require_leader(active, epoch, node_id)
+            self._require_session(node_id, node_session)
             members = checked_isr(active, isr, node_id)
             if list(active.isr) == members:
                 return active
-            if expected and set(active.isr) != set(expected):
+            stale = active.isr_version != expected_version if expected_version is not None else False
+            if stale or (expected_version is None and expected and set(active.isr) != set(expected)):
                 logger.info(
                     "%s epoch %d: ISR change to %s based on %s not made: the ISR is %s",
                     shard,
@@ -261,6 +282,7 @@ class ReplicaControl:
             before = list(active.isr)
             del active.isr[:]
             active.isr.extend(members)
+            active.isr_version += 1
             ws = WriteSet()
             self._topics.stage_segment(topic, partition, active, ws)
             ws.commit(self._store)

@@ -258,6 +258,10 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
             request.node_id,
             list(request.isr),
             expected=list(request.expected_isr),
+            expected_version=(
+                request.expected_isr_version if request.HasField("expected_isr_version") else None
+            ),
+            node_session=request.node_session,
         )
 
     @_answers_errors

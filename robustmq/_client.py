@@ -101,15 +101,19 @@ class Client:
     def describe_topic(self, name: str) -> pb.TopicDescription:
         return self.meta.describe_topic(name)
 
-    def delete_topic(self, name: str) -> None:
+    def delete_topic(self, name: str, *, incarnation: int | None = None) -> None:
         """Delete a topic; returns once no storage node can take writes of it any more.
 
         Raises ``DeletionPending`` (retriable) if a node that held it has not confirmed
         dropping it within the client's timeout: the deletion is recorded (the topic is
         gone for everyone) and completes in the background; calling again waits for it.
+        ``incarnation`` (``create_topic(...).incarnation``, ``describe_topic``) names the
+        topic meant: a call repeated after a lost answer then never deletes a topic
+        another client created again under the name meanwhile (without it, the name's
+        current incarnation is deleted).
         """
         try:
-            self.meta.delete_topic(name)
+            self.meta.delete_topic(name, incarnation=incarnation)
         finally:
             self.metadata.invalidate(name)
 

@@ -28,11 +28,13 @@ Retries (with exponential back-off, within the call's deadline):
   lost request);
 - ``create_topic`` retries like those, and a ``TopicAlreadyExists`` after a
   retry counts as success only if the existing topic has the requested config;
-- ``delete_topic`` and ``remove_node`` are sent once (only a ``Busy`` from the
-  server's admission bound, which means the request was never run, is retried);
-  a ``DeletionPending`` answer (the deletion is recorded, a node has not
-  confirmed it yet) is asked again naming the incarnation it gave, which waits
-  for that deletion and deletes nothing else.
+- ``remove_node`` is sent once (only a ``Busy`` from the server's admission
+  bound, which means the request was never run, is retried);
+- ``delete_topic`` looks the topic's incarnation up and names it, which makes it
+  idempotent (the service deletes only that incarnation, and waits for its
+  deletion), so it retries like the writes above; a ``DeletionPending`` answer
+  (the deletion is recorded, a node has not confirmed it yet) is asked again
+  the same way. A name with no topic is sent once.
 
 Listings that can grow without bound (``list_groups``) are read in pages of a
 bounded size; the client follows the pages.
@@ -42,6 +44,7 @@ Thread-safe: the gRPC channel and stub may be shared by threads.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -51,6 +54,7 @@ import grpc
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._proto import robustmq_pb2_grpc as pb_grpc
+from robustmq._topics import shard_name
 from robustmq._wire import DEFAULT_TOPIC_CONFIG, error_from_info, has_presence, topic_config
 from robustmq.errors import (
     Busy,
@@ -59,7 +63,9 @@ from robustmq.errors import (
     MessageTooLarge,
     RequestTimeout,
     RobustMQError,
+    ShardNotFound,
     TopicAlreadyExists,
+    TopicNotFound,
     Unavailable,
 )
 
@@ -343,28 +349,42 @@ class MetaClient:
     def describe_topic(self, name: str) -> pb.TopicDescription:
         return self._call(self._stub.DescribeTopic, pb.TopicRequest(name=name), "read")
 
-    def delete_topic(self, name: str, *, wait: bool = True) -> pb.DeleteTopicResponse:
+    def delete_topic(
+        self, name: str, *, incarnation: int | None = None, wait: bool = True
+    ) -> pb.DeleteTopicResponse:
         """Delete a topic; answered once no node can still take its writes (docs/replication.md,
         "Leases"), with the incarnation deleted.
 
-        A ``DeletionPending`` from the service (a node that held the topic has not
-        confirmed dropping it yet) is asked again, naming that incarnation (so a topic
-        created again meanwhile is never deleted by the retry), until ``timeout_s``;
-        then it is raised: the deletion is recorded and completes in the background.
+        Every request names the incarnation it deletes: ``incarnation``, else the
+        topic's current one, looked up first. The service deletes the topic only if
+        that is still its incarnation, and otherwise waits for that incarnation's
+        deletion, so a request is safe to send again: a transport failure and a
+        ``DeletionPending`` from the service (a node that held the topic has not
+        confirmed dropping it yet) are asked again until ``timeout_s``; then it is
+        raised: the deletion is recorded and completes in the background. A caller that
+        repeats a delete whose answer it lost should name the ``incarnation`` it meant
+        (``create_topic``'s answer, ``describe_topic``): by name alone, the repeat
+        deletes a topic another client created again meanwhile. A name with no topic
+        names no incarnation: the service waits for the name's deletions still under
+        way, else answers ``TopicNotFound``.
         ``wait=False`` answers as soon as the deletion is recorded (``complete`` and
         ``waiting_for`` say where it stands).
         """
         deadline = time.monotonic() + self.timeout_s
-        request = pb.DeleteTopicRequest(name=name, record_only=not wait)
+        request = pb.DeleteTopicRequest(name=name, incarnation=incarnation, record_only=not wait)
+        if incarnation is None:
+            with contextlib.suppress(TopicNotFound, ShardNotFound):  # none now: deletions may be under way
+                request.incarnation = self.get_shard(shard_name(name, 0)).incarnation
         backoff_s = _BACKOFF_FIRST_S
         while True:
+            mode: _Retry = "idempotent" if request.HasField("incarnation") else "once"
             try:
-                return self._call(self._stub.DeleteTopic, request, "once", deadline=deadline)
+                return self._call(self._stub.DeleteTopic, request, mode, deadline=deadline)
             except DeletionPending as pending:
                 incarnation = pending.fields.get("incarnation")
                 if not isinstance(incarnation, int) or time.monotonic() + backoff_s >= deadline:
                     raise
-                request = pb.DeleteTopicRequest(name=name, incarnation=incarnation)
+                request = pb.DeleteTopicRequest(name=name, incarnation=incarnation, record_only=not wait)
             time.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
 
@@ -412,14 +432,19 @@ class MetaClient:
         node_id: str,
         isr: Iterable[str],
         expected: Iterable[str] = (),
+        *,
+        expected_version: int | None = None,
+        node_session: int = 0,
     ) -> pb.Segment:
         """Record the ISR of the active segment ``epoch``, which ``node_id`` leads; the segment as stored.
 
         ``StaleEpoch`` unless ``node_id`` leads ``epoch`` and it is active; ``ShardNotFound``
         for another incarnation; ``InvalidRequest`` unless ``isr`` holds the leader and only
-        replicas. Idempotent (the same ISR again changes nothing). With ``expected`` (the ISR
-        the proposal is based on), a recorded ISR that is neither changes nothing: the answer
-        is the segment as recorded.
+        replicas. Idempotent (the same ISR again changes nothing). A compare-and-set on the
+        segment's ``isr_version`` (``expected_version``; older callers name the ISR itself,
+        ``expected``): a segment at another version changes nothing and is answered as
+        recorded. ``node_session``: the caller's ``NodeInfo.session`` (an earlier process's is
+        refused ``StaleEpoch``).
         """
         request = pb.UpdateIsrRequest(
             shard=shard,
@@ -428,6 +453,8 @@ class MetaClient:
             node_id=node_id,
             isr=list(isr),
             expected_isr=list(expected),
+            expected_isr_version=expected_version,
+            node_session=node_session,
         )
         return self._call(self._stub.UpdateIsr, request, "idempotent")
 

@@ -80,7 +80,7 @@ class Topic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ..., created_ms: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class Segment(_message.Message):
-    __slots__ = ("shard", "epoch", "start_offset", "end_offset", "state", "replicas", "leader", "isr", "crc32c", "size_bytes", "sealed_seq", "sealed_ms", "object_url", "object_bytes", "max_timestamp_ms")
+    __slots__ = ("shard", "epoch", "start_offset", "end_offset", "state", "replicas", "leader", "isr", "crc32c", "size_bytes", "sealed_seq", "sealed_ms", "object_url", "object_bytes", "max_timestamp_ms", "isr_version")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class Segment(_message.Message):
     OBJECT_URL_FIELD_NUMBER: _ClassVar[int]
     OBJECT_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    ISR_VERSION_FIELD_NUMBER: _ClassVar[int]
     shard: str
     epoch: int
     start_offset: int
@@ -111,7 +112,8 @@ class Segment(_message.Message):
     object_url: str
     object_bytes: int
     max_timestamp_ms: int
-    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., state: _Optional[_Union[SegmentState, str]] = ..., replicas: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ..., isr: _Optional[_Iterable[str]] = ..., crc32c: _Optional[int] = ..., size_bytes: _Optional[int] = ..., sealed_seq: _Optional[int] = ..., sealed_ms: _Optional[int] = ..., object_url: _Optional[str] = ..., object_bytes: _Optional[int] = ..., max_timestamp_ms: _Optional[int] = ...) -> None: ...
+    isr_version: int
+    def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., state: _Optional[_Union[SegmentState, str]] = ..., replicas: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ..., isr: _Optional[_Iterable[str]] = ..., crc32c: _Optional[int] = ..., size_bytes: _Optional[int] = ..., sealed_seq: _Optional[int] = ..., sealed_ms: _Optional[int] = ..., object_url: _Optional[str] = ..., object_bytes: _Optional[int] = ..., max_timestamp_ms: _Optional[int] = ..., isr_version: _Optional[int] = ...) -> None: ...
 
 class ShardInfo(_message.Message):
     __slots__ = ("topic", "partition", "shard", "segments", "leader_address", "high_watermark", "incarnation", "reserved_offset")
@@ -134,7 +136,7 @@ class ShardInfo(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., leader_address: _Optional[str] = ..., high_watermark: _Optional[int] = ..., incarnation: _Optional[int] = ..., reserved_offset: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "address", "registered_ms", "last_heartbeat_ms", "alive", "active_segments", "draining", "replica_segments", "stored_bytes")
+    __slots__ = ("node_id", "address", "registered_ms", "last_heartbeat_ms", "alive", "active_segments", "draining", "replica_segments", "stored_bytes", "session")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_MS_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +146,7 @@ class NodeInfo(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     REPLICA_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     registered_ms: int
@@ -153,7 +156,8 @@ class NodeInfo(_message.Message):
     draining: bool
     replica_segments: int
     stored_bytes: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., registered_ms: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., alive: _Optional[bool] = ..., active_segments: _Optional[int] = ..., draining: _Optional[bool] = ..., replica_segments: _Optional[int] = ..., stored_bytes: _Optional[int] = ...) -> None: ...
+    session: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., registered_ms: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., alive: _Optional[bool] = ..., active_segments: _Optional[int] = ..., draining: _Optional[bool] = ..., replica_segments: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
     __slots__ = ("name", "config")
@@ -464,20 +468,24 @@ class RemoveNodeResponse(_message.Message):
     def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., led_shards: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UpdateIsrRequest(_message.Message):
-    __slots__ = ("shard", "incarnation", "epoch", "node_id", "isr", "expected_isr")
+    __slots__ = ("shard", "incarnation", "epoch", "node_id", "isr", "expected_isr", "expected_isr_version", "node_session")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ISR_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_ISR_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_ISR_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NODE_SESSION_FIELD_NUMBER: _ClassVar[int]
     shard: str
     incarnation: int
     epoch: int
     node_id: str
     isr: _containers.RepeatedScalarFieldContainer[str]
     expected_isr: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, shard: _Optional[str] = ..., incarnation: _Optional[int] = ..., epoch: _Optional[int] = ..., node_id: _Optional[str] = ..., isr: _Optional[_Iterable[str]] = ..., expected_isr: _Optional[_Iterable[str]] = ...) -> None: ...
+    expected_isr_version: int
+    node_session: int
+    def __init__(self, shard: _Optional[str] = ..., incarnation: _Optional[int] = ..., epoch: _Optional[int] = ..., node_id: _Optional[str] = ..., isr: _Optional[_Iterable[str]] = ..., expected_isr: _Optional[_Iterable[str]] = ..., expected_isr_version: _Optional[int] = ..., node_session: _Optional[int] = ...) -> None: ...
 
 class ReportReplicaRequest(_message.Message):
     __slots__ = ("shard", "incarnation", "epoch", "node_id", "crc32c", "size_bytes")

@@ -46,7 +46,9 @@ soon after). A beat's deadline is the lease itself (an answer later than that
 grants nothing); a failed beat is followed by the next one at the usual pace,
 and a lease running out is renewed early (by the time a third of it is left).
 
-Retention (every ``retention_check_ms``) runs on this thread too: it only
+Retention (every ``retention_check_ms``) runs on a thread of its own
+(``rmq-retention``, :class:`Retention`), never on this one: a retention pass over
+many shards must not delay a beat past the node's write lease. It only
 touches sealed segments, never a shard's writes. It removes records of the
 ``memory`` and ``rocksdb`` engines only; for the ``segment`` engine the Meta
 Service runs retention across tiers and ``_tier_retention`` (its own thread)
@@ -76,7 +78,7 @@ from ._io_worker import DeleteShard, Reserved
 from ._lease import Lease
 from ._reads import chain_log_start, reader_log_start
 
-__all__ = ["DeletionLedger", "Heartbeat"]
+__all__ = ["DeletionLedger", "Heartbeat", "Retention"]
 
 log = logging.getLogger("robustmq.node")
 
@@ -294,7 +296,6 @@ class Heartbeat(threading.Thread):
         node = self._node
         next_beat = time.monotonic() + self._interval_s
         last_nudged = last_beat = 0.0
-        next_retention = time.monotonic() + node.config.retention_check_ms / 1000
         while not node.stopping.is_set():
             # A lease about to run out is renewed early: the next beat goes out by the time a third
             # of it is left, whatever the interval (but not right after another one).
@@ -321,9 +322,19 @@ class Heartbeat(threading.Thread):
                     log.warning("heartbeat to the Meta Service failed: %s", error.message)
             except Exception:  # a bug must not stop the heartbeat (the node would look dead)
                 log.exception("heartbeat failed")
-            if time.monotonic() >= next_retention:
-                next_retention = time.monotonic() + node.config.retention_check_ms / 1000
-                self._retention()
+
+
+class Retention(threading.Thread):
+    """Retention of the node's engines every ``retention_check_ms`` (see the module docstring)."""
+
+    def __init__(self, node: Any) -> None:
+        super().__init__(name="rmq-retention", daemon=True)
+        self._node = node
+
+    def run(self) -> None:
+        node = self._node
+        while not node.stopping.wait(node.config.retention_check_ms / 1000):
+            self._retention()
 
     def _chain_log_start(self, engine_shard: str) -> int | None:
         """The chain's log start of the shard an engine holds as ``engine_shard``, as this node

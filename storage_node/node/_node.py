@@ -102,7 +102,7 @@ from ..replication._replication import LeaderState
 from ..replication._shards import ShardDirectory
 from ..tiered._cold_reads import ColdReads
 from ..tiered._tier_retention import TierRetention
-from ._heartbeat import Heartbeat
+from ._heartbeat import Heartbeat, Retention
 from ._io_worker import IOWorker, Refresh, Request
 from ._long_poll import WaitRegistry
 from ._reads import NodeReads
@@ -162,6 +162,7 @@ class StorageNode(NodeReads):
         self.config = config
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.node_id = _node_id(config.data_dir)
+        self.session = 0  # this process's registration with the Meta Service (NodeInfo.session)
         self.meta = meta if meta is not None else MetaClient(config.meta_address)
         # The control threads get their own client with a short deadline (an injected one is shared).
         self._control_meta = (
@@ -222,6 +223,7 @@ class StorageNode(NodeReads):
             for i in range(config.reader_threads)
         ]
         self._heartbeat = Heartbeat(self)
+        self._retention = Retention(self)
         self.cold = ColdReads(
             self, self._control_meta, cache_bytes=config.tier_cache_bytes, threads=config.cold_read_threads
         )
@@ -258,7 +260,7 @@ class StorageNode(NodeReads):
         self._heartbeat.beat()
         self.control.start()
         self.cold.start()
-        for thread in (*self._workers, *self._readers, self._heartbeat, self.tier_retention):
+        for thread in (*self._workers, *self._readers, self._heartbeat, self._retention, self.tier_retention):
             thread.start()
         self.follower.start()
         self.snapshot_fetcher.start()
@@ -276,7 +278,8 @@ class StorageNode(NodeReads):
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                self.meta.register_node(self.node_id, self.address)
+                self.session = int(self.meta.register_node(self.node_id, self.address).session)
+                self.control.session = self.session
                 return
             except Unavailable:
                 if time.monotonic() > deadline or self.stopping.is_set():
@@ -311,8 +314,9 @@ class StorageNode(NodeReads):
         if self._heartbeat.is_alive():
             self._heartbeat.wake()
             self._heartbeat.join(timeout=15)
-        if self.tier_retention.is_alive():
-            self.tier_retention.join(timeout=15)
+        for thread in (self._retention, self.tier_retention):
+            if thread.is_alive():
+                thread.join(timeout=15)
         self.manager.close()
         self.caller.close()
         self.fences.close()

@@ -98,8 +98,9 @@ class MetaAnswer:
     error: RobustMQError | None = None
     segment: pb.Segment | None = None  # isr: the segment as recorded
     agreement: Agreement | None = None  # agree
-    isr: tuple[str, ...] = ()  # isr: the proposal asked for, and the ISR it was based on
+    isr: tuple[str, ...] = ()  # isr: the proposal asked for, and the ISR (and version) it was based on
     expected_isr: tuple[str, ...] = ()
+    expected_isr_version: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,8 @@ class Job:
     incarnation: int = -1
     install: bool = False  # a lookup for a shard the node will create if it holds it
     isr: tuple[str, ...] = ()  # isr: the new ISR; agree: the members to ask; seal: the agreed isr
-    expected_isr: tuple[str, ...] = ()  # isr: the ISR the proposal is based on
+    expected_isr: tuple[str, ...] = ()  # isr: the ISR the proposal is based on, and its version
+    expected_isr_version: int = -1
     agreement: Agreement | None = None  # seal: what the replicas agreed on (RF 1: the size only)
     start_offset: int = -1  # agree: the segment's start
     engine: Any = None  # agree: the leader's engine and its name for the shard
@@ -142,6 +144,7 @@ class Job:
             agreement,
             self.isr if self.kind == "isr" else (),
             self.expected_isr,
+            self.expected_isr_version,
         )
 
 
@@ -154,6 +157,7 @@ class MetaControl:
         self._meta = meta
         self._caller = caller  # a NodeCaller (agree jobs ask followers for checksums)
         self._node_id = node_id
+        self.session = 0  # this process's registration (NodeInfo.session), set once registered
         self._max_jobs = max_jobs
         self._jobs: deque[Job | None] = deque()
         self._ready = threading.Condition()
@@ -240,7 +244,14 @@ class MetaControl:
                 return job.answer(sealed=sealed)
             if job.kind == "isr":
                 segment = self._meta.update_isr(
-                    job.shard, job.incarnation, job.epoch, self._node_id, job.isr, job.expected_isr
+                    job.shard,
+                    job.incarnation,
+                    job.epoch,
+                    self._node_id,
+                    job.isr,
+                    job.expected_isr,
+                    expected_version=job.expected_isr_version if job.expected_isr_version >= 0 else None,
+                    node_session=self.session,
                 )
                 return job.answer(segment=segment)
             info = self._meta.get_shard(job.shard)

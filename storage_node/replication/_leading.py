@@ -7,8 +7,9 @@ what the shard's I/O worker does with it, in queue order with the writes:
 - **before an append** (:meth:`Leading.check_produce`): a write to an epoch
   fenced here is refused ``Unavailable`` (retriable: the chain is looked up,
   the client retries where the Meta Service now points); ``acks=all`` while
-  the recorded ISR is below ``min_insync_replicas`` is refused
-  ``NotEnoughReplicas`` (``appended=false``); ``acks=all``/``quorum`` past
+  the recorded ISR is below ``min_insync_replicas``, and ``acks=quorum`` on an
+  epoch placed on fewer nodes than a majority of the replication factor, are
+  refused ``NotEnoughReplicas`` (``appended=false``); ``acks=all``/``quorum`` past
   ``max_parked`` requests waiting on the shard is ``Busy``.
 - **after a group commit** (:meth:`Leading.hold`, :meth:`Leading.flushed`): the
   leader's durable log end moves, ``acks=1`` requests were answered as for
@@ -99,8 +100,9 @@ class Leading:
         self._states: dict[str, NodeShard] = {}  # shards led here with a LeaderState
         self._held: dict[str, list[WaitingAck]] = {}  # appended in the current group, to wait
         self._retry_at: dict[str, float] = {}  # shard -> when its ISR may be changed again
-        # shard -> (proposal, the ISR it is based on) whose outcome is unknown: sent again as is
-        self._unsettled: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        # shard -> (proposal, the ISR and version it is based on) whose outcome is unknown: sent
+        # again as is
+        self._unsettled: dict[str, tuple[tuple[str, ...], tuple[str, ...], int]] = {}
         self._failures: dict[str, tuple[int, int, str]] = {}  # shard -> (epoch, failures in a row, why)
         self._next_tick = 0.0
 
@@ -122,6 +124,17 @@ class Leading:
             )
         if acks == pb.ACKS_LEADER:
             return
+        if acks == pb.ACKS_QUORUM and not replication.enough_for_quorum():
+            raise NotEnoughReplicas(
+                f"epoch {replication.epoch} of shard {state.name} was placed on "
+                f"{len(replication.replicas)} node(s), fewer than a majority of its replication factor "
+                f"({replication.replication_factor}); an acks=quorum write cannot be confirmed until the "
+                f"Meta Service places the next epoch on more; nothing was written; retry",
+                shard=state.name,
+                replicas=len(replication.replicas),
+                replication_factor=replication.replication_factor,
+                appended=False,
+            )
         if acks == pb.ACKS_ALL and not replication.enough_for_all():
             raise NotEnoughReplicas(
                 f"shard {state.name} has {len(replication.isr)} in-sync replicas, fewer than its "
@@ -209,9 +222,9 @@ class Leading:
                 continue
             unsettled = self._unsettled.pop(name, None)
             if unsettled is not None and unsettled[0] == replication.pending:
-                proposal, based_on = unsettled
+                proposal, based_on, version = unsettled
             else:
-                based_on = replication.isr
+                based_on, version = replication.isr, replication.isr_version
                 proposed = replication.propose(now, self._lag_s)
                 if proposed is None:
                     continue
@@ -231,10 +244,15 @@ class Leading:
                 incarnation=state.incarnation,
                 isr=proposal,
                 expected_isr=based_on,
+                expected_isr_version=version,
             )
-            if not self._worker.control.submit(job):  # never sent: the outcome is known
-                replication.refused()
-                self._retry_at[name] = now + ISR_RETRY_S
+            if self._worker.control.submit(job):
+                continue
+            self._retry_at[name] = now + ISR_RETRY_S  # the control queue is full: try again later
+            if unsettled is not None and unsettled[0] == proposal:
+                self._unsettled[name] = unsettled  # perhaps recorded before: still counted, still owed
+            else:
+                replication.refused()  # never sent: nothing was recorded
 
     def isr_answered(self, answer: MetaAnswer) -> None:
         state = self._worker.directory.cached(answer.shard)
@@ -250,14 +268,14 @@ class Leading:
             assert answer.segment is not None
             self._failures.pop(state.name, None)
             self._unsettled.pop(state.name, None)
-            self._deliver(state, *replication.recorded(list(answer.segment.isr)))
+            self._deliver(state, *replication.recorded(list(answer.segment.isr), answer.segment.isr_version))
             log.info("shard %s epoch %d: the ISR is %s", state.name, answer.epoch, list(replication.isr))
             return
         self._unsettled.pop(state.name, None)
         if _definite(answer.error):
             replication.refused()
         elif replication.pending == answer.isr:  # perhaps recorded: keep counting it, send it again
-            self._unsettled[state.name] = (answer.isr, answer.expected_isr)
+            self._unsettled[state.name] = (answer.isr, answer.expected_isr, answer.expected_isr_version)
         if isinstance(answer.error, StaleEpoch | NotLeader):  # no longer the leader of that epoch
             self._retry_at[state.name] = time.monotonic() + ISR_RETRY_S
             log.warning("shard %s: ISR change refused (%s); looking it up", state.name, answer.error.message)

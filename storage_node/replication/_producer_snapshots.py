@@ -26,10 +26,13 @@ Decisions (pure functions):
 
 Threads:
 
-- :class:`SnapshotFetcher` (one, ``rmq-producer-snapshot``): runs
-  :class:`PageJob` s, one ``ProducerSnapshot`` request each through the node's
+- :class:`SnapshotFetcher` (:data:`FETCH_THREADS` threads, ``rmq-producer-snapshot-N``):
+  runs :class:`PageJob` s, one ``ProducerSnapshot`` request each through the node's
   ``NodeCaller`` (deadline :data:`PAGE_TIMEOUT_S`), and posts the
   :class:`PageAnswer` to the shard's I/O worker. At most :data:`MAX_JOBS` wait.
+  Several threads, so that a source that does not answer (alive to the Meta
+  Service, cut off from this node) holds up one shard's page for its deadline,
+  not every other shard's.
 - :class:`ProducerSnapshots` (one per I/O worker, run on it): starts a fetch
   for each shard whose view it installs or adopts while it awaits a snapshot,
   stores each page through ``engine.store_producer_snapshot`` (the first page
@@ -87,6 +90,7 @@ log = logging.getLogger("robustmq.node")
 PAGE_BYTES = 1 << 20  # entries in one answer, about (whole producers: one at least)
 PAGE_TIMEOUT_S = 5.0
 MAX_JOBS = 10_000
+FETCH_THREADS = 4
 _BACKOFF_FIRST_S = 0.2
 _BACKOFF_MAX_S = 5.0
 
@@ -165,18 +169,30 @@ class PageAnswer:
     error: RobustMQError | None = None
 
 
-class SnapshotFetcher(threading.Thread):
-    """The node's thread that sends ``ProducerSnapshot`` requests (module docstring)."""
+class SnapshotFetcher:
+    """The node's threads that send ``ProducerSnapshot`` requests (module docstring)."""
 
     def __init__(
-        self, caller: Any, *, timeout_s: float = PAGE_TIMEOUT_S, max_bytes: int = PAGE_BYTES
+        self,
+        caller: Any,
+        *,
+        timeout_s: float = PAGE_TIMEOUT_S,
+        max_bytes: int = PAGE_BYTES,
+        threads: int = FETCH_THREADS,
     ) -> None:
-        super().__init__(name="rmq-producer-snapshot", daemon=True)
         self._caller = caller
         self._timeout_s = timeout_s
         self._max_bytes = max_bytes
         self._jobs: deque[PageJob | None] = deque()
         self._ready = threading.Condition()
+        self._threads = [
+            threading.Thread(target=self.run, name=f"rmq-producer-snapshot-{i}", daemon=True)
+            for i in range(threads)
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, job: PageJob) -> bool:
         """Queue ``job``; False if :data:`MAX_JOBS` already wait."""
@@ -189,10 +205,11 @@ class SnapshotFetcher(threading.Thread):
 
     def stop(self) -> None:
         with self._ready:
-            self._jobs.appendleft(None)
-            self._ready.notify()
-        if self.is_alive():
-            self.join(timeout=self._timeout_s + 10)
+            self._jobs.extendleft([None] * len(self._threads))  # one stop for each thread
+            self._ready.notify_all()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout=self._timeout_s + 10)
 
     def run(self) -> None:
         while True:

@@ -5,7 +5,8 @@ A :class:`LeaderState` exists for each shard this node leads whose topic has
 they took before replication). It keeps, for the active epoch:
 
 - ``replicas`` (the leader first) and ``isr``, the in-sync replicas **as the
-  Meta Service recorded them**, plus ``pending``: an ISR change sent with
+  Meta Service recorded them** (at ``isr_version``, bumped by each recorded
+  change: proposals name it), plus ``pending``: an ISR change sent with
   ``UpdateIsr`` and not answered yet (at most one at a time);
 - per follower, its **position** (the ``offset`` of its last ``ReplicaFetch``:
   its durable log end, which acknowledges every record before it) and the
@@ -147,6 +148,7 @@ class LeaderState:
     high_watermark: int = -1
     settled: bool = False  # the HW is at least any a reader saw (module docstring)
     pending: tuple[str, ...] | None = None
+    isr_version: int = 0  # the recorded ISR's version (Segment.isr_version)
     fenced: bool = False  # the Meta Service fenced this epoch: no more writes, no more acks
     _followers: dict[str, _Follower] = field(default_factory=dict)
     _all: deque[WaitingAck] = field(default_factory=deque)
@@ -176,6 +178,11 @@ class LeaderState:
                 return self.log_end
             follower = self._followers.get(node_id)
             return follower.position if follower is not None else -1
+
+    def enough_for_quorum(self) -> bool:
+        """Whether ``acks=quorum`` can ever be confirmed in this epoch (it has enough replicas)."""
+        with self._lock:
+            return len(set(self.replicas) | {self.node_id}) >= quorum_of(self.replication_factor)
 
     def enough_for_all(self) -> bool:
         """Whether ``acks=all`` may be taken now (the recorded ISR is large enough)."""
@@ -279,11 +286,13 @@ class LeaderState:
             self.pending = proposal
             return proposal
 
-    def recorded(self, isr: list[str] | tuple[str, ...]) -> tuple[bool, list[AckAnswer]]:
-        """The Meta Service recorded ``isr``: use it from now on."""
+    def recorded(self, isr: list[str] | tuple[str, ...], version: int = -1) -> tuple[bool, list[AckAnswer]]:
+        """The Meta Service recorded ``isr`` (at ``version``; -1: not told): use it from now on."""
         with self._lock:
             self.pending = None
             self.isr = tuple(isr) if self.node_id in isr else (self.node_id, *isr)
+            if version >= 0:
+                self.isr_version = version
             return self._advance()
 
     def refused(self) -> None:

@@ -538,6 +538,7 @@ class ShardDirectory:
             node_id=self._node_id,
             replicas=tuple(active.replicas) or (self._node_id,),
             isr=tuple(active.isr) or (self._node_id,),
+            isr_version=active.isr_version,
             min_insync=min_insync_of(state.config),
             replication_factor=state.config.replication_factor,
             segment_start=state.segment_start,

@@ -232,7 +232,7 @@ def test_a_node_that_drops_its_local_copy_of_a_tiered_segment_still_recognises_i
                 return chain[0].state == pb.REMOTE and len(local_segment_files(node, "kept")) == 1
 
             wait_for("the first segment remote and its local copy dropped", dropped)
-            node._heartbeat._retention()  # the node's producer expiry, now that the copy is gone
+            node._retention._retention()  # the node's producer expiry, now that the copy is gone
             replay = _produce(caller, node.address, "kept_0", _active(client, "kept_0"), incarnation, payload)
             assert (replay.duplicate, replay.base_offset, replay.record_count) == (True, 0, 2), replay
             assert _values(client, "kept") == [b"tiered-0", b"tiered-1", b"later"]

@@ -78,6 +78,44 @@ def test_update_isr_is_a_compare_and_set_on_the_isr_it_is_based_on(client: MetaC
     assert list(grown.isr) == [leader, second]
 
 
+def test_update_isr_compares_the_isr_version_so_an_aba_never_applies_a_late_proposal(
+    client: MetaClient,
+) -> None:
+    """A review found the set comparison open to ABA: expand P1 is delayed; its resend is
+    recorded; a shrink returns the ISR to P1's base; the late P1 then re-added the member."""
+    register(client, "n1", "n2", "n3")
+    incarnation = client.create_topic("t", replication_factor=3).incarnation
+    leader, first, second = client.get_shard("t_0").segments[0].replicas
+    start = client.get_shard("t_0").segments[0]
+    shrunk = client.update_isr(
+        "t_0", incarnation, 0, leader, [leader, first], expected_version=start.isr_version
+    )
+    assert shrunk.isr_version == start.isr_version + 1
+    grown = client.update_isr(  # P1, resent after a lost answer: recorded
+        "t_0", incarnation, 0, leader, [leader, first, second], expected_version=shrunk.isr_version
+    )
+    back = client.update_isr(
+        "t_0", incarnation, 0, leader, [leader, first], expected_version=grown.isr_version
+    )
+    assert list(back.isr) == [leader, first]
+    late = client.update_isr(  # P1's first send, late: its base ISR is the recorded one again
+        "t_0", incarnation, 0, leader, [leader, first, second], expected_version=shrunk.isr_version
+    )
+    assert (list(late.isr), late.isr_version) == ([leader, first], back.isr_version)  # not applied
+
+
+def test_an_isr_change_from_an_earlier_process_of_the_node_is_refused(client: MetaClient) -> None:
+    register(client, "n1", "n2", "n3")
+    incarnation = client.create_topic("t", replication_factor=3).incarnation
+    leader = client.get_shard("t_0").segments[0].leader
+    old = client.register_node(leader, "tcp://127.0.0.1:9").session
+    new = client.register_node(leader, "tcp://127.0.0.1:9").session  # the node restarted
+    assert new == old + 1
+    with pytest.raises(StaleEpoch):
+        client.update_isr("t_0", incarnation, 0, leader, [leader], node_session=old)
+    assert list(client.update_isr("t_0", incarnation, 0, leader, [leader], node_session=new).isr) == [leader]
+
+
 def test_seal_isr_must_hold_the_leader_and_only_replicas(client: MetaClient) -> None:
     register(client, "n1", "n2")
     client.create_topic("t", replication_factor=2)

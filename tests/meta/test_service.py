@@ -5,8 +5,9 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -847,3 +848,54 @@ def test_reserved_offsets_only_grow_and_survive_a_restart(meta: Meta) -> None:
     assert client.get_shard("mem_0").reserved_offset == 100
     meta.restart()
     assert (client.get_shard("mem_0").high_watermark, client.get_shard("mem_0").reserved_offset) == (6, 100)
+
+
+class _LoseTheFirstDeleteAnswer(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Delivers every call; the first DeleteTopic's answer is lost on the way back, after
+    ``meanwhile`` ran (another client creating the topic again)."""
+
+    def __init__(self, meanwhile: Callable[[], object]) -> None:
+        self.meanwhile = meanwhile
+        self.lost = False
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        result = continuation(details, request)
+        if self.lost or not details.method.endswith("/DeleteTopic"):
+            return result
+        result.exception()  # the Meta Service has deleted the topic
+        self.lost = True
+        self.meanwhile()
+        raise _DeadlineExceeded()
+
+
+class _DeadlineExceeded(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self) -> str:
+        return "the answer was lost on the way back (test network)"
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
+
+
+def test_a_delete_whose_answer_was_lost_is_retried_and_never_deletes_the_topic_created_again(
+    meta: Meta, client: MetaClient
+) -> None:
+    """A delete names the incarnation it deletes, so repeating one whose answer was lost only
+    waits for that deletion (a review found the request named none: a repeat deleted a topic
+    another client had created again meanwhile)."""
+    register(client, "n1", "n2")  # the topic created again goes to the node that owes nothing
+    first = client.create_topic("again").incarnation
+    losing = _LoseTheFirstDeleteAnswer(lambda: client.create_topic("again"))
+    channel = grpc.intercept_channel(grpc.insecure_channel(meta.server.address), losing)
+    try:
+        with MetaClient(meta.server.address, timeout_s=5.0, channel=channel) as deleting:
+            with pytest.raises(RequestTimeout):  # deleted, but the caller did not hear so
+                deleting.delete_topic("again", wait=False)
+            assert losing.lost
+            answer = deleting.delete_topic("again", incarnation=first, wait=False)  # the repeat
+        assert answer.incarnation == first
+        assert client.describe_topic("again").topic.incarnation > first  # the new topic lives
+    finally:
+        channel.close()

@@ -67,7 +67,8 @@ def test_quorum_needs_a_majority_of_the_replication_factor(lead: Any) -> None:
     answer, _ = led.caller.call(led.node.address, "seal", pb.SealRequest(shard=led.shard), timeout_s=30)
     assert list(answer.seal.next.replicas) == [led.node.node_id]  # under-replicated: one node of 3
     quorum = outcome(led.produce(pb.ACKS_QUORUM, [b"b"], epoch=answer.seal.next.epoch))
-    assert isinstance(quorum, RequestTimeout), quorum  # one copy is not a majority of 3
+    assert isinstance(quorum, NotEnoughReplicas), quorum  # one copy is not a majority of 3 ...
+    assert quorum.fields["appended"] is False  # ... so it is refused before it is written
     leader_only = outcome(led.produce(pb.ACKS_LEADER, [b"c"], epoch=answer.seal.next.epoch))
     assert not isinstance(leader_only, RobustMQError), leader_only
 

@@ -37,6 +37,11 @@ in-process or over the network.
     |   +-- CorruptObject              CORRUPT_OBJECT  a tiered object failed its checks
     +-- StaleEpoch                     STALE_EPOCH     a fenced writer
     +-- EngineClosed                   CLOSED
+    +-- AuthenticationFailed           AUTHENTICATION_FAILED
+    |                                  no valid identity: a wrong password, an expired, revoked
+    |                                  or forged token, a certificate of another CA
+    +-- AuthorizationFailed            AUTHORIZATION_FAILED
+    |                                  an authenticated principal the ACLs do not allow
     +-- InvalidRequest                 INVALID_REQUEST
         +-- InvalidRecordBatch         INVALID_BATCH   not Arrow IPC, or the wrong schema
         |   +-- KeyRequired            KEY_REQUIRED    a record without a key for a
@@ -64,6 +69,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "AuthenticationFailed",
+    "AuthorizationFailed",
     "Busy",
     "CorruptObject",
     "CorruptRecordBatch",
@@ -277,6 +284,29 @@ class StaleEpoch(RobustMQError):
 
 class EngineClosed(RobustMQError):
     code = "CLOSED"
+
+
+class AuthenticationFailed(RobustMQError):
+    """The caller has no valid identity for this cluster (docs/security.md).
+
+    A wrong user or password, a token that expired, was revoked (the user was
+    removed or its password changed) or is not signed by this cluster, a
+    certificate from another CA, or a plaintext client at a secured port.
+    Retrying with the same credentials cannot help. Fields: ``reason``.
+    """
+
+    code = "AUTHENTICATION_FAILED"
+
+
+class AuthorizationFailed(RobustMQError):
+    """An authenticated principal asked for something the ACLs do not allow.
+
+    Fields: ``principal``, ``operation`` (read, write, create, delete, alter,
+    describe), ``resource_type`` (topic, group, cluster), ``resource_name``.
+    Nothing was changed. An operator grants it with ``robustmq acl add``.
+    """
+
+    code = "AUTHORIZATION_FAILED"
 
 
 class InvalidRequest(RobustMQError):

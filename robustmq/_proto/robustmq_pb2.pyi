@@ -136,7 +136,7 @@ class ShardInfo(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., leader_address: _Optional[str] = ..., high_watermark: _Optional[int] = ..., incarnation: _Optional[int] = ..., reserved_offset: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "address", "registered_ms", "last_heartbeat_ms", "alive", "active_segments", "draining", "replica_segments", "stored_bytes", "session")
+    __slots__ = ("node_id", "address", "registered_ms", "last_heartbeat_ms", "alive", "active_segments", "draining", "replica_segments", "stored_bytes", "session", "curve_key", "token")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_MS_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +147,8 @@ class NodeInfo(_message.Message):
     REPLICA_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    CURVE_KEY_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     registered_ms: int
@@ -157,7 +159,9 @@ class NodeInfo(_message.Message):
     replica_segments: int
     stored_bytes: int
     session: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., registered_ms: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., alive: _Optional[bool] = ..., active_segments: _Optional[int] = ..., draining: _Optional[bool] = ..., replica_segments: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
+    curve_key: bytes
+    token: SessionToken
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., registered_ms: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., alive: _Optional[bool] = ..., active_segments: _Optional[int] = ..., draining: _Optional[bool] = ..., replica_segments: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., session: _Optional[int] = ..., curve_key: _Optional[bytes] = ..., token: _Optional[_Union[SessionToken, _Mapping]] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
     __slots__ = ("name", "config")
@@ -218,12 +222,14 @@ class ShardRequest(_message.Message):
     def __init__(self, shard: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "address")
+    __slots__ = ("node_id", "address", "curve_key")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CURVE_KEY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+    curve_key: bytes
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., curve_key: _Optional[bytes] = ...) -> None: ...
 
 class ShardProgress(_message.Message):
     __slots__ = ("shard", "high_watermark", "log_start_offset", "reserved_offset", "incarnation")
@@ -264,16 +270,20 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[ShardProgress, _Mapping]]] = ..., shard_count: _Optional[int] = ..., deleted: _Optional[_Iterable[_Union[ShardDeletion, _Mapping]]] = ..., stored_bytes: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("interval_ms", "deletions", "assignments_version", "lease_ms")
+    __slots__ = ("interval_ms", "deletions", "assignments_version", "lease_ms", "token", "acl_version")
     INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     DELETIONS_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ACL_VERSION_FIELD_NUMBER: _ClassVar[int]
     interval_ms: int
     deletions: _containers.RepeatedCompositeFieldContainer[ShardDeletion]
     assignments_version: int
     lease_ms: int
-    def __init__(self, interval_ms: _Optional[int] = ..., deletions: _Optional[_Iterable[_Union[ShardDeletion, _Mapping]]] = ..., assignments_version: _Optional[int] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    token: SessionToken
+    acl_version: int
+    def __init__(self, interval_ms: _Optional[int] = ..., deletions: _Optional[_Iterable[_Union[ShardDeletion, _Mapping]]] = ..., assignments_version: _Optional[int] = ..., lease_ms: _Optional[int] = ..., token: _Optional[_Union[SessionToken, _Mapping]] = ..., acl_version: _Optional[int] = ...) -> None: ...
 
 class ClusterConfig(_message.Message):
     __slots__ = ("tier_url",)
@@ -525,6 +535,182 @@ class DrainNodeRequest(_message.Message):
     undrain: bool
     def __init__(self, node_id: _Optional[str] = ..., undrain: _Optional[bool] = ...) -> None: ...
 
+class SessionClaims(_message.Message):
+    __slots__ = ("principal", "curve_key", "expires_ms", "credential_version", "producer_id", "issued_ms")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    CURVE_KEY_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_MS_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_MS_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    curve_key: bytes
+    expires_ms: int
+    credential_version: int
+    producer_id: int
+    issued_ms: int
+    def __init__(self, principal: _Optional[str] = ..., curve_key: _Optional[bytes] = ..., expires_ms: _Optional[int] = ..., credential_version: _Optional[int] = ..., producer_id: _Optional[int] = ..., issued_ms: _Optional[int] = ...) -> None: ...
+
+class SessionToken(_message.Message):
+    __slots__ = ("claims", "signature")
+    CLAIMS_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    claims: bytes
+    signature: bytes
+    def __init__(self, claims: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class SecurityInfo(_message.Message):
+    __slots__ = ("enabled", "token_public_key", "acl_version")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    ACL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    token_public_key: bytes
+    acl_version: int
+    def __init__(self, enabled: _Optional[bool] = ..., token_public_key: _Optional[bytes] = ..., acl_version: _Optional[int] = ...) -> None: ...
+
+class ScramStartRequest(_message.Message):
+    __slots__ = ("user", "client_first", "mechanism")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIRST_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    client_first: str
+    mechanism: str
+    def __init__(self, user: _Optional[str] = ..., client_first: _Optional[str] = ..., mechanism: _Optional[str] = ...) -> None: ...
+
+class ScramStartResponse(_message.Message):
+    __slots__ = ("exchange_id", "server_first")
+    EXCHANGE_ID_FIELD_NUMBER: _ClassVar[int]
+    SERVER_FIRST_FIELD_NUMBER: _ClassVar[int]
+    exchange_id: str
+    server_first: str
+    def __init__(self, exchange_id: _Optional[str] = ..., server_first: _Optional[str] = ...) -> None: ...
+
+class ScramFinishRequest(_message.Message):
+    __slots__ = ("exchange_id", "client_final", "curve_key")
+    EXCHANGE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FINAL_FIELD_NUMBER: _ClassVar[int]
+    CURVE_KEY_FIELD_NUMBER: _ClassVar[int]
+    exchange_id: str
+    client_final: str
+    curve_key: bytes
+    def __init__(self, exchange_id: _Optional[str] = ..., client_final: _Optional[str] = ..., curve_key: _Optional[bytes] = ...) -> None: ...
+
+class ScramFinishResponse(_message.Message):
+    __slots__ = ("server_final", "token")
+    SERVER_FINAL_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    server_final: str
+    token: SessionToken
+    def __init__(self, server_final: _Optional[str] = ..., token: _Optional[_Union[SessionToken, _Mapping]] = ...) -> None: ...
+
+class IssueTokenRequest(_message.Message):
+    __slots__ = ("curve_key", "producer_id")
+    CURVE_KEY_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    curve_key: bytes
+    producer_id: int
+    def __init__(self, curve_key: _Optional[bytes] = ..., producer_id: _Optional[int] = ...) -> None: ...
+
+class CreateUserRequest(_message.Message):
+    __slots__ = ("user", "mechanism", "salt", "iterations", "stored_key", "server_key", "replace")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    SALT_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    STORED_KEY_FIELD_NUMBER: _ClassVar[int]
+    SERVER_KEY_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    mechanism: str
+    salt: bytes
+    iterations: int
+    stored_key: bytes
+    server_key: bytes
+    replace: bool
+    def __init__(self, user: _Optional[str] = ..., mechanism: _Optional[str] = ..., salt: _Optional[bytes] = ..., iterations: _Optional[int] = ..., stored_key: _Optional[bytes] = ..., server_key: _Optional[bytes] = ..., replace: _Optional[bool] = ...) -> None: ...
+
+class DeleteUserRequest(_message.Message):
+    __slots__ = ("user",)
+    USER_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    def __init__(self, user: _Optional[str] = ...) -> None: ...
+
+class UserInfo(_message.Message):
+    __slots__ = ("user", "mechanism", "iterations", "credential_version")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    mechanism: str
+    iterations: int
+    credential_version: int
+    def __init__(self, user: _Optional[str] = ..., mechanism: _Optional[str] = ..., iterations: _Optional[int] = ..., credential_version: _Optional[int] = ...) -> None: ...
+
+class ListUsersResponse(_message.Message):
+    __slots__ = ("users",)
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    users: _containers.RepeatedCompositeFieldContainer[UserInfo]
+    def __init__(self, users: _Optional[_Iterable[_Union[UserInfo, _Mapping]]] = ...) -> None: ...
+
+class AclBinding(_message.Message):
+    __slots__ = ("principal", "resource_type", "resource_name", "pattern", "operation", "permission")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    resource_type: str
+    resource_name: str
+    pattern: str
+    operation: str
+    permission: str
+    def __init__(self, principal: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_name: _Optional[str] = ..., pattern: _Optional[str] = ..., operation: _Optional[str] = ..., permission: _Optional[str] = ...) -> None: ...
+
+class DeleteAclResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: int
+    def __init__(self, deleted: _Optional[int] = ...) -> None: ...
+
+class ListAclsRequest(_message.Message):
+    __slots__ = ("principal", "resource_type", "resource_name")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    resource_type: str
+    resource_name: str
+    def __init__(self, principal: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_name: _Optional[str] = ...) -> None: ...
+
+class ListAclsResponse(_message.Message):
+    __slots__ = ("acls", "acl_version", "users")
+    ACLS_FIELD_NUMBER: _ClassVar[int]
+    ACL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    acls: _containers.RepeatedCompositeFieldContainer[AclBinding]
+    acl_version: int
+    users: _containers.RepeatedCompositeFieldContainer[UserInfo]
+    def __init__(self, acls: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ..., acl_version: _Optional[int] = ..., users: _Optional[_Iterable[_Union[UserInfo, _Mapping]]] = ...) -> None: ...
+
+class InitProducerIdRequest(_message.Message):
+    __slots__ = ("curve_key",)
+    CURVE_KEY_FIELD_NUMBER: _ClassVar[int]
+    curve_key: bytes
+    def __init__(self, curve_key: _Optional[bytes] = ...) -> None: ...
+
+class InitProducerIdResponse(_message.Message):
+    __slots__ = ("producer_id", "token")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    token: SessionToken
+    def __init__(self, producer_id: _Optional[int] = ..., token: _Optional[_Union[SessionToken, _Mapping]] = ...) -> None: ...
+
 class ProduceRequest(_message.Message):
     __slots__ = ("shard", "epoch", "acks", "producer_id", "producer_sequence", "incarnation")
     SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -714,8 +900,9 @@ class ProducerSnapshotResponse(_message.Message):
     def __init__(self, producers: _Optional[_Iterable[_Union[ProducerWindow, _Mapping]]] = ..., more: _Optional[bool] = ..., last_producer_id: _Optional[int] = ..., log_end_offset: _Optional[int] = ...) -> None: ...
 
 class NodeRequest(_message.Message):
-    __slots__ = ("correlation_id", "timeout_ms", "produce", "fetch", "read_by_key", "read_by_tag", "offset_for_timestamp", "list_offsets", "seal", "status", "scan", "replica_fetch", "fence", "checksum", "producer_snapshot", "beat")
+    __slots__ = ("correlation_id", "token", "timeout_ms", "produce", "fetch", "read_by_key", "read_by_tag", "offset_for_timestamp", "list_offsets", "seal", "status", "scan", "replica_fetch", "fence", "checksum", "producer_snapshot", "beat")
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     PRODUCE_FIELD_NUMBER: _ClassVar[int]
     FETCH_FIELD_NUMBER: _ClassVar[int]
@@ -732,6 +919,7 @@ class NodeRequest(_message.Message):
     PRODUCER_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     BEAT_FIELD_NUMBER: _ClassVar[int]
     correlation_id: int
+    token: bytes
     timeout_ms: int
     produce: ProduceRequest
     fetch: FetchRequest
@@ -747,7 +935,7 @@ class NodeRequest(_message.Message):
     checksum: ChecksumRequest
     producer_snapshot: ProducerSnapshotRequest
     beat: BeatRequest
-    def __init__(self, correlation_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., produce: _Optional[_Union[ProduceRequest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., read_by_key: _Optional[_Union[ReadByKeyRequest, _Mapping]] = ..., read_by_tag: _Optional[_Union[ReadByTagRequest, _Mapping]] = ..., offset_for_timestamp: _Optional[_Union[OffsetForTimestampRequest, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., status: _Optional[_Union[StatusRequest, _Mapping]] = ..., scan: _Optional[_Union[ScanRequest, _Mapping]] = ..., replica_fetch: _Optional[_Union[ReplicaFetchRequest, _Mapping]] = ..., fence: _Optional[_Union[FenceRequest, _Mapping]] = ..., checksum: _Optional[_Union[ChecksumRequest, _Mapping]] = ..., producer_snapshot: _Optional[_Union[ProducerSnapshotRequest, _Mapping]] = ..., beat: _Optional[_Union[BeatRequest, _Mapping]] = ...) -> None: ...
+    def __init__(self, correlation_id: _Optional[int] = ..., token: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., produce: _Optional[_Union[ProduceRequest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., read_by_key: _Optional[_Union[ReadByKeyRequest, _Mapping]] = ..., read_by_tag: _Optional[_Union[ReadByTagRequest, _Mapping]] = ..., offset_for_timestamp: _Optional[_Union[OffsetForTimestampRequest, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., status: _Optional[_Union[StatusRequest, _Mapping]] = ..., scan: _Optional[_Union[ScanRequest, _Mapping]] = ..., replica_fetch: _Optional[_Union[ReplicaFetchRequest, _Mapping]] = ..., fence: _Optional[_Union[FenceRequest, _Mapping]] = ..., checksum: _Optional[_Union[ChecksumRequest, _Mapping]] = ..., producer_snapshot: _Optional[_Union[ProducerSnapshotRequest, _Mapping]] = ..., beat: _Optional[_Union[BeatRequest, _Mapping]] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
     __slots__ = ("base_offset", "record_count", "duplicate", "high_watermark", "epoch")

@@ -144,6 +144,61 @@ class MetaServiceStub:
                 request_serializer=robustmq__pb2.MarkTieredRequest.SerializeToString,
                 response_deserializer=robustmq__pb2.Segment.FromString,
                 _registered_method=True)
+        self.ScramStart = channel.unary_unary(
+                '/robustmq.MetaService/ScramStart',
+                request_serializer=robustmq__pb2.ScramStartRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.ScramStartResponse.FromString,
+                _registered_method=True)
+        self.ScramFinish = channel.unary_unary(
+                '/robustmq.MetaService/ScramFinish',
+                request_serializer=robustmq__pb2.ScramFinishRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.ScramFinishResponse.FromString,
+                _registered_method=True)
+        self.GetSecurityInfo = channel.unary_unary(
+                '/robustmq.MetaService/GetSecurityInfo',
+                request_serializer=robustmq__pb2.Empty.SerializeToString,
+                response_deserializer=robustmq__pb2.SecurityInfo.FromString,
+                _registered_method=True)
+        self.IssueToken = channel.unary_unary(
+                '/robustmq.MetaService/IssueToken',
+                request_serializer=robustmq__pb2.IssueTokenRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.SessionToken.FromString,
+                _registered_method=True)
+        self.CreateUser = channel.unary_unary(
+                '/robustmq.MetaService/CreateUser',
+                request_serializer=robustmq__pb2.CreateUserRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.Empty.FromString,
+                _registered_method=True)
+        self.DeleteUser = channel.unary_unary(
+                '/robustmq.MetaService/DeleteUser',
+                request_serializer=robustmq__pb2.DeleteUserRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.Empty.FromString,
+                _registered_method=True)
+        self.ListUsers = channel.unary_unary(
+                '/robustmq.MetaService/ListUsers',
+                request_serializer=robustmq__pb2.Empty.SerializeToString,
+                response_deserializer=robustmq__pb2.ListUsersResponse.FromString,
+                _registered_method=True)
+        self.CreateAcl = channel.unary_unary(
+                '/robustmq.MetaService/CreateAcl',
+                request_serializer=robustmq__pb2.AclBinding.SerializeToString,
+                response_deserializer=robustmq__pb2.Empty.FromString,
+                _registered_method=True)
+        self.DeleteAcl = channel.unary_unary(
+                '/robustmq.MetaService/DeleteAcl',
+                request_serializer=robustmq__pb2.AclBinding.SerializeToString,
+                response_deserializer=robustmq__pb2.DeleteAclResponse.FromString,
+                _registered_method=True)
+        self.ListAcls = channel.unary_unary(
+                '/robustmq.MetaService/ListAcls',
+                request_serializer=robustmq__pb2.ListAclsRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.ListAclsResponse.FromString,
+                _registered_method=True)
+        self.InitProducerId = channel.unary_unary(
+                '/robustmq.MetaService/InitProducerId',
+                request_serializer=robustmq__pb2.InitProducerIdRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.InitProducerIdResponse.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -281,6 +336,74 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScramStart(self, request, context):
+        """Security (docs/security.md). Unauthenticated callers may call only these three.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScramFinish(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSecurityInfo(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def IssueToken(self, request, context):
+        """A fresh session token for the caller (a certificate holder, or a token holder before expiry).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateAcl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InitProducerId(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -393,6 +516,61 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.MarkTiered,
                     request_deserializer=robustmq__pb2.MarkTieredRequest.FromString,
                     response_serializer=robustmq__pb2.Segment.SerializeToString,
+            ),
+            'ScramStart': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScramStart,
+                    request_deserializer=robustmq__pb2.ScramStartRequest.FromString,
+                    response_serializer=robustmq__pb2.ScramStartResponse.SerializeToString,
+            ),
+            'ScramFinish': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScramFinish,
+                    request_deserializer=robustmq__pb2.ScramFinishRequest.FromString,
+                    response_serializer=robustmq__pb2.ScramFinishResponse.SerializeToString,
+            ),
+            'GetSecurityInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSecurityInfo,
+                    request_deserializer=robustmq__pb2.Empty.FromString,
+                    response_serializer=robustmq__pb2.SecurityInfo.SerializeToString,
+            ),
+            'IssueToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueToken,
+                    request_deserializer=robustmq__pb2.IssueTokenRequest.FromString,
+                    response_serializer=robustmq__pb2.SessionToken.SerializeToString,
+            ),
+            'CreateUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateUser,
+                    request_deserializer=robustmq__pb2.CreateUserRequest.FromString,
+                    response_serializer=robustmq__pb2.Empty.SerializeToString,
+            ),
+            'DeleteUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteUser,
+                    request_deserializer=robustmq__pb2.DeleteUserRequest.FromString,
+                    response_serializer=robustmq__pb2.Empty.SerializeToString,
+            ),
+            'ListUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsers,
+                    request_deserializer=robustmq__pb2.Empty.FromString,
+                    response_serializer=robustmq__pb2.ListUsersResponse.SerializeToString,
+            ),
+            'CreateAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcl,
+                    request_deserializer=robustmq__pb2.AclBinding.FromString,
+                    response_serializer=robustmq__pb2.Empty.SerializeToString,
+            ),
+            'DeleteAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcl,
+                    request_deserializer=robustmq__pb2.AclBinding.FromString,
+                    response_serializer=robustmq__pb2.DeleteAclResponse.SerializeToString,
+            ),
+            'ListAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAcls,
+                    request_deserializer=robustmq__pb2.ListAclsRequest.FromString,
+                    response_serializer=robustmq__pb2.ListAclsResponse.SerializeToString,
+            ),
+            'InitProducerId': grpc.unary_unary_rpc_method_handler(
+                    servicer.InitProducerId,
+                    request_deserializer=robustmq__pb2.InitProducerIdRequest.FromString,
+                    response_serializer=robustmq__pb2.InitProducerIdResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -989,6 +1167,303 @@ class MetaService:
             '/robustmq.MetaService/MarkTiered',
             robustmq__pb2.MarkTieredRequest.SerializeToString,
             robustmq__pb2.Segment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScramStart(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/ScramStart',
+            robustmq__pb2.ScramStartRequest.SerializeToString,
+            robustmq__pb2.ScramStartResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScramFinish(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/ScramFinish',
+            robustmq__pb2.ScramFinishRequest.SerializeToString,
+            robustmq__pb2.ScramFinishResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSecurityInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/GetSecurityInfo',
+            robustmq__pb2.Empty.SerializeToString,
+            robustmq__pb2.SecurityInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IssueToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/IssueToken',
+            robustmq__pb2.IssueTokenRequest.SerializeToString,
+            robustmq__pb2.SessionToken.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/CreateUser',
+            robustmq__pb2.CreateUserRequest.SerializeToString,
+            robustmq__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/DeleteUser',
+            robustmq__pb2.DeleteUserRequest.SerializeToString,
+            robustmq__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/ListUsers',
+            robustmq__pb2.Empty.SerializeToString,
+            robustmq__pb2.ListUsersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/CreateAcl',
+            robustmq__pb2.AclBinding.SerializeToString,
+            robustmq__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/DeleteAcl',
+            robustmq__pb2.AclBinding.SerializeToString,
+            robustmq__pb2.DeleteAclResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/ListAcls',
+            robustmq__pb2.ListAclsRequest.SerializeToString,
+            robustmq__pb2.ListAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitProducerId(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/InitProducerId',
+            robustmq__pb2.InitProducerIdRequest.SerializeToString,
+            robustmq__pb2.InitProducerIdResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -346,8 +346,11 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
 
     # -- nodes -------------------------------------------------------------
 
-    def register_node(self, node_id: str, address: str) -> pb.NodeInfo:
+    def register_node(self, node_id: str, address: str, *, curve_key: bytes = b"") -> pb.NodeInfo:
         """Add or update a node (keeping its first registration time); it counts as alive.
+
+        ``curve_key`` (security on) is the CURVE public key of this process of the node,
+        stored with it and listed by :meth:`list_nodes` for clients to check it by.
 
         Every registration starts a new session of the node (``session`` + 1, durable): a
         storage node registers once per process start, so the requests of an earlier
@@ -359,6 +362,7 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
             ws = WriteSet()
             node = self._stage_upsert_node(node_id, address, ws)
             node.session += 1
+            node.curve_key = curve_key
             self._nodes.stage_put(node, ws)
             ws.commit(self._store)
             self._liveness.beat(node_id)
@@ -474,6 +478,12 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
         with self._locked():
             return [self._node_view(node) for node in self._nodes.all()]
 
+    def curve_key_of(self, node_id: str) -> bytes:
+        """The CURVE public key ``node_id`` registered last (b"" if none)."""
+        with self._locked():
+            node = self._nodes.get(node_id)
+            return b"" if node is None else node.curve_key
+
     def _node_view(self, node: pb.NodeInfo) -> pb.NodeInfo:
         return pb.NodeInfo(
             node_id=node.node_id,
@@ -486,6 +496,7 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
             replica_segments=self._load.held.get(node.node_id, 0),
             stored_bytes=self._stored_bytes.get(node.node_id, 0),
             session=node.session,
+            curve_key=node.curve_key,
         )
 
     def _require_live(self, live: set[str], needed: int) -> None:

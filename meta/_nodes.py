@@ -77,6 +77,7 @@ class NodeTable:
             registered_ms=node.registered_ms,
             draining=node.draining,
             session=node.session,
+            curve_key=node.curve_key,
         )
         ws.put(keys.node_key(node.node_id), stored.SerializeToString())
 

@@ -37,6 +37,7 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
@@ -53,13 +54,16 @@ from robustmq.errors import (
     RobustMQError,
     Unavailable,
 )
+from robustmq.security._credentials import TlsFiles
 from robustmq.tier._store import ObjectStore
 
+from ._auth import DEFAULT_SUPER_USERS, DEFAULT_TOKEN_LIFETIME_MS, MetaAuth
 from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
 from ._failover import NodeRequests, ReplicaSupervisor
 from ._retention import DEFAULT_RETENTION_CHECK_MS, RetentionWorker
 from ._service import MetaServicer
 from ._store import RocksDBMetaStore
+from ._users import UserTable
 
 __all__ = ["DEFAULT_META_PORT", "MAX_REQUEST_BYTES", "MetaServer", "run_meta"]
 
@@ -82,7 +86,7 @@ def _join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _bind(server: Any, address: str) -> tuple[int, str]:
+def _bind(server: Any, address: str, credentials: grpc.ServerCredentials | None = None) -> tuple[int, str]:
     """The bound port (0 on failure) and why the bind failed.
 
     gRPC's C core reports a failed bind itself, on file descriptor 2
@@ -97,7 +101,10 @@ def _bind(server: Any, address: str) -> tuple[int, str]:
         saved = os.dup(2)
         os.dup2(captured.fileno(), 2)
         try:
-            port, failure = int(server.add_insecure_port(address)), ""
+            if credentials is None:
+                port, failure = int(server.add_insecure_port(address)), ""
+            else:
+                port, failure = int(server.add_secure_port(address, credentials)), ""
         except RuntimeError as exc:
             port, failure = 0, str(exc)
         finally:
@@ -129,6 +136,15 @@ class MetaServer:
         or None: nothing is tiered. Checked at :meth:`start`.
     retention_check_ms
         How often retention across tiers runs (docs/tiering.md).
+    tls
+        Security on (docs/security.md): the cluster CA and this service's certificate
+        and key (CN ``meta``). The port then speaks TLS only, every RPC but the
+        login ones needs a session token, and the key signs the tokens. None: no
+        security (every caller is ``anonymous``).
+    super_users
+        Principals that pass every check (default ``user:admin``).
+    token_lifetime_ms
+        How long a session token lasts (default one hour).
 
     Examples
     --------
@@ -145,7 +161,18 @@ class MetaServer:
         *,
         tier_url: str | None = None,
         retention_check_ms: int = DEFAULT_RETENTION_CHECK_MS,
+        tls: TlsFiles | None = None,
+        super_users: Sequence[str] = DEFAULT_SUPER_USERS,
+        token_lifetime_ms: int = DEFAULT_TOKEN_LIFETIME_MS,
     ) -> None:
+        if tls is not None and (tls.cert is None or tls.key is None):
+            raise InvalidConfig(
+                "the Meta Service's TLS needs its certificate and key (--tls-cert, --tls-key)"
+            )
+        self._tls = tls
+        self._super_users = tuple(super_users)
+        self._token_lifetime_ms = token_lifetime_ms
+        self.auth: MetaAuth | None = None
         if retention_check_ms <= 0:
             raise InvalidConfig(f"retention_check_ms must be positive, got {retention_check_ms}")
         self._tier_url = tier_url or ""
@@ -196,9 +223,15 @@ class MetaServer:
                 options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
             )
             supervisor = ReplicaSupervisor(controller, _node_caller)
-            servicer = MetaServicer(controller, nudge=supervisor.nudge)
+            auth = MetaAuth(
+                self._tls,
+                UserTable(store),
+                super_users=self._super_users,
+                token_lifetime_ms=self._token_lifetime_ms,
+            )
+            servicer = MetaServicer(controller, nudge=supervisor.nudge, auth=auth)
             pb_grpc.add_MetaServiceServicer_to_server(servicer, server)
-            port, why = _bind(server, self.address)
+            port, why = _bind(server, self.address, self._server_credentials())
             if port == 0:
                 raise Unavailable(f"cannot listen on {self.address}: {why}", address=self.address)
             server.start()
@@ -208,10 +241,27 @@ class MetaServer:
         self._port = port
         self._server = server
         self._controller = controller
+        self.auth = auth
         self._supervisor = supervisor.start()
         self._retention = RetentionWorker(controller, self._retention_check_ms).start()
-        logger.info("meta service listening on %s, data in %s", self.address, self._data_dir)
+        logger.info(
+            "meta service listening on %s (%s), data in %s",
+            self.address,
+            "TLS, authentication required" if self._tls is not None else "no security",
+            self._data_dir,
+        )
         return self
+
+    def _server_credentials(self) -> grpc.ServerCredentials | None:
+        if self._tls is None:
+            return None
+        assert self._tls.cert is not None and self._tls.key is not None
+        # Client certificates are not asked for here (gRPC's Python server can only
+        # require them, and password users have none): certificate holders prove theirs
+        # in the X509 login (meta/_auth.py).
+        return grpc.ssl_server_credentials(
+            [(self._tls.key, self._tls.cert)], root_certificates=self._tls.ca, require_client_auth=False
+        )
 
     def apply_retention(self) -> tuple[int, int, int]:
         """One retention pass now, as the background worker runs every ``retention_check_ms``:
@@ -257,6 +307,8 @@ def run_meta(
     node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS,
     tier_url: str | None = None,
     retention_check_ms: int = DEFAULT_RETENTION_CHECK_MS,
+    tls: TlsFiles | None = None,
+    super_users: Sequence[str] = DEFAULT_SUPER_USERS,
 ) -> int:
     """Run the Meta Service until SIGTERM or SIGINT (``robustmq meta``).
 
@@ -292,6 +344,8 @@ def run_meta(
                 node_timeout_ms=node_timeout_ms,
                 tier_url=tier_url,
                 retention_check_ms=retention_check_ms,
+                tls=tls,
+                super_users=super_users,
             ).start()
         except RobustMQError as exc:
             print(f"robustmq meta: the meta service cannot start: {exc}", file=sys.stderr, flush=True)

@@ -25,6 +25,7 @@ hold the threads heartbeats need; past that, a call that would wait answers
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import threading
@@ -38,6 +39,8 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._proto import robustmq_pb2_grpc as pb_grpc
 from robustmq._wire import error_info
 from robustmq.errors import (
+    AuthenticationFailed,
+    AuthorizationFailed,
     DeletionPending,
     InvalidRequest,
     RequestTimeout,
@@ -50,8 +53,10 @@ from robustmq.errors import (
     TopicNotFound,
 )
 
+from ._auth import ANONYMOUS, NODE_BOUND_RPCS, MetaAuth, require_super_user
 from ._controller import MetaController
 from ._deletions import MAX_WAITING_NODES, TopicDeletion
+from ._users import UserTable
 
 __all__ = ["DELETE_WAIT_MAX_S", "MAX_DELETES_WAITING", "MetaServicer", "status_of"]
 
@@ -62,6 +67,8 @@ logger = logging.getLogger("robustmq.meta")
 
 # Most specific first: the first class in an error's MRO found here decides.
 _STATUS: dict[type[RobustMQError], grpc.StatusCode] = {
+    AuthenticationFailed: grpc.StatusCode.UNAUTHENTICATED,
+    AuthorizationFailed: grpc.StatusCode.PERMISSION_DENIED,
     TopicNotFound: grpc.StatusCode.NOT_FOUND,
     ShardNotFound: grpc.StatusCode.NOT_FOUND,
     TopicAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
@@ -73,6 +80,8 @@ _STATUS: dict[type[RobustMQError], grpc.StatusCode] = {
 }
 
 _Handler = TypeVar("_Handler", bound=Callable[..., Any])
+# The principal of the call a handler runs for (set by _answers_errors around each handler).
+_CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("robustmq_meta_caller", default=ANONYMOUS)
 _MAX_MESSAGE_CHARS = 500
 _MAX_FIELD_CHARS = 200
 
@@ -103,11 +112,24 @@ def _bounded(error: RobustMQError) -> RobustMQError:
 
 
 def _answers_errors(handler: _Handler) -> _Handler:
-    """Turn every exception a handler raises into a gRPC status plus trailing ErrorInfo."""
+    """Find who calls (security on), then turn every exception a handler raises into a
+    gRPC status plus trailing ErrorInfo.
+
+    The caller's principal is resolved before the handler runs (no token, a forged,
+    expired or revoked one: ``AuthenticationFailed``, nothing runs); requests that name
+    a node (:data:`~._auth.NODE_BOUND_RPCS`) must come from that node; the handler
+    reads the principal with :meth:`MetaServicer.caller`.
+    """
+    name = handler.__name__
 
     @functools.wraps(handler)
     def wrapper(self: MetaServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        reset = None
         try:
+            principal = self.auth.principal(name, context)
+            if name in NODE_BOUND_RPCS:
+                self.auth.require_node(principal, request.node_id, name)
+            reset = _CALLER.set(principal)
             return handler(self, request, context)
         except RobustMQError as exc:
             error = exc
@@ -119,6 +141,9 @@ def _answers_errors(handler: _Handler) -> _Handler:
                 rpc=handler.__name__,
             )
             status = grpc.StatusCode.INTERNAL
+        finally:
+            if reset is not None:
+                _CALLER.reset(reset)
         error = _bounded(error)
         context.set_trailing_metadata(((ERROR_METADATA_KEY, error_info(error).SerializeToString()),))
         context.abort(status, error.message)
@@ -143,11 +168,26 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
     """
 
     def __init__(
-        self, controller: MetaController, *, nudge: Callable[[list[str]], None] | None = None
+        self,
+        controller: MetaController,
+        *,
+        nudge: Callable[[list[str]], None] | None = None,
+        auth: MetaAuth | None = None,
     ) -> None:
         self._controller = controller
         self._nudge = nudge
         self._deletes_waiting = threading.BoundedSemaphore(MAX_DELETES_WAITING)
+        # Security off unless given: every caller is anonymous (a user table in memory only).
+        self.auth = auth if auth is not None else MetaAuth(None, UserTable(_NoStore()))
+
+    @staticmethod
+    def caller() -> str:
+        """The principal of the call being handled (``anonymous`` with security off)."""
+        return _CALLER.get()
+
+    def _require_user_admin(self, operation: str) -> None:
+        """Who may administer users; the ACL tables replace this one check."""
+        require_super_user(self.auth.super_users, self.caller(), operation)
 
     @_answers_errors
     def CreateTopic(self, request: pb.CreateTopicRequest, context: Any) -> pb.Topic:
@@ -187,11 +227,20 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
 
     @_answers_errors
     def RegisterNode(self, request: pb.RegisterNodeRequest, context: Any) -> pb.NodeInfo:
-        return self._controller.register_node(request.node_id, request.address)
+        if self.auth.enabled and len(request.curve_key) != 32:
+            raise AuthenticationFailed(
+                "this cluster is secured: a node registers its 32-byte CURVE public key",
+                reason="bad_curve_key",
+            )
+        node = self._controller.register_node(request.node_id, request.address, curve_key=request.curve_key)
+        token = self.auth.node_token(request.node_id, request.curve_key, renew=False)
+        if token is not None:
+            node.token.CopyFrom(token)
+        return node
 
     @_answers_errors
     def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
-        return self._controller.heartbeat(
+        answer = self._controller.heartbeat(
             request.node_id,
             request.address,
             list(request.progress),
@@ -199,6 +248,13 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
             deleted=list(request.deleted),
             stored_bytes=request.stored_bytes,
         )
+        if self.auth.enabled:
+            answer.acl_version = self.auth.users.version
+            curve_key = self._controller.curve_key_of(request.node_id)
+            token = self.auth.node_token(request.node_id, curve_key, renew=True)
+            if token is not None:
+                answer.token.CopyFrom(token)
+        return answer
 
     @_answers_errors
     def ListNodes(self, request: pb.Empty, context: Any) -> pb.ListNodesResponse:
@@ -301,6 +357,62 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
             request.object_bytes,
             request.max_timestamp_ms,
         )
+
+    # -- security (docs/security.md) -------------------------------------------------------
+
+    @_answers_errors
+    def ScramStart(self, request: pb.ScramStartRequest, context: Any) -> pb.ScramStartResponse:
+        return self.auth.scram_start(request)
+
+    @_answers_errors
+    def ScramFinish(self, request: pb.ScramFinishRequest, context: Any) -> pb.ScramFinishResponse:
+        return self.auth.scram_finish(request)
+
+    @_answers_errors
+    def GetSecurityInfo(self, request: pb.Empty, context: Any) -> pb.SecurityInfo:
+        return self.auth.security_info()
+
+    @_answers_errors
+    def IssueToken(self, request: pb.IssueTokenRequest, context: Any) -> pb.SessionToken:
+        if not self.auth.enabled:
+            return pb.SessionToken()
+        producer_id = request.producer_id if request.HasField("producer_id") else None
+        return self.auth.reissue(self.auth.claims(context), request.curve_key, producer_id)
+
+    @_answers_errors
+    def CreateUser(self, request: pb.CreateUserRequest, context: Any) -> pb.Empty:
+        self._require_user_admin("create")
+        info = self.auth.users.create(request)
+        logger.info("user %s %s by %s", info.user, "changed" if request.replace else "created", self.caller())
+        return pb.Empty()
+
+    @_answers_errors
+    def DeleteUser(self, request: pb.DeleteUserRequest, context: Any) -> pb.Empty:
+        self._require_user_admin("delete")
+        self.auth.users.delete(request.user)
+        logger.info("user %s removed by %s", request.user[:80], self.caller())
+        return pb.Empty()
+
+    @_answers_errors
+    def ListUsers(self, request: pb.Empty, context: Any) -> pb.ListUsersResponse:
+        self._require_user_admin("list")
+        return pb.ListUsersResponse(users=self.auth.users.list())
+
+
+class _NoStore:
+    """The store of a user table that is never written (security off, no table given)."""
+
+    def get(self, key: bytes) -> bytes | None:
+        return None
+
+    def scan(self, prefix: bytes, *, start: bytes = b"") -> Any:
+        return iter(())
+
+    def write(self, puts: dict[bytes, bytes], deletes: Any = ()) -> None:
+        raise InvalidRequest("this Meta Service keeps no users")
+
+    def close(self) -> None:
+        pass
 
 
 def _pending(deletion: TopicDeletion, waiting: list[str]) -> DeletionPending:

@@ -17,6 +17,7 @@ from robustmq._client import Client, connect
 from robustmq._consumer import Consumer, Record
 from robustmq._producer import BatchMetadata, Producer, RecordFuture, RecordMetadata
 from robustmq._records import READ_SCHEMA, RECORD_SCHEMA, build_records, coerce_records
+from robustmq.security._client_auth import Credentials
 
 __version__ = "0.1.0"
 
@@ -26,6 +27,7 @@ __all__ = [
     "BatchMetadata",
     "Client",
     "Consumer",
+    "Credentials",
     "Producer",
     "Record",
     "RecordFuture",

@@ -32,6 +32,7 @@ from robustmq._records import READ_SCHEMA, encode_batch
 from robustmq._retry import DEFAULT_RETRY, RetryPolicy
 from robustmq._transport import NodeTransport
 from robustmq.errors import IncarnationMismatch, InvalidRequest, RobustMQError, ShardNotFound, StaleEpoch
+from robustmq.security._client_auth import Credentials
 
 __all__ = ["Client", "connect"]
 
@@ -40,21 +41,32 @@ __all__ = ["Client", "connect"]
 _ASK_ONE_BY_ONE = (StaleEpoch, ShardNotFound, IncarnationMismatch)
 
 
-def connect(address: str = "127.0.0.1:7070", *, timeout_s: float = 30.0) -> Client:
+def connect(
+    address: str = "127.0.0.1:7070", *, timeout_s: float = 30.0, credentials: Credentials | None = None
+) -> Client:
     """A client for the cluster whose Meta Service listens at ``address`` (``host:port``).
 
     ``timeout_s`` bounds every call's waiting, retries included: a Meta Service
     or storage node that is down (or restarting) is asked again until then. A
     malformed ``address`` raises ``InvalidConfig`` at once; nothing connects
-    until the first call.
+    until the first call. ``credentials`` (a secured cluster, docs/security.md):
+    the cluster CA and a password or client certificate, e.g.
+    ``Credentials.from_env()``; the client logs in at its first call.
     """
-    return Client(address, timeout_s=timeout_s)
+    return Client(address, timeout_s=timeout_s, credentials=credentials)
 
 
 class Client:
     """See the module docstring; close it (or use ``with``) to release sockets and threads."""
 
-    def __init__(self, address: str, *, timeout_s: float = 30.0, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout_s: float = 30.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        credentials: Credentials | None = None,
+    ) -> None:
         from robustmq._meta_client import MetaClient
 
         self.address = address
@@ -62,7 +74,7 @@ class Client:
         self.retry = retry  # every node call of this client, its producers and consumers follows it
         # Every wait of this client is bounded by timeout_s: a Meta Service call
         # retries Unavailable (a restart, a failover) for that long, no shorter.
-        self.meta = MetaClient(address, timeout_s=timeout_s)
+        self.meta = MetaClient(address, timeout_s=timeout_s, credentials=credentials)
         self.metadata = Metadata(self.meta)
         self.transport = NodeTransport(timeout_s=timeout_s)
 

@@ -39,6 +39,14 @@ Retries (with exponential back-off, within the call's deadline):
 Listings that can grow without bound (``list_groups``) are read in pages of a
 bounded size; the client follows the pages.
 
+Security (docs/security.md): with ``credentials``, the channel is TLS (the
+Meta Service must present a certificate the cluster CA signed) and every call
+carries a session token (:class:`~robustmq.security._client_auth.MetaSession`:
+login at the first call, renewal at half-life). A call refused because the
+token expired or was revoked logs in again once. A plaintext client that
+reaches a TLS port is told so (``AuthenticationFailed``, ``reason``
+``tls_required``) instead of retrying a handshake that cannot succeed.
+
 Thread-safe: the gRPC channel and stub may be shared by threads.
 """
 
@@ -46,6 +54,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
+import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TypeVar
@@ -57,6 +67,7 @@ from robustmq._proto import robustmq_pb2_grpc as pb_grpc
 from robustmq._topics import shard_name
 from robustmq._wire import DEFAULT_TOPIC_CONFIG, error_from_info, has_presence, topic_config
 from robustmq.errors import (
+    AuthenticationFailed,
     Busy,
     DeletionPending,
     InvalidConfig,
@@ -68,6 +79,7 @@ from robustmq.errors import (
     TopicNotFound,
     Unavailable,
 )
+from robustmq.security._client_auth import Credentials, MetaSession
 
 __all__ = [
     "ERROR_METADATA_KEY",
@@ -235,6 +247,9 @@ class MetaClient:
     channel
         A gRPC channel to use instead of opening one (the test seam); the
         caller keeps ownership of it.
+    credentials
+        How to prove who this client is to a secured cluster (TLS to the cluster
+        CA, a password or a client certificate); None: plaintext, no identity.
 
     Examples
     --------
@@ -243,15 +258,33 @@ class MetaClient:
     ...     meta.get_shard("orders_0").leader_address
     """
 
-    def __init__(self, address: str, *, timeout_s: float = 10.0, channel: grpc.Channel | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout_s: float = 10.0,
+        channel: grpc.Channel | None = None,
+        credentials: Credentials | None = None,
+    ) -> None:
         if not timeout_s > 0:
             raise InvalidConfig(f"timeout_s must be positive, got {timeout_s!r}", timeout_s=timeout_s)
         self.address = require_meta_address(address) if channel is None else address
         self.timeout_s = timeout_s
         self._owns_channel = channel is None
-        self._channel = (
-            grpc.insecure_channel(address, options=_CHANNEL_OPTIONS) if channel is None else channel
-        )
+        tls = credentials.tls() if credentials is not None else None
+        self.session: MetaSession | None = None
+        if tls is not None and credentials is not None and (credentials.user or tls.cert):
+            self.session = MetaSession(credentials, tls)
+        self._tls = tls is not None
+        self._tls_checked = False
+        if channel is None:
+            if tls is None:
+                channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            else:
+                channel = grpc.secure_channel(
+                    address, grpc.ssl_channel_credentials(root_certificates=tls.ca), options=_CHANNEL_OPTIONS
+                )
+        self._channel = channel
         self._stub = pb_grpc.MetaServiceStub(self._channel)
 
     # -- plumbing ----------------------------------------------------------
@@ -263,6 +296,7 @@ class MetaClient:
         if deadline is None:
             deadline = time.monotonic() + self.timeout_s
         backoff_s = _BACKOFF_FIRST_S
+        logged_in_again = False
         while True:
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
@@ -271,15 +305,96 @@ class MetaClient:
                     address=self.address,
                 )
             try:
-                return rpc(request, timeout=remaining_s)
+                if self.session is None:
+                    return rpc(request, timeout=remaining_s)
+                metadata = self.session.metadata(self._stub, remaining_s)
+                return rpc(request, timeout=deadline - time.monotonic(), metadata=metadata)
             except grpc.RpcError as exc:
                 error = translate_rpc_error(exc, self.address)
                 from_service = _error_info_of(exc) is not None
+                if isinstance(error, Unavailable) and not from_service:
+                    self._check_plaintext_at_tls_port(exc)
+                if (
+                    self.session is not None
+                    and isinstance(error, AuthenticationFailed)
+                    and error.fields.get("reason") in ("token_expired", "revoked")
+                    and not logged_in_again
+                ):
+                    self.session.forget()  # log in again once: a renewed password, a token past its life
+                    logged_in_again = True
+                    continue
                 out_of_time = time.monotonic() + backoff_s >= deadline
                 if out_of_time or not _should_retry(error, from_service, retry):
                     raise error from exc
             time.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
+
+    def _check_plaintext_at_tls_port(self, exc: grpc.RpcError) -> None:
+        """Raise ``AuthenticationFailed`` if this plaintext client reached a TLS port (checked once).
+
+        gRPC reports only "unavailable" then; a TLS handshake that succeeds at the same
+        address says why (nothing is sent past the handshake; no certificate is checked:
+        this only tells the user what to configure).
+        """
+        if self._tls or self._tls_checked:
+            return
+        self._tls_checked = True
+        host, _, port = self.address.removeprefix("dns:///").rpartition(":")
+        if not port.isdigit() or host.startswith("unix"):
+            return
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        try:
+            with (
+                socket.create_connection((host.strip("[]"), int(port)), timeout=1.0) as probe,
+                context.wrap_socket(probe, server_hostname=None),
+            ):
+                speaks_tls = True
+        except (OSError, ssl.SSLError):
+            speaks_tls = False
+        if speaks_tls:
+            raise AuthenticationFailed(
+                f"the Meta Service at {self.address} speaks TLS (the cluster is secured): give the "
+                f"cluster CA and your credentials (--tls-ca and --user or --tls-cert; ROBUSTMQ_TLS_CA)",
+                reason="tls_required",
+                address=self.address,
+            ) from exc
+
+    def get_security_info(self) -> pb.SecurityInfo:
+        """Whether the cluster is secured, and the public key that verifies its session tokens."""
+        return self._call(self._stub.GetSecurityInfo, pb.Empty(), "read")
+
+    def issue_token(self, curve_key: bytes, producer_id: int | None = None) -> pb.SessionToken:
+        """A fresh session token for this client's principal, bound to ``curve_key``."""
+        request = pb.IssueTokenRequest(curve_key=curve_key, producer_id=producer_id)
+        return self._call(self._stub.IssueToken, request, "read")
+
+    # -- users (docs/security.md) -------------------------------------------
+
+    def create_user(self, user: str, password: str, *, replace: bool = False, iterations: int = 4096) -> None:
+        """Add a password user (or change its password with ``replace``); the password stays here:
+        only its SCRAM salt, iterations, StoredKey and ServerKey are sent."""
+        from robustmq.security._scram import MECHANISM, derive_keys
+
+        stored = derive_keys(password, iterations=iterations)
+        request = pb.CreateUserRequest(
+            user=user,
+            mechanism=MECHANISM,
+            salt=stored.salt,
+            iterations=stored.iterations,
+            stored_key=stored.stored_key,
+            server_key=stored.server_key,
+            replace=replace,
+        )
+        self._call(self._stub.CreateUser, request, "idempotent" if replace else "once")
+
+    def delete_user(self, user: str) -> None:
+        """Remove a user; its sessions are refused from their next call."""
+        self._call(self._stub.DeleteUser, pb.DeleteUserRequest(user=user), "once")
+
+    def list_users(self) -> list[pb.UserInfo]:
+        return list(self._call(self._stub.ListUsers, pb.Empty(), "read").users)
 
     def close(self) -> None:
         """Close the channel if this client opened it."""
@@ -318,10 +433,10 @@ class MetaClient:
         request = pb.CreateTopicRequest(name=name, config=config)
         attempts = 0
 
-        def create(request: pb.CreateTopicRequest, timeout: float) -> pb.Topic:
+        def create(request: pb.CreateTopicRequest, timeout: float, **call: Any) -> pb.Topic:
             nonlocal attempts
             attempts += 1
-            return self._stub.CreateTopic(request, timeout=timeout)
+            return self._stub.CreateTopic(request, timeout=timeout, **call)
 
         placement_deadline = time.monotonic() + min(PLACEMENT_WAIT_S, self.timeout_s)
         try:
@@ -480,8 +595,10 @@ class MetaClient:
 
     # -- nodes -------------------------------------------------------------
 
-    def register_node(self, node_id: str, address: str) -> pb.NodeInfo:
-        request = pb.RegisterNodeRequest(node_id=node_id, address=address)
+    def register_node(self, node_id: str, address: str, curve_key: bytes = b"") -> pb.NodeInfo:
+        """Register this process of a node; with security on, ``curve_key`` is its CURVE public key and
+        the answer's ``token`` the node's session token."""
+        request = pb.RegisterNodeRequest(node_id=node_id, address=address, curve_key=curve_key)
         return self._call(self._stub.RegisterNode, request, "idempotent")
 
     def heartbeat(

@@ -250,6 +250,9 @@ class MetaClient:
     credentials
         How to prove who this client is to a secured cluster (TLS to the cluster
         CA, a password or a client certificate); None: plaintext, no identity.
+    curve_key
+        The CURVE public key (32 bytes) session tokens are bound to (default: the
+        process's, :func:`~robustmq.security._client_auth.process_curve_keypair`).
 
     Examples
     --------
@@ -265,6 +268,7 @@ class MetaClient:
         timeout_s: float = 10.0,
         channel: grpc.Channel | None = None,
         credentials: Credentials | None = None,
+        curve_key: Callable[[], bytes] | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise InvalidConfig(f"timeout_s must be positive, got {timeout_s!r}", timeout_s=timeout_s)
@@ -274,7 +278,11 @@ class MetaClient:
         tls = credentials.tls() if credentials is not None else None
         self.session: MetaSession | None = None
         if tls is not None and credentials is not None and (credentials.user or tls.cert):
-            self.session = MetaSession(credentials, tls)
+            self.session = (
+                MetaSession(credentials, tls)
+                if curve_key is None
+                else MetaSession(credentials, tls, curve_key=curve_key)
+            )
         self._tls = tls is not None
         self._tls_checked = False
         if channel is None:

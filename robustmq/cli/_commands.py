@@ -20,6 +20,7 @@ from robustmq._client import Client, connect
 from robustmq._consumer import Consumer, first_offsets
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.cli._produce import plural
+from robustmq.cli._security import credentials_of
 from robustmq.errors import InvalidConfig, InvalidRequest, RobustMQError
 
 __all__ = [
@@ -65,7 +66,7 @@ FLAGS = {
 
 
 def cmd_topic(args: argparse.Namespace) -> int:
-    with connect(args.meta_address, timeout_s=args.timeout_s) as client:
+    with connect(args.meta_address, timeout_s=args.timeout_s, credentials=credentials_of(args)) as client:
         if args.action == "create":
             _create(client, args)
         elif args.action == "list":
@@ -241,7 +242,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     """Print records; with ``--group``, commit exactly what was printed (see :func:`_print_rows`)."""
     if args.from_ == "group" and not args.group:
         raise InvalidRequest("--from group needs --group NAME", option="--from")
-    with connect(args.meta_address, timeout_s=args.timeout_s) as client:
+    with connect(args.meta_address, timeout_s=args.timeout_s, credentials=credentials_of(args)) as client:
         partitions = [args.partition] if args.partition is not None else None
         chosen = partitions or list(range(client.metadata.partitions(args.topic)))
         # Where the group has no commit: earliest (also for --from group) or latest.
@@ -345,7 +346,7 @@ def _text(data: bytes | None) -> str | None:
 
 
 def cmd_groups(args: argparse.Namespace) -> int:
-    with connect(args.meta_address, timeout_s=args.timeout_s) as client:
+    with connect(args.meta_address, timeout_s=args.timeout_s, credentials=credentials_of(args)) as client:
         if args.action == "delete":
             removed = client.delete_group(args.group_name)
             if removed == 0:
@@ -384,7 +385,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
-    with connect(args.meta_address, timeout_s=args.timeout_s) as client:
+    with connect(args.meta_address, timeout_s=args.timeout_s, credentials=credentials_of(args)) as client:
         nodes = client.list_nodes()
     keys = [
         "node_id",
@@ -423,7 +424,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     """``node drain NODE [--undo]`` or ``node remove NODE [--force]``."""
     if args.action == "drain":
         return _drain(args)
-    with connect(args.meta_address, timeout_s=args.timeout_s) as client:
+    with connect(args.meta_address, timeout_s=args.timeout_s, credentials=credentials_of(args)) as client:
         removed = client.remove_node(args.node_id, force=args.force)
     print(f"removed node {removed.node.node_id} ({removed.node.address})")
     if removed.led_shards:
@@ -437,7 +438,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def _drain(args: argparse.Namespace) -> int:
-    with connect(args.meta_address, timeout_s=args.timeout_s) as client:
+    with connect(args.meta_address, timeout_s=args.timeout_s, credentials=credentials_of(args)) as client:
         node = client.drain_node(args.node_id, undrain=args.undo)
     if args.undo:
         print(f"node {node.node_id} ({node.address}) takes new segments again")
@@ -465,7 +466,7 @@ def _print_rows_or(rows: list[list[Any]], keys: list[str], as_json: bool, nothin
 def cmd_segments(args: argparse.Namespace) -> int:
     """``segments [list] TOPIC`` or ``segments seal TOPIC [PARTITION]``."""
     action, topic, partition = _segments_words(args)
-    with connect(args.meta_address, timeout_s=args.timeout_s) as client:
+    with connect(args.meta_address, timeout_s=args.timeout_s, credentials=credentials_of(args)) as client:
         if action == "seal":
             return _seal(client, topic, partition)
         description = client.describe_topic(topic)

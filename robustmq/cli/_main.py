@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from robustmq._arguments import EXIT_USAGE, OneLineArgumentParser
+from robustmq.cli._security import add_server_flags
 
 __all__ = ["OneLineArgumentParser", "build_parser", "main"]
 
@@ -159,6 +160,7 @@ def _tier_cache_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_meta(args: argparse.Namespace) -> int:
+    from robustmq.cli._security import server_tls_of
     from robustmq.meta import run_meta
 
     return run_meta(
@@ -168,12 +170,20 @@ def _run_meta(args: argparse.Namespace) -> int:
         node_timeout_ms=args.node_timeout_ms,
         tier_url=None if args.tier_url in (None, "none") else args.tier_url,
         retention_check_ms=args.retention_check_ms,
+        tls=server_tls_of(args),
+        super_users=args.super_user or ("user:admin",),
     )
 
 
 def _run_node(args: argparse.Namespace) -> int:
+    from robustmq.cli._security import server_tls_of
+    from robustmq.security._client_auth import Credentials
     from robustmq.storage_node import run_storage_node
 
+    tls = server_tls_of(args)
+    credentials = (
+        None if tls is None else Credentials(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
+    )
     return run_storage_node(
         data_dir=args.data_dir,
         host=args.host,
@@ -182,6 +192,7 @@ def _run_node(args: argparse.Namespace) -> int:
         io_workers=args.io_workers,
         tier_cache_bytes=args.tier_cache_bytes,
         retention_check_ms=args.node_retention_check_ms,
+        credentials=credentials,
     )
 
 
@@ -255,6 +266,10 @@ def _common(parser: argparse.ArgumentParser, *, data_dir: str | None = None, cli
             default=30.0,
             help="how long to wait for the cluster (default 30)",
         )
+    if client:
+        from robustmq.cli._security import add_client_flags
+
+        add_client_flags(parser)
     if data_dir is not None:
         parser.add_argument("--data-dir", default=data_dir, help=f"where data lives (default {data_dir})")
 
@@ -316,6 +331,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         "nodes beat every quarter of it)",
     )
     _tier_option(meta, "none")
+    add_server_flags(meta, meta=True)
     meta.set_defaults(handler=_run_meta)
 
     node = commands.add_parser("storage-node", help="run a storage node")
@@ -337,6 +353,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         help="how often the node drops local copies of remote segments and applies the memory and "
         "rocksdb engines' retention (default 60000)",
     )
+    add_server_flags(node, meta=False)
     node.set_defaults(handler=_run_node)
 
 
@@ -499,6 +516,59 @@ def _add_admin(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> N
     node.set_defaults(handler=_client_command("cmd_node"))
 
 
+def _add_security(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> None:
+    security = commands.add_parser(
+        "security", help="make the certificates of a secured cluster (a CA, the Meta Service, nodes, users)"
+    )
+    actions = security.add_subparsers(dest="action", required=True, metavar="ACTION")
+    init = actions.add_parser("init", help="a new cluster CA, meta.pem, admin.pem and node certificates")
+    init.add_argument("dir", metavar="DIR")
+    init.add_argument(
+        "--host",
+        dest="host_name",
+        action="append",
+        metavar="HOST",
+        help="a name or address the Meta Service is reached at, besides localhost (repeatable)",
+    )
+    init.add_argument("--node", action="append", metavar="NAME", help="issue node-NAME.pem too (repeatable)")
+    add_node = actions.add_parser("add-node", help="issue node-NAME.pem/.key (CN node:NAME) from DIR's CA")
+    add_node.add_argument("dir", metavar="DIR")
+    add_node.add_argument("name", metavar="NAME")
+    add_node.add_argument("--host", dest="host_name", action="append", metavar="HOST")
+    add_user = actions.add_parser(
+        "add-user-cert", help="issue user-NAME.pem/.key (CN user:NAME) from DIR's CA"
+    )
+    add_user.add_argument("dir", metavar="DIR")
+    add_user.add_argument("name", metavar="NAME")
+    security.set_defaults(handler=_security_command("cmd_security"))
+
+    user = commands.add_parser("user", help="add, remove or list password users (super users only)")
+    user_actions = user.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add = user_actions.add_parser("add", help="add a user, or change its password with --replace")
+    add.add_argument("name")
+    add.add_argument(
+        "--new-password-file", default=None, metavar="FILE", help="the new password ('-': stdin); else asked"
+    )
+    add.add_argument("--replace", action="store_true", help="change the password of an existing user")
+    add.add_argument("--iterations", type=_bounded_int(4096, 1_000_000), default=4096)
+    remove = user_actions.add_parser("remove", help="remove a user (its sessions end at once)")
+    remove.add_argument("name")
+    listing = user_actions.add_parser("list", help="list users")
+    listing.add_argument("--json", action="store_true")
+    for sub in (add, remove, listing):
+        _common(sub)
+    user.set_defaults(handler=_security_command("cmd_user"))
+
+
+def _security_command(name: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        from robustmq.cli import _security
+
+        return int(getattr(_security, name)(args))
+
+    return run
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog="robustmq", description="RobustMQ-Py: a message log for Spark")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -506,6 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_topic(commands)
     _add_produce_consume(commands)
     _add_admin(commands)
+    _add_security(commands)
     # Listed for --help; main() hands its arguments to the job's own parser.
     commands.add_parser("topic-to-delta", help="materialise topics into a Delta table (a Spark job)")
     commands.add_parser("tier", help="tier sealed segments to the cluster's object store (a Spark job)")

@@ -51,6 +51,7 @@ from robustmq._records import COMPACT_POLICY, HEADERS_TYPE, TAGS_TYPE, TIMESTAMP
 from robustmq._request_limits import FRAMING_BYTES
 from robustmq._transport import MAX_MESSAGE_BYTES
 from robustmq.cli._progress import Progress
+from robustmq.cli._security import credentials_of
 from robustmq.errors import InvalidRequest, KeyRequired, RecordBatchTooLarge, RobustMQError
 
 __all__ = ["SEPARATOR_NAMES", "cmd_produce", "plural", "too_long"]
@@ -327,7 +328,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     signals.install()
     opened, fd, total = _open(args)
     try:
-        with connect(args.meta_address, timeout_s=args.timeout_s) as client:
+        with connect(args.meta_address, timeout_s=args.timeout_s, credentials=credentials_of(args)) as client:
             with signals.waiting():  # nothing read yet: a signal may stop the set-up at once
                 topic = client.metadata.topic(args.topic)  # an unknown topic fails before any read
             _check_keys_given(args, topic.config.cleanup_policy)

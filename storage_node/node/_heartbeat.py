@@ -251,6 +251,8 @@ class Heartbeat(threading.Thread):
             node.restore_changed(changed)
             raise
         self.ledger.acknowledged(done)
+        if answer.HasField("token"):  # security on: the node's session token, renewed
+            node.take_token(answer.token)
         # The deletions listed take effect before the lease granted (module docstring of _lease).
         self.ledger.doom([(deletion.shard, int(deletion.incarnation)) for deletion in answer.deletions])
         lease_ms = int(answer.lease_ms) if answer.HasField("lease_ms") else None

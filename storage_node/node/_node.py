@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from zmq.utils import z85
 
 from robustmq._frame import crc32c
 from robustmq._node_client import NodeCaller
@@ -85,12 +86,14 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._ready import announce_ready
 from robustmq.errors import (
     Busy,
+    InvalidConfig,
     InvalidRequest,
     RequestTimeout,
     RobustMQError,
     ShardNotFound,
     Unavailable,
 )
+from robustmq.security._client_auth import Credentials
 
 from ..engine._driver_manager import StorageDriverManager
 from ..replication._control import MetaControl
@@ -151,6 +154,9 @@ class NodeConfig:
     replica_lag_ms: int = 5_000  # an ISR member not caught up for this long leaves the ISR
     tier_cache_bytes: int = 256 * MiB  # row groups of tiered objects kept for cold reads (``_tier_cache``)
     cold_read_threads: int = 2  # threads serving reads from the object store (``_cold_reads``)
+    # Security on (docs/security.md): the cluster CA and this node's certificate and key (CN
+    # node:NAME). The node's id is then NAME; it logs in to the Meta Service over TLS with them.
+    credentials: Credentials | None = None
 
 
 class StorageNode(NodeReads):
@@ -161,12 +167,32 @@ class StorageNode(NodeReads):
 
         self.config = config
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.node_id = _node_id(config.data_dir)
+        principal = _certificate_principal(config.credentials)
+        self.node_id = _node_id(config.data_dir, None if principal is None else principal[5:])
         self.session = 0  # this process's registration with the Meta Service (NodeInfo.session)
-        self.meta = meta if meta is not None else MetaClient(config.meta_address)
+        # Security on: this process's CURVE key pair (z85 public, secret), never written to disk, and
+        # the session token the Meta Service issued for it (RegisterNode, renewed by heartbeats).
+        self.curve_keypair: tuple[bytes, bytes] | None = None
+        self._token = b""
+        self._token_lock = threading.Lock()
+        if config.credentials is not None:
+            self.curve_keypair = zmq.curve_keypair()
+        credentials, curve_key = config.credentials, self.curve_public_key
+        self.meta = (
+            meta
+            if meta is not None
+            else MetaClient(config.meta_address, credentials=credentials, curve_key=curve_key)
+        )
         # The control threads get their own client with a short deadline (an injected one is shared).
         self._control_meta = (
-            meta if meta is not None else MetaClient(config.meta_address, timeout_s=config.control_timeout_s)
+            meta
+            if meta is not None
+            else MetaClient(
+                config.meta_address,
+                timeout_s=config.control_timeout_s,
+                credentials=credentials,
+                curve_key=curve_key,
+            )
         )
         self.manager = StorageDriverManager(config.data_dir, fsync=config.fsync)
         self.directory = ShardDirectory(self.manager, self.node_id, config.data_dir)
@@ -274,11 +300,29 @@ class StorageNode(NodeReads):
         )
         return self
 
+    def curve_public_key(self) -> bytes:
+        """The raw 32 bytes of this process's CURVE public key (b"" with security off)."""
+        return b"" if self.curve_keypair is None else bytes(z85.decode(self.curve_keypair[0]))
+
+    def session_token(self) -> bytes:
+        """The node's current session token (serialized; b"" with security off), bound to its CURVE
+        key: what it sends with its own requests to other nodes. Renewed by heartbeat answers."""
+        with self._token_lock:
+            return self._token
+
+    def take_token(self, token: pb.SessionToken) -> None:
+        """Keep a token the Meta Service issued this node (``RegisterNode``, a heartbeat answer)."""
+        if token.claims:
+            with self._token_lock:
+                self._token = token.SerializeToString()
+
     def _register(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                self.session = int(self.meta.register_node(self.node_id, self.address).session)
+                node = self.meta.register_node(self.node_id, self.address, self.curve_public_key())
+                self.take_token(node.token)
+                self.session = int(node.session)
                 self.control.session = self.session
                 return
             except Unavailable:
@@ -604,12 +648,36 @@ def _drain(socket: zmq.Socket[Any], handle: Callable[[list[Any]], None], most: i
         handle(parts)
 
 
-def _node_id(data_dir: Path) -> str:
-    """This node's id: made once, kept in ``{data_dir}/node_id``."""
+def _certificate_principal(credentials: Credentials | None) -> str | None:
+    """The ``node:NAME`` principal of a node's certificate (None with security off)."""
+    if credentials is None:
+        return None
+    tls = credentials.tls()
+    principal = None if tls is None else tls.principal
+    if principal is None or not principal.startswith("node:"):
+        raise InvalidConfig(
+            f"a storage node's certificate must name a node (CN node:NAME), not {principal!r}; "
+            "make one with `robustmq security add-node DIR NAME`"
+        )
+    return principal
+
+
+def _node_id(data_dir: Path, certified: str | None = None) -> str:
+    """This node's id: made once, kept in ``{data_dir}/node_id``; with security on, its certificate's
+    name (a data directory that holds another node's id is refused)."""
     path = data_dir / "node_id"
     if path.exists():
-        return path.read_text().strip()
-    node_id = f"node-{uuid.uuid4().hex[:12]}"
+        stored = path.read_text().strip()
+        if certified is not None and stored != certified:
+            raise InvalidConfig(
+                f"{data_dir} holds the data of node {stored!r}, but the certificate is node {certified!r}: "
+                f"use node {stored!r}'s certificate (robustmq security add-node DIR {stored}) or another "
+                f"data directory",
+                node_id=stored,
+                certified=certified,
+            )
+        return stored
+    node_id = certified or f"node-{uuid.uuid4().hex[:12]}"
     temporary = path.with_suffix(".tmp")
     temporary.write_text(node_id + "\n")
     os.replace(temporary, path)
@@ -625,6 +693,7 @@ def run_storage_node(
     io_workers: int | None = None,
     tier_cache_bytes: int = 256 * MiB,
     retention_check_ms: int = 60_000,
+    credentials: Credentials | None = None,
 ) -> int:
     """Run a node until SIGTERM/SIGINT; print ``ready`` once it serves. Returns the exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -638,15 +707,16 @@ def run_storage_node(
         port=port,
         tier_cache_bytes=tier_cache_bytes,
         retention_check_ms=retention_check_ms,
+        credentials=credentials,
     )
     if io_workers is not None:
         config = replace(config, io_workers=max(1, io_workers))
-    node = StorageNode(config)
     try:
+        node = StorageNode(config)
         node.start()
     except RobustMQError as error:
         log.error("storage node could not start: %s", error.message)
-        return 1
+        return 2 if isinstance(error, InvalidConfig) else 1
     tune_for_serving()
     announce_ready()
     stop.wait()

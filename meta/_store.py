@@ -37,6 +37,10 @@ so numbers sort in numeric order within a prefix::
     "U" be64(sealed_seq)                         the same, for the SEALED ones only (not yet tiered)
     "X" utf8(object URL)                         (empty): an object whose segment left its chain and
                                                  that is still to be deleted from the object store
+    "W" text(user)                               be64(credential version) CreateUserRequest: a password
+                                                 user's SCRAM salt, iterations, StoredKey, ServerKey
+                                                 (:mod:`robustmq.meta._users`)
+    "Y"                                          be64(last credential version handed out)
 
 A topic's incarnation (in its ``T`` record and every ``ShardInfo``) is unique
 per creation of its name; topics from before incarnations have 0. A ``D``

@@ -34,7 +34,8 @@ def test_signatures() -> None:
     assert str(inspect.signature(meta.run_meta)) == (
         "(*, data_dir: 'str | Path', host: 'str' = '127.0.0.1', port: 'int' = 7070, "
         "node_timeout_ms: 'int' = 1500, tier_url: 'str | None' = None, "
-        "retention_check_ms: 'int' = 30000) -> 'int'"
+        "retention_check_ms: 'int' = 30000, tls: 'TlsFiles | None' = None, "
+        "super_users: 'Sequence[str]' = ('user:admin',)) -> 'int'"
     )
     server = inspect.signature(MetaServer)
     assert list(server.parameters) == [
@@ -44,6 +45,9 @@ def test_signatures() -> None:
         "node_timeout_ms",
         "tier_url",
         "retention_check_ms",
+        "tls",
+        "super_users",
+        "token_lifetime_ms",
     ]
     assert server.parameters["node_timeout_ms"].default == 1500
     assert server.parameters["tier_url"].kind is inspect.Parameter.KEYWORD_ONLY

@@ -6,6 +6,10 @@ its own data directory under ``--data-dir`` (``meta/``, ``node-0/``,
 ``node-1/``...) and its own log (``logs/meta.log``, ``logs/node-0.log``...),
 so one can be killed, paused or cut off while the others go on. Without
 ``--data-dir`` everything lives in a temporary directory removed on exit.
+Every server binds ``--host``; each node registers ``--advertise-host`` (default
+``--host``) with its own port, and the nodes and this process reach the Meta
+Service on ``--host`` (on loopback when it is a wildcard). ``--insecure`` is
+passed on to the children, which check protected mode themselves.
 
 Life cycle:
 
@@ -43,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from robustmq._hosts import join_host_port, reachable, unbracket
 from robustmq._ready import announce_ready
 from robustmq.cli._embedded import default_tier_url
 from robustmq.errors import InvalidConfig, RobustMQError
@@ -97,8 +102,10 @@ def _die_with_parent() -> None:
 
 
 def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
+    bare = unbracket(host) or "0.0.0.0"
+    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind(("0.0.0.0" if bare == "*" else bare, 0))
         return int(probe.getsockname()[1])
 
 
@@ -123,15 +130,20 @@ def _children(
     node_timeout_ms: int,
     tier: tuple[str, int] = ("none", 30_000),
     tier_cache_bytes: int = 256 * 1024 * 1024,
+    binding: tuple[str | None, bool] = (None, False),
 ) -> list[_Child]:
+    """The Meta Service and the nodes; ``binding``: (``--advertise-host``, ``--insecure``)."""
     logs = root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    meta_address = f"{host}:{meta_port}"
+    advertise_host, insecure = binding
+    meta_address = join_host_port(reachable(host), meta_port)
+    also = ["--insecure"] if insecure else []
     meta = _Child(
         "meta",
         meta_address,
         [
             "meta",
+            *also,
             "--host",
             host,
             "--data-dir",
@@ -150,9 +162,12 @@ def _children(
     nodes = [
         _Child(
             f"node-{number}",
-            f"tcp://{host}:{port}",
+            f"tcp://{join_host_port(advertise_host or host, port)}",
             [
                 "storage-node",
+                *also,
+                "--advertise",
+                join_host_port(advertise_host or host, port),
                 "--host",
                 host,
                 "--data-dir",
@@ -269,6 +284,8 @@ def run_cluster(
     host: str,
     meta_port: int,
     base_port: int,
+    advertise_host: str | None = None,
+    insecure: bool = False,
     node_timeout_ms: int = 1500,
     tier_url: str | None = None,
     retention_check_ms: int = 30_000,
@@ -283,7 +300,14 @@ def run_cluster(
     stop = threading.Event()
     tier = tier_url if tier_url is not None else default_tier_url(root)
     children = _children(
-        root, host, meta_port, node_ports, node_timeout_ms, (tier, retention_check_ms), tier_cache_bytes
+        root,
+        host,
+        meta_port,
+        node_ports,
+        node_timeout_ms,
+        (tier, retention_check_ms),
+        tier_cache_bytes,
+        (advertise_host, insecure),
     )
     try:
         with _stop_signals(stop):

@@ -1,8 +1,11 @@
 """An embedded single-node cluster: the Meta Service and one storage node in this process.
 
 ``robustmq server`` runs one until SIGTERM; ``robustmq demo`` and tests run
-one around their work. Both servers bind to loopback; ports default to the
-standard ones (0 picks free ports). ``stop`` stops the node first (so it
+one around their work. Both servers bind ``host`` (loopback by default; the
+command line's protected mode decides what else is allowed); the node
+registers ``advertise_host`` (default ``host``) with its port, and reaches the
+Meta Service in this process on loopback when ``host`` is a wildcard. Ports
+default to the standard ones (0 picks free ports). ``stop`` stops the node first (so it
 finishes its writes), then the Meta Service.
 """
 
@@ -15,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from robustmq._hosts import join_host_port, reachable
 from robustmq._ready import announce_ready
 from robustmq.errors import ObjectStoreError, RobustMQError
 
@@ -45,6 +49,7 @@ class EmbeddedCluster:
         data_dir: str | Path,
         *,
         host: str = "127.0.0.1",
+        advertise_host: str | None = None,
         meta_port: int = 7070,
         node_port: int = 7101,
         node_timeout_ms: int = 1500,
@@ -57,6 +62,7 @@ class EmbeddedCluster:
         self.tier_url = default_tier_url(data_dir) if tier_url is None else tier_url
         self._retention_check_ms = retention_check_ms
         self._host = host
+        self._advertise_host = advertise_host
         self._meta_port = meta_port
         self._node_port = node_port
         self._node_timeout_ms = node_timeout_ms
@@ -65,8 +71,10 @@ class EmbeddedCluster:
 
     @property
     def meta_address(self) -> str:
+        """``host:port`` of the Meta Service as reached from this machine (loopback for a wildcard)."""
         assert self.meta_server is not None, "the cluster is not started"
-        return str(self.meta_server.address)
+        address = str(self.meta_server.address)
+        return join_host_port(reachable(self._host), int(address.rpartition(":")[2]))
 
     def start(self) -> EmbeddedCluster:
         from robustmq.meta import MetaServer
@@ -88,6 +96,7 @@ class EmbeddedCluster:
                 meta_address=self.meta_address,
                 host=self._host,
                 port=self._node_port,
+                advertise=self._advertise_host,
                 # The node drops local copies of remote segments as often as the Meta Service retains.
                 retention_check_ms=self._retention_check_ms,
                 tier_cache_bytes=self._tier_cache_bytes,
@@ -127,6 +136,7 @@ def run_server(
     host: str,
     meta_port: int,
     node_port: int,
+    advertise_host: str | None = None,
     tier_url: str | None = None,
     retention_check_ms: int = 30_000,
     tier_cache_bytes: int = 256 * 1024 * 1024,
@@ -145,6 +155,7 @@ def run_server(
     cluster = EmbeddedCluster(
         data_dir,
         host=host,
+        advertise_host=advertise_host,
         meta_port=meta_port,
         node_port=node_port,
         tier_url=tier_url,

@@ -4,7 +4,11 @@ Common flags: ``--data-dir DIR``, ``--host`` (default 127.0.0.1),
 ``--meta-port`` (7070), ``--node-port`` (7101), ``--meta HOST:PORT`` (where a
 client or a storage node finds the Meta Service; env ``ROBUSTMQ_META``), and
 ``--timeout-s`` on client commands. Servers print ``ready`` on stdout once
-they accept requests and stop cleanly on SIGTERM. Each subcommand's work lives
+they accept requests and stop cleanly on SIGTERM. Server commands take
+``--insecure`` (protected mode: without security a ``--host`` outside loopback
+is refused, exit 2) and the address they advertise (``--advertise`` on
+``storage-node``, ``--advertise-host`` on ``server`` and ``cluster``; required
+when ``--host`` is a wildcard); see ``_protected``. Each subcommand's work lives
 in the module that owns it; this file parses arguments and turns every failure
 into one line on stderr.
 
@@ -72,6 +76,35 @@ def _meta_address(text: str) -> str:
     if not host or not port.isdigit() or not 0 < int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return text
+
+
+def _advertise(text: str) -> str:
+    """``HOST:PORT`` or ``HOST`` (the bound port) a storage node registers; never a wildcard."""
+    from robustmq._hosts import is_wildcard, join_host_port, split_host_port
+
+    try:
+        host, port = split_host_port(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if is_wildcard(host):
+        raise argparse.ArgumentTypeError(f"{host} cannot be connected to: advertise an address others reach")
+    return host if port is None else join_host_port(host, port)
+
+
+def _advertise_host(text: str) -> str:
+    from robustmq._hosts import is_wildcard, split_host_port
+
+    try:
+        host, port = split_host_port(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if port is not None:
+        raise argparse.ArgumentTypeError(
+            f"expected a host without a port (the nodes' ports are their own), got {text!r}"
+        )
+    if is_wildcard(host):
+        raise argparse.ArgumentTypeError(f"{host} cannot be connected to: advertise an address others reach")
+    return host
 
 
 def _start(text: str) -> str | int:
@@ -188,6 +221,7 @@ def _run_node(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         host=args.host,
         port=args.node_port,
+        advertise=args.advertise,
         meta_address=args.meta_address,
         io_workers=args.io_workers,
         tier_cache_bytes=args.tier_cache_bytes,
@@ -202,6 +236,7 @@ def _run_server(args: argparse.Namespace) -> int:
     return run_server(
         data_dir=args.data_dir,
         host=args.host,
+        advertise_host=args.advertise_host,
         meta_port=args.meta_port,
         node_port=args.node_port,
         tier_url=args.tier_url,
@@ -232,6 +267,8 @@ def _cluster(args: argparse.Namespace) -> int:
         nodes=args.nodes,
         data_dir=args.data_dir,
         host=args.host,
+        advertise_host=args.advertise_host,
+        insecure=args.insecure,
         meta_port=args.meta_port,
         base_port=args.base_port,
         node_timeout_ms=args.node_timeout_ms,
@@ -274,9 +311,41 @@ def _common(parser: argparse.ArgumentParser, *, data_dir: str | None = None, cli
         parser.add_argument("--data-dir", default=data_dir, help=f"where data lives (default {data_dir})")
 
 
+def _binding_options(parser: argparse.ArgumentParser, advertise: str | None) -> None:
+    """``--insecure`` and the advertised address of a server command (``_protected`` checks them)."""
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve on a --host outside loopback without security (anyone who reaches it can read, "
+        "write and delete; see docs/operators.md)",
+    )
+    if advertise == "--advertise":
+        parser.add_argument(
+            "--advertise",
+            type=_advertise,
+            default=None,
+            metavar="HOST[:PORT]",
+            help="the address registered with the Meta Service, which clients and other nodes connect to "
+            "(default: --host and the bound port; required when --host is 0.0.0.0 or ::)",
+        )
+    elif advertise == "--advertise-host":
+        parser.add_argument(
+            "--advertise-host",
+            type=_advertise_host,
+            default=None,
+            metavar="HOST",
+            help="the host the storage nodes register (with their own ports), which clients and other "
+            "nodes connect to (default: --host; required when --host is 0.0.0.0 or ::)",
+        )
+
+
+_BIND_HELP = "address to bind (default 127.0.0.1; outside loopback: TLS or --insecure)"
+
+
 def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> None:
     server = commands.add_parser("server", help="run the Meta Service and one storage node")
-    server.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    server.add_argument("--host", default="127.0.0.1", help=_BIND_HELP)
+    _binding_options(server, "--advertise-host")
     server.add_argument("--data-dir", default="./robustmq-data", help="default ./robustmq-data")
     server.add_argument("--meta-port", type=_port, default=DEFAULT_META_PORT)
     server.add_argument("--node-port", type=_port, default=DEFAULT_NODE_PORT)
@@ -298,7 +367,8 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         help="where the Meta Service and nodes keep their data, kept afterwards "
         "(default: a temporary directory, removed on exit)",
     )
-    cluster.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    cluster.add_argument("--host", default="127.0.0.1", help=_BIND_HELP)
+    _binding_options(cluster, "--advertise-host")
     cluster.add_argument(
         "--meta-port", type=_port, default=DEFAULT_META_PORT, help="default 7070; 0 picks a free port"
     )
@@ -320,7 +390,8 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     cluster.set_defaults(handler=_cluster)
 
     meta = commands.add_parser("meta", help="run the Meta Service")
-    meta.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    meta.add_argument("--host", default="127.0.0.1", help=_BIND_HELP)
+    _binding_options(meta, None)
     meta.add_argument("--data-dir", default="./robustmq-data/meta", help="default ./robustmq-data/meta")
     meta.add_argument("--meta-port", type=_port, default=DEFAULT_META_PORT)
     meta.add_argument(
@@ -337,6 +408,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     node = commands.add_parser("storage-node", help="run a storage node")
     _common(node, data_dir="./robustmq-data/node", client=False)
     node.add_argument("--node-port", type=_port, default=DEFAULT_NODE_PORT)
+    _binding_options(node, "--advertise")
     node.add_argument(
         "--io-workers",
         type=_bounded_int(1, 256),
@@ -599,6 +671,13 @@ def build_parser() -> argparse.ArgumentParser:
 # -- main -----------------------------------------------------------------------------------
 
 
+def _default_meta(host: str) -> str:
+    """The Meta Service on ``host`` (on loopback when ``host`` binds a wildcard, which names no address)."""
+    from robustmq._hosts import join_host_port, reachable
+
+    return join_host_port(reachable(host), DEFAULT_META_PORT)
+
+
 def _fail(command: str, message: str, code: int) -> int:
     print(f"robustmq {command}: {message}", file=sys.stderr, flush=True)
     return code
@@ -623,8 +702,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return maintenance(arguments[1:])
     args = build_parser().parse_args(arguments)
+    from robustmq.cli._protected import check
+
+    verdict = check(args.command, args)
+    if verdict.refusal is not None:
+        return _fail(args.command, verdict.refusal, EXIT_USAGE)
+    if verdict.warning is not None:
+        print(f"robustmq {args.command}: {verdict.warning}", file=sys.stderr, flush=True)
     if hasattr(args, "meta"):
-        args.meta_address = args.meta or os.environ.get("ROBUSTMQ_META") or f"{args.host}:{DEFAULT_META_PORT}"
+        args.meta_address = args.meta or os.environ.get("ROBUSTMQ_META") or _default_meta(args.host)
     from robustmq.errors import RobustMQError
 
     try:

@@ -80,6 +80,7 @@ import zmq
 from zmq.utils import z85
 
 from robustmq._frame import crc32c
+from robustmq._hosts import is_wildcard, join_host_port, split_host_port, unbracket
 from robustmq._node_client import NodeCaller
 from robustmq._node_protocol import MAX_HEADER_BYTES, error_response
 from robustmq._proto import robustmq_pb2 as pb
@@ -131,8 +132,12 @@ class NodeConfig:
 
     data_dir: Path
     meta_address: str
-    host: str = "127.0.0.1"
-    port: int = 7101
+    host: str = "127.0.0.1"  # what the ROUTER binds (0.0.0.0 or ::: every interface)
+    port: int = 7101  # 0: a free port
+    # The address registered with the Meta Service, which clients and other nodes connect to:
+    # "HOST:PORT", or "HOST" (with the bound port); None: host and the bound port. Required when
+    # host is a wildcard (nobody can connect to 0.0.0.0).
+    advertise: str | None = None
     io_workers: int = field(default_factory=lambda: os.cpu_count() or 2)
     reader_threads: int = 4
     queue_requests_per_worker: int = 1024
@@ -256,28 +261,39 @@ class StorageNode(NodeReads):
         self.tier_retention = TierRetention(
             self, self._control_meta, interval_s=config.retention_check_ms / 1000
         )
-        self.address = ""
+        self.bound = ""  # tcp://HOST:PORT the ROUTER listens on (once started)
+        self.address = ""  # tcp://HOST:PORT registered with the Meta Service: the advertised address
         self._results_name = f"{_RESULTS}-{os.getpid()}-{next(_NODE_NUMBERS)}"
 
     # -- lifecycle ---------------------------------------------------------------
 
     def start(self, *, register_timeout_s: float = 60.0) -> StorageNode:
+        if is_wildcard(self.config.host) and not self.config.advertise:
+            raise InvalidConfig(
+                f"host {self.config.host!r} binds every interface, which nobody can connect to: "
+                "set advertise to the address clients and other nodes reach this node at",
+                field="advertise",
+            )
         self._router = self._context.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
         self._router.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
         self._router.setsockopt(zmq.RCVHWM, 10_000)
         self._router.setsockopt(zmq.SNDHWM, 10_000)
+        host = unbracket(self.config.host)
+        if ":" in host:  # an IPv6 address (``::`` also takes IPv4 connections)
+            self._router.setsockopt(zmq.IPV6, 1)
         try:
             if self.config.port == 0:
-                port = self._router.bind_to_random_port(f"tcp://{self.config.host}")
+                port = self._router.bind_to_random_port(f"tcp://{f'[{host}]' if ':' in host else host}")
             else:
-                self._router.bind(f"tcp://{self.config.host}:{self.config.port}")
+                self._router.bind(f"tcp://{join_host_port(host, self.config.port)}")
                 port = self.config.port
         except zmq.ZMQError as exc:  # a port taken is the operator's problem: one line, not a traceback
             self._router.close(linger=0)
-            where = f"tcp://{self.config.host}:{self.config.port}"
+            where = f"tcp://{join_host_port(host, self.config.port)}"
             raise Unavailable(f"cannot listen on {where}: {exc.strerror}", address=where) from exc
-        self.address = f"tcp://{self.config.host}:{port}"
+        self.bound = f"tcp://{join_host_port(host, port)}"
+        self.address = f"tcp://{_advertised(self.config.advertise, host, port)}"
         self._results = self._context.socket(zmq.PULL)
         self._results.setsockopt(zmq.LINGER, 0)
         self._results.bind(self._results_name)
@@ -293,9 +309,10 @@ class StorageNode(NodeReads):
         self._frontend_thread = threading.Thread(target=self._frontend_loop, name="rmq-frontend", daemon=True)
         self._frontend_thread.start()
         log.info(
-            "storage node %s serving on %s (meta %s)",
+            "storage node %s serving on %s%s (meta %s)",
             self.node_id,
-            self.address,
+            self.bound,
+            "" if self.address == self.bound else f", advertised as {self.address}",
             self.config.meta_address,
         )
         return self
@@ -690,6 +707,7 @@ def run_storage_node(
     host: str,
     port: int,
     meta_address: str,
+    advertise: str | None = None,
     io_workers: int | None = None,
     tier_cache_bytes: int = 256 * MiB,
     retention_check_ms: int = 60_000,
@@ -705,6 +723,7 @@ def run_storage_node(
         meta_address=meta_address,
         host=host,
         port=port,
+        advertise=advertise,
         tier_cache_bytes=tier_cache_bytes,
         retention_check_ms=retention_check_ms,
         credentials=credentials,
@@ -722,6 +741,14 @@ def run_storage_node(
     stop.wait()
     node.stop()
     return 0
+
+
+def _advertised(advertise: str | None, host: str, port: int) -> str:
+    """``HOST:PORT`` to register: ``advertise`` (the bound ``port`` if it names none), else the bound one."""
+    if not advertise:
+        return join_host_port(host, port)
+    advertised_host, advertised_port = split_host_port(advertise)
+    return join_host_port(advertised_host, port if advertised_port is None else advertised_port)
 
 
 def tune_for_serving() -> None:

@@ -78,6 +78,7 @@ class NetCluster:
         self.meta = ServerProcess(
             [
                 "meta",
+                "--insecure",  # a 10.x address, reachable only inside this lab's namespaces
                 "--host",
                 meta_host,
                 "--meta-port",
@@ -110,7 +111,8 @@ class NetCluster:
         self.servers = {
             host: ServerProcess(
                 [
-                    *("storage-node", "--host", self.lab.address(host), "--node-port", str(NODE_PORT)),
+                    *("storage-node", "--insecure", "--host", self.lab.address(host)),
+                    *("--node-port", str(NODE_PORT)),
                     *("--data-dir", str(self.data_dir(host)), "--meta", self.node_meta_address),
                 ],
                 log_path=self.log_paths.get(host),

@@ -1,0 +1,69 @@
+"""Protected mode and advertised addresses: what a server command checks before it binds.
+
+Redis's protected mode is the model. Without security configured a server
+trusts whoever reaches its port (any client may read, write and delete; any
+process may pose as a node), which is only safe on loopback. So ``meta``,
+``storage-node``, ``server`` and ``cluster`` refuse a ``--host`` outside
+loopback (see :mod:`robustmq._hosts`) unless ``--insecure`` is given, and then
+start with a WARNING line. A server that binds a wildcard (``0.0.0.0``,
+``::``) must be told the address others reach it at (``--advertise`` on a
+storage node, ``--advertise-host`` on ``server`` and ``cluster``); the Meta
+Service advertises nothing (clients and nodes are given ``--meta``), so it may
+bind a wildcard as it is.
+
+:func:`check` is pure: it returns the refusal (exit code 2, one line) or the
+warning; ``_main`` prints it. The checks run before anything binds or writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from robustmq._hosts import is_loopback, is_wildcard
+
+__all__ = ["SERVER_COMMANDS", "Verdict", "check", "security_configured"]
+
+SERVER_COMMANDS = ("meta", "storage-node", "server", "cluster")
+_ADVERTISE_FLAG = {"storage-node": "--advertise HOST:PORT", "server": "--advertise-host HOST"}
+
+
+def security_configured(args: argparse.Namespace) -> bool:
+    """Whether the command was given TLS credentials (the identity options, when they exist)."""
+    return bool(getattr(args, "tls_cert", None))
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """``refusal``: the one line to print before exiting 2; ``warning``: a line to print, then go on."""
+
+    refusal: str | None = None
+    warning: str | None = None
+
+
+def check(command: str, args: argparse.Namespace) -> Verdict:
+    """Protected mode, then the advertised address, for a server command's arguments."""
+    if command not in SERVER_COMMANDS:
+        return Verdict()
+    host = str(args.host)
+    warning = None
+    if not is_loopback(host) and not security_configured(args):
+        where = "every interface" if is_wildcard(host) else host
+        if not getattr(args, "insecure", False):
+            return Verdict(
+                refusal=f"--host {host or repr(host)} binds {where} without security: anyone who reaches it "
+                "can read, write and delete. Configure TLS (docs/security.md) or pass --insecure"
+            )
+        warning = (
+            f"WARNING: --insecure: serving on {where} without security: anyone who reaches it can read, "
+            "write and delete (docs/security.md)"
+        )
+    advertised = getattr(args, "advertise", None) or getattr(args, "advertise_host", None)
+    if command != "meta" and is_wildcard(host) and not advertised:
+        flag = _ADVERTISE_FLAG.get(command, "--advertise-host HOST")
+        whom = "this node" if command == "storage-node" else "the nodes"
+        return Verdict(
+            refusal=f"--host {host or repr(host)} binds every interface, an address nobody can connect to: "
+            f"pass {flag}, the address clients and other nodes reach {whom} at"
+        )
+    return Verdict(warning=warning)

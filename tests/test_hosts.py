@@ -7,7 +7,8 @@ import argparse
 import pytest
 
 from robustmq._hosts import is_loopback, is_wildcard, join_host_port, reachable, split_host_port
-from robustmq.cli._protected import check, security_configured
+from robustmq.cli._protected import check
+from robustmq.cli._security import security_configured
 
 
 @pytest.mark.parametrize(

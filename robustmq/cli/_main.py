@@ -214,9 +214,7 @@ def _run_node(args: argparse.Namespace) -> int:
     from robustmq.storage_node import run_storage_node
 
     tls = server_tls_of(args)
-    credentials = (
-        None if tls is None else Credentials(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
-    )
+    credentials = None if tls is None else Credentials(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
     return run_storage_node(
         data_dir=args.data_dir,
         host=args.host,

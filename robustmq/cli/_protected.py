@@ -22,15 +22,12 @@ from dataclasses import dataclass
 
 from robustmq._hosts import is_loopback, is_wildcard
 
-__all__ = ["SERVER_COMMANDS", "Verdict", "check", "security_configured"]
+from ._security import security_configured
+
+__all__ = ["SERVER_COMMANDS", "Verdict", "check"]
 
 SERVER_COMMANDS = ("meta", "storage-node", "server", "cluster")
 _ADVERTISE_FLAG = {"storage-node": "--advertise HOST:PORT", "server": "--advertise-host HOST"}
-
-
-def security_configured(args: argparse.Namespace) -> bool:
-    """Whether the command was given TLS credentials (the identity options, when they exist)."""
-    return bool(getattr(args, "tls_cert", None))
 
 
 @dataclass(frozen=True, slots=True)

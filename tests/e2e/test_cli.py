@@ -140,6 +140,12 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     (["node", "evict", "x"], 2, "invalid choice", None),
     (["node", "remove", "nosuch", META], 2, "nosuch", None),
     (["node", "remove", "bad id!", META], 2, "bad id!", None),
+    (["user"], 2, "required", None),
+    (["user", "add"], 2, "required", None),
+    (["user", "remove", "bob", CLOSED], 1, "unavailable", None),
+    (["security"], 2, "required", None),
+    (["security", "init"], 2, "required", None),
+    (["security", "add-node", "/nonexistent", "n1"], 2, "ca.pem", None),
     (["topic-to-delta"], 2, "required", None),
     (
         ["topic-to-delta", "--topic", "t", "--table", "x", "--checkpoint", "y", "--trigger-seconds", "z"],

@@ -14,8 +14,9 @@ between is data loss, never a silent read of the new topic's records at the
 old offsets. Fetches name the planned incarnation too, so a topic re-created
 between that check and a fetch is refused by the node and reported the same way.
 
-Batch reads narrow on the nodes through options: ``key`` reads only the key's
-hash partition and uses the key index, ``tags`` uses the tag index,
+Batch reads narrow on the nodes through options: ``key`` uses each partition's
+key index (every partition: a record written to an explicit partition need not
+be in its key's hash partition), ``tags`` uses the tag index,
 ``minTimestamp`` the time index, and ``maxTimestamp`` is filtered on the node;
 only matching records cross the network.
 """
@@ -34,7 +35,6 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from robustmq._partitioner import partition_for_key
 from robustmq.errors import (
     IncarnationMismatch,
     InvalidConfig,
@@ -550,10 +550,9 @@ class RobustMQBatchReader(TopicReader, DataSourceReader):
         topics = self.topics(refresh_s=0)
         start = self.start_offsets(topics)
         end = self.end_offsets(self._existing(topics))
-        options = self.options
-        if options.key is not None:  # a keyed record lives in its key's hash partition only
-            key, count = options.key, self.client.metadata.partitions
-            end = {(t, p): o for (t, p), o in end.items() if p == partition_for_key(key, count(t))}
+        # With ``key``, every partition is read: a producer's ``partition=`` or the sink's
+        # ``partition`` column can put a key in any partition, and where the key is absent the
+        # node's key index answers with one lookup (nothing is read).
         # A batch's start never passes its end (a starting offset or timestamp after the ending one).
         first = {tp: min(start.positions.get(tp, 0), stop) for tp, stop in end.items()}
         return SourceOffsets(first, start.identities), SourceOffsets(end, start.identities)

@@ -133,6 +133,27 @@ def test_key_tag_and_time_options_are_answered_by_the_node_indexes(spark, cluste
     assert _served(client) - before == expected_both
 
 
+def test_the_key_option_finds_records_written_to_an_explicit_partition(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
+    """A producer's ``partition=`` (or the sink's ``partition`` column) can put a key anywhere: the
+    ``key`` option reads every partition's key index, not only the key's hash partition."""
+    from robustmq._partitioner import partition_for_key
+
+    topic = _topic(client, 4)
+    other = (partition_for_key(b"kx", 4) + 1) % 4
+    with client.producer() as producer:
+        producer.send(topic, b"home", key=b"kx").result(60)
+        producer.send(topic, b"elsewhere", key=b"kx", partition=other).result(60)
+        producer.send(topic, b"unrelated", key=b"ky", partition=other).result(60)
+    by_sql = _read(spark, cluster, topic).where("key = cast('kx' as binary)")
+    by_option = _read(spark, cluster, topic, key="kx")
+    expected = sorted(bytes(r.value) for r in by_sql.select("value").collect())
+    assert expected == [b"elsewhere", b"home"]
+    assert sorted(bytes(r.value) for r in by_option.select("value").collect()) == expected
+    before = _served(client)
+    assert by_option.count() == 2
+    assert _served(client) - before == 2, "the nodes sent records that do not have the key"
+
+
 def test_sql_filters_stay_correct_on_a_reused_dataframe(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
     topic = _topic(client, 4)
     _produce(client, topic, 700)

@@ -336,8 +336,10 @@ OPTIONS: tuple[Option, ...] = (
            "with `minRecordsPerTrigger`: the longest wait between micro-batches while records are "
            "waiting (`30s`, `15m`, `500ms`)", default_text="`15m`", elsewhere=_WHOLE),
     Option("group", READ, _group, None,
-           "commit processed offsets to this consumer group: `robustmq groups` shows the query's lag, "
-           "and `startingOffsets=group` resumes from them"),
+           "streams: commit processed offsets to this consumer group (`robustmq groups` shows the "
+           "query's lag), and `startingOffsets=group` resumes from them. A batch read commits nothing "
+           "and takes `group` only with `startingOffsets=group`; for incremental batches use a stream "
+           'with `Trigger.AvailableNow` (see "Incremental batches")'),
     Option("failOnDataLoss", READ, _boolean, True,
            "fail when records the query has not read are gone (removed by retention, topic deleted or "
            "re-created, offsets gone back); `false` logs a warning and goes on (see \"Data loss\")"),

@@ -154,6 +154,22 @@ def test_the_key_option_finds_records_written_to_an_explicit_partition(spark, cl
     assert _served(client) - before == 2, "the nodes sent records that do not have the key"
 
 
+def test_a_batch_read_refuses_group_unless_it_starts_from_it(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
+    """A batch read cannot commit what it processed (Spark tells a batch reader nothing after its
+    tasks): ``group`` alone would promise commits that never happen, so it is refused; with
+    ``startingOffsets=group`` the read starts at the group's offsets and commits nothing."""
+    topic = _topic(client, 1)
+    _produce(client, topic, 10)
+    group = f"g{uuid.uuid4().hex[:8]}"
+    with pytest.raises(Exception, match=r"option 'group': a batch read commits no offsets.*availableNow"):
+        _read(spark, cluster, topic, group=group).count()
+    assert client.group_offsets(group, topic) == {}
+    client.commit_offsets(group, topic, {0: 6})
+    df = _read(spark, cluster, topic, group=group, startingOffsets="group")
+    assert sorted(r.offset for r in df.select("offset").collect()) == [6, 7, 8, 9]
+    assert client.group_offsets(group, topic) == {0: 6}
+
+
 def test_sql_filters_stay_correct_on_a_reused_dataframe(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
     topic = _topic(client, 4)
     _produce(client, topic, 700)

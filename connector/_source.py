@@ -69,20 +69,25 @@ log = logging.getLogger("robustmq.connector")
 TopicPartition = tuple[str, int]
 Ends = dict[TopicPartition, tuple[int, int]]  # (earliest, high watermark)
 
-_clients: dict[str, Any] = {}
+# Keyed by every setting that changes what a client does (its address and request timeout): a
+# query's requestTimeoutS holds even where another query opened a client for the same address.
+# It holds one client per distinct (address, timeout) this process met, a handful in practice.
+_clients: dict[tuple[str, float], Any] = {}
 _clients_lock = threading.Lock()
 
 DATA_LOSS_HINT = "set failOnDataLoss=false to go on (docs/spark.md, 'Data loss')"
 
 
 def client_for(address: str, timeout_s: float = 30.0) -> Any:
-    """A client for ``address`` shared by everything in this process (executor workers are reused)."""
+    """A client for ``address`` with requests bounded by ``timeout_s``, shared by everything in this
+    process that asks for the same two (executor workers are reused)."""
     import robustmq
 
+    key = (address, float(timeout_s))
     with _clients_lock:
-        client = _clients.get(address)
+        client = _clients.get(key)
         if client is None:
-            client = _clients[address] = robustmq.connect(address, timeout_s=timeout_s)
+            client = _clients[key] = robustmq.connect(address, timeout_s=timeout_s)
         return client
 
 

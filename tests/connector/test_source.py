@@ -359,6 +359,32 @@ def test_readers_are_picklable_without_clients(cluster) -> None:  # type: ignore
     assert set(vars(copy)) == {"options", "_topics_cache", "_reachability", "_state"}  # no clients
 
 
+def test_a_reader_gets_a_client_with_its_own_request_timeout(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Clients are shared per process by every setting that changes what they do: a query with
+    another requestTimeoutS than an earlier one at the same address gets its own client."""
+    import socket
+
+    from robustmq.connector import SourceOptions
+    from robustmq.connector._source import TopicReader, client_for
+
+    def reader(address: str, timeout_s: int) -> TopicReader:
+        options = {"topic": "x", "metaAddress": address, "requestTimeoutS": str(timeout_s)}
+        return TopicReader(SourceOptions.parse(options, "read"))
+
+    shared = client_for(cluster.meta_address, 30.0)
+    assert reader(cluster.meta_address, 2).client.timeout_s == 2
+    assert reader(cluster.meta_address, 30).client is shared
+    with socket.socket() as unused:  # an address nobody answers at
+        unused.bind(("127.0.0.1", 0))
+        silent = f"127.0.0.1:{unused.getsockname()[1]}"
+    client_for(silent, 60.0)  # a first query there waits a minute
+    impatient = reader(silent, 1)
+    started = time.monotonic()
+    with pytest.raises(Exception, match="option 'metaAddress': cannot reach"):
+        impatient._call(impatient.client.meta.list_topics)
+    assert time.monotonic() - started < 30, "the reader waited with another query's requestTimeoutS"
+
+
 def _stream(spark, cluster: EmbeddedCluster, checkpoint: Path, **options: object):  # type: ignore[no-untyped-def]
     """Run a readStream to its end (Trigger.AvailableNow): ``(values read, the query's exception)``."""
     values: list[bytes] = []

@@ -26,8 +26,11 @@ non-transactional sink).
 Columns: ``value`` (binary or string, required), ``key``, ``tags``,
 ``headers``, ``timestamp``, ``partition`` (optional), and ``topic`` (the
 ``topic`` option overrides it, as in Kafka's connector). Rows without a key
-or partition go to the topic partition ``task partition id % partitions``:
-deterministic, so a replay sends the same rows to the same place.
+or partition are spread over the topic's partitions a request at a time
+(:class:`~robustmq.connector._requests.StickyPartitions`: each run of them
+that fills one request goes to one partition, the next run to the next,
+starting at ``task partition id % partitions``): deterministic, so a replay
+sends the same rows to the same place.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from robustmq.errors import (
 )
 
 from ._options import SinkOptions, option_error
-from ._requests import REQUEST_OVERHEAD_BYTES, RequestCutter
+from ._requests import REQUEST_OVERHEAD_BYTES, RequestCutter, StickyPartitions, row_bytes
 from ._source import client_for
 from ._spark_errors import reported_to_spark
 
@@ -136,6 +139,7 @@ class _Task:
         self.task_partition = task_partition
         self.attempt = attempt
         self.cutters: dict[Target, RequestCutter] = {}
+        self.sticky: dict[str, StickyPartitions] = {}  # per topic: where rows without key go
         self.sequences: dict[Target, int] = {}
         self.rows = self.duplicates = 0
 
@@ -152,8 +156,8 @@ class _Task:
                 self._send(target, last)
         return WrittenMessage(self.rows, self.duplicates)
 
-    def _cutter(self, target: Target) -> RequestCutter:
-        topic, partition = target
+    def _limit_bytes(self, topic: str) -> int:
+        """The largest request to ``topic``: ``maxRequestBytes``, capped at the topic's batch limit."""
         wanted = self.options.max_request_bytes
         node_limit = int(self.client.metadata.topic(topic).config.max_batch_bytes) or wanted
         limit = min(wanted, node_limit)
@@ -162,8 +166,20 @@ class _Task:
                 f"topic {topic} takes batches of at most {node_limit} bytes, too small for the sink",
                 topic=topic,
             )
-        self.cutters[target] = RequestCutter(limit, f"topic {topic} partition {partition}")
+        return limit
+
+    def _cutter(self, target: Target) -> RequestCutter:
+        topic, partition = target
+        self.cutters[target] = RequestCutter(self._limit_bytes(topic), f"topic {topic} partition {partition}")
         return self.cutters[target]
+
+    def _spread(self, topic: str, records: pa.Table, count: int) -> np.ndarray:
+        """The partitions of ``records``, rows without key or partition of this task (in order)."""
+        sticky = self.sticky.get(topic)
+        if sticky is None:
+            budget = self._limit_bytes(topic) - REQUEST_OVERHEAD_BYTES
+            sticky = self.sticky[topic] = StickyPartitions(budget, self.task_partition, count)
+        return sticky.route(row_bytes(records))
 
     def _send(self, target: Target, records: pa.Table) -> None:
         k = self.sequences.get(target, 0)
@@ -255,7 +271,10 @@ class _Task:
         keys = records.column("key")
         if keys.null_count < len(keys):
             targets = np.where(targets >= 0, targets, partitions_for_keys(keys, count))
-        targets = np.where(targets >= 0, targets, self.task_partition % count)
+        keyless = np.flatnonzero(targets < 0)
+        if len(keyless):
+            chosen = records.take(pa.array(keyless)) if len(keyless) < len(targets) else records
+            targets[keyless] = self._spread(topic, chosen, count)
         if len(targets) and (targets.max() >= count or targets.min() < 0):
             raise InvalidRequest(f"partition values must be in [0, {count}) for topic {topic}", topic=topic)
         for value in np.unique(targets):

@@ -261,6 +261,47 @@ def test_stream_admission_control_and_available_now(spark, cluster, client, tmp_
     assert values == sorted(b"v%d" % i for i in range(1000, 1250))
 
 
+def test_progress_gives_kafkas_lag_metrics_through_the_latest_offset(
+    spark, cluster, client, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """PySpark gives Python sources no metrics() hook, so ``sources[].metrics`` stays empty; the
+    source reports its latest offsets, and ``offsets_behind_latest`` turns them into Kafka's
+    ``min/max/avgOffsetsBehindLatest`` (plus records behind per topic)."""
+    from robustmq.connector import offsets_behind_latest
+
+    topic = _topic(client, 2)
+    _produce(client, topic, 100)
+    query = (
+        spark.readStream.format("robustmq")
+        .option("metaAddress", cluster.meta_address)
+        .option("topic", topic)
+        .option("maxRecordsPerTrigger", 30)
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(180)
+    assert query.exception() is None
+    batches = [p for p in query.recentProgress if p["numInputRows"]]
+    assert [p["numInputRows"] for p in batches] == [30, 30, 30, 10]
+    ends = {p: high for p, (_, high) in client.list_offsets(topic).items()}
+    for number, progress in enumerate(batches):
+        (source,) = progress["sources"]
+        assert json.loads(source["latestOffset"])[topic] == {str(p): e for p, e in ends.items()}
+        (lag,) = offsets_behind_latest(progress)
+        behind = {p: e - json.loads(source["endOffset"])[topic][str(p)] for p, e in ends.items()}
+        assert lag == {
+            "minOffsetsBehindLatest": min(behind.values()),
+            "maxOffsetsBehindLatest": max(behind.values()),
+            "avgOffsetsBehindLatest": sum(behind.values()) / 2,
+            "offsetsBehindLatestByTopic": {topic: 100 - 30 * (number + 1) if number < 3 else 0},
+        }
+        assert offsets_behind_latest(progress.json) == [lag]  # a listener's event JSON too
+    assert offsets_behind_latest(batches[0])[0]["offsetsBehindLatestByTopic"] == {topic: 70}
+
+
 def test_stream_picks_up_new_topics_by_pattern(spark, cluster, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     prefix = f"p{uuid.uuid4().hex[:6]}"
     client.create_topic(f"{prefix}-a", 1)

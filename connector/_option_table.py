@@ -357,9 +357,11 @@ OPTIONS: tuple[Option, ...] = (
            elsewhere=_FILTER),
     Option("maxTimestamp", BATCH_READ, _integer(0), None, "only records at or before this time (ms)",
            elsewhere=_FILTER),
-    Option("output", READ, _choice("records", "ranges"), "records",
+    Option("output", READ, _choice("records", "ranges", "offsets"), "records",
            "`ranges`: one row `(topic, partition, start_offset, end_offset, created_ms, incarnation, "
-           'from_beginning)` per offset range instead of records (see "Jobs that move data themselves")'),
+           "from_beginning)` per offset range instead of records; `offsets`: the same columns and "
+           "`offset`, one row per offset of each range, so Spark counts records as input rows "
+           '(see "Jobs that move data themselves")'),
     Option("topic", WRITE, _text, None, "the topic to write to; overrides a `topic` column"),
     Option("acks", WRITE, _acks, DEFAULT_ACKS,
            "`all` (every in-sync replica, and at least the topic's `min_insync_replicas`; Kafka's `-1`), "

@@ -188,11 +188,12 @@ def _check_filters(values: _Values) -> None:
     low, high = values["minTimestamp"], values["maxTimestamp"]
     if low is not None and high is not None and low > high:
         raise option_error("minTimestamp", f"{low} is after maxTimestamp ({high}): nothing could match")
-    if values["output"] == "ranges":
+    if values["output"] in ("ranges", "offsets"):
         for name in ("key", "tags", "minTimestamp", "maxTimestamp", "tieredReads"):
             if name in values.given:
                 raise option_error(
-                    name, "does not apply with output=ranges, which reads offset ranges, not records"
+                    name,
+                    f"does not apply with output={values['output']}, which reads offset ranges, not records",
                 )
 
 

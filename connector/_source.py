@@ -49,7 +49,7 @@ from robustmq.errors import (
 
 from ._offsets import Range, SourceOffsets, identity_of, plan_ranges, same_topic
 from ._options import SourceOptions, option_error
-from ._schema import RANGES_ARROW_SCHEMA, to_spark_batch
+from ._schema import RANGES_ARROW_SCHEMA, offset_rows, to_spark_batch
 from ._spark_errors import reported_to_spark
 from ._tiered import (
     DIRECT,
@@ -377,7 +377,7 @@ class TopicReader:
         """The records of one input partition as Spark Arrow batches (run in a task)."""
         if part.identity and not self._same_topic_as_planned(part):
             return
-        if self.options.output == "ranges":
+        if self.options.output in ("ranges", "offsets"):
             identity = dict(part.identity)
             row = {
                 "topic": part.topic,
@@ -388,7 +388,10 @@ class TopicReader:
                 "incarnation": identity.get("incarnation"),
                 "from_beginning": part.from_beginning,
             }
-            yield pa.RecordBatch.from_pylist([row], schema=RANGES_ARROW_SCHEMA)
+            if self.options.output == "offsets":
+                yield from offset_rows(row)
+            else:
+                yield pa.RecordBatch.from_pylist([row], schema=RANGES_ARROW_SCHEMA)
             return
         position = part.start
         if position < part.log_start:  # whole-log retention moved the log start (the chain says so)

@@ -154,6 +154,23 @@ def test_the_key_option_finds_records_written_to_an_explicit_partition(spark, cl
     assert _served(client) - before == 2, "the nodes sent records that do not have the key"
 
 
+def test_offsets_output_gives_a_row_per_offset_and_the_ranges_back(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
+    """``output=offsets``: one row per offset, so Spark's input rows are the records; the rows
+    where ``offset = start_offset`` are the ranges, with the topic's identity."""
+    topic = _topic(client, 2)
+    _produce(client, topic, 3000)
+    ends = {p: high for p, (_, high) in client.list_offsets(topic).items()}
+    df = _read(spark, cluster, topic, output="offsets", maxRecordsPerPartition=1000)
+    rows = df.collect()
+    assert sorted((r.partition, r.offset) for r in rows) == [(p, o) for p in range(2) for o in range(ends[p])]
+    for r in rows:
+        assert r.start_offset <= r.offset < r.end_offset and r.end_offset - r.start_offset <= 1000
+    ranges = sorted((r.partition, r.start_offset, r.end_offset) for r in rows if r.offset == r.start_offset)
+    assert ranges == [(p, low, min(low + 1000, ends[p])) for p in range(2) for low in range(0, ends[p], 1000)]
+    assert df.where("offset = start_offset").count() == len(ranges) > 2
+    assert all(r.created_ms is not None and r.incarnation is not None for r in rows)
+
+
 def test_a_batch_read_refuses_group_unless_it_starts_from_it(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
     """A batch read cannot commit what it processed (Spark tells a batch reader nothing after its
     tasks): ``group`` alone would promise commits that never happen, so it is refused; with

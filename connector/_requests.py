@@ -27,7 +27,8 @@ partition, the next run to the next partition. That is Kafka's sticky
 partitioning (since 3.3 its producer switches partition after ``batch.size``
 bytes, KIP-794), made deterministic: the producer picks the next partition at
 random, but a replayed Spark task must route every row where the first attempt
-did, so the partitions are taken in turn from ``task partition id % partitions``.
+did, so the partitions are taken in turn, from ``task partition id % partitions``
+(plus the micro-batch id in a stream: each micro-batch starts one partition further).
 
 Not thread-safe: one :class:`RequestCutter` per (topic, partition) and one
 :class:`StickyPartitions` per topic, per task.

@@ -29,8 +29,9 @@ Columns: ``value`` (binary or string, required), ``key``, ``tags``,
 or partition are spread over the topic's partitions a request at a time
 (:class:`~robustmq.connector._requests.StickyPartitions`: each run of them
 that fills one request goes to one partition, the next run to the next,
-starting at ``task partition id % partitions``): deterministic, so a replay
-sends the same rows to the same place.
+starting at ``(task partition id + micro-batch id) % partitions``, so the
+small micro-batches of a single task take the partitions in turn too):
+deterministic, so a replay sends the same rows to the same place.
 """
 
 from __future__ import annotations
@@ -119,7 +120,9 @@ class WrittenMessage(WriterCommitMessage):
 class _Task:
     """What one task writes: routing, request cutting and sequences per (topic, partition).
 
-    ``attempt`` names the unit Spark may replay ("micro-batch 7", "this write") in errors.
+    ``attempt`` names the unit Spark may replay ("micro-batch 7", "this write") in errors;
+    ``spread_from`` is where rows without key or partition start (:class:`StickyPartitions`),
+    the same on every attempt.
     """
 
     def __init__(
@@ -131,6 +134,7 @@ class _Task:
         sequence_base: int,
         task_partition: int,
         attempt: str,
+        spread_from: int,
     ) -> None:
         self.options = options
         self.client = client
@@ -138,6 +142,7 @@ class _Task:
         self.sequence_base = sequence_base
         self.task_partition = task_partition
         self.attempt = attempt
+        self.spread_from = spread_from
         self.cutters: dict[Target, RequestCutter] = {}
         self.sticky: dict[str, StickyPartitions] = {}  # per topic: where rows without key go
         self.sequences: dict[Target, int] = {}
@@ -178,7 +183,7 @@ class _Task:
         sticky = self.sticky.get(topic)
         if sticky is None:
             budget = self._limit_bytes(topic) - REQUEST_OVERHEAD_BYTES
-            sticky = self.sticky[topic] = StickyPartitions(budget, self.task_partition, count)
+            sticky = self.sticky[topic] = StickyPartitions(budget, self.spread_from, count)
         return sticky.route(row_bytes(records))
 
     def _send(self, target: Target, records: pa.Table) -> None:
@@ -293,6 +298,7 @@ class _Writer:
         sequence_base: int,
         task_partition: int,
         attempt: str = "this attempt",
+        spread_from: int | None = None,
     ) -> WrittenMessage:
         task = _Task(
             self.options,
@@ -301,6 +307,7 @@ class _Writer:
             sequence_base=sequence_base,
             task_partition=task_partition,
             attempt=attempt,
+            spread_from=task_partition if spread_from is None else spread_from,
         )
         for batch in batches:
             task.add(batch)
@@ -369,6 +376,10 @@ class RobustMQStreamWriter(_Writer, DataSourceStreamArrowWriter):
             int(batch_id) * SEQUENCES_PER_BATCH,
             partition,
             f"the replay of micro-batch {batch_id}",
+            # Each micro-batch starts its keyless rows one partition further, as Kafka's sticky
+            # partitioner moves on with each new batch: a task writing less than a request per
+            # micro-batch still reaches every partition, and a replay starts where it did.
+            spread_from=partition + int(batch_id),
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

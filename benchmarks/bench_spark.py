@@ -52,7 +52,7 @@ def _records_in(progress: dict[str, Any]) -> int:
     total = 0
     for source in progress["sources"]:
         start, end = (
-            json.loads(o) if isinstance(o, str) else (o or {})
+            (json.loads(o) if isinstance(o, str) else o) or {}  # batch 0 starts at null
             for o in (source["startOffset"], source["endOffset"])
         )
         for topic, partitions in end.items():

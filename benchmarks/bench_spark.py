@@ -40,13 +40,10 @@ from _common import OUT_DIR, bar_panels, emit, make_records, percentile_ms
 BATCH = 100_000
 
 
-def steady_rate(progress: list[dict[str, Any]], *, by_offsets: bool = False) -> float:
-    """Rows per second over the micro-batches after the first (from query progress).
-
-    ``by_offsets`` counts records from each batch's start and end offsets (a source
-    in ``output=ranges`` mode reports one input row per range, not per record)."""
+def steady_rate(progress: list[dict[str, Any]]) -> float:
+    """Rows per second over the micro-batches after the first (from query progress)."""
     batches = [p for p in progress if p.get("numInputRows", 0) > 0][1:]
-    rows = sum(_records_in(p) if by_offsets else p["numInputRows"] for p in batches)
+    rows = sum(p["numInputRows"] for p in batches)
     seconds = sum(p["durationMs"]["triggerExecution"] for p in batches) / 1000
     return rows / seconds if seconds else 0.0
 
@@ -55,7 +52,7 @@ def _records_in(progress: dict[str, Any]) -> int:
     total = 0
     for source in progress["sources"]:
         start, end = (
-            json.loads(o) if isinstance(o, str) else (o or {})
+            (json.loads(o) if isinstance(o, str) else o) or {}  # batch 0 starts at null
             for o in (source["startOffset"], source["endOffset"])
         )
         for topic, partitions in end.items():
@@ -331,7 +328,12 @@ def main() -> None:
                 max_records_per_trigger=args.per_trigger,
             )
             delta_query.awaitTermination(1800)
-            delta = steady_rate([dict(p) for p in delta_query.recentProgress], by_offsets=True)
+            delta_progress = [dict(p) for p in delta_query.recentProgress]
+            # The job reads output=offsets: Spark's numInputRows counts the batches' records.
+            miscounted = [p["batchId"] for p in delta_progress if p["numInputRows"] != _records_in(p)]
+            if miscounted:
+                raise RuntimeError(f"topic_to_delta: numInputRows is not the records in batches {miscounted}")
+            delta = steady_rate(delta_progress)
             print(f"(d) topic_to_delta: {delta:,.0f} rows/s", flush=True)
             shutil.rmtree(root / "table", ignore_errors=True)
 

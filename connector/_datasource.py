@@ -17,7 +17,7 @@ from robustmq.errors import InvalidConfig
 
 from ._option_table import LOAD
 from ._options import SinkOptions, SourceOptions
-from ._schema import RANGES_SCHEMA, SPARK_SCHEMA
+from ._schema import OFFSETS_SCHEMA, RANGES_SCHEMA, SPARK_SCHEMA
 from ._sink import RobustMQBatchWriter, RobustMQStreamWriter, check_target
 from ._source import RobustMQBatchReader, TopicReader
 from ._spark_errors import reported_to_spark
@@ -43,7 +43,7 @@ class RobustMQDataSource(DataSource):
     ``maxTimestamp``; streams: ``maxRecordsPerTrigger`` (``maxOffsetsPerTrigger``),
     ``minRecordsPerTrigger`` (``minOffsetsPerTrigger``) with ``maxTriggerDelay``; ``group``,
     ``failOnDataLoss``, ``includeHeaders``, ``minPartitions``, ``maxRecordsPerPartition``,
-    ``output`` (``records`` or ``ranges``), ``requestTimeoutS``.
+    ``output`` (``records``, ``ranges`` or ``offsets``), ``requestTimeoutS``.
 
     Writing: ``metaAddress``, ``topic`` (overrides a ``topic`` column), ``acks``,
     ``maxRequestBytes``, ``requestTimeoutS``; ``df.write`` needs ``.mode("append")`` (Spark
@@ -78,7 +78,7 @@ class RobustMQDataSource(DataSource):
         and the topics they name, so a mistake fails ``load()`` itself."""
         options = SourceOptions.parse(self.options, LOAD)
         TopicReader(options).check_named_topics()
-        return RANGES_SCHEMA if options.output == "ranges" else SPARK_SCHEMA
+        return {"ranges": RANGES_SCHEMA, "offsets": OFFSETS_SCHEMA}.get(options.output, SPARK_SCHEMA)
 
     @reported_to_spark
     def reader(self, schema: StructType) -> DataSourceReader:

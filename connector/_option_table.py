@@ -336,8 +336,10 @@ OPTIONS: tuple[Option, ...] = (
            "with `minRecordsPerTrigger`: the longest wait between micro-batches while records are "
            "waiting (`30s`, `15m`, `500ms`)", default_text="`15m`", elsewhere=_WHOLE),
     Option("group", READ, _group, None,
-           "commit processed offsets to this consumer group: `robustmq groups` shows the query's lag, "
-           "and `startingOffsets=group` resumes from them"),
+           "streams: commit processed offsets to this consumer group (`robustmq groups` shows the "
+           "query's lag), and `startingOffsets=group` resumes from them. A batch read commits nothing "
+           "and takes `group` only with `startingOffsets=group`; for incremental batches use a stream "
+           'with `Trigger.AvailableNow` (see "Incremental batches")'),
     Option("failOnDataLoss", READ, _boolean, True,
            "fail when records the query has not read are gone (removed by retention, topic deleted or "
            "re-created, offsets gone back); `false` logs a warning and goes on (see \"Data loss\")"),
@@ -355,9 +357,11 @@ OPTIONS: tuple[Option, ...] = (
            elsewhere=_FILTER),
     Option("maxTimestamp", BATCH_READ, _integer(0), None, "only records at or before this time (ms)",
            elsewhere=_FILTER),
-    Option("output", READ, _choice("records", "ranges"), "records",
+    Option("output", READ, _choice("records", "ranges", "offsets"), "records",
            "`ranges`: one row `(topic, partition, start_offset, end_offset, created_ms, incarnation, "
-           'from_beginning)` per offset range instead of records (see "Jobs that move data themselves")'),
+           "from_beginning)` per offset range instead of records; `offsets`: the same columns and "
+           "`offset`, one row per offset of each range, so Spark counts records as input rows "
+           '(see "Jobs that move data themselves")'),
     Option("topic", WRITE, _text, None, "the topic to write to; overrides a `topic` column"),
     Option("acks", WRITE, _acks, DEFAULT_ACKS,
            "`all` (every in-sync replica, and at least the topic's `min_insync_replicas`; Kafka's `-1`), "

@@ -127,6 +127,7 @@ class SourceOptions:
             raise option_error("startingOffsets", "'group' needs the 'group' option naming the group")
         _check_triggers(values)
         _check_filters(values)
+        _check_group(values, mode)
         _check_topics_named(values, topics)
         return SourceOptions(
             meta_address=values.meta_address(),
@@ -187,12 +188,27 @@ def _check_filters(values: _Values) -> None:
     low, high = values["minTimestamp"], values["maxTimestamp"]
     if low is not None and high is not None and low > high:
         raise option_error("minTimestamp", f"{low} is after maxTimestamp ({high}): nothing could match")
-    if values["output"] == "ranges":
+    if values["output"] in ("ranges", "offsets"):
         for name in ("key", "tags", "minTimestamp", "maxTimestamp", "tieredReads"):
             if name in values.given:
                 raise option_error(
-                    name, "does not apply with output=ranges, which reads offset ranges, not records"
+                    name,
+                    f"does not apply with output={values['output']}, which reads offset ranges, not records",
                 )
+
+
+def _check_group(values: _Values, mode: str) -> None:
+    """``group`` on a batch read: Spark tells a batch reader nothing once its rows are processed, so
+    nothing can be committed; the option only names where ``startingOffsets=group`` starts."""
+    if mode == "read" and values["group"] is not None and values["startingOffsets"] != "group":
+        raise option_error(
+            values.spelled("group"),
+            "a batch read commits no offsets (Spark tells a batch source nothing once its rows are "
+            "processed); it takes 'group' only with startingOffsets=group, to start at the group's "
+            "offsets. For incremental batches, read with spark.readStream and "
+            ".trigger(availableNow=True): each run commits what it processed to the group and the "
+            "checkpoint, and the next run starts there",
+        )
 
 
 def _check_topics_named(values: _Values, topics: tuple[str, ...]) -> None:

@@ -21,7 +21,17 @@ do not depend on the chunking either.
 Everything is column-wise (Arrow offsets read as numpy arrays, a cumulative
 sum, one ``searchsorted`` per request): no Python code runs per row.
 
-Not thread-safe: one :class:`RequestCutter` per (topic, partition) per task.
+Rows with neither a key nor a partition are spread by :class:`StickyPartitions`
+with the same rule: the longest run of them that fits in one request goes to one
+partition, the next run to the next partition. That is Kafka's sticky
+partitioning (since 3.3 its producer switches partition after ``batch.size``
+bytes, KIP-794), made deterministic: the producer picks the next partition at
+random, but a replayed Spark task must route every row where the first attempt
+did, so the partitions are taken in turn, from ``task partition id % partitions``
+(plus the micro-batch id in a stream: each micro-batch starts one partition further).
+
+Not thread-safe: one :class:`RequestCutter` per (topic, partition) and one
+:class:`StickyPartitions` per topic, per task.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import pyarrow as pa
 from robustmq._records import encode_batch
 from robustmq.errors import RecordBatchTooLarge
 
-__all__ = ["REQUEST_OVERHEAD_BYTES", "RequestCutter", "encode_request", "row_bytes"]
+__all__ = ["REQUEST_OVERHEAD_BYTES", "RequestCutter", "StickyPartitions", "encode_request", "row_bytes"]
 
 # Schema message, record batch metadata (22 buffers, 11 field nodes), 8-byte padding of every
 # buffer, the offsets' extra entries and the end-of-stream marker: about 1.3 kB measured.
@@ -158,3 +168,47 @@ class RequestCutter:
         table = pa.concat_tables(self._pending)
         self._pending, self._sizes = [], np.zeros(0, dtype=np.int64)
         return table
+
+
+class StickyPartitions:
+    """Where the rows without key or partition of one task go, for one topic.
+
+    Each run of such rows whose :func:`row_bytes` add up to at most ``budget_bytes`` (the longest
+    run that fits, as :class:`RequestCutter` cuts) goes to one partition; the next run goes to the
+    next partition, starting from ``first_partition``. A row larger than the budget is a run of its
+    own (its cutter refuses it). Like the cutter, the result depends only on the sequence of rows
+    given, not on how they were split between calls of :meth:`route`.
+    """
+
+    def __init__(self, budget_bytes: int, first_partition: int, partitions: int) -> None:
+        if budget_bytes <= 0 or partitions <= 0:
+            raise ValueError(
+                f"budget_bytes and partitions must be positive, got {budget_bytes}, {partitions}"
+            )
+        self.budget_bytes = budget_bytes
+        self.partitions = partitions
+        self._run = first_partition % partitions  # the partition of the run being filled
+        self._filled = 0  # bytes of that run so far
+
+    def route(self, sizes: np.ndarray) -> np.ndarray:
+        """The partition of each row, given each row's :func:`row_bytes` (int64, in row order)."""
+        result = np.empty(len(sizes), dtype=np.int64)
+        ends = np.cumsum(sizes, dtype=np.int64)
+        start = 0
+        while start < len(sizes):  # one pass per run: a handful per request's worth of rows
+            before = ends[start - 1] if start else 0
+            stop = int(np.searchsorted(ends, before + self.budget_bytes - self._filled, side="right"))
+            if stop == start and self._filled:  # the next row does not fit in this run: a new run
+                self._next()
+                continue
+            stop = max(stop, start + 1)  # a row above the budget alone (the cutter refuses it)
+            result[start:stop] = self._run
+            self._filled += int(ends[stop - 1] - before)
+            start = stop
+            if start < len(sizes):  # the rows left did not fit: this run is complete
+                self._next()
+        return result
+
+    def _next(self) -> None:
+        self._run = (self._run + 1) % self.partitions
+        self._filled = 0

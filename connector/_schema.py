@@ -10,11 +10,23 @@ a ms->us cast): no Python loop touches a record.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import numpy as np
 import pyarrow as pa
 
 from robustmq._records import HEADERS_TYPE, TAGS_TYPE
 
-__all__ = ["ARROW_SCHEMA", "RANGES_ARROW_SCHEMA", "RANGES_SCHEMA", "SPARK_SCHEMA", "to_spark_batch"]
+__all__ = [
+    "ARROW_SCHEMA",
+    "OFFSETS_ARROW_SCHEMA",
+    "OFFSETS_SCHEMA",
+    "RANGES_ARROW_SCHEMA",
+    "RANGES_SCHEMA",
+    "SPARK_SCHEMA",
+    "offset_rows",
+    "to_spark_batch",
+]
 
 SPARK_SCHEMA = (
     "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
@@ -53,6 +65,39 @@ RANGES_ARROW_SCHEMA = pa.schema(
         pa.field("from_beginning", pa.bool_()),
     ]
 )
+
+
+# ``output=offsets``: the ranges' columns, and one row per offset they cover (``offset``), so that
+# Spark counts a micro-batch's records as its input rows (``numInputRows``) while the records
+# themselves stay out of the JVM. ``where("offset = start_offset")`` gives back the ranges.
+OFFSETS_SCHEMA = (
+    "topic string, partition int, offset long, start_offset long, end_offset long, created_ms long, "
+    "incarnation long, from_beginning boolean"
+)
+OFFSETS_ARROW_SCHEMA = pa.schema(
+    [
+        RANGES_ARROW_SCHEMA.field("topic"),
+        RANGES_ARROW_SCHEMA.field("partition"),
+        pa.field("offset", pa.int64()),
+        *(RANGES_ARROW_SCHEMA.field(name) for name in RANGES_ARROW_SCHEMA.names[2:]),
+    ]
+)
+OFFSET_ROWS_PER_BATCH = 131_072  # about 6 MB of Arrow per batch handed to Spark
+
+
+def offset_rows(range_row: dict) -> Iterator[pa.RecordBatch]:
+    """The ``output=offsets`` rows of one range (a row of :data:`RANGES_ARROW_SCHEMA` as a dict),
+    in batches of at most :data:`OFFSET_ROWS_PER_BATCH`; built column-wise (``arange``, ``repeat``)."""
+    start, end = range_row["start_offset"], range_row["end_offset"]
+    for low in range(start, end, OFFSET_ROWS_PER_BATCH):
+        count = min(OFFSET_ROWS_PER_BATCH, end - low)
+        columns = [
+            pa.array(np.arange(low, low + count, dtype=np.int64))
+            if field.name == "offset"
+            else pa.repeat(pa.scalar(range_row[field.name], field.type), count)
+            for field in OFFSETS_ARROW_SCHEMA
+        ]
+        yield pa.RecordBatch.from_arrays(columns, schema=OFFSETS_ARROW_SCHEMA)
 
 
 def to_spark_batch(records: pa.Table, topic: str, partition: int, *, include_headers: bool) -> pa.RecordBatch:

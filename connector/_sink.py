@@ -26,7 +26,11 @@ non-transactional sink).
 Columns: ``value`` (binary or string, required), ``key``, ``tags``,
 ``headers``, ``timestamp``, ``partition`` (optional), and ``topic`` (the
 ``topic`` option overrides it, as in Kafka's connector). Rows without a key
-or partition go to the topic partition ``task partition id % partitions``:
+or partition are spread over the topic's partitions a request at a time
+(:class:`~robustmq.connector._requests.StickyPartitions`: each run of them
+that fills one request goes to one partition, the next run to the next,
+starting at ``(task partition id + micro-batch id) % partitions``, so the
+small micro-batches of a single task take the partitions in turn too):
 deterministic, so a replay sends the same rows to the same place.
 """
 
@@ -55,7 +59,7 @@ from robustmq.errors import (
 )
 
 from ._options import SinkOptions, option_error
-from ._requests import REQUEST_OVERHEAD_BYTES, RequestCutter
+from ._requests import REQUEST_OVERHEAD_BYTES, RequestCutter, StickyPartitions, row_bytes
 from ._source import client_for
 from ._spark_errors import reported_to_spark
 
@@ -116,7 +120,9 @@ class WrittenMessage(WriterCommitMessage):
 class _Task:
     """What one task writes: routing, request cutting and sequences per (topic, partition).
 
-    ``attempt`` names the unit Spark may replay ("micro-batch 7", "this write") in errors.
+    ``attempt`` names the unit Spark may replay ("micro-batch 7", "this write") in errors;
+    ``spread_from`` is where rows without key or partition start (:class:`StickyPartitions`),
+    the same on every attempt.
     """
 
     def __init__(
@@ -128,6 +134,7 @@ class _Task:
         sequence_base: int,
         task_partition: int,
         attempt: str,
+        spread_from: int,
     ) -> None:
         self.options = options
         self.client = client
@@ -135,7 +142,9 @@ class _Task:
         self.sequence_base = sequence_base
         self.task_partition = task_partition
         self.attempt = attempt
+        self.spread_from = spread_from
         self.cutters: dict[Target, RequestCutter] = {}
+        self.sticky: dict[str, StickyPartitions] = {}  # per topic: where rows without key go
         self.sequences: dict[Target, int] = {}
         self.rows = self.duplicates = 0
 
@@ -152,8 +161,8 @@ class _Task:
                 self._send(target, last)
         return WrittenMessage(self.rows, self.duplicates)
 
-    def _cutter(self, target: Target) -> RequestCutter:
-        topic, partition = target
+    def _limit_bytes(self, topic: str) -> int:
+        """The largest request to ``topic``: ``maxRequestBytes``, capped at the topic's batch limit."""
         wanted = self.options.max_request_bytes
         node_limit = int(self.client.metadata.topic(topic).config.max_batch_bytes) or wanted
         limit = min(wanted, node_limit)
@@ -162,8 +171,20 @@ class _Task:
                 f"topic {topic} takes batches of at most {node_limit} bytes, too small for the sink",
                 topic=topic,
             )
-        self.cutters[target] = RequestCutter(limit, f"topic {topic} partition {partition}")
+        return limit
+
+    def _cutter(self, target: Target) -> RequestCutter:
+        topic, partition = target
+        self.cutters[target] = RequestCutter(self._limit_bytes(topic), f"topic {topic} partition {partition}")
         return self.cutters[target]
+
+    def _spread(self, topic: str, records: pa.Table, count: int) -> np.ndarray:
+        """The partitions of ``records``, rows without key or partition of this task (in order)."""
+        sticky = self.sticky.get(topic)
+        if sticky is None:
+            budget = self._limit_bytes(topic) - REQUEST_OVERHEAD_BYTES
+            sticky = self.sticky[topic] = StickyPartitions(budget, self.spread_from, count)
+        return sticky.route(row_bytes(records))
 
     def _send(self, target: Target, records: pa.Table) -> None:
         k = self.sequences.get(target, 0)
@@ -255,7 +276,10 @@ class _Task:
         keys = records.column("key")
         if keys.null_count < len(keys):
             targets = np.where(targets >= 0, targets, partitions_for_keys(keys, count))
-        targets = np.where(targets >= 0, targets, self.task_partition % count)
+        keyless = np.flatnonzero(targets < 0)
+        if len(keyless):
+            chosen = records.take(pa.array(keyless)) if len(keyless) < len(targets) else records
+            targets[keyless] = self._spread(topic, chosen, count)
         if len(targets) and (targets.max() >= count or targets.min() < 0):
             raise InvalidRequest(f"partition values must be in [0, {count}) for topic {topic}", topic=topic)
         for value in np.unique(targets):
@@ -274,6 +298,7 @@ class _Writer:
         sequence_base: int,
         task_partition: int,
         attempt: str = "this attempt",
+        spread_from: int | None = None,
     ) -> WrittenMessage:
         task = _Task(
             self.options,
@@ -282,6 +307,7 @@ class _Writer:
             sequence_base=sequence_base,
             task_partition=task_partition,
             attempt=attempt,
+            spread_from=task_partition if spread_from is None else spread_from,
         )
         for batch in batches:
             task.add(batch)
@@ -350,6 +376,10 @@ class RobustMQStreamWriter(_Writer, DataSourceStreamArrowWriter):
             int(batch_id) * SEQUENCES_PER_BATCH,
             partition,
             f"the replay of micro-batch {batch_id}",
+            # Each micro-batch starts its keyless rows one partition further, as Kafka's sticky
+            # partitioner moves on with each new batch: a task writing less than a request per
+            # micro-batch still reaches every partition, and a replay starts where it did.
+            spread_from=partition + int(batch_id),
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -14,8 +14,9 @@ between is data loss, never a silent read of the new topic's records at the
 old offsets. Fetches name the planned incarnation too, so a topic re-created
 between that check and a fetch is refused by the node and reported the same way.
 
-Batch reads narrow on the nodes through options: ``key`` reads only the key's
-hash partition and uses the key index, ``tags`` uses the tag index,
+Batch reads narrow on the nodes through options: ``key`` uses each partition's
+key index (every partition: a record written to an explicit partition need not
+be in its key's hash partition), ``tags`` uses the tag index,
 ``minTimestamp`` the time index, and ``maxTimestamp`` is filtered on the node;
 only matching records cross the network.
 """
@@ -34,7 +35,6 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from robustmq._partitioner import partition_for_key
 from robustmq.errors import (
     IncarnationMismatch,
     InvalidConfig,
@@ -49,7 +49,7 @@ from robustmq.errors import (
 
 from ._offsets import Range, SourceOffsets, identity_of, plan_ranges, same_topic
 from ._options import SourceOptions, option_error
-from ._schema import RANGES_ARROW_SCHEMA, to_spark_batch
+from ._schema import RANGES_ARROW_SCHEMA, offset_rows, to_spark_batch
 from ._spark_errors import reported_to_spark
 from ._tiered import (
     DIRECT,
@@ -69,20 +69,25 @@ log = logging.getLogger("robustmq.connector")
 TopicPartition = tuple[str, int]
 Ends = dict[TopicPartition, tuple[int, int]]  # (earliest, high watermark)
 
-_clients: dict[str, Any] = {}
+# Keyed by every setting that changes what a client does (its address and request timeout): a
+# query's requestTimeoutS holds even where another query opened a client for the same address.
+# It holds one client per distinct (address, timeout) this process met, a handful in practice.
+_clients: dict[tuple[str, float], Any] = {}
 _clients_lock = threading.Lock()
 
 DATA_LOSS_HINT = "set failOnDataLoss=false to go on (docs/spark.md, 'Data loss')"
 
 
 def client_for(address: str, timeout_s: float = 30.0) -> Any:
-    """A client for ``address`` shared by everything in this process (executor workers are reused)."""
+    """A client for ``address`` with requests bounded by ``timeout_s``, shared by everything in this
+    process that asks for the same two (executor workers are reused)."""
     import robustmq
 
+    key = (address, float(timeout_s))
     with _clients_lock:
-        client = _clients.get(address)
+        client = _clients.get(key)
         if client is None:
-            client = _clients[address] = robustmq.connect(address, timeout_s=timeout_s)
+            client = _clients[key] = robustmq.connect(address, timeout_s=timeout_s)
         return client
 
 
@@ -372,7 +377,7 @@ class TopicReader:
         """The records of one input partition as Spark Arrow batches (run in a task)."""
         if part.identity and not self._same_topic_as_planned(part):
             return
-        if self.options.output == "ranges":
+        if self.options.output in ("ranges", "offsets"):
             identity = dict(part.identity)
             row = {
                 "topic": part.topic,
@@ -383,7 +388,10 @@ class TopicReader:
                 "incarnation": identity.get("incarnation"),
                 "from_beginning": part.from_beginning,
             }
-            yield pa.RecordBatch.from_pylist([row], schema=RANGES_ARROW_SCHEMA)
+            if self.options.output == "offsets":
+                yield from offset_rows(row)
+            else:
+                yield pa.RecordBatch.from_pylist([row], schema=RANGES_ARROW_SCHEMA)
             return
         position = part.start
         if position < part.log_start:  # whole-log retention moved the log start (the chain says so)
@@ -550,10 +558,9 @@ class RobustMQBatchReader(TopicReader, DataSourceReader):
         topics = self.topics(refresh_s=0)
         start = self.start_offsets(topics)
         end = self.end_offsets(self._existing(topics))
-        options = self.options
-        if options.key is not None:  # a keyed record lives in its key's hash partition only
-            key, count = options.key, self.client.metadata.partitions
-            end = {(t, p): o for (t, p), o in end.items() if p == partition_for_key(key, count(t))}
+        # With ``key``, every partition is read: a producer's ``partition=`` or the sink's
+        # ``partition`` column can put a key in any partition, and where the key is absent the
+        # node's key index answers with one lookup (nothing is read).
         # A batch's start never passes its end (a starting offset or timestamp after the ending one).
         first = {tp: min(start.positions.get(tp, 0), stop) for tp, stop in end.items()}
         return SourceOffsets(first, start.identities), SourceOffsets(end, start.identities)

@@ -35,7 +35,7 @@ Exactly once, by content (delta-rs)
       the table's end, so the table has no gap.
 
     The topic identity of a range is the one the source planned it with (the
-    ``output=ranges`` rows carry it), and tasks check it before reading, so a
+    ``output=offsets`` rows carry it), and tasks check it before reading, so a
     topic re-created while a batch is in flight is data loss (below), never its
     new records written under the old topic's offsets. Rows of the records
     output carry no identity: that path takes the topic's identity when the
@@ -150,7 +150,7 @@ class _Piece:
 
     @staticmethod
     def from_row(row: Any) -> _Piece:
-        """A row of the source's ``output=ranges``."""
+        """A row of the source's ``output=ranges`` (or the first row of a range in ``offsets``)."""
         values = {"created_ms": row.created_ms, "incarnation": row.incarnation}
         identity = tuple(sorted((k, int(v)) for k, v in values.items() if v is not None))
         return _Piece(
@@ -284,7 +284,7 @@ class DeltaAppender:
         The Delta table: a local path or any URI delta-rs accepts (``file://``, ``s3://``...).
         It must exist (``prepare_table`` creates it).
     meta_address
-        The Meta Service: tasks read offset ranges (the source's ``output=ranges``) from the
+        The Meta Service: tasks read offset ranges (the source's ``output=offsets``) from the
         nodes, and the driver asks for topics' identities where a batch does not carry them.
     storage_options
         Passed to delta-rs and its filesystem layer (e.g. S3 endpoint and keys).
@@ -323,8 +323,10 @@ class DeltaAppender:
             )
         started = time.monotonic()
         prefix = f"{batch_id:010d}-{uuid.uuid4().hex[:8]}"
-        if "start_offset" in frame.columns:  # the source's output=ranges mode
-            todo = self._plan([_Piece.from_row(row) for row in frame.collect()])
+        if "start_offset" in frame.columns:  # the source's output=offsets (or ranges) mode
+            # One pass over the rows, so that Spark counts each offset once as an input row.
+            ranges = frame.where("offset = start_offset") if "offset" in frame.columns else frame
+            todo = self._plan([_Piece.from_row(row) for row in ranges.collect()])
             files = self._write_ranges(frame, todo, prefix)
         else:
             from pyspark.sql import functions as F

@@ -138,8 +138,9 @@ def start_topic_to_delta(
     )
     group = group or default_group(location.table_id)
     # Without delta-spark, tasks read each micro-batch's offset ranges straight from the nodes as
-    # Arrow and write Parquet: the records never become JVM rows (slow for nested columns).
-    output = "records" if delta_spark_available(spark) else "ranges"
+    # Arrow and write Parquet: the records never become JVM rows (slow for nested columns). The
+    # source's output=offsets gives a row per offset, so that Spark's progress counts the records.
+    output = "records" if delta_spark_available(spark) else "offsets"
     reader = (
         spark.readStream.format("robustmq")
         .option("metaAddress", meta_address)

@@ -9,6 +9,7 @@ import pytest
 PACKAGES = [
     "robustmq",
     "robustmq.cli",
+    "robustmq.connector",
     "robustmq.errors",
     "robustmq.storage_node",
     "robustmq.meta",

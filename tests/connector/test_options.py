@@ -188,6 +188,14 @@ def test_filters_do_not_combine_with_ranges_output() -> None:
         _read(topic="t", output="ranges", key="k")
 
 
+def test_group_on_a_batch_read_only_names_where_it_starts() -> None:
+    with pytest.raises(InvalidConfig, match="option 'group': a batch read commits no offsets"):
+        _read("read", topic="t", group="g")
+    assert _read("read", topic="t", group="g", startingOffsets="group").group == "g"
+    assert _read("readStream", topic="t", group="g").group == "g"
+    assert _read("load", topic="t", group="g").group == "g"  # load() cannot tell which kind
+
+
 @pytest.mark.parametrize(
     "options, name",
     [

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from robustmq._records import coerce_records, decode_batch
-from robustmq.connector._requests import REQUEST_OVERHEAD_BYTES, RequestCutter, encode_request, row_bytes
+from robustmq.connector._requests import (
+    REQUEST_OVERHEAD_BYTES,
+    RequestCutter,
+    StickyPartitions,
+    encode_request,
+    row_bytes,
+)
 from robustmq.errors import RecordBatchTooLarge
 
 
@@ -98,3 +105,41 @@ def test_nothing_pending_flushes_nothing() -> None:
     cutter = RequestCutter(65536, "t")
     assert cutter.add(coerce_records(pa.table({"value": pa.array([], pa.binary())}))) == []
     assert cutter.flush() is None
+
+
+def _spread(sizes: np.ndarray, budget: int, first: int, partitions: int, rng: random.Random) -> np.ndarray:
+    sticky, parts, start = StickyPartitions(budget, first, partitions), [], 0
+    while start < len(sizes):
+        size = rng.randrange(0, 40)  # empty pieces too
+        parts.append(sticky.route(sizes[start : start + size]))
+        start += size
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), budget=st.integers(100, 5000), partitions=st.integers(1, 7))
+def test_keyless_rows_fill_one_partition_a_request_at_a_time(seed: int, budget: int, partitions: int) -> None:
+    """Where keyless rows go depends only on the rows (a replay routes them alike), every run
+    fits in one request unless it is one oversized row, and runs take the partitions in turn."""
+    rng = random.Random(seed)
+    sizes = np.array(
+        [rng.randrange(1, budget // 3 if rng.random() < 0.95 else 2 * budget) for _ in range(300)]
+    )
+    first = rng.randrange(100)
+    routed = _spread(sizes, budget, first, partitions, random.Random(seed + 1))
+    assert np.array_equal(routed, _spread(sizes, budget, first, partitions, random.Random(seed + 2)))
+    runs = np.split(np.arange(len(sizes)), np.flatnonzero(np.diff(routed)) + 1) if partitions > 1 else []
+    expected = first % partitions
+    for index, run in enumerate(runs):
+        assert routed[run[0]] == expected, "runs take the partitions in turn"
+        expected = (expected + 1) % partitions
+        assert sizes[run].sum() <= budget or len(run) == 1, "a run fits in one request"
+        if index < len(runs) - 1 and sizes[run].sum() <= budget:
+            assert sizes[run].sum() + sizes[run[-1] + 1] > budget, "a run takes every row that fits"
+
+
+def test_keyless_rows_of_a_large_task_reach_every_partition() -> None:
+    sticky = StickyPartitions(1000, 5, 4)
+    routed = sticky.route(np.full(400, 100))  # 40 requests' worth
+    assert np.bincount(routed, minlength=4).tolist() == [100, 100, 100, 100]
+    assert routed[0] == 1 and routed[10] == 2  # from task partition 5 % 4, ten rows a request

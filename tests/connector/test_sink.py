@@ -185,6 +185,76 @@ def test_stream_copy_is_exactly_once_when_spark_replays_a_batch(
         assert row["key"] is not None
 
 
+def test_keyless_rows_of_one_task_spread_over_partitions_and_replay_exactly_once(
+    spark, cluster, client, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Rows without key or partition are not piled into one partition per task: a task fills a
+    request for one partition, then moves to the next (Kafka's sticky partitioner switches after
+    batch.size bytes). The routing depends only on the rows, so a replay stores each row once."""
+    source, target = _topic(client, 1), _topic(client, 4)
+    values = [b"n%04d" % i + b"." * 1000 for i in range(3000)]
+    with client.producer() as producer:
+        producer.send_batch(source, build_records(values)).result(60)
+    checkpoint = tmp_path / "ck"
+
+    def run() -> None:
+        query = (
+            spark.readStream.format("robustmq")
+            .option("metaAddress", cluster.meta_address)
+            .option("topic", source)
+            .option("maxRecordsPerTrigger", 1500)
+            .load()
+            .select("value")
+            .writeStream.format("robustmq")
+            .option("metaAddress", cluster.meta_address)
+            .option("topic", target)
+            .option("maxRequestBytes", 65536)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(180)
+        assert query.exception() is None
+
+    run()
+    counts = {p: end for p, (_, end) in client.list_offsets(target).items()}
+    assert sum(counts.values()) == 3000
+    assert min(counts.values()) >= 3000 // 4 // 2, f"keyless rows piled up: {counts}"
+    _forget_last_commit(checkpoint)  # Spark replays the last batch on restart, as after a crash
+    with _arrow_batch_rows(spark, 50):  # ... and hands the writer other Arrow batches
+        run()
+    stored = _all(client, target)
+    assert sorted(r["value"] for r in stored) == sorted(values)
+    assert {p: end for p, (_, end) in client.list_offsets(target).items()} == counts
+
+
+def test_small_micro_batches_of_one_task_take_the_partitions_in_turn(
+    spark, cluster, client, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Micro-batches smaller than one request: each starts one partition further (Kafka's sticky
+    partitioner moves on with every new batch), so a single task does not fill one partition."""
+    source, target = _topic(client, 1), _topic(client, 4)
+    with client.producer() as producer:
+        producer.send_batch(source, build_records([b"r%d" % i for i in range(8)])).result(60)
+    query = (
+        spark.readStream.format("robustmq")
+        .option("metaAddress", cluster.meta_address)
+        .option("topic", source)
+        .option("maxRecordsPerTrigger", 2)
+        .load()
+        .select("value")
+        .writeStream.format("robustmq")
+        .option("metaAddress", cluster.meta_address)
+        .option("topic", target)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(180)
+    assert query.exception() is None
+    assert {p: end for p, (_, end) in client.list_offsets(target).items()} == {0: 2, 1: 2, 2: 2, 3: 2}
+
+
 def test_wide_rows_are_split_at_max_request_bytes(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
     """10k rows of 2 kB in one Spark task: 20 MB, above the node's 16 MiB batch limit in one request."""
     topic = _topic(client, 1)

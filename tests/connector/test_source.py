@@ -133,6 +133,60 @@ def test_key_tag_and_time_options_are_answered_by_the_node_indexes(spark, cluste
     assert _served(client) - before == expected_both
 
 
+def test_the_key_option_finds_records_written_to_an_explicit_partition(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
+    """A producer's ``partition=`` (or the sink's ``partition`` column) can put a key anywhere: the
+    ``key`` option reads every partition's key index, not only the key's hash partition."""
+    from robustmq._partitioner import partition_for_key
+
+    topic = _topic(client, 4)
+    other = (partition_for_key(b"kx", 4) + 1) % 4
+    with client.producer() as producer:
+        producer.send(topic, b"home", key=b"kx").result(60)
+        producer.send(topic, b"elsewhere", key=b"kx", partition=other).result(60)
+        producer.send(topic, b"unrelated", key=b"ky", partition=other).result(60)
+    by_sql = _read(spark, cluster, topic).where("key = cast('kx' as binary)")
+    by_option = _read(spark, cluster, topic, key="kx")
+    expected = sorted(bytes(r.value) for r in by_sql.select("value").collect())
+    assert expected == [b"elsewhere", b"home"]
+    assert sorted(bytes(r.value) for r in by_option.select("value").collect()) == expected
+    before = _served(client)
+    assert by_option.count() == 2
+    assert _served(client) - before == 2, "the nodes sent records that do not have the key"
+
+
+def test_offsets_output_gives_a_row_per_offset_and_the_ranges_back(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
+    """``output=offsets``: one row per offset, so Spark's input rows are the records; the rows
+    where ``offset = start_offset`` are the ranges, with the topic's identity."""
+    topic = _topic(client, 2)
+    _produce(client, topic, 3000)
+    ends = {p: high for p, (_, high) in client.list_offsets(topic).items()}
+    df = _read(spark, cluster, topic, output="offsets", maxRecordsPerPartition=1000)
+    rows = df.collect()
+    assert sorted((r.partition, r.offset) for r in rows) == [(p, o) for p in range(2) for o in range(ends[p])]
+    for r in rows:
+        assert r.start_offset <= r.offset < r.end_offset and r.end_offset - r.start_offset <= 1000
+    ranges = sorted((r.partition, r.start_offset, r.end_offset) for r in rows if r.offset == r.start_offset)
+    assert ranges == [(p, low, min(low + 1000, ends[p])) for p in range(2) for low in range(0, ends[p], 1000)]
+    assert df.where("offset = start_offset").count() == len(ranges) > 2
+    assert all(r.created_ms is not None and r.incarnation is not None for r in rows)
+
+
+def test_a_batch_read_refuses_group_unless_it_starts_from_it(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
+    """A batch read cannot commit what it processed (Spark tells a batch reader nothing after its
+    tasks): ``group`` alone would promise commits that never happen, so it is refused; with
+    ``startingOffsets=group`` the read starts at the group's offsets and commits nothing."""
+    topic = _topic(client, 1)
+    _produce(client, topic, 10)
+    group = f"g{uuid.uuid4().hex[:8]}"
+    with pytest.raises(Exception, match=r"option 'group': a batch read commits no offsets.*availableNow"):
+        _read(spark, cluster, topic, group=group).count()
+    assert client.group_offsets(group, topic) == {}
+    client.commit_offsets(group, topic, {0: 6})
+    df = _read(spark, cluster, topic, group=group, startingOffsets="group")
+    assert sorted(r.offset for r in df.select("offset").collect()) == [6, 7, 8, 9]
+    assert client.group_offsets(group, topic) == {0: 6}
+
+
 def test_sql_filters_stay_correct_on_a_reused_dataframe(spark, cluster, client) -> None:  # type: ignore[no-untyped-def]
     topic = _topic(client, 4)
     _produce(client, topic, 700)
@@ -222,6 +276,47 @@ def test_stream_admission_control_and_available_now(spark, cluster, client, tmp_
     query.awaitTermination(180)
     values = sorted(bytes(v) for batch in more for v in batch)
     assert values == sorted(b"v%d" % i for i in range(1000, 1250))
+
+
+def test_progress_gives_kafkas_lag_metrics_through_the_latest_offset(
+    spark, cluster, client, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """PySpark gives Python sources no metrics() hook, so ``sources[].metrics`` stays empty; the
+    source reports its latest offsets, and ``offsets_behind_latest`` turns them into Kafka's
+    ``min/max/avgOffsetsBehindLatest`` (plus records behind per topic)."""
+    from robustmq.connector import offsets_behind_latest
+
+    topic = _topic(client, 2)
+    _produce(client, topic, 100)
+    query = (
+        spark.readStream.format("robustmq")
+        .option("metaAddress", cluster.meta_address)
+        .option("topic", topic)
+        .option("maxRecordsPerTrigger", 30)
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(180)
+    assert query.exception() is None
+    batches = [p for p in query.recentProgress if p["numInputRows"]]
+    assert [p["numInputRows"] for p in batches] == [30, 30, 30, 10]
+    ends = {p: high for p, (_, high) in client.list_offsets(topic).items()}
+    for number, progress in enumerate(batches):
+        (source,) = progress["sources"]
+        assert json.loads(source["latestOffset"])[topic] == {str(p): e for p, e in ends.items()}
+        (lag,) = offsets_behind_latest(progress)
+        behind = {p: e - json.loads(source["endOffset"])[topic][str(p)] for p, e in ends.items()}
+        assert lag == {
+            "minOffsetsBehindLatest": min(behind.values()),
+            "maxOffsetsBehindLatest": max(behind.values()),
+            "avgOffsetsBehindLatest": sum(behind.values()) / 2,
+            "offsetsBehindLatestByTopic": {topic: 100 - 30 * (number + 1) if number < 3 else 0},
+        }
+        assert offsets_behind_latest(progress.json) == [lag]  # a listener's event JSON too
+    assert offsets_behind_latest(batches[0])[0]["offsetsBehindLatestByTopic"] == {topic: 70}
 
 
 def test_stream_picks_up_new_topics_by_pattern(spark, cluster, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -320,6 +415,32 @@ def test_readers_are_picklable_without_clients(cluster) -> None:  # type: ignore
     copy = pickle.loads(pickle.dumps(reader))
     assert copy.options == reader.options
     assert set(vars(copy)) == {"options", "_topics_cache", "_reachability", "_state"}  # no clients
+
+
+def test_a_reader_gets_a_client_with_its_own_request_timeout(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Clients are shared per process by every setting that changes what they do: a query with
+    another requestTimeoutS than an earlier one at the same address gets its own client."""
+    import socket
+
+    from robustmq.connector import SourceOptions
+    from robustmq.connector._source import TopicReader, client_for
+
+    def reader(address: str, timeout_s: int) -> TopicReader:
+        options = {"topic": "x", "metaAddress": address, "requestTimeoutS": str(timeout_s)}
+        return TopicReader(SourceOptions.parse(options, "read"))
+
+    shared = client_for(cluster.meta_address, 30.0)
+    assert reader(cluster.meta_address, 2).client.timeout_s == 2
+    assert reader(cluster.meta_address, 30).client is shared
+    with socket.socket() as unused:  # an address nobody answers at
+        unused.bind(("127.0.0.1", 0))
+        silent = f"127.0.0.1:{unused.getsockname()[1]}"
+    client_for(silent, 60.0)  # a first query there waits a minute
+    impatient = reader(silent, 1)
+    started = time.monotonic()
+    with pytest.raises(Exception, match="option 'metaAddress': cannot reach"):
+        impatient._call(impatient.client.meta.list_topics)
+    assert time.monotonic() - started < 30, "the reader waited with another query's requestTimeoutS"
 
 
 def _stream(spark, cluster: EmbeddedCluster, checkpoint: Path, **options: object):  # type: ignore[no-untyped-def]

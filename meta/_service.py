@@ -302,6 +302,31 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
             request.max_timestamp_ms,
         )
 
+    # -- security (docs/security.md): ACLs and producer ids ------------------------------
+
+    @_answers_errors
+    def CreateAcl(self, request: pb.AclBinding, context: Any) -> pb.Empty:
+        self._controller.create_acl(request)
+        return pb.Empty()
+
+    @_answers_errors
+    def DeleteAcl(self, request: pb.AclBinding, context: Any) -> pb.DeleteAclResponse:
+        return pb.DeleteAclResponse(deleted=self._controller.delete_acl(request))
+
+    @_answers_errors
+    def ListAcls(self, request: pb.ListAclsRequest, context: Any) -> pb.ListAclsResponse:
+        acls, version = self._controller.list_acls(
+            request.principal, request.resource_type, request.resource_name
+        )
+        # `users` is the user store's to fill (every user and its credential version).
+        return pb.ListAclsResponse(acls=[acl.to_pb() for acl in acls], acl_version=version)
+
+    @_answers_errors
+    def InitProducerId(self, request: pb.InitProducerIdRequest, context: Any) -> pb.InitProducerIdResponse:
+        # With security on, the answer also carries a token bound to the caller's principal,
+        # its CURVE key (`request.curve_key`) and this id: issued where the caller's identity is known.
+        return pb.InitProducerIdResponse(producer_id=self._controller.init_producer_id())
+
 
 def _pending(deletion: TopicDeletion, waiting: list[str]) -> DeletionPending:
     shown = ", ".join(waiting[:5]) + (f" and {len(waiting) - 5} more" if len(waiting) > 5 else "")

@@ -37,6 +37,11 @@ so numbers sort in numeric order within a prefix::
     "U" be64(sealed_seq)                         the same, for the SEALED ones only (not yet tiered)
     "X" utf8(object URL)                         (empty): an object whose segment left its chain and
                                                  that is still to be deleted from the object store
+    "C" text(principal) text(resource_type) text(pattern) text(resource_name) text(operation)
+        text(permission)                         AclBinding (protobuf): one ACL (meta/_acls.py)
+    "W"                                          be64(acl_version): bumped by every ACL or user change
+    "J"                                          be64(producer ids reserved): every id InitProducerId
+                                                 handed out is below it
 
 A topic's incarnation (in its ``T`` record and every ``ShardInfo``) is unique
 per creation of its name; topics from before incarnations have 0. A ``D``

@@ -158,10 +158,11 @@ def validated_acl(binding: pb.AclBinding) -> Acl:
     permission = _one_of("permission", binding.permission or "allow", PERMISSIONS)
     name = binding.resource_name
     if resource_type == "cluster":
-        if name not in ("", "*", CLUSTER) or pattern != "literal":
+        if pattern != "literal":
+            raise _refuse("the cluster is one resource: it cannot be named by a prefix", pattern=pattern)
+        if name not in ("", "*", CLUSTER):
             raise _refuse(
-                f"the cluster resource has no name to choose (got {name[:80]!r}, pattern {pattern})",
-                resource_name=name[:80],
+                f"the cluster resource has no name to choose (got {name[:80]!r})", resource_name=name[:80]
             )
         name = CLUSTER
     elif name == "*":

@@ -442,6 +442,7 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
             interval_ms=self._interval_ms,
             assignments_version=version,
             lease_ms=lease_ms,
+            acl_version=self._acl_version,  # a node that sees it move calls ListAcls
         )
 
     def _stage_upsert_node(self, node_id: str, address: str, ws: WriteSet) -> pb.NodeInfo:

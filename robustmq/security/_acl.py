@@ -240,6 +240,14 @@ class Authorizer:
             self._version = version
             self._decisions = {}
 
+    def update_from(self, answer: pb.ListAclsResponse) -> None:
+        """Install what a ``ListAcls`` answer says (a node's cache; the Meta Service validated it)."""
+        users = {
+            user.user if user.user.startswith("user:") else f"user:{user.user}": user.credential_version
+            for user in answer.users
+        }
+        self.update([validated_acl(binding) for binding in answer.acls], users, answer.acl_version)
+
     def acls(self) -> list[Acl]:
         with self._lock:
             return [acl for kind in RESOURCE_TYPES for acl in self._by_type[kind]]

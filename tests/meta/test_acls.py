@@ -120,3 +120,11 @@ def test_producers_get_their_ids_from_the_meta_service(tmp_path: Path) -> None:
             assert plain._producer_id == -1
         with client.producer() as third:
             assert third._producer_id == 3
+
+
+def test_heartbeat_answers_carry_the_acl_version(tmp_path: Path) -> None:
+    with MetaServer(tmp_path, port=0).start() as server, MetaClient(server.address, timeout_s=5.0) as client:
+        client.register_node("n1", "tcp://127.0.0.1:7101")
+        assert client.heartbeat("n1", "tcp://127.0.0.1:7101").acl_version == 0
+        client.create_acl(_binding("user:alice", "group", "etl", "read"))
+        assert client.heartbeat("n1", "tcp://127.0.0.1:7101").acl_version == 1

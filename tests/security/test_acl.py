@@ -204,3 +204,15 @@ def test_the_decision_cache_is_bounded() -> None:
 def test_filter_names_keeps_what_the_principal_may_describe() -> None:
     made = authorizer(acl(ALICE, "topic", "eu.", "read", prefixed=True))
     assert made.filter_names(ALICE, "describe", "topic", ["eu.a", "us.b", "eu.c"]) == ["eu.a", "eu.c"]
+
+
+def test_a_list_acls_answer_installs_acls_users_and_version() -> None:
+    made = authorizer(acl(ALICE, "topic", "orders", "read"), version=1)
+    answer = pb.ListAclsResponse(
+        acls=[acl(ALICE, "topic", "orders", "read", "deny").to_pb()],
+        acl_version=7,
+        users=[pb.UserInfo(user="alice", credential_version=2)],
+    )
+    made.update_from(answer)
+    assert made.version == 7 and made.credential_version(ALICE) == 2
+    assert not made.authorize(ALICE, "read", "topic", "orders")

@@ -199,3 +199,11 @@ def test_a_malformed_shard_name_is_an_invalid_request_not_a_pass() -> None:
     request = pb.NodeRequest(correlation_id=1, produce=pb.ProduceRequest(shard="no-partition"))
     with pytest.raises(InvalidRequest):
         check_node_request(_authorizer([Acl(BOB, "topic", "*", "literal", "all", "allow")]), BOB, request)
+
+
+def test_docs_name_every_rule() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    missing = [name for name in [*META_RPC_RULES, *NODE_REQUEST_RULES] if f"`{name}`" not in text]
+    assert missing == [], "docs/security.md, 'Which request needs what', lacks these"

@@ -62,7 +62,6 @@ __all__ = [
     "TOKEN_METADATA_KEY",
     "UNAUTHENTICATED_RPCS",
     "MetaAuth",
-    "require_super_user",
 ]
 
 TOKEN_METADATA_KEY = "robustmq-token-bin"
@@ -90,18 +89,6 @@ class _Exchange:
     principal: str = ""
     leaf: x509.Certificate | None = None
     challenge: bytes = b""
-
-
-def require_super_user(super_users: frozenset[str], principal: str, operation: str) -> None:
-    """The check user administration needs until the ACL tables decide (the lead replaces it)."""
-    if principal != META and principal not in super_users and principal != ANONYMOUS:
-        raise AuthorizationFailed(
-            f"{principal} may not {operation} users: only super users may (--super-user)",
-            principal=principal,
-            operation="alter",
-            resource_type="cluster",
-            resource_name="users",
-        )
 
 
 class MetaAuth:

@@ -15,7 +15,8 @@
 The replication operations (ISR, replica reports, assignments, drain,
 failover and repair) are in the mixin :class:`~robustmq.meta._replica_control.ReplicaControl`,
 topic deletion (recorded, then complete once no node can take the topic's writes)
-in :class:`~robustmq.meta._deletions.DeletionControl`, under the same rules.
+in :class:`~robustmq.meta._deletions.DeletionControl`, ACLs and producer ids in
+:class:`~robustmq.meta._acls.AclControl`, under the same rules.
 
 Every heartbeat answer grants the node a write lease (``lease_ms``, see
 :mod:`robustmq.meta._liveness`), unless it could not list every deletion the
@@ -50,6 +51,7 @@ from robustmq.errors import (
 from robustmq.tier._store import ObjectStore
 
 from . import _keys as keys
+from ._acls import AclControl
 from ._chains import checked_isr, sealed_segment
 from ._deletions import DeletionControl
 from ._liveness import Liveness
@@ -90,7 +92,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionControl):
+class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionControl, AclControl):
     """Topics, segments, nodes and group offsets behind one lock.
 
     Parameters
@@ -132,6 +134,7 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
         self._load = ClusterLoad(self._topics.all_segments())
         self._versions = AssignmentVersions()
         self._stored_bytes: dict[str, int] = {}  # node -> bytes it stores, as it last reported
+        self._load_acls()
 
     def _check_format(self) -> None:
         """Refuse a store of another format; upgrade an older one.
@@ -443,6 +446,7 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
             interval_ms=self._interval_ms,
             assignments_version=version,
             lease_ms=lease_ms,
+            acl_version=self._acl_version,  # a node that sees it move calls ListAcls
         )
 
     def _stage_upsert_node(self, node_id: str, address: str, ws: WriteSet) -> pb.NodeInfo:

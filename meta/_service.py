@@ -52,8 +52,9 @@ from robustmq.errors import (
     TopicAlreadyExists,
     TopicNotFound,
 )
+from robustmq.security import Authorizer, check_rpc
 
-from ._auth import ANONYMOUS, NODE_BOUND_RPCS, MetaAuth, require_super_user
+from ._auth import ANONYMOUS, NODE_BOUND_RPCS, MetaAuth
 from ._controller import MetaController
 from ._deletions import MAX_WAITING_NODES, TopicDeletion
 from ._users import UserTable
@@ -127,8 +128,10 @@ def _answers_errors(handler: _Handler) -> _Handler:
         reset = None
         try:
             principal = self.auth.principal(name, context)
-            if name in NODE_BOUND_RPCS:
-                self.auth.require_node(principal, request.node_id, name)
+            if self.auth.enabled:
+                if name in NODE_BOUND_RPCS:
+                    self.auth.require_node(principal, request.node_id, name)
+                check_rpc(self.authorizer(), None if principal == ANONYMOUS else principal, name, request)
             reset = _CALLER.set(principal)
             return handler(self, request, context)
         except RobustMQError as exc:
@@ -179,15 +182,36 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         self._deletes_waiting = threading.BoundedSemaphore(MAX_DELETES_WAITING)
         # Security off unless given: every caller is anonymous (a user table in memory only).
         self.auth = auth if auth is not None else MetaAuth(None, UserTable(_NoStore()))
+        self._authorizer = Authorizer(super_users=self.auth.super_users)
+        self._authorizer_version = -1
+        self._authorizer_lock = threading.Lock()
 
     @staticmethod
     def caller() -> str:
         """The principal of the call being handled (``anonymous`` with security off)."""
         return _CALLER.get()
 
-    def _require_user_admin(self, operation: str) -> None:
-        """Who may administer users; the ACL tables replace this one check."""
-        require_super_user(self.auth.super_users, self.caller(), operation)
+    def acl_version(self) -> int:
+        """Changes with every ACL or user change (nodes reload their authorizer when it does)."""
+        return self._controller.acl_version + self.auth.users.version
+
+    def authorizer(self) -> Authorizer:
+        """The ACLs and users as they are now (rebuilt after a change, at the next call)."""
+        version = self.acl_version()
+        if self._authorizer_version != version:
+            with self._authorizer_lock:
+                if self._authorizer_version != version:
+                    acls, _ = self._controller.list_acls("", "", "")
+                    users = {f"user:{user.user}": user.credential_version for user in self.auth.users.list()}
+                    self._authorizer.update(acls, users, version)
+                    self._authorizer_version = version
+        return self._authorizer
+
+    def _visible(self, operation: str, resource_type: str, names: list[str]) -> set[str]:
+        """The ``names`` the caller may see (every one with security off)."""
+        if not self.auth.enabled:
+            return set(names)
+        return set(self.authorizer().filter_names(self.caller(), operation, resource_type, names))
 
     @_answers_errors
     def CreateTopic(self, request: pb.CreateTopicRequest, context: Any) -> pb.Topic:
@@ -195,7 +219,9 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
 
     @_answers_errors
     def ListTopics(self, request: pb.Empty, context: Any) -> pb.ListTopicsResponse:
-        return pb.ListTopicsResponse(topics=self._controller.list_topics())
+        topics = self._controller.list_topics()
+        visible = self._visible("describe", "topic", [topic.name for topic in topics])
+        return pb.ListTopicsResponse(topics=[topic for topic in topics if topic.name in visible])
 
     @_answers_errors
     def DescribeTopic(self, request: pb.TopicRequest, context: Any) -> pb.TopicDescription:
@@ -249,7 +275,7 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
             stored_bytes=request.stored_bytes,
         )
         if self.auth.enabled:
-            answer.acl_version = self.auth.users.version
+            answer.acl_version = self.acl_version()
             curve_key = self._controller.curve_key_of(request.node_id)
             token = self.auth.node_token(request.node_id, curve_key, renew=True)
             if token is not None:
@@ -294,7 +320,10 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
     @_answers_errors
     def ListGroups(self, request: pb.ListGroupsRequest, context: Any) -> pb.ListGroupsResponse:
         groups, following = self._controller.list_groups(request.page_token, request.limit)
-        return pb.ListGroupsResponse(groups=groups, next_page_token=following)
+        visible = self._visible("describe", "group", list(groups))
+        return pb.ListGroupsResponse(
+            groups=[group for group in groups if group in visible], next_page_token=following
+        )
 
     @_answers_errors
     def DeleteGroup(self, request: pb.DeleteGroupRequest, context: Any) -> pb.DeleteGroupResponse:
@@ -358,6 +387,34 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
             request.max_timestamp_ms,
         )
 
+    # -- security (docs/security.md): ACLs and producer ids ------------------------------
+
+    @_answers_errors
+    def CreateAcl(self, request: pb.AclBinding, context: Any) -> pb.Empty:
+        self._controller.create_acl(request)
+        return pb.Empty()
+
+    @_answers_errors
+    def DeleteAcl(self, request: pb.AclBinding, context: Any) -> pb.DeleteAclResponse:
+        return pb.DeleteAclResponse(deleted=self._controller.delete_acl(request))
+
+    @_answers_errors
+    def ListAcls(self, request: pb.ListAclsRequest, context: Any) -> pb.ListAclsResponse:
+        acls, _ = self._controller.list_acls(request.principal, request.resource_type, request.resource_name)
+        return pb.ListAclsResponse(
+            acls=[acl.to_pb() for acl in acls], acl_version=self.acl_version(), users=self.auth.users.list()
+        )
+
+    @_answers_errors
+    def InitProducerId(self, request: pb.InitProducerIdRequest, context: Any) -> pb.InitProducerIdResponse:
+        # With security on, the answer carries a token bound to the caller's principal, its CURVE
+        # key and this id: a node takes a produce with this id only under that token.
+        producer_id = self._controller.init_producer_id()
+        answer = pb.InitProducerIdResponse(producer_id=producer_id)
+        if self.auth.enabled:
+            answer.token.CopyFrom(self.auth.issue(self.caller(), request.curve_key, producer_id=producer_id))
+        return answer
+
     # -- security (docs/security.md) -------------------------------------------------------
 
     @_answers_errors
@@ -370,7 +427,7 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
 
     @_answers_errors
     def GetSecurityInfo(self, request: pb.Empty, context: Any) -> pb.SecurityInfo:
-        return self.auth.security_info()
+        return self.auth.security_info(self.acl_version())
 
     @_answers_errors
     def IssueToken(self, request: pb.IssueTokenRequest, context: Any) -> pb.SessionToken:
@@ -381,21 +438,18 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
 
     @_answers_errors
     def CreateUser(self, request: pb.CreateUserRequest, context: Any) -> pb.Empty:
-        self._require_user_admin("create")
         info = self.auth.users.create(request)
         logger.info("user %s %s by %s", info.user, "changed" if request.replace else "created", self.caller())
         return pb.Empty()
 
     @_answers_errors
     def DeleteUser(self, request: pb.DeleteUserRequest, context: Any) -> pb.Empty:
-        self._require_user_admin("delete")
         self.auth.users.delete(request.user)
         logger.info("user %s removed by %s", request.user[:80], self.caller())
         return pb.Empty()
 
     @_answers_errors
     def ListUsers(self, request: pb.Empty, context: Any) -> pb.ListUsersResponse:
-        self._require_user_admin("list")
         return pb.ListUsersResponse(users=self.auth.users.list())
 
 

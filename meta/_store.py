@@ -41,6 +41,11 @@ so numbers sort in numeric order within a prefix::
                                                  user's SCRAM salt, iterations, StoredKey, ServerKey
                                                  (:mod:`robustmq.meta._users`)
     "Y"                                          be64(last credential version handed out)
+    "C" text(principal) text(resource_type) text(pattern) text(resource_name) text(operation)
+        text(permission)                         AclBinding (protobuf): one ACL (meta/_acls.py)
+    "K"                                          be64(acl_version): bumped by every ACL or user change
+    "J"                                          be64(producer ids reserved): every id InitProducerId
+                                                 handed out is below it
 
 A topic's incarnation (in its ``T`` record and every ``ShardInfo``) is unique
 per creation of its name; topics from before incarnations have 0. A ``D``

@@ -746,3 +746,29 @@ class MetaClient:
             max_timestamp_ms=max_timestamp_ms,
         )
         return self._call(self._stub.MarkTiered, request, "idempotent")
+
+    # -- security (docs/security.md): ACLs and producer ids --------------------------------
+
+    def init_producer_id(self, curve_key: bytes = b"") -> pb.InitProducerIdResponse:
+        """A producer id the Meta Service never handed out before (and, with security on, a
+        token that may produce with it, bound to ``curve_key``)."""
+        request = pb.InitProducerIdRequest(curve_key=curve_key)
+        # Not idempotent (each call hands out an id), but a repeat only wastes one: retried.
+        return self._call(self._stub.InitProducerId, request, "idempotent")
+
+    def create_acl(self, binding: pb.AclBinding) -> None:
+        """Add an ACL (docs/security.md); an existing one is left as it is."""
+        self._call(self._stub.CreateAcl, binding, "idempotent")
+
+    def delete_acl(self, binding: pb.AclBinding) -> int:
+        """Remove the ACL ``binding`` names exactly; 1, or 0 if there was none."""
+        return int(self._call(self._stub.DeleteAcl, binding, "idempotent").deleted)
+
+    def list_acls(
+        self, principal: str = "", resource_type: str = "", resource_name: str = ""
+    ) -> pb.ListAclsResponse:
+        """The ACLs a filter selects ("" matches anything) and the current ``acl_version``."""
+        request = pb.ListAclsRequest(
+            principal=principal, resource_type=resource_type, resource_name=resource_name
+        )
+        return self._call(self._stub.ListAcls, request, "read")

@@ -6,7 +6,11 @@ sent by one sender thread as produce requests, one Arrow IPC stream each.
 
 Delivery guarantees:
 
-- **Idempotent** (default): each producer has a random 62-bit id and a
+- **Idempotent** (default): each producer has an id the Meta Service hands out
+  (``InitProducerId``, as Kafka's: never the same twice, so no two producers'
+  batches are taken for each other's duplicates; asked for when the producer is
+  made, so an unreachable Meta Service fails ``client.producer()`` within the
+  client's ``timeout_s``) and a
   sequence per partition; a batch keeps its sequence across retries, so a
   retry of a batch the node already stored is acknowledged with the original
   offsets and stored once.
@@ -311,7 +315,14 @@ class Producer:
         self._request_timeout_s = (
             self._retry.attempt_timeout_s if request_timeout_s is None else request_timeout_s
         )
-        self._producer_id = secrets.randbits(62) if idempotent else -1
+        # The Meta Service hands out producer ids (never one twice, across its restarts): a
+        # random one could collide with another producer's and have its batches dropped as
+        # duplicates. With security on, the answer carries the token that may produce with it.
+        assigned = client.meta.init_producer_id() if idempotent else None
+        self._producer_id = assigned.producer_id if assigned is not None else -1
+        self._producer_token = (
+            assigned.token.SerializeToString() if assigned is not None and assigned.HasField("token") else b""
+        )
         self._partitioner = Partitioner(secrets.randbelow(1 << 16))
         self._round_robin = secrets.randbelow(1 << 16)  # send()'s own sequence (under _lock)
         self._topics: dict[str, tuple[int, int, int, bool]] = {}  # see _topic_limits

@@ -647,6 +647,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_produce_consume(commands)
     _add_admin(commands)
     _add_security(commands)
+    from robustmq.cli._acl import add_acl_parser
+
+    add_acl_parser(commands, _common)
     # Listed for --help; main() hands its arguments to the job's own parser.
     commands.add_parser("topic-to-delta", help="materialise topics into a Delta table (a Spark job)")
     commands.add_parser("tier", help="tier sealed segments to the cluster's object store (a Spark job)")

@@ -1,14 +1,20 @@
-"""Identity for a secured cluster: principals and session tokens (docs/security.md)."""
+"""Identity and authorization for a secured cluster: principals, session tokens, ACLs (docs/security.md)."""
 
+from ._acl import Acl, Authorizer, check_node_request, check_rpc, validated_acl
 from ._principal import META, node_id_of, node_principal, user_principal
 from ._tokens import Claims, TokenSigner, TokenVerifier
 
 __all__ = [
     "META",
+    "Acl",
+    "Authorizer",
     "Claims",
     "TokenSigner",
     "TokenVerifier",
+    "check_node_request",
+    "check_rpc",
     "node_id_of",
     "node_principal",
     "user_principal",
+    "validated_acl",
 ]

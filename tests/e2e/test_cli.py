@@ -146,6 +146,22 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     (["security"], 2, "required", None),
     (["security", "init"], 2, "required", None),
     (["security", "add-node", "/nonexistent", "n1"], 2, "ca.pem", None),
+    (["acl"], 2, "required", None),
+    (["acl", "add", "--topic", "t", "--operation", "read"], 2, "--principal", None),
+    (
+        ["acl", "add", "--principal", "alice", "--topic", "t", "--operation", "read", META],
+        2,
+        "--principal",
+        None,
+    ),
+    (["acl", "add", "--principal", "user:a", "--operation", "read", META], 2, "--topic", None),
+    (
+        ["acl", "remove", "--principal", "user:a", "--topic", "t", "--operation", "fly", META],
+        2,
+        "--operation",
+        None,
+    ),
+    (["acl", "list", "--principal", "user:a", CLOSED], 1, "unavailable", None),
     (["topic-to-delta"], 2, "required", None),
     (
         ["topic-to-delta", "--topic", "t", "--table", "x", "--checkpoint", "y", "--trigger-seconds", "z"],

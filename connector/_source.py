@@ -245,6 +245,19 @@ class TopicReader:
             )
         return high
 
+    def _check_named(self, name: str, named: Mapping[str, Mapping[int, int]] | None, ends: Ends) -> None:
+        """A JSON option (``startingOffsets``, ``endingOffsetsByTimestamp``...) names only partitions
+        the query reads: a partition that does not exist is refused, as Kafka's source refuses it,
+        rather than ignored."""
+        for topic, partitions in sorted((named or {}).items()):
+            missing = sorted(p for p in partitions if (topic, p) not in ends)
+            if not missing:
+                continue
+            if not any(t == topic for t, _ in ends):
+                raise option_error(name, f"names topic {topic!r}, which this query does not read")
+            count = self._call(self.client.metadata.partitions, topic)
+            raise option_error(name, f"topic {topic!r} has no partition {missing[0]} (it has {count})")
+
     def _by_timestamp(
         self,
         name: str,
@@ -265,6 +278,9 @@ class TopicReader:
         """Where a query starts (``startingOffsets``, ``startingTimestamp``, ``...ByTimestamp``)."""
         ends = self._existing(topics)
         options = self.options
+        if isinstance(options.starting, dict):
+            self._check_named("startingOffsets", options.starting, ends)
+        self._check_named("startingOffsetsByTimestamp", options.starting_by_timestamp, ends)
         committed: dict[str, dict[int, int]] = {}
         if options.starting == "group":
             assert options.group is not None
@@ -300,6 +316,9 @@ class TopicReader:
     def end_offsets(self, ends: Ends) -> dict[TopicPartition, int]:
         """Where a batch query ends (``endingOffsets``, ``endingTimestamp``, ``...ByTimestamp``)."""
         options = self.options
+        if isinstance(options.ending, dict):
+            self._check_named("endingOffsets", options.ending, ends)
+        self._check_named("endingOffsetsByTimestamp", options.ending_by_timestamp, ends)
         name = "endingOffsetsByTimestamp" if options.ending_by_timestamp is not None else "endingTimestamp"
         positions: dict[TopicPartition, int] = {}
         for (topic, partition), (_, high) in sorted(ends.items()):

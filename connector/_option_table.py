@@ -324,7 +324,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("assign", READ, _assign_json, None, 'JSON `{"topic": [0, 1]}`: only these partitions'),
     Option("startingOffsets", READ, _starting, "earliest",
            "`earliest`, `latest`, `group` (the `group`'s committed offsets, else earliest), or JSON "
-           '`{"topic": {"0": 23, "1": -2}}` (-2 earliest, -1 latest; unlisted partitions: earliest)'),
+           '`{"topic": {"0": 23, "1": -2}}` (-2 earliest, -1 latest; unlisted partitions: earliest; a '
+           "partition that does not exist is an error); a stream decides it once, when its first "
+           'micro-batch is planned (see "Where a stream starts")'),
     Option("startingTimestamp", READ, _integer(0), None,
            "ms since the epoch: start each partition at its first record at or after it"),
     Option("startingOffsetsByTimestamp", READ, _timestamps_json, None,

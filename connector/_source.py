@@ -192,9 +192,9 @@ class TopicReader:
         wanted = set(topics)
         return {t.name: identity_of(t) for t in self._call(self.client.meta.list_topics) if t.name in wanted}
 
-    def snapshot(self, topics: Sequence[str]) -> tuple[Ends, set[str]]:
+    def snapshot(self, topics: Sequence[str], *, assigned_only: bool = True) -> tuple[Ends, set[str]]:
         """``({(topic, partition): (earliest, high watermark)}, topics that do not exist)``, for the
-        partitions this query reads (``assign``)."""
+        partitions this query reads (``assign``), or every partition of ``topics``."""
         metadata = self.client.metadata
         present, vanished = [], set()
         for topic in topics:
@@ -215,10 +215,14 @@ class TopicReader:
                     if topic in self.identities([topic]):
                         raise
                     vanished.add(topic)
-        assign = self.options.assign
-        if assign is not None:
-            ends = {(t, p): e for (t, p), e in ends.items() if p in assign.get(t, ())}
+        if assigned_only:
+            ends = {tp: e for tp, e in ends.items() if self.reads(tp)}
         return ends, vanished
+
+    def reads(self, tp: TopicPartition) -> bool:
+        """Whether ``assign`` (if set) includes the partition."""
+        assign = self.options.assign
+        return assign is None or tp[1] in assign.get(tp[0], ())
 
     def _existing(self, topics: Sequence[str]) -> Ends:
         """``snapshot`` for planning a query's start: a missing topic or partition is a config error."""

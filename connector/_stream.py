@@ -119,19 +119,22 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
         batch is never planned on a re-created topic while an idle or waiting stream stays cheap.
         """
         topics = self.topics()
-        ends, vanished = self.snapshot(sorted(set(topics) | begin.topics), assigned_only=False)
+        subscribed = set(topics)
+        ends, vanished = self.snapshot(sorted(subscribed | begin.topics), assigned_only=False)
         vanished &= begin.topics  # read before, gone now
         # Read before and still there, but no longer subscribed (the query's options changed).
         dropped = {
             tp: ends[tp][1]
             for tp in begin.positions
-            if tp in ends and (tp[0] not in topics or not self.reads(tp))
+            if tp in ends and (tp[0] not in subscribed or not self.reads(tp))
         }
-        unsubscribed = find_unsubscribed(begin, dropped, set(topics))
+        unsubscribed = find_unsubscribed(begin, dropped, subscribed)
         kept = SourceOffsets(
             {tp: o for tp, o in begin.positions.items() if tp not in dropped}, begin.identities
         )
-        highs = latest = {tp: high for tp, (_, high) in ends.items() if tp[0] in topics and self.reads(tp)}
+        highs = latest = {
+            tp: high for tp, (_, high) in ends.items() if tp[0] in subscribed and self.reads(tp)
+        }
         if self._state.target is not None:  # AvailableNow: never past what existed at the start
             target = self._state.target  # (nor below the start: a start planned after it may be past it)
             latest = {
@@ -160,7 +163,8 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
             self._state.seen = LastSeen(SourceOffsets(highs, identities), now_ms)
         self._state.latest = SourceOffsets(latest, identities).to_json()
         self._state.last_trigger_ms = last_trigger_ms
-        # The end names what this batch reads again from the beginning: its start is past its end.
+        # The end names the partitions read again from the beginning after a loss reported here:
+        # plan_ranges reads no other partition from offset 0, whatever its start.
         return None if idle else SourceOffsets(stop, identities, restart=restart & set(stop))
 
     def _admission(self, limit: ReadLimit) -> Admission:

@@ -26,7 +26,11 @@ the topic (``latest``, a timestamp with strategy ``latest``) cannot move a
 replayed batch. ``@restart`` names the partitions a batch reads from the
 beginning of their log after a data loss it reported (``failOnDataLoss=false``):
 a batch whose start is past its end is never read from the beginning unless
-its end says so.
+its end says so (or its end was logged before ``@restart`` existed, when such
+a batch was planned only after reporting that the partition's offsets went
+back; see :func:`starts_past_end`). A first batch whose end has no ``@start``
+(logged by an older version) has its start computed again, and a start past
+the end is reported as data loss (:func:`find_start_past_end`).
 
 Data loss (Kafka's ``failOnDataLoss``): between the end of one micro-batch
 and the next planning, :func:`find_data_loss` reports a topic that vanished,
@@ -65,10 +69,12 @@ __all__ = [
     "SourceOffsets",
     "admit",
     "find_data_loss",
+    "find_start_past_end",
     "find_unsubscribed",
     "identity_of",
     "plan_ranges",
     "same_topic",
+    "starts_past_end",
 ]
 
 IDENTITY_KEY = "@topics"
@@ -275,27 +281,38 @@ def find_unsubscribed(
     return losses
 
 
+def starts_past_end(start: SourceOffsets, end: SourceOffsets) -> frozenset[TopicPartition]:
+    """Partitions of the micro-batch ``(start, end]`` whose start is past their planned end, of the
+    same topic, that the end does not name in ``@restart``. A batch planned by this version never
+    has one unless its start was computed again (a replayed first batch logged without ``@start``);
+    an end logged before ``@restart`` existed has one where its planning reported that the
+    partition's offsets went back and read it again from the beginning."""
+    return frozenset(
+        (topic, partition)
+        for (topic, partition), stop in end.positions.items()
+        if (first := start.positions.get((topic, partition))) is not None
+        and first > stop
+        and (topic, partition) not in end.restart
+        and same_topic(start.identities.get(topic), end.identities.get(topic))
+    )
+
+
 def find_start_past_end(start: SourceOffsets, end: SourceOffsets) -> list[DataLoss]:
-    """Partitions of the micro-batch ``(start, end]`` whose start is past their planned end and
-    that the end does not say to read again from the beginning: Spark computed the start again
-    after the batch was planned (a first batch logged before ends carried ``@start``, replayed).
-    Reading such a partition from the beginning would read records twice; it is reported instead,
-    and a batch reads nothing of it."""
+    """:func:`starts_past_end` of a first batch whose start Spark computed again after the batch
+    was planned (a first batch logged before ends carried ``@start``, replayed): reading such a
+    partition from the beginning would read records twice; it is reported instead, and the batch
+    reads nothing of it."""
     losses = []
-    for (topic, partition), stop in sorted(end.positions.items()):
-        first = start.positions.get((topic, partition))
-        if first is None or first <= stop or (topic, partition) in end.restart:
-            continue
-        if not same_topic(start.identities.get(topic), end.identities.get(topic)):
-            continue
+    for topic, partition in sorted(starts_past_end(start, end)):
+        first, stop = start.positions[(topic, partition)], end.positions[(topic, partition)]
         losses.append(
             DataLoss(
                 topic,
                 f"the micro-batch Spark is running reads topic {topic} partition {partition} from a "
                 f"start computed again since the batch was planned: it starts at offset {first}, after "
-                f"its planned end {stop} (a batch logged by an older connector version, replayed after "
-                f"a crash); the batch reads nothing of it, so records it was planned to read below "
-                f"offset {stop} may be missing",
+                f"its planned end {stop} (a first batch logged by an older connector version, replayed "
+                f"after a crash); the batch reads nothing of it, so records it was planned to read "
+                f"below offset {stop} may be missing",
             )
         )
     return losses

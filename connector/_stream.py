@@ -59,6 +59,7 @@ from ._offsets import (
     find_unsubscribed,
     identity_of,
     same_topic,
+    starts_past_end,
 )
 from ._options import SourceOptions
 from ._source import DATA_LOSS_HINT, RangePartition, TopicReader
@@ -219,14 +220,15 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
     @reported_to_spark
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin, stop = SourceOffsets.from_json(start), SourceOffsets.from_json(end)
-        if begin.initial:  # the first batch (run or replayed): from where it was planned
-            if stop.start is not None:
-                begin = SourceOffsets(stop.start, stop.identities)
-            else:  # logged by an older connector version: the start is computed again, and checked
-                begin = self.start_offsets(self.topics(refresh_s=0))
-        losses = find_start_past_end(begin, stop)
-        if losses:
-            self._report(losses)  # raises, or warns: the batch then reads nothing of those partitions
+        if begin.initial and stop.start is not None:  # the first batch (run or replayed): as planned
+            begin = SourceOffsets(stop.start, stop.identities)
+        elif begin.initial:  # logged by an older connector version: the start is computed again
+            begin = self.start_offsets(self.topics(refresh_s=0))
+            losses = find_start_past_end(begin, stop)
+            if losses:  # raises, or warns: the batch then reads nothing of those partitions
+                self._report(losses)
+        else:  # an end logged before @restart existed: its planning reported the loss (went back)
+            stop = dataclasses.replace(stop, restart=stop.restart | starts_past_end(begin, stop))
         return self.input_partitions(begin, stop)
 
     @reported_to_spark

@@ -16,6 +16,7 @@ from robustmq.connector._offsets import (
     identity_of,
     plan_ranges,
     same_topic,
+    starts_past_end,
 )
 
 OLD = {"created_ms": 100}
@@ -110,6 +111,10 @@ def test_a_start_past_its_end_is_reported_never_read_from_the_beginning() -> Non
     assert plan_ranges(start, end, max_records=100, min_pieces=1) == [Range("a", 1, 5, 9, False)]
     (loss,) = find_start_past_end(start, end)
     assert "partition 0" in loss.message and "starts at offset 34, after its planned end 30" in loss.message
+    assert starts_past_end(start, end) == {("a", 0)}
+    named = SourceOffsets(end.positions, end.identities, restart=frozenset({("a", 0)}))
+    recreated = SourceOffsets(end.positions, {"a": NEW})
+    assert starts_past_end(start, named) == starts_past_end(start, recreated) == frozenset()
 
 
 def test_the_first_batch_carries_its_start_and_restarts_are_named() -> None:

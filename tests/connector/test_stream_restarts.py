@@ -146,6 +146,22 @@ def test_a_first_batch_logged_without_its_start_is_checked_not_read_from_the_beg
     assert lenient.partitions(lenient.initialOffset(), logged_before) == []
 
 
+def test_a_batch_logged_before_ends_named_their_restarts_still_reads_from_the_beginning(
+    cluster, client
+) -> None:  # type: ignore[no-untyped-def]
+    """An end logged by an older version read a partition whose offsets went back from offset 0
+    (its planning had reported the loss); replayed now, it must read the same records."""
+    topic = _topic(client, 1)
+    _send(client, topic, _values("x", 10))
+    given = {"metaAddress": cluster.meta_address, "topic": topic, "failOnDataLoss": "false"}
+    reader = RobustMQStreamReader(SourceOptions.parse(given, "readStream"))
+    identities = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())["@topics"]
+    start = {topic: {"0": 25}, "@topics": identities}  # read up to 25, then offsets went back to 10
+    end = {topic: {"0": 10}, "@topics": identities}  # as older versions logged it: no "@restart"
+    ranges = [(p.start, p.end) for p in reader.partitions(start, end)]
+    assert ranges == [(0, 10)]
+
+
 def test_a_topic_removed_from_the_query_is_not_called_deleted_and_is_dropped(
     spark, cluster, client, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]

@@ -52,9 +52,11 @@ def _records_in(progress: dict[str, Any]) -> int:
     total = 0
     for source in progress["sources"]:
         start, end = (
-            (json.loads(o) if isinstance(o, str) else o) or {}  # batch 0 starts at null
+            (json.loads(o) if isinstance(o, str) else o) or {}
             for o in (source["startOffset"], source["endOffset"])
         )
+        if start.get("@initial"):  # a query's first batch: its start is in its end, under "@start"
+            start = end.get("@start", {})
         for topic, partitions in end.items():
             if topic.startswith("@"):  # not a topic: "@topics" holds the topics' identities
                 continue

@@ -4,15 +4,33 @@ that catch records going missing between two micro-batches, and admission contro
 Format, as Spark checkpoints it (JSON-friendly primitives)::
 
     {"orders": {"0": 1200, "1": 1187},                       next offset per partition
-     "@topics": {"orders": {"created_ms": 1763800000000}}}    identity of each topic read
+     "@topics": {"orders": {"created_ms": 1763800000000}},   identity of each topic read
+     "@start": {"orders": {"0": 1000, "1": 990}},            only in the end of a query's first batch
+     "@restart": {"orders": [1]}}                             only after a loss read again from 0
 
-``@`` cannot start a topic name, so the identity entry never collides with a
+``@`` cannot start a topic name, so these entries never collide with a
 topic. A topic's identity (:func:`identity_of`) is its creation time, plus
 its ``incarnation`` where the Meta Service's ``Topic`` message has that
 field; two identities are compared on the keys both have, so checkpoints
 written before an identity key existed stay readable. Checkpoints without
 ``@topics`` (written before it existed) have unknown identities, which are
 never taken for a change.
+
+Where a query starts is decided once: the stream's ``initialOffset()`` is
+the placeholder ``{"@initial": true}``, the start positions are computed
+when the first batch is planned, and that batch's end carries them
+(``@start``). Spark logs that end before it runs the batch, and asks for
+``initialOffset()`` again whenever it runs (or, after a crash, replays) the
+first batch; the batch is planned from ``@start``, so a start that moves with
+the topic (``latest``, a timestamp with strategy ``latest``) cannot move a
+replayed batch. ``@restart`` names the partitions a batch reads from the
+beginning of their log after a data loss it reported (``failOnDataLoss=false``):
+a batch whose start is past its end is never read from the beginning unless
+its end says so (or its end was logged before ``@restart`` existed, when such
+a batch was planned only after reporting that the partition's offsets went
+back; see :func:`starts_past_end`). A first batch whose end has no ``@start``
+(logged by an older version) has its start computed again, and a start past
+the end is reported as data loss (:func:`find_start_past_end`).
 
 Data loss (Kafka's ``failOnDataLoss``): between the end of one micro-batch
 and the next planning, :func:`find_data_loss` reports a topic that vanished,
@@ -24,6 +42,9 @@ by retention are found when a read starts below the log start. With
 a re-created topic or a partition whose offsets went back is read again
 from the beginning of its log (Kafka's source would jump to the latest
 offset instead, skipping what the new topic already holds).
+:func:`find_unsubscribed` reports the partitions a restarted query no longer
+reads because its options changed (Kafka's "partitions are gone"): with
+``failOnDataLoss=false`` they are dropped.
 
 Everything here is pure (values in, values out, time passed in), so it is
 tested without Spark or a cluster.
@@ -38,6 +59,9 @@ from typing import Any
 
 __all__ = [
     "IDENTITY_KEY",
+    "INITIAL_KEY",
+    "RESTART_KEY",
+    "START_KEY",
     "Admission",
     "DataLoss",
     "LastSeen",
@@ -45,12 +69,18 @@ __all__ = [
     "SourceOffsets",
     "admit",
     "find_data_loss",
+    "find_start_past_end",
+    "find_unsubscribed",
     "identity_of",
     "plan_ranges",
     "same_topic",
+    "starts_past_end",
 ]
 
 IDENTITY_KEY = "@topics"
+START_KEY = "@start"
+RESTART_KEY = "@restart"
+INITIAL_KEY = "@initial"
 
 TopicPartition = tuple[str, int]
 Identity = Mapping[str, int]
@@ -75,29 +105,45 @@ def same_topic(first: Identity | None, second: Identity | None) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class SourceOffsets:
-    """Where a micro-batch ends: the next offset per (topic, partition), and the topics' identities."""
+    """Where a micro-batch ends: the next offset per (topic, partition), and the topics' identities.
+
+    ``start`` is set only in the end of a query's first batch: the positions that batch starts
+    from. ``restart`` holds the partitions the batch reads from the beginning of their log after a
+    reported loss. ``initial`` marks the placeholder a stream's ``initialOffset()`` returns (no
+    positions: the start is computed when the first batch is planned).
+    """
 
     positions: Mapping[TopicPartition, int]
     identities: Mapping[str, Identity] = field(default_factory=dict)
+    start: Mapping[TopicPartition, int] | None = None
+    restart: frozenset[TopicPartition] = frozenset()
+    initial: bool = False
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> SourceOffsets:
-        positions = {
-            (topic, int(partition)): int(offset)
-            for topic, partitions in data.items()
-            if topic != IDENTITY_KEY
-            for partition, offset in partitions.items()
-        }
         identities = {t: dict(i) for t, i in data.get(IDENTITY_KEY, {}).items()}
-        return SourceOffsets(positions, identities)
+        start = _positions(data[START_KEY]) if START_KEY in data else None
+        restart = frozenset(
+            (topic, int(partition))
+            for topic, partitions in data.get(RESTART_KEY, {}).items()
+            for partition in partitions
+        )
+        return SourceOffsets(_positions(data), identities, start, restart, bool(data.get(INITIAL_KEY)))
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {}
-        for (topic, partition), offset in sorted(self.positions.items()):
-            data.setdefault(topic, {})[str(partition)] = offset
+        data = _positions_json(self.positions)
         identities = {t: dict(sorted(i.items())) for t, i in sorted(self.identities.items()) if t in data}
         if identities:
             data[IDENTITY_KEY] = identities
+        if self.start is not None:
+            data[START_KEY] = _positions_json(self.start)
+        if self.restart:
+            restart: dict[str, list[int]] = {}
+            for topic, partition in sorted(self.restart):
+                restart.setdefault(topic, []).append(partition)
+            data[RESTART_KEY] = restart
+        if self.initial:
+            data[INITIAL_KEY] = True
         return data
 
     @property
@@ -109,6 +155,22 @@ class SourceOffsets:
         for (topic, partition), offset in self.positions.items():
             grouped.setdefault(topic, {})[partition] = offset
         return grouped
+
+
+def _positions(data: Mapping[str, Any]) -> dict[TopicPartition, int]:
+    return {
+        (topic, int(partition)): int(offset)
+        for topic, partitions in data.items()
+        if not topic.startswith("@")
+        for partition, offset in partitions.items()
+    }
+
+
+def _positions_json(positions: Mapping[TopicPartition, int]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for (topic, partition), offset in sorted(positions.items()):
+        data.setdefault(topic, {})[str(partition)] = offset
+    return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +242,82 @@ def find_data_loss(
     return losses
 
 
+def find_unsubscribed(
+    start: SourceOffsets, dropped: Mapping[TopicPartition, int], topics: set[str]
+) -> list[DataLoss]:
+    """The partitions of ``start`` a restarted query no longer reads because its options changed,
+    given their high watermarks (``dropped``) and the topics it reads now: a topic removed from
+    ``topic`` (or no longer matching ``topicPattern``), or partitions removed from ``assign``.
+    Kafka's source reports these as partitions that "are gone"; they still exist here."""
+    losses = []
+    grouped: dict[str, dict[int, int]] = {}
+    for (topic, partition), high in dropped.items():
+        grouped.setdefault(topic, {})[partition] = high
+    for topic, highs in sorted(grouped.items()):
+        unread = {
+            p: (start.positions[(topic, p)], high)
+            for p, high in sorted(highs.items())
+            if high > start.positions[(topic, p)]
+        }
+        count = sum(high - first for first, high in unread.values())
+        if count:
+            ranges = _listed(
+                [f"partition {p} offsets {first:,}-{high - 1:,}" for p, (first, high) in unread.items()]
+            )
+            left = f"{count:,} records it holds past what the query read will not be read ({ranges})"
+        else:
+            left = "the query had read all it holds"
+        if topic in topics:
+            numbers = sorted(highs)
+            what = (
+                f"partition {numbers[0]} of topic {topic} is"
+                if len(numbers) == 1
+                else f"partitions {_listed([str(n) for n in numbers])} of topic {topic} are"
+            )
+            why = "the query's 'assign' option no longer names it"
+        else:
+            what, why = f"topic {topic} is", "the query's topics no longer include it, though it still exists"
+        losses.append(DataLoss(topic, f"{what} no longer read by this query ({why}); {left}"))
+    return losses
+
+
+def starts_past_end(start: SourceOffsets, end: SourceOffsets) -> frozenset[TopicPartition]:
+    """Partitions of the micro-batch ``(start, end]`` whose start is past their planned end, of the
+    same topic, that the end does not name in ``@restart``. A batch planned by this version never
+    has one unless its start was computed again (a replayed first batch logged without ``@start``);
+    an end logged before ``@restart`` existed has one where its planning reported that the
+    partition's offsets went back and read it again from the beginning."""
+    return frozenset(
+        (topic, partition)
+        for (topic, partition), stop in end.positions.items()
+        if (first := start.positions.get((topic, partition))) is not None
+        and first > stop
+        and (topic, partition) not in end.restart
+        and same_topic(start.identities.get(topic), end.identities.get(topic))
+    )
+
+
+def find_start_past_end(start: SourceOffsets, end: SourceOffsets) -> list[DataLoss]:
+    """:func:`starts_past_end` of a first batch whose start Spark computed again after the batch
+    was planned (a first batch logged before ends carried ``@start``, replayed): reading such a
+    partition from the beginning would read records twice; it is reported instead, and the batch
+    reads nothing of it."""
+    losses = []
+    for topic, partition in sorted(starts_past_end(start, end)):
+        first, stop = start.positions[(topic, partition)], end.positions[(topic, partition)]
+        losses.append(
+            DataLoss(
+                topic,
+                f"the micro-batch Spark is running reads topic {topic} partition {partition} from a "
+                f"start computed again since the batch was planned: it starts at offset {first}, after "
+                f"its planned end {stop} (a first batch logged by an older connector version, replayed "
+                f"after a crash); the batch reads nothing of it, so records it was planned to read "
+                f"below offset {stop} may be missing",
+            )
+        )
+    return losses
+
+
 _LISTED_MAX = 8  # partitions named in a message; the rest are counted
 
 
@@ -243,7 +381,9 @@ def plan_ranges(
     replayed batch reads exactly the same records.
 
     A partition is read from the beginning of its log when it is new, when its topic's identity
-    differs between ``start`` and ``end``, or when its end is below its start (offsets went back).
+    differs between ``start`` and ``end``, or when ``end.restart`` names it (a loss reported when
+    the batch was planned). A partition whose start is past its end is read nothing of
+    (:func:`find_start_past_end` reports it), never silently from the beginning.
     """
     ranges = []
     for (topic, partition), stop in sorted(end.positions.items()):
@@ -251,7 +391,7 @@ def plan_ranges(
         fresh = (
             first is None
             or not same_topic(start.identities.get(topic), end.identities.get(topic))
-            or stop < first
+            or (topic, partition) in end.restart
         )
         first = 0 if fresh else first
         assert first is not None

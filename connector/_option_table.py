@@ -224,8 +224,25 @@ def _starting(name: str, raw: str) -> str | dict[str, dict[int, int]]:
 
 
 def _ending(name: str, raw: str) -> str | dict[str, dict[int, int]]:
+    """``latest`` or JSON offsets; earliest (``earliest``, -2) is refused as Kafka's source refuses it:
+    a batch ending where its partition starts reads nothing."""
     value = raw.strip()
-    return "latest" if value.lower() == "latest" else _offsets_json(name, value)
+    if value.lower() == "latest":
+        return "latest"
+    if value.lower() == "earliest":
+        raise option_error(
+            name, "'earliest' cannot end a batch query (it would read nothing); use latest or JSON offsets"
+        )
+    offsets = _offsets_json(name, value)
+    for topic, partitions in offsets.items():
+        for partition, offset in partitions.items():
+            if offset == -2:
+                raise option_error(
+                    name,
+                    f"topic {topic!r} partition {partition}: -2 (earliest) cannot end a batch query (it "
+                    "would read nothing of the partition); give an offset, or -1 for latest",
+                )
+    return offsets
 
 
 def _key(name: str, raw: str) -> bytes:
@@ -307,7 +324,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("assign", READ, _assign_json, None, 'JSON `{"topic": [0, 1]}`: only these partitions'),
     Option("startingOffsets", READ, _starting, "earliest",
            "`earliest`, `latest`, `group` (the `group`'s committed offsets, else earliest), or JSON "
-           '`{"topic": {"0": 23, "1": -2}}` (-2 earliest, -1 latest; unlisted partitions: earliest)'),
+           '`{"topic": {"0": 23, "1": -2}}` (-2 earliest, -1 latest; unlisted partitions: earliest; a '
+           "partition that does not exist is an error); a stream decides it once, when its first "
+           'micro-batch is planned (see "Where a stream starts")'),
     Option("startingTimestamp", READ, _integer(0), None,
            "ms since the epoch: start each partition at its first record at or after it"),
     Option("startingOffsetsByTimestamp", READ, _timestamps_json, None,
@@ -316,7 +335,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("startingOffsetsByTimestampStrategy", READ, _choice("error", "latest"), "latest",
            "when a partition has no record at or after the starting timestamp: `latest` starts at its "
            "end, `error` fails the query (Kafka's default is `error`)"),
-    Option("endingOffsets", BATCH_READ, _ending, "latest", "`latest` or JSON as for `startingOffsets`",
+    Option("endingOffsets", BATCH_READ, _ending, "latest",
+           '`latest` or JSON `{"topic": {"0": 23, "1": -1}}` (-1 latest; unlisted partitions: latest; a '
+           "partition that does not exist is an error); `earliest` and -2 are refused, as by Kafka",
            elsewhere=_NO_END),
     Option("endingTimestamp", BATCH_READ, _integer(0), None,
            "ms since the epoch: end each partition before its first record at or after it",

@@ -197,9 +197,9 @@ class TopicReader:
         wanted = set(topics)
         return {t.name: identity_of(t) for t in self._call(self.client.meta.list_topics) if t.name in wanted}
 
-    def snapshot(self, topics: Sequence[str]) -> tuple[Ends, set[str]]:
+    def snapshot(self, topics: Sequence[str], *, assigned_only: bool = True) -> tuple[Ends, set[str]]:
         """``({(topic, partition): (earliest, high watermark)}, topics that do not exist)``, for the
-        partitions this query reads (``assign``)."""
+        partitions this query reads (``assign``), or every partition of ``topics``."""
         metadata = self.client.metadata
         present, vanished = [], set()
         for topic in topics:
@@ -220,10 +220,14 @@ class TopicReader:
                     if topic in self.identities([topic]):
                         raise
                     vanished.add(topic)
-        assign = self.options.assign
-        if assign is not None:
-            ends = {(t, p): e for (t, p), e in ends.items() if p in assign.get(t, ())}
+        if assigned_only:
+            ends = {tp: e for tp, e in ends.items() if self.reads(tp)}
         return ends, vanished
+
+    def reads(self, tp: TopicPartition) -> bool:
+        """Whether ``assign`` (if set) includes the partition."""
+        assign = self.options.assign
+        return assign is None or tp[1] in assign.get(tp[0], ())
 
     def _existing(self, topics: Sequence[str]) -> Ends:
         """``snapshot`` for planning a query's start: a missing topic or partition is a config error."""
@@ -250,6 +254,19 @@ class TopicReader:
             )
         return high
 
+    def _check_named(self, name: str, named: Mapping[str, Mapping[int, int]] | None, ends: Ends) -> None:
+        """A JSON option (``startingOffsets``, ``endingOffsetsByTimestamp``...) names only partitions
+        the query reads: a partition that does not exist is refused, as Kafka's source refuses it,
+        rather than ignored."""
+        for topic, partitions in sorted((named or {}).items()):
+            missing = sorted(p for p in partitions if (topic, p) not in ends)
+            if not missing:
+                continue
+            if not any(t == topic for t, _ in ends):
+                raise option_error(name, f"names topic {topic!r}, which this query does not read")
+            count = self._call(self.client.metadata.partitions, topic)
+            raise option_error(name, f"topic {topic!r} has no partition {missing[0]} (it has {count})")
+
     def _by_timestamp(
         self,
         name: str,
@@ -270,6 +287,9 @@ class TopicReader:
         """Where a query starts (``startingOffsets``, ``startingTimestamp``, ``...ByTimestamp``)."""
         ends = self._existing(topics)
         options = self.options
+        if isinstance(options.starting, dict):
+            self._check_named("startingOffsets", options.starting, ends)
+        self._check_named("startingOffsetsByTimestamp", options.starting_by_timestamp, ends)
         committed: dict[str, dict[int, int]] = {}
         if options.starting == "group":
             assert options.group is not None
@@ -305,6 +325,9 @@ class TopicReader:
     def end_offsets(self, ends: Ends) -> dict[TopicPartition, int]:
         """Where a batch query ends (``endingOffsets``, ``endingTimestamp``, ``...ByTimestamp``)."""
         options = self.options
+        if isinstance(options.ending, dict):
+            self._check_named("endingOffsets", options.ending, ends)
+        self._check_named("endingOffsetsByTimestamp", options.ending_by_timestamp, ends)
         name = "endingOffsetsByTimestamp" if options.ending_by_timestamp is not None else "endingTimestamp"
         positions: dict[TopicPartition, int] = {}
         for (topic, partition), (_, high) in sorted(ends.items()):

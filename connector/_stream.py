@@ -10,14 +10,26 @@ reading. The reader lives in one long-running Python process on
 the driver for the whole run, so the state below (last trigger time, warnings
 given) lasts a run; nothing that must survive a restart is kept in it.
 
+Where the query starts is computed once, when its first batch is planned
+(``initialOffset()`` returns a placeholder), and carried in that batch's end,
+which Spark logs before running it: Spark asks for ``initialOffset()`` again
+each time it runs or replays the first batch, and the batch is planned from
+the logged start (:mod:`._offsets`), so ``startingOffsets=latest`` cannot
+move a replayed batch.
+
 Data loss between two micro-batches (:func:`._offsets.find_data_loss`) fails
 the query with a message naming what is lost, or, with ``failOnDataLoss=false``,
 is logged once and skipped: vanished topics are dropped and re-created ones
-read from the beginning of their log.
+read from the beginning of their log. Partitions a restarted query no longer
+reads because its ``topic``, ``topicPattern`` or ``assign`` changed are treated
+as Kafka's source treats a changed subscription
+(:func:`._offsets.find_unsubscribed`): the query fails, or with
+``failOnDataLoss=false`` drops them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -43,8 +55,11 @@ from ._offsets import (
     SourceOffsets,
     admit,
     find_data_loss,
+    find_start_past_end,
+    find_unsubscribed,
     identity_of,
     same_topic,
+    starts_past_end,
 )
 from ._options import SourceOptions
 from ._source import DATA_LOSS_HINT, RangePartition, TopicReader
@@ -76,9 +91,11 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
         super().__init__(options)
         self._state = _StreamState()
 
-    @reported_to_spark
     def initialOffset(self) -> dict:
-        return self.start_offsets(self.topics(refresh_s=0)).to_json()
+        """A placeholder: where the query starts is computed when its first batch is planned, and
+        logged in that batch's end (``latestOffset``). Spark calls this again whenever it runs or
+        replays the first batch; computing the start here would move it (``latest``)."""
+        return SourceOffsets({}, initial=True).to_json()
 
     @reported_to_spark
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
@@ -86,6 +103,11 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
         # log (or `start` is where the query begins), so `start` is safe to give the group now;
         # commit() comes a batch later and, for a run's last batch, only at the next start.
         begin = SourceOffsets.from_json(start)
+        if begin.initial:  # the query's first batch: decide where it starts, once
+            begin = self.start_offsets(self.topics(refresh_s=0))
+            self._commit_group(begin)
+            first = self._plan(begin, limit) or begin
+            return dataclasses.replace(first, start=begin.positions).to_json()
         self._commit_group(begin)
         end = self._plan(begin, limit)
         return start if end is None else end.to_json()
@@ -98,21 +120,38 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
         batch is never planned on a re-created topic while an idle or waiting stream stays cheap.
         """
         topics = self.topics()
-        ends, vanished = self.snapshot(sorted(set(topics) | begin.topics))
-        vanished = (vanished | (begin.topics - set(topics))) & begin.topics  # read before, gone now
-        highs = latest = {tp: high for tp, (_, high) in ends.items()}
+        subscribed = set(topics)
+        ends, vanished = self.snapshot(sorted(subscribed | begin.topics), assigned_only=False)
+        vanished &= begin.topics  # read before, gone now
+        # Read before and still there, but no longer subscribed (the query's options changed).
+        dropped = {
+            tp: ends[tp][1]
+            for tp in begin.positions
+            if tp in ends and (tp[0] not in subscribed or not self.reads(tp))
+        }
+        unsubscribed = find_unsubscribed(begin, dropped, subscribed)
+        kept = SourceOffsets(
+            {tp: o for tp, o in begin.positions.items() if tp not in dropped}, begin.identities
+        )
+        highs = latest = {
+            tp: high for tp, (_, high) in ends.items() if tp[0] in subscribed and self.reads(tp)
+        }
         if self._state.target is not None:  # AvailableNow: never past what existed at the start
-            latest = {tp: min(high, self._state.target.get(tp, 0)) for tp, high in latest.items()}
+            target = self._state.target  # (nor below the start: a start planned after it may be past it)
+            latest = {
+                tp: min(high, max(target.get(tp, 0), kept.positions.get(tp, 0)))
+                for tp, high in latest.items()
+            }
         identities: dict[str, Mapping[str, int]] = dict(begin.identities)
         admission, now_ms = self._admission(limit), int(time.time() * 1000)
         for checked in (False, True):
-            losses = find_data_loss(begin, latest, identities, vanished, self._state.seen)
+            losses = unsubscribed + find_data_loss(kept, latest, identities, vanished, self._state.seen)
             restart = frozenset().union(*(loss.restart for loss in losses))
-            first = {tp: 0 if tp in restart else begin.positions.get(tp, 0) for tp in latest}
+            first = {tp: 0 if tp in restart else kept.positions.get(tp, 0) for tp in latest}
             stop, last_trigger_ms = admit(
                 first, latest, admission, now_ms=now_ms, last_trigger_ms=self._state.last_trigger_ms
             )
-            idle = stop == first and not vanished
+            idle = stop == first and not vanished and not dropped
             if idle or checked:
                 break
             identities = self.identities(topics)
@@ -125,7 +164,9 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
             self._state.seen = LastSeen(SourceOffsets(highs, identities), now_ms)
         self._state.latest = SourceOffsets(latest, identities).to_json()
         self._state.last_trigger_ms = last_trigger_ms
-        return None if idle else SourceOffsets(stop, identities)
+        # The end names the partitions read again from the beginning after a loss reported here:
+        # plan_ranges reads no other partition from offset 0, whatever its start.
+        return None if idle else SourceOffsets(stop, identities, restart=restart & set(stop))
 
     def _admission(self, limit: ReadLimit) -> Admission:
         if isinstance(limit, ReadAllAvailable):  # e.g. Trigger.Once: everything, at once
@@ -178,7 +219,17 @@ class RobustMQStreamReader(TopicReader, DataSourceStreamReader, SupportsTriggerA
 
     @reported_to_spark
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return self.input_partitions(SourceOffsets.from_json(start), SourceOffsets.from_json(end))
+        begin, stop = SourceOffsets.from_json(start), SourceOffsets.from_json(end)
+        if begin.initial and stop.start is not None:  # the first batch (run or replayed): as planned
+            begin = SourceOffsets(stop.start, stop.identities)
+        elif begin.initial:  # logged by an older connector version: the start is computed again
+            begin = self.start_offsets(self.topics(refresh_s=0))
+            losses = find_start_past_end(begin, stop)
+            if losses:  # raises, or warns: the batch then reads nothing of those partitions
+                self._report(losses)
+        else:  # an end logged before @restart existed: its planning reported the loss (went back)
+            stop = dataclasses.replace(stop, restart=stop.restart | starts_past_end(begin, stop))
+        return self.input_partitions(begin, stop)
 
     @reported_to_spark
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -11,9 +11,12 @@ from robustmq.connector._offsets import (
     SourceOffsets,
     admit,
     find_data_loss,
+    find_start_past_end,
+    find_unsubscribed,
     identity_of,
     plan_ranges,
     same_topic,
+    starts_past_end,
 )
 
 OLD = {"created_ms": 100}
@@ -87,13 +90,54 @@ def test_a_recreated_topic_says_exactly_what_was_lost_and_prints_no_raw_values()
 
 def test_ranges_restart_fresh_partitions_from_the_beginning() -> None:
     start = SourceOffsets({("a", 0): 10, ("a", 1): 8, ("b", 0): 4}, {"a": OLD, "b": OLD})
-    end = SourceOffsets({("a", 0): 20, ("a", 1): 3, ("b", 0): 6, ("c", 0): 2}, {"a": OLD, "b": NEW, "c": OLD})
+    end = SourceOffsets(
+        {("a", 0): 20, ("a", 1): 3, ("b", 0): 6, ("c", 0): 2},
+        {"a": OLD, "b": NEW, "c": OLD},
+        restart=frozenset({("a", 1)}),
+    )
     assert plan_ranges(start, end, max_records=100, min_pieces=1) == [
         Range("a", 0, 10, 20, False),
-        Range("a", 1, 0, 3, True),  # offsets went back
+        Range("a", 1, 0, 3, True),  # offsets went back: the loss was reported when planned
         Range("b", 0, 0, 6, True),  # re-created
         Range("c", 0, 0, 2, True),  # new
     ]
+    assert find_start_past_end(start, end) == []
+
+
+def test_a_start_past_its_end_is_reported_never_read_from_the_beginning() -> None:
+    """Only an end that says so (``@restart``) reads a partition again from offset 0."""
+    start = SourceOffsets({("a", 0): 34, ("a", 1): 5}, {"a": OLD})
+    end = SourceOffsets({("a", 0): 30, ("a", 1): 9}, {"a": OLD})
+    assert plan_ranges(start, end, max_records=100, min_pieces=1) == [Range("a", 1, 5, 9, False)]
+    (loss,) = find_start_past_end(start, end)
+    assert "partition 0" in loss.message and "starts at offset 34, after its planned end 30" in loss.message
+    assert starts_past_end(start, end) == {("a", 0)}
+    named = SourceOffsets(end.positions, end.identities, restart=frozenset({("a", 0)}))
+    recreated = SourceOffsets(end.positions, {"a": NEW})
+    assert starts_past_end(start, named) == starts_past_end(start, recreated) == frozenset()
+
+
+def test_the_first_batch_carries_its_start_and_restarts_are_named() -> None:
+    placeholder = SourceOffsets({}, initial=True).to_json()
+    assert placeholder == {"@initial": True} and SourceOffsets.from_json(placeholder).initial
+    first = SourceOffsets({("a", 0): 50}, {"a": OLD}, start={("a", 0): 50}, restart=frozenset({("a", 0)}))
+    data = first.to_json()
+    assert data == {"a": {"0": 50}, "@topics": {"a": OLD}, "@start": {"a": {"0": 50}}, "@restart": {"a": [0]}}
+    assert SourceOffsets.from_json(data) == first
+    later = SourceOffsets.from_json({"a": {"0": 55}, "@topics": {"a": OLD}})
+    assert later.start is None and not later.restart and not later.initial
+
+
+def test_partitions_no_longer_subscribed_are_named_with_what_is_left_unread() -> None:
+    start = SourceOffsets({("a", 0): 4, ("b", 0): 2, ("b", 1): 2, ("c", 1): 7}, {"b": OLD})
+    losses = find_unsubscribed(start, {("b", 0): 3, ("b", 1): 4, ("c", 1): 7}, {"a", "c"})
+    assert [loss.topic for loss in losses] == ["b", "c"]
+    removed, unassigned = (loss.message for loss in losses)
+    assert removed.startswith("topic b is no longer read by this query") and "deleted" not in removed
+    assert "3 records" in removed and "partition 0 offsets 2-2, partition 1 offsets 2-3" in removed
+    assert unassigned.startswith("partition 1 of topic c is no longer read by this query")
+    assert "'assign'" in unassigned and "read all it holds" in unassigned
+    assert not any(loss.restart for loss in losses)
 
 
 def test_ranges_are_split_by_size_and_count() -> None:

@@ -235,3 +235,21 @@ def test_the_readme_creates_the_topics_its_spark_example_writes_to() -> None:
         for topic in re.findall(r'\.option\("topic", "([^"]+)"\)', chain):
             created = re.search(rf"topic create {re.escape(topic)}\b", readme[:at])
             assert created, f"README writes to {topic!r} before creating it (robustmq topic create {topic})"
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("earliest", r"option 'endingOffsets': 'earliest' cannot end a batch query"),
+        (" EARLIEST ", r"option 'endingOffsets': 'earliest' cannot end a batch query"),
+        (
+            '{"t": {"0": 5, "1": -2}}',
+            r"option 'endingOffsets': topic 't' partition 1: -2 \(earliest\) cannot end",
+        ),
+    ],
+)
+def test_earliest_is_refused_as_an_ending_as_kafka_does(value: str, message: str) -> None:
+    """Kafka's source refuses both; here -2 used to read nothing and 'earliest' was 'not valid JSON'."""
+    with pytest.raises(InvalidConfig, match=message):
+        _read(topic="t", endingOffsets=value)
+    assert _read(topic="t", endingOffsets='{"t": {"0": 5, "1": -1}}').ending == {"t": {0: 5, 1: -1}}

@@ -48,8 +48,8 @@ token (``NodeRequest.token``) unless the caller set one (a producer's token
 bound to its producer id). A node's key changes when it restarts: a socket
 whose key differs from the book's is replaced, and a node that cannot be
 reached is forgotten by the book, so the next request looks its key up again.
-The transport then has a ZeroMQ context of its own with
-:data:`~robustmq.security._curve.SECURE_IO_THREADS` I/O threads (they encrypt).
+The transport then has a ZeroMQ context of its own (its I/O thread encrypts;
+see :data:`~robustmq.security._curve.CLIENT_IO_THREADS`).
 Without security nothing of this runs.
 """
 
@@ -124,9 +124,9 @@ class NodeTransport:
         if security is None:
             self._context = zmq.Context.instance()
         else:
-            from robustmq.security._curve import SECURE_IO_THREADS
+            from robustmq.security._curve import CLIENT_IO_THREADS
 
-            self._context = zmq.Context(io_threads=SECURE_IO_THREADS)
+            self._context = zmq.Context(io_threads=CLIENT_IO_THREADS)
         self._endpoint = f"inproc://robustmq-client-{next(_INBOXES)}"
         self._inbox = self._context.socket(zmq.PULL)
         self._inbox.bind(self._endpoint)

@@ -41,9 +41,12 @@ if TYPE_CHECKING:
 __all__ = ["ClientSecurity", "CurveKeyPair", "curve_client", "curve_server", "start_authenticator"]
 
 ZAP_DOMAIN = "robustmq"
-# A context whose sockets encrypt and decrypt every byte needs more than libzmq's one I/O
-# thread (CURVE runs at about 250 MiB/s per thread here, plain ZeroMQ at 1-2 GiB/s).
+# CURVE encrypts on the context's I/O threads, one connection on one thread (about 250-800
+# MiB/s a connection here, by message size; plain ZeroMQ 1.7-5 GiB/s). A node serves many
+# connections (clients, followers): two threads share them. A client has one connection per
+# node: one thread (measured on 2 cores, a second thread slowed a single connection down).
 SECURE_IO_THREADS = 2
+CLIENT_IO_THREADS = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -221,16 +221,15 @@ def test_a_forged_fence_is_refused_and_the_shard_keeps_taking_writes(secured: Se
 
 
 def test_the_meta_service_may_fence(secured: Secured) -> None:
-    """``fence`` from the ``meta`` principal passes the guard (and is carried out)."""
+    """``fence`` from the Meta Service's own node client (its ``meta`` token, over CURVE) passes
+    the guard and is carried out."""
     secured.client.create_topic("meta-fence", 1, replication_factor=3)
     shard, _, incarnation, segment = secured.route("meta-fence")
     follower = next(member for member in segment.isr if member != segment.leader)
-    caller = secured.authority.caller("meta")
-    try:
-        fence = pb.FenceRequest(shard=shard, incarnation=incarnation, epoch=segment.epoch)
-        caller.call(secured.node(follower).address, "fence", fence)
-    finally:
-        caller.close()
+    assert secured.meta._supervisor is not None
+    meta_requests = secured.meta._supervisor._node_requests()  # what a failover sends with
+    fence = pb.FenceRequest(shard=shard, incarnation=incarnation, epoch=segment.epoch)
+    meta_requests.request(secured.node(follower).address, "fence", fence, timeout_s=10).result(15)
     assert secured.node(follower).fences.fenced_epoch(shard, incarnation) == segment.epoch
 
 

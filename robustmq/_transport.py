@@ -166,7 +166,7 @@ class NodeTransport:
                 )
         timeout = self._timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
-        server_key = b""
+        server_key = None
         if self._security is not None:
             server_key = self._secure(address, message)
         if not self._slots.acquire(timeout=timeout):
@@ -181,10 +181,17 @@ class NodeTransport:
             self._resolve(correlation_id, error=Unavailable("the client is closed"))
             return future
         push = self._push()
-        push.send_multipart(
-            [address.encode(), deadline.hex().encode(), server_key, message.SerializeToString(), *payloads],
-            copy=False,
-        )
+        if server_key is None:  # security off: the parts as they always were
+            parts = [address.encode(), deadline.hex().encode(), message.SerializeToString(), *payloads]
+        else:
+            parts = [
+                address.encode(),
+                deadline.hex().encode(),
+                server_key,
+                message.SerializeToString(),
+                *payloads,
+            ]
+        push.send_multipart(parts, copy=False)
         return future
 
     def _secure(self, address: str, message: pb.NodeRequest) -> bytes:
@@ -298,10 +305,12 @@ class NodeTransport:
         server_keys: dict[bytes, bytes],
     ) -> None:
         address = parts[0].bytes
-        server_key = parts[2].bytes
-        message = parts[3:]
+        if self._security is None:
+            server_key, message = b"", parts[2:]
+        else:  # the node's CURVE key comes between the deadline and the request
+            server_key, message = parts[2].bytes, parts[3:]
         dealer = dealers.get(address)
-        if dealer is not None and server_keys.get(address, b"") != server_key:
+        if dealer is not None and server_key and server_keys.get(address) != server_key:
             # The node restarted with a new key pair: a socket with the old key never connects.
             self._retire(address, dealers, monitors, poller)
             dealer = None
@@ -330,7 +339,8 @@ class NodeTransport:
                 self._fail_header(message[0], InvalidRequest(f"bad node address {address!r}: {exc}"))
                 return
             dealers[address] = dealer
-            server_keys[address] = server_key
+            if server_key:
+                server_keys[address] = server_key
             monitors[monitor] = address
             poller.register(dealer, zmq.POLLIN)
             poller.register(monitor, zmq.POLLIN)

@@ -99,7 +99,12 @@ logger = logging.getLogger("robustmq.meta")
 
 
 class NodeRequests(Protocol):
-    """What the supervisor needs of :class:`robustmq._node_client.NodeCaller` (the test seam)."""
+    """What the supervisor needs of :class:`robustmq._node_client.NodeCaller` (the test seam).
+
+    With security on, the ``NodeCaller`` the server makes sends every request (``fence``,
+    ``checksum``, ``beat``, ``seal``, ``status``) over CURVE with the Meta Service's own
+    ``meta`` token: a node takes ``fence`` from ``meta`` only.
+    """
 
     def request(
         self,

@@ -30,6 +30,7 @@ synced before its RPC answered.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -41,7 +42,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -64,6 +65,9 @@ from ._retention import DEFAULT_RETENTION_CHECK_MS, RetentionWorker
 from ._service import MetaServicer
 from ._store import RocksDBMetaStore
 from ._users import UserTable
+
+if TYPE_CHECKING:
+    from robustmq.security._curve import ClientSecurity
 
 __all__ = ["DEFAULT_META_PORT", "MAX_REQUEST_BYTES", "MetaServer", "run_meta"]
 
@@ -164,6 +168,7 @@ class MetaServer:
         tls: TlsFiles | None = None,
         super_users: Sequence[str] = DEFAULT_SUPER_USERS,
         token_lifetime_ms: int = DEFAULT_TOKEN_LIFETIME_MS,
+        node_security: ClientSecurity | None = None,
     ) -> None:
         if tls is not None and (tls.cert is None or tls.key is None):
             raise InvalidConfig(
@@ -177,6 +182,8 @@ class MetaServer:
             raise InvalidConfig(f"retention_check_ms must be positive, got {retention_check_ms}")
         self._tier_url = tier_url or ""
         self._retention_check_ms = retention_check_ms
+        # Security on: the CURVE keys, ``meta`` token and key book of this service's node requests.
+        self._node_security = node_security
         self._retention: RetentionWorker | None = None
         self._data_dir = Path(data_dir)
         self._host = host
@@ -222,7 +229,7 @@ class MetaServer:
                 # on the same port would silently share its traffic.
                 options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
             )
-            supervisor = ReplicaSupervisor(controller, _node_caller)
+            supervisor = ReplicaSupervisor(controller, functools.partial(_node_caller, self._node_security))
             auth = MetaAuth(
                 self._tls,
                 UserTable(store),
@@ -293,10 +300,10 @@ class MetaServer:
         self.stop()
 
 
-def _node_caller() -> NodeRequests:
+def _node_caller(security: ClientSecurity | None) -> NodeRequests:
     from robustmq._node_client import NodeCaller  # imported late: it loads the ZeroMQ transport
 
-    return NodeCaller(timeout_s=1.0)
+    return NodeCaller(timeout_s=1.0, security=security)
 
 
 def run_meta(

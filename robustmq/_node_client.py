@@ -18,6 +18,10 @@ property of that transport holds here:
   (``ZMQ_IMMEDIATE``: nothing is queued for a node that is down). Both carry
   the node's ``address``.
 
+Security (``security=ClientSecurity(...)``): every request goes over CURVE
+and carries the process's session token (a node's own ``node:`` token, the
+Meta Service's ``meta`` token); see :mod:`robustmq._transport`.
+
 Crash behaviour: nothing is kept; a request whose answer is lost is simply
 not answered (``RequestTimeout``), and the caller decides whether to repeat.
 """
@@ -26,11 +30,14 @@ from __future__ import annotations
 
 import concurrent.futures
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._transport import NodeTransport, Reply
 from robustmq.errors import InvalidRequest, RequestTimeout
+
+if TYPE_CHECKING:
+    from robustmq.security._curve import ClientSecurity
 
 __all__ = ["NodeCaller"]
 
@@ -46,11 +53,15 @@ class NodeCaller:
         Default deadline of one call (its answer included).
     max_in_flight
         Requests out at once, over all nodes and threads.
+    security
+        A secured cluster's CURVE keys, token and key book (None: plain ZeroMQ).
     """
 
-    def __init__(self, timeout_s: float = 5.0, *, max_in_flight: int = 1024) -> None:
+    def __init__(
+        self, timeout_s: float = 5.0, *, max_in_flight: int = 1024, security: ClientSecurity | None = None
+    ) -> None:
         self.timeout_s = timeout_s
-        self._transport = NodeTransport(timeout_s=timeout_s, max_in_flight=max_in_flight)
+        self._transport = NodeTransport(timeout_s=timeout_s, max_in_flight=max_in_flight, security=security)
 
     def request(
         self,

@@ -38,6 +38,19 @@ socket needs a moment to connect before ``IMMEDIATE`` lets it send: the first
 request waits for it, up to 2 s for a node never reached and up to 0.25 s for
 one whose connection closed (likely gone: the caller retries after a metadata
 refresh; a node back at its address connects within milliseconds).
+
+Security (``security=ClientSecurity(...)``, docs/security.md): every DEALER is
+a CURVE client with the process's key pair and the node's public key from the
+key book (looked up on the caller's thread, never on the I/O thread: an
+unknown address lists the nodes from the Meta Service); a node without a known
+key is refused at once (``Unavailable``). Each request carries the session
+token (``NodeRequest.token``) unless the caller set one (a producer's token
+bound to its producer id). A node's key changes when it restarts: a socket
+whose key differs from the book's is replaced, and a node that cannot be
+reached is forgotten by the book, so the next request looks its key up again.
+The transport then has a ZeroMQ context of its own (its I/O thread encrypts;
+see :data:`~robustmq.security._curve.CLIENT_IO_THREADS`).
+Without security nothing of this runs.
 """
 
 from __future__ import annotations
@@ -48,7 +61,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.utils.monitor
@@ -56,6 +69,9 @@ import zmq.utils.monitor
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._wire import error_from_info
 from robustmq.errors import InvalidRequest, RecordBatchTooLarge, RequestTimeout, Unavailable
+
+if TYPE_CHECKING:
+    from robustmq.security._curve import ClientSecurity
 
 __all__ = ["MAX_MESSAGE_BYTES", "NodeTransport", "Reply"]
 
@@ -99,9 +115,18 @@ def _restamped(header: Any, deadline: float) -> bytes:
 class NodeTransport:
     """Futures-based requests to storage nodes; see the module docstring."""
 
-    def __init__(self, *, timeout_s: float = 30.0, max_in_flight: int = 4096) -> None:
+    def __init__(
+        self, *, timeout_s: float = 30.0, max_in_flight: int = 4096, security: ClientSecurity | None = None
+    ) -> None:
         self._timeout_s = timeout_s
-        self._context: zmq.Context[Any] = zmq.Context.instance()
+        self._security = security
+        self._context: zmq.Context[Any]
+        if security is None:
+            self._context = zmq.Context.instance()
+        else:
+            from robustmq.security._curve import CLIENT_IO_THREADS
+
+            self._context = zmq.Context(io_threads=CLIENT_IO_THREADS)
         self._endpoint = f"inproc://robustmq-client-{next(_INBOXES)}"
         self._inbox = self._context.socket(zmq.PULL)
         self._inbox.bind(self._endpoint)
@@ -141,6 +166,9 @@ class NodeTransport:
                 )
         timeout = self._timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
+        server_key = None
+        if self._security is not None:
+            server_key = self._secure(address, message)
         if not self._slots.acquire(timeout=timeout):
             raise RequestTimeout(f"no free request slot within {timeout:.1f}s", address=address)
         future: Future[Reply] = Future()
@@ -153,10 +181,32 @@ class NodeTransport:
             self._resolve(correlation_id, error=Unavailable("the client is closed"))
             return future
         push = self._push()
-        push.send_multipart(
-            [address.encode(), deadline.hex().encode(), message.SerializeToString(), *payloads], copy=False
-        )
+        if server_key is None:  # security off: the parts as they always were
+            parts = [address.encode(), deadline.hex().encode(), message.SerializeToString(), *payloads]
+        else:
+            parts = [
+                address.encode(),
+                deadline.hex().encode(),
+                server_key,
+                message.SerializeToString(),
+                *payloads,
+            ]
+        push.send_multipart(parts, copy=False)
         return future
+
+    def _secure(self, address: str, message: pb.NodeRequest) -> bytes:
+        """Put the session token on ``message`` (unless it has one); the node's CURVE key."""
+        assert self._security is not None
+        if not message.token:
+            message.token = self._security.token_provider()
+        server_key = self._security.keybook.key_for(address)
+        if server_key is None:
+            raise Unavailable(
+                f"no CURVE key is known for storage node {address}: the Meta Service lists no node "
+                "at that address (not registered yet, or removed)",
+                address=address,
+            )
+        return server_key
 
     def call(
         self,
@@ -181,6 +231,8 @@ class NodeTransport:
             push.close(linger=0)
         self._inbox.close(linger=0)
         self._fail_pending(Unavailable("the client was closed before the node answered"))
+        if self._security is not None:  # a context of its own (its I/O threads end with it)
+            self._context.destroy(linger=0)
 
     def _fail_pending(self, error: Exception) -> None:
         with self._lock:
@@ -206,6 +258,7 @@ class NodeTransport:
         poller = zmq.Poller()
         poller.register(self._inbox, zmq.POLLIN)
         went_away: set[bytes] = set()  # nodes whose connection closed once (bounded by the nodes)
+        server_keys: dict[bytes, bytes] = {}  # security on: the CURVE key each dealer connected with
         try:
             while not self._closed.is_set():
                 closed_to: set[bytes] = set()  # nodes whose connection closed in this round
@@ -221,7 +274,7 @@ class NodeTransport:
                             break
                         try:
                             if socket is self._inbox:
-                                self._send(parts, dealers, monitors, poller, went_away)
+                                self._send(parts, dealers, monitors, poller, went_away, server_keys)
                             elif socket in monitors:
                                 if self._connection_event(parts, monitors[socket]):
                                     closed_to.add(monitors[socket])
@@ -249,12 +302,24 @@ class NodeTransport:
         monitors: dict[zmq.Socket[Any], bytes],
         poller: zmq.Poller,
         went_away: set[bytes],
+        server_keys: dict[bytes, bytes],
     ) -> None:
         address = parts[0].bytes
-        message = parts[2:]
+        if self._security is None:
+            server_key, message = b"", parts[2:]
+        else:  # the node's CURVE key comes between the deadline and the request
+            server_key, message = parts[2].bytes, parts[3:]
         dealer = dealers.get(address)
+        if dealer is not None and server_key and server_keys.get(address) != server_key:
+            # The node restarted with a new key pair: a socket with the old key never connects.
+            self._retire(address, dealers, monitors, poller)
+            dealer = None
         if dealer is None:
             dealer = self._context.socket(zmq.DEALER)
+            if self._security is not None:
+                from robustmq.security._curve import curve_client
+
+                curve_client(dealer, self._security.keypair, server_key)
             dealer.setsockopt(zmq.LINGER, 0)
             dealer.setsockopt(zmq.IMMEDIATE, 1)
             dealer.setsockopt(zmq.SNDHWM, 10_000)
@@ -274,6 +339,8 @@ class NodeTransport:
                 self._fail_header(message[0], InvalidRequest(f"bad node address {address!r}: {exc}"))
                 return
             dealers[address] = dealer
+            if server_key:
+                server_keys[address] = server_key
             monitors[monitor] = address
             poller.register(dealer, zmq.POLLIN)
             poller.register(monitor, zmq.POLLIN)
@@ -285,6 +352,8 @@ class NodeTransport:
         try:
             dealer.send_multipart(message, zmq.NOBLOCK, copy=False)
         except zmq.Again:
+            if self._security is not None:  # perhaps a key of before the node's restart
+                self._security.keybook.forget(address.decode())
             self._fail_header(
                 message[0],
                 Unavailable(f"storage node {address.decode()} is unreachable", address=address.decode()),

@@ -40,6 +40,7 @@ from .engine._driver_manager import (
 from .engine._memory_engine import MemoryEngine
 from .engine._rocksdb_engine import RocksDBEngine
 from .engine._segment_engine import SegmentEngine
+from .node._guard import NodeSecurity
 from .node._node import NodeConfig, StorageNode, run_storage_node
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "LocalTopicCatalog",
     "MemoryEngine",
     "NodeConfig",
+    "NodeSecurity",
     "ReadResult",
     "RocksDBEngine",
     "SegmentEngine",

@@ -714,7 +714,7 @@ class IOWorker(threading.Thread):
     def _resume(self, request: Request, error: RobustMQError | None, *, everything: bool) -> None:
         """Run a request that was parked for a lookup, now that the lookup is answered."""
         body = request.message.WhichOneof("body")
-        if body not in ("produce", "seal"):
+        if body not in ("produce", "seal", "fence"):  # a fence parked too (a shard not resolved yet)
             if error is None:
                 self._node.requeue_read(request)
             else:

@@ -50,6 +50,16 @@ stop at the high watermark, and ``acks=all``/``quorum`` writes are answered when
 their replicas have them. RF 1 shards have no leader state and take the paths
 they always took.
 
+Security (``NodeConfig.security``, docs/security.md): the ROUTER is a ZeroMQ
+CURVE server with the node's key pair, in a ZeroMQ context of the node's own
+(more I/O threads: they encrypt) whose ZAP handler stamps each message with its
+connection's client key; the front end runs every request through the
+:class:`~._guard.RequestGuard` (session token, connection key, node-only and
+Meta-only requests, producer ids, the ACL hook) before routing it, and answers
+a refused one with its error at once. The node's own requests to other nodes
+(replica fetches, checksums, producer snapshots) go over CURVE with its own
+token. Without security, none of this runs.
+
 Fetches and incarnations: a fetch may name the topic incarnation it expects
 (``FetchRequest.incarnation``); a node serving an older one answers
 ``Unavailable`` (retriable: it has not dropped it yet), a newer one
@@ -106,6 +116,7 @@ from ..replication._replication import LeaderState
 from ..replication._shards import ShardDirectory
 from ..tiered._cold_reads import ColdReads
 from ..tiered._tier_retention import TierRetention
+from ._guard import NodeSecurity, RequestGuard
 from ._heartbeat import Heartbeat, Retention
 from ._io_worker import IOWorker, Refresh, Request
 from ._long_poll import WaitRegistry
@@ -162,6 +173,7 @@ class NodeConfig:
     # Security on (docs/security.md): the cluster CA and this node's certificate and key (CN
     # node:NAME). The node's id is then NAME; it logs in to the Meta Service over TLS with them.
     credentials: Credentials | None = None
+    security: NodeSecurity | None = None  # None: plain ZeroMQ, no identities (loopback only)
 
 
 class StorageNode(NodeReads):
@@ -205,13 +217,30 @@ class StorageNode(NodeReads):
         self.directory.lead = lambda state: self.worker_for(state.name).leading.add(state)
         self.fences = FenceStore(config.data_dir / "fences")
         self.directory.fenced_epoch = self.fences.fenced_epoch
+        self.client_security = self._client_security(config.security)
         # Node-to-node calls of the control threads (checksums at a seal) and of followers.
-        self.caller = NodeCaller(timeout_s=config.control_timeout_s)
+        self.caller = NodeCaller(timeout_s=config.control_timeout_s, security=self.client_security)
         self.control = MetaControl(
             self._control_meta, self.node_id, threads=config.control_threads, caller=self.caller
         )
         self.waiters = WaitRegistry()
-        self._context: zmq.Context[Any] = zmq.Context.instance()
+        self._guard: RequestGuard | None = None
+        self._authenticator: Any = None
+        self._context: zmq.Context[Any]
+        if config.security is None:
+            self._context = zmq.Context.instance()
+        else:
+            from robustmq.security import TokenVerifier
+            from robustmq.security._curve import SECURE_IO_THREADS
+
+            self._context = zmq.Context(io_threads=SECURE_IO_THREADS)
+            verifier = TokenVerifier(config.security.token_public_key)
+            self._guard = RequestGuard(
+                self.node_id,
+                verifier,
+                authorize=config.security.authorize,
+                check_claims=config.security.check_claims,
+            )
         self._local = threading.local()
         self._frontend_thread: threading.Thread | None = None
         self.stopping = threading.Event()
@@ -265,6 +294,20 @@ class StorageNode(NodeReads):
         self.address = ""  # tcp://HOST:PORT registered with the Meta Service: the advertised address
         self._results_name = f"{_RESULTS}-{os.getpid()}-{next(_NODE_NUMBERS)}"
 
+    def _client_security(self, security: NodeSecurity | None) -> Any:
+        """How this node's own requests to other nodes are secured (None: security off)."""
+        if security is None:
+            return None
+        from robustmq.security import ClientSecurity, KeyBook, meta_lookup
+
+        keybook = security.keybook or KeyBook(meta_lookup(self._control_meta))
+        return ClientSecurity(security.keypair, security.token_provider, keybook)
+
+    @property
+    def zmq_context(self) -> zmq.Context[Any]:
+        """The ZeroMQ context of this node's sockets (its own when secured)."""
+        return self._context
+
     # -- lifecycle ---------------------------------------------------------------
 
     def start(self, *, register_timeout_s: float = 60.0) -> StorageNode:
@@ -275,6 +318,11 @@ class StorageNode(NodeReads):
                 field="advertise",
             )
         self._router = self._context.socket(zmq.ROUTER)
+        if self.config.security is not None:
+            from robustmq.security._curve import curve_server, start_authenticator
+
+            self._authenticator = start_authenticator(self._context)
+            curve_server(self._router, self.config.security.keypair)
         self._router.setsockopt(zmq.LINGER, 0)
         self._router.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
         self._router.setsockopt(zmq.RCVHWM, 10_000)
@@ -290,6 +338,8 @@ class StorageNode(NodeReads):
                 port = self.config.port
         except zmq.ZMQError as exc:  # a port taken is the operator's problem: one line, not a traceback
             self._router.close(linger=0)
+            if self._authenticator is not None:
+                self._authenticator.stop()
             where = f"tcp://{join_host_port(host, self.config.port)}"
             raise Unavailable(f"cannot listen on {where}: {exc.strerror}", address=where) from exc
         self.bound = f"tcp://{join_host_port(host, port)}"
@@ -385,6 +435,9 @@ class StorageNode(NodeReads):
             push.close(linger=1000)
         self._router.close(linger=1000)
         self._results.close(linger=0)
+        if self._authenticator is not None:  # a secured node's context is its own: end it
+            self._authenticator.stop()
+            self._context.destroy(linger=1000)
         for client in {id(self.meta): self.meta, id(self._control_meta): self._control_meta}.values():
             close_meta = getattr(client, "close", None)
             if close_meta is not None:
@@ -619,6 +672,8 @@ class StorageNode(NodeReads):
             except Exception as exc:  # protobuf raises DecodeError and friends
                 raise InvalidRequest(f"malformed request header: {exc}") from exc
             correlation_id = message.correlation_id
+            if self._guard is not None:
+                self._guard.check(parts[1], message, message.WhichOneof("body") or "")
             payloads = parts[2:]
             size = sum(len(frame.buffer) for frame in payloads)
             request = Request(identity, message, payloads, size)

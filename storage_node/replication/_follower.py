@@ -135,6 +135,10 @@ class Follower:
     ) -> None:
         self._node = node
         self.node_id: str = node.node_id
+        # Security on: the node's ClientSecurity (CURVE keys, its token, the key book) and its
+        # own ZeroMQ context (more I/O threads, for the encryption); off: None, the process's.
+        self.security: Any = getattr(node, "client_security", None)
+        self.context: Any = getattr(node, "zmq_context", None) if self.security is not None else None
         self.stopping = threading.Event()
         self._fetchers = [
             ReplicaFetcher(i, self, max_wait_ms=max_wait_ms, max_bytes=max_bytes, timeout_s=timeout_s)

@@ -18,6 +18,13 @@ after a back-off (0.1 s doubling to 2 s). A fetch without an answer within
 correlation id. Wake-ups from other threads go through a pipe the poller
 watches, so a new target is sent at once.
 
+Security on (the node's ``Follower.security``): each DEALER is a CURVE client
+with the node's key pair and the source's key from the key book (an unknown
+address lists the nodes from the Meta Service, rate-limited, on this thread);
+each fetch carries the node's own token. A source whose key changed (it
+restarted) gets a new socket; one that cannot be reached is forgotten by the
+key book, so the next attempt looks its key up again.
+
 Thread-safety: :meth:`ReplicaFetcher.want` and :meth:`ReplicaFetcher.wake` may
 be called from any thread; everything else runs on the fetcher's thread.
 """
@@ -94,6 +101,7 @@ class ReplicaFetcher(threading.Thread):
         self._out: dict[int, tuple[str, bool]] = {}  # correlation id -> (shard, lane)
         self._next_id = 1
         self._dealers: dict[str, zmq.Socket[Any]] = {}
+        self._server_keys: dict[str, bytes] = {}  # security on: the key each dealer connected with
 
     def want(
         self, shard: str, target: FetchTarget | None, delay_s: float, lanes: tuple[bool, ...] = (False,)
@@ -113,7 +121,7 @@ class ReplicaFetcher(threading.Thread):
             os.write(self._wake_write, b"x")
 
     def run(self) -> None:
-        context: zmq.Context[Any] = zmq.Context.instance()
+        context: zmq.Context[Any] = self._follower.context or zmq.Context.instance()
         poller = zmq.Poller()
         poller.register(self._wake_read, zmq.POLLIN)
         try:
@@ -183,7 +191,14 @@ class ReplicaFetcher(threading.Thread):
             if address is None:
                 self._failed(fetching, now)
                 continue
-            dealer = self._dealer(context, poller, address)
+            security = self._follower.security
+            server_key = b""
+            if security is not None:
+                server_key = security.keybook.key_for(address)
+                if server_key is None:  # the Meta Service lists no node there (yet)
+                    self._failed(fetching, now)
+                    continue
+            dealer = self._dealer(context, poller, address, server_key)
             target = fetching.target
             correlation_id = self._next_id
             self._next_id += 1
@@ -199,9 +214,13 @@ class ReplicaFetcher(threading.Thread):
                     max_wait_ms=self._max_wait_ms,
                 ),
             )
+            if security is not None:
+                request.token = security.token_provider()
             try:
                 dealer.send(request.SerializeToString(), zmq.NOBLOCK)
             except zmq.Again:  # not connected (yet): try again shortly, maybe elsewhere
+                if security is not None:  # perhaps a key of before the source's restart
+                    security.keybook.forget(address)
                 self._failed(fetching, now)
                 continue
             fetching.correlation_id = correlation_id
@@ -221,10 +240,22 @@ class ReplicaFetcher(threading.Thread):
             return target.leader_address
         return address
 
-    def _dealer(self, context: zmq.Context[Any], poller: zmq.Poller, address: str) -> zmq.Socket[Any]:
+    def _dealer(
+        self, context: zmq.Context[Any], poller: zmq.Poller, address: str, server_key: bytes
+    ) -> zmq.Socket[Any]:
         dealer = self._dealers.get(address)
+        if dealer is not None and self._server_keys.get(address, b"") != server_key:
+            # The source restarted with a new key pair: a socket with the old one never connects.
+            poller.unregister(dealer)
+            dealer.close(linger=0)
+            del self._dealers[address]
+            dealer = None
         if dealer is None:
             dealer = context.socket(zmq.DEALER)
+            if server_key:
+                from robustmq.security._curve import curve_client
+
+                curve_client(dealer, self._follower.security.keypair, server_key)
             dealer.setsockopt(zmq.LINGER, 0)
             dealer.setsockopt(zmq.IMMEDIATE, 1)
             dealer.setsockopt(zmq.SNDHWM, 10_000)
@@ -232,6 +263,7 @@ class ReplicaFetcher(threading.Thread):
             dealer.connect(address)
             poller.register(dealer, zmq.POLLIN)
             self._dealers[address] = dealer
+            self._server_keys[address] = server_key
         return dealer
 
     def _receive(self, socket: zmq.Socket[Any]) -> None:

@@ -48,6 +48,7 @@ def test_signatures() -> None:
         "tls",
         "super_users",
         "token_lifetime_ms",
+        "node_security",
     ]
     assert server.parameters["node_timeout_ms"].default == 1500
     assert server.parameters["tier_url"].kind is inspect.Parameter.KEYWORD_ONLY

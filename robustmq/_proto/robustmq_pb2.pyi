@@ -698,10 +698,12 @@ class ListAclsResponse(_message.Message):
     def __init__(self, acls: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ..., acl_version: _Optional[int] = ..., users: _Optional[_Iterable[_Union[UserInfo, _Mapping]]] = ...) -> None: ...
 
 class InitProducerIdRequest(_message.Message):
-    __slots__ = ("curve_key",)
+    __slots__ = ("curve_key", "transactional_id")
     CURVE_KEY_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     curve_key: bytes
-    def __init__(self, curve_key: _Optional[bytes] = ...) -> None: ...
+    transactional_id: str
+    def __init__(self, curve_key: _Optional[bytes] = ..., transactional_id: _Optional[str] = ...) -> None: ...
 
 class InitProducerIdResponse(_message.Message):
     __slots__ = ("producer_id", "token")

@@ -12,6 +12,8 @@ key (so the same binding twice is one entry) and the serialized ``AclBinding`` a
     "K"                                               be64(acl_version)
     "J"                                               be64(producer ids reserved: every id
                                                       handed out is below it)
+    "B" text(principal) text(transactional_id)        be64(producer id): a transactional id's
+                                                      producer id
 
 ``acl_version`` goes up by one in the batch of every change that alters what an authorizer
 decides: an ACL created or deleted here, a user created, removed or given a new password
@@ -24,6 +26,16 @@ across restarts and crashes. The store records a reservation ``J`` ahead of the 
 out (:data:`PRODUCER_ID_BLOCK` at a time, synced before the first of them is answered), and a
 restarted service starts at the reservation: a crash skips at most a block of ids, never
 repeats one, and a store write is paid once per block, not per producer.
+
+Transactional ids (Kafka's ``transactional.id``): a writer that is replayed in another process (a
+Spark task) names itself, and ``InitProducerId`` answers the same producer id for the same
+(principal, transactional id) every time: a fresh id from the counter the first time, stored
+under ``B`` in the same batch as the reservation it may need, before it is answered. The mapping
+is per principal (with security off, every caller is ``anonymous``), so nobody can take over
+another user's producer id by naming its transactional id. At most
+:data:`MAX_TRANSACTIONAL_IDS` mappings (each at most :data:`MAX_TRANSACTIONAL_ID_BYTES` of UTF-8);
+past it a new one is an ``InvalidRequest`` naming the limit (known ones still answer). Mappings
+are never removed (as Kafka's expire only after a week unused; ours are a few dozen bytes).
 """
 
 from __future__ import annotations
@@ -43,8 +55,11 @@ __all__ = [
     "ACL_VERSION_KEY",
     "MAX_ACLS",
     "MAX_PRODUCER_ID",
+    "MAX_TRANSACTIONAL_IDS",
+    "MAX_TRANSACTIONAL_ID_BYTES",
     "PRODUCER_ID_BLOCK",
     "PRODUCER_ID_KEY",
+    "TRANSACTIONAL_ID",
     "AclControl",
     "acl_key",
 ]
@@ -52,6 +67,9 @@ __all__ = [
 ACL = b"C"
 ACL_VERSION_KEY = b"K"
 PRODUCER_ID_KEY = b"J"
+TRANSACTIONAL_ID = b"B"
+MAX_TRANSACTIONAL_IDS = 1_000_000
+MAX_TRANSACTIONAL_ID_BYTES = 1_000
 MAX_ACLS = 10_000
 PRODUCER_ID_BLOCK = 1_000
 MAX_PRODUCER_ID = (1 << 63) - 1
@@ -96,6 +114,7 @@ class AclControl:
         self._acl_version = _decode_u64(self._store.get(ACL_VERSION_KEY))
         self._producer_ids_reserved = max(1, _decode_u64(self._store.get(PRODUCER_ID_KEY)))
         self._next_producer_id = self._producer_ids_reserved
+        self._transactional_ids = sum(1 for _ in self._store.scan(TRANSACTIONAL_ID))
 
     # -- the version ----------------------------------------------------------
 
@@ -165,17 +184,45 @@ class AclControl:
 
     # -- producer ids ----------------------------------------------------------
 
-    def init_producer_id(self) -> int:
-        """A producer id never handed out before (see the module docstring)."""
+    def init_producer_id(self, principal: str = "", transactional_id: str = "") -> int:
+        """A producer id never handed out before; with a ``transactional_id``, the one ``principal``
+        got for it before, if any (see the module docstring)."""
+        key = _transactional_key(principal, transactional_id) if transactional_id else None
         with self._locked():
+            if key is not None:
+                known = self._store.get(key)
+                if known is not None:
+                    return _decode_u64(known)
+                if self._transactional_ids >= MAX_TRANSACTIONAL_IDS:
+                    raise InvalidRequest(
+                        f"the cluster has {MAX_TRANSACTIONAL_IDS} transactional ids already: reuse "
+                        "them (a Spark sink's come from its query ids: keep a query's checkpoint)",
+                        limit=MAX_TRANSACTIONAL_IDS,
+                    )
             producer_id = self._next_producer_id
             if producer_id >= MAX_PRODUCER_ID:
                 raise Unavailable("every producer id has been handed out")
-            if producer_id >= self._producer_ids_reserved:
+            ws = WriteSet()
+            reserved = self._producer_ids_reserved
+            if producer_id >= reserved:
                 reserved = min(MAX_PRODUCER_ID, producer_id + PRODUCER_ID_BLOCK)
-                ws = WriteSet()
                 ws.put(PRODUCER_ID_KEY, _U64.pack(reserved))
-                ws.commit(self._store)
-                self._producer_ids_reserved = reserved
+            if key is not None:
+                ws.put(key, _U64.pack(producer_id))
+            ws.commit(self._store)  # nothing to write within a reserved block without a transactional id
+            self._producer_ids_reserved = reserved
             self._next_producer_id = producer_id + 1
+            if key is not None:
+                self._transactional_ids += 1
             return producer_id
+
+
+def _transactional_key(principal: str, transactional_id: str) -> bytes:
+    raw = transactional_id.encode()
+    if len(raw) > MAX_TRANSACTIONAL_ID_BYTES or any(ord(c) < 32 for c in transactional_id):
+        raise InvalidRequest(
+            f"transactional_id must be at most {MAX_TRANSACTIONAL_ID_BYTES} bytes of printable "
+            f"UTF-8 (got {len(raw)} bytes)",
+            field="transactional_id",
+        )
+    return TRANSACTIONAL_ID + text(principal) + text(transactional_id)

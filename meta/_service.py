@@ -409,7 +409,8 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
     def InitProducerId(self, request: pb.InitProducerIdRequest, context: Any) -> pb.InitProducerIdResponse:
         # With security on, the answer carries a token bound to the caller's principal, its CURVE
         # key and this id: a node takes a produce with this id only under that token.
-        producer_id = self._controller.init_producer_id()
+        # A transactional id maps (caller, transactional id) to the same producer id every time.
+        producer_id = self._controller.init_producer_id(self.caller(), request.transactional_id)
         answer = pb.InitProducerIdResponse(producer_id=producer_id)
         if self.auth.enabled:
             answer.token.CopyFrom(self.auth.issue(self.caller(), request.curve_key, producer_id=producer_id))

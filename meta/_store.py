@@ -46,6 +46,8 @@ so numbers sort in numeric order within a prefix::
     "K"                                          be64(acl_version): bumped by every ACL or user change
     "J"                                          be64(producer ids reserved): every id InitProducerId
                                                  handed out is below it
+    "B" text(principal) text(transactional_id)   be64(producer id) InitProducerId answers that principal
+                                                 for that transactional id (meta/_acls.py)
 
 A topic's incarnation (in its ``T`` record and every ``ShardInfo``) is unique
 per creation of its name; topics from before incarnations have 0. A ``D``

@@ -749,11 +749,16 @@ class MetaClient:
 
     # -- security (docs/security.md): ACLs and producer ids --------------------------------
 
-    def init_producer_id(self, curve_key: bytes = b"") -> pb.InitProducerIdResponse:
+    def init_producer_id(
+        self, curve_key: bytes = b"", transactional_id: str = ""
+    ) -> pb.InitProducerIdResponse:
         """A producer id the Meta Service never handed out before (and, with security on, a
-        token that may produce with it, bound to ``curve_key``)."""
-        request = pb.InitProducerIdRequest(curve_key=curve_key)
-        # Not idempotent (each call hands out an id), but a repeat only wastes one: retried.
+        token that may produce with it, bound to ``curve_key``). With a ``transactional_id``
+        (Kafka's ``transactional.id``), the same id every time for the same caller and
+        transactional id: a writer replayed in another process keeps its idempotence."""
+        request = pb.InitProducerIdRequest(curve_key=curve_key, transactional_id=transactional_id)
+        # Not idempotent without a transactional id (each call hands out an id), but a repeat only
+        # wastes one: retried.
         return self._call(self._stub.InitProducerId, request, "idempotent")
 
     def create_acl(self, binding: pb.AclBinding) -> None:

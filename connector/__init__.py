@@ -6,7 +6,7 @@ top-level module ``pyspark_robustmq``); ``register(spark)`` does it explicitly.
 """
 
 from ._datasource import RobustMQDataSource, register
-from ._options import SinkOptions, SourceOptions
+from ._options import SinkOptions, SourceOptions, credential_options
 from ._parquet_scan import read_batch
 from ._progress import offsets_behind_latest
 from ._schema import ARROW_SCHEMA, SPARK_SCHEMA
@@ -17,6 +17,7 @@ __all__ = [
     "RobustMQDataSource",
     "SinkOptions",
     "SourceOptions",
+    "credential_options",
     "offsets_behind_latest",
     "read_batch",
     "register",

@@ -27,7 +27,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +264,20 @@ def _group(name: str, raw: str) -> str:
     return raw
 
 
+def _secret(name: str, raw: str) -> str:
+    """A password: never echoed, not even in its own error."""
+    if not raw:
+        raise option_error(name, "must not be empty")
+    return raw
+
+
+def _file(name: str, raw: str) -> str:
+    """A path (read where it is used: ``passwordFile`` on the driver, TLS files by every task)."""
+    if not raw.strip():
+        raise option_error(name, "must name a file")
+    return raw.strip()
+
+
 def _acks(name: str, raw: str) -> str:
     """The producer's own parsing (:func:`robustmq._acks.parse_acks`): ``-1`` is ``all``, 0 is refused."""
     if raw.strip() == "0":
@@ -399,6 +413,21 @@ OPTIONS: tuple[Option, ...] = (
            default_text="`direct` if the driver reaches the store, else `node`"),
     Option("requestTimeoutS", READ | WRITE, _integer(1), 30,
            "seconds a request to the cluster may take, retries included"),
+    Option("user", READ | WRITE, _text, None,
+           "a password user of a secured cluster (with `password` or `passwordFile`, and `tlsCa`); "
+           'see "Secured clusters"'),
+    Option("password", READ | WRITE, _secret, None,
+           "the user's password; Spark hides options named like this in plans and its UI, the "
+           "connector never prints it; prefer `passwordFile`"),
+    Option("passwordFile", READ | WRITE, _file, None,
+           "a file whose first line is the password, read on the driver when the query starts"),
+    Option("tlsCa", READ | WRITE, _file, None,
+           "the cluster CA certificate (PEM): the cluster is reached over TLS only with it; read by "
+           "the driver and every task, so the same path must exist on every executor"),
+    Option("tlsCert", READ | WRITE, _file, None,
+           "a client certificate (PEM, CN `user:NAME`) to log in with instead of a password; same "
+           "path on every executor"),
+    Option("tlsKey", READ | WRITE, _file, None, "the key of `tlsCert` (PEM); same path on every executor"),
 )  # fmt: skip
 
 # Options Spark itself sets or consumes, which reach the data source too.
@@ -416,6 +445,9 @@ REFUSED: tuple[Refused, ...] = (
     Refused("fetchOffset.numRetries", _RETRIES),
     Refused("fetchOffset.retryIntervalMs", _RETRIES),
     Refused("path", "the connector takes no path: name the topic with the topic option"),
+    Refused("kafka.sasl.", "a secured cluster takes user and password (or passwordFile) with tlsCa"),
+    Refused("kafka.ssl.", "a secured cluster takes tlsCa (and tlsCert and tlsKey for a client certificate)"),
+    Refused("kafka.security.protocol", "the cluster is reached over TLS exactly when tlsCa is set"),
     Refused("kafka.", "a setting of Kafka's Java client, which this connector does not use"),
 )  # fmt: skip
 
@@ -426,7 +458,7 @@ class Given:
 
     option: Option
     spelled: str
-    raw: str
+    raw: str = field(repr=False)  # may be a password
 
     def value(self) -> Any:
         return self.option.parse(self.spelled, self.raw)

@@ -8,6 +8,13 @@ way to give starting offsets, ...). Every error is an
 option's name (``option 'startingOffsets': ...``), raised on the driver
 before anything is read.
 
+Credentials (``user``, ``password`` or ``passwordFile``, ``tlsCa``, ``tlsCert``,
+``tlsKey``) become one :class:`~robustmq.Credentials` (``credentials``), whose
+``repr`` hides the password; no error here shows an option's value for them.
+The connector reads no ``ROBUSTMQ_*`` variables for them: a query's options say
+how it logs in, on the driver and on every executor alike (an executor's
+environment is not the driver's).
+
 Reading options are parsed twice: at ``load()`` in mode ``"load"``, which
 checks everything that does not depend on whether the query is a
 ``spark.read`` or a ``spark.readStream`` (PySpark does not tell the data
@@ -22,15 +29,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from robustmq.errors import InvalidConfig
+from robustmq.security._client_auth import Credentials, read_password_file
+
 from ._option_table import LOAD, OPTIONS, Given, option_error, resolve
 
-__all__ = ["DEFAULT_META", "SinkOptions", "SourceOptions", "option_error"]
+__all__ = ["DEFAULT_META", "SinkOptions", "SourceOptions", "credential_options", "option_error"]
 
 DEFAULT_META = "127.0.0.1:7070"
 
 PartitionMap = dict[str, dict[int, int]]
 
 _DEFAULTS = {option.name: option.default for option in OPTIONS}
+_CREDENTIAL_OPTIONS = frozenset({"user", "password", "passwordFile", "tlsCa", "tlsCert", "tlsKey"})
 _META = next(option for option in OPTIONS if option.name == "metaAddress")
 
 
@@ -56,10 +67,52 @@ class _Values:
             raise option_error(second, f"set either '{first}' or '{second}', not both")
         return chosen[0] if chosen else None
 
+    def credentials(self) -> Credentials | None:
+        """The query's credentials (None: an unsecured cluster); errors name an option, never a value."""
+        chosen = self.only_one("password", "passwordFile")
+        if not _CREDENTIAL_OPTIONS & set(self.given):
+            return None
+        if chosen is not None and "user" not in self.given:
+            raise option_error(self.spelled(chosen), "needs the 'user' option naming the user")
+        if "user" in self.given and chosen is None:
+            raise option_error("user", "needs 'password' or 'passwordFile'")
+        password = self["password"]
+        if chosen == "passwordFile":
+            try:
+                password = read_password_file(self["passwordFile"])
+            except InvalidConfig as error:
+                raise option_error("passwordFile", error.message) from None
+        if "tlsCa" not in self.given:
+            raise option_error(
+                "tlsCa", "credentials are only sent over TLS: give the cluster CA certificate (PEM file)"
+            )
+        if ("tlsCert" in self.given) != ("tlsKey" in self.given):
+            missing = "tlsKey" if "tlsCert" in self.given else "tlsCert"
+            raise option_error(missing, "give tlsCert and tlsKey together")
+        return Credentials(
+            user=self["user"], password=password, ca=self["tlsCa"], cert=self["tlsCert"], key=self["tlsKey"]
+        )
+
     def meta_address(self) -> str:
         if "metaAddress" in self.given:
             return str(self["metaAddress"])
         return str(_META.parse("metaAddress", os.environ.get("ROBUSTMQ_META") or DEFAULT_META))
+
+
+def credential_options(credentials: Credentials | None) -> dict[str, str]:
+    """The options that give a query ``credentials`` (the job commands pass theirs this way);
+    ``{}`` for None. The password goes as ``password``, an option Spark's
+    ``spark.redaction.regex`` hides in plans and the UI."""
+    if credentials is None:
+        return {}
+    named = {
+        "user": credentials.user,
+        "password": credentials.password,
+        "tlsCa": credentials.ca,
+        "tlsCert": credentials.cert,
+        "tlsKey": credentials.key,
+    }
+    return {name: str(value) for name, value in named.items() if value is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +151,7 @@ class SourceOptions:
     output: str
     request_timeout_s: float
     tiered_reads: str | None = None  # None: chosen by the driver (connector/_tiered.py)
+    credentials: Credentials | None = None  # a secured cluster (repr hides the password)
 
     @staticmethod
     def parse(options: Mapping[str, str], mode: str = "read") -> SourceOptions:
@@ -156,6 +210,7 @@ class SourceOptions:
             output=values["output"],
             request_timeout_s=float(values["requestTimeoutS"]),
             tiered_reads=values["tieredReads"],
+            credentials=values.credentials(),
         )
 
 
@@ -244,6 +299,7 @@ class SinkOptions:
     acks: str
     request_timeout_s: float
     max_request_bytes: int
+    credentials: Credentials | None = None  # a secured cluster (repr hides the password)
 
     @staticmethod
     def parse(options: Mapping[str, str], columns: list[str], mode: str = "write") -> SinkOptions:
@@ -264,4 +320,5 @@ class SinkOptions:
             acks=values["acks"],
             request_timeout_s=float(values["requestTimeoutS"]),
             max_request_bytes=values["maxRequestBytes"],
+            credentials=values.credentials(),
         )

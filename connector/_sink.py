@@ -2,9 +2,14 @@
 
 Each task writes as an **idempotent producer**:
 
-- the producer id is derived from the query (``sql.streaming.queryId``, kept
-  in the checkpoint, so the same after a restart; for a batch write, a token
-  made once on the driver) and the task's partition id;
+- its producer id comes from the Meta Service (``InitProducerId``) under the
+  transactional id ``QUERY/TASK_PARTITION`` (``QUERY`` is ``query:`` and the
+  stream's ``sql.streaming.queryId``, kept in the checkpoint, so the same after
+  a restart; for a batch write, ``write:`` and a token made once on the
+  driver): a replayed task gets the same producer id in any process, and no
+  other writer ever gets it (ids are handed out once, per principal for
+  transactional ids). With security on, the answer's token, which may produce
+  with that id only, goes with each of the task's produce requests;
 - the rows the task routes to one topic partition are cut into requests by
   :class:`~robustmq.connector._requests.RequestCutter`, a rule that depends
   only on those rows (not on Spark's Arrow batch size);
@@ -36,7 +41,6 @@ deterministic, so a replay sends the same rows to the same place.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import secrets
 from collections.abc import Iterator
@@ -63,7 +67,13 @@ from ._requests import REQUEST_OVERHEAD_BYTES, RequestCutter, StickyPartitions, 
 from ._source import client_for
 from ._spark_errors import reported_to_spark
 
-__all__ = ["RobustMQBatchWriter", "RobustMQStreamWriter", "check_target", "producer_id_for"]
+__all__ = [
+    "RobustMQBatchWriter",
+    "RobustMQStreamWriter",
+    "check_target",
+    "producer_for",
+    "transactional_id_for",
+]
 
 log = logging.getLogger("robustmq.connector")
 
@@ -90,7 +100,7 @@ def check_target(options: SinkOptions) -> None:
     ``topic`` column are known only in the tasks that meet them)."""
     if options.topic is None:
         return
-    client = client_for(options.meta_address, options.request_timeout_s)
+    client = client_for(options.meta_address, options.request_timeout_s, options.credentials)
     try:
         client.meta.describe_topic(options.topic)
     except TopicNotFound:
@@ -105,10 +115,22 @@ def check_target(options: SinkOptions) -> None:
         ) from error
 
 
-def producer_id_for(query: str, task_partition: int) -> int:
-    """A stable 62-bit producer id for one task of one query."""
-    digest = hashlib.blake2b(f"{query}/{task_partition}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 2
+def transactional_id_for(query: str, task_partition: int) -> str:
+    """The transactional id of one task of one query (``query:ID`` or ``write:TOKEN``)."""
+    return f"{query}/{task_partition}"
+
+
+def producer_for(client: Any, options: SinkOptions, transactional_id: str) -> tuple[int, bytes]:
+    """The producer id the Meta Service keeps for ``transactional_id`` (the same on every attempt),
+    and with security on the token that may produce with it (bound to this process's CURVE key)."""
+    curve_key = b""
+    if options.credentials is not None:
+        from robustmq.security._client_auth import curve_public_key
+
+        curve_key = curve_public_key()
+    answer = client.meta.init_producer_id(curve_key=curve_key, transactional_id=transactional_id)
+    token = answer.token.SerializeToString() if answer.HasField("token") else b""
+    return int(answer.producer_id), token
 
 
 @dataclass
@@ -131,6 +153,7 @@ class _Task:
         client: Any,
         *,
         producer_id: int,
+        producer_token: bytes = b"",
         sequence_base: int,
         task_partition: int,
         attempt: str,
@@ -139,6 +162,7 @@ class _Task:
         self.options = options
         self.client = client
         self.producer_id = producer_id
+        self.producer_token = producer_token
         self.sequence_base = sequence_base
         self.task_partition = task_partition
         self.attempt = attempt
@@ -203,6 +227,7 @@ class _Task:
                 producer_id=self.producer_id,
                 sequence=sequence,
                 acks=self.options.acks,
+                token=self.producer_token,
             )
         except DuplicateSequenceMismatch as error:
             raise self._mismatch(target, k, sequence, records.num_rows, error) from error
@@ -294,16 +319,21 @@ class _Writer:
     def write_task(
         self,
         batches: Iterator[pa.RecordBatch],
-        producer_id: int,
+        transactional_id: str,
         sequence_base: int,
         task_partition: int,
         attempt: str = "this attempt",
         spread_from: int | None = None,
     ) -> WrittenMessage:
+        client = client_for(
+            self.options.meta_address, self.options.request_timeout_s, self.options.credentials
+        )
+        producer_id, producer_token = producer_for(client, self.options, transactional_id)
         task = _Task(
             self.options,
-            client_for(self.options.meta_address, self.options.request_timeout_s),
+            client,
             producer_id=producer_id,
+            producer_token=producer_token,
             sequence_base=sequence_base,
             task_partition=task_partition,
             attempt=attempt,
@@ -338,7 +368,11 @@ class RobustMQBatchWriter(_Writer, DataSourceArrowWriter):
             raise InvalidRequest("the RobustMQ writer runs only inside a Spark task")
         partition = context.partitionId()
         return self.write_task(
-            iterator, producer_id_for(f"write:{self.job}", partition), 0, partition, "a retry of this write"
+            iterator,
+            transactional_id_for(f"write:{self.job}", partition),
+            0,
+            partition,
+            "a retry of this write",
         )
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -372,7 +406,7 @@ class RobustMQStreamWriter(_Writer, DataSourceStreamArrowWriter):
         partition = context.partitionId()
         return self.write_task(
             iterator,
-            producer_id_for(f"query:{query}", partition),
+            transactional_id_for(f"query:{query}", partition),
             int(batch_id) * SEQUENCES_PER_BATCH,
             partition,
             f"the replay of micro-batch {batch_id}",

@@ -46,6 +46,7 @@ from robustmq.errors import (
     ShardNotFound,
     TopicNotFound,
 )
+from robustmq.security._client_auth import Credentials
 
 from ._offsets import Range, SourceOffsets, identity_of, plan_ranges, same_topic
 from ._options import SourceOptions, option_error
@@ -69,25 +70,28 @@ log = logging.getLogger("robustmq.connector")
 TopicPartition = tuple[str, int]
 Ends = dict[TopicPartition, tuple[int, int]]  # (earliest, high watermark)
 
-# Keyed by every setting that changes what a client does (its address and request timeout): a
-# query's requestTimeoutS holds even where another query opened a client for the same address.
-# It holds one client per distinct (address, timeout) this process met, a handful in practice.
-_clients: dict[tuple[str, float], Any] = {}
+# Keyed by every setting that changes what a client does (its address, request timeout and
+# credentials): a query's requestTimeoutS holds even where another query opened a client for the
+# same address, and a query never uses a client logged in as another query's user.
+# It holds one client per distinct (address, timeout, credentials) this process met, a handful in
+# practice.
+_clients: dict[tuple[str, float, Credentials | None], Any] = {}
 _clients_lock = threading.Lock()
 
 DATA_LOSS_HINT = "set failOnDataLoss=false to go on (docs/spark.md, 'Data loss')"
 
 
-def client_for(address: str, timeout_s: float = 30.0) -> Any:
-    """A client for ``address`` with requests bounded by ``timeout_s``, shared by everything in this
-    process that asks for the same two (executor workers are reused)."""
+def client_for(address: str, timeout_s: float = 30.0, credentials: Credentials | None = None) -> Any:
+    """A client for ``address`` with requests bounded by ``timeout_s``, logged in with
+    ``credentials`` (None: an unsecured cluster), shared by everything in this process that asks
+    for the same three (executor workers are reused)."""
     import robustmq
 
-    key = (address, float(timeout_s))
+    key = (address, float(timeout_s), credentials)
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = _clients[key] = robustmq.connect(address, timeout_s=timeout_s)
+            client = _clients[key] = robustmq.connect(address, timeout_s=timeout_s, credentials=credentials)
         return client
 
 
@@ -143,7 +147,7 @@ class TopicReader:
 
     @property
     def client(self) -> Any:
-        return client_for(self.options.meta_address, self.options.request_timeout_s)
+        return client_for(self.options.meta_address, self.options.request_timeout_s, self.options.credentials)
 
     def topics(self, *, refresh_s: float = 5.0) -> list[str]:
         """The topics to read; a ``topicPattern`` is re-evaluated at most every ``refresh_s``."""

@@ -391,6 +391,7 @@ class Client:
         producer_id: int = -1,
         sequence: int = -1,
         acks: str | int = DEFAULT_ACKS,
+        token: bytes = b"",
     ) -> pb.ProduceResponse:
         """Append one table of records (record schema) to one partition, retrying retriable errors.
 
@@ -400,6 +401,8 @@ class Client:
         them twice.
         ``acks``: ``"all"`` (default), ``"quorum"`` or ``"1"`` (see :mod:`robustmq._acks`);
         ``NotEnoughReplicas`` is retried like ``Unavailable`` until the client's timeout.
+        ``token``: with security on, the token ``InitProducerId`` answered for ``producer_id``
+        (b"": the client's own session token).
         """
         payload = encode_batch(records)
         acks_value = acks_wire(acks)
@@ -413,7 +416,8 @@ class Client:
                     producer_id=producer_id,
                     producer_sequence=sequence,
                     incarnation=route.incarnation if route.incarnation >= 0 else None,
-                )
+                ),
+                token=token,
             )
 
         response, _ = self._call(topic, partition, produce_request, write=True, payloads=(payload,))

@@ -56,6 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from robustmq.connector._schema import ARROW_SCHEMA
+from robustmq.security._client_auth import Credentials
 
 from ._table import TableLocation, open_table, prepare_table
 from .errors import TableConflict, TableMismatch
@@ -191,6 +192,8 @@ class CompactMerger:
         The Meta Service, for that check (None: no check; benchmarks).
     storage_options
         delta-rs storage options (S3 endpoint, keys...).
+    credentials
+        A secured cluster's, for that check.
     """
 
     def __init__(
@@ -201,8 +204,10 @@ class CompactMerger:
         incarnation: int,
         meta_address: str | None = None,
         storage_options: Mapping[str, str] | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self.location = TableLocation.parse(table_path)
+        self.credentials = credentials
         self.topic = topic
         self.incarnation = incarnation
         self.meta_address = meta_address
@@ -321,7 +326,8 @@ class CompactMerger:
 
         assert self.meta_address is not None
         try:
-            described = client_for(self.meta_address).describe_topic(self.topic).topic
+            client = client_for(self.meta_address, credentials=self.credentials)
+            described = client.describe_topic(self.topic).topic
         except TopicNotFound:
             raise TopicNotFound(
                 f"topic {self.topic} was deleted; the compacted table {self.location.uri} keeps what it "

@@ -78,6 +78,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from robustmq._records import HEADERS_TYPE, TAGS_TYPE
+from robustmq.security._client_auth import Credentials
 
 from ._commit_log import AppendLog
 from ._table import TableLocation, WrittenFile, file_stats, open_table, table_filesystem
@@ -250,11 +251,12 @@ def _write_ranges(
     storage_options: Mapping[str, str] | None,
     fail_on_data_loss: bool,
     prefix: str,
+    credentials: Credentials | None = None,
 ) -> Callable[[Iterator[Any]], Iterator[dict[str, Any]]]:
     """The task function of the ranges path: read offset ranges with the source's reader, write Parquet."""
 
     def write(ranges: Iterator[Any]) -> Iterator[dict[str, Any]]:
-        from robustmq.connector import SourceOptions
+        from robustmq.connector import SourceOptions, credential_options
         from robustmq.connector._source import RangePartition, RobustMQBatchReader
 
         for topic, partition, start, end, identity, from_beginning in ranges:
@@ -262,6 +264,7 @@ def _write_ranges(
                 "metaAddress": meta_address,
                 "topic": topic,
                 "failOnDataLoss": "true" if fail_on_data_loss else "false",
+                **credential_options(credentials),
             }
             reader = RobustMQBatchReader(SourceOptions.parse(options))
             part = RangePartition(
@@ -291,6 +294,8 @@ class DeltaAppender:
     fail_on_data_loss
         As the source's ``failOnDataLoss``: records removed by retention, or a topic deleted or
         re-created since the batch was planned, fail the batch, or (False) are skipped with a warning.
+    credentials
+        A secured cluster's (the driver's calls and the tasks' reads use them).
 
     The appender keeps the table's commit log open between micro-batches (one
     per driver; ``foreachBatch`` calls it from one thread at a time).
@@ -303,9 +308,11 @@ class DeltaAppender:
         meta_address: str,
         storage_options: dict[str, str] | None = None,
         fail_on_data_loss: bool = True,
+        credentials: Credentials | None = None,
     ) -> None:
         self.location = TableLocation.parse(table_path)
         self.meta_address = meta_address
+        self.credentials = credentials
         self.storage_options = storage_options
         self.fail_on_data_loss = fail_on_data_loss
         self._log: AppendLog | None = None
@@ -390,7 +397,9 @@ class DeltaAppender:
         from robustmq.errors import TopicNotFound
 
         try:
-            described = client_for(self.meta_address).describe_topic(topic).topic
+            described = (
+                client_for(self.meta_address, credentials=self.credentials).describe_topic(topic).topic
+            )
             return tuple(sorted(identity_of(described).items()))
         except TopicNotFound:
             if self.fail_on_data_loss:
@@ -412,7 +421,12 @@ class DeltaAppender:
         if not pieces:
             return []
         write = _write_ranges(
-            self.meta_address, self.location.uri, self.storage_options, self.fail_on_data_loss, prefix
+            self.meta_address,
+            self.location.uri,
+            self.storage_options,
+            self.fail_on_data_loss,
+            prefix,
+            self.credentials,
         )
         tasks = frame.sparkSession.sparkContext.parallelize(pieces, len(pieces))
         return list(tasks.mapPartitions(write).collect())

@@ -31,7 +31,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from robustmq._records import COMPACT_POLICY
-from robustmq.errors import InvalidConfig, RetriableError, RobustMQError, TopicNotFound
+from robustmq.cli._security import credentials_of
+from robustmq.connector._options import credential_options
+from robustmq.errors import AuthenticationFailed, InvalidConfig, RetriableError, RobustMQError, TopicNotFound
+from robustmq.security._client_auth import Credentials
 
 from ._compaction import CompactMerger, prepare_compact_table, topic_incarnation
 from ._stopping import BatchGate, StopSignals, run_gated_query
@@ -87,7 +90,9 @@ def default_checkpoint(table_path: str) -> str:
     return os.path.join(os.path.expanduser("~"), ".robustmq", "checkpoints", f"compact-{digest}")
 
 
-def compacted_topic(meta_address: str, topic: str, *, timeout_s: float = 10.0) -> int:
+def compacted_topic(
+    meta_address: str, topic: str, *, timeout_s: float = 10.0, credentials: Credentials | None = None
+) -> int:
     """Check ``topic`` exists and is ``cleanup=compact``; returns its incarnation.
 
     Raises :class:`~robustmq.errors.TopicNotFound`, :class:`~robustmq.errors.InvalidConfig`
@@ -97,7 +102,7 @@ def compacted_topic(meta_address: str, topic: str, *, timeout_s: float = 10.0) -
     import robustmq
     from robustmq.connector._offsets import identity_of
 
-    with robustmq.connect(meta_address, timeout_s=timeout_s) as client:
+    with robustmq.connect(meta_address, timeout_s=timeout_s, credentials=credentials) as client:
         try:
             described = client.describe_topic(topic).topic
         except TopicNotFound:
@@ -128,13 +133,14 @@ def start_compaction(
     fail_on_data_loss: bool = True,
     orphan_retention_hours: int | None = 168,
     gate: Callable[[Callable[[Any, int], None]], BatchGate] | None = None,
+    credentials: Credentials | None = None,
 ) -> Any:
     """Check the topic, prepare the table (create or check it, vacuum orphans), start the query.
 
     Returns the running ``StreamingQuery``. ``gate`` wraps the ``foreachBatch`` function
     (:class:`._stopping.BatchGate`). ``group`` defaults to one named after the table's id.
     """
-    incarnation = compacted_topic(meta_address, topic)
+    incarnation = compacted_topic(meta_address, topic, credentials=credentials)
     location = prepare_compact_table(
         table_path,
         topic=topic,
@@ -151,6 +157,7 @@ def start_compaction(
         .option("group", group)
         .option("includeHeaders", "true")
         .option("failOnDataLoss", "true" if fail_on_data_loss else "false")
+        .options(**credential_options(credentials))
     )
     if max_records_per_trigger:
         reader = reader.option("maxRecordsPerTrigger", max_records_per_trigger)
@@ -160,6 +167,7 @@ def start_compaction(
         incarnation=incarnation,
         meta_address=meta_address,
         storage_options=storage_options,
+        credentials=credentials,
     )
     name = "compact_" + hashlib.sha256(f"{topic} {location.uri}".encode()).hexdigest()[:12]
     writer = (
@@ -235,7 +243,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = StopSignals()
     stop.install()
     try:
-        compacted_topic(args.meta, args.topic)
+        args.credentials = credentials_of(args)
+    except InvalidConfig as error:
+        return _fail(error.message, EXIT_USAGE)
+    try:
+        compacted_topic(args.meta, args.topic, credentials=args.credentials)
+    except AuthenticationFailed as error:
+        return _fail(f"--meta {args.meta}: {error.message}", EXIT_USAGE)
     except TopicNotFound:
         where = f"no such topic at the Meta Service {args.meta} (robustmq topic list shows the topics)"
         return _fail(f"--topic {args.topic}: {where}", EXIT_USAGE)
@@ -269,6 +283,7 @@ def _run(spark: Any, args: argparse.Namespace, stop: StopSignals) -> int:
             fail_on_data_loss=args.fail_on_data_loss,
             orphan_retention_hours=None if args.orphan_retention_hours < 0 else args.orphan_retention_hours,
             gate=gate,
+            credentials=args.credentials,
         )
 
     try:

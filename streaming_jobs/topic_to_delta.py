@@ -39,7 +39,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from robustmq.errors import RetriableError, RobustMQError, TopicNotFound
+from robustmq.cli._security import credentials_of
+from robustmq.connector._options import credential_options
+from robustmq.errors import AuthenticationFailed, InvalidConfig, RetriableError, RobustMQError, TopicNotFound
+from robustmq.security._client_auth import Credentials
 
 from ._delta import PARTITION_BY, TABLE_SCHEMA, DeltaAppender, delta_spark_available
 from ._stopping import BatchGate, StopSignals, run_gated_query
@@ -111,8 +114,12 @@ def start_topic_to_delta(
     fail_on_data_loss: bool = True,
     orphan_retention_hours: int | None = 168,
     gate: Callable[[Callable[[Any, int], None]], BatchGate] | None = None,
+    credentials: Credentials | None = None,
 ) -> Any:
     """Prepare the table (create or check it, vacuum orphans) and start the query; returns it.
+
+    ``credentials``: a secured cluster's (passed to the source as its options, and used by the
+    driver and the tasks that read offset ranges).
 
     ``gate`` (``BatchGate``, say) wraps the job's ``foreachBatch`` function, so the caller can
     stop the query between micro-batches (:mod:`._stopping`).
@@ -128,7 +135,7 @@ def start_topic_to_delta(
     checkpoint has progress: the restarted query then goes on without it.
     """
     if _topics_must_exist(fail_on_data_loss, checkpoint):
-        check_source(meta_address, topic)
+        check_source(meta_address, topic, credentials=credentials)
     location = prepare_table(
         table_path,
         TABLE_SCHEMA,
@@ -148,6 +155,7 @@ def start_topic_to_delta(
         .option("group", group)
         .option("failOnDataLoss", "true" if fail_on_data_loss else "false")
         .option("output", output)
+        .options(**credential_options(credentials))
     )
     reader = reader.option("topicPattern", topic_pattern) if topic_pattern else reader.option("topic", topic)
     if max_records_per_trigger:
@@ -157,6 +165,7 @@ def start_topic_to_delta(
         meta_address=meta_address,
         storage_options=storage_options,
         fail_on_data_loss=fail_on_data_loss,
+        credentials=credentials,
     )
     name = (
         "topic_to_delta_"
@@ -176,7 +185,9 @@ def start_topic_to_delta(
     return writer.start()
 
 
-def check_source(meta_address: str, topic: str | None, *, timeout_s: float = 10.0) -> None:
+def check_source(
+    meta_address: str, topic: str | None, *, timeout_s: float = 10.0, credentials: Credentials | None = None
+) -> None:
     """The Meta Service answers and each topic of ``topic`` (one name or a comma-separated list)
     exists: one call, before Spark starts or anything is created.
 
@@ -188,7 +199,7 @@ def check_source(meta_address: str, topic: str | None, *, timeout_s: float = 10.
     """
     import robustmq
 
-    with robustmq.connect(meta_address, timeout_s=timeout_s) as client:
+    with robustmq.connect(meta_address, timeout_s=timeout_s, credentials=credentials) as client:
         existing = set(client.list_topics())
     for name in (t.strip() for t in (topic or "").split(",") if t.strip()):
         if name not in existing:
@@ -256,13 +267,18 @@ def _retention_hours(text: str) -> int:
 
 
 def add_meta_option(parser: argparse.ArgumentParser) -> None:
-    """``--meta``, as every job's command line has it."""
+    """``--meta`` and the client security flags (``--user``, ``--password-file``, ``--tls-ca``,
+    ``--tls-cert``, ``--tls-key``, falling back to ``ROBUSTMQ_*``), as every job's command line
+    has them; :func:`robustmq.cli._security.credentials_of` reads the latter."""
+    from robustmq.cli._security import add_client_flags
+
     parser.add_argument(
         "--meta",
         default=os.environ.get("ROBUSTMQ_META", "127.0.0.1:7070"),
         metavar="HOST:PORT",
         help="the Meta Service (default: $ROBUSTMQ_META or 127.0.0.1:7070)",
     )
+    add_client_flags(parser)
 
 
 def add_trigger_options(parser: argparse.ArgumentParser) -> None:
@@ -415,8 +431,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = StopSignals()
     stop.install()
     try:
+        args.credentials = credentials_of(args)
         if _topics_must_exist(args.fail_on_data_loss, args.checkpoint):
-            check_source(args.meta, args.topic)
+            check_source(args.meta, args.topic, credentials=args.credentials)
+    except InvalidConfig as error:
+        return _fail(error.message, EXIT_USAGE)
+    except AuthenticationFailed as error:
+        return _fail(f"--meta {args.meta}: {error.message}", EXIT_USAGE)
     except TopicNotFound as error:
         where = f"no such topic at the Meta Service {args.meta} (robustmq topic list shows the topics)"
         return _fail(f"--topic {error.fields['topic']}: {where}", EXIT_USAGE)
@@ -449,6 +470,7 @@ def _run(spark: Any, args: argparse.Namespace, stop: StopSignals) -> int:
             fail_on_data_loss=args.fail_on_data_loss,
             orphan_retention_hours=None if args.orphan_retention_hours < 0 else args.orphan_retention_hours,
             gate=gate,
+            credentials=args.credentials,
         )
 
     try:

@@ -43,7 +43,7 @@ def add_client_flags(parser: argparse.ArgumentParser) -> None:
         help="the user's password, first line of FILE ('-': stdin; default $ROBUSTMQ_PASSWORD_FILE "
         "or $ROBUSTMQ_PASSWORD)",
     )
-    _tls_flags(group, "a client certificate (CN user:NAME) to log in with instead of a password")
+    _tls_flags(group, "a client certificate (CN user:NAME) to log in with instead of a password", env=True)
 
 
 def add_server_flags(parser: argparse.ArgumentParser, *, meta: bool) -> None:
@@ -59,10 +59,25 @@ def add_server_flags(parser: argparse.ArgumentParser, *, meta: bool) -> None:
         )
 
 
-def _tls_flags(group: Any, cert_help: str) -> None:
-    group.add_argument("--tls-ca", default=None, metavar="FILE", help="the cluster CA certificate (PEM)")
-    group.add_argument("--tls-cert", default=None, metavar="FILE", help=cert_help)
-    group.add_argument("--tls-key", default=None, metavar="FILE", help="the certificate's key (PEM)")
+def _tls_flags(group: Any, cert_help: str, *, env: bool = False) -> None:
+    def default(variable: str) -> str:
+        return f" (default ${variable})" if env else ""
+
+    group.add_argument(
+        "--tls-ca",
+        default=None,
+        metavar="FILE",
+        help="the cluster CA certificate (PEM)" + default("ROBUSTMQ_TLS_CA"),
+    )
+    group.add_argument(
+        "--tls-cert", default=None, metavar="FILE", help=cert_help + default("ROBUSTMQ_TLS_CERT")
+    )
+    group.add_argument(
+        "--tls-key",
+        default=None,
+        metavar="FILE",
+        help="the certificate's key (PEM)" + default("ROBUSTMQ_TLS_KEY"),
+    )
 
 
 def security_configured(args: argparse.Namespace) -> bool:

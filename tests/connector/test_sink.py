@@ -331,9 +331,9 @@ def test_writer_replay_with_other_rows_is_a_typed_error(cluster, client) -> None
     writer = RobustMQStreamWriter(options)
     first = pa.record_batch([pa.array([b"a", b"b", b"c"])], names=["value"])
     other = pa.record_batch([pa.array([b"a", b"b", b"c", b"d", b"e"])], names=["value"])
-    writer.write_task(iter([first]), producer_id=77, sequence_base=5 << 20, task_partition=0)
+    writer.write_task(iter([first]), transactional_id="t/0", sequence_base=5 << 20, task_partition=0)
     with pytest.raises(DuplicateSequenceMismatch) as caught:
-        writer.write_task(iter([other]), producer_id=77, sequence_base=5 << 20, task_partition=0)
+        writer.write_task(iter([other]), transactional_id="t/0", sequence_base=5 << 20, task_partition=0)
     message = str(caught.value)
     assert "deterministic" in message and "maxRequestBytes" in message and "partition" in message
     assert [r["value"] for r in _all(client, topic)] == [b"a", b"b", b"c"]

@@ -23,6 +23,7 @@ only matching records cross the network.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import re
@@ -188,6 +189,11 @@ class TopicReader:
             return
         for name in self.options.topics:
             if name not in topics:
+                if self.options.credentials is not None:
+                    # A secured cluster lists only the topics the user may describe: one it may
+                    # not is an AuthorizationFailed naming user, operation and topic, not "missing".
+                    with contextlib.suppress(TopicNotFound):
+                        self._call(self.client.meta.describe_topic, name)
                 raise self._missing(name)
         for name, partitions in (self.options.assign or {}).items():
             count = int(topics[name].config.partitions)

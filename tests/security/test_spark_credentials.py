@@ -1,0 +1,129 @@
+"""The Spark connector on a secured cluster: a real TLS Meta Service, real Spark.
+
+What Spark shows of a query (``explain``, errors) never holds the password; a wrong password and
+a missing ACL fail the query clearly. (Reading and writing records also needs the storage nodes'
+CURVE transport on the client side; those runs belong with the secured cluster tests.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from robustmq import Credentials
+from robustmq._meta_client import MetaClient
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq.security._credentials import init_credentials
+from tests.e2e._procs import ServerProcess, free_port, wait_until
+
+PASSWORD = "Sp4rk-s3cret-pw"
+
+
+@pytest.fixture(scope="module")
+def secured_meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    root = tmp_path_factory.mktemp("spark-secured")
+    creds = root / "creds"
+    init_credentials(creds, nodes=["n1"])
+    port = free_port()
+    meta = ServerProcess(
+        [
+            "meta",
+            "--data-dir",
+            str(root / "meta"),
+            "--meta-port",
+            str(port),
+            "--tls-ca",
+            str(creds / "ca.pem"),
+            "--tls-cert",
+            str(creds / "meta.pem"),
+            "--tls-key",
+            str(creds / "meta.key"),
+        ]
+    )
+    address = f"127.0.0.1:{port}"
+    node = ServerProcess(
+        [
+            "storage-node",
+            "--data-dir",
+            str(root / "n1"),
+            "--node-port",
+            str(free_port()),
+            "--meta",
+            address,
+            "--io-workers",
+            "1",
+            "--tls-ca",
+            str(creds / "ca.pem"),
+            "--tls-cert",
+            str(creds / "node-n1.pem"),
+            "--tls-key",
+            str(creds / "node-n1.key"),
+        ]
+    )
+    try:
+        meta.start()
+        node.start()
+        admin = Credentials(ca=creds / "ca.pem", cert=creds / "admin.pem", key=creds / "admin.key")
+        with MetaClient(address, credentials=admin, timeout_s=60.0) as client:
+            wait_until(lambda: len(client.list_nodes()) == 1, timeout_s=60)
+            for topic in ("in", "other"):
+                client.create_topic(topic, partitions=1)
+            client.create_user("etl", PASSWORD)
+            reads = pb.AclBinding(
+                principal="user:etl", resource_type="topic", resource_name="in", operation="read"
+            )
+            client.create_acl(reads)
+        yield address, creds
+    finally:
+        node.stop()
+        meta.stop()
+
+
+def _options(address: str, creds: Path, **more: str) -> dict[str, str]:
+    return {
+        "metaAddress": address,
+        "user": "etl",
+        "password": PASSWORD,
+        "tlsCa": str(creds / "ca.pem"),
+        **more,
+    }
+
+
+def _failure(action: object) -> str:
+    try:
+        action()  # type: ignore[operator]
+    except Exception as error:  # what Spark raises: the text is what a user sees
+        return str(error)
+    raise AssertionError("expected the query to fail")
+
+
+def test_explain_and_errors_never_show_the_password(spark, secured_meta: tuple[str, Path]) -> None:  # type: ignore[no-untyped-def]
+    address, creds = secured_meta
+    frame = spark.read.format("robustmq").options(**_options(address, creds, topic="in")).load()
+    # A missing ACL (etl may read "in", not "other"): refused, named, without the password.
+    other = spark.read.format("robustmq").options(**_options(address, creds, topic="other"))
+    message = _failure(other.load)
+    assert PASSWORD not in message
+    assert "AuthorizationFailed" in message or "not allowed" in message or "user:etl" in message, message
+    # A wrong password: refused, and neither password is shown.
+    wrong = _options(address, creds, topic="in")
+    wrong["password"] = "wrong-" + PASSWORD
+    message = _failure(spark.read.format("robustmq").options(**wrong).load)
+    assert PASSWORD not in message and "AuthenticationFailed" in message, message
+    # Spark's own rendering of the plan (options included, where it shows them).
+    execution = frame._jdf.queryExecution()
+    plans = [execution.logical().toString(), execution.analyzed().toString()]
+    for plan in plans:
+        assert PASSWORD not in plan, plan
+
+
+def test_the_sink_refuses_a_user_without_write(spark, secured_meta: tuple[str, Path]) -> None:  # type: ignore[no-untyped-def]
+    address, creds = secured_meta
+    frame = spark.createDataFrame([("a",)], ["value"])
+    writer = frame.write.format("robustmq").options(**_options(address, creds, topic="in")).mode("append")
+    message = _failure(writer.save)
+    assert PASSWORD not in message
+    # etl has no write on "in": the driver's check of the topic or the first InitProducerId refuses.
+    assert "AuthorizationFailed" in message or "user:etl" in message, message

@@ -33,7 +33,14 @@ from typing import Any
 from robustmq._records import COMPACT_POLICY
 from robustmq.cli._security import credentials_of
 from robustmq.connector._options import credential_options
-from robustmq.errors import AuthenticationFailed, InvalidConfig, RetriableError, RobustMQError, TopicNotFound
+from robustmq.errors import (
+    AuthenticationFailed,
+    AuthorizationFailed,
+    InvalidConfig,
+    RetriableError,
+    RobustMQError,
+    TopicNotFound,
+)
 from robustmq.security._client_auth import Credentials
 
 from ._compaction import CompactMerger, prepare_compact_table, topic_incarnation
@@ -248,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(error.message, EXIT_USAGE)
     try:
         compacted_topic(args.meta, args.topic, credentials=args.credentials)
-    except AuthenticationFailed as error:
+    except (AuthenticationFailed, AuthorizationFailed) as error:  # who we are, what we may: the setup's
         return _fail(f"--meta {args.meta}: {error.message}", EXIT_USAGE)
     except TopicNotFound:
         where = f"no such topic at the Meta Service {args.meta} (robustmq topic list shows the topics)"

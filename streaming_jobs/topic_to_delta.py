@@ -41,7 +41,14 @@ from typing import Any
 
 from robustmq.cli._security import credentials_of
 from robustmq.connector._options import credential_options
-from robustmq.errors import AuthenticationFailed, InvalidConfig, RetriableError, RobustMQError, TopicNotFound
+from robustmq.errors import (
+    AuthenticationFailed,
+    AuthorizationFailed,
+    InvalidConfig,
+    RetriableError,
+    RobustMQError,
+    TopicNotFound,
+)
 from robustmq.security._client_auth import Credentials
 
 from ._delta import PARTITION_BY, TABLE_SCHEMA, DeltaAppender, delta_spark_available
@@ -436,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_source(args.meta, args.topic, credentials=args.credentials)
     except InvalidConfig as error:
         return _fail(error.message, EXIT_USAGE)
-    except AuthenticationFailed as error:
+    except (AuthenticationFailed, AuthorizationFailed) as error:  # who we are, what we may: the setup's
         return _fail(f"--meta {args.meta}: {error.message}", EXIT_USAGE)
     except TopicNotFound as error:
         where = f"no such topic at the Meta Service {args.meta} (robustmq topic list shows the topics)"

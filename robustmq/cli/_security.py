@@ -104,7 +104,7 @@ def credentials_of(args: argparse.Namespace) -> Credentials | None:
     if password_file:
         password = read_password_file(password_file)
     elif user is not None:
-        password = env.get("ROBUSTMQ_PASSWORD")
+        password = env.get("ROBUSTMQ_PASSWORD") or None  # set but empty: no password
         if password is None and env.get("ROBUSTMQ_PASSWORD_FILE"):
             password = read_password_file(env["ROBUSTMQ_PASSWORD_FILE"])
         if password is None:

@@ -7,6 +7,9 @@ CURVE transport on the client side; those runs belong with the secured cluster t
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from robustmq import Credentials
 from robustmq._meta_client import MetaClient
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.security._credentials import init_credentials
-from tests.e2e._procs import ServerProcess, free_port, wait_until
+from tests.e2e._procs import ROOT, ServerProcess, free_port, wait_until
 
 PASSWORD = "Sp4rk-s3cret-pw"
 
@@ -127,3 +130,37 @@ def test_the_sink_refuses_a_user_without_write(spark, secured_meta: tuple[str, P
     assert PASSWORD not in message
     # etl has no write on "in": the driver's check of the topic or the first InitProducerId refuses.
     assert "AuthorizationFailed" in message or "user:etl" in message, message
+
+
+def _job(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "robustmq.cli", *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_job_commands_log_in_with_the_client_flags_and_env(
+    secured_meta: tuple[str, Path], tmp_path: Path
+) -> None:
+    address, creds = secured_meta
+    (tmp_path / "wrong").write_text("wrong-" + PASSWORD + "\n")
+    table = ["--table", str(tmp_path / "t"), "--checkpoint", str(tmp_path / "ck"), "--available-now"]
+    # Flags: a wrong password is refused before Spark starts, one line, exit 2, no password shown.
+    flags = ["--user", "etl", "--password-file", str(tmp_path / "wrong"), "--tls-ca", str(creds / "ca.pem")]
+    done = _job("topic-to-delta", "--meta", address, "--topic", "in", *table, *flags)
+    assert done.returncode == 2 and "AuthenticationFailed" not in done.stdout, done
+    assert "password" in done.stderr.lower() and PASSWORD not in done.stderr + done.stdout, done.stderr
+    # The environment: the same, through ROBUSTMQ_*; a topic the user may not describe is named.
+    env = {"ROBUSTMQ_USER": "etl", "ROBUSTMQ_PASSWORD": PASSWORD, "ROBUSTMQ_TLS_CA": str(creds / "ca.pem")}
+    done = _job("compact", "--meta", address, "--topic", "other", "--table", str(tmp_path / "c"), env=env)
+    assert done.returncode == 2 and PASSWORD not in done.stderr + done.stdout, done.stderr
+    assert "user:etl may not describe topic 'other'" in done.stderr and "Traceback" not in done.stderr
+    # A user without a password: one line naming what is missing.
+    no_password = {"ROBUSTMQ_PASSWORD": "", "ROBUSTMQ_PASSWORD_FILE": ""}
+    user = ["--user", "etl", "--tls-ca", str(creds / "ca.pem")]
+    done = _job("topic-to-delta", "--meta", address, "--topic", "in", *table, *user, env=no_password)
+    assert done.returncode == 2 and "needs a password" in done.stderr, done.stderr

@@ -20,7 +20,9 @@ Where the work runs
     larger than any one process compacts; ``N`` (16 by default) is fixed when the
     table is created. Tables written before buckets existed (not partitioned)
     are one bucket. :meth:`CompactMerger.merge_rows` runs the same stages in
-    this process (tests, small tables).
+    this process (tests, small tables). Tasks load the table's snapshot every
+    batch, so the merger writes a Delta log checkpoint every
+    ``CHECKPOINT_EVERY`` (50) versions, as ``topic-to-delta`` does.
 
 Exactly once, by content
     Every commit also sets, per topic partition it merged, a Delta ``txn``
@@ -95,6 +97,7 @@ from ._buckets import (
     staging_directory,
     sweep_staging,
 )
+from ._commit_log import CHECKPOINT_EVERY
 from ._table import TableLocation, check_table, open_table, prepare_table, table_filesystem
 from .errors import TableConflict, TableMismatch
 
@@ -337,6 +340,9 @@ class CompactMerger:
         delta-rs storage options (S3 endpoint, keys...).
     stage_bytes, file_bytes
         The bounds of a task's memory: Arrow bytes a stage-1 task buffers, and per data file.
+    checkpoint_every
+        A Delta log checkpoint every this many versions: every batch's tasks load the table's
+        snapshot, which without checkpoints replays a log that grows with every batch.
     """
 
     def __init__(
@@ -349,6 +355,7 @@ class CompactMerger:
         storage_options: Mapping[str, str] | None = None,
         stage_bytes: int = STAGE_BYTES,
         file_bytes: int = FILE_BYTES,
+        checkpoint_every: int = CHECKPOINT_EVERY,
     ) -> None:
         self.location = TableLocation.parse(table_path)
         self.topic = topic
@@ -356,6 +363,7 @@ class CompactMerger:
         self.meta_address = meta_address
         self.storage_options = dict(storage_options) if storage_options else None
         self.stage_bytes, self.file_bytes = stage_bytes, file_bytes
+        self.checkpoint_every = checkpoint_every
         self._table: Any = None
         self._identity: tuple[Any, ...] | None = None  # the table's id and cut, as first opened
 
@@ -505,7 +513,10 @@ class CompactMerger:
                     "buckets": len(works),
                     "attempts": attempt,
                 }
-                return int(table.version()), metrics
+                version = int(table.version())
+                if version % self.checkpoint_every == 0:
+                    self._checkpoint(table, version)
+                return version, metrics
             for path in added:
                 _delete_quietly(filesystem, path)
             pause = min(_BACKOFF_S[1], _BACKOFF_S[0] * 2**attempt) * random.uniform(0.5, 1.0)
@@ -560,6 +571,22 @@ class CompactMerger:
             f"({_COMMIT_ATTEMPTS} attempts)",
             table=self.location.uri,
             version=table.version(),
+        )
+
+    def _checkpoint(self, table: Any, version: int) -> None:
+        """A Delta log checkpoint, then the cleanup of log files past the log retention (30 days by
+        default), as ``topic-to-delta`` does. A failure fails the batch after its commit: a restart
+        replays it, which merges nothing."""
+        started = time.monotonic()
+        table.create_checkpoint()
+        cleanup = table.metadata().configuration.get("delta.enableExpiredLogCleanup", "true")
+        if cleanup.lower() != "false":
+            table.cleanup_metadata()
+        log.info(
+            "Delta log checkpoint of %s at version %d in %.2fs",
+            self.location.uri,
+            version,
+            time.monotonic() - started,
         )
 
     def _check_ends(self, table: Any, held: Mapping[int, int | None], batch_id: int) -> None:

@@ -292,6 +292,20 @@ def test_staging_files_of_crashed_batches_are_swept_at_start(tmp_path: Path) -> 
     assert not old.exists() and young.exists()
 
 
+def test_the_delta_log_is_checkpointed_as_batches_commit(tmp_path: Path) -> None:
+    """Every batch's tasks load the table's snapshot: without checkpoints that replays a log
+    growing with every batch (before, the job never wrote one)."""
+    path = tmp_path / "table"
+    prepare_compact_table(str(path), topic="t", incarnation=1, buckets=2)
+    merger = CompactMerger(str(path), topic="t", incarnation=1, checkpoint_every=3)
+    for batch in range(7):
+        merger.merge_rows(_rows([(0, batch, b"k%d" % (batch % 3), b"v%d" % batch)]), batch)
+    found = (path / "_delta_log").glob("*.checkpoint.parquet")
+    checkpoints = sorted(int(p.name.split(".")[0]) for p in found)
+    assert checkpoints == [3, 6]
+    assert _table_state(str(path)) == {b"k0": b"v6", b"k1": b"v4", b"k2": b"v5"}
+
+
 @pytest.mark.spark
 def test_merge_frame_runs_both_stages_in_spark_tasks(spark: Any, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     path = str(tmp_path / "table")

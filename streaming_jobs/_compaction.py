@@ -83,6 +83,7 @@ from ._buckets import (
     COLUMNS,
     COMPACT_SCHEMA,
     FILE_BYTES,
+    LIST_COLUMNS,
     STAGE_BYTES,
     STAGED_DDL,
     STAGED_SCHEMA,
@@ -375,6 +376,8 @@ class CompactMerger:
 
     def merge_frame(self, frame: Any, batch_id: int, *, query_id: str = "") -> MergeResult:
         """The batch's rows (a Spark DataFrame of the source's columns), merged by Spark tasks."""
+        from pyspark.sql import functions as F
+
         context = frame.sparkSession.sparkContext
 
         def stage(version: int, directory: str, buckets: int) -> list[Mapping[str, Any]]:
@@ -387,7 +390,9 @@ class CompactMerger:
                 buckets,
                 self.stage_bytes,
             )
-            return [row.asDict() for row in frame.select(*COLUMNS).mapInArrow(task, STAGED_DDL).collect()]
+            # The list columns cross as JSON text: mapInArrow hands list columns to Python slowly.
+            columns = [F.to_json(c).alias(c) if c in LIST_COLUMNS else F.col(c) for c in COLUMNS]
+            return [row.asDict() for row in frame.select(*columns).mapInArrow(task, STAGED_DDL).collect()]
 
         def merge(
             works: list[BucketWork], run: Callable[[BucketWork], dict[str, Any]]

@@ -317,11 +317,39 @@ def test_merge_frame_runs_both_stages_in_spark_tasks(spark: Any, tmp_path: Path)
     for batch in range(2):
         records = _history(rng, 2000, 300, ends)
         _apply(model, records)
-        frame = spark.createDataFrame(_rows(records)).repartition(3)
+        frame = spark.createDataFrame(_with_tags_and_headers(_rows(records))).repartition(3)
         result = merger.merge_frame(frame, batch, query_id="q")
         assert (result.records, result.fresh) == (2000, 2000)
     assert result.metrics["buckets"] == 3
     assert _table_state(path) == model
+    # tags and headers cross from the JVM as JSON text: they come back as they were sent
+    stored = open_table(TableLocation.parse(path), None).to_pyarrow_dataset().to_table(use_threads=False)
+    expected = _with_tags_and_headers(stored.select(["offset"]).append_column("key", stored.column("key")))
+    assert stored.column("tags").to_pylist() == expected.column("tags").to_pylist()
+    assert stored.column("headers").to_pylist() == expected.column("headers").to_pylist()
+
+
+def _with_tags_and_headers(rows: pa.Table) -> pa.Table:
+    """Tags and headers made from each row's offset: null, empty or a few (with nulls inside)."""
+    tags: list[Any] = []
+    headers: list[Any] = []
+    for offset in rows.column("offset").to_pylist():
+        shape = offset % 4
+        tags.append(None if shape == 0 else [] if shape == 1 else [f"t{offset}", None, 'q"\u00e9'])
+        headers.append(
+            None
+            if shape == 1
+            else []
+            if shape == 2
+            else [{"key": "h", "value": b"\x00\xff%d" % offset}, {"key": "n", "value": None}]
+        )
+    for name, values in (("tags", tags), ("headers", headers)):
+        column = pa.array(values, COMPACT_SCHEMA.field(name).type)
+        if name in rows.column_names:
+            rows = rows.set_column(rows.schema.get_field_index(name), name, column)
+        else:
+            rows = rows.append_column(name, column)
+    return rows
 
 
 # -- the job as a user runs it -------------------------------------------------------------------

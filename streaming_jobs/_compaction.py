@@ -70,6 +70,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -268,20 +269,43 @@ class _Staged:
 
 
 class _SnapshotEnds:
-    """The partitions' ends as of one table version, read in a task (the driver's plan)."""
+    """The partitions' ends as of one table version, read in a task (the driver's plan).
+
+    Python workers are reused across tasks and batches: the last snapshot loaded stays in the
+    worker (one table, :data:`_SNAPSHOT`) and is brought forward to the next batch's version
+    incrementally, instead of replaying the log in every task of every batch.
+    """
 
     def __init__(self, uri: str, storage_options: Mapping[str, str] | None, version: int, topic: str) -> None:
         self.uri, self.storage_options, self.version, self.topic = uri, storage_options, version, topic
         self._table: Any = None
 
     def __call__(self, partition: int) -> int | None:
-        from deltalake import DeltaTable
-
         if self._table is None:
-            options = dict(self.storage_options) if self.storage_options else None
-            self._table = DeltaTable(self.uri, version=self.version, storage_options=options)
+            self._table = _snapshot(self.uri, self.storage_options, self.version)
         held = self._table.transaction_version(compact_app_id(self.topic, partition))
         return None if held is None else int(held)
+
+
+_SNAPSHOT: dict[tuple[str, str], Any] = {}  # at most one table: (uri, options) -> DeltaTable
+_SNAPSHOT_LOCK = threading.Lock()
+
+
+def _snapshot(uri: str, storage_options: Mapping[str, str] | None, version: int) -> Any:
+    """The table at ``version``: the worker's cached snapshot brought forward, or a new one."""
+    from deltalake import DeltaTable
+
+    options = dict(storage_options) if storage_options else None
+    key = (uri, json.dumps(options, sort_keys=True))
+    with _SNAPSHOT_LOCK:
+        table = _SNAPSHOT.get(key)
+        if table is not None and table.version() <= version:
+            table.load_as_version(version)
+            return table
+        table = DeltaTable(uri, version=version, storage_options=options)
+        _SNAPSHOT.clear()
+        _SNAPSHOT[key] = table
+        return table
 
 
 def _stage_task(

@@ -193,6 +193,7 @@ class MetaAuth:
             enabled=True,
             token_public_key=self._signer.public_key_der,
             acl_version=acl_version or self.users.version,
+            super_users=sorted(self.super_users),
         )
 
     def issue(self, principal: str, curve_key: bytes, *, producer_id: int | None = None) -> pb.SessionToken:
@@ -209,9 +210,17 @@ class MetaAuth:
             producer_id=producer_id,
         )
 
-    def reissue(self, claims: Claims, curve_key: bytes, producer_id: int | None) -> pb.SessionToken:
-        """``IssueToken``: a fresh token for the caller; a producer id only if its token had it."""
-        if producer_id is not None and producer_id != claims.producer_id:
+    def reissue(
+        self, claims: Claims, curve_key: bytes, producer_id: int | None, *, proof: bytes = b""
+    ) -> pb.SessionToken:
+        """``IssueToken``: a fresh token for the caller; a producer id only if its token had it,
+        or ``proof`` (an earlier token of this principal, expired or not) carried it."""
+        assigned = producer_id is None or producer_id == claims.producer_id
+        if not assigned and proof:
+            assert self._verifier is not None
+            earlier = self._verifier.verify(proof, expired_ok=True)
+            assigned = earlier.principal == claims.principal and earlier.producer_id == producer_id
+        if not assigned:
             raise AuthorizationFailed(
                 f"producer id {producer_id} was not assigned to {claims.principal}",
                 principal=claims.principal,

@@ -38,6 +38,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -229,13 +230,16 @@ class MetaServer:
                 # on the same port would silently share its traffic.
                 options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
             )
-            supervisor = ReplicaSupervisor(controller, functools.partial(_node_caller, self._node_security))
             auth = MetaAuth(
                 self._tls,
                 UserTable(store),
                 super_users=self._super_users,
                 token_lifetime_ms=self._token_lifetime_ms,
             )
+            node_security = self._node_security
+            if node_security is None and auth.enabled:
+                node_security = _own_node_security(auth, controller)
+            supervisor = ReplicaSupervisor(controller, functools.partial(_node_caller, node_security))
             servicer = MetaServicer(controller, nudge=supervisor.nudge, auth=auth)
             pb_grpc.add_MetaServiceServicer_to_server(servicer, server)
             port, why = _bind(server, self.address, self._server_credentials())
@@ -298,6 +302,30 @@ class MetaServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _own_node_security(auth: MetaAuth, controller: MetaController) -> ClientSecurity:
+    """How the Meta Service sends its node requests (fence, checksum, beat, seal, status) on a
+    secured cluster: its own CURVE key pair and ``meta`` token (renewed at half-life), the nodes'
+    keys from its own node table."""
+    from robustmq.security import ClientSecurity, CurveKeyPair, KeyBook
+
+    keypair = CurveKeyPair.generate()
+    lock = threading.Lock()
+    held: list[Any] = [b"", 0.0]  # the token, when to renew it (monotonic)
+
+    def token() -> bytes:
+        with lock:
+            now = time.monotonic()
+            if now >= held[1]:
+                held[0] = auth.own_token(keypair.public)
+                held[1] = now + auth.token_lifetime_ms / 2000
+            return bytes(held[0])
+
+    def lookup() -> list[tuple[str, bytes]]:
+        return [(node.address, node.curve_key) for node in controller.list_nodes()]
+
+    return ClientSecurity(keypair, token, KeyBook(lookup))
 
 
 def _node_caller(security: ClientSecurity | None) -> NodeRequests:

@@ -400,9 +400,16 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
 
     @_answers_errors
     def ListAcls(self, request: pb.ListAclsRequest, context: Any) -> pb.ListAclsResponse:
+        # Versions first: a change while this answer is built shows as a newer version later,
+        # so a node that loads this answer loads again (never keeps a view newer than it is).
+        version, credentials = self.acl_version(), self.auth.users.version
         acls, _ = self._controller.list_acls(request.principal, request.resource_type, request.resource_name)
         return pb.ListAclsResponse(
-            acls=[acl.to_pb() for acl in acls], acl_version=self.acl_version(), users=self.auth.users.list()
+            acls=[acl.to_pb() for acl in acls],
+            acl_version=version,
+            users=self.auth.users.list(),
+            super_users=sorted(self.auth.super_users),
+            last_credential_version=credentials,
         )
 
     @_answers_errors
@@ -435,7 +442,9 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         if not self.auth.enabled:
             return pb.SessionToken()
         producer_id = request.producer_id if request.HasField("producer_id") else None
-        return self.auth.reissue(self.auth.claims(context), request.curve_key, producer_id)
+        return self.auth.reissue(
+            self.auth.claims(context), request.curve_key, producer_id, proof=request.producer_token
+        )
 
     @_answers_errors
     def CreateUser(self, request: pb.CreateUserRequest, context: Any) -> pb.Empty:

@@ -33,6 +33,7 @@ from robustmq._retry import DEFAULT_RETRY, RetryPolicy
 from robustmq._transport import NodeTransport
 from robustmq.errors import IncarnationMismatch, InvalidRequest, RobustMQError, ShardNotFound, StaleEpoch
 from robustmq.security._client_auth import Credentials
+from robustmq.security._curve import ClientSecurity
 
 __all__ = ["Client", "connect"]
 
@@ -76,7 +77,17 @@ class Client:
         # retries Unavailable (a restart, a failover) for that long, no shorter.
         self.meta = MetaClient(address, timeout_s=timeout_s, credentials=credentials)
         self.metadata = Metadata(self.meta)
-        self.transport = NodeTransport(timeout_s=timeout_s)
+        # Security on: requests to storage nodes go over CURVE with this process's key pair and
+        # carry the session token the Meta Service bound to it (docs/security.md).
+        self.security: ClientSecurity | None = None
+        if self.meta.session is not None:
+            from robustmq.security import KeyBook, meta_lookup
+            from robustmq.security._client_auth import process_curve_keypair
+
+            self.security = ClientSecurity(
+                process_curve_keypair(), self.meta.session_token, KeyBook(meta_lookup(self.meta))
+            )
+        self.transport = NodeTransport(timeout_s=timeout_s, security=self.security)
 
     def close(self) -> None:
         self.transport.close()

@@ -369,13 +369,30 @@ class MetaClient:
                 address=self.address,
             ) from exc
 
+    def session_token(self) -> bytes:
+        """This client's session token (serialized), logging in or renewing it first when due; b""
+        with security off. What requests to storage nodes carry (cheap: a call only when due)."""
+        if self.session is None:
+            return b""
+        token = self.session.current()
+        if not token:
+            self._call(self._stub.ListNodes, pb.Empty(), "read")  # any call logs in or renews first
+            token = self.session.token()
+        return token
+
     def get_security_info(self) -> pb.SecurityInfo:
         """Whether the cluster is secured, and the public key that verifies its session tokens."""
         return self._call(self._stub.GetSecurityInfo, pb.Empty(), "read")
 
-    def issue_token(self, curve_key: bytes, producer_id: int | None = None) -> pb.SessionToken:
-        """A fresh session token for this client's principal, bound to ``curve_key``."""
-        request = pb.IssueTokenRequest(curve_key=curve_key, producer_id=producer_id)
+    def issue_token(
+        self, curve_key: bytes, producer_id: int | None = None, producer_token: bytes = b""
+    ) -> pb.SessionToken:
+        """A fresh session token for this client's principal, bound to ``curve_key``; with
+        ``producer_id``, one that may produce with it (``producer_token``: the earlier token
+        that carried it, which proves the id was assigned to this principal)."""
+        request = pb.IssueTokenRequest(
+            curve_key=curve_key, producer_id=producer_id, producer_token=producer_token
+        )
         return self._call(self._stub.IssueToken, request, "read")
 
     # -- users (docs/security.md) -------------------------------------------

@@ -318,11 +318,15 @@ class Producer:
         # The Meta Service hands out producer ids (never one twice, across its restarts): a
         # random one could collide with another producer's and have its batches dropped as
         # duplicates. With security on, the answer carries the token that may produce with it.
-        assigned = client.meta.init_producer_id() if idempotent else None
+        security = getattr(client, "security", None)
+        self._curve_key = security.keypair.public if security is not None else b""
+        assigned = client.meta.init_producer_id(curve_key=self._curve_key) if idempotent else None
         self._producer_id = assigned.producer_id if assigned is not None else -1
-        self._producer_token = (
-            assigned.token.SerializeToString() if assigned is not None and assigned.HasField("token") else b""
-        )
+        self._producer_token = b""
+        self._token_renew_at = 0.0
+        self._token_lock = threading.Lock()
+        if assigned is not None and assigned.HasField("token"):
+            self._take_token(assigned.token)
         self._partitioner = Partitioner(secrets.randbelow(1 << 16))
         self._round_robin = secrets.randbelow(1 << 16)  # send()'s own sequence (under _lock)
         self._topics: dict[str, tuple[int, int, int, bool]] = {}  # see _topic_limits
@@ -669,6 +673,24 @@ class Producer:
             head.riders.append(rider)
             size += rider.request_bytes
 
+    def _take_token(self, token: pb.SessionToken) -> None:
+        claims = pb.SessionClaims.FromString(token.claims)
+        self._producer_token = token.SerializeToString()
+        self._token_renew_at = time.monotonic() + max(0.0, claims.expires_ms - claims.issued_ms) / 2000
+
+    def _token(self) -> bytes:
+        """The token that may produce with this producer's id (b"": the client's own, or none).
+
+        Renewed at half-life with the Meta Service (the old token proves the id is ours)."""
+        if not self._producer_token:
+            return b""
+        with self._token_lock:
+            if time.monotonic() >= self._token_renew_at:
+                self._take_token(
+                    self._client.meta.issue_token(self._curve_key, self._producer_id, self._producer_token)
+                )
+            return self._producer_token
+
     def _dispatch(self, state: _Partition, batch: _Batch) -> None:
         try:
             route = self._client.metadata.write_route(batch.topic, batch.partition)
@@ -682,7 +704,8 @@ class Producer:
                     producer_id=self._producer_id,
                     producer_sequence=batch.sequence if self._producer_id >= 0 else -1,
                     incarnation=route.incarnation if route.incarnation >= 0 else None,
-                )
+                ),
+                token=self._token(),
             )
             remaining_s = self._delivery_timeout_s - (time.monotonic() - batch.created)
             future = self._client.transport.request(

@@ -1,27 +1,44 @@
-"""MERGE of micro-batches of a ``cleanup=compact`` topic into a Delta table keyed by ``key``.
+"""Micro-batches of a ``cleanup=compact`` topic merged into a Delta table keyed by ``key``, on executors.
 
 The table holds, per key, the record of the topic with the highest offset, with
-the columns the ``robustmq`` source gives (:data:`COMPACT_SCHEMA`); a record
-whose ``value`` is null (a tombstone) deletes its key. One table holds one
-topic; the table's description names it and the topic's incarnation
-(``{"robustmq.compact": {"topic": ..., "incarnation": ...}}``: delta-rs refuses
-table properties it does not know), so a table is never fed by another topic,
-nor by the same name created again (whose offsets restart).
+the columns the ``robustmq`` source gives (:data:`COMPACT_SCHEMA`) and a
+``bucket`` partition column; a record whose ``value`` is null (a tombstone)
+deletes its key. One table holds one topic; the table's description names it,
+the topic's incarnation and the table's bucket count
+(``{"robustmq.compact": {"topic": ..., "incarnation": ..., "buckets": N}}``:
+delta-rs refuses table properties it does not know), so a table is never fed by
+another topic, nor by the same name created again (whose offsets restart).
+
+Where the work runs
+    The driver never holds the records. A micro-batch goes through two Spark
+    stages (``._buckets``): tasks stage the batch's fresh records, reduced to
+    the latest per key, by key bucket (``crc32(key) % N``); then each bucket
+    with staged records is merged by a task against that bucket's files only,
+    writing new files. The driver collects file names and counts and commits
+    every bucket's added and removed files in **one** Delta version. A task
+    holds a bounded number of bytes (its buffer, or one bucket), so a backlog
+    larger than any one process compacts; ``N`` (16 by default) is fixed when the
+    table is created. Tables written before buckets existed (not partitioned)
+    are one bucket. :meth:`CompactMerger.merge_rows` runs the same stages in
+    this process (tests, small tables). Tasks load the table's snapshot every
+    batch, so the merger writes a Delta log checkpoint every
+    ``CHECKPOINT_EVERY`` (50) versions, as ``topic-to-delta`` does.
 
 Exactly once, by content
     Every commit also sets, per topic partition it merged, a Delta ``txn``
     action ``robustmq-compact/<topic>/<partition>`` whose version is the
     offset up to which the partition's records are reflected in the table, in
-    the same atomic commit as the MERGE. Before merging, a batch drops every
-    record below its partition's end: a replayed batch (after SIGKILL, a
-    restart from an older checkpoint, a checkpoint deleted) merges nothing.
-    That is also what keeps a delete deleted: once a tombstone at offset 10
-    removed key K, a replay of K's insert at offset 5 is below the end (>= 11)
-    and never reaches the MERGE, which, finding no row for K, would otherwise
-    insert it again. As a second guard the MERGE only updates or deletes a row
-    when the incoming offset is higher than the stored one. The batch id is
-    recorded too (``txn (query id, batch id)``), for operators; correctness
-    does not depend on it nor on the checkpoint.
+    the same atomic commit as the merged files. Stage 1 keeps only the records
+    at or past their partition's end in the snapshot the driver planned with: a
+    replayed batch (after SIGKILL, a restart from an older checkpoint, a
+    checkpoint deleted) merges nothing. That is also what keeps a delete
+    deleted: once a tombstone at offset 10 removed key K, a replay of K's insert
+    at offset 5 is below the end (>= 11) and never reaches the merge, which,
+    finding no row for K, would otherwise insert it again. As a second guard a
+    bucket's merge only replaces or deletes a row when the incoming offset is
+    higher than the stored one. The batch id is recorded too (``txn (query id,
+    batch id)``), for operators; correctness does not depend on it nor on the
+    checkpoint.
 
 Reduction
     :func:`latest_per_key` keeps, per key, the record with the highest offset
@@ -30,15 +47,22 @@ Reduction
     key the offsets are the produce order.
 
 Concurrency
-    A commit that conflicts with another (``robustmq table-maintenance``'s
-    OPTIMIZE removed files the MERGE read) is retried from the table's new
-    version, up to :data:`MERGE_ATTEMPTS` times; each attempt re-reads the
-    partitions' ends, so a retry after an unknown outcome merges nothing twice.
+    A batch's commit is made at the version after the snapshot its buckets
+    were merged against, or not at all. When another commit took that version,
+    the merger catches up with the log: if every file it removes is still in
+    the table (an append, an OPTIMIZE of other files), it commits after it; if
+    one is gone (``robustmq table-maintenance``'s OPTIMIZE rewrote it), the
+    buckets are merged again from the new version (the staged records stay
+    valid), up to :data:`MERGE_ATTEMPTS` times. delta-rs's own conflict check
+    is not enough here: it lets a commit remove a file a concurrent OPTIMIZE
+    already removed, which would keep the OPTIMIZE's copy of the replaced rows.
+    Partitions' ends moved by another commit mean another writer feeds the
+    table: a :class:`~robustmq.streaming_jobs.errors.TableConflict`.
 
 Thread-safety: a :class:`CompactMerger` is called by one thread at a time
-(``foreachBatch``). After a crash mid-MERGE, the files it wrote are orphans no
-version references; ``prepare_table`` vacuums them at the next start once older
-than the retention.
+(``foreachBatch``). After a crash mid-batch, its staging files and the data
+files no version references are orphans: ``prepare_compact_table`` removes
+them at the next start once older than the retention.
 """
 
 from __future__ import annotations
@@ -46,23 +70,44 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from robustmq.connector._schema import ARROW_SCHEMA
 from robustmq.security._client_auth import Credentials
 
-from ._table import TableLocation, open_table, prepare_table
+from ._buckets import (
+    COLUMNS,
+    COMPACT_SCHEMA,
+    FILE_BYTES,
+    LIST_COLUMNS,
+    STAGE_BYTES,
+    STAGED_DDL,
+    STAGED_SCHEMA,
+    UNBUCKETED,
+    BucketWork,
+    Layout,
+    compact_app_id,
+    latest_per_key,
+    merge_bucket,
+    remove_staging,
+    stage_batches,
+    staging_directory,
+    sweep_staging,
+)
+from ._commit_log import CHECKPOINT_EVERY
+from ._table import TableLocation, check_table, open_table, prepare_table, table_filesystem
 from .errors import TableConflict, TableMismatch
 
 __all__ = [
     "COMPACT_SCHEMA",
+    "DEFAULT_BUCKETS",
     "MERGE_ATTEMPTS",
     "CompactMerger",
     "MergeResult",
@@ -70,36 +115,43 @@ __all__ = [
     "latest_per_key",
     "prepare_compact_table",
     "table_description",
+    "table_layout",
     "topic_incarnation",
 ]
 
 log = logging.getLogger("robustmq.jobs")
 
-# What the robustmq source gives, in its order: the table keeps the winning record as it is.
-COMPACT_SCHEMA = ARROW_SCHEMA
-COLUMNS = COMPACT_SCHEMA.names
 DESCRIPTION_KEY = "robustmq.compact"
-MERGE_ATTEMPTS = 20  # conflicting commits (a concurrent OPTIMIZE) retried before giving up
+DEFAULT_BUCKETS = 16  # a bucket is merged by one task: a table of N GiB needs about N / 16 GiB per task
+MAX_BUCKETS = 4096
+MERGE_ATTEMPTS = 20  # merges again after a concurrent commit (an OPTIMIZE) rewrote files read
+_COMMIT_ATTEMPTS = 50  # versions taken by other commits that removed none of this commit's files
 _BACKOFF_S = (0.05, 2.0)
 
 
-def compact_app_id(topic: str, partition: int) -> str:
-    """The Delta ``txn`` app id holding how far a topic partition is reflected in the table."""
-    return f"robustmq-compact/{topic}/{partition}"
+def table_description(topic: str, incarnation: int, buckets: int | None = None) -> str:
+    """The table description naming the topic (and its incarnation) a compacted table holds, and
+    its bucket count (None: a table of an earlier version, not bucketed)."""
+    named: dict[str, Any] = {"topic": topic, "incarnation": incarnation}
+    if buckets is not None:
+        named["buckets"] = buckets
+    return json.dumps({DESCRIPTION_KEY: named}, sort_keys=True)
 
 
-def table_description(topic: str, incarnation: int) -> str:
-    """The table description naming the topic (and its incarnation) a compacted table holds."""
-    return json.dumps({DESCRIPTION_KEY: {"topic": topic, "incarnation": incarnation}}, sort_keys=True)
-
-
-def _described(table: Any) -> tuple[Any, Any]:
-    """The (topic, incarnation) a table's description names; (None, None) if it names none."""
+def _described(table: Any) -> dict[str, Any]:
+    """What a table's description names (empty if it names nothing)."""
     try:
         named = json.loads(table.metadata().description or "")[DESCRIPTION_KEY]
-        return named["topic"], named["incarnation"]
     except (ValueError, TypeError, KeyError):
-        return None, None
+        return {}
+    return named if isinstance(named, dict) else {}
+
+
+def table_layout(table: Any) -> Layout:
+    """How a compacted table is cut: its description's bucket count, partitioned by ``bucket``; a
+    table written before buckets existed is one bucket, not partitioned."""
+    buckets = _described(table).get("buckets")
+    return Layout(int(buckets), True) if buckets else UNBUCKETED
 
 
 def prepare_compact_table(
@@ -107,24 +159,39 @@ def prepare_compact_table(
     *,
     topic: str,
     incarnation: int,
+    buckets: int | None = None,
     storage_options: Mapping[str, str] | None = None,
     orphan_retention_hours: int | None = 168,
 ) -> TableLocation:
-    """Create the table for ``topic`` if missing, or check it is one: its columns
-    (:data:`COMPACT_SCHEMA`, not partitioned) and the topic and incarnation it names.
+    """Create the table for ``topic`` if missing (``buckets`` key buckets, default
+    :data:`DEFAULT_BUCKETS`), or check it is one: its columns and partitioning, and the topic and
+    incarnation it names. Then remove orphans older than the retention: data files no version
+    references and staging files of crashed batches.
 
     Raises :class:`~robustmq.streaming_jobs.errors.TableMismatch` (nothing written) for a
-    table of another shape, another topic, or an earlier incarnation of this topic.
+    table of another shape, another topic, an earlier incarnation of this topic, or another
+    bucket count than ``buckets`` asks for.
     """
+    from deltalake.exceptions import TableNotFoundError
+
+    if buckets is not None and not 1 <= buckets <= MAX_BUCKETS:
+        raise ValueError(f"buckets must be between 1 and {MAX_BUCKETS}, got {buckets}")
+    location = TableLocation.parse(table_path)
+    try:
+        existing = table_layout(open_table(location, storage_options))
+    except TableNotFoundError:
+        existing = Layout(buckets or DEFAULT_BUCKETS, True)
     location = prepare_table(
         table_path,
-        COMPACT_SCHEMA,
-        [],
+        existing.schema,
+        existing.partition_by,
         storage_options=storage_options,
         orphan_retention_hours=orphan_retention_hours,
-        description=table_description(topic, incarnation),
+        description=table_description(topic, incarnation, existing.buckets if existing.bucketed else None),
     )
-    held = _described(open_table(location, storage_options))
+    table = open_table(location, storage_options)
+    named = _described(table)
+    held = (named.get("topic"), named.get("incarnation"))
     if held != (topic, incarnation):
         if held[0] is None:
             what = "is not a compacted table (its description names no topic)"
@@ -140,33 +207,32 @@ def prepare_compact_table(
             table=location.uri,
             differences=[what],
         )
+    layout = table_layout(table)
+    if buckets is not None and buckets != layout.buckets:
+        what = f"has {layout.buckets} key buckets, not {buckets} (the count is fixed when a table is created)"
+        raise TableMismatch(
+            f"the Delta table {location.uri} {what}. Leave the bucket count out, or use another table path",
+            table=location.uri,
+            differences=[what],
+        )
+    if not layout.bucketed:
+        log.info(
+            "%s was created before tables had key buckets: it is merged as one bucket, by one task "
+            "(a new table spreads the merge over %d)",
+            location.uri,
+            DEFAULT_BUCKETS,
+        )
+    if orphan_retention_hours is not None:
+        sweep_staging(location.uri, storage_options, orphan_retention_hours)
     return location
-
-
-def latest_per_key(rows: pa.Table) -> pa.Table:
-    """Per key, the row with the highest ``offset`` (then ``partition``); rows without a key are dropped.
-
-    Arrow kernels only: a sort of the offsets, a hash aggregation of their ranks by key.
-    The order of the result is unspecified.
-    """
-    keys = rows.column("key")
-    if keys.null_count:
-        log.warning("%d records without a key ignored (a compacted table is keyed by key)", keys.null_count)
-        rows = rows.filter(pc.is_valid(keys))
-    if rows.num_rows == 0:
-        return rows
-    order = pc.sort_indices(rows, sort_keys=[("offset", "ascending"), ("partition", "ascending")])
-    ranks = np.empty(rows.num_rows, dtype=np.int64)
-    ranks[order.to_numpy()] = np.arange(rows.num_rows, dtype=np.int64)
-    by_key = pa.table({"key": rows.column("key"), "rank": ranks}).group_by("key")
-    winners = by_key.aggregate([("rank", "max")])
-    return rows.take(order.take(winners.column("rank_max")))
 
 
 @dataclass(frozen=True, slots=True)
 class MergeResult:
     """What one micro-batch did: records in it, records past the table's ends, keys merged
-    (after the reduction), the new table version (None: nothing to commit) and MERGE metrics."""
+    (after the reduction), the new table version (None: nothing to commit) and counts
+    (``inserted``, ``updated``, ``deleted``, ``stale``, ``files_added``, ``files_removed``,
+    ``buckets``, ``attempts``)."""
 
     records: int
     fresh: int
@@ -175,8 +241,115 @@ class MergeResult:
     metrics: Mapping[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class _Staged:
+    """What stage 1 found: counts, each partition's end in the table and highest fresh offset, and
+    the staged row groups per bucket."""
+
+    records: int
+    fresh: int
+    keyless: int
+    partitions: dict[int, tuple[int | None, int | None]]
+    buckets: dict[int, list[tuple[str, tuple[int, ...]]]]
+
+    @staticmethod
+    def collect(rows: list[Mapping[str, Any]]) -> _Staged:
+        records = fresh = keyless = 0
+        partitions: dict[int, tuple[int | None, int | None]] = {}
+        buckets: dict[int, list[tuple[str, tuple[int, ...]]]] = {}
+        for row in rows:
+            if row["path"]:
+                for bucket, groups in json.loads(row["groups"]).items():
+                    buckets.setdefault(int(bucket), []).append((row["path"], tuple(groups)))
+                continue
+            records, fresh, keyless = records + row["records"], fresh + row["fresh"], keyless + row["keyless"]
+            for partition, (end, highest) in json.loads(row["partitions"]).items():
+                _, known = partitions.get(int(partition), (end, None))
+                top = highest if known is None else known if highest is None else max(known, highest)
+                partitions[int(partition)] = (end, top)
+        return _Staged(records, fresh, keyless, partitions, buckets)
+
+
+class _SnapshotEnds:
+    """The partitions' ends as of one table version, read in a task (the driver's plan).
+
+    Python workers are reused across tasks and batches: the last snapshot loaded stays in the
+    worker (one table, :data:`_SNAPSHOT`) and is brought forward to the next batch's version
+    incrementally, instead of replaying the log in every task of every batch.
+    """
+
+    def __init__(self, uri: str, storage_options: Mapping[str, str] | None, version: int, topic: str) -> None:
+        self.uri, self.storage_options, self.version, self.topic = uri, storage_options, version, topic
+        self._table: Any = None
+
+    def __call__(self, partition: int) -> int | None:
+        if self._table is None:
+            self._table = _snapshot(self.uri, self.storage_options, self.version)
+        held = self._table.transaction_version(compact_app_id(self.topic, partition))
+        return None if held is None else int(held)
+
+
+_SNAPSHOT: dict[tuple[str, str], Any] = {}  # at most one table: (uri, options) -> DeltaTable
+_SNAPSHOT_LOCK = threading.Lock()
+
+
+def _snapshot(uri: str, storage_options: Mapping[str, str] | None, version: int) -> Any:
+    """The table at ``version``: the worker's cached snapshot brought forward, or a new one."""
+    from deltalake import DeltaTable
+
+    options = dict(storage_options) if storage_options else None
+    key = (uri, json.dumps(options, sort_keys=True))
+    with _SNAPSHOT_LOCK:
+        table = _SNAPSHOT.get(key)
+        if table is not None and table.version() <= version:
+            table.load_as_version(version)
+            return table
+        table = DeltaTable(uri, version=version, storage_options=options)
+        _SNAPSHOT.clear()
+        _SNAPSHOT[key] = table
+        return table
+
+
+def _stage_task(
+    uri: str,
+    storage_options: Mapping[str, str] | None,
+    version: int,
+    topic: str,
+    directory: str,
+    buckets: int,
+    max_bytes: int,
+) -> Callable[[Any], Any]:
+    """The ``mapInArrow`` function of stage 1."""
+
+    def stage(batches: Any) -> Any:
+        ends = _SnapshotEnds(uri, storage_options, version, topic)
+        rows = stage_batches(
+            batches,
+            ends=ends,
+            uri=uri,
+            storage_options=storage_options,
+            directory=directory,
+            buckets=buckets,
+            max_bytes=max_bytes,
+        )
+        for row in rows:
+            yield pa.RecordBatch.from_pylist([row], schema=STAGED_SCHEMA)
+
+    return stage
+
+
+def _merge_task(merge: Callable[[BucketWork], dict[str, Any]]) -> Callable[[Any], Any]:
+    """The ``mapPartitions`` function of stage 2: the buckets of one task, one after another."""
+
+    def run(works: Any) -> Any:
+        for work in works:
+            yield merge(work)
+
+    return run
+
+
 class CompactMerger:
-    """A ``foreachBatch`` function MERGing each micro-batch of ``topic`` into ``table_path``.
+    """A ``foreachBatch`` function merging each micro-batch of ``topic`` into ``table_path``.
 
     Parameters
     ----------
@@ -194,6 +367,11 @@ class CompactMerger:
         delta-rs storage options (S3 endpoint, keys...).
     credentials
         A secured cluster's, for that check.
+    stage_bytes, file_bytes
+        The bounds of a task's memory: Arrow bytes a stage-1 task buffers, and per data file.
+    checkpoint_every
+        A Delta log checkpoint every this many versions: every batch's tasks load the table's
+        snapshot, which without checkpoints replays a log that grows with every batch.
     """
 
     def __init__(
@@ -205,6 +383,9 @@ class CompactMerger:
         meta_address: str | None = None,
         storage_options: Mapping[str, str] | None = None,
         credentials: Credentials | None = None,
+        stage_bytes: int = STAGE_BYTES,
+        file_bytes: int = FILE_BYTES,
+        checkpoint_every: int = CHECKPOINT_EVERY,
     ) -> None:
         self.location = TableLocation.parse(table_path)
         self.credentials = credentials
@@ -212,7 +393,10 @@ class CompactMerger:
         self.incarnation = incarnation
         self.meta_address = meta_address
         self.storage_options = dict(storage_options) if storage_options else None
+        self.stage_bytes, self.file_bytes = stage_bytes, file_bytes
+        self.checkpoint_every = checkpoint_every
         self._table: Any = None
+        self._identity: tuple[Any, ...] | None = None  # the table's id and cut, as first opened
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         if self.meta_address is not None:
@@ -221,103 +405,293 @@ class CompactMerger:
         self.merge_frame(frame, batch_id, query_id=query_id)
 
     def merge_frame(self, frame: Any, batch_id: int, *, query_id: str = "") -> MergeResult:
-        """The batch's rows (a Spark DataFrame of the source's columns), reduced and merged."""
-        rows = frame.select(*COLUMNS).toArrow()
-        return self.merge_rows(rows, batch_id, query_id=query_id)
+        """The batch's rows (a Spark DataFrame of the source's columns), merged by Spark tasks."""
+        from pyspark.sql import functions as F
+
+        context = frame.sparkSession.sparkContext
+
+        def stage(version: int, directory: str, buckets: int) -> list[Mapping[str, Any]]:
+            task = _stage_task(
+                self.location.uri,
+                self.storage_options,
+                version,
+                self.topic,
+                directory,
+                buckets,
+                self.stage_bytes,
+            )
+            # The list columns cross as JSON text: mapInArrow hands list columns to Python slowly.
+            columns = [F.to_json(c).alias(c) if c in LIST_COLUMNS else F.col(c) for c in COLUMNS]
+            return [row.asDict() for row in frame.select(*columns).mapInArrow(task, STAGED_DDL).collect()]
+
+        def merge(
+            works: list[BucketWork], run: Callable[[BucketWork], dict[str, Any]]
+        ) -> list[dict[str, Any]]:
+            tasks = context.parallelize(works, min(len(works), max(1, context.defaultParallelism)))
+            return list(tasks.mapPartitions(_merge_task(run)).collect())
+
+        return self._merge(batch_id, query_id, stage, merge)
 
     def merge_rows(self, rows: pa.Table, batch_id: int, *, query_id: str = "") -> MergeResult:
-        """Merge ``rows`` (:data:`COMPACT_SCHEMA` columns) exactly once; retried on conflicts."""
-        started = time.monotonic()
+        """Merge ``rows`` (:data:`COMPACT_SCHEMA` columns) exactly once, running the stages here."""
         rows = rows.select(COLUMNS).cast(COMPACT_SCHEMA)
-        for attempt in range(1, MERGE_ATTEMPTS + 1):
-            table = self._open()
-            fresh, ends = self._past_ends(table, rows)
-            if fresh.num_rows == 0:
+
+        def stage(version: int, directory: str, buckets: int) -> list[Mapping[str, Any]]:
+            return list(
+                stage_batches(
+                    rows.to_batches(),
+                    ends=_SnapshotEnds(self.location.uri, self.storage_options, version, self.topic),
+                    uri=self.location.uri,
+                    storage_options=self.storage_options,
+                    directory=directory,
+                    buckets=buckets,
+                    max_bytes=self.stage_bytes,
+                )
+            )
+
+        def merge(
+            works: list[BucketWork], run: Callable[[BucketWork], dict[str, Any]]
+        ) -> list[dict[str, Any]]:
+            return [run(work) for work in works]
+
+        return self._merge(batch_id, query_id, stage, merge)
+
+    def _merge(
+        self,
+        batch_id: int,
+        query_id: str,
+        stage: Callable[[int, str, int], list[Mapping[str, Any]]],
+        merge: Callable[[list[BucketWork], Callable[[BucketWork], dict[str, Any]]], list[dict[str, Any]]],
+    ) -> MergeResult:
+        started = time.monotonic()
+        table = self._open()
+        layout = table_layout(table)
+        planned = int(table.version())
+        directory = staging_directory(batch_id)
+        try:
+            staged = _Staged.collect(stage(planned, directory, layout.buckets))
+            if staged.keyless:
+                log.warning(
+                    "%d records without a key ignored (a compacted table is keyed by key)", staged.keyless
+                )
+            ends = {
+                p: highest + 1 if end is None else max(end, highest + 1)
+                for p, (end, highest) in staged.partitions.items()
+                if highest is not None
+            }
+            if not ends:
                 log.info("batch %d is already in %s; nothing to merge", batch_id, self.location.uri)
-                return MergeResult(rows.num_rows, 0, 0, None, {})
-            latest = latest_per_key(fresh)
+                return MergeResult(staged.records, 0, 0, None, {})
             transactions = {compact_app_id(self.topic, p): end for p, end in ends.items()}
             if query_id:
                 transactions[query_id] = batch_id
+            version, metrics = self._commit_buckets(batch_id, staged, layout, transactions, merge)
+        finally:
+            remove_staging(self.location.uri, self.storage_options, directory)
+        log.info(
+            "batch %d: %d records, %d keys merged into %s (%d buckets) as version %d in %.2fs",
+            batch_id,
+            staged.fresh,
+            metrics["keys"],
+            self.location.uri,
+            metrics["buckets"],
+            version,
+            time.monotonic() - started,
+        )
+        return MergeResult(staged.records, staged.fresh, metrics["keys"], version, metrics)
+
+    def _commit_buckets(
+        self,
+        batch_id: int,
+        staged: _Staged,
+        layout: Layout,
+        transactions: dict[str, int],
+        merge: Callable[[list[BucketWork], Callable[[BucketWork], dict[str, Any]]], list[dict[str, Any]]],
+    ) -> tuple[int, dict[str, Any]]:
+        """Merge the staged buckets against the table's files and commit them at once; merged again
+        from the new version when another commit removed a file this one replaces."""
+        held = {p: end for p, (end, _) in staged.partitions.items()}
+        prefix = f"{batch_id:010d}-{uuid.uuid4().hex[:8]}"
+        run = partial(
+            merge_bucket,
+            uri=self.location.uri,
+            storage_options=self.storage_options,
+            layout=layout,
+            prefix=prefix,
+            max_bytes=self.file_bytes,
+        )
+        filesystem = table_filesystem(self.location.uri, self.storage_options)
+        for attempt in range(1, MERGE_ATTEMPTS + 1):
+            table = self._open()
+            self._check_ends(table, held, batch_id)
+            files = _files_by_bucket(table, layout)
+            works = [
+                BucketWork(bucket, tuple(parts), tuple(files.get(bucket, ())))
+                for bucket, parts in sorted(staged.buckets.items())
+            ]
+            results = merge(works, run) if works else []
+            added = [file["path"] for result in results for file in result["added"]]
             try:
-                metrics = self._merge(table, latest, transactions)
-            except Exception as error:
-                if not _is_conflict(error) or attempt == MERGE_ATTEMPTS:
-                    if _is_conflict(error):
-                        raise TableConflict(
-                            f"the MERGE of batch {batch_id} into {self.location.uri} conflicted with "
-                            f"other commits {attempt} times in a row (is a maintenance job looping on "
-                            f"it?): {error}",
-                            table=self.location.uri,
-                            version=table.version(),
-                        ) from error
-                    raise
-                self._table = None  # reload: another commit (an OPTIMIZE) changed the files read
-                pause = min(_BACKOFF_S[1], _BACKOFF_S[0] * 2**attempt) * random.uniform(0.5, 1.0)
-                log.info("batch %d: the MERGE conflicted (%s); retrying in %.2fs", batch_id, error, pause)
-                time.sleep(pause)
-                continue
-            version = int(self._table.version()) if self._table is not None else None
+                committed = self._commit_unless_replaced(table, layout, results, transactions, held, batch_id)
+            except BaseException:
+                for path in added:  # this attempt's files: no version will name them
+                    _delete_quietly(filesystem, path)
+                raise
+            if committed:
+                metrics = {
+                    name: sum(result[name] for result in results)
+                    for name in ("keys", "inserted", "updated", "deleted", "stale")
+                }
+                metrics |= {
+                    "files_added": len(added),
+                    "files_removed": sum(len(result["removed"]) for result in results),
+                    "buckets": len(works),
+                    "attempts": attempt,
+                }
+                version = int(table.version())
+                if version % self.checkpoint_every == 0:
+                    self._checkpoint(table, version)
+                return version, metrics
+            for path in added:
+                _delete_quietly(filesystem, path)
+            pause = min(_BACKOFF_S[1], _BACKOFF_S[0] * 2**attempt) * random.uniform(0.5, 1.0)
             log.info(
-                "batch %d: %d records, %d keys merged into %s as version %s in %.2fs",
+                "batch %d: another commit (an OPTIMIZE?) rewrote files this merge replaces; merging again "
+                "from version %d in %.2fs",
                 batch_id,
-                fresh.num_rows,
-                latest.num_rows,
-                self.location.uri,
-                version,
-                time.monotonic() - started,
+                table.version(),
+                pause,
             )
-            return MergeResult(rows.num_rows, fresh.num_rows, latest.num_rows, version, metrics)
-        raise AssertionError("unreachable")  # the loop returns or raises
+            time.sleep(pause)
+        raise TableConflict(
+            f"the merge of batch {batch_id} into {self.location.uri} conflicted with other commits "
+            f"{MERGE_ATTEMPTS} times in a row (is a maintenance job looping on it?)",
+            table=self.location.uri,
+            version=self._open().version(),
+        )
+
+    def _commit_unless_replaced(
+        self,
+        table: Any,
+        layout: Layout,
+        results: list[dict[str, Any]],
+        transactions: dict[str, int],
+        held: Mapping[int, int | None],
+        batch_id: int,
+    ) -> bool:
+        """Commit at the version after ``table``'s. When another commit took it, catch up with the
+        log and commit after it if every file this commit removes is still in the table (what the
+        merge read is unchanged); False if one is gone (merge again).
+
+        delta-rs's own conflict check lets a commit remove a file a concurrent OPTIMIZE already
+        removed (measured with deltalake 1.6), which would keep the OPTIMIZE's copy of the rows
+        this commit replaces: hence one version at a time, checked here.
+        """
+        from deltalake.exceptions import CommitFailedError
+
+        removed = {file["path"] for result in results for file in result["removed"]}
+        for _ in range(_COMMIT_ATTEMPTS):
+            try:
+                self._commit(table, layout, results, transactions)
+                return True
+            except CommitFailedError as error:
+                log.debug("batch %d: version %d was taken (%s)", batch_id, table.version() + 1, error)
+            table.update_incremental()
+            self._check_ends(table, held, batch_id)
+            self._check_unchanged(table)
+            if not removed <= set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()):
+                return False
+        raise TableConflict(
+            f"other writers took every version batch {batch_id} tried on {self.location.uri} "
+            f"({_COMMIT_ATTEMPTS} attempts)",
+            table=self.location.uri,
+            version=table.version(),
+        )
+
+    def _checkpoint(self, table: Any, version: int) -> None:
+        """A Delta log checkpoint, then the cleanup of log files past the log retention (30 days by
+        default), as ``topic-to-delta`` does. A failure fails the batch after its commit: a restart
+        replays it, which merges nothing."""
+        started = time.monotonic()
+        table.create_checkpoint()
+        cleanup = table.metadata().configuration.get("delta.enableExpiredLogCleanup", "true")
+        if cleanup.lower() != "false":
+            table.cleanup_metadata()
+        log.info(
+            "Delta log checkpoint of %s at version %d in %.2fs",
+            self.location.uri,
+            version,
+            time.monotonic() - started,
+        )
+
+    def _check_ends(self, table: Any, held: Mapping[int, int | None], batch_id: int) -> None:
+        """The partitions' ends are still those the batch was staged against (else another writer)."""
+        moved = [
+            p for p, end in held.items() if table.transaction_version(compact_app_id(self.topic, p)) != end
+        ]
+        if moved:
+            raise TableConflict(
+                f"another writer moved the ends of topic {self.topic} partitions {moved[:5]} in "
+                f"{self.location.uri} while batch {batch_id} was merged; run one compaction job per table",
+                table=self.location.uri,
+                version=table.version(),
+            )
+
+    def _check_unchanged(self, table: Any) -> None:
+        """The table is still the one this merger opened, cut the same way."""
+        if _identity(table) != self._identity:
+            raise TableConflict(
+                f"the table {self.location.uri} was replaced, or its metadata changed, while the job was "
+                "writing; restart the job to check the table again",
+                table=self.location.uri,
+                version=table.version(),
+            )
+
+    def _commit(
+        self, table: Any, layout: Layout, results: list[dict[str, Any]], transactions: dict[str, int]
+    ) -> None:
+        """One Delta version: every bucket's removed and added files and the ``txn`` ends, at the
+        version after ``table``'s or not at all (no retry on another version: the caller checks)."""
+        from deltalake import CommitProperties, Transaction
+        from deltalake.transaction import AddAction, RemoveAction
+
+        now_ms = int(time.time() * 1000)
+        actions: list[Any] = []
+        for result in results:
+            for file in result["removed"]:
+                actions.append(
+                    RemoveAction(file["path"], True, now_ms, file["size"], file["partition_values"])
+                )
+            for file in result["added"]:
+                actions.append(
+                    AddAction(
+                        file["path"], file["size"], file["partition_values"], now_ms, True, file["stats"]
+                    )
+                )
+        table.create_write_transaction(
+            actions,
+            mode="append",
+            schema=layout.schema,
+            partition_by=layout.partition_by,
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(app_id, version) for app_id, version in transactions.items()],
+                max_commit_retries=0,
+            ),
+        )
+        table.update_incremental()
 
     def _open(self) -> Any:
         if self._table is None:
-            self._table = open_table(self.location, self.storage_options)
+            table = open_table(self.location, self.storage_options)
+            layout = table_layout(table)
+            check_table(table, self.location, layout.schema, layout.partition_by)
+            if self._identity is None:
+                self._identity = _identity(table)
+            self._table = table
         else:
             self._table.update_incremental()
+        self._check_unchanged(self._table)
         return self._table
-
-    def _past_ends(self, table: Any, rows: pa.Table) -> tuple[pa.Table, dict[int, int]]:
-        """The rows at or past their partition's end in the table, and each partition's new end."""
-        if rows.num_rows == 0:
-            return rows, {}
-        partitions = rows.column("partition")
-        keep = None
-        ends: dict[int, int] = {}
-        for partition in pc.unique(partitions).to_pylist():
-            mine = pc.equal(partitions, partition)
-            held = table.transaction_version(compact_app_id(self.topic, partition))
-            highest = pc.max(rows.column("offset").filter(mine)).as_py()
-            if held is not None and highest < held:
-                continue
-            ends[partition] = highest + 1 if held is None else max(int(held), highest + 1)
-            if held is not None:
-                mine = pc.and_(mine, pc.greater_equal(rows.column("offset"), int(held)))
-            keep = mine if keep is None else pc.or_(keep, mine)
-        return (rows.filter(keep) if keep is not None else rows.slice(0, 0)), ends
-
-    def _merge(self, table: Any, latest: pa.Table, transactions: dict[str, int]) -> dict[str, Any]:
-        from deltalake import CommitProperties, Transaction
-
-        properties = CommitProperties(
-            app_transactions=[Transaction(app_id, version) for app_id, version in transactions.items()],
-        )
-        merger = (
-            table.merge(
-                latest,
-                predicate="t.key = s.key",
-                source_alias="s",
-                target_alias="t",
-                commit_properties=properties,
-                streamed_exec=False,
-            )
-            # Only a newer record replaces or deletes a stored one (a second guard; see above).
-            .when_matched_delete(predicate="s.value IS NULL AND s.offset > t.offset")
-            .when_matched_update_all(predicate="s.value IS NOT NULL AND s.offset > t.offset")
-            .when_not_matched_insert_all(predicate="s.value IS NOT NULL")
-        )
-        metrics = merger.execute()
-        return dict(metrics) if isinstance(metrics, Mapping) else json.loads(str(metrics))
 
     def _check_topic(self) -> None:
         from robustmq.connector._offsets import identity_of
@@ -344,12 +718,34 @@ class CompactMerger:
             )
 
 
+def _identity(table: Any) -> tuple[Any, ...]:
+    """What a commit assumes of the table: its id, partitioning and description (topic, buckets)."""
+    metadata = table.metadata()
+    return (metadata.id, tuple(metadata.partition_columns), metadata.description)
+
+
+def _files_by_bucket(table: Any, layout: Layout) -> dict[int, list[tuple[str, int]]]:
+    """The table's current files, by bucket: ``(path as the log names it, size)``."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    paths, sizes = actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist()
+    if layout.bucketed:
+        buckets = [int(b) for b in actions.column(f"partition.{layout.partition_by[0]}").to_pylist()]
+    else:
+        buckets = [0] * len(paths)
+    found: dict[int, list[tuple[str, int]]] = {}
+    for path, size, bucket in zip(paths, sizes, buckets, strict=True):
+        found.setdefault(bucket, []).append((path, int(size)))
+    return found
+
+
+def _delete_quietly(filesystem: Any, path: str) -> None:
+    """Delete a file nothing refers to; a failure leaves it for the orphan vacuum at the next start."""
+    try:
+        filesystem.delete_file(path)
+    except Exception as error:  # best effort: the orphan sweep at the next start removes it
+        log.debug("could not delete %s: %s", path, error)
+
+
 def topic_incarnation(identity: Mapping[str, int]) -> int:
     """A topic's incarnation, or its creation time for topics from before incarnations existed."""
     return int(identity.get("incarnation") or identity["created_ms"])
-
-
-def _is_conflict(error: Exception) -> bool:
-    from deltalake.exceptions import CommitFailedError
-
-    return isinstance(error, CommitFailedError) or "concurrent" in str(error).lower()

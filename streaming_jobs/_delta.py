@@ -4,8 +4,10 @@ Two writers:
 
 - **delta-rs** (``deltalake``, always available; the path that runs and is
   tested here). Tasks write Parquet files through the table URI's filesystem
-  (``_table.table_filesystem``); the driver commits all of a micro-batch's files
-  in **one** Delta version (``_commit_log.AppendLog``).
+  (``_table.table_filesystem``), a new file every :data:`MAX_BYTES_PER_FILE` of
+  Arrow data, which bounds a task's memory by bytes whatever its range holds;
+  the driver commits all of a micro-batch's files in **one** Delta version
+  (``_commit_log.AppendLog``).
 - **delta-spark** (when ``io.delta`` classes are on Spark's class path):
   ``df.write.format("delta")`` with ``txnAppId``/``txnVersion``, which Delta
   enforces itself.
@@ -108,7 +110,10 @@ _SPARK_SCHEMA = (
     "topic string, partition int, offset long, key binary, value binary, timestamp timestamp, "
     "tags array<string>, headers array<struct<key:string,value:binary>>, date date"
 )
-MAX_RECORDS_PER_TASK = 1_000_000  # as the source's maxRecordsPerPartition: bounds a task's memory
+MAX_RECORDS_PER_TASK = 1_000_000  # as the source's maxRecordsPerPartition: a task's share of a range
+# Arrow bytes a task buffers before writing them as Parquet files: what bounds a task's memory,
+# whatever the number or the size of the records in its range.
+MAX_BYTES_PER_FILE = 128 * 1024 * 1024
 
 Identity = tuple[tuple[str, int], ...]  # a topic's identity as the source plans it (empty: unknown)
 
@@ -219,28 +224,67 @@ def _write_dated_files(
         }
 
 
+class _BoundedFiles:
+    """A task's rows, buffered until they reach ``max_bytes`` of Arrow data and then written out as
+    dated Parquet files (:func:`_write_dated_files`; a dict per file).
+
+    What a task holds is bounded by bytes, whatever its range's length or its records' size: the
+    buffer, one incoming batch, and while writing a copy of one date's rows.
+    """
+
+    def __init__(
+        self, uri: str, storage_options: Mapping[str, str] | None, prefix: str, max_bytes: int
+    ) -> None:
+        self.uri, self.storage_options, self.prefix, self.max_bytes = uri, storage_options, prefix, max_bytes
+        self._rows: list[pa.Table] = []
+        self._bytes = 0
+
+    def add(self, rows: pa.Table) -> Iterator[dict[str, Any]]:
+        if rows.num_rows == 0:
+            return
+        self._rows.append(rows)
+        self._bytes += rows.nbytes
+        if self._bytes >= self.max_bytes:
+            yield from self.flush()
+
+    def flush(self) -> Iterator[dict[str, Any]]:
+        if not self._rows:
+            return
+        table = pa.concat_tables(self._rows)
+        self._rows, self._bytes = [], 0
+        yield from _write_dated_files(table, self.uri, self.storage_options, self.prefix)
+
+
 def _write_records(
-    uri: str, storage_options: Mapping[str, str] | None, firsts: dict[tuple[str, int], int], prefix: str
+    uri: str,
+    storage_options: Mapping[str, str] | None,
+    firsts: dict[tuple[str, int], int],
+    prefix: str,
+    *,
+    max_bytes: int = MAX_BYTES_PER_FILE,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function of the records path: rows at or past their partition's first offset."""
+    """The ``mapInArrow`` function of the records path: rows at or past their partition's first
+    offset, in files of at most about ``max_bytes`` of Arrow data (the task's memory bound)."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        received = list(batches)
-        if not received:  # an empty Spark partition
-            return
-        table = pa.Table.from_batches(received)
-        keep = None
-        for (topic, partition), first in firsts.items():
-            mine = pc.and_(
-                pc.and_(
-                    pc.equal(table.column("topic"), topic), pc.equal(table.column("partition"), partition)
-                ),
-                pc.greater_equal(table.column("offset"), first),
-            )
-            keep = mine if keep is None else pc.or_(keep, mine)
-        if keep is not None:
-            for file in _write_dated_files(table.filter(keep), uri, storage_options, prefix):
-                yield pa.RecordBatch.from_pylist([file])
+        files = _BoundedFiles(uri, storage_options, prefix, max_bytes)
+        for batch in batches:
+            table = pa.Table.from_batches([batch])
+            keep = None
+            for (topic, partition), first in firsts.items():
+                mine = pc.and_(
+                    pc.and_(
+                        pc.equal(table.column("topic"), topic),
+                        pc.equal(table.column("partition"), partition),
+                    ),
+                    pc.greater_equal(table.column("offset"), first),
+                )
+                keep = mine if keep is None else pc.or_(keep, mine)
+            if keep is not None:
+                for file in files.add(table.filter(keep)):
+                    yield pa.RecordBatch.from_pylist([file])
+        for file in files.flush():
+            yield pa.RecordBatch.from_pylist([file])
 
     return write
 
@@ -252,8 +296,11 @@ def _write_ranges(
     fail_on_data_loss: bool,
     prefix: str,
     credentials: Credentials | None = None,
+    *,
+    max_bytes: int = MAX_BYTES_PER_FILE,
 ) -> Callable[[Iterator[Any]], Iterator[dict[str, Any]]]:
-    """The task function of the ranges path: read offset ranges with the source's reader, write Parquet."""
+    """The task function of the ranges path: read offset ranges with the source's reader, write
+    Parquet files of at most about ``max_bytes`` of Arrow data each (the task's memory bound)."""
 
     def write(ranges: Iterator[Any]) -> Iterator[dict[str, Any]]:
         from robustmq.connector import SourceOptions, credential_options
@@ -270,10 +317,10 @@ def _write_ranges(
             part = RangePartition(
                 topic, partition, start, end, identity=identity, from_beginning=from_beginning
             )
-            batches = list(reader.read(part))
-            if batches:
-                table = pa.Table.from_batches(batches)
-                yield from _write_dated_files(table, uri, storage_options, f"{prefix}-{partition}-{start}")
+            files = _BoundedFiles(uri, storage_options, f"{prefix}-{partition}-{start}", max_bytes)
+            for batch in reader.read(part):
+                yield from files.add(pa.Table.from_batches([batch]))
+            yield from files.flush()
 
     return write
 

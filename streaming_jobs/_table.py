@@ -36,6 +36,7 @@ Commits are in ``_commit_log``.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 from collections.abc import Mapping
@@ -67,7 +68,9 @@ log = logging.getLogger("robustmq.jobs")
 MIN_ORPHAN_RETENTION_HOURS = 1  # a batch's files wait at most this long for their commit
 _PROTOCOL = (1, 2)  # (reader, writer): what the job writes and creates
 _LOCAL_CHARACTERS_REFUSED = "%[]^|\\"  # delta-rs decodes '%' in local paths and panics on the rest
-_BOUNDED_COLUMNS = ("partition", "offset")  # exact integer bounds in the stats (data skipping)
+# Columns whose bounds the stats hold (data skipping). A column readers filter on must have them:
+# delta-rs reads a missing bound as null, and its dataset then skips the file for any filter on it.
+_BOUNDED_COLUMNS = ("topic", "partition", "offset", "timestamp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,17 +115,45 @@ class TableLocation:
 
 
 def file_stats(rows: pa.Table) -> str:
-    """The Delta ``stats`` JSON of a Parquet file holding ``rows`` (at least one row)."""
-    bounds = [(name, pc.min_max(rows.column(name))) for name in _BOUNDED_COLUMNS if name in rows.column_names]
+    """The Delta ``stats`` JSON of a Parquet file holding ``rows`` (at least one row).
+
+    Bounds of :data:`_BOUNDED_COLUMNS` present in ``rows`` with a value that is not null: exact
+    for integers and strings; timestamps in milliseconds as Delta writes them
+    (``2026-01-01T08:00:00.123Z``), the minimum rounded down and the maximum up, so that a reader
+    that does not widen a truncated maximum by a millisecond (as delta-rs and Delta Spark do)
+    still never skips a file holding a matching row.
+    """
+    lows: dict[str, Any] = {}
+    highs: dict[str, Any] = {}
+    for name in _BOUNDED_COLUMNS:
+        if name not in rows.column_names:
+            continue
+        column = rows.column(name)
+        if column.null_count == len(column):
+            continue  # no bounds: the null count says every value is null
+        if pa.types.is_timestamp(column.type):
+            micros = pc.cast(column.cast(pa.timestamp("us", tz=column.type.tz)), pa.int64())
+            found = pc.min_max(micros)
+            lows[name] = _delta_timestamp(found["min"].as_py() // 1000)
+            highs[name] = _delta_timestamp(-(-found["max"].as_py() // 1000))
+        else:
+            found = pc.min_max(column)
+            lows[name], highs[name] = found["min"].as_py(), found["max"].as_py()
     return json.dumps(
         {
             "numRecords": rows.num_rows,
-            "minValues": {name: found["min"].as_py() for name, found in bounds},
-            "maxValues": {name: found["max"].as_py() for name, found in bounds},
+            "minValues": lows,
+            "maxValues": highs,
             "nullCount": {name: rows.column(name).null_count for name in rows.column_names},
         },
         separators=(",", ":"),
     )
+
+
+def _delta_timestamp(millis: int) -> str:
+    """Milliseconds since the epoch as a Delta statistic: ISO 8601, UTC, three decimals."""
+    moment = datetime.datetime.fromtimestamp(millis // 1000, datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S") + f".{millis % 1000:03d}Z"
 
 
 @dataclass(frozen=True, slots=True)

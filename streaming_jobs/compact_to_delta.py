@@ -1,11 +1,14 @@
 """Compact a ``cleanup=compact`` topic into a Delta table keyed by ``key``, exactly once.
 
 Reads the topic with the ``robustmq`` source (``group`` offsets committed, so
-``robustmq groups`` shows the job's lag) and MERGEs every micro-batch into a
-Delta table with delta-rs (see :mod:`._compaction`): per key the record with
-the highest offset wins, a record with a null value deletes its key, and a
-replayed batch changes nothing, however often the job is killed and restarted,
-whether from its checkpoint or after it was deleted.
+``robustmq groups`` shows the job's lag) and merges every micro-batch into a
+Delta table bucketed by key, in Spark tasks (see :mod:`._compaction`): per key
+the record with the highest offset wins, a record with a null value deletes its
+key, and a replayed batch changes nothing, however often the job is killed and
+restarted, whether from its checkpoint or after it was deleted. A micro-batch
+holds about ``--max-bytes-per-trigger`` of records (256 MiB by default; with
+``--once`` too), estimated from the size of the topic's newest records when the
+job starts.
 
 Run it::
 
@@ -26,6 +29,7 @@ import argparse
 import hashlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,7 +47,7 @@ from robustmq.errors import (
 )
 from robustmq.security._client_auth import Credentials
 
-from ._compaction import CompactMerger, prepare_compact_table, topic_incarnation
+from ._compaction import DEFAULT_BUCKETS, MAX_BUCKETS, CompactMerger, prepare_compact_table, topic_incarnation
 from ._stopping import BatchGate, StopSignals, run_gated_query
 from .topic_to_delta import (
     _boolean,
@@ -56,19 +60,25 @@ from .topic_to_delta import (
     spark_session,
 )
 
-__all__ = ["compacted_topic", "default_group", "main", "parser", "start_compaction"]
+__all__ = ["compacted_topic", "default_group", "main", "parser", "records_per_trigger", "start_compaction"]
 
 log = logging.getLogger("robustmq.jobs")
 
 PROG = "robustmq compact"
 EXIT_FAILED, EXIT_USAGE = 1, 2
+MiB = 1024 * 1024
+DEFAULT_MAX_BYTES_PER_TRIGGER = 256 * MiB
+SAMPLE_RECORDS = 200  # the newest records of each partition, to estimate a record's size
+GUESSED_RECORD_BYTES = 1024  # a record's size when the topic has none to measure
 
 DESCRIPTION = r"""Compact a cleanup=compact topic into a Delta table keyed by key, exactly once.
 
 Every micro-batch is reduced to the latest record per key (the highest offset)
-and MERGEd into the table: a newer record replaces the stored one, a record
-with a null value (a tombstone) deletes its key. A replayed micro-batch (after
-a crash or a restart) changes nothing (docs/spark.md, "Compaction").
+and merged into the table: a newer record replaces the stored one, a record
+with a null value (a tombstone) deletes its key. The merge runs in Spark tasks,
+one per key bucket of the table, never on the driver; a micro-batch holds about
+--max-bytes-per-trigger of records. A replayed micro-batch (after a crash or a
+restart) changes nothing (docs/spark.md, "Compaction").
 
 examples:
   robustmq compact --topic profiles --table ./tables/profiles --checkpoint ./checkpoints/profiles
@@ -125,6 +135,39 @@ def compacted_topic(
     return topic_incarnation(identity_of(described))
 
 
+def records_per_trigger(meta_address: str, topic: str, max_bytes: int, *, timeout_s: float = 10.0) -> int:
+    """About how many of ``topic``'s records make ``max_bytes`` of Arrow data: ``max_bytes`` over
+    the largest mean size of the newest :data:`SAMPLE_RECORDS` records of each partition
+    (:data:`GUESSED_RECORD_BYTES` when the topic holds none). An estimate made once: records
+    much larger later make larger micro-batches."""
+    import robustmq
+    from robustmq.errors import RobustMQError as Failed
+
+    sizes = []
+    with robustmq.connect(meta_address, timeout_s=timeout_s) as client:
+        for partition, (start, high) in sorted(client.list_offsets(topic).items()):
+            if high <= start:
+                continue
+            try:
+                sample = client.read(topic, partition, max(start, high - SAMPLE_RECORDS), SAMPLE_RECORDS)
+            except Failed as error:  # retention moved the start meanwhile, say: another partition tells
+                log.info("could not sample %s partition %d: %s", topic, partition, error.message)
+                continue
+            if sample.num_rows:
+                sizes.append(sample.nbytes / sample.num_rows)
+    size = max(sizes, default=GUESSED_RECORD_BYTES)
+    records = max(1, int(max_bytes // max(1.0, size)))
+    log.info(
+        "%s: records of about %d bytes (%s): %d records per micro-batch make %d MiB",
+        topic,
+        size,
+        "sampled" if sizes else "guessed, the topic is empty",
+        records,
+        max_bytes // MiB,
+    )
+    return records
+
+
 def start_compaction(
     spark: Any,
     *,
@@ -135,6 +178,8 @@ def start_compaction(
     once: bool = False,
     trigger_seconds: float = 1.0,
     max_records_per_trigger: int | None = None,
+    max_bytes_per_trigger: int | None = DEFAULT_MAX_BYTES_PER_TRIGGER,
+    buckets: int | None = None,
     group: str | None = None,
     storage_options: dict[str, str] | None = None,
     fail_on_data_loss: bool = True,
@@ -142,16 +187,22 @@ def start_compaction(
     gate: Callable[[Callable[[Any, int], None]], BatchGate] | None = None,
     credentials: Credentials | None = None,
 ) -> Any:
-    """Check the topic, prepare the table (create or check it, vacuum orphans), start the query.
+    """Check the topic, prepare the table (create or check it, remove orphans), start the query.
 
     Returns the running ``StreamingQuery``. ``gate`` wraps the ``foreachBatch`` function
     (:class:`._stopping.BatchGate`). ``group`` defaults to one named after the table's id.
+    A micro-batch holds at most ``max_records_per_trigger`` records and about
+    ``max_bytes_per_trigger`` bytes (:func:`records_per_trigger`; None: no byte bound).
+    ``buckets`` is the key bucket count of a table this call creates (default
+    :data:`~._compaction.DEFAULT_BUCKETS`); an existing table keeps its own, and another
+    count given here is refused (``TableMismatch``).
     """
     incarnation = compacted_topic(meta_address, topic, credentials=credentials)
     location = prepare_compact_table(
         table_path,
         topic=topic,
         incarnation=incarnation,
+        buckets=buckets,
         storage_options=storage_options,
         orphan_retention_hours=orphan_retention_hours,
     )
@@ -166,8 +217,11 @@ def start_compaction(
         .option("failOnDataLoss", "true" if fail_on_data_loss else "false")
         .options(**credential_options(credentials))
     )
-    if max_records_per_trigger:
-        reader = reader.option("maxRecordsPerTrigger", max_records_per_trigger)
+    limits = [max_records_per_trigger] if max_records_per_trigger else []
+    if max_bytes_per_trigger:
+        limits.append(records_per_trigger(meta_address, topic, max_bytes_per_trigger))
+    if limits:
+        reader = reader.option("maxRecordsPerTrigger", min(limits))
     merger = CompactMerger(
         location.uri,
         topic=topic,
@@ -188,6 +242,30 @@ def start_compaction(
     else:
         writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
     return writer.start()
+
+
+_SIZE = re.compile(r"(\d+)\s*([kmg]?)(i?b)?", re.IGNORECASE)
+
+
+def _byte_size(text: str) -> int:
+    """``268435456``, ``256m``, ``256MiB``, ``1g``: bytes (k, m, g are powers of 1024), at least 1 MiB."""
+    found = _SIZE.fullmatch(text.strip())
+    if not found:
+        raise argparse.ArgumentTypeError(f"expected a size such as 256MiB or 268435456, got {text!r}")
+    value = int(found[1]) * 1024 ** " kmg".index(found[2].lower() or " ")
+    if value < MiB:
+        raise argparse.ArgumentTypeError(f"expected at least 1MiB, got {text!r}")
+    return value
+
+
+def _buckets(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_BUCKETS:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to {MAX_BUCKETS}, got {text!r}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -214,6 +292,27 @@ def parser() -> argparse.ArgumentParser:
         help="compact what is there, then stop (Trigger.AvailableNow; default: off, keep running)",
     )
     add_trigger_options(parser)
+    for action in parser._actions:  # here a micro-batch is bounded by bytes too
+        if action.dest == "max_records_per_trigger":
+            action.help = (
+                "at most N records per micro-batch (default: as many as --max-bytes-per-trigger allows)"
+            )
+    parser.add_argument(
+        "--max-bytes-per-trigger",
+        type=_byte_size,
+        default=DEFAULT_MAX_BYTES_PER_TRIGGER,
+        metavar="SIZE",
+        help="about this much record data per micro-batch, with --once too (default 256MiB; k, m, g "
+        "are KiB, MiB, GiB), as a record count estimated from the topic's newest records at start",
+    )
+    parser.add_argument(
+        "--buckets",
+        type=_buckets,
+        default=None,
+        metavar="N",
+        help=f"the key buckets of a table the job creates: each is merged by one task, so a bucket "
+        f"must fit a task's memory (default {DEFAULT_BUCKETS}; an existing table keeps its own)",
+    )
     parser.add_argument(
         "--group",
         default=None,
@@ -285,6 +384,8 @@ def _run(spark: Any, args: argparse.Namespace, stop: StopSignals) -> int:
             once=args.once,
             trigger_seconds=args.trigger_seconds,
             max_records_per_trigger=args.max_records_per_trigger,
+            max_bytes_per_trigger=args.max_bytes_per_trigger,
+            buckets=args.buckets,
             group=args.group,
             storage_options=dict(args.storage_option) or None,
             fail_on_data_loss=args.fail_on_data_loss,

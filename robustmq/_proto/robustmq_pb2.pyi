@@ -560,14 +560,16 @@ class SessionToken(_message.Message):
     def __init__(self, claims: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class SecurityInfo(_message.Message):
-    __slots__ = ("enabled", "token_public_key", "acl_version")
+    __slots__ = ("enabled", "token_public_key", "acl_version", "super_users")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     TOKEN_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     ACL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SUPER_USERS_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     token_public_key: bytes
     acl_version: int
-    def __init__(self, enabled: _Optional[bool] = ..., token_public_key: _Optional[bytes] = ..., acl_version: _Optional[int] = ...) -> None: ...
+    super_users: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, enabled: _Optional[bool] = ..., token_public_key: _Optional[bytes] = ..., acl_version: _Optional[int] = ..., super_users: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ScramStartRequest(_message.Message):
     __slots__ = ("user", "client_first", "mechanism")
@@ -606,12 +608,14 @@ class ScramFinishResponse(_message.Message):
     def __init__(self, server_final: _Optional[str] = ..., token: _Optional[_Union[SessionToken, _Mapping]] = ...) -> None: ...
 
 class IssueTokenRequest(_message.Message):
-    __slots__ = ("curve_key", "producer_id")
+    __slots__ = ("curve_key", "producer_id", "producer_token")
     CURVE_KEY_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     curve_key: bytes
     producer_id: int
-    def __init__(self, curve_key: _Optional[bytes] = ..., producer_id: _Optional[int] = ...) -> None: ...
+    producer_token: bytes
+    def __init__(self, curve_key: _Optional[bytes] = ..., producer_id: _Optional[int] = ..., producer_token: _Optional[bytes] = ...) -> None: ...
 
 class CreateUserRequest(_message.Message):
     __slots__ = ("user", "mechanism", "salt", "iterations", "stored_key", "server_key", "replace")
@@ -688,14 +692,18 @@ class ListAclsRequest(_message.Message):
     def __init__(self, principal: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_name: _Optional[str] = ...) -> None: ...
 
 class ListAclsResponse(_message.Message):
-    __slots__ = ("acls", "acl_version", "users")
+    __slots__ = ("acls", "acl_version", "users", "super_users", "last_credential_version")
     ACLS_FIELD_NUMBER: _ClassVar[int]
     ACL_VERSION_FIELD_NUMBER: _ClassVar[int]
     USERS_FIELD_NUMBER: _ClassVar[int]
+    SUPER_USERS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CREDENTIAL_VERSION_FIELD_NUMBER: _ClassVar[int]
     acls: _containers.RepeatedCompositeFieldContainer[AclBinding]
     acl_version: int
     users: _containers.RepeatedCompositeFieldContainer[UserInfo]
-    def __init__(self, acls: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ..., acl_version: _Optional[int] = ..., users: _Optional[_Iterable[_Union[UserInfo, _Mapping]]] = ...) -> None: ...
+    super_users: _containers.RepeatedScalarFieldContainer[str]
+    last_credential_version: int
+    def __init__(self, acls: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ..., acl_version: _Optional[int] = ..., users: _Optional[_Iterable[_Union[UserInfo, _Mapping]]] = ..., super_users: _Optional[_Iterable[str]] = ..., last_credential_version: _Optional[int] = ...) -> None: ...
 
 class InitProducerIdRequest(_message.Message):
     __slots__ = ("curve_key", "transactional_id")

@@ -30,6 +30,7 @@ from robustmq.errors import InvalidConfig
 from ._cert_login import MECHANISM as X509
 from ._cert_login import sign_challenge
 from ._credentials import TlsFiles
+from ._curve import CurveKeyPair
 from ._scram import MECHANISM as SCRAM
 from ._scram import ScramClient
 
@@ -39,25 +40,21 @@ TOKEN_METADATA_KEY = "robustmq-token-bin"
 MAX_PASSWORD_FILE_BYTES = 4096
 
 _keypair_lock = threading.Lock()
-_keypair: tuple[bytes, bytes] | None = None
+_keypair: CurveKeyPair | None = None
 
 
-def process_curve_keypair() -> tuple[bytes, bytes]:
-    """This process's CURVE key pair ``(public, secret)``, z85-encoded; made once, never written to disk."""
+def process_curve_keypair() -> CurveKeyPair:
+    """This process's CURVE key pair; made once, never written to disk."""
     global _keypair
     with _keypair_lock:
         if _keypair is None:
-            import zmq
-
-            _keypair = zmq.curve_keypair()
+            _keypair = CurveKeyPair.generate()
         return _keypair
 
 
 def curve_public_key() -> bytes:
     """The raw 32 bytes of this process's CURVE public key (what tokens are bound to)."""
-    from zmq.utils import z85
-
-    return bytes(z85.decode(process_curve_keypair()[0]))
+    return process_curve_keypair().public
 
 
 @dataclass(frozen=True)
@@ -182,6 +179,11 @@ class MetaSession:
         """The current serialized token (b"" before the first call)."""
         with self._lock:
             return self._token
+
+    def current(self) -> bytes:
+        """The token if it is not due for renewal yet, else b"" (the caller makes a call first)."""
+        with self._lock:
+            return self._token if self._token and time.monotonic() < self._renew_at else b""
 
     def forget(self) -> None:
         """Drop the token (refused as expired or revoked): the next call logs in again."""

@@ -109,8 +109,9 @@ class TokenVerifier:
         self._cache_entries = cache_entries
         self._lock = threading.Lock()
 
-    def verify(self, token: bytes, *, now_ms: int | None = None) -> Claims:
-        """The claims of a serialized ``SessionToken``; ``AuthenticationFailed`` if forged or expired."""
+    def verify(self, token: bytes, *, now_ms: int | None = None, expired_ok: bool = False) -> Claims:
+        """The claims of a serialized ``SessionToken``; ``AuthenticationFailed`` if forged or expired
+        (``expired_ok``: an expired token is a proof of what it says, e.g. an assigned producer id)."""
         with self._lock:
             claims = self._cache.get(token)
             if claims is not None:
@@ -121,7 +122,7 @@ class TokenVerifier:
                 self._cache[token] = claims
                 while len(self._cache) > self._cache_entries:
                     self._cache.popitem(last=False)
-        if (now_ms if now_ms is not None else _now_ms()) >= claims.expires_ms:
+        if not expired_ok and (now_ms if now_ms is not None else _now_ms()) >= claims.expires_ms:
             raise AuthenticationFailed(
                 f"the session token of {claims.principal} expired: log in again for a new one",
                 reason="token_expired",

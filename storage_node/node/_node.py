@@ -87,7 +87,6 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from zmq.utils import z85
 
 from robustmq._frame import crc32c
 from robustmq._hosts import is_wildcard, join_host_port, split_host_port, unbracket
@@ -96,6 +95,7 @@ from robustmq._node_protocol import MAX_HEADER_BYTES, error_response
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._ready import announce_ready
 from robustmq.errors import (
+    AuthenticationFailed,
     Busy,
     InvalidConfig,
     InvalidRequest,
@@ -104,6 +104,7 @@ from robustmq.errors import (
     ShardNotFound,
     Unavailable,
 )
+from robustmq.security import Authorizer, Claims, CurveKeyPair, check_node_request
 from robustmq.security._client_auth import Credentials
 
 from ..engine._driver_manager import StorageDriverManager
@@ -189,11 +190,13 @@ class StorageNode(NodeReads):
         self.session = 0  # this process's registration with the Meta Service (NodeInfo.session)
         # Security on: this process's CURVE key pair (z85 public, secret), never written to disk, and
         # the session token the Meta Service issued for it (RegisterNode, renewed by heartbeats).
-        self.curve_keypair: tuple[bytes, bytes] | None = None
+        self.keypair: CurveKeyPair | None = None
         self._token = b""
         self._token_lock = threading.Lock()
-        if config.credentials is not None:
-            self.curve_keypair = zmq.curve_keypair()
+        if config.security is not None:
+            self.keypair = config.security.keypair
+        elif config.credentials is not None:
+            self.keypair = CurveKeyPair.generate()
         credentials, curve_key = config.credentials, self.curve_public_key
         self.meta = (
             meta
@@ -217,7 +220,21 @@ class StorageNode(NodeReads):
         self.directory.lead = lambda state: self.worker_for(state.name).leading.add(state)
         self.fences = FenceStore(config.data_dir / "fences")
         self.directory.fenced_epoch = self.fences.fenced_epoch
-        self.client_security = self._client_security(config.security)
+        # Security on, with certificate credentials: the node builds its own NodeSecurity; the
+        # guard's token key and the ACLs come from the Meta Service at start (``_secure``).
+        self.security = config.security
+        self.acl = Authorizer()
+        self._acl_version = -1
+        self._newest_credential = 0  # the highest user credential version the node has loaded
+        if self.security is None and config.credentials is not None and self.keypair is not None:
+            self.security = NodeSecurity(
+                self.keypair,
+                b"",
+                self.session_token,
+                authorize=self._authorize,
+                check_claims=self._check_claims,
+            )
+        self.client_security = self._client_security(self.security)
         # Node-to-node calls of the control threads (checksums at a seal) and of followers.
         self.caller = NodeCaller(timeout_s=config.control_timeout_s, security=self.client_security)
         self.control = MetaControl(
@@ -227,20 +244,15 @@ class StorageNode(NodeReads):
         self._guard: RequestGuard | None = None
         self._authenticator: Any = None
         self._context: zmq.Context[Any]
-        if config.security is None:
+        if self.security is None:
             self._context = zmq.Context.instance()
         else:
             from robustmq.security import TokenVerifier
             from robustmq.security._curve import SECURE_IO_THREADS
 
             self._context = zmq.Context(io_threads=SECURE_IO_THREADS)
-            verifier = TokenVerifier(config.security.token_public_key)
-            self._guard = RequestGuard(
-                self.node_id,
-                verifier,
-                authorize=config.security.authorize,
-                check_claims=config.security.check_claims,
-            )
+            if self.security.token_public_key:
+                self._guard = self._guard_of(self.security, TokenVerifier(self.security.token_public_key))
         self._local = threading.local()
         self._frontend_thread: threading.Thread | None = None
         self.stopping = threading.Event()
@@ -311,6 +323,7 @@ class StorageNode(NodeReads):
     # -- lifecycle ---------------------------------------------------------------
 
     def start(self, *, register_timeout_s: float = 60.0) -> StorageNode:
+        self._secure(time.monotonic() + register_timeout_s)
         if is_wildcard(self.config.host) and not self.config.advertise:
             raise InvalidConfig(
                 f"host {self.config.host!r} binds every interface, which nobody can connect to: "
@@ -318,11 +331,11 @@ class StorageNode(NodeReads):
                 field="advertise",
             )
         self._router = self._context.socket(zmq.ROUTER)
-        if self.config.security is not None:
+        if self.security is not None:
             from robustmq.security._curve import curve_server, start_authenticator
 
             self._authenticator = start_authenticator(self._context)
-            curve_server(self._router, self.config.security.keypair)
+            curve_server(self._router, self.security.keypair)
         self._router.setsockopt(zmq.LINGER, 0)
         self._router.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
         self._router.setsockopt(zmq.RCVHWM, 10_000)
@@ -368,8 +381,67 @@ class StorageNode(NodeReads):
         return self
 
     def curve_public_key(self) -> bytes:
-        """The raw 32 bytes of this process's CURVE public key (b"" with security off)."""
-        return b"" if self.curve_keypair is None else bytes(z85.decode(self.curve_keypair[0]))
+        """The raw 32 bytes of this node's CURVE public key (b"" with security off)."""
+        return b"" if self.keypair is None else self.keypair.public
+
+    def _guard_of(self, security: NodeSecurity, verifier: Any) -> RequestGuard:
+        return RequestGuard(
+            self.node_id, verifier, authorize=security.authorize, check_claims=security.check_claims
+        )
+
+    def _secure(self, deadline: float) -> None:
+        """Security on, built from credentials: the guard's token key and the ACLs, from the
+        Meta Service over TLS, before the node serves anything."""
+        if self.security is None or self._guard is not None:
+            return
+        from robustmq.security import TokenVerifier
+
+        while True:
+            try:
+                info = self.meta.get_security_info()
+                break
+            except Unavailable:
+                if time.monotonic() > deadline or self.stopping.is_set():
+                    raise
+                log.warning("Meta Service %s unavailable; retrying", self.config.meta_address)
+                self.stopping.wait(1.0)
+        if not info.enabled:
+            raise InvalidConfig(
+                f"this node has credentials but the Meta Service at {self.config.meta_address} is not "
+                "secured: start it with --tls-ca, --tls-cert and --tls-key (docs/security.md)"
+            )
+        self._guard = self._guard_of(self.security, TokenVerifier(info.token_public_key))
+        self.sync_acls(int(info.acl_version))
+
+    def sync_acls(self, version: int) -> None:
+        """Reload the ACLs and users when the Meta Service says they changed (heartbeat answers)."""
+        if self._guard is None or version == self._acl_version:
+            return
+        answer = self._control_meta.list_acls()
+        self.acl.super_users = frozenset(answer.super_users)
+        self.acl.update_from(answer)
+        self._newest_credential = int(answer.last_credential_version)
+        self._acl_version = int(answer.acl_version)
+
+    def _authorize(self, principal: str, request: pb.NodeRequest) -> None:
+        check_node_request(self.acl, principal, request)
+
+    def _check_claims(self, claims: Claims) -> None:
+        """A password user's token names its credential version: a removed user or a changed
+        password revokes it here as soon as the node has the new ACL version."""
+        if not claims.credential_version or not claims.principal.startswith("user:"):
+            return
+        if claims.credential_version > self._newest_credential:
+            # Issued after the users this node loaded (versions only grow, never reused): valid
+            # when signed; a later removal reaches the node with the next heartbeat's acl_version.
+            return
+        if self.acl.credential_version(claims.principal) != claims.credential_version:
+            raise AuthenticationFailed(
+                f"the session of {claims.principal} was revoked (the user was removed or its "
+                "password changed): log in again",
+                reason="revoked",
+                principal=claims.principal,
+            )
 
     def session_token(self) -> bytes:
         """The node's current session token (serialized; b"" with security off), bound to its CURVE

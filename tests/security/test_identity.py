@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,103 +22,14 @@ from robustmq._meta_client import MetaClient
 from robustmq.errors import AuthenticationFailed, AuthorizationFailed
 from robustmq.security import TokenVerifier
 from robustmq.security._credentials import init_credentials
-from tests.e2e._procs import ROOT, ServerProcess, free_port, wait_until
-
-NODES = ("n1", "n2")
-
-
-@dataclass
-class Secured:
-    creds: Path
-    root: Path
-    meta: ServerProcess
-    nodes: dict[str, ServerProcess]
-    node_ports: dict[str, int]
-    address: str
-
-    def client(self, name: str, **kwargs: object) -> MetaClient:
-        """A Meta Service client holding ``name``'s certificate (admin, node-n1, ...)."""
-        credentials = Credentials(
-            ca=self.creds / "ca.pem", cert=self.creds / f"{name}.pem", key=self.creds / f"{name}.key"
-        )
-        return MetaClient(self.address, credentials=credentials, **kwargs)  # type: ignore[arg-type]
-
-    def user(self, user: str, password: str) -> MetaClient:
-        return MetaClient(
-            self.address, credentials=Credentials(user=user, password=password, ca=self.creds / "ca.pem")
-        )
-
-    def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "robustmq.cli", *args, "--meta", self.address, "--timeout-s", "5"],
-            cwd=ROOT,
-            env={**os.environ, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-
-def _tls(creds: Path, name: str) -> list[str]:
-    return [
-        "--tls-ca",
-        str(creds / "ca.pem"),
-        "--tls-cert",
-        str(creds / f"{name}.pem"),
-        "--tls-key",
-        str(creds / f"{name}.key"),
-    ]
+from tests.e2e._procs import ROOT, free_port, wait_until
+from tests.security._cluster import NODES, Secured, secured_cluster, tls_flags
 
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
-    root = tmp_path_factory.mktemp("secured")
-    creds = root / "creds"
-    init_credentials(creds, nodes=[*NODES, "n3"])
-    meta_port = free_port()
-    address = f"127.0.0.1:{meta_port}"
-    meta = ServerProcess(
-        [
-            "meta",
-            "--data-dir",
-            str(root / "meta"),
-            "--meta-port",
-            str(meta_port),
-            *_tls(creds, "meta"),
-            "--node-timeout-ms",
-            "1500",
-        ]
-    )
-    ports = {name: free_port() for name in NODES}
-    nodes = {
-        name: ServerProcess(
-            [
-                "storage-node",
-                "--data-dir",
-                str(root / name),
-                "--node-port",
-                str(ports[name]),
-                "--meta",
-                address,
-                "--io-workers",
-                "1",
-                *_tls(creds, f"node-{name}"),
-            ]
-        )
-        for name in NODES
-    }
-    cluster = Secured(creds, root, meta, nodes, ports, address)
-    try:
-        meta.start()
-        for node in nodes.values():
-            node.start()
+    with secured_cluster(tmp_path_factory.mktemp("secured")) as cluster:
         yield cluster
-    finally:
-        for node in nodes.values():
-            if node.alive():
-                os.kill(node.pid, signal.SIGCONT)
-            node.stop()
-        meta.stop()
 
 
 def _addresses(meta: MetaClient) -> dict[str, str]:
@@ -277,7 +187,7 @@ def test_a_node_refuses_a_data_directory_of_another_node(secured: Secured) -> No
             str(port),
             "--meta",
             secured.address,
-            *_tls(secured.creds, "node-n3"),
+            *tls_flags(secured.creds, "node-n3"),
         ],
         cwd=ROOT,
         capture_output=True,

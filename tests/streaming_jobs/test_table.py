@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 
 from robustmq.errors import InvalidConfig
 from robustmq.streaming_jobs import TABLE_SCHEMA, TableLocation, TableMismatch, prepare_table
-from robustmq.streaming_jobs._table import MIN_ORPHAN_RETENTION_HOURS
+from robustmq.streaming_jobs._table import MIN_ORPHAN_RETENTION_HOURS, WrittenFile
 from tests.streaming_jobs._tables import append_log, table_offsets, write_file
 
 
@@ -134,10 +134,65 @@ def test_add_actions_carry_the_files_sizes_and_statistics(s3_server, tmp_path: P
     commit = (tmp_path / "t" / "_delta_log" / f"{1:020d}.json").read_text().splitlines()
     stats = json.loads(next(json.loads(line)["add"]["stats"] for line in commit if '"add"' in line))
     assert stats["numRecords"] == 3
-    assert stats["minValues"] == {"partition": 0, "offset": 5}
-    assert stats["maxValues"] == {"partition": 0, "offset": 7}
+    bounds = {"topic": "t", "partition": 0, "timestamp": "1970-01-01T00:00:00.000Z"}
+    assert stats["minValues"] == {**bounds, "offset": 5}
+    assert stats["maxValues"] == {**bounds, "offset": 7}
     assert stats["nullCount"] == {
         "topic": 0, "partition": 0, "offset": 0, "key": 2, "value": 0, "timestamp": 0, "tags": 3, "headers": 3
     }  # fmt: skip
     actions = pa.table(DeltaTable(location.uri).get_add_actions(flatten=True))
     assert actions.column("null_count.key").to_pylist() == [2]  # delta-rs reads them back
+
+
+def test_time_filters_skip_files_of_one_date(tmp_path: Path) -> None:
+    """Files of the same date hold their records' time bounds, so a filter on ``timestamp`` skips
+    the files of the other hours (the ``date`` partition alone cannot). Bounds are milliseconds,
+    the Delta convention: the minimum rounded down, the maximum up, so no file is skipped wrongly.
+
+    Before, the files had no ``timestamp`` or ``topic`` bounds, and delta-rs's dataset read the
+    missing bounds as null: a filter on either column skipped every file (an empty answer)."""
+    import datetime as dt
+
+    import pyarrow.compute as pc
+
+    from robustmq.streaming_jobs._delta import _write_dated_files
+
+    location = prepare_table(str(tmp_path / "t"), TABLE_SCHEMA, ["date"])
+    hour_us = 3_600_000_000
+    morning = 1_767_225_600_000_000 + 8 * hour_us + 123_456  # 2026-01-01 08:00:00.123456 UTC
+    files = []
+    for first in (morning, morning + 10 * hour_us):  # 08:00 and 18:00 of the same date
+        rows = pa.table(
+            {
+                "topic": ["t"] * 3,
+                "partition": pa.array([0] * 3, pa.int32()),
+                "offset": pa.array([first % 1000 + i for i in range(3)], pa.int64()),
+                "key": pa.array([None] * 3, pa.binary()),
+                "value": pa.array([b"v"] * 3, pa.binary()),
+                "timestamp": pa.array([first, first + 1, first + hour_us - 1], pa.timestamp("us", tz="UTC")),
+                "tags": pa.nulls(3, TABLE_SCHEMA.field("tags").type),
+                "headers": pa.nulls(3, TABLE_SCHEMA.field("headers").type),
+            }
+        )
+        files += [WrittenFile(**f) for f in _write_dated_files(rows, location.uri, None, f"p{first}")]
+    append_log(location).commit(files, {"p0": 1})
+    assert {f.date for f in files} == {"2026-01-01"}
+    dataset = DeltaTable(location.uri).to_pyarrow_dataset()
+    evening = pc.field("timestamp") >= pa.scalar(
+        dt.datetime(2026, 1, 1, 12, tzinfo=dt.UTC), pa.timestamp("us", tz="UTC")
+    )
+    assert len(list(dataset.get_fragments())) == 2
+    assert len(list(dataset.get_fragments(filter=evening))) == 1
+    assert dataset.to_table(filter=evening, use_threads=False).num_rows == 3
+    last = pc.field("timestamp") == pa.scalar(morning + hour_us - 1, pa.timestamp("us", tz="UTC"))
+    assert dataset.to_table(filter=last, use_threads=False).num_rows == 1  # the maximum is not cut off
+    assert dataset.to_table(filter=pc.field("topic") == "t", use_threads=False).num_rows == 6
+    stats = [json.loads(f.stats) for f in files]
+    assert [s["minValues"]["timestamp"] for s in stats] == [
+        "2026-01-01T08:00:00.123Z",
+        "2026-01-01T18:00:00.123Z",
+    ]
+    assert [s["maxValues"]["timestamp"] for s in stats] == [
+        "2026-01-01T09:00:00.124Z",
+        "2026-01-01T19:00:00.124Z",
+    ]

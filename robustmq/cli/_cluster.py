@@ -131,8 +131,10 @@ def _children(
     tier: tuple[str, int] = ("none", 30_000),
     tier_cache_bytes: int = 256 * 1024 * 1024,
     binding: tuple[str | None, bool] = (None, False),
+    credentials: Path | None = None,
 ) -> list[_Child]:
-    """The Meta Service and the nodes; ``binding``: (``--advertise-host``, ``--insecure``)."""
+    """The Meta Service and the nodes; ``binding``: (``--advertise-host``, ``--insecure``);
+    ``credentials``: a ``robustmq security init`` directory (a secured cluster)."""
     logs = root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     advertise_host, insecure = binding
@@ -156,6 +158,7 @@ def _children(
             tier[0],
             "--retention-check-ms",
             str(tier[1]),
+            *_tls(credentials, "meta"),
         ],
         logs / "meta.log",
     )
@@ -181,6 +184,7 @@ def _children(
                 str(tier[1]),
                 "--tier-cache-bytes",
                 str(tier_cache_bytes),
+                *_tls(credentials, f"node-node-{number}"),
             ],
             logs / f"node-{number}.log",
         )
@@ -189,21 +193,49 @@ def _children(
     return [meta, *nodes]
 
 
+def _tls(credentials: Path | None, stem: str) -> list[str]:
+    if credentials is None:
+        return []
+    files = {"--tls-ca": "ca.pem", "--tls-cert": f"{stem}.pem", "--tls-key": f"{stem}.key"}
+    return [item for flag, name in files.items() for item in (flag, str(credentials / name))]
+
+
+def _secure(credentials: Path, nodes: int) -> None:
+    """A CA and certificates for the Meta Service, ``user:admin`` and nodes ``node-0``..., made
+    once in ``credentials`` (kept with the data: a restart reuses them; missing nodes are added)."""
+    from robustmq.security._credentials import add_node, init_credentials
+
+    names = [f"node-{number}" for number in range(nodes)]
+    if not (credentials / "ca.pem").exists():
+        init_credentials(credentials, nodes=names)
+        return
+    for name in names:
+        if not (credentials / f"node-{name}.pem").exists():
+            add_node(credentials, name)
+
+
 class _StartFailed(Exception):
     pass
 
 
-def _wait_ready(children: list[_Child], stop: threading.Event) -> bool:
+def _wait_ready(children: list[_Child], stop: threading.Event, credentials: Path | None = None) -> bool:
     """Until the Meta Service lists every node alive (True), or a stop signal (False).
 
     Raises :class:`_StartFailed` if a child exits or the start takes too long.
     """
     from robustmq._meta_client import MetaClient
+    from robustmq.security._client_auth import Credentials
+
+    admin = None
+    if credentials is not None:
+        admin = Credentials(
+            ca=credentials / "ca.pem", cert=credentials / "admin.pem", key=credentials / "admin.key"
+        )
 
     meta, nodes = children[0], children[1:]
     wanted = {node.address for node in nodes}
     deadline = time.monotonic() + START_TIMEOUT_S
-    with MetaClient(meta.address, timeout_s=2.0) as client:
+    with MetaClient(meta.address, timeout_s=2.0, credentials=admin) as client:
         while not stop.is_set():
             for child in children:
                 code = child.exited()
@@ -290,15 +322,23 @@ def run_cluster(
     tier_url: str | None = None,
     retention_check_ms: int = 30_000,
     tier_cache_bytes: int = 256 * 1024 * 1024,
+    secure: bool = False,
+    credentials_dir: str | None = None,
 ) -> int:
     """Run the cluster until a stop signal; the exit code (0 after a stop, 1 if it could not start).
 
-    ``tier_url`` None: ``file://{data_dir}/tier``; "none": nothing is tiered.
+    ``tier_url`` None: ``file://{data_dir}/tier``; "none": nothing is tiered. ``secure``: TLS,
+    CURVE and logins, with certificates from ``credentials_dir`` (default
+    ``{data_dir}/credentials``, made by ``robustmq security init`` on the first start).
     """
     meta_port, node_ports = _ports(host, meta_port, base_port, nodes)
     root = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="robustmq-cluster-"))
     stop = threading.Event()
     tier = tier_url if tier_url is not None else default_tier_url(root)
+    credentials = None
+    if secure:
+        credentials = Path(credentials_dir) if credentials_dir else root / "credentials"
+        _secure(credentials, nodes)
     children = _children(
         root,
         host,
@@ -308,13 +348,14 @@ def run_cluster(
         (tier, retention_check_ms),
         tier_cache_bytes,
         (advertise_host, insecure),
+        credentials,
     )
     try:
         with _stop_signals(stop):
             for child in children:
                 child.start()
             try:
-                if not _wait_ready(children, stop):
+                if not _wait_ready(children, stop, credentials):
                     return 0
             except _StartFailed as failed:
                 print(f"robustmq cluster: cannot start: {failed}", file=sys.stderr, flush=True)
@@ -323,6 +364,11 @@ def run_cluster(
                 assert child.process is not None
                 print(f"{child.name} {child.address} pid {child.process.pid} log {child.log_path}")
             print(f"data in {root}{'' if data_dir is not None else ' (removed on exit)'}")
+            if credentials is not None:
+                admin = {"CA": "ca.pem", "CERT": "admin.pem", "KEY": "admin.key"}
+                exports = " ".join(f"ROBUSTMQ_TLS_{k}={credentials / v}" for k, v in admin.items())
+                meta = children[0].address
+                print(f"secured (docs/security.md); as the admin: export {exports} ROBUSTMQ_META={meta}")
             announce_ready()
             while not stop.wait(_POLL_S):
                 _report_exits(children)

@@ -273,6 +273,8 @@ def _cluster(args: argparse.Namespace) -> int:
         tier_url=args.tier_url,
         retention_check_ms=args.retention_check_ms,
         tier_cache_bytes=args.tier_cache_bytes,
+        secure=args.secure,
+        credentials_dir=args.credentials,
     )
 
 
@@ -367,6 +369,18 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     )
     cluster.add_argument("--host", default="127.0.0.1", help=_BIND_HELP)
     _binding_options(cluster, "--advertise-host")
+    cluster.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS, CURVE and logins: certificates made on the first start (docs/security.md)",
+    )
+    cluster.add_argument(
+        "--credentials",
+        default=None,
+        metavar="DIR",
+        help="with --secure: the robustmq security init directory (default DATA_DIR/credentials; "
+        "made if missing)",
+    )
     cluster.add_argument(
         "--meta-port", type=_port, default=DEFAULT_META_PORT, help="default 7070; 0 picks a free port"
     )

@@ -82,7 +82,7 @@ def _tls_flags(group: Any, cert_help: str, *, env: bool = False) -> None:
 
 def security_configured(args: argparse.Namespace) -> bool:
     """Whether a server command was given TLS (protected mode asks)."""
-    return bool(getattr(args, "tls_cert", None))
+    return bool(getattr(args, "tls_cert", None) or getattr(args, "secure", False))
 
 
 def server_tls_of(args: argparse.Namespace) -> TlsFiles | None:

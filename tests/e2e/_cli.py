@@ -85,6 +85,7 @@ class CliCluster:
 
     def __init__(self, process: subprocess.Popen[str], lines: list[str]) -> None:
         self.process = process
+        self.lines = lines  # what it printed on stdout up to "ready"
         self.errors: list[str] = []
         self.pids = {
             words[0]: int(words[words.index("pid") + 1])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from robustmq._meta_client import MetaClient
-from tests.e2e._cli import cli, cli_cluster, process_gone
+from tests.e2e._cli import cli, cli_cluster, process_gone, stderr_lines
 from tests.e2e._procs import ROOT, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -87,3 +87,29 @@ def test_a_node_that_cannot_start_fails_the_start_in_one_line(tmp_path: Path) ->
     assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "cannot start: node-0 exited" in lines[0], lines
     assert "ready" not in done.stdout
+
+
+def test_a_secured_cluster_starts_and_the_printed_exports_let_a_client_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with cli_cluster("--nodes", "2", "--secure", "--data-dir", str(tmp_path)) as cluster:
+        secured = next(line for line in cluster.lines if line.startswith("secured "))
+        exports = dict(word.split("=", 1) for word in secured.split("export ", 1)[1].split())
+        assert set(exports) == {"ROBUSTMQ_TLS_CA", "ROBUSTMQ_TLS_CERT", "ROBUSTMQ_TLS_KEY", "ROBUSTMQ_META"}
+        meta = cluster.meta
+        plain = cli("topic", "create", "s", "--meta", meta)  # no credentials: told what is missing
+        assert plain.returncode != 0 and len(stderr_lines(plain.stderr)) == 1, plain.stderr
+        assert "Traceback" not in plain.stderr
+        for name, value in exports.items():
+            monkeypatch.setenv(name, value)
+        created = cli("topic", "create", "s", "--replication-factor", "2")
+        assert created.returncode == 0, created.stderr
+        produced = cli("produce", "s", "--acks", "all", stdin="a\nb\nc\n")
+        assert produced.returncode == 0, produced.stderr
+        consumed = cli("consume", "s", "--from", "earliest", "--max-records", "3", "--timeout-s", "20")
+        assert consumed.returncode == 0, consumed.stderr
+        assert [json.loads(line)["value"] for line in consumed.stdout.splitlines()] == ["a", "b", "c"]
+        nodes = json.loads(cli("nodes", "--json").stdout)
+        assert sorted(node["node_id"] for node in nodes) == ["node-0", "node-1"]
+        assert (tmp_path / "credentials" / "ca.pem").is_file()
+        assert cluster.stop() == 0, "".join(cluster.errors)

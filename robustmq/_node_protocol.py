@@ -20,6 +20,10 @@ __all__ = ["MAX_HEADER_BYTES", "error_response", "table_payload"]
 
 # A header is a few hundred bytes; anything much larger is hostile or broken.
 MAX_HEADER_BYTES = 64 * 1024
+# The ReplicaFetch asker of a reader that copies whole sealed segments (the tiering job). A node
+# serves it sealed epochs only (never an active one: it is no replica), so it reads committed
+# records and moves no high watermark; with security on it needs Read on the topic, not a node.
+SEALED_SEGMENT_READER = "robustmq-tier-job"
 
 
 def error_response(correlation_id: int, error: BaseException) -> pb.NodeResponse:

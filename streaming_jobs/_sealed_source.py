@@ -48,6 +48,7 @@ from pyspark.sql.streaming.datasource import (
 
 from robustmq.connector._spark_errors import reported_to_spark
 from robustmq.errors import InvalidConfig
+from robustmq.security._client_auth import Credentials
 from robustmq.tier._format import seal_bytes, seal_crc32c
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "SealedOptions",
     "SealedSegmentsSource",
     "SegmentPartition",
+    "credentials_option_values",
     "list_untiered",
     "meta_client_for",
     "spark_ddl",
@@ -88,21 +90,37 @@ def spark_ddl(schema: pa.Schema) -> str:
 
 SEALED_SCHEMA = spark_ddl(SEALED_ARROW_SCHEMA)
 _PAGE = 1000
-_OPTIONS = ("metaAddress", "maxSegmentsPerTrigger", "requestTimeoutS")
+CREDENTIAL_OPTIONS = ("user", "password", "tlsCa", "tlsCert", "tlsKey")
+_OPTIONS = ("metaAddress", "maxSegmentsPerTrigger", "requestTimeoutS", *CREDENTIAL_OPTIONS)
 
-_clients: dict[tuple[str, float], Any] = {}
+_clients: dict[tuple[str, float, Credentials | None], Any] = {}
 _clients_lock = threading.Lock()
 
 
-def meta_client_for(address: str, timeout_s: float = 30.0) -> Any:
-    """A Meta Service client for ``address`` shared by everything in this process."""
+def meta_client_for(address: str, timeout_s: float = 30.0, credentials: Credentials | None = None) -> Any:
+    """A Meta Service client for ``address`` (and ``credentials``) shared by everything in this process."""
     from robustmq._meta_client import MetaClient
 
+    key = (address, timeout_s, credentials)
     with _clients_lock:
-        client = _clients.get((address, timeout_s))
+        client = _clients.get(key)
         if client is None:
-            client = _clients[(address, timeout_s)] = MetaClient(address, timeout_s=timeout_s)
+            client = _clients[key] = MetaClient(address, timeout_s=timeout_s, credentials=credentials)
         return client
+
+
+def credentials_option_values(credentials: Credentials | None) -> dict[str, str]:
+    """The source options that carry ``credentials`` to its reader's process ({} for None)."""
+    if credentials is None:
+        return {}
+    named = {
+        "user": credentials.user,
+        "password": credentials.password,
+        "tlsCa": credentials.ca,
+        "tlsCert": credentials.cert,
+        "tlsKey": credentials.key,
+    }
+    return {name: str(value) for name, value in named.items() if value is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +131,7 @@ class SealedOptions:
     meta_address: str
     max_segments_per_trigger: int | None = None
     request_timeout_s: float = 30.0
+    credentials: Credentials | None = None  # a secured cluster's (options user, password, tlsCa, ...)
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SealedOptions:
@@ -143,7 +162,17 @@ class SealedOptions:
                 f"and {timeout!r}",
                 option="maxSegmentsPerTrigger",
             )
-        return cls(address, maximum, timeout_s)
+        given = {name: lowered[name.lower()] for name in CREDENTIAL_OPTIONS if name.lower() in lowered}
+        credentials = None
+        if given:
+            credentials = Credentials(
+                user=given.get("user"),
+                password=given.get("password"),
+                ca=given.get("tlsCa"),
+                cert=given.get("tlsCert"),
+                key=given.get("tlsKey"),
+            )
+        return cls(address, maximum, timeout_s, credentials)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +241,9 @@ class SealedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: int | None = None
 
     def _meta(self) -> Any:
-        return meta_client_for(self.options.meta_address, self.options.request_timeout_s)
+        return meta_client_for(
+            self.options.meta_address, self.options.request_timeout_s, self.options.credentials
+        )
 
     def initialOffset(self) -> dict:
         return {"sealed_seq": 0}

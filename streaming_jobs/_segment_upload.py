@@ -44,6 +44,7 @@ from typing import Any
 import pyarrow as pa
 
 from robustmq._frame import FRAME_HEADER_SIZE, crc32c, decode_header, decode_payload, verify_payload
+from robustmq._node_protocol import SEALED_SEGMENT_READER
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import with_offsets
 from robustmq.errors import (
@@ -54,6 +55,7 @@ from robustmq.errors import (
     TopicNotFound,
     Unavailable,
 )
+from robustmq.security._client_auth import Credentials
 from robustmq.tier._format import (
     COMPRESSION,
     ObjectMeta,
@@ -92,7 +94,7 @@ RESULT_SCHEMA = spark_ddl(RESULT_ARROW_SCHEMA)
 FETCH_BYTES = 8 * 1024 * 1024  # one ReplicaFetch answer (a node caps it at its max_fetch_bytes)
 ROUNDS = 3  # passes over a segment's holders before the task fails
 _ROUND_PAUSE_S = 1.0
-TIER_NODE_ID = "robustmq-tier-job"  # the ReplicaFetch asker (a sealed segment's fetch is not checked)
+TIER_NODE_ID = SEALED_SEGMENT_READER  # the ReplicaFetch asker (robustmq/_node_protocol.py)
 
 # Outcomes: uploaded (put by this task), existed (a verified object was there), done (the Meta
 # Service records it tiered already), gone (no longer in the chain: nothing to do).
@@ -138,10 +140,23 @@ def _shared_client(name: str, make: Callable[[], Any]) -> Any:
         return client
 
 
-def _node_caller(timeout_s: float) -> Any:
+def _node_caller(timeout_s: float, meta: Any = None) -> Any:
+    """The process's node caller; on a secured cluster (``meta`` holds a session) it speaks CURVE
+    with this process's key and ``meta``'s session token."""
     from robustmq._node_client import NodeCaller
 
-    return _shared_client(f"nodes {timeout_s}", lambda: NodeCaller(timeout_s=timeout_s))
+    session = getattr(meta, "session", None)
+    if session is None:
+        return _shared_client(f"nodes {timeout_s}", lambda: NodeCaller(timeout_s=timeout_s))
+
+    def secured() -> Any:
+        from robustmq.security import ClientSecurity, KeyBook, meta_lookup
+        from robustmq.security._client_auth import process_curve_keypair
+
+        security = ClientSecurity(process_curve_keypair(), meta.session_token, KeyBook(meta_lookup(meta)))
+        return NodeCaller(timeout_s=timeout_s, security=security)
+
+    return _shared_client(f"nodes {timeout_s} {id(meta)}", secured)
 
 
 def shared_store(url: str) -> Any:
@@ -151,7 +166,9 @@ def shared_store(url: str) -> Any:
     return _shared_client(f"store {url}", lambda: ObjectStore.from_url(url))
 
 
-def tier_partitions(meta_address: str, tier_url: str, timeout_s: float) -> Callable[[Any], Any]:
+def tier_partitions(
+    meta_address: str, tier_url: str, timeout_s: float, credentials: Credentials | None = None
+) -> Callable[[Any], Any]:
     """The ``mapInArrow`` function: sealed-segment rows in, one result row per segment out."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -159,7 +176,7 @@ def tier_partitions(meta_address: str, tier_url: str, timeout_s: float) -> Calla
 
         @reported_to_spark
         def each() -> Iterator[pa.RecordBatch]:
-            meta = meta_client_for(meta_address, timeout_s)
+            meta = meta_client_for(meta_address, timeout_s, credentials)
             for batch in batches:
                 for row in batch.to_pylist():
                     segment = SegmentPartition(**row)
@@ -253,7 +270,7 @@ def _copy_from_holders(
         holders = _holders(meta, current, shard)
         for node_id, address in holders:
             try:
-                return _copy(segment, current, address, path, timeout_s)
+                return _copy(segment, current, address, path, timeout_s, meta)
             except RobustMQError as error:
                 last = error
                 failures.append(f"{node_id} ({address}): {error.message}")
@@ -331,7 +348,9 @@ class SegmentConverter:
         self._writer.abort()
 
 
-def _copy(segment: SegmentPartition, current: Any, address: str, path: Path, timeout_s: float) -> ObjectMeta:
+def _copy(
+    segment: SegmentPartition, current: Any, address: str, path: Path, timeout_s: float, meta: Any = None
+) -> ObjectMeta:
     """Fetch the segment's frames from ``address`` into a Parquet file at ``path``; its metadata.
 
     One fetch is ahead of the conversion: the next is asked for (at the answer's ``next_offset``)
@@ -340,7 +359,7 @@ def _copy(segment: SegmentPartition, current: Any, address: str, path: Path, tim
     """
     shard = f"{segment.topic}_{segment.partition}"
     converter = SegmentConverter(segment, path, where=f"segment {shard} epoch {segment.epoch} from {address}")
-    caller = _node_caller(timeout_s)
+    caller = _node_caller(timeout_s, meta)
 
     def fetch(offset: int) -> Any:
         ask = pb.ReplicaFetchRequest(

@@ -35,9 +35,10 @@ from robustmq.errors import (
     ShardNotFound,
     TopicNotFound,
 )
+from robustmq.security._client_auth import Credentials
 
 from ._scratch import CHECKPOINT_PREFIX, UPLOAD_PREFIX, scratch_dir, sweep
-from ._sealed_source import SealedSegmentsSource, meta_client_for
+from ._sealed_source import SealedSegmentsSource, credentials_option_values, meta_client_for
 from ._segment_upload import EXISTED, RESULT_SCHEMA, UPLOADED, shared_store, tier_partitions
 from ._stopping import BatchGate, StopSignals, run_gated_query
 from .topic_to_delta import _at_least, _failure_message, add_meta_option, spark_session
@@ -75,7 +76,9 @@ the job at once.
 """
 
 
-def check_tier_url(meta_address: str, *, timeout_s: float = 10.0) -> str:
+def check_tier_url(
+    meta_address: str, *, timeout_s: float = 10.0, credentials: Credentials | None = None
+) -> str:
     """The cluster's tier URL, checked: the Meta Service answers, has one, and its store is usable.
 
     Raises :class:`~robustmq.errors.InvalidConfig` when the cluster has no tier URL,
@@ -85,7 +88,7 @@ def check_tier_url(meta_address: str, *, timeout_s: float = 10.0) -> str:
     from robustmq._meta_client import MetaClient
     from robustmq.tier._store import ObjectStore
 
-    with MetaClient(meta_address, timeout_s=timeout_s) as meta:
+    with MetaClient(meta_address, timeout_s=timeout_s, credentials=credentials) as meta:
         url = meta.cluster_config().tier_url
     if not url:
         raise InvalidConfig(
@@ -105,8 +108,16 @@ class SegmentCommitter:
     object deleted again: nothing would ever refer to it.
     """
 
-    def __init__(self, *, meta_address: str, tier_url: str, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        *,
+        meta_address: str,
+        tier_url: str,
+        timeout_s: float = 30.0,
+        credentials: Credentials | None = None,
+    ) -> None:
         self.meta_address = meta_address
+        self.credentials = credentials
         self.tier_url = tier_url
         self.timeout_s = timeout_s
         self.tiered = 0  # segments recorded tiered by this process (for the log and tests)
@@ -114,12 +125,12 @@ class SegmentCommitter:
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         started = time.monotonic()
-        upload = tier_partitions(self.meta_address, self.tier_url, self.timeout_s)
+        upload = tier_partitions(self.meta_address, self.tier_url, self.timeout_s, self.credentials)
         rows = [row.asDict() for row in frame.mapInArrow(upload, RESULT_SCHEMA).collect()]
         if not rows:
             return
         store = shared_store(self.tier_url)
-        meta = meta_client_for(self.meta_address, self.timeout_s)
+        meta = meta_client_for(self.meta_address, self.timeout_s, self.credentials)
         marked = 0
         for row in rows:
             if row["outcome"] in (UPLOADED, EXISTED) and record_tiered(meta, store, row):
@@ -185,8 +196,11 @@ def start_tiering(
     max_segments_per_trigger: int | None = None,
     timeout_s: float = 30.0,
     gate: Callable[[Callable[[Any, int], None]], BatchGate] | None = None,
+    credentials: Credentials | None = None,
 ) -> Any:
     """Start the tiering query (``once``: ``Trigger.AvailableNow``); returns it.
+
+    ``credentials``: a secured cluster's (its source, the driver and the upload tasks log in).
 
     ``gate`` (``BatchGate``, say) wraps the ``foreachBatch`` function, so the caller can stop
     the query between micro-batches (:mod:`._stopping`).
@@ -196,10 +210,13 @@ def start_tiering(
         spark.readStream.format(SealedSegmentsSource.name())
         .option("metaAddress", meta_address)
         .option("requestTimeoutS", str(timeout_s))
+        .options(**credentials_option_values(credentials))
     )
     if max_segments_per_trigger:
         reader = reader.option("maxSegmentsPerTrigger", str(max_segments_per_trigger))
-    committer = SegmentCommitter(meta_address=meta_address, tier_url=tier_url, timeout_s=timeout_s)
+    committer = SegmentCommitter(
+        meta_address=meta_address, tier_url=tier_url, timeout_s=timeout_s, credentials=credentials
+    )
     writer = (
         reader.load()
         .writeStream.foreachBatch(committer if gate is None else gate(committer))
@@ -278,19 +295,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from robustmq.cli._security import credentials_of
 
     try:
-        secured = credentials_of(args) is not None
+        credentials = credentials_of(args)
     except RobustMQError as error:
         return _fail(error.message, EXIT_USAGE)
-    if secured:  # the flags are every job's; this one does not pass them on yet: say so, run nothing
-        return _fail(
-            "tiering a secured cluster is not supported yet (its tasks read segments from the "
-            "storage nodes, which needs their CURVE keys): run it without --user/--tls-* and ROBUSTMQ_*",
-            EXIT_USAGE,
-        )
+    args.credentials = credentials
     stop = StopSignals()
     stop.install()
     try:
-        tier_url = check_tier_url(args.meta, timeout_s=min(args.timeout_s, 10.0))
+        tier_url = check_tier_url(args.meta, timeout_s=min(args.timeout_s, 10.0), credentials=credentials)
     except ObjectStoreUnavailable as error:  # its message names the store's URL
         return _fail(f"the object store did not answer: {error.message}", EXIT_FAILED)
     except RetriableError as error:
@@ -325,6 +337,7 @@ def _run(spark: Any, args: argparse.Namespace, stop: StopSignals, tier_url: str,
             max_segments_per_trigger=args.max_segments_per_trigger,
             timeout_s=args.timeout_s,
             gate=gate,
+            credentials=args.credentials,
         )
 
     try:

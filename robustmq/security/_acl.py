@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from robustmq._node_protocol import SEALED_SEGMENT_READER
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._topics import split_shard_name, validate_topic_name
 from robustmq.errors import AuthenticationFailed, AuthorizationFailed, InvalidRequest, RobustMQError
@@ -425,6 +426,19 @@ def _node_rule(node_field: str | None = None, note: str = "") -> Rule:
     return Rule(Access.NODE_ONLY, node_field=node_field, note=note)
 
 
+# A whole sealed segment copied by the tiering job (robustmq/_node_protocol.py): committed records.
+SEALED_SEGMENT_READ_RULE = _acl_rule(
+    Need("read", "topic", _topic_of_shard("shard")),
+    note="`replica_fetch` as the sealed-segment reader (the tiering job): sealed epochs only",
+)
+
+
+def is_sealed_segment_read(principal: str | None, fetch: Any) -> bool:
+    """A ``replica_fetch`` the tiering job sends: it names the sealed-segment reader, and its
+    sender is no node (a node always fetches as itself)."""
+    return fetch.node_id == SEALED_SEGMENT_READER and (principal is None or node_id_of(principal) is None)
+
+
 _ALTER_CLUSTER = Need("alter", "cluster", _cluster)
 _DESCRIBE_CLUSTER = Need("describe", "cluster", _cluster)
 
@@ -572,9 +586,14 @@ def check_rpc(authorizer: Authorizer, principal: str | None, method: str, reques
 def check_node_request(authorizer: Authorizer, principal: str | None, request: pb.NodeRequest) -> None:
     """Refuse the node request unless ``principal`` may send its body (as :func:`check_rpc`).
 
-    A produce's producer id is the guard's to check (against the token's claims).
+    A produce's producer id is the guard's to check (against the token's claims). A
+    ``replica_fetch`` as the sealed-segment reader (the tiering job) from a principal that is no
+    node needs Read on the topic (:data:`SEALED_SEGMENT_READ_RULE`).
     """
     kind = request.WhichOneof("body")
+    if kind == "replica_fetch" and is_sealed_segment_read(principal, request.replica_fetch):
+        _check(SEALED_SEGMENT_READ_RULE, authorizer, principal, request.replica_fetch, kind)
+        return
     rule = NODE_REQUEST_RULES.get(kind or "")
     if rule is None:
         raise AuthorizationFailed(

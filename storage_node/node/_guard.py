@@ -52,6 +52,7 @@ import zmq
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import AuthenticationFailed, AuthorizationFailed
 from robustmq.security import META, Claims, TokenVerifier, node_id_of
+from robustmq.security._acl import is_sealed_segment_read
 from robustmq.security._curve import CurveKeyPair, user_key
 from robustmq.security._keybook import KeyBook
 
@@ -170,6 +171,9 @@ class RequestGuard:
     def _node_only(self, principal: str, message: pb.NodeRequest, body: str) -> None:
         sender = node_id_of(principal)
         if body == "replica_fetch":
+            if is_sealed_segment_read(principal, message.replica_fetch):
+                self._authorize(principal, message)  # the tiering job: Read on the topic
+                return
             if sender is None:
                 raise _refused(principal, body, "only a storage node may fetch as a replica")
             if sender != message.replica_fetch.node_id:

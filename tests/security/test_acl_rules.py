@@ -207,3 +207,25 @@ def test_docs_name_every_rule() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
     missing = [name for name in [*META_RPC_RULES, *NODE_REQUEST_RULES] if f"`{name}`" not in text]
     assert missing == [], "docs/security.md, 'Which request needs what', lacks these"
+
+
+def test_the_sealed_segment_reader_needs_read_on_the_topic_and_nothing_else() -> None:
+    """The tiering job copies whole sealed segments with `replica_fetch` as the sealed-segment
+    reader: a user with Read on the topic may; one without may not; a user may not fetch as a node."""
+    from robustmq._node_protocol import SEALED_SEGMENT_READER
+    from robustmq.security import Authorizer, check_node_request, validated_acl
+
+    authorizer = Authorizer()
+    grant = pb.AclBinding(
+        principal="user:tier", resource_type="topic", resource_name="orders", operation="read"
+    )
+    authorizer.update([validated_acl(grant)], {}, 1)
+    fetch = pb.NodeRequest(
+        replica_fetch=pb.ReplicaFetchRequest(shard="orders_0", node_id=SEALED_SEGMENT_READER)
+    )
+    check_node_request(authorizer, "user:tier", fetch)
+    with pytest.raises(AuthorizationFailed):
+        check_node_request(authorizer, "user:other", fetch)
+    as_node = pb.NodeRequest(replica_fetch=pb.ReplicaFetchRequest(shard="orders_0", node_id="n1"))
+    with pytest.raises(AuthenticationFailed):
+        check_node_request(authorizer, "user:tier", as_node)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from robustmq import Credentials
+from robustmq._client import Client
 from robustmq._meta_client import MetaClient
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.security._credentials import init_credentials
@@ -43,6 +44,8 @@ def secured_meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str
             str(creds / "meta.pem"),
             "--tls-key",
             str(creds / "meta.key"),
+            "--tier-url",
+            f"file://{root / 'tier'}",
         ]
     )
     address = f"127.0.0.1:{port}"
@@ -201,3 +204,41 @@ def test_job_commands_log_in_with_the_client_flags_and_env(
     user = ["--user", "etl", "--tls-ca", str(creds / "ca.pem")]
     done = _job("topic-to-delta", "--meta", address, "--topic", "in", *table, *user, env=no_password)
     assert done.returncode == 2 and "needs a password" in done.stderr, done.stderr
+
+
+def test_the_tier_job_tiers_a_secured_cluster(secured_meta: tuple[str, Path], tmp_path: Path) -> None:
+    """`robustmq tier` logs in as a user with exactly what tiering needs (Describe and Alter on the
+    cluster, Read on the topic) and copies a sealed segment from a CURVE node to the object store."""
+    address, creds = secured_meta
+    admin = Credentials(ca=creds / "ca.pem", cert=creds / "admin.pem", key=creds / "admin.key")
+    with Client(address, credentials=admin, timeout_s=30) as client:
+        client.create_topic("cold", partitions=1)
+        with client.producer(acks="1") as producer:
+            for future in [producer.send("cold", value=b"v%d" % i) for i in range(50)]:
+                future.result(30)
+        client.meta.create_user("tierer", PASSWORD)
+        grants = [
+            ("topic", "cold", "read"),
+            ("cluster", "cluster", "describe"),
+            ("cluster", "cluster", "alter"),
+        ]
+        for resource_type, name, operation in grants:
+            client.meta.create_acl(
+                pb.AclBinding(
+                    principal="user:tierer",
+                    resource_type=resource_type,
+                    resource_name=name,
+                    operation=operation,
+                )
+            )
+        client.seal("cold", 0)
+        password = tmp_path / "password"
+        password.write_text(PASSWORD)
+        login = ["--user", "tierer", "--password-file", str(password), "--tls-ca", str(creds / "ca.pem")]
+
+        def tiered() -> bool:  # the node learns tierer's read ACL with its next heartbeat
+            done = _job("tier", "--once", "--meta", address, "--checkpoint", str(tmp_path / "ck"), *login)
+            assert done.returncode in (0, 1), done.stderr
+            return client.meta.get_shard("cold_0").segments[0].state == pb.TIERED
+
+        wait_until(tiered, timeout_s=120)

@@ -10,16 +10,17 @@ delta-rs refuses table properties it does not know), so a table is never fed by
 another topic, nor by the same name created again (whose offsets restart).
 
 Where the work runs
-    The driver never holds the records. A micro-batch goes through two Spark
-    stages (``._buckets``): tasks stage the batch's fresh records, reduced to
-    the latest per key, by key bucket (``crc32(key) % N``); then each bucket
-    with staged records is merged by a task against that bucket's files only,
-    writing new files. The driver collects file names and counts and commits
-    every bucket's added and removed files in **one** Delta version. A task
-    holds a bounded number of bytes (its buffer, or one bucket), so a backlog
-    larger than any one process compacts; ``N`` (16 by default) is fixed when the
-    table is created. Tables written before buckets existed (not partitioned)
-    are one bucket. :meth:`CompactMerger.merge_rows` runs the same stages in
+    The driver never holds the records. A micro-batch is one Spark job
+    (``._buckets``): the JVM computes each record's key bucket (``crc32(key) %
+    N``), shuffles the records by bucket and sorts each task's share by bucket;
+    each task then merges its buckets one after another, each against that
+    bucket's files only, writing new files. The driver collects file names and
+    counts and commits every bucket's added and removed files in **one** Delta
+    version. A task holds one bucket at a time (its records reduced to the
+    latest per key, a bounded buffer), so a backlog larger than any one process
+    compacts; ``N`` (16 by default) is fixed when the table is created. Tables
+    written before buckets existed (not partitioned)
+    are one bucket. :meth:`CompactMerger.merge_rows` runs the same task in
     this process (tests, small tables). Tasks load the table's snapshot every
     batch, so the merger writes a Delta log checkpoint every
     ``CHECKPOINT_EVERY`` (50) versions, as ``topic-to-delta`` does.
@@ -28,7 +29,7 @@ Exactly once, by content
     Every commit also sets, per topic partition it merged, a Delta ``txn``
     action ``robustmq-compact/<topic>/<partition>`` whose version is the
     offset up to which the partition's records are reflected in the table, in
-    the same atomic commit as the merged files. Stage 1 keeps only the records
+    the same atomic commit as the merged files. The tasks keep only the records
     at or past their partition's end in the snapshot the driver planned with: a
     replayed batch (after SIGKILL, a restart from an older checkpoint, a
     checkpoint deleted) merges nothing. That is also what keeps a delete
@@ -52,17 +53,18 @@ Concurrency
     the merger catches up with the log: if every file it removes is still in
     the table (an append, an OPTIMIZE of other files), it commits after it; if
     one is gone (``robustmq table-maintenance``'s OPTIMIZE rewrote it), the
-    buckets are merged again from the new version (the staged records stay
-    valid), up to :data:`MERGE_ATTEMPTS` times. delta-rs's own conflict check
+    buckets are merged again from the new version (the Spark job runs again,
+    reading the micro-batch again), up to :data:`MERGE_ATTEMPTS` times. delta-rs's own conflict check
     is not enough here: it lets a commit remove a file a concurrent OPTIMIZE
     already removed, which would keep the OPTIMIZE's copy of the replaced rows.
     Partitions' ends moved by another commit mean another writer feeds the
     table: a :class:`~robustmq.streaming_jobs.errors.TableConflict`.
 
 Thread-safety: a :class:`CompactMerger` is called by one thread at a time
-(``foreachBatch``). After a crash mid-batch, its staging files and the data
-files no version references are orphans: ``prepare_compact_table`` removes
-them at the next start once older than the retention.
+(``foreachBatch``). After a crash mid-batch, the data files no version
+references are orphans: ``prepare_compact_table`` removes them at the next
+start once older than the retention (and the staging files earlier versions
+left).
 """
 
 from __future__ import annotations
@@ -163,7 +165,7 @@ def prepare_compact_table(
     """Create the table for ``topic`` if missing (``buckets`` key buckets, default
     :data:`DEFAULT_BUCKETS`), or check it is one: its columns and partitioning, and the topic and
     incarnation it names. Then remove orphans older than the retention: data files no version
-    references and staging files of crashed batches.
+    references and staging files crashed batches of earlier versions left.
 
     Raises :class:`~robustmq.streaming_jobs.errors.TableMismatch` (nothing written) for a
     table of another shape, another topic, an earlier incarnation of this topic, or another
@@ -593,7 +595,7 @@ class CompactMerger:
         )
 
     def _check_ends(self, table: Any, held: Mapping[int, int | None], batch_id: int) -> None:
-        """The partitions' ends are still those the batch was staged against (else another writer)."""
+        """The partitions' ends are still those the batch was first merged against (else another writer)."""
         moved = [
             p for p, end in held.items() if table.transaction_version(compact_app_id(self.topic, p)) != end
         ]

@@ -438,9 +438,7 @@ class CompactMerger:
             found = np.full(rows.num_rows, -1, dtype=np.int32)
             found[valid] = key_buckets(keys.filter(pa.array(valid)), plan.layout.buckets)
             order = pa.array(np.argsort(found, kind="stable"))
-            ordered = rows.take(order).append_column(
-                BUCKET_COLUMN, pa.array(found, pa.int32()).take(order)
-            )
+            ordered = rows.take(order).append_column(BUCKET_COLUMN, pa.array(found, pa.int32()).take(order))
             return list(plan.run(ordered.to_batches(max_chunksize=10_000)))
 
         return self._merge(batch_id, query_id, run)

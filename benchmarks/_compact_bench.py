@@ -3,10 +3,10 @@
 :func:`measure_compaction` feeds ``rows`` records over ``keys`` keys (a quarter of
 the updates are tombstones) in micro-batches, as Spark DataFrames shaped like
 the ``robustmq`` source's output, through the job's own foreachBatch path
-(``CompactMerger.merge_frame``: Spark tasks stage each batch's records reduced to
-the latest per key by key bucket, a task per bucket merges them against the
-bucket's files, the driver commits every bucket's files with the transaction
-ends in one Delta version). The baseline takes the same DataFrames out of Spark
+(``CompactMerger.merge_frame``: one Spark job shuffles each batch's records by
+key bucket, each task reduces its buckets' records to the latest per key and
+merges them against the bucket's files, the driver commits every bucket's files
+with the transaction ends in one Delta version). The baseline takes the same DataFrames out of Spark
 with ``toArrow()`` and appends them with ``deltalake.write_deltalake(mode="append")``:
 the ratio compares the compaction with the cheapest way to land the same rows in
 Delta from Spark (on the driver, which the compaction no longer uses).

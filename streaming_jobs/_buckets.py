@@ -1,41 +1,41 @@
-"""The executor side of compaction: a micro-batch staged by key bucket, then each bucket merged.
+"""The executor side of compaction: a micro-batch's records merged bucket by bucket in Spark tasks.
 
 A compacted table is bucketed: a key's bucket is ``crc32(key) % buckets`` (zlib's CRC-32 of the
-key's bytes), and the table is partitioned by a ``bucket`` column (Hive-style directories
-``bucket=7/``), so every key lives in the files of one bucket and a bucket is merged on its own,
-by one task, against that bucket's files only. The count is fixed when the table is created and
-named in its description (``._compaction``). Tables written before buckets existed are not
-partitioned: they are one bucket (:data:`UNBUCKETED`).
+key's bytes, which is Spark's ``crc32``), and the table is partitioned by a ``bucket`` column
+(Hive-style directories ``bucket=7/``), so every key lives in the files of one bucket and a
+bucket is merged on its own, by one task, against that bucket's files only. The count is fixed
+when the table is created and named in its description (``._compaction``). Tables written before
+buckets existed are not partitioned: they are one bucket (:data:`UNBUCKETED`).
 
-Stage 1, :func:`stage_batches` (one task per Spark partition of the batch)
-    Keeps the records at or past their partition's end in the table (``ends``, read from the
-    snapshot the driver planned with), buffers them up to ``max_bytes`` of Arrow data, reduces
-    the buffer to the latest record per key, and writes it to one staging Parquet file under
-    ``_robustmq_staging/<batch>/`` with one row group per bucket. Yields a row per staged file
-    (its row groups by bucket) and a summary row (records, fresh records, keyless records, and
-    per partition the end it found and the highest fresh offset). A task holds at most the
-    buffer plus one incoming batch, whatever the batch's size.
+One Spark job per micro-batch (``._compaction``): the JVM computes each record's bucket, shuffles
+the records by it and sorts each task's records by it; then :func:`merge_buckets` runs in each
+task (``mapInArrow``), over its records bucket after bucket:
 
-Stage 2, :func:`merge_bucket` (one call per bucket with staged records; a task runs several)
-    Reads the bucket's staged row groups and reduces them to the latest record per key (the
-    incoming rows), then reads the ``key`` and ``offset`` columns of each of the bucket's table
-    files. A file where no incoming record replaces a row is left as it is. Another is
-    rewritten: its rows stay unless an incoming record with a higher offset replaces (or, null
-    valued, deletes) them; an incoming record whose key the table holds at a higher or equal
-    offset is dropped (a replay never undoes a newer record). The incoming records with a value
-    that were not dropped are written too. New files roll every ``max_bytes`` of Arrow data. It
-    returns the files to add and to remove, which the driver commits for every bucket at once,
-    in one Delta version, with the partitions' new ends. It writes only new files: a bucket
-    merged again (a retry after a conflicting commit) leaves the earlier attempt's files as
-    orphans, which the driver deletes.
+- it keeps the records at or past their partition's end in the table (``ends``, read from the
+  snapshot the driver planned with), and counts them;
+- it buffers a bucket's records, reducing the buffer to the latest record per key whenever it
+  passes ``buffer_bytes`` (:class:`_Incoming`);
+- when the bucket's records end, :func:`merge_bucket` merges them against the bucket's files.
 
-A task's memory is bounded by bytes: stage 1 by its buffer, stage 2 by the bucket's incoming
-rows (at most the batch's records of that bucket, reduced) plus one row group of a table file
-and its output buffer. The driver holds only file names and counts.
+:func:`merge_bucket` reads the ``key`` and ``offset`` columns of each of the bucket's table files.
+A file where no incoming record replaces a row is left as it is. Another is rewritten: its rows
+stay unless an incoming record with a higher offset replaces (or, null valued, deletes) them; an
+incoming record whose key the table holds at a higher or equal offset is dropped (a replay never
+undoes a newer record). The incoming records with a value that were not dropped are written too.
+New files roll every ``max_bytes`` of Arrow data. It returns the files to add and to remove,
+which the driver commits for every bucket at once, in one Delta version, with the partitions'
+new ends. It writes only new files: a bucket merged again (a retry after a conflicting commit)
+leaves the earlier attempt's files as orphans, which the driver deletes.
+
+A task's memory is bounded by bytes: one bucket's incoming records reduced to the latest per key
+(at most that bucket's keys) plus the buffer, one row group of a table file and the output
+buffer. The shuffle and the sort are Spark's, which spill to disk. The driver holds only file
+names and counts.
 
 Thread-safety: the functions hold no shared state but the filesystem cache of ``._table``.
-A crash leaves staging files (swept by :func:`sweep_staging` at the next start once older than
-the orphan retention) and data files no version references (vacuumed the same way).
+A crash leaves data files no version references (vacuumed at the next start once older than the
+orphan retention). Versions before this one staged records under ``_robustmq_staging/``:
+:func:`sweep_staging` removes what their crashed batches left.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import shutil
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,21 +65,21 @@ from ._table import file_stats, table_filesystem
 
 __all__ = [
     "BUCKET_COLUMN",
+    "BUFFER_BYTES",
     "COMPACT_SCHEMA",
+    "FILE_BYTES",
     "LIST_COLUMNS",
-    "STAGED_SCHEMA",
+    "RESULT_DDL",
+    "RESULT_SCHEMA",
     "STAGING_DIR",
     "UNBUCKETED",
-    "BucketWork",
     "Layout",
     "compact_app_id",
     "decode_lists",
     "key_buckets",
     "latest_per_key",
     "merge_bucket",
-    "remove_staging",
-    "stage_batches",
-    "staging_directory",
+    "merge_buckets",
     "sweep_staging",
 ]
 
@@ -89,22 +89,10 @@ log = logging.getLogger("robustmq.jobs")
 COMPACT_SCHEMA = ARROW_SCHEMA
 COLUMNS = COMPACT_SCHEMA.names
 BUCKET_COLUMN = "bucket"
-STAGING_DIR = "_robustmq_staging"  # under the table; Delta readers ignore what no version names
+STAGING_DIR = "_robustmq_staging"  # where earlier versions staged records; swept at start
 MiB = 1024 * 1024
-STAGE_BYTES = 64 * MiB  # Arrow bytes a stage-1 task buffers before reducing and staging them
+BUFFER_BYTES = 64 * MiB  # Arrow bytes of a bucket's records a task buffers before reducing them
 FILE_BYTES = 128 * MiB  # Arrow bytes per data file a bucket's merge writes
-# One row per staged file (``path`` set) and one summary row per task (``path`` empty).
-STAGED_SCHEMA = pa.schema(
-    [
-        pa.field("path", pa.string()),
-        pa.field("groups", pa.string()),  # JSON {bucket: [row group, ...]}
-        pa.field("partitions", pa.string()),  # JSON {partition: [end in the table or null, highest fresh]}
-        pa.field("records", pa.int64()),
-        pa.field("fresh", pa.int64()),
-        pa.field("keyless", pa.int64()),
-    ]
-)
-STAGED_DDL = "path string, groups string, partitions string, records long, fresh long, keyless long"
 
 
 # Columns that cross from the JVM to stage 1 as JSON text (``to_json``): PySpark 4.2's
@@ -208,127 +196,140 @@ def latest_per_key(rows: pa.Table) -> pa.Table:
     return rows.take(order.take(winners.column("rank_max")))
 
 
-# -- stage 1 --------------------------------------------------------------------------------------
+# -- the merge task -------------------------------------------------------------------------------
+
+# One row per merged bucket and one summary row per task, as JSON text.
+RESULT_SCHEMA = pa.schema([pa.field("result", pa.string())])
+RESULT_DDL = "result string"
 
 
-class _Stage:
-    """One stage-1 task's state: the buffer, the counts, the files staged so far."""
+class _Counts:
+    """One task's counts: records seen, fresh (at or past their partition's end), keyless (of the
+    fresh), and per partition the end found in the table and the highest fresh offset."""
 
-    def __init__(self, filesystem: Any, directory: str, buckets: int, max_bytes: int) -> None:
-        self.filesystem, self.directory, self.buckets, self.max_bytes = (
-            filesystem,
-            directory,
-            buckets,
-            max_bytes,
-        )
-        self.buffer: list[pa.Table] = []
-        self.buffered = 0
+    def __init__(self) -> None:
         self.records = self.fresh = self.keyless = 0
-        self.partitions: dict[int, list[int | None]] = {}  # partition -> [end in the table, highest fresh]
+        self.partitions: dict[int, list[int | None]] = {}
 
-    def add(self, rows: pa.Table, ends: Callable[[int], int | None]) -> Iterator[dict[str, Any]]:
+    def fresh_rows(self, rows: pa.Table, ends: Callable[[int], int | None]) -> pa.Array | None:
+        """The mask of ``rows`` at or past their partition's end (None: all of them)."""
         self.records += rows.num_rows
-        if rows.num_rows == 0:
-            return
-        partitions = rows.column("partition")
+        partitions, offsets = rows.column("partition"), rows.column("offset")
         keep = None
+        everything = True
         for partition in pc.unique(partitions).to_pylist():
             if partition not in self.partitions:
                 self.partitions[partition] = [ends(partition), None]
             end = self.partitions[partition][0]
             mine = pc.equal(partitions, partition)
             if end is not None:
-                mine = pc.and_(mine, pc.greater_equal(rows.column("offset"), end))
-            highest = pc.max(rows.column("offset").filter(mine)).as_py()
+                mine = pc.and_(mine, pc.greater_equal(offsets, end))
+                everything = False
+            highest = pc.max(offsets.filter(mine)).as_py()
             if highest is not None:
                 seen = self.partitions[partition][1]
                 self.partitions[partition][1] = highest if seen is None else max(seen, highest)
             keep = mine if keep is None else pc.or_(keep, mine)
-        fresh = rows.filter(keep) if keep is not None else rows.slice(0, 0)
-        self.fresh += fresh.num_rows
-        if fresh.num_rows == 0:
-            return
-        self.buffer.append(fresh)
-        self.buffered += fresh.nbytes
-        if self.buffered >= self.max_bytes:
-            yield from self.flush()
-
-    def flush(self) -> Iterator[dict[str, Any]]:
-        if not self.buffer:
-            return
-        rows = pa.concat_tables(self.buffer)
-        self.buffer, self.buffered = [], 0
-        self.keyless += rows.column("key").null_count
-        latest = latest_per_key(rows)
-        del rows
-        if latest.num_rows == 0:
-            return
-        buckets = key_buckets(latest.column("key"), self.buckets)
-        order = np.argsort(buckets, kind="stable")
-        latest, buckets = latest.take(pa.array(order)), buckets[order]
-        starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
-        bounds = [*starts.tolist(), len(buckets)]
-        path = f"{self.directory}/{uuid.uuid4().hex}.parquet"
-        groups: dict[str, list[int]] = {}
-        with (
-            self.filesystem.open_output_stream(path) as out,
-            pq.ParquetWriter(out, COMPACT_SCHEMA, compression="snappy") as writer,
-        ):
-            for index, (low, high) in enumerate(itertools.pairwise(bounds)):
-                writer.write_table(latest.slice(low, high - low), row_group_size=high - low)
-                groups[str(int(buckets[low]))] = [index]
-        yield {
-            "path": path,
-            "groups": json.dumps(groups),
-            "partitions": "{}",
-            "records": 0,
-            "fresh": 0,
-            "keyless": 0,
-        }
+        return None if everything else keep
 
     def summary(self) -> dict[str, Any]:
         return {
-            "path": "",
-            "groups": "{}",
-            "partitions": json.dumps({str(p): ends for p, ends in self.partitions.items()}),
             "records": self.records,
             "fresh": self.fresh,
             "keyless": self.keyless,
+            "partitions": {str(p): ends for p, ends in self.partitions.items()},
         }
 
 
-def stage_batches(
-    batches: Iterable[pa.RecordBatch],
+class _Incoming:
+    """One bucket's fresh records, reduced to the latest per key whenever the buffer passes
+    ``max_bytes`` (and twice what the last reduction kept, so a bucket of many keys is not
+    reduced again for every batch)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.parts: list[pa.Table] = []
+        self.held = 0
+        self.limit = max_bytes
+
+    def add(self, rows: pa.Table) -> None:
+        self.parts.append(rows)
+        self.held += rows.nbytes
+        if self.held >= self.limit:
+            reduced = self.latest()
+            self.parts, self.held = [reduced], reduced.nbytes
+            self.limit = max(self.max_bytes, 2 * self.held)
+
+    def latest(self) -> pa.Table:
+        return latest_per_key(pa.concat_tables(self.parts) if len(self.parts) > 1 else self.parts[0])
+
+
+def merge_buckets(
+    batches: Iterable[pa.RecordBatch | pa.Table],
     *,
     ends: Callable[[int], int | None],
     uri: str,
     storage_options: Mapping[str, str] | None,
-    directory: str,
-    buckets: int,
-    max_bytes: int = STAGE_BYTES,
+    layout: Layout,
+    files: Mapping[int, Sequence[tuple[str, int]]],
+    prefix: str,
+    buffer_bytes: int = BUFFER_BYTES,
+    file_bytes: int = FILE_BYTES,
 ) -> Iterator[dict[str, Any]]:
-    """Stage 1 over one task's batches (source columns): rows of :data:`STAGED_SCHEMA`, the
-    summary last. ``ends(partition)`` is the partition's end in the table (None: none yet). The
-    list columns may come as JSON text (:func:`decode_lists`)."""
-    stage = _Stage(table_filesystem(uri, storage_options), directory, buckets, max_bytes)
+    """One task (see the module doc): its rows, source columns plus :data:`BUCKET_COLUMN`, sorted by
+    bucket; ``ends(partition)`` is the partition's end in the table (None: none yet) and ``files``
+    the table's files by bucket. Yields each merged bucket's result (:func:`merge_bucket`), then
+    the task's counts (``records``, ``fresh``, ``keyless``, ``partitions``). The list columns may
+    come as JSON text (:func:`decode_lists`).
+
+    Raises RuntimeError if a bucket's rows are not contiguous (merged twice, the second merge
+    would not see the first's files)."""
+    filesystem = table_filesystem(uri, storage_options)
+    counts = _Counts()
+    current: int | None = None
+    incoming = _Incoming(buffer_bytes)
+    merged: set[int] = set()
+
+    def finish() -> dict[str, Any]:
+        assert current is not None
+        merged.add(current)
+        latest = incoming.latest()
+        incoming.parts, incoming.held, incoming.limit = [], 0, buffer_bytes
+        return merge_bucket(latest, current, files.get(current, ()), filesystem, layout, prefix, file_bytes)
+
     for batch in batches:
         rows = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
-        yield from stage.add(decode_lists(rows.select(COLUMNS)).cast(COMPACT_SCHEMA), ends)
-    yield from stage.flush()
-    yield stage.summary()
+        if rows.num_rows == 0:
+            continue
+        buckets = rows.column(BUCKET_COLUMN)
+        keep = counts.fresh_rows(rows, ends)
+        if keep is not None:
+            rows, buckets = rows.filter(keep), buckets.filter(keep)
+        counts.fresh += rows.num_rows
+        keyed = pc.is_valid(rows.column("key"))
+        if rows.column("key").null_count:
+            counts.keyless += rows.column("key").null_count
+            rows, buckets = rows.filter(keyed), buckets.filter(keyed)
+        if rows.num_rows == 0:
+            continue
+        rows = decode_lists(rows.select(COLUMNS)).cast(COMPACT_SCHEMA)
+        found = buckets.to_numpy()
+        starts = np.flatnonzero(np.r_[True, found[1:] != found[:-1]])
+        for low, high in itertools.pairwise([*starts.tolist(), len(found)]):
+            bucket = int(found[low])
+            if bucket != current:
+                if current is not None:
+                    yield finish()
+                if bucket in merged:
+                    raise RuntimeError(f"the rows of bucket {bucket} are not contiguous in the task's input")
+                current = bucket
+            incoming.add(rows.slice(low, high - low))
+    if current is not None:
+        yield finish()
+    yield counts.summary()
 
 
-# -- stage 2 --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class BucketWork:
-    """One bucket's merge: its staged row groups ``(path, [row group, ...])`` and the table's
-    files in the bucket ``(path as the log names it, size)``."""
-
-    bucket: int
-    staged: tuple[tuple[str, tuple[int, ...]], ...]
-    files: tuple[tuple[str, int], ...]
+# -- one bucket -----------------------------------------------------------------------------------
 
 
 class _Output:
@@ -369,30 +370,26 @@ class _Output:
 
 
 def merge_bucket(
-    work: BucketWork,
-    *,
-    uri: str,
-    storage_options: Mapping[str, str] | None,
+    incoming: pa.Table,
+    bucket: int,
+    files: Sequence[tuple[str, int]],
+    filesystem: Any,
     layout: Layout,
     prefix: str,
     max_bytes: int = FILE_BYTES,
 ) -> dict[str, Any]:
-    """Stage 2 for one bucket (see the module doc): the files to add and remove, and counts."""
-    filesystem = table_filesystem(uri, storage_options)
-    staged = []
-    for path, groups in work.staged:
-        staged.append(pq.ParquetFile(filesystem.open_input_file(path)).read_row_groups(list(groups)))
-    incoming = latest_per_key(pa.concat_tables(staged).cast(COMPACT_SCHEMA)) if staged else None
-    del staged
-    result: dict[str, Any] = {"bucket": work.bucket, "added": [], "removed": [], "keys": 0}
+    """One bucket's merge (see the module doc): ``incoming`` is the latest record per key, ``files``
+    the bucket's files ``(path as the log names it, size)``. Returns the files to add and to
+    remove, and counts."""
+    result: dict[str, Any] = {"bucket": bucket, "added": [], "removed": [], "keys": 0}
     result |= {"inserted": 0, "updated": 0, "deleted": 0, "stale": 0}
-    if incoming is None or incoming.num_rows == 0:
+    if incoming.num_rows == 0:
         return result
     in_keys, in_offsets = incoming.column("key"), incoming.column("offset").to_numpy()
     matched = np.zeros(incoming.num_rows, dtype=bool)  # the table holds the key
     stale = np.zeros(incoming.num_rows, dtype=bool)  # ... at a higher or equal offset
-    output = _Output(filesystem, layout, work.bucket, prefix, max_bytes)
-    for path, size in work.files:
+    output = _Output(filesystem, layout, bucket, prefix, max_bytes)
+    for path, size in files:
         data = pq.ParquetFile(filesystem.open_input_file(unquote(path)))
         held = data.read(columns=["key", "offset"])
         found = pc.index_in(held.column("key"), value_set=in_keys)
@@ -412,7 +409,7 @@ def merge_bucket(
             output.add(rows.filter(pa.array(keep[start : start + rows.num_rows])))
             start += rows.num_rows
         result["removed"].append(
-            {"path": path, "size": size, "partition_values": layout.partition_values(work.bucket)}
+            {"path": path, "size": size, "partition_values": layout.partition_values(bucket)}
         )
     has_value = pc.is_valid(incoming.column("value")).to_numpy(zero_copy_only=False)
     written = has_value & ~stale
@@ -427,15 +424,10 @@ def merge_bucket(
     return result
 
 
-# -- staging files left by crashed batches -------------------------------------------------------
+# -- staging files left by crashed batches of earlier versions ------------------------------------
 
 
-def staging_directory(batch_id: int) -> str:
-    """A new staging directory for a batch: ``_robustmq_staging/<created ms>-<batch>-<random>``."""
-    return f"{STAGING_DIR}/{int(time.time() * 1000)}-{batch_id}-{uuid.uuid4().hex[:12]}"
-
-
-def remove_staging(uri: str, storage_options: Mapping[str, str] | None, directory: str) -> None:
+def _remove_staging(uri: str, storage_options: Mapping[str, str] | None, directory: str) -> None:
     """Delete a batch's staging directory (an object store's prefix; locally the directory too,
     which the object store layer leaves behind empty). A failure leaves it to :func:`sweep_staging`."""
     try:
@@ -459,7 +451,7 @@ def sweep_staging(uri: str, storage_options: Mapping[str, str] | None, older_tha
     for entry in listed:
         created = entry.base_name.split("-", 1)[0]
         if entry.type == pafs.FileType.Directory and created.isdigit() and int(created) < cutoff_ms:
-            remove_staging(uri, storage_options, entry.path)
+            _remove_staging(uri, storage_options, entry.path)
             removed += 1
     if removed:
         log.info("removed the staging files of %d crashed batches from %s", removed, uri)

@@ -10,16 +10,17 @@ delta-rs refuses table properties it does not know), so a table is never fed by
 another topic, nor by the same name created again (whose offsets restart).
 
 Where the work runs
-    The driver never holds the records. A micro-batch goes through two Spark
-    stages (``._buckets``): tasks stage the batch's fresh records, reduced to
-    the latest per key, by key bucket (``crc32(key) % N``); then each bucket
-    with staged records is merged by a task against that bucket's files only,
-    writing new files. The driver collects file names and counts and commits
-    every bucket's added and removed files in **one** Delta version. A task
-    holds a bounded number of bytes (its buffer, or one bucket), so a backlog
-    larger than any one process compacts; ``N`` (16 by default) is fixed when the
-    table is created. Tables written before buckets existed (not partitioned)
-    are one bucket. :meth:`CompactMerger.merge_rows` runs the same stages in
+    The driver never holds the records. A micro-batch is one Spark job
+    (``._buckets``): the JVM computes each record's key bucket (``crc32(key) %
+    N``), shuffles the records by bucket and sorts each task's share by bucket;
+    each task then merges its buckets one after another, each against that
+    bucket's files only, writing new files. The driver collects file names and
+    counts and commits every bucket's added and removed files in **one** Delta
+    version. A task holds one bucket at a time (its records reduced to the
+    latest per key, a bounded buffer), so a backlog larger than any one process
+    compacts; ``N`` (16 by default) is fixed when the table is created. Tables
+    written before buckets existed (not partitioned)
+    are one bucket. :meth:`CompactMerger.merge_rows` runs the same task in
     this process (tests, small tables). Tasks load the table's snapshot every
     batch, so the merger writes a Delta log checkpoint every
     ``CHECKPOINT_EVERY`` (50) versions, as ``topic-to-delta`` does.
@@ -28,7 +29,7 @@ Exactly once, by content
     Every commit also sets, per topic partition it merged, a Delta ``txn``
     action ``robustmq-compact/<topic>/<partition>`` whose version is the
     offset up to which the partition's records are reflected in the table, in
-    the same atomic commit as the merged files. Stage 1 keeps only the records
+    the same atomic commit as the merged files. The tasks keep only the records
     at or past their partition's end in the snapshot the driver planned with: a
     replayed batch (after SIGKILL, a restart from an older checkpoint, a
     checkpoint deleted) merges nothing. That is also what keeps a delete
@@ -52,17 +53,18 @@ Concurrency
     the merger catches up with the log: if every file it removes is still in
     the table (an append, an OPTIMIZE of other files), it commits after it; if
     one is gone (``robustmq table-maintenance``'s OPTIMIZE rewrote it), the
-    buckets are merged again from the new version (the staged records stay
-    valid), up to :data:`MERGE_ATTEMPTS` times. delta-rs's own conflict check
+    buckets are merged again from the new version (the Spark job runs again,
+    reading the micro-batch again), up to :data:`MERGE_ATTEMPTS` times. delta-rs's own conflict check
     is not enough here: it lets a commit remove a file a concurrent OPTIMIZE
     already removed, which would keep the OPTIMIZE's copy of the replaced rows.
     Partitions' ends moved by another commit mean another writer feeds the
     table: a :class:`~robustmq.streaming_jobs.errors.TableConflict`.
 
 Thread-safety: a :class:`CompactMerger` is called by one thread at a time
-(``foreachBatch``). After a crash mid-batch, its staging files and the data
-files no version references are orphans: ``prepare_compact_table`` removes
-them at the next start once older than the retention.
+(``foreachBatch``). After a crash mid-batch, the data files no version
+references are orphans: ``prepare_compact_table`` removes them at the next
+start once older than the retention (and the staging files earlier versions
+left).
 """
 
 from __future__ import annotations
@@ -75,30 +77,29 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from robustmq.security._client_auth import Credentials
 
 from ._buckets import (
+    BUCKET_COLUMN,
+    BUFFER_BYTES,
     COLUMNS,
     COMPACT_SCHEMA,
     FILE_BYTES,
     LIST_COLUMNS,
-    STAGE_BYTES,
-    STAGED_DDL,
-    STAGED_SCHEMA,
+    RESULT_DDL,
+    RESULT_SCHEMA,
     UNBUCKETED,
-    BucketWork,
     Layout,
     compact_app_id,
+    key_buckets,
     latest_per_key,
-    merge_bucket,
-    remove_staging,
-    stage_batches,
-    staging_directory,
+    merge_buckets,
     sweep_staging,
 )
 from ._commit_log import CHECKPOINT_EVERY
@@ -166,7 +167,7 @@ def prepare_compact_table(
     """Create the table for ``topic`` if missing (``buckets`` key buckets, default
     :data:`DEFAULT_BUCKETS`), or check it is one: its columns and partitioning, and the topic and
     incarnation it names. Then remove orphans older than the retention: data files no version
-    references and staging files of crashed batches.
+    references and staging files crashed batches of earlier versions left.
 
     Raises :class:`~robustmq.streaming_jobs.errors.TableMismatch` (nothing written) for a
     table of another shape, another topic, an earlier incarnation of this topic, or another
@@ -242,32 +243,32 @@ class MergeResult:
 
 
 @dataclass(frozen=True, slots=True)
-class _Staged:
-    """What stage 1 found: counts, each partition's end in the table and highest fresh offset, and
-    the staged row groups per bucket."""
+class _Merged:
+    """What the tasks of one attempt did: counts, each partition's end in the table and highest
+    fresh offset, and each merged bucket's result (files to add and remove, counts)."""
 
     records: int
     fresh: int
     keyless: int
     partitions: dict[int, tuple[int | None, int | None]]
-    buckets: dict[int, list[tuple[str, tuple[int, ...]]]]
+    results: list[dict[str, Any]]
 
     @staticmethod
-    def collect(rows: list[Mapping[str, Any]]) -> _Staged:
+    def collect(rows: list[str]) -> _Merged:
         records = fresh = keyless = 0
         partitions: dict[int, tuple[int | None, int | None]] = {}
-        buckets: dict[int, list[tuple[str, tuple[int, ...]]]] = {}
-        for row in rows:
-            if row["path"]:
-                for bucket, groups in json.loads(row["groups"]).items():
-                    buckets.setdefault(int(bucket), []).append((row["path"], tuple(groups)))
+        results: list[dict[str, Any]] = []
+        for text in rows:
+            row = json.loads(text)
+            if "bucket" in row:
+                results.append(row)
                 continue
             records, fresh, keyless = records + row["records"], fresh + row["fresh"], keyless + row["keyless"]
-            for partition, (end, highest) in json.loads(row["partitions"]).items():
+            for partition, (end, highest) in row["partitions"].items():
                 _, known = partitions.get(int(partition), (end, None))
                 top = highest if known is None else known if highest is None else max(known, highest)
                 partitions[int(partition)] = (end, top)
-        return _Staged(records, fresh, keyless, partitions, buckets)
+        return _Merged(records, fresh, keyless, partitions, results)
 
 
 class _SnapshotEnds:
@@ -310,42 +311,45 @@ def _snapshot(uri: str, storage_options: Mapping[str, str] | None, version: int)
         return table
 
 
-def _stage_task(
-    uri: str,
-    storage_options: Mapping[str, str] | None,
-    version: int,
-    topic: str,
-    directory: str,
-    buckets: int,
-    max_bytes: int,
-) -> Callable[[Any], Any]:
-    """The ``mapInArrow`` function of stage 1."""
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What one attempt's tasks merge against: the table version (its partitions' ends), how it
+    is cut, its files by bucket, and the prefix of new files' names."""
 
-    def stage(batches: Any) -> Any:
-        ends = _SnapshotEnds(uri, storage_options, version, topic)
-        rows = stage_batches(
+    uri: str
+    storage_options: Mapping[str, str] | None
+    topic: str
+    version: int
+    layout: Layout
+    files: Mapping[int, tuple[tuple[str, int], ...]]
+    prefix: str
+    buffer_bytes: int
+    file_bytes: int
+
+    def run(self, batches: Any) -> Any:
+        """The tasks' function: :func:`~._buckets.merge_buckets`, a JSON text per result."""
+        found = merge_buckets(
             batches,
-            ends=ends,
-            uri=uri,
-            storage_options=storage_options,
-            directory=directory,
-            buckets=buckets,
-            max_bytes=max_bytes,
+            ends=_SnapshotEnds(self.uri, self.storage_options, self.version, self.topic),
+            uri=self.uri,
+            storage_options=self.storage_options,
+            layout=self.layout,
+            files=self.files,
+            prefix=self.prefix,
+            buffer_bytes=self.buffer_bytes,
+            file_bytes=self.file_bytes,
         )
-        for row in rows:
-            yield pa.RecordBatch.from_pylist([row], schema=STAGED_SCHEMA)
+        for result in found:
+            yield json.dumps(result)
 
-    return stage
+    def arrow_task(self) -> Callable[[Any], Any]:
+        """The ``mapInArrow`` function."""
 
+        def task(batches: Any) -> Any:
+            for text in self.run(batches):
+                yield pa.RecordBatch.from_pylist([{"result": text}], schema=RESULT_SCHEMA)
 
-def _merge_task(merge: Callable[[BucketWork], dict[str, Any]]) -> Callable[[Any], Any]:
-    """The ``mapPartitions`` function of stage 2: the buckets of one task, one after another."""
-
-    def run(works: Any) -> Any:
-        for work in works:
-            yield merge(work)
-
-    return run
+        return task
 
 
 class CompactMerger:
@@ -368,7 +372,8 @@ class CompactMerger:
     credentials
         A secured cluster's, for that check.
     stage_bytes, file_bytes
-        The bounds of a task's memory: Arrow bytes a stage-1 task buffers, and per data file.
+        The bounds of a task's memory: Arrow bytes of a bucket's records a task buffers before
+        reducing them to the latest per key, and per data file.
     checkpoint_every
         A Delta log checkpoint every this many versions: every batch's tasks load the table's
         snapshot, which without checkpoints replays a log that grows with every batch.
@@ -383,7 +388,7 @@ class CompactMerger:
         meta_address: str | None = None,
         storage_options: Mapping[str, str] | None = None,
         credentials: Credentials | None = None,
-        stage_bytes: int = STAGE_BYTES,
+        stage_bytes: int = BUFFER_BYTES,
         file_bytes: int = FILE_BYTES,
         checkpoint_every: int = CHECKPOINT_EVERY,
     ) -> None:
@@ -405,153 +410,122 @@ class CompactMerger:
         self.merge_frame(frame, batch_id, query_id=query_id)
 
     def merge_frame(self, frame: Any, batch_id: int, *, query_id: str = "") -> MergeResult:
-        """The batch's rows (a Spark DataFrame of the source's columns), merged by Spark tasks."""
+        """The batch's rows (a Spark DataFrame of the source's columns), merged by Spark tasks: one
+        Spark job per attempt (the frame is read again if a conflicting commit makes a second)."""
         from pyspark.sql import functions as F
 
         context = frame.sparkSession.sparkContext
 
-        def stage(version: int, directory: str, buckets: int) -> list[Mapping[str, Any]]:
-            task = _stage_task(
-                self.location.uri,
-                self.storage_options,
-                version,
-                self.topic,
-                directory,
-                buckets,
-                self.stage_bytes,
-            )
+        def run(plan: _Plan) -> list[str]:
+            key = F.col("key")
+            if plan.layout.buckets == 1:
+                bucket = F.when(key.isNotNull(), F.lit(0))
+            else:  # Spark's crc32 is zlib's, unsigned: the same bucket as key_buckets
+                bucket = F.pmod(F.crc32(key), F.lit(plan.layout.buckets))
             # The list columns cross as JSON text: mapInArrow hands list columns to Python slowly.
             columns = [F.to_json(c).alias(c) if c in LIST_COLUMNS else F.col(c) for c in COLUMNS]
-            return [row.asDict() for row in frame.select(*columns).mapInArrow(task, STAGED_DDL).collect()]
+            tasks = min(plan.layout.buckets, max(1, context.defaultParallelism))
+            shaped = (
+                frame.select(*columns, bucket.cast("int").alias(BUCKET_COLUMN))
+                .repartition(tasks, BUCKET_COLUMN)
+                .sortWithinPartitions(BUCKET_COLUMN)
+            )
+            return [row[0] for row in shaped.mapInArrow(plan.arrow_task(), RESULT_DDL).collect()]
 
-        def merge(
-            works: list[BucketWork], run: Callable[[BucketWork], dict[str, Any]]
-        ) -> list[dict[str, Any]]:
-            tasks = context.parallelize(works, min(len(works), max(1, context.defaultParallelism)))
-            return list(tasks.mapPartitions(_merge_task(run)).collect())
-
-        return self._merge(batch_id, query_id, stage, merge)
+        return self._merge(batch_id, query_id, run)
 
     def merge_rows(self, rows: pa.Table, batch_id: int, *, query_id: str = "") -> MergeResult:
-        """Merge ``rows`` (:data:`COMPACT_SCHEMA` columns) exactly once, running the stages here."""
+        """Merge ``rows`` (:data:`COMPACT_SCHEMA` columns) exactly once, as one task in this process."""
         rows = rows.select(COLUMNS).cast(COMPACT_SCHEMA)
 
-        def stage(version: int, directory: str, buckets: int) -> list[Mapping[str, Any]]:
-            return list(
-                stage_batches(
-                    rows.to_batches(),
-                    ends=_SnapshotEnds(self.location.uri, self.storage_options, version, self.topic),
-                    uri=self.location.uri,
-                    storage_options=self.storage_options,
-                    directory=directory,
-                    buckets=buckets,
-                    max_bytes=self.stage_bytes,
-                )
-            )
+        def run(plan: _Plan) -> list[str]:
+            keys = rows.column("key")
+            valid = pc.is_valid(keys).to_numpy(zero_copy_only=False)
+            found = np.full(rows.num_rows, -1, dtype=np.int32)
+            found[valid] = key_buckets(keys.filter(pa.array(valid)), plan.layout.buckets)
+            order = pa.array(np.argsort(found, kind="stable"))
+            ordered = rows.take(order).append_column(BUCKET_COLUMN, pa.array(found, pa.int32()).take(order))
+            return list(plan.run(ordered.to_batches(max_chunksize=10_000)))
 
-        def merge(
-            works: list[BucketWork], run: Callable[[BucketWork], dict[str, Any]]
-        ) -> list[dict[str, Any]]:
-            return [run(work) for work in works]
+        return self._merge(batch_id, query_id, run)
 
-        return self._merge(batch_id, query_id, stage, merge)
-
-    def _merge(
-        self,
-        batch_id: int,
-        query_id: str,
-        stage: Callable[[int, str, int], list[Mapping[str, Any]]],
-        merge: Callable[[list[BucketWork], Callable[[BucketWork], dict[str, Any]]], list[dict[str, Any]]],
-    ) -> MergeResult:
-        started = time.monotonic()
-        table = self._open()
-        layout = table_layout(table)
-        planned = int(table.version())
-        directory = staging_directory(batch_id)
-        try:
-            staged = _Staged.collect(stage(planned, directory, layout.buckets))
-            if staged.keyless:
-                log.warning(
-                    "%d records without a key ignored (a compacted table is keyed by key)", staged.keyless
-                )
-            ends = {
-                p: highest + 1 if end is None else max(end, highest + 1)
-                for p, (end, highest) in staged.partitions.items()
-                if highest is not None
-            }
-            if not ends:
-                log.info("batch %d is already in %s; nothing to merge", batch_id, self.location.uri)
-                return MergeResult(staged.records, 0, 0, None, {})
-            transactions = {compact_app_id(self.topic, p): end for p, end in ends.items()}
-            if query_id:
-                transactions[query_id] = batch_id
-            version, metrics = self._commit_buckets(batch_id, staged, layout, transactions, merge)
-        finally:
-            remove_staging(self.location.uri, self.storage_options, directory)
-        log.info(
-            "batch %d: %d records, %d keys merged into %s (%d buckets) as version %d in %.2fs",
-            batch_id,
-            staged.fresh,
-            metrics["keys"],
-            self.location.uri,
-            metrics["buckets"],
-            version,
-            time.monotonic() - started,
-        )
-        return MergeResult(staged.records, staged.fresh, metrics["keys"], version, metrics)
-
-    def _commit_buckets(
-        self,
-        batch_id: int,
-        staged: _Staged,
-        layout: Layout,
-        transactions: dict[str, int],
-        merge: Callable[[list[BucketWork], Callable[[BucketWork], dict[str, Any]]], list[dict[str, Any]]],
-    ) -> tuple[int, dict[str, Any]]:
-        """Merge the staged buckets against the table's files and commit them at once; merged again
+    def _merge(self, batch_id: int, query_id: str, run: Callable[[_Plan], list[str]]) -> MergeResult:
+        """Merge the batch against the table's files and commit every bucket at once; merged again
         from the new version when another commit removed a file this one replaces."""
-        held = {p: end for p, (end, _) in staged.partitions.items()}
-        prefix = f"{batch_id:010d}-{uuid.uuid4().hex[:8]}"
-        run = partial(
-            merge_bucket,
-            uri=self.location.uri,
-            storage_options=self.storage_options,
-            layout=layout,
-            prefix=prefix,
-            max_bytes=self.file_bytes,
-        )
+        started = time.monotonic()
+        held: dict[int, int | None] | None = None  # the partitions' ends the first attempt found
         filesystem = table_filesystem(self.location.uri, self.storage_options)
         for attempt in range(1, MERGE_ATTEMPTS + 1):
             table = self._open()
-            self._check_ends(table, held, batch_id)
-            files = _files_by_bucket(table, layout)
-            works = [
-                BucketWork(bucket, tuple(parts), tuple(files.get(bucket, ())))
-                for bucket, parts in sorted(staged.buckets.items())
-            ]
-            results = merge(works, run) if works else []
-            added = [file["path"] for result in results for file in result["added"]]
+            layout = table_layout(table)
+            if held is not None:
+                self._check_ends(table, held, batch_id)
+            files = {b: tuple(found) for b, found in _files_by_bucket(table, layout).items()}
+            plan = _Plan(
+                self.location.uri,
+                self.storage_options,
+                self.topic,
+                int(table.version()),
+                layout,
+                files,
+                f"{batch_id:010d}-{uuid.uuid4().hex[:8]}",
+                self.stage_bytes,
+                self.file_bytes,
+            )
+            merged = _Merged.collect(run(plan))
+            added = [file["path"] for result in merged.results for file in result["added"]]
+            if held is None:
+                held = {p: end for p, (end, _) in merged.partitions.items()}
+                if merged.keyless:
+                    log.warning(
+                        "%d records without a key ignored (a compacted table is keyed by key)", merged.keyless
+                    )
+            ends = {
+                p: highest + 1 if end is None else max(end, highest + 1)
+                for p, (end, highest) in merged.partitions.items()
+                if highest is not None
+            }
+            if not ends:
+                for path in added:
+                    _delete_quietly(filesystem, path)
+                log.info("batch %d is already in %s; nothing to merge", batch_id, self.location.uri)
+                return MergeResult(merged.records, 0, 0, None, {})
+            transactions = {compact_app_id(self.topic, p): end for p, end in ends.items()}
+            if query_id:
+                transactions[query_id] = batch_id
             try:
-                committed = self._commit_unless_replaced(table, layout, results, transactions, held, batch_id)
+                committed = self._commit_unless_replaced(
+                    table, layout, merged.results, transactions, held, batch_id
+                )
             except BaseException:
                 for path in added:  # this attempt's files: no version will name them
                     _delete_quietly(filesystem, path)
                 raise
             if committed:
                 metrics = {
-                    name: sum(result[name] for result in results)
+                    name: sum(result[name] for result in merged.results)
                     for name in ("keys", "inserted", "updated", "deleted", "stale")
                 }
                 metrics |= {
                     "files_added": len(added),
-                    "files_removed": sum(len(result["removed"]) for result in results),
-                    "buckets": len(works),
+                    "files_removed": sum(len(result["removed"]) for result in merged.results),
+                    "buckets": len(merged.results),
                     "attempts": attempt,
                 }
                 version = int(table.version())
                 if version % self.checkpoint_every == 0:
                     self._checkpoint(table, version)
-                return version, metrics
+                log.info(
+                    "batch %d: %d records, %d keys merged into %s (%d buckets) as version %d in %.2fs",
+                    batch_id,
+                    merged.fresh,
+                    metrics["keys"],
+                    self.location.uri,
+                    metrics["buckets"],
+                    version,
+                    time.monotonic() - started,
+                )
+                return MergeResult(merged.records, merged.fresh, metrics["keys"], version, metrics)
             for path in added:
                 _delete_quietly(filesystem, path)
             pause = min(_BACKOFF_S[1], _BACKOFF_S[0] * 2**attempt) * random.uniform(0.5, 1.0)
@@ -625,7 +599,7 @@ class CompactMerger:
         )
 
     def _check_ends(self, table: Any, held: Mapping[int, int | None], batch_id: int) -> None:
-        """The partitions' ends are still those the batch was staged against (else another writer)."""
+        """The partitions' ends are still those the batch was first merged against (else another writer)."""
         moved = [
             p for p, end in held.items() if table.transaction_version(compact_app_id(self.topic, p)) != end
         ]

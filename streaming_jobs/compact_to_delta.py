@@ -35,7 +35,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from robustmq._records import COMPACT_POLICY
-from robustmq.cli._security import credentials_of
 from robustmq.connector._options import credential_options
 from robustmq.errors import (
     AuthenticationFailed,
@@ -46,6 +45,7 @@ from robustmq.errors import (
     TopicNotFound,
 )
 from robustmq.security._client_auth import Credentials
+from robustmq.security._flags import credentials_of
 
 from ._compaction import DEFAULT_BUCKETS, MAX_BUCKETS, CompactMerger, prepare_compact_table, topic_incarnation
 from ._stopping import BatchGate, StopSignals, run_gated_query

@@ -292,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     answer), 2 (bad arguments, no tier URL, a store that refuses us), 130 (SIGINT), 143 (SIGTERM);
     every failure is one line on stderr."""
     args = parser().parse_args(argv)
-    from robustmq.cli._security import credentials_of
+    from robustmq.security._flags import credentials_of
 
     try:
         credentials = credentials_of(args)

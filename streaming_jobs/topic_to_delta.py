@@ -39,7 +39,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from robustmq.cli._security import credentials_of
 from robustmq.connector._options import credential_options
 from robustmq.errors import (
     AuthenticationFailed,
@@ -50,6 +49,7 @@ from robustmq.errors import (
     TopicNotFound,
 )
 from robustmq.security._client_auth import Credentials
+from robustmq.security._flags import credentials_of
 
 from ._delta import PARTITION_BY, TABLE_SCHEMA, DeltaAppender, delta_spark_available
 from ._stopping import BatchGate, StopSignals, run_gated_query
@@ -277,7 +277,7 @@ def add_meta_option(parser: argparse.ArgumentParser) -> None:
     """``--meta`` and the client security flags (``--user``, ``--password-file``, ``--tls-ca``,
     ``--tls-cert``, ``--tls-key``, falling back to ``ROBUSTMQ_*``), as every job's command line
     has them; :func:`robustmq.cli._security.credentials_of` reads the latter."""
-    from robustmq.cli._security import add_client_flags
+    from robustmq.security._flags import add_client_flags
 
     parser.add_argument(
         "--meta",

@@ -20,10 +20,18 @@ Options for the nemesis runs (:mod:`tests.e2e._history_ops`):
   nodes use it as their ``--meta`` (:attr:`node_meta_address`), so the nemesis
   can lose or delay their answers;
 - ``agent``: a ``nemesis`` host that no partition names, running
-  :class:`tests.e2e._history_agent.AgentProcess` (the nemesis's admin calls).
+  :class:`tests.e2e._history_agent.AgentProcess` (the nemesis's admin calls);
+- ``secure``: credentials are made under ``root/credentials``
+  (:class:`tests.e2e._history_secure.SecureSetup`, :attr:`secure`), the Meta
+  Service's certificate valid for its lab address; the Meta Service and every
+  node start with their ``--tls-*`` flags (no
+  ``--insecure``), the node of host ``n<i>`` with certificate ``node-n<i>``,
+  so its node id is the host's name. Not with ``proxy_seed`` or ``agent``
+  (the proxy forwards plaintext gRPC, the agent has no credentials).
 
 A host's data directory can be deleted while its node is down (:meth:`wipe`: a
-lost disk); the node then starts with a new node id.
+lost disk); the node then starts with a new node id (secured: the same one, its
+certificate's name).
 
 :meth:`stop` continues paused processes, stops them (SIGTERM, then SIGKILL) by
 their pids, stops the proxy and the agent, then closes the lab, which kills
@@ -41,6 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tests.e2e._history_agent import AgentProcess
+from tests.e2e._history_secure import SecureSetup
 from tests.e2e._meta_proxy import ProxyProcess
 from tests.e2e._netns import NetLab
 from tests.e2e._procs import ServerProcess
@@ -64,12 +73,17 @@ class NetCluster:
         meta_args: Sequence[str] = (),
         proxy_seed: int | None = None,
         agent: bool = False,
+        secure: bool = False,
     ) -> None:
+        if secure and (proxy_seed is not None or agent):
+            raise ValueError("a secured NetCluster has no answer-loss proxy and no agent (yet)")
         self.root = root
         self.all_node_hosts = [f"n{i}" for i in range(1, nodes + spares + 1)]
         self.node_hosts = self.all_node_hosts[:nodes]  # started by start()
         self.lab = NetLab([META, *self.all_node_hosts, CLIENT, *([NEMESIS] if agent else [])])
         meta_host = self.lab.address(META)
+        self.secure = SecureSetup.make(root, self.all_node_hosts, meta_host) if secure else None
+        security = self.secure
         self.meta_address = f"{meta_host}:{META_PORT}"
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
@@ -78,7 +92,8 @@ class NetCluster:
         self.meta = ServerProcess(
             [
                 "meta",
-                "--insecure",  # a 10.x address, reachable only inside this lab's namespaces
+                # --insecure: a 10.x address, reachable only inside this lab's namespaces
+                *(["--insecure"] if security is None else security.tls_flags("meta")),
                 "--host",
                 meta_host,
                 "--meta-port",
@@ -111,7 +126,9 @@ class NetCluster:
         self.servers = {
             host: ServerProcess(
                 [
-                    *("storage-node", "--insecure", "--host", self.lab.address(host)),
+                    "storage-node",
+                    *(["--insecure"] if security is None else security.tls_flags(f"node-{host}")),
+                    *("--host", self.lab.address(host)),
                     *("--node-port", str(NODE_PORT)),
                     *("--data-dir", str(self.data_dir(host)), "--meta", self.node_meta_address),
                 ],

@@ -56,6 +56,8 @@ class _Child:
         argv += ["--out", str(out), "--origin", repr(origin)]
         if settings.forced_operations:
             argv += ["--operations", ",".join(settings.forced_operations)]
+        if cluster.secure is not None:
+            argv += cluster.secure.argv()
         self.log = log.open("a")
         self.process = subprocess.Popen(
             cluster.client_command(argv),

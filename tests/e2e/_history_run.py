@@ -30,11 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import robustmq
+from robustmq import Credentials
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import InvalidRequest, RobustMQError, TopicNotFound
 from tests.e2e._history import INFO, OK, History, write_outcome, write_value
 from tests.e2e._history_nemesis import Nemesis, faults_of
-from tests.e2e._history_worker import Worker, create_topic, refused
+from tests.e2e._history_worker import Worker, assigned_producer, create_topic, refused
 from tests.e2e._history_workload import Settings, TopicPlan, TopicSlot
 from tests.e2e._procs import Cluster
 
@@ -82,14 +83,26 @@ def run(settings: Settings, root: Path, cluster: Cluster | None = None) -> Histo
     return history
 
 
-def create_topics(settings: Settings, history: History, meta_address: str) -> list[TopicSlot]:
-    with robustmq.connect(meta_address, timeout_s=settings.client_timeout_s) as client:
+def create_topics(
+    settings: Settings, history: History, meta_address: str, credentials: Credentials | None = None
+) -> list[TopicSlot]:
+    with robustmq.connect(
+        meta_address, timeout_s=settings.client_timeout_s, credentials=credentials
+    ) as client:
         return [_create(client, plan, history, settings) for plan in settings.topics]
 
 
-def final_phase(settings: Settings, slots: list[TopicSlot], history: History, meta_address: str) -> None:
+def final_phase(
+    settings: Settings,
+    slots: list[TopicSlot],
+    history: History,
+    meta_address: str,
+    credentials: Credentials | None = None,
+) -> None:
     """After healing: settle, probe and read back every partition (see the module docstring)."""
-    with robustmq.connect(meta_address, timeout_s=settings.client_timeout_s) as client:
+    with robustmq.connect(
+        meta_address, timeout_s=settings.client_timeout_s, credentials=credentials
+    ) as client:
         _final(client, slots, history, settings)
         if settings.nodes > 1:
             invocation = history.invoke(FINAL, "final_nodes", {})
@@ -157,9 +170,11 @@ def _final(client: robustmq.Client, slots: list[TopicSlot], history: History, se
         if inc is None:
             continue
         live[slot.name] = inc
-        producer_id = rng.getrandbits(62)
+        producer = _probe_producer(client, rng, history, deadline)
+        if producer is None:
+            continue
         for partition in range(slot.plan.partitions):
-            _probe(client, slot.name, inc, partition, producer_id, history, deadline, settings.acks or "1")
+            _probe(client, slot.name, inc, partition, producer, history, deadline, settings.acks or "1")
     time.sleep(1.0)  # let the node answer what it still holds from before the heal
     deadline = time.monotonic() + settings.final_timeout_s
     for slot in slots:
@@ -233,17 +248,33 @@ def _describe(client: robustmq.Client, topic: str, deadline: float) -> dict[int,
         }
 
 
+def _probe_producer(
+    client: robustmq.Client, rng: random.Random, history: History, deadline: float
+) -> tuple[int, bytes] | None:
+    """A producer id (and its token) for one topic's probes: drawn, or on a secured cluster
+    handed out by the Meta Service (retried until ``deadline``; None: it never answered)."""
+    while True:
+        try:
+            return assigned_producer(client) or (rng.getrandbits(62), b"")
+        except RobustMQError as error:
+            if time.monotonic() > deadline:
+                stuck(history, f"no producer id for the final probes after healing: {error!r}")
+                return None
+            time.sleep(0.5)
+
+
 def _probe(
     client: robustmq.Client,
     topic: str,
     inc: int,
     partition: int,
-    producer_id: int,
+    producer: tuple[int, bytes],
     history: History,
     deadline: float,
     acks: str,
 ) -> None:
     """One write to the partition, retried (same sequence) until it is acknowledged."""
+    producer_id, token = producer
     sequence = 0  # one producer id per topic, one sequence per partition
     value = write_value(topic, inc, FINAL, partition)
     started = time.monotonic()
@@ -267,6 +298,7 @@ def _probe(
                 producer_id=producer_id,
                 sequence=sequence,
                 acks=acks,
+                token=token,
             )
         except RobustMQError as error:
             definite = refused(error)

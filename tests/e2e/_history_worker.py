@@ -65,6 +65,7 @@ from tests.e2e._history_workload import Settings, TopicPlan, TopicSlot
 
 __all__ = [
     "Worker",
+    "assigned_producer",
     "create_topic",
     "created",
     "meta_incarnation_of",
@@ -102,6 +103,16 @@ def refused(error: BaseException) -> bool:
     if isinstance(error, OutOfOrderSequence | DuplicateSequenceMismatch):
         return False  # about the sequence: an earlier attempt of the same request may have landed
     return isinstance(error, InvalidRequest | TopicNotFound)
+
+
+def assigned_producer(client: robustmq.Client) -> tuple[int, bytes] | None:
+    """On a secured cluster, a producer id from the Meta Service and the token that may produce
+    with it (bound to this process's CURVE key; a node refuses a producer id without one);
+    None with security off (the runs then draw their producer ids)."""
+    if client.security is None:
+        return None
+    answer = client.meta.init_producer_id(curve_key=client.security.keypair.public)
+    return int(answer.producer_id), answer.token.SerializeToString()
 
 
 def create_topic(client: robustmq.Client, plan: TopicPlan) -> dict[str, Any]:
@@ -165,8 +176,10 @@ class Worker(threading.Thread):
         history: History,
         meta_address: str,
         stop: threading.Event,
+        credentials: robustmq.Credentials | None = None,
     ) -> None:
         super().__init__(name=f"history-worker-{index}", daemon=True)
+        self.credentials = credentials
         self.process = str(index)
         self.settings = settings
         self.slots = slots
@@ -178,6 +191,7 @@ class Worker(threading.Thread):
         self.sessions = itertools.count(1)
         self.sequences: dict[tuple[str, int, int], int] = {}  # (topic, inc, partition) -> next sequence
         self.producer_ids: dict[tuple[str, int], int] = {}
+        self.tokens: dict[int, bytes] = {}  # secured: producer id -> the token that may use it
         # With replays in the mix: short producer sessions per partition, and acknowledged
         # batches to send again (bounded).
         self.sessions_of: dict[tuple[str, int, int], list[int]] = {}  # -> [producer id, batches left]
@@ -192,7 +206,9 @@ class Worker(threading.Thread):
 
     def run(self) -> None:
         try:
-            with robustmq.connect(self.meta_address, timeout_s=self.settings.client_timeout_s) as client:
+            with robustmq.connect(
+                self.meta_address, timeout_s=self.settings.client_timeout_s, credentials=self.credentials
+            ) as client:
                 self.client = client
                 while not self.stop_event.is_set():
                     operation = self.rng.choices(*self._choices)[0]
@@ -344,22 +360,45 @@ class Worker(threading.Thread):
 
     def _producer_id(self, slot: TopicSlot, inc: int, partition: int) -> int:
         """One producer id per topic incarnation; with replays, short sessions per partition (so
-        a batch can be replayed where no later batch of its producer is known)."""
+        a batch can be replayed where no later batch of its producer is known). On a secured
+        cluster the Meta Service hands the ids out, with their tokens (:attr:`tokens`); a
+        ``RobustMQError`` then means it did not answer, and nothing changed."""
         if not self.settings.replays:
-            return self.producer_ids.setdefault((slot.name, inc), self.rng.getrandbits(62))
+            drawn = self.rng.getrandbits(62)  # on every call, as ever: a seed's random stream stays
+            if (slot.name, inc) not in self.producer_ids:
+                self.producer_ids[(slot.name, inc)] = self._new_producer_id(drawn)
+            return self.producer_ids[(slot.name, inc)]
         key = (slot.name, inc, partition)
         session = self.sessions_of.get(key)
         if session is None or session[1] <= 0:
-            session = self.sessions_of[key] = [self.rng.getrandbits(62), self.rng.randint(1, 6)]
+            producer_id = self._new_producer_id(self.rng.getrandbits(62))
+            if session is not None:
+                self.tokens.pop(session[0], None)  # replays carry their own token
+            session = self.sessions_of[key] = [producer_id, self.rng.randint(1, 6)]
             self.sequences[key] = self.rng.choice([0, self.rng.randint(1, 1000)])
         session[1] -= 1
         return session[0]
+
+    def _new_producer_id(self, drawn: int) -> int:
+        """``drawn``, or on a secured cluster the id the Meta Service hands out."""
+        assigned = assigned_producer(self._client)
+        if assigned is None:
+            return drawn
+        self.tokens[assigned[0]] = assigned[1]
+        return assigned[0]
 
     def op_produce(self, slot: TopicSlot, inc: int) -> None:
         partition = self._partition(slot)
         values = [self._value(slot, inc) for _ in range(self.rng.randint(1, 10))]
         key = (slot.name, inc, partition)
-        producer_id = self._producer_id(slot, inc, partition)
+        try:
+            producer_id = self._producer_id(slot, inc, partition)
+        except RobustMQError as error:  # no producer id from the Meta Service: nothing was sent
+            value = {**self._write_value(slot, inc, [[partition, v] for v in values]), "producer_id": None}
+            with self._op("produce", value) as op:
+                op.finish(FAIL, {"acked": [], "failed": values, "unknown": []}, repr(error))
+            return
+        token = self.tokens.get(producer_id, b"")
         sequence = self.sequences.get(key, 0)
         self.sequences[key] = sequence + 1
         writes = [[partition, v] for v in values]
@@ -376,7 +415,13 @@ class Worker(threading.Thread):
         ) as op:
             try:
                 answer = self._client.produce(
-                    slot.name, partition, records, producer_id=producer_id, sequence=sequence, acks=acks
+                    slot.name,
+                    partition,
+                    records,
+                    producer_id=producer_id,
+                    sequence=sequence,
+                    acks=acks,
+                    token=token,
                 )
             except RobustMQError as error:
                 type_, outcome = write_outcome(
@@ -402,6 +447,7 @@ class Worker(threading.Thread):
                         "acks": acks,
                         "route_incarnation": route,
                         "records": records,
+                        "token": token,
                     }
                 )
                 del self.replayable[:-REPLAYABLE]
@@ -433,7 +479,7 @@ class Worker(threading.Thread):
                     ).epoch
         moved = [b for b in mine if b["original"][1] < epochs.get(b["partition"], -1)]
         batch = self.rng.choice(moved or mine)
-        value = {k: v for k, v in batch.items() if k != "records"}
+        value = {k: v for k, v in batch.items() if k not in ("records", "token")}
         value["epoch_now"] = epochs.get(batch["partition"])
         with self._op("replay", value) as op:
             try:
@@ -444,6 +490,7 @@ class Worker(threading.Thread):
                     producer_id=batch["producer_id"],
                     sequence=batch["sequence"],
                     acks=batch["acks"],
+                    token=batch["token"],
                 )
             except RobustMQError as error:
                 op.finish(FAIL if refused(error) else INFO, error=repr(error))

@@ -85,6 +85,9 @@ class _Variant:
     operations_each: int = 0
     old_faults: int = 0
     spares: int = 0
+    # A secured cluster (tests/e2e/_history_secure.py): TLS to the Meta Service, CURVE to the
+    # nodes, node ids from certificates, the workers a password user with exactly their ACLs.
+    secured: bool = False
 
 
 # Replication, three storage nodes, acks=all; faults of every category of NET_FAULT_CATEGORIES
@@ -111,6 +114,9 @@ VARIANTS = {
     # (the node's Meta Service calls give up after 10 s).
     "long": _Variant(600.0, 4, 3, 8, 24, (1.0, 8.0), (0.5, 14.0), (0.0, 4.0)),
     "rf3_short": _RF3_SHORT,
+    # make test: rf3_short on a secured cluster (docs/security.md): the same workers, faults and
+    # checks, every connection authenticated and encrypted, every request judged by the ACLs.
+    "rf3_secure_short": replace(_RF3_SHORT, secured=True),
     # The same machinery without replication (one replica per partition, spread over three nodes),
     # in make test-long: it checks the namespaces, partitions and replica reads on today's system.
     # No delete + re-create in the runs on several nodes: a stale client still reaches a deleted
@@ -223,6 +229,7 @@ class Settings:
     spares: int = 0
     operation_seeds: tuple[tuple[str, int], ...] = ()
     forced_operations: tuple[str, ...] = ()  # ROBUSTMQ_HISTORY_OPERATIONS, if it was set
+    secured: bool = False  # see _Variant.secured
 
     @property
     def nemesis_operations(self) -> bool:
@@ -287,7 +294,18 @@ class Settings:
             for kind in kinds
         )
         acks = "all" if rf > 1 else None
-        return cls(seed, variant, shape.duration_s, topics, weights, worker_seeds, faults, shape.nodes, acks)
+        return cls(
+            seed,
+            variant,
+            shape.duration_s,
+            topics,
+            weights,
+            worker_seeds,
+            faults,
+            shape.nodes,
+            acks,
+            secured=shape.secured,
+        )
 
     @classmethod
     def _derive_nemesis(
@@ -348,6 +366,7 @@ class Settings:
             spares=shape.spares,
             operation_seeds=operation_seeds,
             forced_operations=forced,
+            secured=shape.secured,
         )
 
     @staticmethod
@@ -359,7 +378,12 @@ class Settings:
     def describe(self) -> str:
         lines = [
             f"history run: seed={self.seed} variant={self.variant} duration_s={self.duration_s} "
-            f"workers={len(self.worker_seeds)} storage_nodes={self.nodes} acks={self.acks or 'default'}",
+            f"workers={len(self.worker_seeds)} storage_nodes={self.nodes} acks={self.acks or 'default'}"
+            + (
+                " secured=TLS+CURVE, workers as a password user with only the ACLs they need"
+                if self.secured
+                else ""
+            ),
             "timeouts: "
             + ", ".join(
                 f"{name}={getattr(self, name)}"

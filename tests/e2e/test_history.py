@@ -5,6 +5,9 @@ The short variants run in ``make test`` (about a minute each); the long ones
 faults. The ``rf3`` runs use three storage nodes, each in its own network
 namespace, replicated topics and ``acks="all"``, with crashes, pauses and
 real partitions; they are skipped while the cluster refuses replicated topics.
+``rf3_short`` also runs on a secured cluster (``[secured]``, docs/security.md):
+TLS and CURVE everywhere, the workers a password user with only the ACLs the
+workload needs; a request of theirs refused by security fails it too.
 Each run takes a seed from ``ROBUSTMQ_HISTORY_SEED`` or draws one,
 prints it with every setting derived from it, and on failure says how to run
 that seed again. docs/testing.md describes the workload, the faults and the
@@ -23,6 +26,7 @@ from tests.e2e._history import INVOKE, History, check
 from tests.e2e._history_cluster import NetCluster
 from tests.e2e._history_netrun import run_net
 from tests.e2e._history_run import ReplicationUnavailable, run
+from tests.e2e._history_secure import security_refusals
 from tests.e2e._history_workload import Settings
 from tests.e2e._netns import NetLabUnavailable
 from tests.e2e._procs import Cluster
@@ -64,6 +68,7 @@ def run_and_check(variant: str, test: str, tmp_path: Path, where: str = "tests/e
                 else [],
                 proxy_seed=seed if nemesis else None,
                 agent=nemesis,
+                secure=settings.secured,
             )
             history = run_net(settings, root, net)
         except (NetLabUnavailable, ReplicationUnavailable) as unavailable:
@@ -74,13 +79,17 @@ def run_and_check(variant: str, test: str, tmp_path: Path, where: str = "tests/e
     analysis = check(history.ops())
     rounds = sum(op.process == "nemesis" and op.f == "heal" and op.type != INVOKE for op in history.ops())
     print(analysis.report(), f"nemesis rounds: {rounds}", sep="\n", flush=True)
-    if not analysis.valid:
+    refusals = security_refusals(history.ops()) if settings.secured else []
+    if refusals:
+        print(f"refused by security ({len(refusals)}), e.g.:", *refusals[:5], sep="\n", flush=True)
+    if not analysis.valid or refusals:
         marker = "-m long " if variant in ("long", "rf3_long", "rf1_net", "nemesis_long") else ""
         target = f"{where}::{test}"
         also = f"{OPERATIONS_VARIABLE}={forced} " if forced else ""
         rerun = f"{also}{SEED_VARIABLE}={seed} .venv/bin/python -m pytest {marker}-s '{target}'"
+        refused = f"{len(refusals)} operations refused by security, e.g. {refusals[:3]}\n" if refusals else ""
         pytest.fail(
-            f"history seed {seed} ({variant}) has anomalies:\n{analysis.report()}\n"
+            f"history seed {seed} ({variant}) has anomalies:\n{analysis.report()}\n{refused}"
             f"history: {saved}; logs: {logs}\n"
             f"rerun: {rerun}",
             pytrace=False,
@@ -100,8 +109,12 @@ def test_history_long(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(360)
-def test_history_rf3_short(tmp_path: Path) -> None:
-    run_and_check("rf3_short", "test_history_rf3_short", tmp_path)
+@pytest.mark.parametrize("variant", ["rf3_short", "rf3_secure_short"], ids=["plain", "secured"])
+def test_history_rf3_short(tmp_path: Path, variant: str) -> None:
+    """``[secured]``: the same run on a secured cluster (TLS, CURVE, node ids from certificates,
+    the workers a password user with exactly the ACLs they need; tests/e2e/_history_secure.py)."""
+    test = "test_history_rf3_short[" + ("secured" if variant == "rf3_secure_short" else "plain") + "]"
+    run_and_check(variant, test, tmp_path)
 
 
 @pytest.mark.long

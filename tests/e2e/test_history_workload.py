@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
+from tests.e2e._history import INFO, OK, History
 from tests.e2e._history_nemesis import FAULT_KINDS, NET_FAULT_CATEGORIES, net_fault_kinds
 from tests.e2e._history_ops import NEMESIS_OPERATIONS, slot_fault_kinds
+from tests.e2e._history_run import stuck
+from tests.e2e._history_secure import security_refusals, workload_acls
 from tests.e2e._history_workload import RWLock, Settings
 from tests.e2e._procs import wait_until
 
@@ -100,3 +104,36 @@ def test_nemesis_operations_can_be_chosen_and_others_refuse_them() -> None:
         Settings.derive(3, "nemesis_short", ("nap",))
     with pytest.raises(ValueError, match="runs no nemesis operations"):
         Settings.derive(3, "rf3_short", ("quick_restart",))
+
+
+def test_the_secured_variant_is_the_rf3_short_run_secured() -> None:
+    for seed in range(10):
+        plain, secured = Settings.derive(seed, "rf3_short"), Settings.derive(seed, "rf3_secure_short")
+        assert secured.secured and not plain.secured
+        assert replace(secured, variant="rf3_short", secured=False) == plain
+        assert "secured=" in secured.describe() and "secured=" not in plain.describe()
+
+
+def test_the_workload_user_gets_exactly_the_acls_its_operations_need() -> None:
+    settings = Settings.derive(5, "rf3_secure_short")
+    granted = {(a.resource_type, a.resource_name, a.operation) for a in workload_acls(settings)}
+    topics = {plan.name for plan in settings.topics}
+    assert granted == {("topic", t, op) for t in topics for op in ("read", "write", "alter")} | {
+        ("group", f"g{i}", "read") for i in range(len(settings.worker_seeds))
+    }
+    assert {a.principal for a in workload_acls(settings)} == {"user:history"}
+    # Workers that delete and re-create a topic may do so; nothing else is ever granted.
+    nemesis = Settings.derive(5, "nemesis_short")
+    deletable = {(a.resource_name, a.operation) for a in workload_acls(nemesis) if a.operation == "delete"}
+    assert deletable == {(plan.name, "delete") for plan in nemesis.topics if plan.recreatable}
+    assert not any(a.resource_type == "cluster" for a in workload_acls(nemesis))
+
+
+def test_security_refusals_are_picked_out_of_a_history() -> None:
+    history = History()
+    history.complete(history.invoke("0", "read", {}), INFO, error="AuthorizationFailed('no read')")
+    history.complete(history.invoke("1", "read", {}), INFO, error="RequestTimeout('slow')")
+    history.complete(history.invoke("2", "commit", {}), OK)
+    stuck(history, "no write accepted within 30s after healing (AuthenticationFailed('revoked'))")
+    found = security_refusals(history.ops())
+    assert [(op.process, op.f) for op in found] == [("0", "read"), ("harness", "stuck")]

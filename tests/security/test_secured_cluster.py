@@ -44,11 +44,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
             for operation in ("read", "write"):
                 admin.create_acl(_acl("user:alice", "topic", "orders", operation))
             admin.create_acl(_acl("user:alice", "group", "billing", "read"))
-            admin.create_acl(_acl("user:bob", "topic", "orders", "read"))
             admin.create_acl(_acl("user:carol", "topic", "orders", "write"))
-        # ACL changes reach the storage nodes with their next heartbeat (within a second).
+            admin.create_acl(_acl("user:bob", "topic", "orders", "read"))  # last: the one waited for
+        # ACL changes reach the storage nodes with their next heartbeat (within a second); a node
+        # loads every ACL at once, so one that knows the last knows them all. Both leaders:
         with _user(secured, "bob") as bob:
-            wait_until(lambda: _reads(bob, "orders"), timeout_s=15)
+            wait_until(lambda: all(_reads(bob, "orders", partition) for partition in (0, 1)), timeout_s=15)
         yield secured
 
 
@@ -111,9 +112,9 @@ def test_a_new_acl_reaches_the_nodes(cluster: Secured) -> None:
         wait_until(lambda: not _reads(carol, "audit"), timeout_s=15)
 
 
-def _reads(client: Client, topic: str) -> bool:
+def _reads(client: Client, topic: str, partition: int = 0) -> bool:
     try:
-        client.read(topic, 0, 0)
+        client.read(topic, partition, 0)
         return True
     except AuthorizationFailed:
         return False

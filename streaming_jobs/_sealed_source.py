@@ -58,7 +58,6 @@ __all__ = [
     "SealedOptions",
     "SealedSegmentsSource",
     "SegmentPartition",
-    "credentials_option_values",
     "list_untiered",
     "meta_client_for",
     "spark_ddl",
@@ -107,20 +106,6 @@ def meta_client_for(address: str, timeout_s: float = 30.0, credentials: Credenti
         if client is None:
             client = _clients[key] = MetaClient(address, timeout_s=timeout_s, credentials=credentials)
         return client
-
-
-def credentials_option_values(credentials: Credentials | None) -> dict[str, str]:
-    """The source options that carry ``credentials`` to its reader's process ({} for None)."""
-    if credentials is None:
-        return {}
-    named = {
-        "user": credentials.user,
-        "password": credentials.password,
-        "tlsCa": credentials.ca,
-        "tlsCert": credentials.cert,
-        "tlsKey": credentials.key,
-    }
-    return {name: str(value) for name, value in named.items() if value is not None}
 
 
 @dataclass(frozen=True, slots=True)

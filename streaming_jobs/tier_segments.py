@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from robustmq.connector._options import credential_options
 from robustmq.errors import (
     InvalidConfig,
     ObjectStoreUnavailable,
@@ -38,7 +39,7 @@ from robustmq.errors import (
 from robustmq.security._client_auth import Credentials
 
 from ._scratch import CHECKPOINT_PREFIX, UPLOAD_PREFIX, scratch_dir, sweep
-from ._sealed_source import SealedSegmentsSource, credentials_option_values, meta_client_for
+from ._sealed_source import SealedSegmentsSource, meta_client_for
 from ._segment_upload import EXISTED, RESULT_SCHEMA, UPLOADED, shared_store, tier_partitions
 from ._stopping import BatchGate, StopSignals, run_gated_query
 from .topic_to_delta import _at_least, _failure_message, add_meta_option, spark_session
@@ -210,7 +211,7 @@ def start_tiering(
         spark.readStream.format(SealedSegmentsSource.name())
         .option("metaAddress", meta_address)
         .option("requestTimeoutS", str(timeout_s))
-        .options(**credentials_option_values(credentials))
+        .options(**credential_options(credentials))
     )
     if max_segments_per_trigger:
         reader = reader.option("maxSegmentsPerTrigger", str(max_segments_per_trigger))

@@ -49,7 +49,7 @@ from typing import IO
 
 from robustmq._hosts import join_host_port, reachable, unbracket
 from robustmq._ready import announce_ready
-from robustmq.cli._embedded import default_tier_url
+from robustmq.cli._embedded import admin_exports, default_tier_url, secure_credentials
 from robustmq.errors import InvalidConfig, RobustMQError
 
 __all__ = ["START_TIMEOUT_S", "STOP_WAIT_S", "run_cluster"]
@@ -200,20 +200,6 @@ def _tls(credentials: Path | None, stem: str) -> list[str]:
     return [item for flag, name in files.items() for item in (flag, str(credentials / name))]
 
 
-def _secure(credentials: Path, nodes: int) -> None:
-    """A CA and certificates for the Meta Service, ``user:admin`` and nodes ``node-0``..., made
-    once in ``credentials`` (kept with the data: a restart reuses them; missing nodes are added)."""
-    from robustmq.security._credentials import add_node, init_credentials
-
-    names = [f"node-{number}" for number in range(nodes)]
-    if not (credentials / "ca.pem").exists():
-        init_credentials(credentials, nodes=names)
-        return
-    for name in names:
-        if not (credentials / f"node-{name}.pem").exists():
-            add_node(credentials, name)
-
-
 class _StartFailed(Exception):
     pass
 
@@ -338,7 +324,7 @@ def run_cluster(
     credentials = None
     if secure:
         credentials = Path(credentials_dir) if credentials_dir else root / "credentials"
-        _secure(credentials, nodes)
+        secure_credentials(credentials, nodes, (host, advertise_host))
     children = _children(
         root,
         host,
@@ -365,10 +351,7 @@ def run_cluster(
                 print(f"{child.name} {child.address} pid {child.process.pid} log {child.log_path}")
             print(f"data in {root}{'' if data_dir is not None else ' (removed on exit)'}")
             if credentials is not None:
-                admin = {"CA": "ca.pem", "CERT": "admin.pem", "KEY": "admin.key"}
-                exports = " ".join(f"ROBUSTMQ_TLS_{k}={credentials / v}" for k, v in admin.items())
-                meta = children[0].address
-                print(f"secured (docs/security.md); as the admin: export {exports} ROBUSTMQ_META={meta}")
+                print(admin_exports(credentials, children[0].address))
             announce_ready()
             while not stop.wait(_POLL_S):
                 _report_exits(children)

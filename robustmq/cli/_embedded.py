@@ -7,6 +7,12 @@ registers ``advertise_host`` (default ``host``) with its port, and reaches the
 Meta Service in this process on loopback when ``host`` is a wildcard. Ports
 default to the standard ones (0 picks free ports). ``stop`` stops the node first (so it
 finishes its writes), then the Meta Service.
+
+Secured (``credentials``, a ``robustmq security init`` directory): the Meta
+Service serves TLS with ``meta.pem`` and the node logs in and speaks CURVE as
+``node-0`` (``node-node-0.pem``), as the processes of ``robustmq cluster
+--secure`` do; the certificates are made on the first start (:func:`secure_credentials`)
+and kept with the data.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from robustmq._hosts import join_host_port, reachable
+from robustmq._hosts import is_wildcard, join_host_port, reachable
 from robustmq._ready import announce_ready
 from robustmq.errors import ObjectStoreError, RobustMQError
 
@@ -26,7 +32,17 @@ if TYPE_CHECKING:
     from robustmq.meta import MetaServer
     from robustmq.storage_node import StorageNode
 
-__all__ = ["EmbeddedCluster", "default_tier_url", "run_server"]
+#: The embedded node's name when secured (its certificate is ``node-node-0.pem``).
+SECURE_NODE = "node-0"
+
+__all__ = [
+    "SECURE_NODE",
+    "EmbeddedCluster",
+    "admin_exports",
+    "default_tier_url",
+    "run_server",
+    "secure_credentials",
+]
 
 log = logging.getLogger("robustmq.server")
 
@@ -36,12 +52,37 @@ def default_tier_url(data_dir: str | Path) -> str:
     return f"file://{Path(data_dir).resolve() / 'tier'}"
 
 
+def secure_credentials(directory: Path, nodes: int, hosts: tuple[str | None, ...] = ()) -> None:
+    """A CA and certificates for the Meta Service, ``user:admin`` and nodes ``node-0``..., made
+    once in ``directory`` (kept with the data: a restart reuses them; missing nodes are added).
+    ``hosts``: the bind and advertised hosts; the certificates name those beyond loopback
+    (a wildcard or None names nothing)."""
+    from robustmq.security._credentials import add_node, init_credentials
+
+    named = [host for host in hosts if host and not is_wildcard(host)]
+    names = [f"node-{number}" for number in range(nodes)]
+    if not (directory / "ca.pem").exists():
+        init_credentials(directory, nodes=names, hosts=named)
+        return
+    for name in names:
+        if not (directory / f"node-{name}.pem").exists():
+            add_node(directory, name, hosts=named)
+
+
+def admin_exports(directory: Path, meta_address: str) -> str:
+    """The line a secured local set-up prints: the environment that makes a shell the admin."""
+    admin = {"CA": "ca.pem", "CERT": "admin.pem", "KEY": "admin.key"}
+    exports = " ".join(f"ROBUSTMQ_TLS_{k}={directory / v}" for k, v in admin.items())
+    return f"secured (docs/security.md); as the admin: export {exports} ROBUSTMQ_META={meta_address}"
+
+
 class EmbeddedCluster:
     """The Meta Service and one storage node in this process.
 
     ``tier_url``: the object store (docs/tiering.md); None: ``file://{data_dir}/tier``;
     "none": nothing is tiered. ``retention_check_ms``: how often the Meta
-    Service applies retention across tiers.
+    Service applies retention across tiers. ``credentials``: a ``robustmq security
+    init`` directory holding ``meta`` and ``node-0``'s certificates (None: unsecured).
     """
 
     def __init__(
@@ -56,8 +97,12 @@ class EmbeddedCluster:
         tier_url: str | None = None,
         retention_check_ms: int = 30_000,
         tier_cache_bytes: int = 256 * 1024 * 1024,
+        credentials: Path | None = None,
+        super_users: tuple[str, ...] = ("user:admin",),
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.credentials = credentials
+        self._super_users = super_users
         self._tier_cache_bytes = tier_cache_bytes
         self.tier_url = default_tier_url(data_dir) if tier_url is None else tier_url
         self._retention_check_ms = retention_check_ms
@@ -78,9 +123,19 @@ class EmbeddedCluster:
 
     def start(self) -> EmbeddedCluster:
         from robustmq.meta import MetaServer
+        from robustmq.security._client_auth import Credentials
+        from robustmq.security._credentials import TlsFiles
         from robustmq.storage_node import NodeConfig, StorageNode
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        tls = node_credentials = None
+        if self.credentials is not None:
+            files = self.credentials
+            tls = TlsFiles.load(files / "ca.pem", files / "meta.pem", files / "meta.key")
+            stem = f"node-{SECURE_NODE}"
+            node_credentials = Credentials(
+                ca=files / "ca.pem", cert=files / f"{stem}.pem", key=files / f"{stem}.key"
+            )
         self.meta_server = MetaServer(
             self.data_dir / "meta",
             host=self._host,
@@ -88,6 +143,8 @@ class EmbeddedCluster:
             node_timeout_ms=self._node_timeout_ms,
             tier_url=None if self.tier_url == "none" else self.tier_url,
             retention_check_ms=self._retention_check_ms,
+            tls=tls,
+            super_users=self._super_users,
         )
         self.meta_server.start()
         try:
@@ -100,6 +157,7 @@ class EmbeddedCluster:
                 # The node drops local copies of remote segments as often as the Meta Service retains.
                 retention_check_ms=self._retention_check_ms,
                 tier_cache_bytes=self._tier_cache_bytes,
+                credentials=node_credentials,
             )
             self.node = StorageNode(config).start()
         except BaseException:
@@ -140,8 +198,13 @@ def run_server(
     tier_url: str | None = None,
     retention_check_ms: int = 30_000,
     tier_cache_bytes: int = 256 * 1024 * 1024,
+    credentials: Path | None = None,
+    super_users: tuple[str, ...] = ("user:admin",),
 ) -> int:
     """Run an embedded cluster until SIGTERM/SIGINT; print ``ready`` once it serves.
+
+    ``credentials``: secured, with the certificates in that directory (made on the
+    first start); the admin's environment is printed before ``ready``.
 
     Returns the exit code: 0 after a clean stop, 2 for a misconfigured tier URL,
     1 if it could not start otherwise (a port taken, a data directory locked):
@@ -161,8 +224,12 @@ def run_server(
         tier_url=tier_url,
         retention_check_ms=retention_check_ms,
         tier_cache_bytes=tier_cache_bytes,
+        credentials=credentials,
+        super_users=super_users,
     )
     try:
+        if credentials is not None:
+            secure_credentials(credentials, 1, (host, advertise_host))
         cluster.start()
     except RobustMQError as error:
         print(f"robustmq server: cannot start: {error.message}", file=sys.stderr, flush=True)
@@ -177,6 +244,8 @@ def run_server(
     from robustmq.storage_node.node._node import tune_for_serving
 
     tune_for_serving()
+    if credentials is not None:
+        print(admin_exports(credentials, cluster.meta_address), flush=True)
     announce_ready()
     stop.wait()
     cluster.stop()

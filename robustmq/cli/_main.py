@@ -229,7 +229,11 @@ def _run_node(args: argparse.Namespace) -> int:
 
 
 def _run_server(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from robustmq.cli._embedded import run_server
+
+    secure = args.secure or args.credentials is not None
 
     return run_server(
         data_dir=args.data_dir,
@@ -240,6 +244,7 @@ def _run_server(args: argparse.Namespace) -> int:
         tier_url=args.tier_url,
         retention_check_ms=args.retention_check_ms,
         tier_cache_bytes=args.tier_cache_bytes,
+        credentials=Path(args.credentials or Path(args.data_dir) / "credentials") if secure else None,
     )
 
 
@@ -273,7 +278,7 @@ def _cluster(args: argparse.Namespace) -> int:
         tier_url=args.tier_url,
         retention_check_ms=args.retention_check_ms,
         tier_cache_bytes=args.tier_cache_bytes,
-        secure=args.secure,
+        secure=args.secure or args.credentials is not None,
         credentials_dir=args.credentials,
     )
 
@@ -339,6 +344,22 @@ def _binding_options(parser: argparse.ArgumentParser, advertise: str | None) -> 
         )
 
 
+def _secure_options(parser: argparse.ArgumentParser) -> None:
+    """``--secure`` and ``--credentials`` of the local set-ups (``cluster``, ``server``)."""
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS, CURVE and logins: certificates made on the first start (docs/security.md)",
+    )
+    parser.add_argument(
+        "--credentials",
+        default=None,
+        metavar="DIR",
+        help="the robustmq security init directory (implies --secure; default DATA_DIR/credentials; "
+        "made if missing)",
+    )
+
+
 _BIND_HELP = "address to bind (default 127.0.0.1; outside loopback: TLS or --insecure)"
 
 
@@ -351,6 +372,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     server.add_argument("--node-port", type=_port, default=DEFAULT_NODE_PORT)
     _tier_option(server, "file://DATA_DIR/tier")
     _tier_cache_option(server)
+    _secure_options(server)
     server.set_defaults(handler=_run_server)
 
     cluster = commands.add_parser(
@@ -369,18 +391,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     )
     cluster.add_argument("--host", default="127.0.0.1", help=_BIND_HELP)
     _binding_options(cluster, "--advertise-host")
-    cluster.add_argument(
-        "--secure",
-        action="store_true",
-        help="TLS, CURVE and logins: certificates made on the first start (docs/security.md)",
-    )
-    cluster.add_argument(
-        "--credentials",
-        default=None,
-        metavar="DIR",
-        help="with --secure: the robustmq security init directory (default DATA_DIR/credentials; "
-        "made if missing)",
-    )
+    _secure_options(cluster)
     cluster.add_argument(
         "--meta-port", type=_port, default=DEFAULT_META_PORT, help="default 7070; 0 picks a free port"
     )

@@ -47,7 +47,11 @@ def add_server_flags(parser: argparse.ArgumentParser, *, meta: bool) -> None:
 
 def security_configured(args: argparse.Namespace) -> bool:
     """Whether a server command was given TLS (protected mode asks)."""
-    return bool(getattr(args, "tls_cert", None) or getattr(args, "secure", False))
+    return bool(
+        getattr(args, "tls_cert", None)
+        or getattr(args, "secure", False)
+        or getattr(args, "credentials", None)
+    )
 
 
 def server_tls_of(args: argparse.Namespace) -> TlsFiles | None:

@@ -14,7 +14,7 @@ import pytest
 
 from robustmq._meta_client import MetaClient
 from tests.e2e._cli import cli, cli_cluster, process_gone, stderr_lines
-from tests.e2e._procs import ROOT, wait_until
+from tests.e2e._procs import ROOT, free_port, running, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -113,3 +113,29 @@ def test_a_secured_cluster_starts_and_the_printed_exports_let_a_client_in(
         assert sorted(node["node_id"] for node in nodes) == ["node-0", "node-1"]
         assert (tmp_path / "credentials" / "ca.pem").is_file()
         assert cluster.stop() == 0, "".join(cluster.errors)
+
+
+def test_a_secured_server_serves_the_printed_admin_and_keeps_its_certificates_across_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    command = ["server", "--secure", "--data-dir", str(tmp_path), "--meta-port", str(port),
+               "--node-port", str(free_port())]  # fmt: skip
+    with running(command) as server:
+        secured = next(line for line in server.output if line.startswith("secured "))
+        exports = dict(word.split("=", 1) for word in secured.split("export ", 1)[1].split())
+        assert exports["ROBUSTMQ_META"] == f"127.0.0.1:{port}", secured
+        plain = cli("topic", "create", "s", "--meta", exports["ROBUSTMQ_META"])
+        assert plain.returncode != 0 and len(stderr_lines(plain.stderr)) == 1, plain.stderr
+        assert "Traceback" not in plain.stderr
+        for name, value in exports.items():
+            monkeypatch.setenv(name, value)
+        assert cli("topic", "create", "s").returncode == 0
+        produced = cli("produce", "s", stdin="a\nb\n")
+        assert produced.returncode == 0, produced.stderr
+        nodes = json.loads(cli("nodes", "--json").stdout)
+        assert [node["node_id"] for node in nodes] == ["node-0"]
+    with running(command):  # the certificates in DATA_DIR/credentials are used again
+        consumed = cli("consume", "s", "--from", "earliest", "--max-records", "2", "--timeout-s", "20")
+        assert consumed.returncode == 0, consumed.stderr
+        assert [json.loads(line)["value"] for line in consumed.stdout.splitlines()] == ["a", "b"]

@@ -70,6 +70,7 @@ __all__ = [
     "Need",
     "Rule",
     "acl_matches_filter",
+    "check_node_access",
     "check_node_request",
     "check_rpc",
     "validated_acl",
@@ -520,16 +521,18 @@ NODE_REQUEST_RULES: dict[str, Rule] = {
 }
 
 
-def _check(rule: Rule, authorizer: Authorizer, principal: str | None, request: Any, what: str) -> None:
+def _check_access(rule: Rule, principal: str | None, request: Any, what: str) -> bool:
+    """Who may send ``request`` at all (``rule.access``, node binding); True when the ACLs must
+    still decide, False when nothing more is needed. Raises ``AuthenticationFailed``."""
     if rule.access is Access.UNAUTHENTICATED:
-        return
+        return False
     if principal is None:
         raise AuthenticationFailed(
             f"{what} needs a credential: log in (a user and password, or a client certificate)",
             reason="unauthenticated",
         )
-    if principal == META:
-        return
+    if principal == META and rule.node_field is None:
+        return False  # the Meta Service may do anything, but never speak as a node (node_field)
     node_id = node_id_of(principal)
     if rule.access is Access.META_ONLY:
         raise AuthenticationFailed(
@@ -545,9 +548,14 @@ def _check(rule: Rule, authorizer: Authorizer, principal: str | None, request: A
             raise AuthenticationFailed(
                 f"{what} names node {named[:80]!r} but comes from {principal}", reason="not_this_node"
             )
+        return False
+    return not (rule.access is Access.AUTHENTICATED or rule.filtered or (node_id is not None and rule.nodes))
+
+
+def _check(rule: Rule, authorizer: Authorizer, principal: str | None, request: Any, what: str) -> None:
+    if not _check_access(rule, principal, request, what):
         return
-    if rule.access is Access.AUTHENTICATED or rule.filtered or (node_id is not None and rule.nodes):
-        return
+    assert principal is not None
     for need in rule.needs:
         if rule.any_resource:
             if not authorizer.may_on_any(principal, need.operation, need.resource_type) and not (
@@ -583,6 +591,30 @@ def check_rpc(authorizer: Authorizer, principal: str | None, method: str, reques
     _check(rule, authorizer, principal, request, method)
 
 
+def _node_rule_of(principal: str | None, request: pb.NodeRequest) -> tuple[Rule, str]:
+    kind = request.WhichOneof("body") or ""
+    if kind == "replica_fetch" and is_sealed_segment_read(principal, request.replica_fetch):
+        return SEALED_SEGMENT_READ_RULE, kind
+    rule = NODE_REQUEST_RULES.get(kind)
+    if rule is None:
+        raise AuthorizationFailed(
+            f"node request {kind!r} has no authorization rule: refused",
+            principal=principal or "",
+            operation=kind,
+            resource_type="",
+            resource_name="",
+        )
+    return rule, kind
+
+
+def check_node_access(principal: str | None, request: pb.NodeRequest) -> bool:
+    """Whether ``principal`` may send this node request's body at all, by its rule's access
+    (node-only and Meta-only bodies, a node naming itself): raises ``AuthenticationFailed`` if
+    not; returns True when the ACLs must still decide (:func:`check_node_request`)."""
+    rule, kind = _node_rule_of(principal, request)
+    return _check_access(rule, principal, getattr(request, kind), kind)
+
+
 def check_node_request(authorizer: Authorizer, principal: str | None, request: pb.NodeRequest) -> None:
     """Refuse the node request unless ``principal`` may send its body (as :func:`check_rpc`).
 
@@ -590,17 +622,5 @@ def check_node_request(authorizer: Authorizer, principal: str | None, request: p
     ``replica_fetch`` as the sealed-segment reader (the tiering job) from a principal that is no
     node needs Read on the topic (:data:`SEALED_SEGMENT_READ_RULE`).
     """
-    kind = request.WhichOneof("body")
-    if kind == "replica_fetch" and is_sealed_segment_read(principal, request.replica_fetch):
-        _check(SEALED_SEGMENT_READ_RULE, authorizer, principal, request.replica_fetch, kind)
-        return
-    rule = NODE_REQUEST_RULES.get(kind or "")
-    if rule is None:
-        raise AuthorizationFailed(
-            f"node request {kind!r} has no authorization rule: refused",
-            principal=principal or "",
-            operation=kind or "",
-            resource_type="",
-            resource_name="",
-        )
-    _check(rule, authorizer, principal, getattr(request, kind or ""), kind or "")
+    rule, kind = _node_rule_of(principal, request)
+    _check(rule, authorizer, principal, getattr(request, kind), kind)

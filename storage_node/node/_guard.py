@@ -11,20 +11,23 @@ front end for every request before anything else sees it:
    the wire is refused (``AuthenticationFailed(reason="wrong_key")``) to anyone
    without its holder's CURVE secret key. ``check_claims``, if given, may refuse
    the claims too (revocation: a removed user, a changed password);
-2. **node-only requests**: ``replica_fetch``, ``checksum``, ``producer_snapshot``
-   and ``beat`` only from a ``node:`` principal (or the Meta Service, ``meta``,
-   which asks for checksums and beats); a ``replica_fetch`` names the replica
-   asking (``node_id``), which must be the sender itself
-   (``AuthenticationFailed(reason="not_this_node")``): a fetch in another
-   replica's name would move the leader's ISR and high watermark, and make
-   ``acks=all`` answer for records that replica does not hold. ``fence`` only
-   from ``meta``;
+2. **who may send the body at all**, by the one rule table of node requests
+   (:func:`robustmq.security.check_node_access`, ``NODE_REQUEST_RULES``):
+   ``replica_fetch``, ``checksum``, ``producer_snapshot`` and ``beat`` only from a
+   ``node:`` principal (or the Meta Service, ``meta``, which asks for checksums and
+   beats); a ``replica_fetch`` names the replica asking (``node_id``), which must be
+   the sender itself (``AuthenticationFailed(reason="not_this_node")``): a fetch in
+   another replica's name would move the leader's ISR and high watermark, and make
+   ``acks=all`` answer for records that replica does not hold. ``fence`` only from
+   ``meta``. These hold whatever ``authorize`` is;
 3. **producer ids**: a produce naming a ``producer_id`` needs a token bound to
    that producer id (``claims.producer_id``; the Meta Service's
    ``InitProducerId`` hands them out), so nobody can write, or poison the
    deduplication window, in another producer's name;
-4. everything else goes to ``authorize(principal, request)`` (the ACLs; the
-   default allows), which raises ``AuthorizationFailed`` to refuse.
+4. a body whose rule leaves the decision to the ACLs (a client's request, the
+   tiering job's sealed-segment read) goes to ``authorize(principal, request)``
+   (the node's ACLs, :func:`robustmq.security.check_node_request`; the default
+   allows), which raises ``AuthorizationFailed`` to refuse.
 
 A refused request is answered with its error as any other error answer; it
 never reaches a worker or reader, so it changes nothing. Refusals are counted
@@ -51,17 +54,14 @@ import zmq
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import AuthenticationFailed, AuthorizationFailed
-from robustmq.security import META, Claims, TokenVerifier, node_id_of
-from robustmq.security._acl import is_sealed_segment_read
+from robustmq.security import Claims, TokenVerifier, check_node_access
 from robustmq.security._curve import CurveKeyPair, user_key
 from robustmq.security._keybook import KeyBook
 
-__all__ = ["NODE_ONLY_BODIES", "NodeSecurity", "RequestGuard", "allow_all"]
+__all__ = ["NodeSecurity", "RequestGuard", "allow_all"]
 
 log = logging.getLogger("robustmq.node")
 
-NODE_ONLY_BODIES = frozenset({"replica_fetch", "checksum", "producer_snapshot", "beat"})
-_META_ONLY_BODIES = frozenset({"fence"})
 _MAX_CONNECTION_KEYS = 4096  # User-Id -> raw key, one per client connection seen lately
 _LOG_EVERY_S = 10.0
 
@@ -147,12 +147,7 @@ class RequestGuard:
         if self._check_claims is not None:
             self._check_claims(claims)
         principal = claims.principal
-        if body in NODE_ONLY_BODIES:
-            self._node_only(principal, message, body)
-        elif body in _META_ONLY_BODIES:
-            if principal != META:
-                raise _refused(principal, body, "only the Meta Service may")
-        elif body == "produce" and _producer_id(message.produce) is not None:
+        if body == "produce" and _producer_id(message.produce) is not None:
             producer_id = message.produce.producer_id
             if claims.producer_id != producer_id:
                 raise AuthorizationFailed(
@@ -163,29 +158,9 @@ class RequestGuard:
                     resource_type="producer_id",
                     resource_name=str(producer_id),
                 )
-            self._authorize(principal, message)
-        else:
+        if check_node_access(principal, message):
             self._authorize(principal, message)
         return principal
-
-    def _node_only(self, principal: str, message: pb.NodeRequest, body: str) -> None:
-        sender = node_id_of(principal)
-        if body == "replica_fetch":
-            if is_sealed_segment_read(principal, message.replica_fetch):
-                self._authorize(principal, message)  # the tiering job: Read on the topic
-                return
-            if sender is None:
-                raise _refused(principal, body, "only a storage node may fetch as a replica")
-            if sender != message.replica_fetch.node_id:
-                raise AuthenticationFailed(
-                    f"{principal} sent a replica fetch in the name of node "
-                    f"{message.replica_fetch.node_id!r}: a node fetches only as itself",
-                    reason="not_this_node",
-                    principal=principal,
-                    node_id=message.replica_fetch.node_id,
-                )
-        elif sender is None and principal != META:
-            raise _refused(principal, body, "only storage nodes and the Meta Service may")
 
     def _connection_key(self, frame: Any) -> bytes | None:
         """The raw CURVE key of the connection ``frame`` came on (None: not a CURVE connection)."""
@@ -216,13 +191,3 @@ def _producer_id(produce: pb.ProduceRequest) -> int | None:
     if produce.HasField("producer_id") and produce.producer_id >= 0:
         return produce.producer_id
     return None
-
-
-def _refused(principal: str, body: str, why: str) -> AuthorizationFailed:
-    return AuthorizationFailed(
-        f"{principal} may not send a {body} request: {why}",
-        principal=principal,
-        operation=body,
-        resource_type="cluster",
-        resource_name="",
-    )

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq.errors import AuthenticationFailed, AuthorizationFailed
+from robustmq.errors import AuthenticationFailed
 from robustmq.security import CurveKeyPair
 from tests.e2e._procs import wait_until
 from tests.security._secured import Authority
@@ -56,8 +56,9 @@ def test_a_forged_replica_fetch_does_not_acknowledge_an_acks_all_write(
     other_node = authority.caller("node:some-other-node")
     try:
         for follower in FOLLOWERS:
-            with pytest.raises(AuthorizationFailed):
+            with pytest.raises(AuthenticationFailed) as refused:
                 _fetch(led, user, follower, 1)
+            assert refused.value.reason == "not_a_node"
             with pytest.raises(AuthenticationFailed) as refused:
                 _fetch(led, other_node, follower, 1)
             assert refused.value.reason == "not_this_node"

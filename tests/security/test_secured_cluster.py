@@ -179,8 +179,8 @@ def test_a_forged_fence_from_a_user_is_refused_and_writes_go_on(cluster: Secured
     with _user(cluster, "alice") as alice:
         route = alice.metadata.write_route("orders", 1)
         fence = pb.NodeRequest(fence=pb.FenceRequest(shard=route.shard, epoch=2**32 - 1))
-        with pytest.raises(AuthorizationFailed) as refused:
+        with pytest.raises(AuthenticationFailed) as refused:
             alice.transport.call(route.address, fence)
-        assert "only the Meta Service" in str(refused.value)
+        assert refused.value.reason == "not_meta" and "the Meta Service's" in str(refused.value)
         with alice.producer(acks="all", delivery_timeout_s=20) as producer:
             producer.send("orders", partition=1, key=b"f", value=b"v").result(30)

@@ -77,6 +77,7 @@ __all__ = [
     "GROUP_PAGE_DEFAULT",
     "GROUP_PAGE_MAX",
     "HEARTBEAT_INTERVAL_MS",
+    "MAX_PROGRESS_PER_BEAT",
     "MetaController",
 ]
 
@@ -84,6 +85,8 @@ DEFAULT_NODE_TIMEOUT_MS = 1500
 GROUP_PAGE_DEFAULT = 1_000
 GROUP_PAGE_MAX = 10_000
 HEARTBEAT_INTERVAL_MS = 1000
+# Shard progress reports in one heartbeat: what a node sends at most (storage_node/node/_heartbeat.py).
+MAX_PROGRESS_PER_BEAT = 10_000
 
 logger = logging.getLogger("robustmq.meta")
 
@@ -384,9 +387,11 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
         """Mark a node alive (registering it if unknown), record its shards' progress.
 
         Only the active segment's leader's reports count as a shard's high
-        watermark (and reserved offset, which only grows); reports for unknown
-        shards (deleted since), for another incarnation than the topic's
-        current one, and malformed ones are ignored. ``shard_count`` is
+        watermark (and reserved offset, which only grows); reports for shards the
+        node does not lead now, for unknown shards (deleted since), for another
+        incarnation than the topic's current one, and malformed ones are ignored,
+        at the cost of one set lookup each. More than :data:`MAX_PROGRESS_PER_BEAT`
+        reports is :class:`InvalidRequest` (nothing recorded; no node sends that many). ``shard_count`` is
         informational. ``deleted`` acknowledges deletions the node has carried
         out; they are forgotten. The answer lists
         the deletions still pending for the node (at most
@@ -401,9 +406,23 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
         node_id = require_node_id(node_id)
         if address:
             require_address(address)
-        reports = _usable_progress(node_id, progress)
+        if len(progress) > MAX_PROGRESS_PER_BEAT:
+            raise InvalidRequest(
+                f"node {node_id!r} sent {len(progress)} shard progress reports in one heartbeat "
+                f"(at most {MAX_PROGRESS_PER_BEAT}: nodes send at most that many and the rest with "
+                f"the next beat)",
+                node_id=node_id,
+                limit="progress_per_beat",
+                max=MAX_PROGRESS_PER_BEAT,
+                size=len(progress),
+            )
         done = _acknowledged_deletions(node_id, deleted)
         with self._locked():
+            # Only reports about shards whose active segment this node leads can count: the
+            # others are dropped by one set lookup each, so a beat costs what the node really
+            # leads, not what it sends (issue 22: 180,000 forged reports held the lock 2 s).
+            led = self._load.led.get(node_id, set())
+            reports = _usable_progress(node_id, [entry for entry in progress if entry.shard in led])
             ws = WriteSet()
             self._stage_upsert_node(node_id, address, ws)
             self._nodes.stage_done(node_id, done, ws)

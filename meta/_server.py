@@ -1,11 +1,14 @@
 """The Meta Service process: a gRPC server over the RocksDB store, and ``robustmq meta``.
 
 Data lives in ``{data_dir}/store`` (a RocksDB directory; one process at a
-time). The server answers on ``host:port`` (default ``127.0.0.1:7070``) with a
-bounded thread pool and a bound on RPCs in flight: past it, callers get
-``RESOURCE_EXHAUSTED`` (the client raises :class:`~robustmq.errors.Busy`)
-instead of an ever-growing queue. A request is at most ``MAX_REQUEST_BYTES``
-(4 MiB); a larger one is refused before it is read (the client raises
+time). The server answers on ``host:port`` (default ``127.0.0.1:7070``) through
+:class:`~robustmq.meta._rpc_gate.RpcGate`: requests are read on an event loop, so a
+call holds no thread until its whole request has arrived; handlers run on bounded
+thread pools, node RPCs on their own; past a pool's queue bound callers get
+:class:`~robustmq.errors.Busy` instead of an ever-growing queue. Every bound is a
+:class:`~robustmq.meta._rpc_gate.MetaLimits` field and a ``robustmq meta`` flag
+(docs/operators.md, "Limits"). A request is at most ``MAX_REQUEST_BYTES``
+(4 MiB by default); a larger one is refused before it is read (the client raises
 :class:`~robustmq.errors.MessageTooLarge`).
 
 It runs a :class:`~robustmq.meta._failover.ReplicaSupervisor` (failover,
@@ -40,21 +43,18 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from robustmq._proto import robustmq_pb2_grpc as pb_grpc
 from robustmq._ready import announce_ready
 from robustmq.errors import (
     InvalidConfig,
     ObjectStoreError,
     ObjectStoreUnavailable,
     RobustMQError,
-    Unavailable,
 )
 from robustmq.security._credentials import TlsFiles
 from robustmq.tier._store import ObjectStore
@@ -63,6 +63,7 @@ from ._auth import DEFAULT_SUPER_USERS, DEFAULT_TOKEN_LIFETIME_MS, MetaAuth
 from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
 from ._failover import NodeRequests, ReplicaSupervisor
 from ._retention import DEFAULT_RETENTION_CHECK_MS, RetentionWorker
+from ._rpc_gate import MetaLimits, RpcGate
 from ._service import MetaServicer
 from ._store import RocksDBMetaStore
 from ._users import UserTable
@@ -73,12 +74,9 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_META_PORT", "MAX_REQUEST_BYTES", "MetaServer", "run_meta"]
 
 DEFAULT_META_PORT = 7070
-WORKER_THREADS = 16
-MAX_CONCURRENT_RPCS = 64
-# The largest request the service reads (gRPC's default, stated here): with
-# MAX_CONCURRENT_RPCS it bounds the memory requests in flight can hold. Past it
+# The largest request the service reads by default (gRPC's default, stated here). Past it
 # the client raises MessageTooLarge at once.
-MAX_REQUEST_BYTES = 4 * 1024 * 1024
+MAX_REQUEST_BYTES = MetaLimits().request_bytes_max
 STOP_GRACE_S = 2.0
 
 logger = logging.getLogger("robustmq.meta")
@@ -150,6 +148,9 @@ class MetaServer:
         Principals that pass every check (default ``user:admin``).
     token_lifetime_ms
         How long a session token lasts (default one hour).
+    limits
+        What callers may hold (threads, queues, waiting requests, streams per connection;
+        :class:`~robustmq.meta._rpc_gate.MetaLimits`, docs/operators.md "Limits").
 
     Examples
     --------
@@ -170,7 +171,9 @@ class MetaServer:
         super_users: Sequence[str] = DEFAULT_SUPER_USERS,
         token_lifetime_ms: int = DEFAULT_TOKEN_LIFETIME_MS,
         node_security: ClientSecurity | None = None,
+        limits: MetaLimits | None = None,
     ) -> None:
+        self._limits = limits if limits is not None else MetaLimits()
         if tls is not None and (tls.cert is None or tls.key is None):
             raise InvalidConfig(
                 "the Meta Service's TLS needs its certificate and key (--tls-cert, --tls-key)"
@@ -190,7 +193,7 @@ class MetaServer:
         self._host = host
         self._port = port
         self._node_timeout_ms = node_timeout_ms
-        self._server: Any = None
+        self._server: RpcGate | None = None
         self._controller: MetaController | None = None
         self._supervisor: ReplicaSupervisor | None = None
 
@@ -223,13 +226,6 @@ class MetaServer:
         store = RocksDBMetaStore(self._data_dir / "store")
         try:
             controller = MetaController(store, node_timeout_ms=self._node_timeout_ms, tier_url=self._tier_url)
-            server = grpc.server(
-                ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="meta-rpc"),
-                maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
-                # Without this, gRPC sets SO_REUSEPORT and a second Meta Service
-                # on the same port would silently share its traffic.
-                options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
-            )
             auth = MetaAuth(
                 self._tls,
                 UserTable(store),
@@ -241,11 +237,14 @@ class MetaServer:
                 node_security = _own_node_security(auth, controller)
             supervisor = ReplicaSupervisor(controller, functools.partial(_node_caller, node_security))
             servicer = MetaServicer(controller, nudge=supervisor.nudge, auth=auth)
-            pb_grpc.add_MetaServiceServicer_to_server(servicer, server)
-            port, why = _bind(server, self.address, self._server_credentials())
-            if port == 0:
-                raise Unavailable(f"cannot listen on {self.address}: {why}", address=self.address)
-            server.start()
+            credentials = self._server_credentials()
+            server = RpcGate(
+                servicer,
+                self._limits,
+                lambda grpc_server, address: _bind(grpc_server, address, credentials),
+                self.address,
+            )
+            port = server.port
         except BaseException:
             store.close()
             raise
@@ -290,7 +289,7 @@ class MetaServer:
         self._retention = None
         self._supervisor.stop()
         self._supervisor = None
-        self._server.stop(grace).wait()
+        self._server.stop(grace)
         assert self._controller is not None
         self._controller.close()
         self._server = None
@@ -344,6 +343,7 @@ def run_meta(
     retention_check_ms: int = DEFAULT_RETENTION_CHECK_MS,
     tls: TlsFiles | None = None,
     super_users: Sequence[str] = DEFAULT_SUPER_USERS,
+    limits: MetaLimits | None = None,
 ) -> int:
     """Run the Meta Service until SIGTERM or SIGINT (``robustmq meta``).
 
@@ -381,6 +381,7 @@ def run_meta(
                 retention_check_ms=retention_check_ms,
                 tls=tls,
                 super_users=super_users,
+                limits=limits,
             ).start()
         except RobustMQError as exc:
             print(f"robustmq meta: the meta service cannot start: {exc}", file=sys.stderr, flush=True)

@@ -11,7 +11,8 @@ one place, :func:`_answers_errors`:
 - anything else is a bug: it is logged with its traceback and answered
   ``INTERNAL`` (with a generic ``ErrorInfo``); the server keeps serving.
 
-Requests that do not parse never reach a handler: gRPC answers them itself.
+Requests that do not parse never reach a handler: the server in front
+(:mod:`robustmq.meta._rpc_gate`) answers them ``InvalidRequest``, and bounds what callers hold.
 
 ``DeleteTopic`` is the one handler that waits: it records the deletion, asks
 the nodes it waits for to beat at once (``nudge``: a node ``status`` request
@@ -59,7 +60,13 @@ from ._controller import MetaController
 from ._deletions import MAX_WAITING_NODES, TopicDeletion
 from ._users import UserTable
 
-__all__ = ["DELETE_WAIT_MAX_S", "MAX_DELETES_WAITING", "MetaServicer", "status_of"]
+__all__ = [
+    "DELETE_WAIT_MAX_S",
+    "MAX_DELETES_WAITING",
+    "MetaServicer",
+    "bounded_error",
+    "status_of",
+]
 
 DELETE_WAIT_MAX_S = 30.0  # the longest a DeleteTopic call waits for its deletion to complete
 MAX_DELETES_WAITING = 4  # DeleteTopic calls waiting at once (each holds one of the server's threads)
@@ -95,7 +102,7 @@ def status_of(error: RobustMQError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def _bounded(error: RobustMQError) -> RobustMQError:
+def bounded_error(error: RobustMQError) -> RobustMQError:
     """``error`` with long text cut, so status and trailer fit gRPC's 8 KiB metadata limit.
 
     Errors quote what the client sent (a 5,000-character topic name, say); past
@@ -147,7 +154,7 @@ def _answers_errors(handler: _Handler) -> _Handler:
         finally:
             if reset is not None:
                 _CALLER.reset(reset)
-        error = _bounded(error)
+        error = bounded_error(error)
         context.set_trailing_metadata(((ERROR_METADATA_KEY, error_info(error).SerializeToString()),))
         context.abort(status, error.message)
 
@@ -269,7 +276,7 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         answer = self._controller.heartbeat(
             request.node_id,
             request.address,
-            list(request.progress),
+            request.progress,
             request.shard_count,
             deleted=list(request.deleted),
             stored_bytes=request.stored_bytes,

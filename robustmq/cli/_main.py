@@ -192,9 +192,43 @@ def _tier_cache_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# The Meta Service's bounds (meta/_rpc_gate.py MetaLimits; docs/operators.md "Limits"): flag, range,
+# default (MetaLimits' own, which a test compares), what it bounds.
+_META_LIMITS = (
+    ("--rpc-threads", 1, 1024, 16, "threads that run client RPCs"),
+    ("--queued-rpcs-max", 1, 100_000, 64, "client RPCs waiting for or holding a thread; past it: Busy"),
+    ("--node-rpc-threads", 1, 1024, 4, "threads that run node RPCs (heartbeats, seals, ISR changes) only"),
+    (
+        "--node-queued-rpcs-max",
+        1,
+        100_000,
+        64,
+        "node RPCs waiting for or holding a node thread; past it: Busy",
+    ),
+    (
+        "--request-read-timeout-ms",
+        10,
+        3_600_000,
+        10_000,
+        "a call's request must arrive this soon after it starts",
+    ),
+    ("--pending-reads-max", 1, 1_000_000, 1_024, "calls waiting for their request; past it the oldest ends"),
+    ("--streams-per-connection-max", 1, 100_000, 100, "calls in flight on one connection"),
+    ("--idle-connection-ms", 1_000, 86_400_000, 600_000, "a connection without calls is closed after this"),
+    ("--request-bytes-max", 1024, 64 * 1024 * 1024, 4 * 1024 * 1024, "the largest request read"),
+)
+
+
+def _meta_limits(args: argparse.Namespace) -> dict[str, int]:
+    """The bounds given on the command line, by MetaLimits field (the others keep their defaults)."""
+    names = (flag[2:].replace("-", "_") for flag, *_ in _META_LIMITS)
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
 def _run_meta(args: argparse.Namespace) -> int:
     from robustmq.cli._security import server_tls_of
     from robustmq.meta import run_meta
+    from robustmq.meta._rpc_gate import MetaLimits
 
     return run_meta(
         data_dir=args.data_dir,
@@ -205,6 +239,7 @@ def _run_meta(args: argparse.Namespace) -> int:
         retention_check_ms=args.retention_check_ms,
         tls=server_tls_of(args),
         super_users=args.super_user or ("user:admin",),
+        limits=MetaLimits(**_meta_limits(args)),
     )
 
 
@@ -425,6 +460,10 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         "nodes beat every quarter of it)",
     )
     _tier_option(meta, "none")
+    for flag, low, high, default, text in _META_LIMITS:
+        meta.add_argument(
+            flag, type=_bounded_int(low, high), default=None, help=f"{text} (default {default})"
+        )
     add_server_flags(meta, meta=True)
     meta.set_defaults(handler=_run_meta)
 

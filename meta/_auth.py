@@ -15,7 +15,12 @@ one by logging in over TLS, in two RPCs:
 ``ScramFinish`` answers a token bound to the caller's CURVE key, lasting
 ``token_lifetime_ms``; ``IssueToken`` renews it (the caller shows the token it
 still holds). A password user's token carries its credential version and is
-refused as soon as the user is removed or its password changes.
+refused as soon as the user is removed or its password changes. A certificate
+holder's token carries the SHA-256 of the certificates it logged in with; a
+login presenting a revoked certificate (:mod:`~robustmq.meta._revocations`), and
+every token issued for one, is refused (``certificate_revoked``, ``revoked``).
+Tokens issued on behalf of a caller (a node's in ``RegisterNode`` and heartbeat
+answers, a producer's in ``InitProducerId``) carry the caller's certificates too.
 
 A call's principal is checked against what the call claims: requests naming a
 ``node_id`` (:data:`NODE_BOUND_RPCS`) must come from ``node:<that id>``,
@@ -36,7 +41,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +57,7 @@ from robustmq.security._scram import MECHANISM as SCRAM
 from robustmq.security._scram import ScramServer
 from robustmq.security._tokens import Claims, TokenSigner, TokenVerifier
 
+from ._revocations import RevocationTable, describe, fingerprint
 from ._users import UserTable
 
 __all__ = [
@@ -89,6 +95,7 @@ class _Exchange:
     principal: str = ""
     leaf: x509.Certificate | None = None
     challenge: bytes = b""
+    certificates: tuple[bytes, ...] = ()
 
 
 class MetaAuth:
@@ -100,6 +107,8 @@ class MetaAuth:
         The service's CA, certificate and key; the key also signs session tokens.
     users
         The password users (:class:`~robustmq.meta._users.UserTable`).
+    revocations
+        The revoked certificates (:class:`~robustmq.meta._revocations.RevocationTable`).
     super_users
         Principals that pass every check (default ``user:admin``).
     token_lifetime_ms
@@ -110,6 +119,7 @@ class MetaAuth:
         self,
         tls: TlsFiles | None,
         users: UserTable,
+        revocations: RevocationTable,
         *,
         super_users: Iterable[str] = DEFAULT_SUPER_USERS,
         token_lifetime_ms: int = DEFAULT_TOKEN_LIFETIME_MS,
@@ -117,6 +127,7 @@ class MetaAuth:
         if token_lifetime_ms < 10_000:
             raise InvalidConfig(f"token_lifetime_ms must be at least 10000, got {token_lifetime_ms}")
         self.users = users
+        self.revocations = revocations
         self.super_users = frozenset(super_users)
         self.token_lifetime_ms = token_lifetime_ms
         self.enabled = tls is not None
@@ -135,11 +146,12 @@ class MetaAuth:
 
     # -- who is calling --------------------------------------------------------------------
 
-    def principal(self, method: str, context: Any) -> str:
-        """The caller's principal; ``AuthenticationFailed`` without a valid token (security on)."""
+    def caller(self, method: str, context: Any) -> Claims | None:
+        """The caller's claims (None: security off, or a login RPC); ``AuthenticationFailed``
+        without a valid token."""
         if not self.enabled or method in UNAUTHENTICATED_RPCS:
-            return ANONYMOUS
-        return self.claims(context).principal
+            return None
+        return self.claims(context)
 
     def claims(self, context: Any) -> Claims:
         assert self._verifier is not None
@@ -161,6 +173,14 @@ class MetaAuth:
                 raise AuthenticationFailed(
                     f"the session of {claims.principal} was revoked (the user was removed or its "
                     f"password changed): log in again",
+                    reason="revoked",
+                    principal=claims.principal,
+                )
+        if claims.certificates:
+            revoked = self.revocations.revoked(claims.certificates)
+            if revoked is not None:
+                raise AuthenticationFailed(
+                    f"the session of {claims.principal} was revoked: {describe(revoked)}",
                     reason="revoked",
                     principal=claims.principal,
                 )
@@ -196,7 +216,14 @@ class MetaAuth:
             super_users=sorted(self.super_users),
         )
 
-    def issue(self, principal: str, curve_key: bytes, *, producer_id: int | None = None) -> pb.SessionToken:
+    def issue(
+        self,
+        principal: str,
+        curve_key: bytes,
+        *,
+        producer_id: int | None = None,
+        certificates: Sequence[bytes] = (),
+    ) -> pb.SessionToken:
         if self._signer is None:
             return pb.SessionToken()
         version = 0
@@ -208,6 +235,7 @@ class MetaAuth:
             lifetime_ms=self.token_lifetime_ms,
             credential_version=version,
             producer_id=producer_id,
+            certificates=certificates,
         )
 
     def reissue(
@@ -235,10 +263,14 @@ class MetaAuth:
             lifetime_ms=self.token_lifetime_ms,
             credential_version=claims.credential_version,
             producer_id=producer_id,
+            certificates=claims.certificates,
         )
 
-    def node_token(self, node_id: str, curve_key: bytes, *, renew: bool) -> pb.SessionToken | None:
-        """A token for a node (``RegisterNode``; a heartbeat when its last one is past half-life)."""
+    def node_token(
+        self, node_id: str, curve_key: bytes, *, renew: bool, certificates: Sequence[bytes] = ()
+    ) -> pb.SessionToken | None:
+        """A token for a node (``RegisterNode``; a heartbeat when its last one is past half-life),
+        naming the certificates the node logged in with."""
         if self._signer is None or len(curve_key) != 32:
             return None
         now = time.monotonic()
@@ -247,7 +279,7 @@ class MetaAuth:
             if renew and issued is not None and now - issued < self.token_lifetime_ms / 2000:
                 return None
             self._node_tokens[node_id] = now
-        return self.issue(node_principal(node_id), curve_key)
+        return self.issue(node_principal(node_id), curve_key, certificates=certificates)
 
     def own_token(self, curve_key: bytes) -> bytes:
         """The Meta Service's own ``meta`` token for its node requests (serialized)."""
@@ -270,14 +302,23 @@ class MetaAuth:
             server_first = scram.first(request.client_first)
         elif mechanism == X509:
             assert self._ca is not None
-            principal, leaf = self._ca.principal_of(request.client_first)
+            principal, chain = self._ca.chain_of(request.client_first)
             _check_principal(principal)
+            certificates = tuple(fingerprint(certificate) for certificate in chain)
+            self._refuse_revoked(principal, certificates)
             if request.user and request.user != principal:
                 raise AuthenticationFailed(
                     f"the certificate names {principal}, not {request.user}", reason="bad_certificate"
                 )
             challenge = secrets.token_bytes(32)
-            exchange = _Exchange(X509, expires, principal=principal, leaf=leaf, challenge=challenge)
+            exchange = _Exchange(
+                X509,
+                expires,
+                principal=principal,
+                leaf=chain[0],
+                challenge=challenge,
+                certificates=certificates,
+            )
             server_first = base64.b64encode(challenge).decode()
         else:
             raise AuthenticationFailed(
@@ -317,9 +358,20 @@ class MetaAuth:
             CertificateAuthority.check_signature(
                 exchange.leaf, exchange.challenge, request.curve_key, request.client_final
             )
+            self._refuse_revoked(exchange.principal, exchange.certificates)  # revoked meanwhile
             server_final, principal = "", exchange.principal
-        return pb.ScramFinishResponse(
-            server_final=server_final, token=self.issue(principal, request.curve_key)
+        token = self.issue(principal, request.curve_key, certificates=exchange.certificates)
+        return pb.ScramFinishResponse(server_final=server_final, token=token)
+
+    def _refuse_revoked(self, principal: str, certificates: Sequence[bytes]) -> None:
+        revoked = self.revocations.revoked(certificates)
+        if revoked is None:
+            return
+        logger.warning("refused a login as %s: %s", principal[:80], describe(revoked))
+        raise AuthenticationFailed(
+            f"{describe(revoked)}: it may not log in (ask for a new certificate)",
+            reason="certificate_revoked",
+            principal=principal,
         )
 
     def _expire(self, now: float) -> None:

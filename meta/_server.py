@@ -63,6 +63,7 @@ from ._auth import DEFAULT_SUPER_USERS, DEFAULT_TOKEN_LIFETIME_MS, MetaAuth
 from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
 from ._failover import NodeRequests, ReplicaSupervisor
 from ._retention import DEFAULT_RETENTION_CHECK_MS, RetentionWorker
+from ._revocations import RevocationTable
 from ._rpc_gate import MetaLimits, RpcGate
 from ._service import MetaServicer
 from ._store import RocksDBMetaStore
@@ -229,6 +230,7 @@ class MetaServer:
             auth = MetaAuth(
                 self._tls,
                 UserTable(store),
+                RevocationTable(store),
                 super_users=self._super_users,
                 token_lifetime_ms=self._token_lifetime_ms,
             )
@@ -344,6 +346,7 @@ def run_meta(
     tls: TlsFiles | None = None,
     super_users: Sequence[str] = DEFAULT_SUPER_USERS,
     limits: MetaLimits | None = None,
+    token_lifetime_ms: int = DEFAULT_TOKEN_LIFETIME_MS,
 ) -> int:
     """Run the Meta Service until SIGTERM or SIGINT (``robustmq meta``).
 
@@ -382,6 +385,7 @@ def run_meta(
                 tls=tls,
                 super_users=super_users,
                 limits=limits,
+                token_lifetime_ms=token_lifetime_ms,
             ).start()
         except RobustMQError as exc:
             print(f"robustmq meta: the meta service cannot start: {exc}", file=sys.stderr, flush=True)

@@ -58,6 +58,7 @@ from robustmq.security import Authorizer, check_rpc
 from ._auth import ANONYMOUS, NODE_BOUND_RPCS, MetaAuth
 from ._controller import MetaController
 from ._deletions import MAX_WAITING_NODES, TopicDeletion
+from ._revocations import RevocationTable
 from ._users import UserTable
 
 __all__ = [
@@ -90,6 +91,10 @@ _STATUS: dict[type[RobustMQError], grpc.StatusCode] = {
 _Handler = TypeVar("_Handler", bound=Callable[..., Any])
 # The principal of the call a handler runs for (set by _answers_errors around each handler).
 _CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("robustmq_meta_caller", default=ANONYMOUS)
+# The certificates the caller logged in with (X509 logins): tokens issued on its behalf name them.
+_CERTIFICATES: contextvars.ContextVar[tuple[bytes, ...]] = contextvars.ContextVar(
+    "robustmq_meta_certificates", default=()
+)
 _MAX_MESSAGE_CHARS = 500
 _MAX_FIELD_CHARS = 200
 
@@ -132,14 +137,16 @@ def _answers_errors(handler: _Handler) -> _Handler:
 
     @functools.wraps(handler)
     def wrapper(self: MetaServicer, request: Any, context: grpc.ServicerContext) -> Any:
-        reset = None
+        reset = reset_certificates = None
         try:
-            principal = self.auth.principal(name, context)
+            claims = self.auth.caller(name, context)
+            principal = ANONYMOUS if claims is None else claims.principal
             if self.auth.enabled:
                 if name in NODE_BOUND_RPCS:
                     self.auth.require_node(principal, request.node_id, name)
                 check_rpc(self.authorizer(), None if principal == ANONYMOUS else principal, name, request)
             reset = _CALLER.set(principal)
+            reset_certificates = _CERTIFICATES.set(() if claims is None else claims.certificates)
             return handler(self, request, context)
         except RobustMQError as exc:
             error = exc
@@ -154,6 +161,8 @@ def _answers_errors(handler: _Handler) -> _Handler:
         finally:
             if reset is not None:
                 _CALLER.reset(reset)
+            if reset_certificates is not None:
+                _CERTIFICATES.reset(reset_certificates)
         error = bounded_error(error)
         context.set_trailing_metadata(((ERROR_METADATA_KEY, error_info(error).SerializeToString()),))
         context.abort(status, error.message)
@@ -188,7 +197,9 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         self._nudge = nudge
         self._deletes_waiting = threading.BoundedSemaphore(MAX_DELETES_WAITING)
         # Security off unless given: every caller is anonymous (a user table in memory only).
-        self.auth = auth if auth is not None else MetaAuth(None, UserTable(_NoStore()))
+        self.auth = (
+            auth if auth is not None else MetaAuth(None, UserTable(_NoStore()), RevocationTable(_NoStore()))
+        )
         self._authorizer = Authorizer(super_users=self.auth.super_users)
         self._authorizer_version = -1
         self._authorizer_lock = threading.Lock()
@@ -198,9 +209,15 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         """The principal of the call being handled (``anonymous`` with security off)."""
         return _CALLER.get()
 
+    @staticmethod
+    def caller_certificates() -> tuple[bytes, ...]:
+        """SHA-256 of the certificates the caller logged in with (X509 logins; else empty)."""
+        return _CERTIFICATES.get()
+
     def acl_version(self) -> int:
-        """Changes with every ACL or user change (nodes reload their authorizer when it does)."""
-        return self._controller.acl_version + self.auth.users.version
+        """Changes with every ACL, user or revocation change (nodes reload their authorizer when it
+        does): a sum of counters that only grow."""
+        return self._controller.acl_version + self.auth.users.version + self.auth.revocations.version
 
     def authorizer(self) -> Authorizer:
         """The ACLs and users as they are now (rebuilt after a change, at the next call)."""
@@ -266,7 +283,9 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
                 reason="bad_curve_key",
             )
         node = self._controller.register_node(request.node_id, request.address, curve_key=request.curve_key)
-        token = self.auth.node_token(request.node_id, request.curve_key, renew=False)
+        token = self.auth.node_token(
+            request.node_id, request.curve_key, renew=False, certificates=self.caller_certificates()
+        )
         if token is not None:
             node.token.CopyFrom(token)
         return node
@@ -284,7 +303,9 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         if self.auth.enabled:
             answer.acl_version = self.acl_version()
             curve_key = self._controller.curve_key_of(request.node_id)
-            token = self.auth.node_token(request.node_id, curve_key, renew=True)
+            token = self.auth.node_token(
+                request.node_id, curve_key, renew=True, certificates=self.caller_certificates()
+            )
             if token is not None:
                 answer.token.CopyFrom(token)
         return answer
@@ -417,6 +438,7 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
             users=self.auth.users.list(),
             super_users=sorted(self.auth.super_users),
             last_credential_version=credentials,
+            revoked_certificates=self.auth.revocations.fingerprints(),
         )
 
     @_answers_errors
@@ -427,7 +449,14 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         producer_id = self._controller.init_producer_id(self.caller(), request.transactional_id)
         answer = pb.InitProducerIdResponse(producer_id=producer_id)
         if self.auth.enabled:
-            answer.token.CopyFrom(self.auth.issue(self.caller(), request.curve_key, producer_id=producer_id))
+            answer.token.CopyFrom(
+                self.auth.issue(
+                    self.caller(),
+                    request.curve_key,
+                    producer_id=producer_id,
+                    certificates=self.caller_certificates(),
+                )
+            )
         return answer
 
     # -- security (docs/security.md) -------------------------------------------------------
@@ -468,6 +497,28 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
     @_answers_errors
     def ListUsers(self, request: pb.Empty, context: Any) -> pb.ListUsersResponse:
         return pb.ListUsersResponse(users=self.auth.users.list())
+
+    @_answers_errors
+    def RevokeCertificate(
+        self, request: pb.RevokeCertificateRequest, context: Any
+    ) -> pb.RevokeCertificateResponse:
+        if not self.auth.enabled:
+            raise InvalidRequest("this Meta Service is not secured: there are no certificates to revoke")
+        revocation, already = self.auth.revocations.revoke(request, self.caller())
+        if not already:
+            logger.warning(
+                "certificate of %s (SHA-256 %s, serial %s) revoked by %s%s",
+                revocation.principal or "?",
+                revocation.sha256.hex(),
+                revocation.serial or "?",
+                self.caller(),
+                f": {revocation.reason}" if revocation.reason else "",
+            )
+        return pb.RevokeCertificateResponse(revocation=revocation, already=already)
+
+    @_answers_errors
+    def ListRevocations(self, request: pb.Empty, context: Any) -> pb.RevocationList:
+        return pb.RevocationList(revocations=self.auth.revocations.list())
 
 
 class _NoStore:

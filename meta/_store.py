@@ -48,6 +48,9 @@ so numbers sort in numeric order within a prefix::
                                                  handed out is below it
     "B" text(principal) text(transactional_id)   be64(producer id) InitProducerId answers that principal
                                                  for that transactional id (meta/_acls.py)
+    "F" sha256(certificate DER)                  Revocation (protobuf): a revoked certificate
+                                                 (meta/_revocations.py)
+    "H"                                          be64(revocation version): bumped by every revocation
 
 A topic's incarnation (in its ``T`` record and every ``ShardInfo``) is unique
 per creation of its name; topics from before incarnations have 0. A ``D``

@@ -421,6 +421,20 @@ class MetaClient:
     def list_users(self) -> list[pb.UserInfo]:
         return list(self._call(self._stub.ListUsers, pb.Empty(), "read").users)
 
+    def revoke_certificate(
+        self, *, pem: str = "", sha256: bytes = b"", reason: str = ""
+    ) -> tuple[pb.Revocation, bool]:
+        """Revoke a certificate, named by its PEM or its SHA-256 fingerprint: its logins and every
+        session token issued for it are refused from now on (docs/security.md, "Revocation").
+        The revocation, and whether it was revoked already (then nothing changed)."""
+        request = pb.RevokeCertificateRequest(certificate_pem=pem, sha256=sha256, reason=reason)
+        answer = self._call(self._stub.RevokeCertificate, request, "idempotent")
+        return answer.revocation, answer.already
+
+    def list_revocations(self) -> list[pb.Revocation]:
+        """Every revoked certificate, oldest first."""
+        return list(self._call(self._stub.ListRevocations, pb.Empty(), "read").revocations)
+
     def close(self) -> None:
         """Close the channel if this client opened it."""
         if self._owns_channel:

@@ -77,6 +77,7 @@ from robustmq._request_limits import (
     too_large,
 )
 from robustmq.errors import InvalidRequest, RequestTimeout, RobustMQError
+from robustmq.security._client_auth import Renewal
 
 __all__ = ["BatchMetadata", "Producer", "RecordFuture", "RecordMetadata"]
 
@@ -323,7 +324,7 @@ class Producer:
         assigned = client.meta.init_producer_id(curve_key=self._curve_key) if idempotent else None
         self._producer_id = assigned.producer_id if assigned is not None else -1
         self._producer_token = b""
-        self._token_renew_at = 0.0
+        self._token_renewal = Renewal()
         self._token_lock = threading.Lock()
         if assigned is not None and assigned.HasField("token"):
             self._take_token(assigned.token)
@@ -674,9 +675,8 @@ class Producer:
             size += rider.request_bytes
 
     def _take_token(self, token: pb.SessionToken) -> None:
-        claims = pb.SessionClaims.FromString(token.claims)
         self._producer_token = token.SerializeToString()
-        self._token_renew_at = time.monotonic() + max(0.0, claims.expires_ms - claims.issued_ms) / 2000
+        self._token_renewal = Renewal.half_life(token)
 
     def _token(self) -> bytes:
         """The token that may produce with this producer's id (b"": the client's own, or none).
@@ -685,7 +685,7 @@ class Producer:
         if not self._producer_token:
             return b""
         with self._token_lock:
-            if time.monotonic() >= self._token_renew_at:
+            if self._token_renewal.due():
                 self._take_token(
                     self._client.meta.issue_token(self._curve_key, self._producer_id, self._producer_token)
                 )

@@ -536,20 +536,22 @@ class DrainNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., undrain: _Optional[bool] = ...) -> None: ...
 
 class SessionClaims(_message.Message):
-    __slots__ = ("principal", "curve_key", "expires_ms", "credential_version", "producer_id", "issued_ms")
+    __slots__ = ("principal", "curve_key", "expires_ms", "credential_version", "producer_id", "issued_ms", "certificate_sha256")
     PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     CURVE_KEY_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_MS_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_VERSION_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     ISSUED_MS_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_SHA256_FIELD_NUMBER: _ClassVar[int]
     principal: str
     curve_key: bytes
     expires_ms: int
     credential_version: int
     producer_id: int
     issued_ms: int
-    def __init__(self, principal: _Optional[str] = ..., curve_key: _Optional[bytes] = ..., expires_ms: _Optional[int] = ..., credential_version: _Optional[int] = ..., producer_id: _Optional[int] = ..., issued_ms: _Optional[int] = ...) -> None: ...
+    certificate_sha256: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, principal: _Optional[str] = ..., curve_key: _Optional[bytes] = ..., expires_ms: _Optional[int] = ..., credential_version: _Optional[int] = ..., producer_id: _Optional[int] = ..., issued_ms: _Optional[int] = ..., certificate_sha256: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class SessionToken(_message.Message):
     __slots__ = ("claims", "signature")
@@ -692,18 +694,62 @@ class ListAclsRequest(_message.Message):
     def __init__(self, principal: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_name: _Optional[str] = ...) -> None: ...
 
 class ListAclsResponse(_message.Message):
-    __slots__ = ("acls", "acl_version", "users", "super_users", "last_credential_version")
+    __slots__ = ("acls", "acl_version", "users", "super_users", "last_credential_version", "revoked_certificates")
     ACLS_FIELD_NUMBER: _ClassVar[int]
     ACL_VERSION_FIELD_NUMBER: _ClassVar[int]
     USERS_FIELD_NUMBER: _ClassVar[int]
     SUPER_USERS_FIELD_NUMBER: _ClassVar[int]
     LAST_CREDENTIAL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_CERTIFICATES_FIELD_NUMBER: _ClassVar[int]
     acls: _containers.RepeatedCompositeFieldContainer[AclBinding]
     acl_version: int
     users: _containers.RepeatedCompositeFieldContainer[UserInfo]
     super_users: _containers.RepeatedScalarFieldContainer[str]
     last_credential_version: int
-    def __init__(self, acls: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ..., acl_version: _Optional[int] = ..., users: _Optional[_Iterable[_Union[UserInfo, _Mapping]]] = ..., super_users: _Optional[_Iterable[str]] = ..., last_credential_version: _Optional[int] = ...) -> None: ...
+    revoked_certificates: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, acls: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ..., acl_version: _Optional[int] = ..., users: _Optional[_Iterable[_Union[UserInfo, _Mapping]]] = ..., super_users: _Optional[_Iterable[str]] = ..., last_credential_version: _Optional[int] = ..., revoked_certificates: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class Revocation(_message.Message):
+    __slots__ = ("sha256", "principal", "serial", "not_after_ms", "revoked_ms", "revoked_by", "reason")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    NOT_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_MS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    sha256: bytes
+    principal: str
+    serial: str
+    not_after_ms: int
+    revoked_ms: int
+    revoked_by: str
+    reason: str
+    def __init__(self, sha256: _Optional[bytes] = ..., principal: _Optional[str] = ..., serial: _Optional[str] = ..., not_after_ms: _Optional[int] = ..., revoked_ms: _Optional[int] = ..., revoked_by: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RevokeCertificateRequest(_message.Message):
+    __slots__ = ("certificate_pem", "sha256", "reason")
+    CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    certificate_pem: str
+    sha256: bytes
+    reason: str
+    def __init__(self, certificate_pem: _Optional[str] = ..., sha256: _Optional[bytes] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RevokeCertificateResponse(_message.Message):
+    __slots__ = ("revocation", "already")
+    REVOCATION_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_FIELD_NUMBER: _ClassVar[int]
+    revocation: Revocation
+    already: bool
+    def __init__(self, revocation: _Optional[_Union[Revocation, _Mapping]] = ..., already: _Optional[bool] = ...) -> None: ...
+
+class RevocationList(_message.Message):
+    __slots__ = ("revocations",)
+    REVOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    revocations: _containers.RepeatedCompositeFieldContainer[Revocation]
+    def __init__(self, revocations: _Optional[_Iterable[_Union[Revocation, _Mapping]]] = ...) -> None: ...
 
 class InitProducerIdRequest(_message.Message):
     __slots__ = ("curve_key", "transactional_id")

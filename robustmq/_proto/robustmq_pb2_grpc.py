@@ -199,6 +199,16 @@ class MetaServiceStub:
                 request_serializer=robustmq__pb2.InitProducerIdRequest.SerializeToString,
                 response_deserializer=robustmq__pb2.InitProducerIdResponse.FromString,
                 _registered_method=True)
+        self.RevokeCertificate = channel.unary_unary(
+                '/robustmq.MetaService/RevokeCertificate',
+                request_serializer=robustmq__pb2.RevokeCertificateRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.RevokeCertificateResponse.FromString,
+                _registered_method=True)
+        self.ListRevocations = channel.unary_unary(
+                '/robustmq.MetaService/ListRevocations',
+                request_serializer=robustmq__pb2.Empty.SerializeToString,
+                response_deserializer=robustmq__pb2.RevocationList.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -404,6 +414,18 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevokeCertificate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRevocations(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -571,6 +593,16 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.InitProducerId,
                     request_deserializer=robustmq__pb2.InitProducerIdRequest.FromString,
                     response_serializer=robustmq__pb2.InitProducerIdResponse.SerializeToString,
+            ),
+            'RevokeCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeCertificate,
+                    request_deserializer=robustmq__pb2.RevokeCertificateRequest.FromString,
+                    response_serializer=robustmq__pb2.RevokeCertificateResponse.SerializeToString,
+            ),
+            'ListRevocations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRevocations,
+                    request_deserializer=robustmq__pb2.Empty.FromString,
+                    response_serializer=robustmq__pb2.RevocationList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1464,6 +1496,60 @@ class MetaService:
             '/robustmq.MetaService/InitProducerId',
             robustmq__pb2.InitProducerIdRequest.SerializeToString,
             robustmq__pb2.InitProducerIdResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/RevokeCertificate',
+            robustmq__pb2.RevokeCertificateRequest.SerializeToString,
+            robustmq__pb2.RevokeCertificateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRevocations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/ListRevocations',
+            robustmq__pb2.Empty.SerializeToString,
+            robustmq__pb2.RevocationList.FromString,
             options,
             channel_credentials,
             insecure,

@@ -240,6 +240,7 @@ def _run_meta(args: argparse.Namespace) -> int:
         tls=server_tls_of(args),
         super_users=args.super_user or ("user:admin",),
         limits=MetaLimits(**_meta_limits(args)),
+        token_lifetime_ms=args.token_lifetime_ms,
     )
 
 
@@ -674,6 +675,21 @@ def _add_security(commands: argparse._SubParsersAction[OneLineArgumentParser]) -
     )
     add_user.add_argument("dir", metavar="DIR")
     add_user.add_argument("name", metavar="NAME")
+    revoke = actions.add_parser(
+        "revoke-cert",
+        help="revoke a certificate on the cluster: its logins and sessions are refused (super users)",
+    )
+    revoke.add_argument("cert", nargs="?", metavar="CERT_FILE", help="the certificate (PEM) to revoke")
+    revoke.add_argument(
+        "--fingerprint",
+        metavar="SHA256",
+        help="or its SHA-256 fingerprint (64 hex digits; colons allowed, as openssl prints it)",
+    )
+    revoke.add_argument("--reason", default="", help="why (kept with the revocation, shown at refusals)")
+    revoked = actions.add_parser("revoked", help="list the revoked certificates")
+    revoked.add_argument("--json", action="store_true")
+    for sub in (revoke, revoked):
+        _common(sub)
     security.set_defaults(handler=_security_command("cmd_security"))
 
     user = commands.add_parser("user", help="add, remove or list password users (super users only)")

@@ -1,5 +1,6 @@
-"""``robustmq security init|add-node|add-user-cert``, ``robustmq user add|remove|list``, and the
-security flags every command shares (docs/security.md).
+"""``robustmq security init|add-node|add-user-cert`` (files), ``robustmq security
+revoke-cert|revoked`` and ``robustmq user add|remove|list`` (the Meta Service), and the security
+flags every command shares (docs/security.md).
 
 Client commands take ``--user``, ``--password-file``, ``--tls-ca``, ``--tls-cert`` and
 ``--tls-key``; each falls back to its environment variable (``ROBUSTMQ_USER``,
@@ -16,6 +17,7 @@ import getpass
 import json
 import sys
 
+from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import InvalidConfig
 from robustmq.security._client_auth import read_password_file
 from robustmq.security._credentials import TlsFiles
@@ -43,6 +45,24 @@ def add_server_flags(parser: argparse.ArgumentParser, *, meta: bool) -> None:
             metavar="PRINCIPAL",
             help="a principal that passes every check (repeatable; default user:admin)",
         )
+        group.add_argument(
+            "--token-lifetime-ms",
+            type=_token_lifetime,
+            default=3_600_000,
+            metavar="MS",
+            help="how long a session token lasts; clients renew at half-life (default 3600000, "
+            "at least 10000)",
+        )
+
+
+def _token_lifetime(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of milliseconds") from None
+    if not 10_000 <= value <= 86_400_000:
+        raise argparse.ArgumentTypeError(f"must be between 10000 (10 s) and 86400000 (a day), got {value}")
+    return value
 
 
 def security_configured(args: argparse.Namespace) -> bool:
@@ -67,6 +87,8 @@ def server_tls_of(args: argparse.Namespace) -> TlsFiles | None:
 def cmd_security(args: argparse.Namespace) -> int:
     from robustmq.security._credentials import add_node, add_user_cert, init_credentials
 
+    if args.action in ("revoke-cert", "revoked"):
+        return _revocations(args)
     if args.action == "init":
         written = init_credentials(args.dir, hosts=args.host_name or (), nodes=args.node or ())
     elif args.action == "add-node":
@@ -82,6 +104,74 @@ def cmd_security(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _fingerprint_of(text: str) -> bytes:
+    digits = text.replace(":", "").strip().lower()
+    try:
+        raw = bytes.fromhex(digits)
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise InvalidConfig(
+            f"--fingerprint must be a SHA-256 fingerprint: 64 hex digits (colons allowed), got {text[:100]!r}"
+        )
+    return raw
+
+
+def _revocations(args: argparse.Namespace) -> int:
+    from robustmq._meta_client import MetaClient
+    from robustmq.security._credentials import read_certificate_file
+
+    if args.action == "revoke-cert":
+        if (args.cert is None) == (args.fingerprint is None):
+            raise InvalidConfig(
+                "name the certificate to revoke: CERT_FILE or --fingerprint SHA256 (one of them)"
+            )
+        pem = "" if args.cert is None else read_certificate_file(args.cert)
+        sha256 = b"" if args.fingerprint is None else _fingerprint_of(args.fingerprint)
+    with MetaClient(args.meta_address, timeout_s=args.timeout_s, credentials=credentials_of(args)) as meta:
+        if args.action == "revoke-cert":
+            revocation, already = meta.revoke_certificate(pem=pem, sha256=sha256, reason=args.reason)
+            who = revocation.principal or "the certificate"
+            if already:
+                print(f"{who} (SHA-256 {revocation.sha256.hex()}) was already revoked; nothing changed")
+            else:
+                print(
+                    f"{who} (SHA-256 {revocation.sha256.hex()}) revoked: its logins and sessions are "
+                    "refused (at the storage nodes within a heartbeat)"
+                )
+            return 0
+        rows = [_revocation_row(record) for record in meta.list_revocations()]
+    if args.json:
+        print(json.dumps(rows))
+    elif not rows:
+        print("no revoked certificates")
+    else:
+        for row in rows:
+            print(
+                f"{row['sha256']}\t{row['principal'] or '-'}\tserial={row['serial'] or '-'}\t"
+                f"revoked={row['revoked']} by {row['revoked_by']}\t{row['reason']}"
+            )
+    return 0
+
+
+def _revocation_row(record: pb.Revocation) -> dict[str, object]:
+    import datetime
+
+    def when(ms: int) -> str:
+        moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+        return moment.isoformat(timespec="seconds") if ms else ""
+
+    return {
+        "sha256": record.sha256.hex(),
+        "principal": record.principal,
+        "serial": record.serial,
+        "not_after": when(record.not_after_ms),
+        "revoked": when(record.revoked_ms),
+        "revoked_by": record.revoked_by,
+        "reason": record.reason,
+    }
 
 
 # -- robustmq user ----------------------------------------------------------------------------

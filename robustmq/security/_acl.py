@@ -495,6 +495,8 @@ META_RPC_RULES: dict[str, Rule] = {
     "CreateAcl": _acl_rule(_ALTER_CLUSTER),
     "DeleteAcl": _acl_rule(_ALTER_CLUSTER),
     "ListAcls": _acl_rule(_DESCRIBE_CLUSTER, nodes=True, note="nodes cache the ACLs"),
+    "RevokeCertificate": _acl_rule(_ALTER_CLUSTER),
+    "ListRevocations": _acl_rule(_DESCRIBE_CLUSTER),
     "InitProducerId": Rule(
         Access.ACL,
         (Need("write", "topic", lambda request: [], or_cluster=True),),

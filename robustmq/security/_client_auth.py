@@ -9,8 +9,12 @@ to the CA ``ca``. :meth:`Credentials.from_env` reads ``ROBUSTMQ_USER``,
 :class:`MetaSession` logs in at the first call (``ScramStart``/``ScramFinish``,
 ``mechanism`` SCRAM-SHA-256 or X509), keeps the session token, and renews it with
 ``IssueToken`` once half its lifetime has passed (a full login again if that is
-refused). Every token is bound to the process's CURVE public key
-(:func:`process_curve_keypair`; the key ZeroMQ connections to storage nodes use).
+refused). "Passed" is by either clock (:class:`Renewal`): the monotonic one, which
+no clock step moves, or the wall clock, which token expiry is measured in and
+which, unlike Linux's monotonic clock, counts time a machine spent suspended, so
+a laptop that slept through a token's life renews before it sends a dead token.
+Every token is bound to the process's CURVE public key (:func:`process_curve_keypair`;
+the key ZeroMQ connections to storage nodes use).
 Thread-safe: one lock around login and renewal.
 """
 
@@ -34,7 +38,7 @@ from ._curve import CurveKeyPair
 from ._scram import MECHANISM as SCRAM
 from ._scram import ScramClient
 
-__all__ = ["TOKEN_METADATA_KEY", "Credentials", "MetaSession", "process_curve_keypair"]
+__all__ = ["TOKEN_METADATA_KEY", "Credentials", "MetaSession", "Renewal", "process_curve_keypair"]
 
 TOKEN_METADATA_KEY = "robustmq-token-bin"
 MAX_PASSWORD_FILE_BYTES = 4096
@@ -55,6 +59,28 @@ def process_curve_keypair() -> CurveKeyPair:
 def curve_public_key() -> bytes:
     """The raw 32 bytes of this process's CURVE public key (what tokens are bound to)."""
     return process_curve_keypair().public
+
+
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """When a token is due for renewal: ``seconds`` after it was taken by the monotonic clock or by
+    the wall clock, whichever comes first (see the module docstring)."""
+
+    monotonic: float = 0.0
+    wall: float = 0.0
+
+    @classmethod
+    def after(cls, seconds: float) -> Renewal:
+        return cls(time.monotonic() + seconds, time.time() + seconds)
+
+    @classmethod
+    def half_life(cls, token: pb.SessionToken) -> Renewal:
+        """Due at half the token's lifetime from now."""
+        claims = pb.SessionClaims.FromString(token.claims)
+        return cls.after(max(0.0, (claims.expires_ms - claims.issued_ms) / 1000) / 2)
+
+    def due(self) -> bool:
+        return time.monotonic() >= self.monotonic or time.time() >= self.wall
 
 
 @dataclass(frozen=True)
@@ -159,7 +185,7 @@ class MetaSession:
         self._curve_key = curve_key
         self._lock = threading.Lock()
         self._token = b""
-        self._renew_at = 0.0  # monotonic
+        self._renewal = Renewal()
 
     def __repr__(self) -> str:
         who = self._credentials.user or (self._tls.principal if self._tls.cert else None)
@@ -168,10 +194,9 @@ class MetaSession:
     def metadata(self, stub: Any, timeout_s: float) -> tuple[tuple[str, bytes], ...]:
         """The call metadata carrying a valid token, logging in or renewing first if due."""
         with self._lock:
-            now = time.monotonic()
             if not self._token:
                 self._take(self._login(stub, timeout_s))
-            elif now >= self._renew_at:
+            elif self._renewal.due():
                 self._take(self._renew(stub, timeout_s))
             return ((TOKEN_METADATA_KEY, self._token),)
 
@@ -183,7 +208,7 @@ class MetaSession:
     def current(self) -> bytes:
         """The token if it is not due for renewal yet, else b"" (the caller makes a call first)."""
         with self._lock:
-            return self._token if self._token and time.monotonic() < self._renew_at else b""
+            return self._token if self._token and not self._renewal.due() else b""
 
     def forget(self) -> None:
         """Drop the token (refused as expired or revoked): the next call logs in again."""
@@ -191,10 +216,8 @@ class MetaSession:
             self._token = b""
 
     def _take(self, token: pb.SessionToken) -> None:
-        claims = pb.SessionClaims.FromString(token.claims)
-        lifetime_s = max(0.0, (claims.expires_ms - claims.issued_ms) / 1000)
         self._token = token.SerializeToString()
-        self._renew_at = time.monotonic() + lifetime_s / 2
+        self._renewal = Renewal.half_life(token)
 
     def _renew(self, stub: Any, timeout_s: float) -> pb.SessionToken:
         from robustmq.errors import AuthenticationFailed

@@ -42,6 +42,7 @@ __all__ = [
     "add_user_cert",
     "certificate_principal",
     "init_credentials",
+    "read_certificate_file",
 ]
 
 CERT_DAYS = 365
@@ -97,6 +98,16 @@ def _read_pem(path: str | Path, kind: str) -> bytes:
     if len(data) > MAX_PEM_BYTES or b"-----BEGIN " not in data or kind.encode() not in data:
         raise InvalidConfig(f"{file} is not a PEM {kind.lower()} file", path=str(file))
     return data
+
+
+def read_certificate_file(path: str | Path) -> str:
+    """The first certificate of a PEM file (a chain's leaf), as PEM text; ``InvalidConfig`` naming
+    the file if it holds none."""
+    try:
+        cert = x509.load_pem_x509_certificate(_read_pem(path, "CERTIFICATE"))
+    except ValueError as exc:
+        raise InvalidConfig(f"{path} is not a PEM certificate file", path=str(path)) from exc
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
 
 
 def certificate_principal(cert_pem: bytes) -> str:

@@ -4,7 +4,8 @@ A client proves who it is once, to the Meta Service over TLS (a SCRAM password
 exchange or a client certificate), and gets a :class:`~pb.SessionToken`: the
 serialized :class:`~pb.SessionClaims` (principal, the CURVE public key of the
 caller's ZeroMQ connections, an expiry, the user's credential version, at most
-one producer id) and an ECDSA P-256 signature over them by the Meta Service's
+one producer id, and for a certificate login the SHA-256 of each certificate it
+presented) and an ECDSA P-256 signature over them by the Meta Service's
 key. Every request to a storage node carries it; the node checks the signature
 with the public key it learned from the Meta Service over TLS, the expiry, and
 that the request came on a ZeroMQ connection authenticated with that very
@@ -15,8 +16,9 @@ request path.
 Verification costs about 0.1 ms; :class:`TokenVerifier` keeps the claims of up
 to ``cache_entries`` recent tokens (least recently used dropped first), so a
 connection pays it once per token, not per request. Expiry is checked on every
-use. Revocation (a removed user, a changed password) is the caller's check:
-``Claims.credential_version`` against the current one.
+use. Revocation (a removed user, a changed password, a revoked certificate) is
+the caller's check: ``Claims.credential_version`` against the current one,
+``Claims.certificates`` against the revoked certificates.
 
 Thread safety: both classes may be shared by threads.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
@@ -50,6 +53,7 @@ class Claims:
     expires_ms: int
     credential_version: int
     producer_id: int | None
+    certificates: tuple[bytes, ...] = ()  # SHA-256 of each certificate of an X509 login, leaf first
 
 
 def _now_ms() -> int:
@@ -75,6 +79,7 @@ class TokenSigner:
         lifetime_ms: int,
         credential_version: int = 0,
         producer_id: int | None = None,
+        certificates: Sequence[bytes] = (),
     ) -> pb.SessionToken:
         if len(curve_key) != CURVE_KEY_BYTES:
             raise AuthenticationFailed(
@@ -87,6 +92,7 @@ class TokenSigner:
             expires_ms=now + lifetime_ms,
             credential_version=credential_version,
             issued_ms=now,
+            certificate_sha256=certificates,
         )
         if producer_id is not None:
             claims.producer_id = producer_id
@@ -151,4 +157,5 @@ class TokenVerifier:
             expires_ms=claims.expires_ms,
             credential_version=claims.credential_version,
             producer_id=claims.producer_id if claims.HasField("producer_id") else None,
+            certificates=tuple(claims.certificate_sha256),
         )

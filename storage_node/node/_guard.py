@@ -10,7 +10,8 @@ front end for every request before anything else sees it:
    ``curve_key`` must be the connection's key (``User-Id``): a token copied off
    the wire is refused (``AuthenticationFailed(reason="wrong_key")``) to anyone
    without its holder's CURVE secret key. ``check_claims``, if given, may refuse
-   the claims too (revocation: a removed user, a changed password);
+   the claims too (revocation: a removed user, a changed password, a revoked
+   certificate);
 2. **who may send the body at all**, by the one rule table of node requests
    (:func:`robustmq.security.check_node_access`, ``NODE_REQUEST_RULES``):
    ``replica_fetch``, ``checksum``, ``producer_snapshot`` and ``beat`` only from a
@@ -93,7 +94,8 @@ class NodeSecurity:
     authorize
         ``authorize(principal, request)`` raises ``AuthorizationFailed`` to refuse (the ACLs).
     check_claims
-        Raises ``AuthenticationFailed`` for claims that no longer hold (a revoked user).
+        Raises ``AuthenticationFailed`` for claims that no longer hold (a removed user, a
+        revoked certificate).
     """
 
     keypair: CurveKeyPair

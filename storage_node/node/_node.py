@@ -226,6 +226,7 @@ class StorageNode(NodeReads):
         self.acl = Authorizer()
         self._acl_version = -1
         self._newest_credential = 0  # the highest user credential version the node has loaded
+        self._revoked: frozenset[bytes] = frozenset()  # SHA-256 of every revoked certificate
         if self.security is None and config.credentials is not None and self.keypair is not None:
             self.security = NodeSecurity(
                 self.keypair,
@@ -420,6 +421,7 @@ class StorageNode(NodeReads):
         answer = self._control_meta.list_acls()
         self.acl.super_users = frozenset(answer.super_users)
         self.acl.update_from(answer)
+        self._revoked = frozenset(answer.revoked_certificates)
         self._newest_credential = int(answer.last_credential_version)
         self._acl_version = int(answer.acl_version)
 
@@ -428,7 +430,15 @@ class StorageNode(NodeReads):
 
     def _check_claims(self, claims: Claims) -> None:
         """A password user's token names its credential version: a removed user or a changed
-        password revokes it here as soon as the node has the new ACL version."""
+        password revokes it here as soon as the node has the new ACL version. A certificate
+        holder's token names its certificates: a revoked one revokes it likewise."""
+        if claims.certificates and not self._revoked.isdisjoint(claims.certificates):
+            raise AuthenticationFailed(
+                f"the session of {claims.principal} was revoked (its certificate was revoked): "
+                "it may not log in again with that certificate",
+                reason="revoked",
+                principal=claims.principal,
+            )
         if not claims.credential_version or not claims.principal.startswith("user:"):
             return
         if claims.credential_version > self._newest_credential:

@@ -35,7 +35,7 @@ def test_signatures() -> None:
         "(*, data_dir: 'str | Path', host: 'str' = '127.0.0.1', port: 'int' = 7070, "
         "node_timeout_ms: 'int' = 1500, tier_url: 'str | None' = None, "
         "retention_check_ms: 'int' = 30000, tls: 'TlsFiles | None' = None, "
-        "super_users: 'Sequence[str]' = ('user:admin',)) -> 'int'"
+        "super_users: 'Sequence[str]' = ('user:admin',), token_lifetime_ms: 'int' = 3600000) -> 'int'"
     )
     server = inspect.signature(MetaServer)
     assert list(server.parameters) == [

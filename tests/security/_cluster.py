@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,8 +74,11 @@ def tls_flags(creds: Path, name: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def secured_cluster(root: Path, names: tuple[str, ...] = NODES) -> Iterator[Secured]:
-    """A Meta Service over TLS and storage nodes with their certificates (robustmq security init)."""
+def secured_cluster(
+    root: Path, names: tuple[str, ...] = NODES, *, meta_args: Sequence[str] = ()
+) -> Iterator[Secured]:
+    """A Meta Service over TLS and storage nodes with their certificates (robustmq security init);
+    ``meta_args``: more flags of ``robustmq meta`` (``--token-lifetime-ms 10000``)."""
     creds = root / "creds"
     init_credentials(creds, nodes=[*names, "n3"])
     meta_port = free_port()
@@ -90,6 +93,7 @@ def secured_cluster(root: Path, names: tuple[str, ...] = NODES) -> Iterator[Secu
             *tls_flags(creds, "meta"),
             "--node-timeout-ms",
             "1500",
+            *meta_args,
         ]
     )
     ports = {name: free_port() for name in names}

@@ -62,6 +62,7 @@ from robustmq.tier._store import ObjectStore
 from ._auth import DEFAULT_SUPER_USERS, DEFAULT_TOKEN_LIFETIME_MS, MetaAuth
 from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
 from ._failover import NodeRequests, ReplicaSupervisor
+from ._quotas import DEFAULT_QUOTAS, MetaQuotas
 from ._retention import DEFAULT_RETENTION_CHECK_MS, RetentionWorker
 from ._service import MetaServicer
 from ._store import RocksDBMetaStore
@@ -150,6 +151,9 @@ class MetaServer:
         Principals that pass every check (default ``user:admin``).
     token_lifetime_ms
         How long a session token lasts (default one hour).
+    quotas
+        Bounds on topics, partitions, segments per shard and the seal rate
+        (:class:`~robustmq.meta._quotas.MetaQuotas`; docs/operators.md "Limits").
 
     Examples
     --------
@@ -170,7 +174,9 @@ class MetaServer:
         super_users: Sequence[str] = DEFAULT_SUPER_USERS,
         token_lifetime_ms: int = DEFAULT_TOKEN_LIFETIME_MS,
         node_security: ClientSecurity | None = None,
+        quotas: MetaQuotas = DEFAULT_QUOTAS,
     ) -> None:
+        self._quotas = quotas
         if tls is not None and (tls.cert is None or tls.key is None):
             raise InvalidConfig(
                 "the Meta Service's TLS needs its certificate and key (--tls-cert, --tls-key)"
@@ -222,7 +228,9 @@ class MetaServer:
         self._data_dir.mkdir(parents=True, exist_ok=True)
         store = RocksDBMetaStore(self._data_dir / "store")
         try:
-            controller = MetaController(store, node_timeout_ms=self._node_timeout_ms, tier_url=self._tier_url)
+            controller = MetaController(
+                store, node_timeout_ms=self._node_timeout_ms, tier_url=self._tier_url, quotas=self._quotas
+            )
             server = grpc.server(
                 ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="meta-rpc"),
                 maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
@@ -344,6 +352,7 @@ def run_meta(
     retention_check_ms: int = DEFAULT_RETENTION_CHECK_MS,
     tls: TlsFiles | None = None,
     super_users: Sequence[str] = DEFAULT_SUPER_USERS,
+    quotas: MetaQuotas = DEFAULT_QUOTAS,
 ) -> int:
     """Run the Meta Service until SIGTERM or SIGINT (``robustmq meta``).
 
@@ -381,6 +390,7 @@ def run_meta(
                 retention_check_ms=retention_check_ms,
                 tls=tls,
                 super_users=super_users,
+                quotas=quotas,
             ).start()
         except RobustMQError as exc:
             print(f"robustmq meta: the meta service cannot start: {exc}", file=sys.stderr, flush=True)

@@ -27,6 +27,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from robustmq._arguments import EXIT_USAGE, OneLineArgumentParser
 from robustmq.cli._security import add_server_flags
@@ -192,6 +193,53 @@ def _tier_cache_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _quota_options(parser: argparse.ArgumentParser) -> None:
+    """The Meta Service's metadata quotas (docs/operators.md, "Limits")."""
+    from robustmq.meta._quotas import DEFAULT_QUOTAS as quotas
+
+    for flag, low, high, default, what in (
+        ("--max-topics", 1, 10_000_000, quotas.max_topics, "topics in the cluster"),
+        ("--max-partitions", 1, 100_000_000, quotas.max_partitions, "partitions of all topics together"),
+        (
+            "--max-partitions-per-topic",
+            1,
+            10_000,
+            quotas.max_partitions_per_topic,
+            "partitions of one topic",
+        ),
+        (
+            "--max-segments-per-shard",
+            2,
+            10_000_000,
+            quotas.max_segments_per_shard,
+            "segments in one shard's chain: seals past it are refused until retention removes old segments",
+        ),
+        (
+            "--min-seal-interval-ms",
+            0,
+            86_400_000,
+            quotas.min_seal_interval_ms,
+            "least time between two seals of one shard (0: none; seals the Meta Service asks for "
+            "itself are exempt)",
+        ),
+    ):
+        parser.add_argument(
+            flag, type=_bounded_int(low, high), default=default, help=f"{what} (default {default:,})"
+        )
+
+
+def _quotas_of(args: argparse.Namespace) -> Any:
+    from robustmq.meta._quotas import MetaQuotas
+
+    return MetaQuotas(
+        max_topics=args.max_topics,
+        max_partitions=args.max_partitions,
+        max_partitions_per_topic=args.max_partitions_per_topic,
+        max_segments_per_shard=args.max_segments_per_shard,
+        min_seal_interval_ms=args.min_seal_interval_ms,
+    )
+
+
 def _run_meta(args: argparse.Namespace) -> int:
     from robustmq.cli._security import server_tls_of
     from robustmq.meta import run_meta
@@ -205,6 +253,7 @@ def _run_meta(args: argparse.Namespace) -> int:
         retention_check_ms=args.retention_check_ms,
         tls=server_tls_of(args),
         super_users=args.super_user or ("user:admin",),
+        quotas=_quotas_of(args),
     )
 
 
@@ -414,6 +463,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         "nodes beat every quarter of it)",
     )
     _tier_option(meta, "none")
+    _quota_options(meta)
     add_server_flags(meta, meta=True)
     meta.set_defaults(handler=_run_meta)
 

@@ -426,11 +426,16 @@ _CLASSES: list[type[RobustMQError]] = [RobustMQError, *_all_subclasses(RobustMQE
 _BY_CODE: dict[str, type[RobustMQError]] = {cls.code: cls for cls in _CLASSES}
 
 
-def error_from_code(code: str, message: str, **fields: Any) -> RobustMQError:
+def error_from_code(code: str, message: str, /, **fields: Any) -> RobustMQError:
     """Rebuild the error class named by a wire ``code`` (unknown codes give the base class).
 
     At most :data:`MAX_FIELDS` fields are kept, those with string names; which of them
     become attributes is decided as for any error (see the module docstring).
     """
-    kept = {name: value for name, value in list(fields.items())[:MAX_FIELDS] if isinstance(name, str)}
-    return _BY_CODE.get(code, RobustMQError)(message, **kept)
+    error = _BY_CODE.get(code, RobustMQError)(message)
+    for name, value in list(fields.items())[:MAX_FIELDS]:
+        if isinstance(name, str):  # "code" or "message" too: kept in .fields, never passed as arguments
+            error.fields[name] = value
+            if _settable(type(error), name):
+                setattr(error, name, value)
+    return error

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -108,26 +109,46 @@ def _advertise_host(text: str) -> str:
     return host
 
 
+_INT64_MAX = (1 << 63) - 1
+_DIGITS = re.compile(r"-?[0-9]{1,30}")  # ASCII only: str.isdigit() also takes "²", which int() refuses
+
+
 def _start(text: str) -> str | int:
     if text in ("earliest", "latest", "group"):
         return text
-    if text.isdigit():
+    if _DIGITS.fullmatch(text) and not text.startswith("-"):
+        if int(text) > _INT64_MAX:
+            raise argparse.ArgumentTypeError(f"an offset is at most {_INT64_MAX} (2^63 - 1), got {text}")
         return int(text)
-    raise argparse.ArgumentTypeError(f"expected earliest, latest, group or an offset (>= 0), got {text!r}")
+    raise argparse.ArgumentTypeError(
+        f"expected earliest, latest, group or an offset (>= 0), got {text[:40]!r}"
+    )
 
 
 def _timestamp_ms(text: str) -> int:
-    if text.lstrip("-").isdigit():
-        return int(text)
+    if _DIGITS.fullmatch(text):
+        value = int(text)
+        if not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+            raise argparse.ArgumentTypeError(f"milliseconds must fit in 64 bits, got {text}")
+        return value
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected milliseconds since the epoch or an ISO-8601 time, got {text!r}"
+            f"expected milliseconds since the epoch or an ISO-8601 time, got {text[:40]!r}"
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
+
+
+def _group_name(text: str) -> str:
+    """A consumer group name as the Meta Service takes it: 1-255 printable characters."""
+    if not text or len(text) > 255 or not text.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"expected a group name of 1-255 printable characters, got {text[:40]!r}"
+        )
+    return text
 
 
 def _acks(text: str) -> str:
@@ -587,7 +608,9 @@ def _add_produce_consume(commands: argparse._SubParsersAction[OneLineArgumentPar
         help="an OFFSET overrides the group's position; earliest/latest apply where the group has none",
     )
     consume.add_argument("--from-timestamp", type=_timestamp_ms, default=None, metavar="MS|ISO-8601")
-    consume.add_argument("--group", default=None, help="start from and commit to this group's offsets")
+    consume.add_argument(
+        "--group", type=_group_name, default=None, help="start from and commit to this group's offsets"
+    )
     consume.add_argument("--partition", type=_bounded_int(0), default=None)
     consume.add_argument("--max-records", type=_bounded_int(1), default=None, help="exit after this many")
     consume.add_argument(
@@ -603,7 +626,7 @@ def _add_produce_consume(commands: argparse._SubParsersAction[OneLineArgumentPar
 
 def _add_admin(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> None:
     groups = commands.add_parser("groups", help="consumer groups: committed offsets, lag; delete a group")
-    groups.add_argument("--group", default=None)
+    groups.add_argument("--group", type=_group_name, default=None)
     groups.add_argument("--topic", default=None)
     groups.add_argument("--json", action="store_true")
     _common(groups)

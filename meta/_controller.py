@@ -42,6 +42,7 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._topics import shard_name
 from robustmq.errors import (
     InvalidRequest,
+    QuotaExceeded,
     RobustMQError,
     ShardNotFound,
     TopicAlreadyExists,
@@ -58,6 +59,7 @@ from ._liveness import Liveness
 from ._load import AssignmentVersions, ClusterLoad
 from ._nodes import MAX_DELETIONS_PER_BEAT, MAX_NODES, NodeTable
 from ._offsets import OffsetTable, partition_lag
+from ._quotas import DEFAULT_QUOTAS, MetaQuotas, QuotaLog
 from ._replica_control import MAX_EPOCH, ReplicaControl
 from ._retention import RetentionControl
 from ._store import MetaStore, WriteSet
@@ -78,12 +80,16 @@ __all__ = [
     "GROUP_PAGE_MAX",
     "HEARTBEAT_INTERVAL_MS",
     "MAX_PROGRESS_PER_BEAT",
+    "TOPIC_PAGE_DEFAULT",
+    "TOPIC_PAGE_MAX",
     "MetaController",
 ]
 
 DEFAULT_NODE_TIMEOUT_MS = 1500
 GROUP_PAGE_DEFAULT = 1_000
 GROUP_PAGE_MAX = 10_000
+TOPIC_PAGE_DEFAULT = 1_000
+TOPIC_PAGE_MAX = 10_000
 HEARTBEAT_INTERVAL_MS = 1000
 # Shard progress reports in one heartbeat: what a node sends at most (storage_node/node/_heartbeat.py).
 MAX_PROGRESS_PER_BEAT = 10_000
@@ -108,10 +114,18 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
     tier_url
         The cluster's object store (docs/tiering.md), "" for none. Checked by the
         caller (:meth:`ObjectStore.check`); here only parsed.
+    quotas
+        Bounds on topics, partitions, segments per shard and the seal rate
+        (:mod:`robustmq.meta._quotas`).
     """
 
     def __init__(
-        self, store: MetaStore, *, node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS, tier_url: str = ""
+        self,
+        store: MetaStore,
+        *,
+        node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS,
+        tier_url: str = "",
+        quotas: MetaQuotas = DEFAULT_QUOTAS,
     ) -> None:
         self._tier_store = ObjectStore.from_url(tier_url) if tier_url else None
         self._tier_url = self._tier_store.url if self._tier_store is not None else ""
@@ -137,6 +151,16 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
         self._load = ClusterLoad(self._topics.all_segments())
         self._versions = AssignmentVersions()
         self._stored_bytes: dict[str, int] = {}  # node -> bytes it stores, as it last reported
+        self.quotas = quotas
+        self.quota_log = QuotaLog()
+        # Topics and partitions stored now (kept with every create and deletion; quotas).
+        topics = self._topics.all()
+        self._topic_count = len(topics)
+        self._partition_count = sum(topic.config.partitions for topic in topics)
+        self._last_seal_ms: dict[str, float] = {}  # shard -> monotonic ms of its last seal by request
+        # shard -> active epoch the Meta Service asked its leader to seal (seal_targets): those
+        # seals pass the segment quota and the seal interval. One entry per shard at most.
+        self._asked_seals: dict[str, int] = {}
         self._load_acls()
 
     def _check_format(self) -> None:
@@ -196,6 +220,7 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
         with self._locked():
             if self._topics.get(name) is not None:
                 raise TopicAlreadyExists(f"topic {name!r} already exists", topic=name)
+            self._require_topic_quotas(name, config.partitions)
             live = self._live_node_ids()
             needed = config.replication_factor
             self._require_live(live, needed)  # say so once, for the topic, not for its first shard
@@ -219,12 +244,61 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
             ws.commit(self._store)
             self._load = load
             self._versions.bump_segments(segments)
+            self._topic_count += 1
+            self._partition_count += config.partitions
         logger.info("created topic %s (%d partitions)", name, config.partitions)
         return topic
 
+    def _require_topic_quotas(self, name: str, partitions: int) -> None:
+        """``QuotaExceeded`` if a topic of ``partitions`` partitions passes a quota. Under the lock."""
+        quotas = self.quotas
+        refusal = None
+        if partitions > quotas.max_partitions_per_topic:
+            refusal = QuotaExceeded(
+                f"topic {name!r}: {partitions:,} partitions is more than this cluster's "
+                f"max_partitions_per_topic ({quotas.max_partitions_per_topic:,})",
+                quota="max_partitions_per_topic",
+                max=quotas.max_partitions_per_topic,
+                partitions=partitions,
+                topic=name,
+            )
+        elif self._topic_count + 1 > quotas.max_topics:
+            refusal = QuotaExceeded(
+                f"cannot create topic {name!r}: the cluster holds {self._topic_count:,} topics, its "
+                f"max_topics quota; delete topics or ask the operator to raise it",
+                quota="max_topics",
+                max=quotas.max_topics,
+                topics=self._topic_count,
+                topic=name,
+            )
+        elif self._partition_count + partitions > quotas.max_partitions:
+            refusal = QuotaExceeded(
+                f"cannot create topic {name!r}: its {partitions:,} partitions would make "
+                f"{self._partition_count + partitions:,} in the cluster, past its max_partitions quota "
+                f"({quotas.max_partitions:,}); delete topics or ask the operator to raise it",
+                quota="max_partitions",
+                max=quotas.max_partitions,
+                partitions=self._partition_count,
+                topic=name,
+            )
+        if refusal is not None:
+            raise self.quota_log.refuse(refusal)
+
     def list_topics(self) -> list[pb.Topic]:
+        """Every topic, sorted by name (for the Meta Service's own use: RPCs read pages)."""
         with self._locked():
             return self._topics.all()
+
+    def list_topics_page(self, page_token: str = "", limit: int = 0) -> tuple[list[pb.Topic], str]:
+        """Topics after ``page_token`` (a topic name; "" from the first), at most ``limit`` (0: the
+        default page), sorted by name, and the next page's token ("" on the last page)."""
+        if page_token:
+            require_topic(page_token)
+        if limit < 0:
+            raise InvalidRequest(f"limit must not be negative, got {limit}", limit=limit)
+        limit = min(limit or TOPIC_PAGE_DEFAULT, TOPIC_PAGE_MAX)
+        with self._locked():
+            return self._topics.page(page_token, limit)
 
     def describe_topic(self, name: str) -> pb.TopicDescription:
         name = require_topic(name)
@@ -321,10 +395,19 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
                 )
             if active.epoch >= MAX_EPOCH:
                 raise InvalidRequest(f"shard {shard!r} has used every epoch", shard=shard)
+            asked = self._asked_seals.get(shard) == epoch
+            if not asked:
+                self._require_seal_quotas(shard, len(chain))
             sealed = sealed_segment(active, end_offset, checked_isr(active, isr, node_id), crc32c, size_bytes)
             ws = WriteSet()
             self._topics.stage_sealed_by(topic, partition, epoch, node_id, ws)
             following = self._commit_seal(topic, partition, chain, sealed, ws)
+            self._asked_seals.pop(shard, None)
+            if self.quotas.min_seal_interval_ms and not asked:
+                if len(self._last_seal_ms) >= 100_000:  # a bound on memory: forget the oldest
+                    del self._last_seal_ms[next(iter(self._last_seal_ms))]
+                self._last_seal_ms.pop(shard, None)
+                self._last_seal_ms[shard] = time.monotonic() * 1000
         logger.info(
             "sealed %s epoch %d at %d (isr %s); epoch %d on %s",
             shard,
@@ -335,6 +418,36 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
             list(following.replicas),
         )
         return sealed, following
+
+    def _require_seal_quotas(self, shard: str, segments: int) -> None:
+        """``QuotaExceeded`` if sealing ``shard`` (a chain of ``segments``) passes the segment
+        quota or comes sooner than ``min_seal_interval_ms`` after its last seal. Under the lock."""
+        quotas = self.quotas
+        refusal = None
+        if segments + 1 > quotas.max_segments_per_shard:
+            refusal = QuotaExceeded(
+                f"shard {shard!r} has {segments:,} segments, its max_segments_per_shard quota: it is "
+                f"not sealed (its active segment takes the writes) until retention removes old segments",
+                quota="max_segments_per_shard",
+                max=quotas.max_segments_per_shard,
+                segments=segments,
+                shard=shard,
+            )
+        elif quotas.min_seal_interval_ms and shard in self._last_seal_ms:
+            since_ms = time.monotonic() * 1000 - self._last_seal_ms[shard]
+            if since_ms < quotas.min_seal_interval_ms:
+                wait_ms = int(quotas.min_seal_interval_ms - since_ms) + 1
+                refusal = QuotaExceeded(
+                    f"shard {shard!r} was sealed {since_ms:.0f} ms ago; this cluster seals a shard at "
+                    f"most once every {quotas.min_seal_interval_ms} ms (min_seal_interval_ms): try "
+                    f"again in {wait_ms} ms",
+                    quota="min_seal_interval_ms",
+                    max=quotas.min_seal_interval_ms,
+                    retry_after_ms=wait_ms,
+                    shard=shard,
+                )
+        if refusal is not None:
+            raise self.quota_log.refuse(refusal)
 
     def _repeated_seal(
         self, topic: str, partition: int, epoch: int, end_offset: int, node_id: str

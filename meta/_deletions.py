@@ -96,6 +96,8 @@ class DeletionControl:
     _load: ClusterLoad
     _versions: AssignmentVersions
     _progress: dict[str, tuple[int, int]]
+    _topic_count: int
+    _partition_count: int
     _reserved: dict[str, int]
     _deletions_changed: threading.Condition
     _deletion_acks: int  # heartbeats that acknowledged deletions so far (under _deletions_changed)
@@ -141,6 +143,7 @@ class DeletionControl:
 
     def _stage_and_commit_deletion(self, name: str, incarnation: int) -> None:
         ws = WriteSet()
+        record = self._topics.get(name)
         segments = self._topics.stage_delete(name, ws)
         for segment in segments:
             _, partition = split_shard(segment.shard)
@@ -150,6 +153,9 @@ class DeletionControl:
             for node_id in segment.replicas:
                 self._nodes.stage_pending(node_id, segment.shard, incarnation, ws)
         ws.commit(self._store)
+        if record is not None:
+            self._topic_count -= 1
+            self._partition_count -= record.config.partitions
         for segment in segments:
             self._load.remove(segment)
             self._progress.pop(segment.shard, None)

@@ -61,6 +61,7 @@ class ReplicaControl:
     # shard -> active epoch that the last repair scan found under-replicated, to be sealed
     # (:func:`._repair.reseal_wanted`); replaced by each full scan, at most one entry per shard.
     _reseal: dict[str, int] = {}
+    _asked_seals: dict[str, int]
     # (shard, incarnation, epoch) of sealed segments recorded without a checksum (their seal's
     # agreement failed) that a replica reported a copy of: the supervisor asks a holder for the
     # checksum (:meth:`checksum_tasks`, :meth:`record_checksum`). In memory (a restart forgets it;
@@ -605,6 +606,13 @@ class ReplicaControl:
                 if segment.shard not in targets:
                     address = nodes[segment.leader].address
                     targets[segment.shard] = SealTarget(segment.shard, address, "its leader is draining")
+            # The seals asked for here pass the segment quota and the seal interval
+            # (robustmq.meta._quotas): a failover or repair must never wait on them.
+            self._asked_seals = {
+                target.shard: active.epoch
+                for target in targets.values()
+                if (active := self._active_segment(target.shard, None)) is not None
+            }
         return list(targets.values()), settled
 
     def _active_segment(self, shard: str, incarnation: int | None) -> pb.Segment | None:

@@ -62,6 +62,7 @@ from robustmq.tier._store import ObjectStore
 from ._auth import DEFAULT_SUPER_USERS, DEFAULT_TOKEN_LIFETIME_MS, MetaAuth
 from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
 from ._failover import NodeRequests, ReplicaSupervisor
+from ._quotas import DEFAULT_QUOTAS, MetaQuotas
 from ._retention import DEFAULT_RETENTION_CHECK_MS, RetentionWorker
 from ._revocations import RevocationTable
 from ._rpc_gate import MetaLimits, RpcGate
@@ -152,6 +153,9 @@ class MetaServer:
     limits
         What callers may hold (threads, queues, waiting requests, streams per connection;
         :class:`~robustmq.meta._rpc_gate.MetaLimits`, docs/operators.md "Limits").
+    quotas
+        Bounds on topics, partitions, segments per shard and the seal rate
+        (:class:`~robustmq.meta._quotas.MetaQuotas`; docs/operators.md "Limits").
 
     Examples
     --------
@@ -173,8 +177,10 @@ class MetaServer:
         token_lifetime_ms: int = DEFAULT_TOKEN_LIFETIME_MS,
         node_security: ClientSecurity | None = None,
         limits: MetaLimits | None = None,
+        quotas: MetaQuotas = DEFAULT_QUOTAS,
     ) -> None:
         self._limits = limits if limits is not None else MetaLimits()
+        self._quotas = quotas
         if tls is not None and (tls.cert is None or tls.key is None):
             raise InvalidConfig(
                 "the Meta Service's TLS needs its certificate and key (--tls-cert, --tls-key)"
@@ -226,7 +232,9 @@ class MetaServer:
         self._data_dir.mkdir(parents=True, exist_ok=True)
         store = RocksDBMetaStore(self._data_dir / "store")
         try:
-            controller = MetaController(store, node_timeout_ms=self._node_timeout_ms, tier_url=self._tier_url)
+            controller = MetaController(
+                store, node_timeout_ms=self._node_timeout_ms, tier_url=self._tier_url, quotas=self._quotas
+            )
             auth = MetaAuth(
                 self._tls,
                 UserTable(store),
@@ -345,8 +353,9 @@ def run_meta(
     retention_check_ms: int = DEFAULT_RETENTION_CHECK_MS,
     tls: TlsFiles | None = None,
     super_users: Sequence[str] = DEFAULT_SUPER_USERS,
-    limits: MetaLimits | None = None,
     token_lifetime_ms: int = DEFAULT_TOKEN_LIFETIME_MS,
+    limits: MetaLimits | None = None,
+    quotas: MetaQuotas = DEFAULT_QUOTAS,
 ) -> int:
     """Run the Meta Service until SIGTERM or SIGINT (``robustmq meta``).
 
@@ -386,6 +395,7 @@ def run_meta(
                 super_users=super_users,
                 limits=limits,
                 token_lifetime_ms=token_lifetime_ms,
+                quotas=quotas,
             ).start()
         except RobustMQError as exc:
             print(f"robustmq meta: the meta service cannot start: {exc}", file=sys.stderr, flush=True)

@@ -44,6 +44,7 @@ from robustmq.errors import (
     AuthorizationFailed,
     DeletionPending,
     InvalidRequest,
+    QuotaExceeded,
     RequestTimeout,
     RetriableError,
     RobustMQError,
@@ -82,6 +83,7 @@ _STATUS: dict[type[RobustMQError], grpc.StatusCode] = {
     ShardNotFound: grpc.StatusCode.NOT_FOUND,
     TopicAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     ShardAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    QuotaExceeded: grpc.StatusCode.FAILED_PRECONDITION,
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     StaleEpoch: grpc.StatusCode.FAILED_PRECONDITION,
     RequestTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -242,10 +244,12 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         return self._controller.create_topic(request.name, request.config)
 
     @_answers_errors
-    def ListTopics(self, request: pb.Empty, context: Any) -> pb.ListTopicsResponse:
-        topics = self._controller.list_topics()
+    def ListTopics(self, request: pb.ListTopicsRequest, context: Any) -> pb.ListTopicsResponse:
+        topics, following = self._controller.list_topics_page(request.page_token, request.limit)
         visible = self._visible("describe", "topic", [topic.name for topic in topics])
-        return pb.ListTopicsResponse(topics=[topic for topic in topics if topic.name in visible])
+        return pb.ListTopicsResponse(
+            topics=[topic for topic in topics if topic.name in visible], next_page_token=following
+        )
 
     @_answers_errors
     def DescribeTopic(self, request: pb.TopicRequest, context: Any) -> pb.TopicDescription:

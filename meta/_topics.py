@@ -58,6 +58,18 @@ class TopicTable:
         topics = [pb.Topic.FromString(raw) for _, raw in self._store.scan(keys.TOPIC)]
         return sorted(topics, key=lambda topic: topic.name)
 
+    def page(self, after: str, limit: int) -> tuple[list[pb.Topic], str]:
+        """Up to ``limit`` topics after the topic named ``after`` ("" for the first) in store
+        order (shorter names first, then by name), and the next page's token: the page's last
+        name, or "" when no topic follows. Reads ``limit + 1`` records at most."""
+        start = keys.topic_key(after) + b"\x00" if after else b""
+        page: list[pb.Topic] = []
+        for _, raw in self._store.scan(keys.TOPIC, start=start):
+            if len(page) == limit:
+                return page, page[-1].name
+            page.append(pb.Topic.FromString(raw))
+        return page, ""
+
     def last_incarnation(self) -> int:
         """The newest incarnation handed out so far (0: none yet)."""
         raw = self._store.get(keys.INCARNATION_KEY)

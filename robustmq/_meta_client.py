@@ -36,8 +36,9 @@ Retries (with exponential back-off, within the call's deadline):
   (the deletion is recorded, a node has not confirmed it yet) is asked again
   the same way. A name with no topic is sent once.
 
-Listings that can grow without bound (``list_groups``) are read in pages of a
-bounded size; the client follows the pages.
+Listings that can grow without bound (``list_topics``, ``list_groups``) are read
+in pages of a bounded size; the client follows the pages (a server whose page
+token does not move on is an error, not an endless loop).
 
 Security (docs/security.md): with ``credentials``, the channel is TLS (the
 Meta Service must present a certificate the cluster CA signed) and every call
@@ -214,6 +215,32 @@ def _check_setting(name: str, value: Any) -> None:
         raise InvalidConfig(f"{name} must be at least 1, got {value}", field=name, value=value)
     if value == 0 and not has_presence(name):
         raise InvalidConfig(f"{name} cannot be 0 (leave it out for the default)", field=name, value=value)
+
+
+_Item = TypeVar("_Item")
+_MAX_PAGES = 100_000  # a listing of more pages than this is a server that does not end it
+
+
+def _follow_pages(page_of: Callable[[str, int], tuple[list[_Item], str]], page_size: int) -> list[_Item]:
+    """Every item of a paged listing: ``page_of(token, limit)`` until its token is "".
+
+    A token that repeats (a server that does not move on) is an ``Unavailable``
+    naming it, so a listing always ends.
+    """
+    items, token = page_of("", page_size)
+    for _ in range(_MAX_PAGES):
+        if not token:
+            return items
+        page, following = page_of(token, page_size)
+        if following and following == token:
+            break
+        items.extend(page)
+        token = following
+    raise Unavailable(
+        f"the Meta Service's listing does not end (page token {token[:80]!r} repeats): it is "
+        f"misbehaving; try again or another Meta Service",
+        page_token=token[:80],
+    )
 
 
 def _resolved(config: pb.TopicConfig) -> pb.TopicConfig:
@@ -497,8 +524,15 @@ class MetaClient:
                     return existing
             raise
 
-    def list_topics(self) -> list[pb.Topic]:
-        return list(self._call(self._stub.ListTopics, pb.Empty(), "read").topics)
+    def list_topics_page(self, page_token: str = "", limit: int = 0) -> tuple[list[pb.Topic], str]:
+        """One page of topics and the next page's token ("" after the last page)."""
+        request = pb.ListTopicsRequest(page_token=page_token, limit=limit)
+        response = self._call(self._stub.ListTopics, request, "read")
+        return list(response.topics), response.next_page_token
+
+    def list_topics(self, *, page_size: int = 1_000) -> list[pb.Topic]:
+        """Every topic, sorted by name, following the pages."""
+        return sorted(_follow_pages(self.list_topics_page, page_size), key=lambda topic: topic.name)
 
     def describe_topic(self, name: str) -> pb.TopicDescription:
         return self._call(self._stub.DescribeTopic, pb.TopicRequest(name=name), "read")
@@ -724,11 +758,7 @@ class MetaClient:
 
     def list_groups(self, *, page_size: int = 1_000) -> list[str]:
         """Every group with committed offsets, sorted, following the pages."""
-        groups, token = self.list_groups_page("", page_size)
-        while token:
-            page, token = self.list_groups_page(token, page_size)
-            groups.extend(page)
-        return sorted(groups)
+        return sorted(_follow_pages(self.list_groups_page, page_size))
 
     def delete_group(self, group: str) -> int:
         """Remove every offset ``group`` committed; how many there were (0: none, nothing done)."""

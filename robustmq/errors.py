@@ -54,10 +54,18 @@ in-process or over the network.
         +-- DuplicateSequenceMismatch  DUPLICATE_SEQUENCE_MISMATCH
         |                              a re-sent sequence carries other records than were stored
         +-- MessageTooLarge            MESSAGE_TOO_LARGE
-                                       a gRPC request or answer past its size limit
+        |                              a gRPC request or answer past its size limit
+        +-- QuotaExceeded              QUOTA_EXCEEDED  a metadata quota of the Meta Service
+                                                       (topics, partitions, segments per
+                                                       shard, seal interval)
 
 Errors carry fields (``topic``, ``partition``, ``shard``, ``offset``...) as
 attributes and in :attr:`RobustMQError.fields`, not only in their text. A
+field becomes an attribute only if its name is a plain identifier that names
+nothing of the class (``code``, ``retriable``, ``message``, ``fields``,
+methods): an error decoded from the wire (:func:`error_from_code`) cannot
+change how the client treats it, and at most :data:`MAX_FIELDS` fields of a
+wire error are kept. A
 request that breaks a limit names it: ``limit`` (e.g. ``"max_tag_bytes"``),
 ``max``, and ``column`` / ``row`` / ``size`` where they apply.
 Foreign errors (ZeroMQ, gRPC, RocksDB, boto3) are translated into these at one
@@ -69,6 +77,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "MAX_FIELDS",
     "AuthenticationFailed",
     "AuthorizationFailed",
     "Busy",
@@ -89,6 +98,7 @@ __all__ = [
     "ObjectStoreUnavailable",
     "OffsetOutOfRange",
     "OutOfOrderSequence",
+    "QuotaExceeded",
     "RecordBatchTooLarge",
     "RequestTimeout",
     "RetriableError",
@@ -103,6 +113,8 @@ __all__ = [
     "Unavailable",
     "error_from_code",
 ]
+
+MAX_FIELDS = 32  # fields kept from an error decoded off the wire
 
 
 class RobustMQError(Exception):
@@ -125,7 +137,8 @@ class RobustMQError(Exception):
         self.message = message
         self.fields: dict[str, Any] = fields
         for name, value in fields.items():
-            setattr(self, name, value)
+            if _settable(type(self), name):
+                setattr(self, name, value)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Keep fields when errors cross process boundaries (Spark pickles them).
@@ -138,6 +151,17 @@ class RobustMQError(Exception):
         (and whatever they hold, such as request payloads) onto its traceback.
         """
         return _rebuild(type(self), self.message, self.fields)
+
+
+def _settable(cls: type[RobustMQError], name: str) -> bool:
+    """Whether field ``name`` may become an attribute: an identifier, not private, naming
+    nothing the class or :class:`Exception` has (``code``, ``retriable``, ``again``, ``args``)."""
+    return (
+        name.isidentifier()
+        and not name.startswith("_")
+        and name not in ("message", "fields")
+        and not hasattr(cls, name)
+    )
 
 
 def _rebuild(cls: type[RobustMQError], message: str, fields: dict[str, Any]) -> RobustMQError:
@@ -377,6 +401,19 @@ class MessageTooLarge(InvalidRequest):
     code = "MESSAGE_TOO_LARGE"
 
 
+class QuotaExceeded(InvalidRequest):
+    """A metadata quota of the Meta Service is reached (docs/operators.md, "Limits").
+
+    Sending the same request again does not help until something is removed
+    (a topic deleted, retention removing old segments) or an operator raises the
+    quota; ``min_seal_interval_ms`` passes with time (``retry_after_ms``).
+    Fields: ``quota`` (its setting's name), ``max``, and what was counted
+    (``topics``, ``partitions``, ``segments``, ``shard``...).
+    """
+
+    code = "QUOTA_EXCEEDED"
+
+
 def _all_subclasses(cls: type[RobustMQError]) -> list[type[RobustMQError]]:
     found: list[type[RobustMQError]] = []
     for sub in cls.__subclasses__():
@@ -389,6 +426,16 @@ _CLASSES: list[type[RobustMQError]] = [RobustMQError, *_all_subclasses(RobustMQE
 _BY_CODE: dict[str, type[RobustMQError]] = {cls.code: cls for cls in _CLASSES}
 
 
-def error_from_code(code: str, message: str, **fields: Any) -> RobustMQError:
-    """Rebuild the error class named by a wire ``code`` (unknown codes give the base class)."""
-    return _BY_CODE.get(code, RobustMQError)(message, **fields)
+def error_from_code(code: str, message: str, /, **fields: Any) -> RobustMQError:
+    """Rebuild the error class named by a wire ``code`` (unknown codes give the base class).
+
+    At most :data:`MAX_FIELDS` fields are kept, those with string names; which of them
+    become attributes is decided as for any error (see the module docstring).
+    """
+    error = _BY_CODE.get(code, RobustMQError)(message)
+    for name, value in list(fields.items())[:MAX_FIELDS]:
+        if isinstance(name, str):  # "code" or "message" too: kept in .fields, never passed as arguments
+            error.fields[name] = value
+            if _settable(type(error), name):
+                setattr(error, name, value)
+    return error

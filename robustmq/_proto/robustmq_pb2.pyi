@@ -201,11 +201,21 @@ class Empty(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ListTopicsRequest(_message.Message):
+    __slots__ = ("page_token", "limit")
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    page_token: str
+    limit: int
+    def __init__(self, page_token: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
 class ListTopicsResponse(_message.Message):
-    __slots__ = ("topics",)
+    __slots__ = ("topics", "next_page_token")
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedCompositeFieldContainer[Topic]
-    def __init__(self, topics: _Optional[_Iterable[_Union[Topic, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, topics: _Optional[_Iterable[_Union[Topic, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class TopicDescription(_message.Message):
     __slots__ = ("topic", "shards")

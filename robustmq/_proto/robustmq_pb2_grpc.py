@@ -41,7 +41,7 @@ class MetaServiceStub:
                 _registered_method=True)
         self.ListTopics = channel.unary_unary(
                 '/robustmq.MetaService/ListTopics',
-                request_serializer=robustmq__pb2.Empty.SerializeToString,
+                request_serializer=robustmq__pb2.ListTopicsRequest.SerializeToString,
                 response_deserializer=robustmq__pb2.ListTopicsResponse.FromString,
                 _registered_method=True)
         self.DescribeTopic = channel.unary_unary(
@@ -436,7 +436,7 @@ def add_MetaServiceServicer_to_server(servicer, server):
             ),
             'ListTopics': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTopics,
-                    request_deserializer=robustmq__pb2.Empty.FromString,
+                    request_deserializer=robustmq__pb2.ListTopicsRequest.FromString,
                     response_serializer=robustmq__pb2.ListTopicsResponse.SerializeToString,
             ),
             'DescribeTopic': grpc.unary_unary_rpc_method_handler(
@@ -657,7 +657,7 @@ class MetaService:
             request,
             target,
             '/robustmq.MetaService/ListTopics',
-            robustmq__pb2.Empty.SerializeToString,
+            robustmq__pb2.ListTopicsRequest.SerializeToString,
             robustmq__pb2.ListTopicsResponse.FromString,
             options,
             channel_credentials,

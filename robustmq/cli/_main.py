@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from robustmq._arguments import EXIT_USAGE, OneLineArgumentParser
 from robustmq.cli._security import add_server_flags
@@ -107,26 +109,46 @@ def _advertise_host(text: str) -> str:
     return host
 
 
+_INT64_MAX = (1 << 63) - 1
+_DIGITS = re.compile(r"-?[0-9]{1,30}")  # ASCII only: str.isdigit() also takes "²", which int() refuses
+
+
 def _start(text: str) -> str | int:
     if text in ("earliest", "latest", "group"):
         return text
-    if text.isdigit():
+    if _DIGITS.fullmatch(text) and not text.startswith("-"):
+        if int(text) > _INT64_MAX:
+            raise argparse.ArgumentTypeError(f"an offset is at most {_INT64_MAX} (2^63 - 1), got {text}")
         return int(text)
-    raise argparse.ArgumentTypeError(f"expected earliest, latest, group or an offset (>= 0), got {text!r}")
+    raise argparse.ArgumentTypeError(
+        f"expected earliest, latest, group or an offset (>= 0), got {text[:40]!r}"
+    )
 
 
 def _timestamp_ms(text: str) -> int:
-    if text.lstrip("-").isdigit():
-        return int(text)
+    if _DIGITS.fullmatch(text):
+        value = int(text)
+        if not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+            raise argparse.ArgumentTypeError(f"milliseconds must fit in 64 bits, got {text}")
+        return value
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected milliseconds since the epoch or an ISO-8601 time, got {text!r}"
+            f"expected milliseconds since the epoch or an ISO-8601 time, got {text[:40]!r}"
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
+
+
+def _group_name(text: str) -> str:
+    """A consumer group name as the Meta Service takes it: 1-255 printable characters."""
+    if not text or len(text) > 255 or not text.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"expected a group name of 1-255 printable characters, got {text[:40]!r}"
+        )
+    return text
 
 
 def _acks(text: str) -> str:
@@ -225,6 +247,53 @@ def _meta_limits(args: argparse.Namespace) -> dict[str, int]:
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
+def _quota_options(parser: argparse.ArgumentParser) -> None:
+    """The Meta Service's metadata quotas (docs/operators.md, "Limits")."""
+    from robustmq.meta._quotas import DEFAULT_QUOTAS as quotas
+
+    for flag, low, high, default, what in (
+        ("--max-topics", 1, 10_000_000, quotas.max_topics, "topics in the cluster"),
+        ("--max-partitions", 1, 100_000_000, quotas.max_partitions, "partitions of all topics together"),
+        (
+            "--max-partitions-per-topic",
+            1,
+            10_000,
+            quotas.max_partitions_per_topic,
+            "partitions of one topic",
+        ),
+        (
+            "--max-segments-per-shard",
+            2,
+            10_000_000,
+            quotas.max_segments_per_shard,
+            "segments in one shard's chain: seals past it are refused until retention removes old segments",
+        ),
+        (
+            "--min-seal-interval-ms",
+            0,
+            86_400_000,
+            quotas.min_seal_interval_ms,
+            "least time between two seals of one shard (0: none; seals the Meta Service asks for "
+            "itself are exempt)",
+        ),
+    ):
+        parser.add_argument(
+            flag, type=_bounded_int(low, high), default=default, help=f"{what} (default {default:,})"
+        )
+
+
+def _quotas_of(args: argparse.Namespace) -> Any:
+    from robustmq.meta._quotas import MetaQuotas
+
+    return MetaQuotas(
+        max_topics=args.max_topics,
+        max_partitions=args.max_partitions,
+        max_partitions_per_topic=args.max_partitions_per_topic,
+        max_segments_per_shard=args.max_segments_per_shard,
+        min_seal_interval_ms=args.min_seal_interval_ms,
+    )
+
+
 def _run_meta(args: argparse.Namespace) -> int:
     from robustmq.cli._security import server_tls_of
     from robustmq.meta import run_meta
@@ -241,6 +310,7 @@ def _run_meta(args: argparse.Namespace) -> int:
         super_users=args.super_user or ("user:admin",),
         limits=MetaLimits(**_meta_limits(args)),
         token_lifetime_ms=args.token_lifetime_ms,
+        quotas=_quotas_of(args),
     )
 
 
@@ -465,6 +535,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         meta.add_argument(
             flag, type=_bounded_int(low, high), default=None, help=f"{text} (default {default})"
         )
+    _quota_options(meta)
     add_server_flags(meta, meta=True)
     meta.set_defaults(handler=_run_meta)
 
@@ -588,7 +659,9 @@ def _add_produce_consume(commands: argparse._SubParsersAction[OneLineArgumentPar
         help="an OFFSET overrides the group's position; earliest/latest apply where the group has none",
     )
     consume.add_argument("--from-timestamp", type=_timestamp_ms, default=None, metavar="MS|ISO-8601")
-    consume.add_argument("--group", default=None, help="start from and commit to this group's offsets")
+    consume.add_argument(
+        "--group", type=_group_name, default=None, help="start from and commit to this group's offsets"
+    )
     consume.add_argument("--partition", type=_bounded_int(0), default=None)
     consume.add_argument("--max-records", type=_bounded_int(1), default=None, help="exit after this many")
     consume.add_argument(
@@ -604,7 +677,7 @@ def _add_produce_consume(commands: argparse._SubParsersAction[OneLineArgumentPar
 
 def _add_admin(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> None:
     groups = commands.add_parser("groups", help="consumer groups: committed offsets, lag; delete a group")
-    groups.add_argument("--group", default=None)
+    groups.add_argument("--group", type=_group_name, default=None)
     groups.add_argument("--topic", default=None)
     groups.add_argument("--json", action="store_true")
     _common(groups)

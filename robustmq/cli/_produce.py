@@ -262,6 +262,8 @@ def _json_record(obj: dict[str, Any], tags: list[str] | None, partitions: int) -
     for name, number in (("timestamp", timestamp), ("partition", partition)):
         if number is not None and (isinstance(number, bool) or not isinstance(number, int)):
             raise ValueError(f'"{name}" must be an integer')
+    if timestamp is not None and not -(1 << 63) <= timestamp < 1 << 63:
+        raise ValueError(f'"timestamp" must fit in 64 bits (milliseconds since the epoch), got {timestamp}')
     if partition is not None and not 0 <= partition < partitions:
         raise ValueError(
             f"partition {partition} does not exist: the topic has {plural(partitions, 'partition')}"

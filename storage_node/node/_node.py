@@ -259,6 +259,10 @@ class StorageNode(NodeReads):
         self.stopping = threading.Event()
         self._drained = threading.Event()
         self._stopped = threading.Event()
+        # Why closing the engines failed at stop (a full disk: RocksDB cannot flush its memtable), or
+        # None. The stop goes on: nothing acknowledged depends on that flush (recovery rebuilds
+        # index entries from the segment files and the index's write-ahead log).
+        self.close_error: str | None = None
         self._pushes: list[zmq.Socket[Any]] = []
         self._accounting = threading.Lock()
         self._queued_bytes = 0
@@ -510,7 +514,16 @@ class StorageNode(NodeReads):
         for thread in (self._retention, self.tier_retention):
             if thread.is_alive():
                 thread.join(timeout=15)
-        self.manager.close()
+        try:
+            self.manager.close()
+        except Exception as error:  # rocksdict raises bare Exceptions ("IO error: No space left ...")
+            self.close_error = f"{type(error).__name__}: {error}"[:500]
+            log.error(
+                "storage node %s: closing its engines failed (%s); the next start recovers what they held "
+                "from the segment files",
+                self.node_id,
+                self.close_error,
+            )
         self.caller.close()
         self.fences.close()
         for push in self._pushes:
@@ -877,6 +890,14 @@ def run_storage_node(
     announce_ready()
     stop.wait()
     node.stop()
+    if node.close_error is not None:
+        print(
+            f"robustmq storage-node: stopped, but its indexes could not be closed cleanly "
+            f"({node.close_error}); nothing acknowledged is lost: the next start recovers them",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     return 0
 
 

@@ -110,6 +110,21 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     (["consume", "known", "--from", "yesterday"], 2, "--from", None),
     (["consume", "known", "--from", "-3"], 2, "--from", None),
     (["consume", "known", "--from", "group", META], 2, "--group", None),
+    # Issue 22 item 7: an offset past int64, a non-ASCII digit, an empty group name, a timestamp
+    # past int64 in a JSON line, an out-of-range quota flag.
+    (["consume", "known", "--from", "99999999999999999999", META], 2, "--from", None),
+    (["consume", "known", "--from", "\u00b2", META], 2, "--from", None),
+    (["consume", "known", "--group", "", META], 2, "--group", None),
+    (["consume", "known", "--from-timestamp", "99999999999999999999", META], 2, "--from-timestamp", None),
+    (["groups", "--group", "", META], 2, "--group", None),
+    (
+        ["produce", "known", "--format", "json", META],
+        2,
+        "line 2",
+        '{"value": "a"}\n{"value": "b", "timestamp": -100000000000000000000}\n',
+    ),
+    (["produce", "known", "--format", "json", META], 2, "line 1", '{"value": "b", "timestamp": -1e20}\n'),
+    (["meta", "--max-segments-per-shard", "1"], 2, "--max-segments-per-shard", None),
     (["consume", "known", "--from-timestamp", "not-a-time"], 2, "--from-timestamp", None),
     (["consume", "known", "--max-records", "0"], 2, "--max-records", None),
     (["consume", "known", "--idle-timeout-s", "-1"], 2, "--idle-timeout-s", None),

@@ -35,7 +35,10 @@ def test_signatures() -> None:
         "(*, data_dir: 'str | Path', host: 'str' = '127.0.0.1', port: 'int' = 7070, "
         "node_timeout_ms: 'int' = 1500, tier_url: 'str | None' = None, "
         "retention_check_ms: 'int' = 30000, tls: 'TlsFiles | None' = None, "
-        "super_users: 'Sequence[str]' = ('user:admin',), token_lifetime_ms: 'int' = 3600000) -> 'int'"
+        "super_users: 'Sequence[str]' = ('user:admin',), token_lifetime_ms: 'int' = 3600000, "
+        "limits: 'MetaLimits | None' = None, quotas: 'MetaQuotas' = MetaQuotas(max_topics=10000, "
+        "max_partitions=100000, max_partitions_per_topic=10000, max_segments_per_shard=1000, "
+        "min_seal_interval_ms=0)) -> 'int'"
     )
     server = inspect.signature(MetaServer)
     assert list(server.parameters) == [
@@ -49,6 +52,8 @@ def test_signatures() -> None:
         "super_users",
         "token_lifetime_ms",
         "node_security",
+        "limits",
+        "quotas",
     ]
     assert server.parameters["node_timeout_ms"].default == 1500
     assert server.parameters["tier_url"].kind is inspect.Parameter.KEYWORD_ONLY

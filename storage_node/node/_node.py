@@ -3,7 +3,8 @@
 Threads and what bounds them:
 
 - **front end** (1): owns the ROUTER socket. It parses each request header,
-  answers malformed ones at once, and routes the rest: produce and seal go to
+  answers malformed ones, and reads whose bounds no read can have
+  (``_read_bounds``), at once, and routes the rest: produce and seal go to
   the shard's I/O worker, reads go to the reader queue. A full queue, or more
   than ``max_queued_bytes`` of payload in flight, is answered ``Busy``, so
   memory does not grow with load. Answers from other threads reach it through
@@ -121,6 +122,7 @@ from ._guard import NodeSecurity, RequestGuard
 from ._heartbeat import Heartbeat, Retention
 from ._io_worker import IOWorker, Refresh, Request
 from ._long_poll import WaitRegistry
+from ._read_bounds import check_read_bounds
 from ._reads import NodeReads
 
 __all__ = ["NodeConfig", "StorageNode", "run_storage_node", "tune_for_serving"]
@@ -758,6 +760,7 @@ class StorageNode(NodeReads):
         body = request.message.WhichOneof("body")
         if body is None:
             raise InvalidRequest("the request names no operation")
+        check_read_bounds(request.message, body)  # nothing is queued or read past bad bounds
         with self._accounting:
             if self._queued_bytes + request.size_bytes > self.config.max_queued_bytes:
                 raise Busy(f"{self._queued_bytes} bytes already queued on this node; retry later")

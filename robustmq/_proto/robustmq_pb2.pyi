@@ -1076,7 +1076,7 @@ class SealResponse(_message.Message):
     def __init__(self, sealed: _Optional[_Union[Segment, _Mapping]] = ..., next: _Optional[_Union[Segment, _Mapping]] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "shards", "uptime_ms", "queued_requests", "queued_bytes", "records_served", "records_scanned")
+    __slots__ = ("node_id", "shards", "uptime_ms", "queued_requests", "queued_bytes", "records_served", "records_scanned", "connections", "connections_refused", "answer_bytes_unsent", "requests_refused", "answers_lost")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     UPTIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -1084,6 +1084,11 @@ class StatusResponse(_message.Message):
     QUEUED_BYTES_FIELD_NUMBER: _ClassVar[int]
     RECORDS_SERVED_FIELD_NUMBER: _ClassVar[int]
     RECORDS_SCANNED_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_BYTES_UNSENT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_LOST_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     shards: int
     uptime_ms: int
@@ -1091,7 +1096,12 @@ class StatusResponse(_message.Message):
     queued_bytes: int
     records_served: int
     records_scanned: int
-    def __init__(self, node_id: _Optional[str] = ..., shards: _Optional[int] = ..., uptime_ms: _Optional[int] = ..., queued_requests: _Optional[int] = ..., queued_bytes: _Optional[int] = ..., records_served: _Optional[int] = ..., records_scanned: _Optional[int] = ...) -> None: ...
+    connections: int
+    connections_refused: int
+    answer_bytes_unsent: int
+    requests_refused: int
+    answers_lost: int
+    def __init__(self, node_id: _Optional[str] = ..., shards: _Optional[int] = ..., uptime_ms: _Optional[int] = ..., queued_requests: _Optional[int] = ..., queued_bytes: _Optional[int] = ..., records_served: _Optional[int] = ..., records_scanned: _Optional[int] = ..., connections: _Optional[int] = ..., connections_refused: _Optional[int] = ..., answer_bytes_unsent: _Optional[int] = ..., requests_refused: _Optional[int] = ..., answers_lost: _Optional[int] = ...) -> None: ...
 
 class ReplicaFetchResponse(_message.Message):
     __slots__ = ("start_offset", "next_offset", "high_watermark", "log_end_offset", "active_epoch", "segment_end")

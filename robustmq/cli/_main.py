@@ -294,6 +294,44 @@ def _quotas_of(args: argparse.Namespace) -> Any:
     )
 
 
+def _peer_limit_options(parser: argparse.ArgumentParser) -> None:
+    """What one peer may cost a storage node (docs/operators.md, "Limits and bounds")."""
+    limits = parser.add_argument_group("limits per peer")
+    limits.add_argument(
+        "--max-connections",
+        type=_bounded_int(16, 1 << 20),
+        default=10_000,
+        help="client connections open at once; fewer if the descriptor limit is lower (default 10000)",
+    )
+    limits.add_argument(
+        "--descriptor-reserve",
+        type=_bounded_int(64, 1 << 20),
+        default=256,
+        help="descriptors never given to connections: segment files, RocksDB, sockets (default 256)",
+    )
+    limits.add_argument(
+        "--max-peer-requests",
+        type=_bounded_int(1, 1 << 20),
+        default=1024,
+        help="requests of one connection in flight; more are answered Busy (default 1024)",
+    )
+    limits.add_argument(
+        "--max-peer-answer-bytes",
+        type=_bounded_int(1 << 20, 1 << 40),
+        default=128 * 1024 * 1024,
+        metavar="BYTES",
+        help="answer bytes to one connection not sent yet; past it its reads are answered Busy "
+        "(default 128 MiB)",
+    )
+    limits.add_argument(
+        "--peer-stall-ms",
+        type=_bounded_int(100, 86_400_000),
+        default=30_000,
+        metavar="MS",
+        help="a connection whose answers do not move for this long is shut down (default 30000)",
+    )
+
+
 def _run_meta(args: argparse.Namespace) -> int:
     from robustmq.cli._security import server_tls_of
     from robustmq.meta import run_meta
@@ -331,6 +369,13 @@ def _run_node(args: argparse.Namespace) -> int:
         tier_cache_bytes=args.tier_cache_bytes,
         retention_check_ms=args.node_retention_check_ms,
         credentials=credentials,
+        limits={
+            "max_connections": args.max_connections,
+            "descriptor_reserve": args.descriptor_reserve,
+            "max_peer_requests": args.max_peer_requests,
+            "max_peer_answer_bytes": args.max_peer_answer_bytes,
+            "peer_stall_ms": args.peer_stall_ms,
+        },
     )
 
 
@@ -559,6 +604,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         help="how often the node drops local copies of remote segments and applies the memory and "
         "rocksdb engines' retention (default 60000)",
     )
+    _peer_limit_options(node)
     add_server_flags(node, meta=False)
     node.set_defaults(handler=_run_node)
 

@@ -148,6 +148,8 @@ class Request:
     held_until: float = 0.0  # held for a seal: answered Unavailable at this time if still held
     incarnation: int = -1  # fetches: the shard incarnation it read first (a long poll re-checks it)
     received: float = field(default_factory=time.monotonic)
+    peer: bytes = b""  # its connection's routing id (``_peers``)
+    counted: bool = False  # counted in its peer's requests in flight until answered
 
     def answer_by(self, limit_s: float) -> float:
         """When to answer this request if the node holds it from now: within ``limit_s`` and

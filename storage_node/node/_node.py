@@ -3,10 +3,14 @@
 Threads and what bounds them:
 
 - **front end** (1): owns the ROUTER socket. It parses each request header,
-  answers malformed ones at once, and routes the rest: produce and seal go to
+  answers malformed ones, and reads whose bounds no read can have
+  (``_read_bounds``), at once, and routes the rest: produce and seal go to
   the shard's I/O worker, reads go to the reader queue. A full queue, or more
   than ``max_queued_bytes`` of payload in flight, is answered ``Busy``, so
-  memory does not grow with load. Answers from other threads reach it through
+  memory does not grow with load. What one connection may cost (requests in
+  flight, answer bytes not sent yet, connections past the descriptor budget,
+  peers that do not read) is bounded by ``_peers``; every send on the ROUTER
+  that fails is counted and logged, never raised. Answers from other threads reach it through
   an inproc PULL socket (ZeroMQ sockets are not thread-safe) and leave on the
   ROUTER. It also expires parked long-poll fetches, from local state only.
 - **I/O workers** (``io_workers``, default: CPU count): everything that writes
@@ -121,6 +125,8 @@ from ._guard import NodeSecurity, RequestGuard
 from ._heartbeat import Heartbeat, Retention
 from ._io_worker import IOWorker, Refresh, Request
 from ._long_poll import WaitRegistry
+from ._peers import ConnectionGate, LostAnswers, PeerLedger, raise_descriptor_limit
+from ._read_bounds import check_read_bounds
 from ._reads import NodeReads
 
 __all__ = ["NodeConfig", "StorageNode", "run_storage_node", "tune_for_serving"]
@@ -134,6 +140,7 @@ _RESULTS = "inproc://robustmq-node-results"
 _NODE_NUMBERS = itertools.count()
 _WORKER_BODIES = ("produce", "seal", "fence")
 _STOP_ANSWERS = 100_000  # requests still unread at stop() that are answered Unavailable, at most
+_SWEEP_INTERVAL_S = 0.25  # how often the front end settles sent answers and looks for stalled peers
 _SWITCH_INTERVAL_S = 0.0005  # a serving process's GIL switch interval (tune_for_serving)
 REPLICA_FETCH_BYTES = 8 * MiB  # at most this much frame data in one answer to a follower's fetch
 
@@ -171,6 +178,12 @@ class NodeConfig:
     replica_lag_ms: int = 5_000  # an ISR member not caught up for this long leaves the ISR
     tier_cache_bytes: int = 256 * MiB  # row groups of tiered objects kept for cold reads (``_tier_cache``)
     cold_read_threads: int = 2  # threads serving reads from the object store (``_cold_reads``)
+    # What one peer may cost (``_peers``, docs/operators.md "Limits and bounds").
+    max_connections: int = 10_000  # open client connections; fewer if descriptors are short
+    descriptor_reserve: int = 256  # descriptors kept from connections for files, RocksDB, sockets
+    max_peer_requests: int = 1024  # requests of one connection in flight (``Busy`` past it)
+    max_peer_answer_bytes: int = 128 * MiB  # answer bytes to one connection not sent yet
+    peer_stall_ms: int = 30_000  # a connection whose answers do not move this long is shut down
     # Security on (docs/security.md): the cluster CA and this node's certificate and key (CN
     # node:NAME). The node's id is then NAME; it logs in to the Meta Service over TLS with them.
     credentials: Credentials | None = None
@@ -266,6 +279,15 @@ class StorageNode(NodeReads):
         self._pushes: list[zmq.Socket[Any]] = []
         self._accounting = threading.Lock()
         self._queued_bytes = 0
+        self.peers = PeerLedger(
+            self.node_id,
+            max_requests=config.max_peer_requests,
+            max_answer_bytes=config.max_peer_answer_bytes,
+            stall_s=config.peer_stall_ms / 1000,
+        )
+        self._gate: ConnectionGate | None = None
+        self._lost = LostAnswers(self.node_id)
+        self._swept = 0.0  # when the front end last looked for peers that do not read
         self._served = 0  # records sent in answers (for operators and pushdown tests)
         self._scanned = 0
         self._changed: set[str] = set()
@@ -345,6 +367,10 @@ class StorageNode(NodeReads):
         self._router.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
         self._router.setsockopt(zmq.RCVHWM, 10_000)
         self._router.setsockopt(zmq.SNDHWM, 10_000)
+        # A full or departed peer's pipe makes a send fail (counted) instead of dropping it unseen.
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # Its monitor is read before any connection can come (``_peers``: never a blocked I/O thread).
+        self._gate = self._connection_gate()
         host = unbracket(self.config.host)
         if ":" in host:  # an IPv6 address (``::`` also takes IPv4 connections)
             self._router.setsockopt(zmq.IPV6, 1)
@@ -355,6 +381,8 @@ class StorageNode(NodeReads):
                 self._router.bind(f"tcp://{join_host_port(host, self.config.port)}")
                 port = self.config.port
         except zmq.ZMQError as exc:  # a port taken is the operator's problem: one line, not a traceback
+            if self._gate is not None:
+                self._gate.close(self._router)
             self._router.close(linger=0)
             if self._authenticator is not None:
                 self._authenticator.stop()
@@ -384,6 +412,23 @@ class StorageNode(NodeReads):
             self.config.meta_address,
         )
         return self
+
+    def _connection_gate(self) -> ConnectionGate:
+        """Raise the descriptor limit and count the ROUTER's connections, capped so that
+        ``descriptor_reserve`` descriptors stay for everything else (``_peers``)."""
+        before, soft = raise_descriptor_limit()
+        most = max(16, min(self.config.max_connections, soft - self.config.descriptor_reserve))
+        log.info(
+            "storage node %s: %d descriptors%s; at most %d connections (%d descriptors reserved)",
+            self.node_id,
+            soft,
+            "" if before == soft else f" (raised from {before})",
+            most,
+            self.config.descriptor_reserve,
+        )
+        return ConnectionGate(
+            self.node_id, self._router, f"{self._results_name}-monitor", max_connections=most
+        )
 
     def curve_public_key(self) -> bytes:
         """The raw 32 bytes of this node's CURVE public key (b"" with security off)."""
@@ -528,6 +573,8 @@ class StorageNode(NodeReads):
         self.fences.close()
         for push in self._pushes:
             push.close(linger=1000)
+        if self._gate is not None:
+            self._gate.close(self._router)
         self._router.close(linger=1000)
         self._results.close(linger=0)
         if self._authenticator is not None:  # a secured node's context is its own: end it
@@ -559,18 +606,74 @@ class StorageNode(NodeReads):
             self._queued_bytes -= request.size_bytes
             request.size_bytes = 0
         request.answered = True
+        if request.counted:
+            request.counted = False
+            self.peers.answered(request.peer)
+        if payloads:
+            payloads = self._tracked(request, payloads)
+            if not payloads:  # over the peer's budget of unsent answers: nothing more is held for it
+                response = error_response(
+                    request.message.correlation_id,
+                    Busy(
+                        f"answers to this connection are not being read (more than "
+                        f"{self.config.max_peer_answer_bytes} bytes unsent); read them, then retry",
+                        reason="peer_answer_bytes",
+                        limit=self.config.max_peer_answer_bytes,
+                    ),
+                )
         parts = [request.identity, response.SerializeToString(), *payloads]
         if threading.current_thread() is self._frontend_thread:
-            self._router.send_multipart(parts, copy=False)
+            self._send(parts)
             return
         push = getattr(self._local, "push", None)
         if push is None:
-            push = self._local.push = self._context.socket(zmq.PUSH)
+            try:
+                push = self._context.socket(zmq.PUSH)
+            except zmq.ZMQError as error:  # out of descriptors: counted and logged, never raised
+                self._lost.count(f"no socket for thread {threading.current_thread().name}: {error}")
+                return
+            self._local.push = push
             push.setsockopt(zmq.LINGER, 1000)
             push.connect(self._results_name)
             with self._accounting:
                 self._pushes.append(push)
         push.send_multipart(parts, copy=False)
+
+    def _peer_figures(self) -> dict[str, int]:
+        """The ``StatusResponse`` figures of connections and peers' budgets (any thread)."""
+        unsent, _in_flight = self.peers.figures()
+        gate = self._gate
+        return {
+            "connections": 0 if gate is None else gate.connections,
+            "connections_refused": 0 if gate is None else gate.refused + gate.dropped,
+            "answer_bytes_unsent": unsent,
+            "requests_refused": sum(self.peers.refusals.total.values()),
+            "answers_lost": self._lost.total,
+        }
+
+    def _tracked(self, request: Request, payloads: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``payloads`` with the last frame tracked until ZeroMQ let go of it and counted in the
+        peer's unsent answer bytes; () if that would pass the peer's budget (``_peers``)."""
+        last = payloads[-1]
+        if isinstance(last, zmq.Frame):  # forwarded as received: not trackable (and not ours to hold)
+            return payloads
+        frame = zmq.Frame(last, copy=False, track=True)
+        size = sum(len(payload) for payload in payloads)
+        if not self.peers.reserve(request.peer or bytes(request.identity), size, frame.tracker):
+            return ()
+        return (*payloads[:-1], frame)
+
+    def _send(self, parts: list[Any]) -> None:
+        """Send an answer on the ROUTER (front end only); a send that fails is counted and logged."""
+        try:
+            self._router.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:  # its pipe is full: the peer does not read (it is dropped when stalled)
+            self._lost.count("the peer's queue is full (it does not read its answers)")
+        except zmq.ZMQError as error:
+            if error.errno == zmq.EHOSTUNREACH:  # the peer left: nobody to answer
+                self._lost.departed += 1
+            else:
+                self._lost.count(str(error))
 
     def written(self, shard: str) -> None:
         """A worker appended to (or dropped) ``shard``: wake its fetches, report it next beat.
@@ -699,6 +802,9 @@ class StorageNode(NodeReads):
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._results, zmq.POLLIN)
+        gate = self._gate
+        if gate is not None:
+            poller.register(gate.monitor, zmq.POLLIN)
         while not self.stopping.is_set():
             deadline = self.waiters.next_deadline()
             timeout_ms = (
@@ -706,16 +812,27 @@ class StorageNode(NodeReads):
             )
             try:
                 events = dict(poller.poll(timeout_ms))
-            except zmq.ZMQError:
+            except zmq.ZMQError as error:
                 if self.stopping.is_set():
                     break
-                raise
+                # Never fatal (out of descriptors, say): logged, and the loop goes on.
+                self._lost.count(f"polling failed: {error}")
+                time.sleep(0.01)
+                continue
+            if gate is not None and gate.monitor in events:  # before requests: their connections known
+                gate.drain()
             if self._results in events:
                 _drain(self._results, self._answer)
             if self._router in events:
                 _drain(self._router, self._route)
-            for request in self.waiters.expire(time.monotonic()):
+            now = time.monotonic()
+            for request in self.waiters.expire(now):
                 self._answer_fetch_empty(request)
+            if now - self._swept >= _SWEEP_INTERVAL_S:
+                self._swept = now
+                for _peer, fd, connection in self.peers.stalled(now):
+                    if gate is not None:
+                        gate.drop(fd, connection)
         # Forward the answers workers and readers send while they drain, until stop() says
         # they are done; then answer the fetches still parked. Requests that arrive meanwhile
         # (or arrived but were not read) are answered Unavailable, up to a bound.
@@ -746,12 +863,12 @@ class StorageNode(NodeReads):
             except Exception:  # malformed: answered with correlation id 0, as _route does
                 message = None
             correlation_id = message.correlation_id if message is not None else 0
-            self._router.send_multipart([parts[0], error_response(correlation_id, error).SerializeToString()])
+            self._send([parts[0], error_response(correlation_id, error).SerializeToString()])
         return refused
 
     def _answer(self, parts: list[Any]) -> None:
         """Send a worker's or reader's reply (identity first) back through the ROUTER."""
-        self._router.send_multipart(parts, copy=False)
+        self._send(parts)
 
     def _route(self, parts: list[Any]) -> None:
         identity = parts[0]
@@ -771,20 +888,27 @@ class StorageNode(NodeReads):
                 self._guard.check(parts[1], message, message.WhichOneof("body") or "")
             payloads = parts[2:]
             size = sum(len(frame.buffer) for frame in payloads)
-            request = Request(identity, message, payloads, size)
-            self._dispatch(request)
+            request = Request(identity, message, payloads, size, peer=identity.bytes)
+            self._dispatch(request, parts[1])
         except RobustMQError as error:
-            parts_out = [identity, error_response(correlation_id, error).SerializeToString()]
-            self._router.send_multipart(parts_out, copy=False)
+            self._send([identity, error_response(correlation_id, error).SerializeToString()])
 
-    def _dispatch(self, request: Request) -> None:
+    def _dispatch(self, request: Request, header: Any) -> None:
         body = request.message.WhichOneof("body")
         if body is None:
             raise InvalidRequest("the request names no operation")
+        check_read_bounds(request.message, body)  # nothing is queued or read past bad bounds
         with self._accounting:
             if self._queued_bytes + request.size_bytes > self.config.max_queued_bytes:
                 raise Busy(f"{self._queued_bytes} bytes already queued on this node; retry later")
             self._queued_bytes += request.size_bytes
+        try:
+            self.peers.admit(request.peer, header, self._gate)  # Busy past the peer's budget
+        except Busy:
+            with self._accounting:
+                self._queued_bytes -= request.size_bytes
+            raise
+        request.counted = True
         if body in _WORKER_BODIES:
             accepted = self.worker_for(getattr(request.message, body).shard).submit(request)
         else:
@@ -792,6 +916,8 @@ class StorageNode(NodeReads):
         if not accepted:
             with self._accounting:
                 self._queued_bytes -= request.size_bytes
+            request.counted = False
+            self.peers.answered(request.peer)
             raise Busy("the node's queues are full; retry later")
 
     def _submit_read(self, request: Request) -> bool:
@@ -862,8 +988,13 @@ def run_storage_node(
     tier_cache_bytes: int = 256 * MiB,
     retention_check_ms: int = 60_000,
     credentials: Credentials | None = None,
+    limits: dict[str, int] | None = None,
 ) -> int:
-    """Run a node until SIGTERM/SIGINT; print ``ready`` once it serves. Returns the exit code."""
+    """Run a node until SIGTERM/SIGINT; print ``ready`` once it serves. Returns the exit code.
+
+    ``limits``: :class:`NodeConfig` fields of what one peer may cost (``max_connections``,
+    ``descriptor_reserve``, ``max_peer_requests``, ``max_peer_answer_bytes``, ``peer_stall_ms``).
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -880,6 +1011,15 @@ def run_storage_node(
     )
     if io_workers is not None:
         config = replace(config, io_workers=max(1, io_workers))
+    if limits:
+        config = replace(
+            config,
+            max_connections=limits.get("max_connections", config.max_connections),
+            descriptor_reserve=limits.get("descriptor_reserve", config.descriptor_reserve),
+            max_peer_requests=limits.get("max_peer_requests", config.max_peer_requests),
+            max_peer_answer_bytes=limits.get("max_peer_answer_bytes", config.max_peer_answer_bytes),
+            peer_stall_ms=limits.get("peer_stall_ms", config.peer_stall_ms),
+        )
     try:
         node = StorageNode(config)
         node.start()

@@ -267,8 +267,12 @@ class NodeReads:
             queued_bytes=queued,
             records_served=served,
             records_scanned=scanned,
+            **self._peer_figures(),
         )
         self.reply(request, pb.NodeResponse(correlation_id=request.message.correlation_id, status=status))
+
+    def _peer_figures(self) -> dict[str, int]:
+        raise NotImplementedError
 
     def _fetch(self, request: Request, state: NodeShard) -> None:
         ask = request.message.fetch

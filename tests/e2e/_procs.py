@@ -327,7 +327,8 @@ class NodeCluster:
     any of them can be killed, paused and started again at the same address.
     With ``log_dir``, each process's output goes to ``meta.log`` / ``node-{i}.log``.
     ``node_args`` go at the end of every node's command line, ``env`` into every
-    process's environment (an object store's settings).
+    process's environment (an object store's settings); ``node_wrapper`` is an argv
+    prefix that execs each node (``prlimit --nofile=...``).
     ``stop`` continues paused processes first, then stops every one by its pid.
     """
 
@@ -341,6 +342,7 @@ class NodeCluster:
         meta_args: Sequence[str] = (),
         node_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        node_wrapper: Sequence[str] = (),
     ) -> None:
         self.root = root
         self.meta_port = free_port()
@@ -354,6 +356,7 @@ class NodeCluster:
         )
         self._io_workers = io_workers
         self._node_args = list(node_args)
+        self._node_wrapper = list(node_wrapper)
         self._env = env
         self._log_dir = log_dir
         self.ports: list[int] = []
@@ -369,7 +372,9 @@ class NodeCluster:
             args += ["--io-workers", str(self._io_workers)]
         log = self._log_dir / f"node-{i}.log" if self._log_dir else None
         self.ports.append(port)
-        self.nodes.append(ServerProcess([*args, *self._node_args], log_path=log, env=self._env))
+        self.nodes.append(
+            ServerProcess([*args, *self._node_args], log_path=log, env=self._env, wrapper=self._node_wrapper)
+        )
         return i
 
     def start(self) -> NodeCluster:

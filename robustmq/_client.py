@@ -28,7 +28,7 @@ from robustmq._metadata import Metadata, Route
 from robustmq._partitioner import partition_for_key
 from robustmq._producer import Producer
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._records import READ_SCHEMA, encode_batch
+from robustmq._records import READ_SCHEMA, encode_batch, partition_column
 from robustmq._retry import DEFAULT_RETRY, RetryPolicy
 from robustmq._transport import NodeTransport
 from robustmq.errors import IncarnationMismatch, InvalidRequest, RobustMQError, ShardNotFound, StaleEpoch
@@ -538,6 +538,4 @@ def _ipc_table(frames: list[Any]) -> pa.Table:
 
 
 def _with_partition(table: pa.Table, partition: int) -> pa.Table:
-    return table.add_column(
-        0, pa.field("partition", pa.int32()), pa.array([partition] * table.num_rows, pa.int32())
-    )
+    return table.add_column(0, pa.field("partition", pa.int32()), partition_column(partition, table.num_rows))

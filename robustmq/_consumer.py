@@ -47,6 +47,7 @@ import pyarrow as pa
 
 from robustmq._frame import decode_frames
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq._records import partition_column
 from robustmq.errors import InvalidRequest, OffsetOutOfRange, RobustMQError
 
 __all__ = ["Consumer", "Record", "first_offsets"]
@@ -279,7 +280,7 @@ class Consumer:
         # the log) are not read again.
         self._positions[partition] = fetch.next_offset
         return records.add_column(
-            0, pa.field("partition", pa.int32()), pa.array([partition] * records.num_rows, pa.int32())
+            0, pa.field("partition", pa.int32()), partition_column(partition, records.num_rows)
         )
 
     def _failed(self, partition: int, error: RobustMQError) -> None:

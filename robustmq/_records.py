@@ -95,6 +95,12 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def partition_column(partition: int, count: int) -> pa.Array:
+    """``count`` times ``partition`` as an int32 column (the ``partition`` column of reads), built
+    from a buffer: from a Python list it cost about 0.7 ms per 10,000 records on the consumer."""
+    return pa.repeat(pa.scalar(partition, pa.int32()), count)
+
+
 def null_column(count: int, type_: pa.DataType) -> pa.Array:
     """An all-null column with no data bytes behind it.
 

@@ -21,6 +21,7 @@ from robustmq._records import (
     decode_batch,
     encode_batch,
     null_column,
+    partition_column,
     with_offsets,
 )
 from robustmq.errors import InvalidRecordBatch, RecordBatchTooLarge
@@ -168,3 +169,11 @@ def test_records_at_the_limits_pass() -> None:
     check_record(b"k" * MAX_KEY_BYTES, tags, MAX_TIMESTAMP_MS)
     check_record(None, None, 0)
     check_record_limits(build_records([b"v"], keys=[b"k" * MAX_KEY_BYTES], tags=[tags], timestamps_ms=[0]))
+
+
+@pytest.mark.parametrize("count", [0, 1, 10_001])
+def test_the_partition_column_repeats_the_partition_as_int32(count: int) -> None:
+    column = partition_column(7, count)
+    assert column.type == pa.int32()
+    assert column.null_count == 0
+    assert column.to_pylist() == [7] * count

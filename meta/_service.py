@@ -218,6 +218,10 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         return self._controller.create_topic(request.name, request.config)
 
     @_answers_errors
+    def AlterTopic(self, request: pb.AlterTopicRequest, context: Any) -> pb.Topic:
+        return self._controller.alter_topic(request.name, request.config, list(request.set))
+
+    @_answers_errors
     def ListTopics(self, request: pb.Empty, context: Any) -> pb.ListTopicsResponse:
         topics = self._controller.list_topics()
         visible = self._visible("describe", "topic", [topic.name for topic in topics])

@@ -66,6 +66,7 @@ from ._store import MetaStore, WriteSet
 from ._tiering import TieringControl, assign_sequences, decode_last_seal
 from ._topics import TopicTable
 from ._validation import (
+    altered_topic_config,
     require_address,
     require_group,
     require_node_id,
@@ -283,6 +284,34 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
             )
         if refusal is not None:
             raise self.quota_log.refuse(refusal)
+
+    def alter_topic(self, name: str, changes: pb.TopicConfig, names: Sequence[str]) -> pb.Topic:
+        """Change the settings ``names`` of a topic to their values in ``changes`` (checked as at
+        creation, see :func:`~._validation.altered_topic_config`); the topic as stored.
+
+        The topic record is rewritten in one batch; the Meta Service's retention reads it on
+        its next pass. Every node holding a segment of the topic gets a new assignments
+        version, so its next heartbeat tells it to read the topic configs again (the nodes
+        apply segment limits, batch size, ``min_insync_replicas`` and the memory and rocksdb
+        engines' retention; ``storage_node.replication._control``).
+        """
+        name = require_topic(name)
+        with self._locked():
+            topic = self._topics.require(name)
+            config = altered_topic_config(topic.config, changes, list(names))
+            if config == topic.config:
+                return topic
+            altered = pb.Topic()
+            altered.CopyFrom(topic)
+            altered.config.CopyFrom(config)
+            ws = WriteSet()
+            self._topics.stage_topic(altered, ws)
+            ws.commit(self._store)
+            self._versions.bump_segments(
+                segment for chain in self._topics.chains(name).values() for segment in chain
+            )
+        logger.info("altered topic %s: %s", name, ", ".join(sorted(set(names))))
+        return altered
 
     def list_topics(self) -> list[pb.Topic]:
         """Every topic, sorted by name (for the Meta Service's own use: RPCs read pages)."""

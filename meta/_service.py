@@ -244,6 +244,10 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         return self._controller.create_topic(request.name, request.config)
 
     @_answers_errors
+    def AlterTopic(self, request: pb.AlterTopicRequest, context: Any) -> pb.Topic:
+        return self._controller.alter_topic(request.name, request.config, list(request.set))
+
+    @_answers_errors
     def ListTopics(self, request: pb.ListTopicsRequest, context: Any) -> pb.ListTopicsResponse:
         topics, following = self._controller.list_topics_page(request.page_token, request.limit)
         visible = self._visible("describe", "topic", [topic.name for topic in topics])

@@ -85,6 +85,10 @@ class TopicTable:
         for partition, segment in enumerate(first_segments):
             self.stage_segment(topic.name, partition, segment, ws)
 
+    def stage_topic(self, topic: pb.Topic, ws: WriteSet) -> None:
+        """Stage rewriting an existing topic's record (``AlterTopic``: its config)."""
+        ws.put(keys.topic_key(topic.name), topic.SerializeToString())
+
     def stage_delete(self, name: str, ws: WriteSet) -> list[pb.Segment]:
         """Stage removing the topic, its chains and seal records; returns its segments."""
         segments: list[pb.Segment] = []

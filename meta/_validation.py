@@ -11,15 +11,18 @@ import re
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._topics import ENGINES, shard_name, validate_topic_name
-from robustmq._wire import shard_config_of, with_defaults
+from robustmq._wire import ALTERABLE_SETTINGS, shard_config_of, with_defaults
 from robustmq.errors import InvalidConfig, InvalidRequest
 
 __all__ = [
+    "ALTERABLE",
     "CLEANUP_POLICIES",
+    "FIXED_AT_CREATION",
     "MAX_NAME_CHARS",
     "MAX_PARTITIONS",
     "MAX_REPLICATION_FACTOR",
     "REPLICATED_ENGINES",
+    "altered_topic_config",
     "require_address",
     "require_group",
     "require_node_id",
@@ -39,6 +42,14 @@ MAX_NAME_CHARS = 255
 CLEANUP_POLICIES = ("delete", "compact")
 # Engines whose shards can be copied verbatim to other nodes (replication_factor > 1).
 REPLICATED_ENGINES = ("segment",)
+# The settings ``AlterTopic`` changes (the shared list); the others are fixed at creation.
+ALTERABLE = ALTERABLE_SETTINGS
+FIXED_AT_CREATION = {
+    "partitions": "a topic's partitions are fixed at creation (keys hash to a partition by their count)",
+    "replication_factor": "the replication factor is fixed at creation",
+    "engine": "the engine is fixed at creation (its data is in that engine's format)",
+    "cleanup_policy": "the cleanup policy is fixed at creation",
+}
 _NODE_ID = re.compile(r"[A-Za-z0-9._:-]{1,255}")
 _ADDRESS = re.compile(r"(tcp|ipc|inproc)://\S{1,240}")
 _PARTITION = re.compile(r"0|[1-9][0-9]{0,8}")
@@ -176,3 +187,34 @@ def _check_local_retention(config: pb.TopicConfig) -> None:
                 field=name,
                 value=value,
             )
+
+
+def altered_topic_config(stored: pb.TopicConfig, changes: pb.TopicConfig, names: list[str]) -> pb.TopicConfig:
+    """``stored`` with the fields ``names`` taken from ``changes``, checked as at creation
+    (:func:`validated_topic_config`); :class:`InvalidConfig` naming the field otherwise.
+
+    Only :data:`ALTERABLE` fields may be named: one of :data:`FIXED_AT_CREATION`, an unknown
+    name, no name at all or a name twice is refused before anything is read.
+    """
+    if not names:
+        raise InvalidConfig("nothing to change: name at least one setting", field="set")
+    known = pb.TopicConfig.DESCRIPTOR.fields_by_name
+    for name in names:
+        if name in FIXED_AT_CREATION:
+            raise InvalidConfig(
+                f"{name} cannot be changed: {FIXED_AT_CREATION[name]}; create a new topic instead",
+                field=name,
+            )
+        if name not in ALTERABLE:
+            what = "is not a setting that can be changed" if name in known else "is not a topic setting"
+            raise InvalidConfig(f"{name[:80]!r} {what} (changeable: {', '.join(ALTERABLE)})", field=name[:80])
+    if len(set(names)) != len(names):
+        raise InvalidConfig("a setting is named twice", field="set")
+    merged = pb.TopicConfig()
+    merged.CopyFrom(stored)
+    for name in names:
+        if known[name].has_presence and not changes.HasField(name):
+            merged.ClearField(name)  # local retention: unset is "as long as the whole log"
+        else:
+            setattr(merged, name, getattr(changes, name))
+    return validated_topic_config(merged)

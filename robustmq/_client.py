@@ -118,6 +118,21 @@ class Client:
             name, partitions=partitions, replication_factor=replication_factor, engine=engine, **settings
         )
 
+    def alter_topic(self, name: str, **settings: Any) -> pb.Topic:
+        """Change settings of an existing topic, as ``robustmq topic alter`` (Kafka's
+        ``kafka-configs --alter``); returns the topic as stored.
+
+        Settings: retention_ms, retention_bytes, retention_records, local_retention_ms,
+        local_retention_bytes, min_insync_replicas, segment_bytes_max, roll_interval_ms,
+        max_batch_bytes, each checked as by :meth:`create_topic`. ``partitions``,
+        ``replication_factor``, ``engine`` and ``cleanup_policy`` are fixed at creation
+        (``InvalidConfig``). The storage nodes apply the new values without a restart,
+        within a heartbeat or two; retention on its next pass (``--retention-check-ms``).
+        """
+        topic = self.meta.alter_topic(name, **settings)
+        self.metadata.invalidate(name)
+        return topic
+
     def list_topics(self) -> list[str]:
         return sorted(topic.name for topic in self.meta.list_topics())
 

@@ -524,6 +524,28 @@ class MetaClient:
                     return existing
             raise
 
+    def alter_topic(self, name: str, **settings: Any) -> pb.Topic:
+        """Change some settings of an existing topic; the topic as stored.
+
+        ``settings`` are :data:`robustmq._wire.DEFAULT_TOPIC_CONFIG` names, checked here as
+        by :meth:`create_topic` (no explicit 0) and by the service as at creation; the
+        service refuses ``partitions``, ``replication_factor``, ``engine`` and
+        ``cleanup_policy`` (``InvalidConfig`` naming the field). Repeating a call is harmless.
+        """
+        for key, value in sorted(settings.items()):
+            if value is None:
+                raise InvalidConfig(f"{key} needs a value", field=key)
+            _check_setting(key, value)
+        unknown = sorted(set(settings) - set(DEFAULT_TOPIC_CONFIG))
+        if unknown:
+            raise InvalidConfig(f"unknown topic settings {unknown}", field=unknown[0], settings=unknown)
+        try:
+            config = pb.TopicConfig(**settings)
+        except ValueError as exc:  # protobuf's range check (int32, int64)
+            raise InvalidConfig(f"a topic setting is out of range: {exc}") from None
+        request = pb.AlterTopicRequest(name=name, config=config, set=sorted(settings))
+        return self._call(self._stub.AlterTopic, request, "idempotent")
+
     def list_topics_page(self, page_token: str = "", limit: int = 0) -> tuple[list[pb.Topic], str]:
         """One page of topics and the next page's token ("" after the last page)."""
         request = pb.ListTopicsRequest(page_token=page_token, limit=limit)

@@ -17,6 +17,7 @@ from robustmq._topics import ShardConfig
 from robustmq.errors import InvalidConfig, RobustMQError, error_from_code
 
 __all__ = [
+    "ALTERABLE_SETTINGS",
     "DEFAULT_TOPIC_CONFIG",
     "error_from_info",
     "error_info",
@@ -45,6 +46,22 @@ DEFAULT_TOPIC_CONFIG: dict[str, Any] = {
     "local_retention_ms": -1,
     "local_retention_bytes": -1,
 }
+
+
+# The settings ``AlterTopic`` changes on an existing topic; the nodes and the Meta Service's
+# retention take new values without a restart. The others (partitions, replication_factor,
+# engine, cleanup_policy) are fixed at creation: they say where the data is and what it is.
+ALTERABLE_SETTINGS = (
+    "segment_bytes_max",
+    "roll_interval_ms",
+    "retention_bytes",
+    "retention_ms",
+    "retention_records",
+    "max_batch_bytes",
+    "min_insync_replicas",
+    "local_retention_ms",
+    "local_retention_bytes",
+)
 
 
 def has_presence(name: str) -> bool:

@@ -217,6 +217,16 @@ class ListTopicsResponse(_message.Message):
     next_page_token: str
     def __init__(self, topics: _Optional[_Iterable[_Union[Topic, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
+class AlterTopicRequest(_message.Message):
+    __slots__ = ("name", "config", "set")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    SET_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    config: TopicConfig
+    set: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ..., set: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class TopicDescription(_message.Message):
     __slots__ = ("topic", "shards")
     TOPIC_FIELD_NUMBER: _ClassVar[int]

@@ -54,6 +54,11 @@ class MetaServiceStub:
                 request_serializer=robustmq__pb2.DeleteTopicRequest.SerializeToString,
                 response_deserializer=robustmq__pb2.DeleteTopicResponse.FromString,
                 _registered_method=True)
+        self.AlterTopic = channel.unary_unary(
+                '/robustmq.MetaService/AlterTopic',
+                request_serializer=robustmq__pb2.AlterTopicRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.Topic.FromString,
+                _registered_method=True)
         self.GetShard = channel.unary_unary(
                 '/robustmq.MetaService/GetShard',
                 request_serializer=robustmq__pb2.ShardRequest.SerializeToString,
@@ -233,6 +238,12 @@ class MetaServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteTopic(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterTopic(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -448,6 +459,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.DeleteTopic,
                     request_deserializer=robustmq__pb2.DeleteTopicRequest.FromString,
                     response_serializer=robustmq__pb2.DeleteTopicResponse.SerializeToString,
+            ),
+            'AlterTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterTopic,
+                    request_deserializer=robustmq__pb2.AlterTopicRequest.FromString,
+                    response_serializer=robustmq__pb2.Topic.SerializeToString,
             ),
             'GetShard': grpc.unary_unary_rpc_method_handler(
                     servicer.GetShard,
@@ -713,6 +729,33 @@ class MetaService:
             '/robustmq.MetaService/DeleteTopic',
             robustmq__pb2.DeleteTopicRequest.SerializeToString,
             robustmq__pb2.DeleteTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/AlterTopic',
+            robustmq__pb2.AlterTopicRequest.SerializeToString,
+            robustmq__pb2.Topic.FromString,
             options,
             channel_credentials,
             insecure,

@@ -135,6 +135,10 @@ def _children(
 ) -> list[_Child]:
     """The Meta Service and the nodes; ``binding``: (``--advertise-host``, ``--insecure``);
     ``credentials``: a ``robustmq security init`` directory (a secured cluster)."""
+    # A new cluster's nodes are named after their directories (node-0, node-1...), the names
+    # this command prints. A node directory made afresh beside an existing Meta Service (its data
+    # was lost) gets a random id instead: the Meta Service still knows the old one.
+    fresh_cluster = not (root / "meta").exists()
     logs = root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     advertise_host, insecure = binding
@@ -185,12 +189,20 @@ def _children(
                 "--tier-cache-bytes",
                 str(tier_cache_bytes),
                 *_tls(credentials, f"node-node-{number}"),
+                *_named(root / f"node-{number}", f"node-{number}", fresh_cluster),
             ],
             logs / f"node-{number}.log",
         )
         for number, port in enumerate(node_ports)
     ]
     return [meta, *nodes]
+
+
+def _named(data_dir: Path, name: str, fresh_cluster: bool) -> list[str]:
+    """``--node-id NAME`` for a node directory of a new cluster; an existing one keeps its id."""
+    if (data_dir / "node_id").exists():
+        return []  # its id, whatever it is (older clusters' nodes have random ones)
+    return ["--node-id", name] if fresh_cluster else []
 
 
 def _tls(credentials: Path | None, stem: str) -> list[str]:
@@ -204,8 +216,11 @@ class _StartFailed(Exception):
     pass
 
 
-def _wait_ready(children: list[_Child], stop: threading.Event, credentials: Path | None = None) -> bool:
-    """Until the Meta Service lists every node alive (True), or a stop signal (False).
+def _wait_ready(
+    children: list[_Child], stop: threading.Event, credentials: Path | None = None
+) -> dict[str, str] | None:
+    """Until the Meta Service lists every node alive (each node's address -> its id), or a stop
+    signal (None).
 
     Raises :class:`_StartFailed` if a child exits or the start takes too long.
     """
@@ -230,11 +245,12 @@ def _wait_ready(children: list[_Child], stop: threading.Event, credentials: Path
                     why = child.last_line() or "no output"
                     raise _StartFailed(f"{child.name} exited with code {code}: {why} (log: {child.log_path})")
             try:
-                alive = {node.address for node in client.list_nodes() if node.alive}
+                ids = {node.address: node.node_id for node in client.list_nodes() if node.alive}
             except RobustMQError:  # not listening yet
-                alive = set()
+                ids = {}
+            alive = set(ids)
             if wanted <= alive:
-                return True
+                return ids
             if time.monotonic() > deadline:
                 missing = ", ".join(node.name for node in nodes if node.address not in alive)
                 raise _StartFailed(
@@ -242,7 +258,7 @@ def _wait_ready(children: list[_Child], stop: threading.Event, credentials: Path
                     f"logs in {meta.log_path.parent})"
                 )
             stop.wait(_POLL_S)
-    return False
+    return None
 
 
 def _stop(children: list[_Child]) -> None:
@@ -341,14 +357,16 @@ def run_cluster(
             for child in children:
                 child.start()
             try:
-                if not _wait_ready(children, stop, credentials):
-                    return 0
+                ids = _wait_ready(children, stop, credentials)
             except _StartFailed as failed:
                 print(f"robustmq cluster: cannot start: {failed}", file=sys.stderr, flush=True)
                 return 1
+            if ids is None:
+                return 0
             for child in children:
                 assert child.process is not None
-                print(f"{child.name} {child.address} pid {child.process.pid} log {child.log_path}")
+                node_id = f" id {ids[child.address]}" if child.address in ids else ""
+                print(f"{child.name} {child.address}{node_id} pid {child.process.pid} log {child.log_path}")
             print(f"data in {root}{'' if data_dir is not None else ' (removed on exit)'}")
             if credentials is not None:
                 print(admin_exports(credentials, children[0].address))

@@ -19,6 +19,7 @@ from typing import IO, Any
 from robustmq._client import Client, connect
 from robustmq._consumer import Consumer, first_offsets
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq._wire import ALTERABLE_SETTINGS
 from robustmq.cli._produce import plural
 from robustmq.cli._security import credentials_of
 from robustmq.errors import InvalidConfig, InvalidRequest, RobustMQError
@@ -31,6 +32,7 @@ __all__ = [
     "cmd_segments",
     "cmd_topic",
     "print_table",
+    "setting_of",
 ]
 
 STATES = {pb.ACTIVE: "active", pb.SEALED: "sealed", pb.TIERED: "tiered", pb.REMOTE: "remote"}
@@ -65,6 +67,31 @@ FLAGS = {
 }
 
 
+# ``topic alter --set KEY=VALUE``: what it refuses before the cluster is asked, and aliases.
+_FIXED = ("partitions", "replication_factor", "engine", "cleanup_policy", "cleanup")
+_SETTING_ALIASES = {"segment_bytes": "segment_bytes_max"}
+
+
+def setting_of(text: str) -> tuple[str, int]:
+    """``(setting, value)`` of ``KEY=VALUE`` (``KEY`` with ``_`` or ``-``); ValueError names the
+    problem."""
+    key, equals, value = text.partition("=")
+    key = key.strip().lower().replace("-", "_").removeprefix("__")
+    key = _SETTING_ALIASES.get(key, key)
+    if not equals or not key:
+        raise ValueError(f"expected KEY=VALUE, got {text!r}")
+    if key in _FIXED:
+        name = "cleanup_policy" if key == "cleanup" else key
+        raise ValueError(f"{name} is fixed at creation and cannot be changed (create a new topic instead)")
+    if key not in ALTERABLE_SETTINGS:
+        raise ValueError(f"unknown setting {key!r}; changeable: {', '.join(ALTERABLE_SETTINGS)}")
+    try:
+        number = int(value.strip().replace("_", ""))
+    except ValueError:
+        raise ValueError(f"{key} needs an integer, got {value!r}") from None
+    return key, number
+
+
 def cmd_topic(args: argparse.Namespace) -> int:
     with connect(args.meta_address, timeout_s=args.timeout_s, credentials=credentials_of(args)) as client:
         if args.action == "create":
@@ -90,6 +117,8 @@ def cmd_topic(args: argparse.Namespace) -> int:
                 )
         elif args.action == "describe":
             _describe(client, args.name, args.json)
+        elif args.action == "alter":
+            _alter(client, args)
         elif args.action == "delete":
             client.delete_topic(args.name)
             print(f"deleted topic {args.name}")
@@ -129,6 +158,27 @@ def _create(client: Client, args: argparse.Namespace) -> None:
         f"({topic.config.engine} engine, replication factor {topic.config.replication_factor}"
         f"{f', min in-sync replicas {insync}' if insync else ''})"
     )
+
+
+def _alter(client: Client, args: argparse.Namespace) -> None:
+    settings = dict(args.settings)
+    if len(settings) != len(args.settings):
+        raise InvalidConfig("a setting is given twice", field="set")
+    before = client.describe_topic(args.name).topic.config
+    topic = client.alter_topic(args.name, **settings)
+    changes = [
+        f"{name}={_shown(topic.config, name)} (was {_shown(before, name)})"
+        for name in sorted(settings)
+        if _shown(topic.config, name) != _shown(before, name)
+    ]
+    if changes:
+        print(f"altered topic {topic.name}: {', '.join(changes)}")
+    else:
+        print(f"topic {topic.name} already had these settings; nothing changed")
+
+
+def _shown(config: pb.TopicConfig, name: str) -> int:
+    return _local(config, name) if name.startswith("local_retention") else int(getattr(config, name))
 
 
 def _describe(client: Client, name: str, as_json: bool) -> None:
@@ -171,7 +221,11 @@ def _describe(client: Client, name: str, as_json: bool) -> None:
     )
     print(
         f"  segment_bytes_max={config.segment_bytes_max} roll_interval_ms={config.roll_interval_ms} "
-        f"retention_ms={config.retention_ms} retention_bytes={config.retention_bytes} "
+        f"max_batch_bytes={config.max_batch_bytes} min_insync_replicas={config.min_insync_replicas}"
+    )
+    print(
+        f"  retention_ms={config.retention_ms} retention_bytes={config.retention_bytes} "
+        f"retention_records={config.retention_records} "
         f"local_retention_ms={_local(config, 'local_retention_ms')} "
         f"local_retention_bytes={_local(config, 'local_retention_bytes')}"
     )
@@ -425,7 +479,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     if args.action == "drain":
         return _drain(args)
     with connect(args.meta_address, timeout_s=args.timeout_s, credentials=credentials_of(args)) as client:
-        removed = client.remove_node(args.node_id, force=args.force)
+        removed = client.remove_node(_node_named(client, args.node_id), force=args.force)
     print(f"removed node {removed.node.node_id} ({removed.node.address})")
     if removed.led_shards:
         shards = list(removed.led_shards)
@@ -437,16 +491,36 @@ def cmd_node(args: argparse.Namespace) -> int:
     return 0
 
 
+def _node_named(client: Client, name: str) -> str:
+    """The id of the node ``name`` names: its id, or its address (``host:port``, ``tcp://`` or
+    not) if exactly one registered node has it; else ``InvalidRequest`` listing the ids."""
+    nodes = client.list_nodes()
+    if any(node.node_id == name for node in nodes):
+        return name
+    at = [
+        node.node_id for node in nodes if node.address.removeprefix("tcp://") == name.removeprefix("tcp://")
+    ]
+    if len(at) == 1:
+        return at[0]
+    known = ", ".join(sorted(node.node_id for node in nodes)[:10]) or "none"
+    raise InvalidRequest(
+        f"no storage node {name!r} is registered (give a node id or its address; registered: {known})",
+        node_id=name[:80],
+    )
+
+
 def _drain(args: argparse.Namespace) -> int:
     with connect(args.meta_address, timeout_s=args.timeout_s, credentials=credentials_of(args)) as client:
-        node = client.drain_node(args.node_id, undrain=args.undo)
+        node = client.drain_node(_node_named(client, args.node_id), undrain=args.undo)
     if args.undo:
         print(f"node {node.node_id} ({node.address}) takes new segments again")
     elif node.active_segments:
         print(
             f"node {node.node_id} ({node.address}) is draining: nothing new is placed on it, and the "
-            f"{plural(node.active_segments, 'active segment')} it leads are sealed so their leadership "
-            "moves to other nodes (robustmq nodes shows the count go to 0)"
+            f"{plural(node.active_segments, 'active segment')} it leads "
+            f"{'is' if node.active_segments == 1 else 'are'} sealed so that "
+            f"{'its' if node.active_segments == 1 else 'their'} leadership moves to other nodes "
+            "(robustmq nodes shows the count go to 0)"
         )
     else:
         print(f"node {node.node_id} ({node.address}) is draining: it leads no active segment")

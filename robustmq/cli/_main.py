@@ -113,6 +113,23 @@ _INT64_MAX = (1 << 63) - 1
 _DIGITS = re.compile(r"-?[0-9]{1,30}")  # ASCII only: str.isdigit() also takes "²", which int() refuses
 
 
+def _node_id(text: str) -> str:
+    """A storage node id as the Meta Service accepts it (1-255 of ``A-Za-z0-9._:-``)."""
+    if not re.fullmatch(r"[A-Za-z0-9._:-]{1,255}", text):
+        raise argparse.ArgumentTypeError(f"expected 1-255 characters of A-Z a-z 0-9 . _ : -, got {text!r}")
+    return text
+
+
+def _setting(text: str) -> tuple[str, int]:
+    """``KEY=VALUE`` of ``topic alter --set``: a changeable setting and an integer."""
+    from robustmq.cli._commands import setting_of
+
+    try:
+        return setting_of(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _start(text: str) -> str | int:
     if text in ("earliest", "latest", "group"):
         return text
@@ -376,6 +393,7 @@ def _run_node(args: argparse.Namespace) -> int:
             "max_peer_answer_bytes": args.max_peer_answer_bytes,
             "peer_stall_ms": args.peer_stall_ms,
         },
+        node_id=args.node_id,
     )
 
 
@@ -587,6 +605,14 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     node = commands.add_parser("storage-node", help="run a storage node")
     _common(node, data_dir="./robustmq-data/node", client=False)
     node.add_argument("--node-port", type=_port, default=DEFAULT_NODE_PORT)
+    node.add_argument(
+        "--node-id",
+        type=_node_id,
+        default=None,
+        metavar="ID",
+        help="the id of a new data directory (default: node- and 12 random hex digits); a data "
+        "directory keeps its id, and an id the Meta Service knows is refused for a new one",
+    )
     _binding_options(node, "--advertise")
     node.add_argument(
         "--io-workers",
@@ -653,9 +679,28 @@ def _add_topic(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> N
     describe = actions.add_parser("describe", help="partitions, leaders, offsets")
     describe.add_argument("name")
     describe.add_argument("--json", action="store_true")
+    alter = actions.add_parser(
+        "alter",
+        help="change a topic's settings (retention, min in-sync replicas, segment limits)",
+        description="Change settings of an existing topic, as Kafka's kafka-configs --alter: "
+        "retention_ms, retention_bytes, retention_records, local_retention_ms, "
+        "local_retention_bytes, min_insync_replicas, segment_bytes_max (or segment_bytes), "
+        "roll_interval_ms, max_batch_bytes. The nodes apply them without a restart. Partitions, "
+        "replication factor, engine and cleanup policy are fixed at creation.",
+    )
+    alter.add_argument("name")
+    alter.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        required=True,
+        type=_setting,
+        metavar="KEY=VALUE",
+        help="a setting and its new value (repeatable), e.g. --set retention_ms=86400000",
+    )
     delete = actions.add_parser("delete", help="delete a topic and its data")
     delete.add_argument("name")
-    for sub in (create, listing, describe, delete):
+    for sub in (create, listing, describe, alter, delete):
         _common(sub)
     topic.set_defaults(handler=_client_command("cmd_topic"))
 

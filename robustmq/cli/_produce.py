@@ -52,6 +52,7 @@ from robustmq._request_limits import FRAMING_BYTES
 from robustmq._transport import MAX_MESSAGE_BYTES
 from robustmq.cli._progress import Progress
 from robustmq.cli._security import credentials_of
+from robustmq.cli._wait_notice import WaitNotice
 from robustmq.errors import InvalidRequest, KeyRequired, RecordBatchTooLarge, RobustMQError
 
 __all__ = ["SEPARATOR_NAMES", "cmd_produce", "plural", "too_long"]
@@ -61,6 +62,7 @@ BYTES_PER_TABLE = 2 * 1024 * 1024
 MAX_IN_FLIGHT_TABLES = 16  # with BYTES_PER_TABLE: well inside the producer's 64 MiB buffer
 READ_BYTES = 1024 * 1024
 INTERRUPT_FLUSH_S = 30.0
+_NOTICE_STEP_S = 0.25  # how often a long wait for acknowledgements looks at why it waits
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Names for separators a shell makes awkward to type (``--key-separator TAB``).
 SEPARATOR_NAMES = {"TAB": "\t", "\\T": "\t", "SPACE": " ", "COMMA": ",", "SEMICOLON": ";", "PIPE": "|"}
@@ -330,11 +332,16 @@ def cmd_produce(args: argparse.Namespace) -> int:
     signals.install()
     opened, fd, total = _open(args)
     try:
-        with connect(args.meta_address, timeout_s=args.timeout_s, credentials=credentials_of(args)) as client:
+        credentials = credentials_of(args)
+        with connect(args.meta_address, timeout_s=args.timeout_s, credentials=credentials) as client:
             with signals.waiting():  # nothing read yet: a signal may stop the set-up at once
                 topic = client.metadata.topic(args.topic)  # an unknown topic fails before any read
             _check_keys_given(args, topic.config.cleanup_policy)
-            return _Run(client, args, signals, topic, fd, total).run()
+            notice = WaitNotice(args.meta_address, args.topic, args.acks, credentials)
+            try:
+                return _Run(client, args, signals, topic, fd, total, notice).run()
+            finally:
+                notice.close()
     except _Stopped as stopped:  # during the set-up, before any line was read
         _say(f"robustmq produce: interrupted ({signal.Signals(stopped.signum).name}); produced 0 records")
         return 128 + stopped.signum
@@ -367,8 +374,10 @@ class _Run:
         topic: Any,
         fd: int,
         total: int | None,
+        notice: WaitNotice,
     ) -> None:
         self.args = args
+        self.notice = notice  # on a terminal: why acknowledgements take long
         self.signals = signals
         self.topic = args.topic
         self.producer = client.producer(
@@ -440,8 +449,7 @@ class _Run:
     def _settle_oldest(self, timeout_s: float | None) -> None:
         future, count = self.sent[0]
         try:
-            with self.signals.waiting():
-                future.result(timeout_s)
+            self._wait_for(future, timeout_s)
         except BaseException:
             if future.done():  # it failed, or a signal came just after it succeeded
                 self.sent.pop(0)
@@ -450,6 +458,25 @@ class _Run:
             raise
         self.sent.pop(0)
         self.acknowledged += count
+
+    def _wait_for(self, future: Future[Any], timeout_s: float | None) -> None:
+        """``future.result(timeout_s)``, telling a terminal why a long wait waits (``WaitNotice``)."""
+        started = time.monotonic()
+        deadline = None if timeout_s is None else started + timeout_s
+        try:
+            while True:
+                left = _NOTICE_STEP_S if deadline is None else deadline - time.monotonic()
+                step = min(_NOTICE_STEP_S, left)
+                try:
+                    with self.signals.waiting():
+                        future.result(max(0.0, step))
+                    return
+                except TimeoutError:
+                    if future.done() or (deadline is not None and time.monotonic() >= deadline):
+                        raise  # the answer itself is an error, or the caller's bound has passed
+                self.notice.waiting(time.monotonic() - started)
+        finally:
+            self.notice.done()
 
     def _settle_all(self) -> None:
         while self.sent:

@@ -454,6 +454,7 @@ META_RPC_RULES: dict[str, Rule] = {
     ),
     "DescribeTopic": _acl_rule(Need("describe", "topic", _field("name")), nodes=True),
     "DeleteTopic": _acl_rule(Need("delete", "topic", _field("name"))),
+    "AlterTopic": _acl_rule(Need("alter", "topic", _field("name"))),
     "GetShard": _acl_rule(Need("describe", "topic", _topic_of_shard("shard")), nodes=True),
     "RegisterNode": _node_rule("node_id"),
     "Heartbeat": _node_rule("node_id"),

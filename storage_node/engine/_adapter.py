@@ -322,7 +322,12 @@ class StorageAdapter(ABC):
 
     @abstractmethod
     def shard_config(self, shard: str) -> ShardConfig:
-        """The limits a shard was created with."""
+        """The limits a shard was created with (or last given by :meth:`reconfigure_shard`)."""
+
+    def reconfigure_shard(self, shard: str, config: ShardConfig) -> None:
+        """Give a shard new limits (its topic's settings changed), durably where the engine keeps
+        its shards' configs. Writes and retention after this call obey ``config``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot change a shard's limits")
 
     def list_segments(self, shard: str) -> list[SegmentInfo]:
         """The shard's segments; engines without segments report one pseudo-segment."""

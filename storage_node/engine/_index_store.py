@@ -54,7 +54,7 @@ import rocksdict
 from crc32c import crc32c as _crc32c_raw
 
 from robustmq._frame import crc32c
-from robustmq.errors import EngineClosed, RobustMQError, Unavailable
+from robustmq.errors import EngineClosed, RobustMQError, ShardNotFound, Unavailable
 
 from ._batch import MAX_TAG_BYTES
 from ._producer_state import (
@@ -705,6 +705,15 @@ class IndexStore:
         wb.put(self.snapshot_awaited_key(record.sid), be64(snapshot_awaited_as_of))
         wb.put(b"S" + record.name.encode(), json.dumps(body).encode())
         self.write(wb, sync=True)
+
+    def put_shard_config(self, name: str, config: dict[str, Any]) -> None:
+        """Replace the config in a shard's record (synced); the rest of the record stays."""
+        raw = self.get_meta(b"S" + name.encode())
+        if raw is None:
+            raise ShardNotFound(f"shard {name} does not exist", shard=name)
+        body = json.loads(raw)
+        body["config"] = config
+        self.put_meta_sync(b"S" + name.encode(), json.dumps(body).encode())
 
     def delete_shard_record(self, name: str) -> None:
         self.check_open()

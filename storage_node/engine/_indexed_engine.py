@@ -180,6 +180,13 @@ class IndexedEngine(EngineBase):
     def shard_config(self, shard: str) -> ShardConfig:
         return self._shard(shard).config
 
+    def reconfigure_shard(self, shard: str, config: ShardConfig) -> None:
+        """New limits, kept in the shard's record (synced) before they apply: a restart keeps them."""
+        with self._registry:
+            state = self._shard(shard)
+            self._index.put_shard_config(shard, config.to_dict())
+            state.config = config
+
     def _lock_shards(self, names: set[str]) -> list[ShardBase]:
         """Lock the named shards in id order (no deadlock between concurrent groups)."""
         ordered = sorted((self._shard(name) for name in names), key=lambda state: state.sid)

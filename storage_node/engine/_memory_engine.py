@@ -182,6 +182,10 @@ class MemoryEngine(EngineBase):
     def shard_config(self, shard: str) -> ShardConfig:
         return self._shard(shard).config
 
+    def reconfigure_shard(self, shard: str, config: ShardConfig) -> None:
+        with self._registry:
+            self._shard(shard).config = config
+
     # -- writes --------------------------------------------------------------
 
     def _write_limits(self, shard: str) -> tuple[ShardConfig, int]:

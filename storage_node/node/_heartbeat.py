@@ -18,8 +18,10 @@ deletion waits for this node), the heartbeat thread sends the Meta Service one
   from before a deletion never counts for a re-created topic;
 - ``deleted``: the deletions this node carried out and has not yet had
   acknowledged;
-- ``stored_bytes``: the bytes under its data directory (measured every 30 s on
-  a thread of its own, ``rmq-disk-usage``: the heartbeat thread never walks a disk).
+- ``stored_bytes``: the bytes under its data directory, measured on a thread of its
+  own (``rmq-disk-usage``: the heartbeat thread never walks a disk) at start, within
+  :data:`_STORED_BYTES_GAP_S` after a beat that reported writes, and at least every
+  :data:`_STORED_BYTES_EVERY_S`.
 
 The answer's ``assignments_version`` goes to the follower side
 (``Follower.assignments_seen``), which lists its assignments when it changed.
@@ -91,6 +93,7 @@ _NUDGED_GAP_S = 0.05  # a nudge (a beat request) beats at once, but at most this
 _MAX_DOOMED = 100_000
 _MIN_INTERVAL_S = 0.01
 _STORED_BYTES_EVERY_S = 30.0
+_STORED_BYTES_GAP_S = 2.0  # after writes, measured again this soon (and no sooner)
 
 
 def _disk_usage(root: Path) -> int:
@@ -181,6 +184,7 @@ class Heartbeat(threading.Thread):
         self._nudged = False
         self._last_warning = 0.0
         self._stored = 0  # written by the disk-usage thread only (an int: read without a lock)
+        self._written = threading.Event()  # set by a beat that reported writes: measure again
         self._interval_s = node.config.heartbeat_interval_ms / 1000
         self._lease_ms = 0  # the lease the last answer granted (0: none yet)
 
@@ -206,6 +210,8 @@ class Heartbeat(threading.Thread):
         """One heartbeat; raises if the Meta Service did not answer."""
         node = self._node
         changed = node.take_changed(_MAX_PROGRESS_PER_BEAT)
+        if changed:
+            self._written.set()
         progress = []
         reserved: dict[str, int] = {}
         incarnations: dict[str, int] = {}
@@ -282,14 +288,21 @@ class Heartbeat(threading.Thread):
         return self._stored
 
     def _measure(self) -> None:
-        """The disk-usage thread: walk the data directory every :data:`_STORED_BYTES_EVERY_S`."""
+        """The disk-usage thread: walk the data directory at start, again at most
+        :data:`_STORED_BYTES_GAP_S` after writes were reported, and every
+        :data:`_STORED_BYTES_EVERY_S` in any case."""
         node = self._node
         while not node.stopping.is_set():
+            self._written.clear()
             try:
                 self._stored = _disk_usage(node.config.data_dir)
             except Exception:  # measured again next time
                 log.exception("measuring the data directory failed")
-            node.stopping.wait(_STORED_BYTES_EVERY_S)
+            if node.stopping.wait(_STORED_BYTES_GAP_S):
+                return
+            deadline = time.monotonic() + _STORED_BYTES_EVERY_S - _STORED_BYTES_GAP_S
+            while not self._written.is_set() and not node.stopping.is_set() and time.monotonic() < deadline:
+                self._written.wait(0.5)
 
     def start(self) -> None:
         """Start beating, and the disk-usage thread beside it."""

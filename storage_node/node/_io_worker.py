@@ -107,7 +107,7 @@ from ..engine._batch import prepare_batch
 from ..engine._engine_base import check_producer
 from ..replication._control import Job, MetaAnswer, MetaControl
 from ..replication._deadlines import answer_by
-from ..replication._follower import Assigned
+from ..replication._follower import Assigned, Reconfigure
 from ..replication._follower_log import CopyGroup, ReplicaData
 from ..replication._leading import Leading
 from ..replication._producer_snapshots import PageAnswer, ProducerSnapshots
@@ -411,6 +411,10 @@ class IOWorker(threading.Thread):
             self._refresh(item)
         elif isinstance(item, Assigned):
             self._assigned(item)
+        elif isinstance(item, Reconfigure):
+            state = self.directory.cached(item.shard)
+            if state is not None and state.incarnation == item.incarnation:
+                self.directory.reconfigure(state, item.config)
         elif isinstance(item, PageAnswer):
             self.snapshots.answered(item)
         else:

@@ -188,6 +188,9 @@ class NodeConfig:
     # node:NAME). The node's id is then NAME; it logs in to the Meta Service over TLS with them.
     credentials: Credentials | None = None
     security: NodeSecurity | None = None  # None: plain ZeroMQ, no identities (loopback only)
+    # The id a new data directory takes (None: ``node-`` and 12 random hex digits). A data
+    # directory keeps the id it was first given: another one is refused (see ``_node_id``).
+    node_id: str | None = None
 
 
 class StorageNode(NodeReads):
@@ -199,7 +202,11 @@ class StorageNode(NodeReads):
         self.config = config
         config.data_dir.mkdir(parents=True, exist_ok=True)
         principal = _certificate_principal(config.credentials)
-        self.node_id = _node_id(config.data_dir, None if principal is None else principal[5:])
+        certified = None if principal is None else principal[5:]
+        self.node_id, fresh = _node_id(config.data_dir, certified, config.node_id)
+        # A new data directory under a chosen name must not take over the id of a node whose
+        # data was lost: checked against the Meta Service's registry before registering.
+        self._check_unregistered = fresh and config.node_id is not None
         self.session = 0  # this process's registration with the Meta Service (NodeInfo.session)
         # Security on: this process's CURVE key pair (z85 public, secret), never written to disk, and
         # the session token the Meta Service issued for it (RegisterNode, renewed by heartbeats).
@@ -516,6 +523,24 @@ class StorageNode(NodeReads):
 
     def _register(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
+        while self._check_unregistered:
+            try:
+                known = any(node.node_id == self.node_id for node in self.meta.list_nodes())
+            except Unavailable:
+                if time.monotonic() > deadline or self.stopping.is_set():
+                    raise
+                log.warning("Meta Service %s unavailable; retrying", self.config.meta_address)
+                self.stopping.wait(1.0)
+                continue
+            if known:
+                raise InvalidConfig(
+                    f"node {self.node_id!r} is registered with the Meta Service, but its data directory "
+                    f"{self.config.data_dir} is new: that node's data is gone. Remove it first "
+                    f"(robustmq node remove {self.node_id}) or start this node without --node-id "
+                    "(it then gets a new id)",
+                    node_id=self.node_id,
+                )
+            self._check_unregistered = False
         while True:
             try:
                 node = self.meta.register_node(self.node_id, self.address, self.curve_public_key())
@@ -955,9 +980,19 @@ def _certificate_principal(credentials: Credentials | None) -> str | None:
     return principal
 
 
-def _node_id(data_dir: Path, certified: str | None = None) -> str:
-    """This node's id: made once, kept in ``{data_dir}/node_id``; with security on, its certificate's
-    name (a data directory that holds another node's id is refused)."""
+def _node_id(data_dir: Path, certified: str | None = None, requested: str | None = None) -> tuple[str, bool]:
+    """This node's id and whether it was made now: made once, kept in ``{data_dir}/node_id``;
+    with security on, its certificate's name; else ``requested`` (``--node-id``) or a random one.
+
+    A data directory that holds another node's id than the certificate or ``requested``
+    names is refused: an id stands for the data that directory holds.
+    """
+    if certified is not None and requested is not None and certified != requested:
+        raise InvalidConfig(
+            f"--node-id {requested} differs from the certificate's node {certified!r}",
+            node_id=requested,
+            certified=certified,
+        )
     path = data_dir / "node_id"
     if path.exists():
         stored = path.read_text().strip()
@@ -969,12 +1004,19 @@ def _node_id(data_dir: Path, certified: str | None = None) -> str:
                 node_id=stored,
                 certified=certified,
             )
-        return stored
-    node_id = certified or f"node-{uuid.uuid4().hex[:12]}"
+        if requested is not None and stored != requested:
+            raise InvalidConfig(
+                f"{data_dir} holds the data of node {stored!r}, not {requested!r}: a data directory "
+                f"keeps its id (start it with --node-id {stored}, or without --node-id)",
+                node_id=stored,
+                requested=requested,
+            )
+        return stored, False
+    node_id = certified or requested or f"node-{uuid.uuid4().hex[:12]}"
     temporary = path.with_suffix(".tmp")
     temporary.write_text(node_id + "\n")
     os.replace(temporary, path)
-    return node_id
+    return node_id, True
 
 
 def run_storage_node(
@@ -989,6 +1031,7 @@ def run_storage_node(
     retention_check_ms: int = 60_000,
     credentials: Credentials | None = None,
     limits: dict[str, int] | None = None,
+    node_id: str | None = None,
 ) -> int:
     """Run a node until SIGTERM/SIGINT; print ``ready`` once it serves. Returns the exit code.
 
@@ -1008,18 +1051,12 @@ def run_storage_node(
         tier_cache_bytes=tier_cache_bytes,
         retention_check_ms=retention_check_ms,
         credentials=credentials,
+        node_id=node_id,
     )
     if io_workers is not None:
         config = replace(config, io_workers=max(1, io_workers))
     if limits:
-        config = replace(
-            config,
-            max_connections=limits.get("max_connections", config.max_connections),
-            descriptor_reserve=limits.get("descriptor_reserve", config.descriptor_reserve),
-            max_peer_requests=limits.get("max_peer_requests", config.max_peer_requests),
-            max_peer_answer_bytes=limits.get("max_peer_answer_bytes", config.max_peer_answer_bytes),
-            peer_stall_ms=limits.get("peer_stall_ms", config.peer_stall_ms),
-        )
+        config = replace(config, **limits)  # type: ignore[arg-type]  # int fields, named in the docstring
     try:
         node = StorageNode(config)
         node.start()

@@ -8,7 +8,8 @@ that needs its answer is parked by the shard's I/O worker, which hands a
 queue order with the shard's writes. Jobs:
 
 - ``lookup``: ``GetShard`` plus, the first time for a topic incarnation,
-  ``DescribeTopic`` for its config (cached per topic and incarnation), to
+  ``DescribeTopic`` for its config (cached per topic and incarnation; an
+  altered config replaces it, :meth:`MetaControl.take_configs`), to
   resolve a shard the node has not served since it started or to refresh it
   when a client names a newer epoch. Installing a memory-engine shard this
   node leads also reserves its first offsets (a ``Heartbeat`` report, see
@@ -332,6 +333,16 @@ class MetaControl:
             incarnations={info.shard: info.incarnation},
         )
         return reserved
+
+    def take_configs(self, topics: Any) -> None:
+        """Newer configs of cached topics (``ListTopics`` answers, after an ``AlterTopic``)."""
+        with self._configs_lock:
+            for topic in topics:
+                cached = self._configs.get(topic.name)
+                if cached is not None and cached[0] == topic.incarnation and cached[1] != topic.config:
+                    config = pb.TopicConfig()
+                    config.CopyFrom(topic.config)
+                    self._configs[topic.name] = (topic.incarnation, config)
 
     def topic_config(self, info: pb.ShardInfo) -> pb.TopicConfig:
         """The topic's config at ``info``'s incarnation (cached; for the follower side's views)."""

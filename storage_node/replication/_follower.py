@@ -19,9 +19,13 @@ Threads:
   back-off (0.1 s doubling to 2 s).
 - **follower control** (1): the Meta Service calls of the follower side:
   ``ListAssignments`` when the heartbeat brings an ``assignments_version``
-  not handled yet, ``GetShard`` when a fetch answer shows the chain moved
-  (a newer ``active_epoch``, ``NotLeader``, ``StaleEpoch``; at most once a
-  second per shard), ``ListNodes`` for the addresses of the nodes it copies
+  not handled yet, and then ``ListTopics`` (at most once a second): a topic
+  whose config changed (``AlterTopic`` moves the version of every node holding
+  it) goes to each of its shards' I/O workers as a :class:`Reconfigure` item,
+  on every node that serves it (leaders too, of any replication factor);
+  ``GetShard`` when a fetch answer shows the chain moved (a newer
+  ``active_epoch``, ``NotLeader``, ``StaleEpoch``; at most once a second per
+  shard), ``ListNodes`` for the addresses of the nodes it copies
   from, and ``ReportReplica`` for each sealed segment this node holds whole
   but is not in the ``isr`` of (with its ``checksum``; retried with back-off
   until the Meta Service answers; a refusal for a different CRC or length is
@@ -100,7 +104,7 @@ from ._follower_log import (
 from ._replica_fetcher import ReplicaFetcher
 from ._shards import NodeShard, ShardView
 
-__all__ = ["Assigned", "Follower"]
+__all__ = ["Assigned", "Follower", "Reconfigure"]
 
 log = logging.getLogger("robustmq.node")
 
@@ -108,6 +112,7 @@ _MAX_PENDING = 100_000  # lookups and reports the control thread keeps, each
 _REFRESH_INTERVAL_S = 1.0  # at most one lookup per shard in this long
 _FENCED_POLL_S = 0.1  # a fenced epoch's shard is looked up this often until its seal is known
 _FENCED_WATCH_S = 10.0  # ... for at most this long (then the heartbeat's assignments tell)
+_CONFIGS_INTERVAL_S = 1.0  # topic configs are read again at most this often (``_refresh_configs``)
 _RETRY_S = 2.0  # a copied answer that could not be appended: fetch again after this
 _TAIL, _PREPEND = (False,), (True,)  # a shard's fetch lanes: the log end, a segment to put before it
 _BOTH = (False, True)
@@ -119,6 +124,15 @@ class Assigned:
 
     shard: str
     view: ShardView
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfigure:
+    """New settings of the topic of a shard served here (``AlterTopic``), for its I/O worker."""
+
+    shard: str
+    incarnation: int
+    config: pb.TopicConfig
 
 
 class Follower:
@@ -201,7 +215,7 @@ class Follower:
 
     def deliver(self, item: Any) -> bool:
         """Hand ``item`` to its shard's I/O worker; False once the node stops."""
-        shard = item.shard if isinstance(item, Assigned) else item.target.shard
+        shard = item.shard if isinstance(item, Assigned | Reconfigure) else item.target.shard
         return bool(self._node.worker_for(shard).post(item))
 
     # -- the shard's I/O worker ---------------------------------------------------
@@ -392,6 +406,8 @@ class _FollowerControl(threading.Thread):
         self._ready = threading.Condition()
         self._seen_version = 0
         self._handled_version = 0
+        self._configs_version = 0  # the assignments version the topic configs were last read for
+        self._configs_due_at = 0.0
         self._assigned: set[str] = set()
         self._refreshes: OrderedDict[str, None] = OrderedDict()
         self._refreshed_at: OrderedDict[str, float] = OrderedDict()
@@ -463,6 +479,12 @@ class _FollowerControl(threading.Thread):
         due = version and time.monotonic() >= self._assignments_retry_at
         if due and not self._call(self._list_assignments, meta, version):
             self._assignments_retry_at = time.monotonic() + 1.0  # the next beat may bring news
+        with self._ready:
+            seen = self._seen_version
+        if seen != self._configs_version and time.monotonic() >= self._configs_due_at:
+            self._configs_due_at = time.monotonic() + _CONFIGS_INTERVAL_S
+            if self._call(self._refresh_configs, meta):
+                self._configs_version = seen
         self._lookups(meta)
         self._send_reports(meta)
 
@@ -497,6 +519,26 @@ class _FollowerControl(threading.Thread):
         self._assigned = listed
         with self._ready:
             self._handled_version = max(version, int(answer.assignments_version))
+
+    def _refresh_configs(self, meta: Any) -> None:
+        """Read the topics' configs again and hand a changed one to each shard of it served here.
+
+        ``AlterTopic`` gives every node holding a segment of the topic a new assignments
+        version; a node reads the configs (one ``ListTopics``) when its version moved, at
+        most every :data:`_CONFIGS_INTERVAL_S` (a seal moves it too: the read finds nothing).
+        """
+        node = self._follower._node
+        served = node.directory.served()
+        if not served:
+            return
+        topics = {topic.name: topic for topic in meta.list_topics()}
+        node.control.take_configs(topics.values())
+        for state in served:
+            topic = topics.get(state.topic)
+            if topic is not None and topic.incarnation == state.incarnation and topic.config != state.config:
+                config = pb.TopicConfig()
+                config.CopyFrom(topic.config)
+                self._follower.deliver(Reconfigure(state.name, state.incarnation, config))
 
     def _post_view(self, meta: Any, info: pb.ShardInfo) -> None:
         node = self._follower._node

@@ -191,6 +191,12 @@ class LeaderState:
 
     # -- changes ----------------------------------------------------------------------
 
+    def set_min_insync(self, min_insync: int) -> None:
+        """The topic's ``min_insync_replicas`` changed (``AlterTopic``): writes taken from now on,
+        and waiting ones checked from now on, need an ISR of ``min_insync``."""
+        with self._lock:
+            self.min_insync = min_insync
+
     def fetched(self, node_id: str, offset: int, now: float) -> tuple[bool, list[AckAnswer]]:
         """A follower fetched from ``offset``: ``(high watermark moved, answers to send)``."""
         with self._lock:

@@ -31,6 +31,11 @@ ahead of the log end). A write that would pass it is answered ``Busy`` and
 the heartbeat is woken to reserve more; a restarted node starts the shard at
 the reserved offset, so lost records show as a gap, never as reused offsets.
 
+A topic's settings can change (``AlterTopic``): :meth:`ShardDirectory.reconfigure`
+takes them on the owning I/O worker (the engine's limits first, durably, then
+the shard's config and its leader state's ``min_insync``); an install of a
+shard held on disk gives the engine the current limits too.
+
 Seals are decided by the node, not the engine: the engine's own roll limits
 are switched off for node-managed shards, the I/O worker seals through the
 Meta Service (:mod:`..node._io_worker`) and only then rolls the local segment.
@@ -394,8 +399,10 @@ class ShardDirectory:
                 log.warning("shard %s already existed in the %s engine; serving it", name, engine_name)
             with self._lock:
                 self._local.setdefault(shard, {})[incarnation] = engine_name
-        elif engine_name == "segment":  # retention across tiers is the Meta Service's for this engine
-            _restart_left_behind(engine, name, info, self._node_id, _engine_config(config))
+        else:
+            if engine_name == "segment":  # retention across tiers is the Meta Service's for this engine
+                _restart_left_behind(engine, name, info, self._node_id, _engine_config(config))
+            _reconfigure_engine(engine, name, config)  # the topic may have been altered meanwhile
         active = info.segments[-1]
         state = NodeShard(
             name=shard,
@@ -504,6 +511,25 @@ class ShardDirectory:
         self._follow_chain(state, following)
         if self.replication is not None:
             self.replication.viewed(state)
+
+    def reconfigure(self, state: NodeShard, config: pb.TopicConfig) -> None:
+        """Take the topic's new settings (``AlterTopic``) for a shard served here: segment limits
+        and the batch size from the next write on, ``min_insync_replicas`` in the epoch led here,
+        and the engine's limits (retention of the memory and rocksdb engines), durably."""
+        if config == state.config:
+            return
+        # The engine first: if its write fails, the shard keeps its old settings, so the next
+        # read of the configs finds the difference again.
+        _reconfigure_engine(state.engine, state.engine_shard, config)
+        state.config = config
+        if state.replication is not None:
+            state.replication.set_min_insync(min_insync_of(config))
+        log.info("shard %s: took its topic's new settings", state.name)
+
+    def served(self) -> list[NodeShard]:
+        """Every shard resolved since start (a snapshot; any thread)."""
+        with self._lock:
+            return list(self._shards.values())
 
     def forget(self, shard: str) -> NodeShard | None:
         """Stop serving ``shard`` (its state goes; local data stays until :meth:`drop`)."""
@@ -728,6 +754,13 @@ def _check_continuity(state: NodeShard) -> None:
                 shard=state.name,
             )
         )
+
+
+def _reconfigure_engine(engine: StorageAdapter, name: str, config: pb.TopicConfig) -> None:
+    """Give the engine's shard ``name`` the limits of ``config`` if it has others."""
+    wanted = _engine_config(config)
+    if engine.shard_config(name) != wanted:
+        engine.reconfigure_shard(name, wanted)
 
 
 def _engine_config(config: pb.TopicConfig) -> ShardConfig:

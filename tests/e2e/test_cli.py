@@ -66,6 +66,7 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     (["server", "--node-port", "70000"], 2, "--node-port", None),
     (["meta", "--meta-port", "-1"], 2, "--meta-port", None),
     (["storage-node", "--io-workers", "0"], 2, "--io-workers", None),
+    (["storage-node", "--node-id", "bad id!"], 2, "--node-id", None),
     (["storage-node", "--meta", "no-port-here"], 2, "--meta", None),
     (["topic"], 2, "required", None),
     (["topic", "create"], 2, "name", None),
@@ -92,6 +93,21 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     (["produce", "compacted", "--format", "json", META], 2, "have no key", '{"value": "a"}\n'),
     (["topic", "create", "t", "--cleanup", "shred"], 2, "--cleanup", None),
     (["topic", "describe", "nosuch", META], 2, "nosuch", None),
+    (["topic", "alter", "known"], 2, "--set", None),
+    (["topic", "alter", "known", "--set", "retention_ms"], 2, "KEY=VALUE", None),
+    (["topic", "alter", "known", "--set", "partitions=4"], 2, "fixed at creation", None),
+    (["topic", "alter", "known", "--set", "cleanup=compact"], 2, "fixed at creation", None),
+    (["topic", "alter", "known", "--set", "retention-ms=soon"], 2, "integer", None),
+    (["topic", "alter", "known", "--set", "colour=blue"], 2, "unknown setting", None),
+    (["topic", "alter", "known", "--set", "retention_ms=0", META], 2, "retention_ms", None),
+    (["topic", "alter", "known", "--set", "min_insync_replicas=2", META], 2, "min_insync_replicas", None),
+    (
+        ["topic", "alter", "known", "--set", "retention_ms=1", "--set", "retention_ms=2", META],
+        2,
+        "twice",
+        None,
+    ),
+    (["topic", "alter", "nosuch", "--set", "retention_ms=1000", META], 2, "nosuch", None),
     (["topic", "delete", "nosuch", META], 2, "nosuch", None),
     (["topic", "list", CLOSED], 1, "unavailable", None),
     (["produce"], 2, "topic", None),
@@ -498,6 +514,51 @@ def test_local_retention_settings_and_tiered_segments_show_in_describe_and_segme
         ("tiered", url, sealed.sealed_seq),
         ("active", None, None),
     ]
+
+
+def test_topic_alter_changes_settings_the_node_applies_without_a_restart(meta: str) -> None:
+    from robustmq.errors import RecordBatchTooLarge
+
+    with robustmq.connect(meta) as client:
+        client.create_topic("alterable", 1)
+        described = cli("topic", "describe", "alterable", "--meta", meta)
+        assert "segment_bytes_max=134217728" in described.stdout and "retention_ms=-1" in described.stdout
+        # This producer's client learned the old max_batch_bytes (16 MiB): the node must refuse
+        # for itself once it has the new one.
+        with client.producer() as producer:
+            producer.send("alterable", b"x").result(30)
+            altered = cli(
+                "topic", "alter", "alterable", "--set", "segment-bytes=65536",
+                "--set", "retention_ms=3600000", "--meta", meta,
+            )  # fmt: skip
+            assert altered.returncode == 0, altered.stderr
+            assert altered.stdout.strip() == (
+                "altered topic alterable: retention_ms=3600000 (was -1), "
+                "segment_bytes_max=65536 (was 134217728)"
+            ), altered.stdout
+            described = cli("topic", "describe", "alterable", "--meta", meta).stdout
+            assert "segment_bytes_max=65536" in described and "retention_ms=3600000" in described, described
+
+            def sealed_by_size() -> bool:  # 16 KiB a send: the new 64 KiB limit rolls within a few
+                producer.send("alterable", b"v" * 16_384).result(30)
+                return len(client.describe_topic("alterable").shards[0].segments) > 1
+
+            wait_until(sealed_by_size, 30)
+            same = cli("topic", "alter", "alterable", "--set", "retention_ms=3600000", "--meta", meta)
+            assert same.returncode == 0 and "nothing changed" in same.stdout, same.stdout
+            assert (
+                cli("topic", "alter", "alterable", "--set", "max_batch_bytes=1024", "--meta", meta).returncode
+                == 0
+            )
+
+            def refused_by_the_node() -> bool:
+                try:
+                    producer.send("alterable", b"w" * 4096).result(30)
+                except RecordBatchTooLarge:
+                    return True
+                return False
+
+            wait_until(refused_by_the_node, 30)
 
 
 def test_server_with_an_unusable_tier_url_exits_2_with_one_line(tmp_path: Path) -> None:

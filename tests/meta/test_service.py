@@ -899,3 +899,65 @@ def test_a_delete_whose_answer_was_lost_is_retried_and_never_deletes_the_topic_c
         assert client.describe_topic("again").topic.incarnation > first  # the new topic lives
     finally:
         channel.close()
+
+
+# -- altering a topic (issue 25) ------------------------------------------------
+
+
+def test_alter_topic_changes_settings_checked_as_at_creation_and_keeps_them_across_a_restart(
+    meta: Meta,
+) -> None:
+    client = meta.client
+    register(client, "n1", "n2", "n3")
+    created = client.create_topic("orders", partitions=2, replication_factor=3)
+    before = client.heartbeat("n1", "").assignments_version
+
+    altered = client.alter_topic(
+        "orders",
+        retention_ms=3_600_000,
+        min_insync_replicas=3,
+        segment_bytes_max=1 << 20,
+        local_retention_ms=0,
+    )
+    assert (altered.name, altered.incarnation, altered.created_ms) == (
+        "orders",
+        created.incarnation,
+        created.created_ms,
+    )
+    config = altered.config
+    assert (config.retention_ms, config.min_insync_replicas, config.segment_bytes_max) == (
+        3_600_000,
+        3,
+        1 << 20,
+    )
+    assert config.HasField("local_retention_ms") and config.local_retention_ms == 0
+    assert (config.partitions, config.replication_factor, config.engine) == (2, 3, "segment")
+    # Every node holding the topic is told to read the configs again (its next heartbeat).
+    assert client.heartbeat("n1", "").assignments_version != before
+
+    refused = [
+        ({"partitions": 4}, "partitions"),
+        ({"replication_factor": 1}, "replication_factor"),
+        ({"engine": "memory"}, "engine"),
+        ({"cleanup_policy": "compact"}, "cleanup_policy"),
+        ({"min_insync_replicas": 4}, "min_insync_replicas"),  # as at creation: 1..RF
+        ({"segment_bytes_max": 1000}, "segment_bytes_max"),
+        ({"retention_ms": -5}, "retention_ms"),
+        ({"local_retention_bytes": -2}, "local_retention_bytes"),
+        ({"retention_ms": 0}, "retention_ms"),  # the client: an explicit 0 cannot travel
+        ({"no_such_setting": 1}, "no_such_setting"),
+    ]
+    for settings, field in refused:
+        with pytest.raises(InvalidConfig) as caught:
+            client.alter_topic("orders", **settings)
+        assert caught.value.fields.get("field") == field, (settings, caught.value)
+    with pytest.raises(grpc.RpcError, match="nothing to change"):  # nothing named (a raw request)
+        client._stub.AlterTopic(pb.AlterTopicRequest(name="orders"))
+    with pytest.raises(TopicNotFound):
+        client.alter_topic("nosuch", retention_ms=1000)
+    assert client.describe_topic("orders").topic == altered  # no refusal changed anything
+
+    meta.restart()
+    assert client.describe_topic("orders").topic == altered
+    again = client.alter_topic("orders", retention_ms=3_600_000)  # the same value: nothing to write
+    assert again == altered

@@ -448,3 +448,19 @@ def test_engine_agrees_with_the_model(kind: str) -> None:
     from hypothesis.stateful import run_state_machine_as_test
 
     run_state_machine_as_test(machine, settings=settings_)
+
+
+def test_new_limits_apply_to_the_next_write_and_survive_a_restart(factory: EngineFactory) -> None:
+    """``reconfigure_shard`` (a topic altered): the next write obeys the new limits, and a
+    persistent engine still has them after a restart."""
+    from robustmq.errors import RecordBatchTooLarge
+
+    engine = factory.open()
+    engine.create_shard("s_0", ShardConfig(retention_records=1000))
+    engine.write("s_0", batch([b"x" * 4096]))
+    altered = ShardConfig(retention_records=10, max_batch_bytes=1024)
+    engine.reconfigure_shard("s_0", altered)
+    assert engine.shard_config("s_0") == altered
+    with pytest.raises(RecordBatchTooLarge):
+        engine.write("s_0", batch([b"x" * 4096]))
+    assert factory.reopen().shard_config("s_0") == altered

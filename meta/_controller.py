@@ -93,7 +93,7 @@ TOPIC_PAGE_DEFAULT = 1_000
 TOPIC_PAGE_MAX = 10_000
 HEARTBEAT_INTERVAL_MS = 1000
 # Shard progress reports in one heartbeat: what a node sends at most (storage_node/node/_heartbeat.py).
-MAX_PROGRESS_PER_BEAT = 10_000
+MAX_PROGRESS_PER_BEAT = 2_000
 
 logger = logging.getLogger("robustmq.meta")
 

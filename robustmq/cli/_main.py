@@ -255,6 +255,13 @@ _META_LIMITS = (
     ("--streams-per-connection-max", 1, 100_000, 100, "calls in flight on one connection"),
     ("--idle-connection-ms", 1_000, 86_400_000, 600_000, "a connection without calls is closed after this"),
     ("--request-bytes-max", 1024, 64 * 1024 * 1024, 4 * 1024 * 1024, "the largest request read"),
+    (
+        "--node-request-bytes-max",
+        1024 * 1024,
+        64 * 1024 * 1024,
+        1024 * 1024,
+        "the largest node RPC (a heartbeat) parsed",
+    ),
 )
 
 

@@ -87,7 +87,7 @@ log = logging.getLogger("robustmq.node")
 _MAX_ACKS_PER_BEAT = 1000
 # Each report is under ~300 bytes (shard names have at most 249 characters): 10,000 stay
 # well below the Meta Service's 4 MiB message limit.
-_MAX_PROGRESS_PER_BEAT = 10_000
+_MAX_PROGRESS_PER_BEAT = 2_000  # with 1,000 deletions: under the Meta Service's 1 MiB per node RPC
 _WOKEN_GATHER_S = 0.01  # after a deletion is done, let more finish: one beat acknowledges them all
 _NUDGED_GAP_S = 0.05  # a nudge (a beat request) beats at once, but at most this often
 _MAX_DOOMED = 100_000

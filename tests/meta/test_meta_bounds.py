@@ -16,6 +16,7 @@ from robustmq._meta_client import ERROR_METADATA_KEY, MetaClient
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import InvalidConfig
 from robustmq.meta import MetaServer
+from robustmq.meta._controller import MAX_PROGRESS_PER_BEAT
 from robustmq.meta._rpc_gate import MetaLimits
 
 CALL_TIMEOUT_S = 2.0  # the normal client's timeout: every normal call below answers within it
@@ -180,7 +181,35 @@ def test_a_heartbeat_with_too_many_reports_is_refused_cheaply(service: tuple[Met
     for answer in answers:
         assert isinstance(answer, grpc.RpcError)
         assert answer.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "at most 10000" in (answer.details() or "")
+        # Refused by its size before it is parsed: parsing 3 MB of reports cost ~100 MB each
+        # (four at once took a Meta Service from 110 to 420 MB in benchmarks/soak_hostile.py).
+        assert "node_request_bytes_max" in (answer.details() or ""), answer.details()
+
+
+def test_the_largest_heartbeat_a_node_sends_fits_the_bound() -> None:
+    """A node reports at most MAX_PROGRESS_PER_BEAT shards and 1,000 deletions a beat; with the
+    longest shard names and the largest numbers that must stay under node_request_bytes_max."""
+    from storage_node.node import _heartbeat
+
+    longest = "t" * 200 + "_99999"
+    top = (1 << 63) - 1
+    beat = pb.HeartbeatRequest(
+        node_id="n" * 255,
+        address="tcp://" + "h" * 240 + ":65535",
+        progress=[
+            pb.ShardProgress(
+                shard=longest, high_watermark=top, log_start_offset=top, reserved_offset=top, incarnation=top
+            )
+            for _ in range(_heartbeat._MAX_PROGRESS_PER_BEAT)
+        ],
+        deleted=[
+            pb.ShardDeletion(shard=longest, incarnation=top) for _ in range(_heartbeat._MAX_ACKS_PER_BEAT)
+        ],
+        shard_count=top >> 32,
+        stored_bytes=top,
+    )
+    assert _heartbeat._MAX_PROGRESS_PER_BEAT == MAX_PROGRESS_PER_BEAT
+    assert beat.ByteSize() < MetaLimits().node_request_bytes_max
 
 
 def test_progress_counts_only_from_the_leader_of_the_active_segment(
@@ -195,7 +224,7 @@ def test_progress_counts_only_from_the_leader_of_the_active_segment(
     client.heartbeat("outsider", "", _progress(["base_2"], 1_000_000), 0)
     assert client.get_shard("base_2").high_watermark == -1
     # Many reports about shards the node does not lead: answered, nothing recorded.
-    others = [f"base_{i}" for i in range(3, 10_003)]
+    others = [f"base_{i}" for i in range(3, 3 + MAX_PROGRESS_PER_BEAT)]
     client.heartbeat("outsider", "", _progress(others, 9), 0)
     client.heartbeat(segment.leader, "", _progress(["base_2"], 5), 0)
     assert client.get_shard("base_2").high_watermark == 5

@@ -689,9 +689,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser(
         "doctor",
-        help="check this machine: Spark's Python finds format(\"robustmq\"), Java, the Meta Service",
+        help='check this machine: Spark\'s Python finds format("robustmq"), Java, the Meta Service',
         description="One line per check (ok, FAIL with the fix, or -- for nothing to check yet): the "
-        "Python interpreters Spark would run for a session started here find format(\"robustmq\") "
+        'Python interpreters Spark would run for a session started here find format("robustmq") '
         "(Spark uses $PYSPARK_PYTHON, else python3 from the PATH, not necessarily this venv's); a "
         "Java for Spark; the Meta Service at --meta and its storage nodes. Exit 1 if a check failed.",
     )

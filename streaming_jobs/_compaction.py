@@ -402,12 +402,13 @@ class CompactMerger:
         self.checkpoint_every = checkpoint_every
         self._table: Any = None
         self._identity: tuple[Any, ...] | None = None  # the table's id and cut, as first opened
+        self.last: MergeResult | None = None  # what the latest micro-batch did (the command line reports it)
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         if self.meta_address is not None:
             self._check_topic()  # before the rows are read: they are of the topic planned, or fail
         query_id = frame.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId") or ""
-        self.merge_frame(frame, batch_id, query_id=query_id)
+        self.last = self.merge_frame(frame, batch_id, query_id=query_id)
 
     def merge_frame(self, frame: Any, batch_id: int, *, query_id: str = "") -> MergeResult:
         """The batch's rows (a Spark DataFrame of the source's columns), merged by Spark tasks: one

@@ -85,7 +85,14 @@ from robustmq.security._client_auth import Credentials
 from ._commit_log import AppendLog
 from ._table import TableLocation, WrittenFile, file_stats, open_table, table_filesystem
 
-__all__ = ["TABLE_SCHEMA", "DeltaAppender", "delta_spark_available", "partition_app_id", "read_table"]
+__all__ = [
+    "TABLE_SCHEMA",
+    "AppendedBatch",
+    "DeltaAppender",
+    "delta_spark_available",
+    "partition_app_id",
+    "read_table",
+]
 
 log = logging.getLogger("robustmq.jobs")
 
@@ -325,6 +332,15 @@ def _write_ranges(
     return write
 
 
+@dataclass(frozen=True, slots=True)
+class AppendedBatch:
+    """What one micro-batch did to the table: ``rows`` appended (None: by delta-spark, which does
+    not count them) and the ``version`` it committed (None: nothing new, the table held it all)."""
+
+    rows: int | None
+    version: int | None
+
+
 class DeltaAppender:
     """A ``foreachBatch`` function appending each micro-batch to ``table_path`` exactly once.
 
@@ -345,7 +361,8 @@ class DeltaAppender:
         A secured cluster's (the driver's calls and the tasks' reads use them).
 
     The appender keeps the table's commit log open between micro-batches (one
-    per driver; ``foreachBatch`` calls it from one thread at a time).
+    per driver; ``foreachBatch`` calls it from one thread at a time). ``last`` is what the
+    latest micro-batch did (:class:`AppendedBatch`), for the command line's report.
     """
 
     def __init__(
@@ -363,6 +380,7 @@ class DeltaAppender:
         self.storage_options = storage_options
         self.fail_on_data_loss = fail_on_data_loss
         self._log: AppendLog | None = None
+        self.last: AppendedBatch | None = None
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         query_id = frame.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
@@ -370,6 +388,7 @@ class DeltaAppender:
             raise ValueError("DeltaAppender is a foreachBatch function of a streaming query (no query id)")
         if delta_spark_available(frame.sparkSession) and "start_offset" not in frame.columns:
             self._append_with_delta_spark(frame.select(*_DATA_COLUMNS), query_id, batch_id)
+            self.last = AppendedBatch(rows=None, version=None)
             return
         if self._log is None:
             self._log = AppendLog(
@@ -392,15 +411,17 @@ class DeltaAppender:
             files = frame.select(*_DATA_COLUMNS).mapInArrow(write, _FILES_SCHEMA).collect() if todo else []
         if not todo:
             log.info("batch %d is already in %s; nothing to write", batch_id, self.location.uri)
+            self.last = AppendedBatch(rows=0, version=None)
             return
         written = [WrittenFile(**(f if isinstance(f, dict) else f.asDict())) for f in files]
         transactions = {r.app_id: r.end for r in todo}
         transactions[query_id] = batch_id
         version = self._log.commit(written, transactions)
+        self.last = AppendedBatch(rows=sum(f.records for f in written), version=version)
         log.info(
             "batch %d: %d rows in %d files committed to %s as version %d in %.2fs",
             batch_id,
-            sum(f.records for f in written),
+            self.last.rows,
             len(written),
             self.location.uri,
             version,

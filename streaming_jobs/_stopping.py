@@ -1,4 +1,5 @@
-"""Stopping a topic-to-Delta query on Ctrl-C or SIGTERM: between micro-batches, in one line.
+"""Running a job's query from its command line: one line per micro-batch on stdout, and a clean
+stop on Ctrl-C or SIGTERM, between micro-batches, in one line.
 
 Two things stand in the way of a clean stop of a Spark job driven from Python:
 
@@ -15,6 +16,10 @@ Two things stand in the way of a clean stop of a Spark job driven from Python:
   thousand-line stack. :class:`BatchGate` therefore lets the micro-batch in
   progress finish (and commit) before ``stop()``, and refuses the ones after it:
   a refused batch's offsets are not committed, so the next run writes it, once.
+
+What a job did goes to stdout, as the other commands' results do: ``ready`` once the query runs,
+one line per micro-batch it wrote and one when the query ends by itself (``--once``), each worded
+by the job's :class:`BatchReport`. Logs (the jobs' INFO lines, Spark's) go to stderr.
 """
 
 from __future__ import annotations
@@ -24,9 +29,18 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["STOP_SIGNALS", "BatchGate", "BatchRefused", "StopSignals", "run_gated_query"]
+__all__ = [
+    "STOP_SIGNALS",
+    "BatchGate",
+    "BatchRefused",
+    "BatchReport",
+    "StopSignals",
+    "count_of",
+    "mib",
+    "run_gated_query",
+]
 
 log = logging.getLogger("robustmq.jobs")
 
@@ -34,6 +48,25 @@ STOP_WAIT_S = 600  # how long a stop waits for the micro-batch in progress befor
 
 # What each stop signal prints, and the exit code it gives (a shell's 128 + the signal's number).
 STOP_SIGNALS = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143)}
+
+
+class BatchReport(Protocol):
+    """How a job words what it did, for its command line's stdout (None: print nothing)."""
+
+    def after_batch(self, batch: Any, batch_id: int) -> str | None:
+        """After micro-batch ``batch_id`` ran ``batch`` (the job's ``foreachBatch`` function) to its end."""
+
+    def at_end(self) -> str | None:
+        """When the query ended by itself (``--once``): what the whole run did."""
+
+
+def count_of(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 segment``, ``100,003 rows``, ``2 micro-batches`` (``nouns``: the plural, if not ``noun + "s"``)."""
+    return f"{count:,} {noun if count == 1 else nouns or noun + 's'}"
+
+
+def mib(size_bytes: int) -> str:
+    return f"{size_bytes / (1 << 20):,.1f} MiB"
 
 
 class BatchRefused(Exception):
@@ -47,8 +80,11 @@ class BatchGate:
     condition's lock, so after ``close`` returns True no micro-batch is running and none will.
     """
 
-    def __init__(self, batch: Callable[[Any, int], None]) -> None:
+    def __init__(
+        self, batch: Callable[[Any, int], None], *, report: Callable[[int], str | None] | None = None
+    ) -> None:
         self._batch = batch
+        self._report = report  # the line to print on stdout after a micro-batch
         self._changed = threading.Condition()
         self._closed = False
         self._running = False
@@ -60,6 +96,9 @@ class BatchGate:
             self._running = True
         try:
             self._batch(frame, batch_id)
+            line = None if self._report is None else self._report(batch_id)
+            if line:
+                print(line, flush=True)
         finally:
             with self._changed:
                 self._running = False
@@ -113,14 +152,16 @@ def run_gated_query(
     *,
     prog: str,
     describe: Callable[[Any], str],
+    report: BatchReport | None = None,
 ) -> int:
     """Start a ``foreachBatch`` query and run it until it ends or a stop signal; the exit code.
 
     ``start(gate)`` starts the query, wrapping its batch function with ``gate``; a
     :class:`~robustmq.errors.RobustMQError` it raises propagates (the caller words it).
     ``describe(failure)`` turns Spark's failure into one line. Prints ``ready`` once the query
-    runs; returns 0 (it ended), 1 (it failed or did not start: one line on stderr) or the
-    signal's code after stopping between micro-batches.
+    runs, and ``report``'s lines after each micro-batch and at the end; returns 0 (it ended), 1
+    (it failed or did not start: one line on stderr) or the signal's code after stopping between
+    micro-batches.
     """
     from robustmq._ready import announce_ready
     from robustmq.errors import RobustMQError
@@ -128,7 +169,8 @@ def run_gated_query(
     gates: list[BatchGate] = []
 
     def gate(batch: Callable[[Any, int], None]) -> BatchGate:
-        gates.append(BatchGate(batch))
+        after = None if report is None else (lambda batch_id: report.after_batch(batch, batch_id))
+        gates.append(BatchGate(batch, report=after))
         return gates[-1]
 
     try:
@@ -162,4 +204,7 @@ def run_gated_query(
         log.debug("the query failed: %s", failure)
         print(f"{prog}: the query failed: {describe(failure)}", file=sys.stderr, flush=True)
         return 1
+    line = None if report is None else report.at_end()
+    if line:
+        print(line, flush=True)
     return 0

@@ -47,8 +47,15 @@ from robustmq.errors import (
 from robustmq.security._client_auth import Credentials
 from robustmq.security._flags import credentials_of
 
-from ._compaction import DEFAULT_BUCKETS, MAX_BUCKETS, CompactMerger, prepare_compact_table, topic_incarnation
-from ._stopping import BatchGate, StopSignals, run_gated_query
+from ._compaction import (
+    DEFAULT_BUCKETS,
+    MAX_BUCKETS,
+    CompactMerger,
+    MergeResult,
+    prepare_compact_table,
+    topic_incarnation,
+)
+from ._stopping import BatchGate, StopSignals, count_of, run_gated_query
 from .topic_to_delta import (
     _boolean,
     _failure_message,
@@ -88,6 +95,10 @@ examples:
 Before it starts Spark or creates anything, the job checks that the Meta
 Service answers, that --topic exists and is a cleanup=compact topic, and that
 --table is missing or a compacted table of that topic.
+
+On stdout: ready once the query runs, one line per micro-batch (records merged,
+keys, the table's Delta version) and, with --once, one line at the end; logs go
+to stderr.
 
 exit codes: 0 done (--once); 1 the query failed, or the cluster did not answer;
 2 bad arguments, no such topic, a topic that is not cleanup=compact, or a table
@@ -288,8 +299,10 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--once",
+        "--available-now",
+        dest="once",
         action="store_true",
-        help="compact what is there, then stop (Trigger.AvailableNow; default: off, keep running)",
+        help="compact what is there, then exit (Trigger.AvailableNow; default: off, keep running)",
     )
     add_trigger_options(parser)
     for action in parser._actions:  # here a micro-batch is bounded by bytes too
@@ -394,10 +407,41 @@ def _run(spark: Any, args: argparse.Namespace, stop: StopSignals) -> int:
             credentials=args.credentials,
         )
 
+    report = MergeReport(args.table)
     try:
-        return run_gated_query(spark, start, stop, prog=PROG, describe=_failure_message)
+        return run_gated_query(spark, start, stop, prog=PROG, describe=_failure_message, report=report)
     except RobustMQError as error:  # a table of another shape or topic: the input's; else the cluster's
         return _fail(_in_cli_terms(error.message), EXIT_FAILED if error.retriable else EXIT_USAGE)
+
+
+class MergeReport:
+    """The command line's lines on stdout (a :class:`._stopping.BatchReport`): one per micro-batch,
+    ``batch 2: 30,000 records merged into ./tables/profiles as 1,000 keys (Delta version 3)``, and
+    one at the end of a ``--once`` run."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        self.records = 0
+        self.version: int | None = None
+
+    def after_batch(self, batch: Any, batch_id: int) -> str | None:
+        last: MergeResult | None = getattr(batch, "last", None)
+        if last is None:
+            return None
+        if last.version is None:
+            return f"batch {batch_id}: nothing new for {self.table} (it holds these records already)"
+        self.records += last.fresh
+        self.version = last.version
+        return (
+            f"batch {batch_id}: {count_of(last.fresh, 'record')} merged into {self.table} as "
+            f"{count_of(last.keys, 'key')} (Delta version {last.version})"
+        )
+
+    def at_end(self) -> str | None:
+        if self.version is None:
+            return f"0 records merged: {self.table} holds every record the topic had"
+        merged = count_of(self.records, "record")
+        return f"{merged} merged into {self.table}; it is at Delta version {self.version}"
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ Run it::
     robustmq tier --once          # what is sealed now, then exit
 
 The command line checks that the Meta Service answers, that it has a tier URL, and that the
-object store is reachable and usable, before it starts Spark; it stops the query cleanly on
-Ctrl-C (SIGINT, exit 130) or SIGTERM (exit 143); see :func:`main`.
+object store is reachable and usable, before it starts Spark (with ``--once``, also that a
+segment waits to be tiered: if none does, it says so and how to seal, and exits 0); it stops the
+query cleanly on Ctrl-C (SIGINT, exit 130) or SIGTERM (exit 143); see :func:`main`.
 """
 
 from __future__ import annotations
@@ -41,15 +42,30 @@ from robustmq.security._client_auth import Credentials
 from ._scratch import CHECKPOINT_PREFIX, UPLOAD_PREFIX, scratch_dir, sweep
 from ._sealed_source import SealedSegmentsSource, meta_client_for
 from ._segment_upload import EXISTED, RESULT_SCHEMA, UPLOADED, shared_store, tier_partitions
-from ._stopping import BatchGate, StopSignals, run_gated_query
+from ._stopping import BatchGate, StopSignals, count_of, mib, run_gated_query
 from .topic_to_delta import _at_least, _failure_message, add_meta_option, spark_session
 
-__all__ = ["SegmentCommitter", "check_tier_url", "main", "parser", "record_tiered", "start_tiering"]
+__all__ = [
+    "NOTHING_SEALED",
+    "SegmentCommitter",
+    "TierReport",
+    "check_tier_url",
+    "has_untiered",
+    "main",
+    "parser",
+    "record_tiered",
+    "start_tiering",
+]
 
 log = logging.getLogger("robustmq.jobs")
 
 PROG = "robustmq tier"
 EXIT_FAILED, EXIT_USAGE = 1, 2
+# What `robustmq tier --once` prints, without starting Spark, when no segment waits to be tiered.
+NOTHING_SEALED = (
+    "0 segments sealed and not yet tiered: nothing to tier; seal with `robustmq segments seal TOPIC` "
+    "or wait for segment_bytes_max / roll_interval_ms (robustmq topic describe TOPIC shows them)"
+)
 
 DESCRIPTION = r"""Tier sealed segments to the cluster's object store (a Spark streaming job).
 
@@ -66,7 +82,10 @@ examples:
 
 The tier URL is the Meta Service's (robustmq meta --tier-url). Before it
 starts Spark, the job checks that the Meta Service answers, that it has a tier
-URL, and that the store is reachable and writable.
+URL, and that the store is reachable and writable. Only sealed segments are
+tiered: with --once and none waiting, the job says so and exits 0 (seal with
+robustmq segments seal TOPIC). It prints one line per micro-batch (segments
+and bytes tiered) and, with --once, one at the end.
 
 exit codes: 0 done (--once); 1 the query failed (an object that does not match
 its segment, a segment no replica could serve), or the cluster or the store did
@@ -75,6 +94,16 @@ bucket or directory, access denied); 130 stopped by Ctrl-C (SIGINT); 143
 stopped by SIGTERM. Either signal stops the query cleanly; a second one ends
 the job at once.
 """
+
+
+def has_untiered(
+    meta_address: str, *, timeout_s: float = 10.0, credentials: Credentials | None = None
+) -> bool:
+    """Whether any segment is sealed and not tiered yet (one ``ListSealed`` call)."""
+    from robustmq._meta_client import MetaClient
+
+    with MetaClient(meta_address, timeout_s=timeout_s, credentials=credentials) as meta:
+        return bool(meta.list_sealed(0, limit=1, untiered_only=True).segments)
 
 
 def check_tier_url(
@@ -123,21 +152,25 @@ class SegmentCommitter:
         self.timeout_s = timeout_s
         self.tiered = 0  # segments recorded tiered by this process (for the log and tests)
         self.tiered_bytes = 0
+        self.last: tuple[int, int, int] = (0, 0, 0)  # the latest batch's segments tiered, bytes, skipped
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         started = time.monotonic()
+        self.last = (0, 0, 0)
         upload = tier_partitions(self.meta_address, self.tier_url, self.timeout_s, self.credentials)
         rows = [row.asDict() for row in frame.mapInArrow(upload, RESULT_SCHEMA).collect()]
         if not rows:
             return
         store = shared_store(self.tier_url)
         meta = meta_client_for(self.meta_address, self.timeout_s, self.credentials)
-        marked = 0
+        marked = marked_bytes = 0
         for row in rows:
             if row["outcome"] in (UPLOADED, EXISTED) and record_tiered(meta, store, row):
                 marked += 1
-                self.tiered_bytes += row["object_bytes"]
+                marked_bytes += row["object_bytes"]
         self.tiered += marked
+        self.tiered_bytes += marked_bytes
+        self.last = (marked, marked_bytes, len(rows) - marked)
         log.info(
             "batch %d: %d segments tiered (%d uploaded, %d found already put), %d skipped, in %.1f s",
             batch_id,
@@ -242,8 +275,11 @@ def parser() -> argparse.ArgumentParser:
     add_meta_option(parser)
     parser.add_argument(
         "--once",
+        "--available-now",
+        dest="once",
         action="store_true",
-        help="tier every segment sealed before the start, then exit (default: off, keep tiering new seals)",
+        help="tier every segment sealed before the start, then exit (Trigger.AvailableNow; default: "
+        "off, keep tiering new seals)",
     )
     parser.add_argument(
         "--checkpoint",
@@ -304,6 +340,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop.install()
     try:
         tier_url = check_tier_url(args.meta, timeout_s=min(args.timeout_s, 10.0), credentials=credentials)
+        # --once with nothing sealed: say so and how to seal, rather than start Spark to tier nothing.
+        if args.once and not has_untiered(
+            args.meta, timeout_s=min(args.timeout_s, 10.0), credentials=credentials
+        ):
+            print(NOTHING_SEALED, flush=True)
+            return 0
     except ObjectStoreUnavailable as error:  # its message names the store's URL
         return _fail(f"the object store did not answer: {error.message}", EXIT_FAILED)
     except RetriableError as error:
@@ -342,9 +384,33 @@ def _run(spark: Any, args: argparse.Namespace, stop: StopSignals, tier_url: str,
         )
 
     try:
-        return run_gated_query(spark, start, stop, prog=PROG, describe=_failure_message)
+        return run_gated_query(
+            spark, start, stop, prog=PROG, describe=_failure_message, report=TierReport(tier_url)
+        )
     except RobustMQError as error:
         return _fail(error.message, EXIT_FAILED if error.retriable else EXIT_USAGE)
+
+
+class TierReport:
+    """The command line's lines on stdout (a :class:`._stopping.BatchReport`): one per micro-batch,
+    ``batch 0: 4 segments tiered (2.1 MiB)``, and one at the end of a ``--once`` run."""
+
+    def __init__(self, tier_url: str) -> None:
+        self.tier_url = tier_url
+        self.segments = 0
+        self.bytes = 0
+
+    def after_batch(self, batch: Any, batch_id: int) -> str | None:
+        segments, size, skipped = batch.last
+        self.segments += segments
+        self.bytes += size
+        line = f"batch {batch_id}: {count_of(segments, 'segment')} tiered ({mib(size)})"
+        if skipped:
+            line += f"; {skipped} skipped (deleted by retention or with their topic meanwhile)"
+        return line
+
+    def at_end(self) -> str | None:
+        return f"{count_of(self.segments, 'segment')} tiered ({mib(self.bytes)}) to {self.tier_url}"
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ Run it::
 
     robustmq topic-to-delta --topic orders --table ./tables/orders --checkpoint ./checkpoints/orders
     robustmq topic-to-delta --topic orders --table s3://bucket/orders --checkpoint ./checkpoints/orders \\
-        --storage-option AWS_REGION=eu-west-1 [--fail-on-data-loss false] [--available-now]
+        --storage-option AWS_REGION=eu-west-1 [--fail-on-data-loss false] [--once]
 
 Records that retention removed before the job read them fail the job with a
 message saying so (``--fail-on-data-loss true``, the default), or are skipped
@@ -51,8 +51,8 @@ from robustmq.errors import (
 from robustmq.security._client_auth import Credentials
 from robustmq.security._flags import credentials_of
 
-from ._delta import PARTITION_BY, TABLE_SCHEMA, DeltaAppender, delta_spark_available
-from ._stopping import BatchGate, StopSignals, run_gated_query
+from ._delta import PARTITION_BY, TABLE_SCHEMA, AppendedBatch, DeltaAppender, delta_spark_available
+from ._stopping import BatchGate, StopSignals, count_of, run_gated_query
 from ._table import MIN_ORPHAN_RETENTION_HOURS, prepare_table
 
 __all__ = ["check_source", "default_group", "main", "parser", "spark_session", "start_topic_to_delta"]
@@ -73,14 +73,18 @@ started again (docs/spark.md, "Topics into Delta tables").
 examples:
   robustmq topic-to-delta --topic orders --table ./tables/orders --checkpoint ./checkpoints/orders
   robustmq topic-to-delta --topic orders --table s3://bucket/orders --checkpoint ./checkpoints/orders \
-      --storage-option AWS_REGION=eu-west-1 --available-now
+      --storage-option AWS_REGION=eu-west-1 --once
 
 Before it starts Spark or creates anything, the job checks that the Meta
 Service answers and that every --topic exists. Records lost before the job
 read them (removed by retention, or their topic deleted or re-created) fail
 the job, or with --fail-on-data-loss false are skipped with a warning.
 
-exit codes: 0 done (--available-now); 1 the query failed, or the cluster did
+On stdout: ready once the query runs, one line per micro-batch (rows appended,
+the table's Delta version) and, with --once, one line at the end; logs go to
+stderr.
+
+exit codes: 0 done (--once); 1 the query failed, or the cluster did
 not answer; 2 bad arguments, no such topic, or a table of another shape; 130
 stopped by Ctrl-C (SIGINT); 143 stopped by SIGTERM. Either signal stops the
 query cleanly; a second one ends the job at once.
@@ -369,9 +373,12 @@ def parser() -> argparse.ArgumentParser:
         help="the Spark checkpoint directory; a new one resumes from the --group's offsets",
     )
     parser.add_argument(
+        "--once",
         "--available-now",
+        dest="once",
         action="store_true",
-        help="process what is there, then stop (default: off, keep running and read new records)",
+        help="append what the topics hold now, then exit (Trigger.AvailableNow; default: off, keep "
+        "running and append new records)",
     )
     add_trigger_options(parser)
     parser.add_argument(
@@ -403,7 +410,8 @@ def options_table(of: argparse.ArgumentParser | None = None) -> str:
         if action.nargs != 0:
             flag += f" {action.metavar or action.dest.upper()}"
         required = " (required)" if action.required else ""
-        lines.append(f"| `{flag}`{required} | {str(action.help).replace('|', chr(92) + '|')} |")
+        aliases = "".join(f" (or `{alias}`)" for alias in action.option_strings[1:])
+        lines.append(f"| `{flag}`{required}{aliases} | {str(action.help).replace('|', chr(92) + '|')} |")
     return "\n".join(lines)
 
 
@@ -469,7 +477,7 @@ def _run(spark: Any, args: argparse.Namespace, stop: StopSignals) -> int:
             checkpoint=args.checkpoint,
             topic=args.topic,
             topic_pattern=args.topic_pattern,
-            available_now=args.available_now,
+            available_now=args.once,
             trigger_seconds=args.trigger_seconds,
             max_records_per_trigger=args.max_records_per_trigger,
             group=args.group,
@@ -480,10 +488,45 @@ def _run(spark: Any, args: argparse.Namespace, stop: StopSignals) -> int:
             credentials=args.credentials,
         )
 
+    report = AppendReport(args.table)
     try:
-        return run_gated_query(spark, start, stop, prog=PROG, describe=_failure_message)
+        return run_gated_query(spark, start, stop, prog=PROG, describe=_failure_message, report=report)
     except RobustMQError as error:  # a table of another shape, a bad option: the input's; else the cluster's
         return _fail(_in_cli_terms(error.message), EXIT_FAILED if error.retriable else EXIT_USAGE)
+
+
+class AppendReport:
+    """The command line's lines on stdout (a :class:`._stopping.BatchReport`): one per micro-batch,
+    ``batch 3: 100,003 rows appended to ./tables/orders (Delta version 4)``, and one at the end of
+    a ``--once`` run, the rows of the whole run and the table's version."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        self.rows = 0
+        self.version: int | None = None
+        self.by_delta_spark = 0  # micro-batches written by delta-spark, whose rows are not counted
+
+    def after_batch(self, batch: Any, batch_id: int) -> str | None:
+        last: AppendedBatch | None = getattr(batch, "last", None)
+        if last is None:
+            return None
+        if last.rows is None:
+            self.by_delta_spark += 1
+            return f"batch {batch_id}: appended to {self.table} with delta-spark"
+        if last.version is None:
+            return f"batch {batch_id}: nothing new for {self.table} (it holds these records already)"
+        self.rows += last.rows
+        self.version = last.version
+        rows = count_of(last.rows, "row")
+        return f"batch {batch_id}: {rows} appended to {self.table} (Delta version {last.version})"
+
+    def at_end(self) -> str | None:
+        if self.by_delta_spark:
+            batches = count_of(self.by_delta_spark, "micro-batch", "micro-batches")
+            return f"{batches} appended to {self.table} with delta-spark"
+        if self.version is None:
+            return f"0 rows appended: {self.table} holds every record the topic had"
+        return f"{count_of(self.rows, 'row')} appended to {self.table}; it is at Delta version {self.version}"
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
   groups, segments, nodes);
 - ``_embedded``, ``_cluster``: ``robustmq server`` (one process) and ``robustmq
   cluster`` (a process per server);
-- ``_demo``, ``_demo_tiering``, ``_demo_compaction``, ``_progress``: ``robustmq demo``.
+- ``_demo``, ``_demo_tiering``, ``_demo_compaction``, ``_progress``: ``robustmq demo``;
+- ``_doctor``: ``robustmq doctor`` (Spark's Python interpreter, Java, the Meta Service).
 
 The top layer: it may import every other package (the client, the servers, the
 Spark connector and the streaming jobs); none of them imports it.

@@ -459,6 +459,12 @@ def _cluster(args: argparse.Namespace) -> int:
     )
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from robustmq.cli._doctor import cmd_doctor
+
+    return cmd_doctor(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from robustmq.cli._demo import run_demo
 
@@ -906,6 +912,17 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("tier", help="tier sealed segments to the cluster's object store (a Spark job)")
     commands.add_parser("compact", help="compact a cleanup=compact topic into a Delta table (a Spark job)")
     commands.add_parser("table-maintenance", help="OPTIMIZE and VACUUM a Delta table (safe while jobs run)")
+
+    doctor = commands.add_parser(
+        "doctor",
+        help='check this machine: Spark\'s Python finds format("robustmq"), Java, the Meta Service',
+        description="One line per check (ok, FAIL with the fix, or -- for nothing to check yet): the "
+        'Python interpreters Spark would run for a session started here find format("robustmq") '
+        "(Spark uses $PYSPARK_PYTHON, else python3 from the PATH, not necessarily this venv's); a "
+        "Java for Spark; the Meta Service at --meta and its storage nodes. Exit 1 if a check failed.",
+    )
+    _common(doctor)
+    doctor.set_defaults(handler=_doctor)
 
     demo = commands.add_parser("demo", help="run the end-to-end demo on an embedded node")
     demo.add_argument("--records", type=_bounded_int(1), default=400_000, help="order events to produce")

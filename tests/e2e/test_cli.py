@@ -215,6 +215,8 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     (["table-maintenance"], 2, "required", None),
     (["table-maintenance", "--table", "/nonexistent/t"], 2, "no Delta table", None),
     (["table-maintenance", "--table", "/nonexistent/t", "--retain-hours", "0"], 2, "--retain-hours", None),
+    (["doctor", "--meta", "no-port"], 2, "--meta", None),
+    (["doctor", "extra"], 2, "unrecognized arguments", None),
     (["demo", "--records", "0"], 2, "--records", None),
     (["demo", "--records", "many"], 2, "--records", None),
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -446,6 +447,9 @@ def test_sigkilled_and_restarted_job_with_maintenance_running_equals_the_model(
         _produce_round(client, topic, model, rng, 1000)
         final = subprocess.run([*job, "--once"], cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert final.returncode == 0, final.stderr[-3000:]
+        # On stdout: ready, a line per micro-batch, and the whole run's (logs go to stderr).
+        assert final.stdout.startswith("ready\n") and "batch " in final.stdout, final.stdout
+        assert re.search(r"^[\d,]+ records? merged into .+; it is at Delta version \d+$", final.stdout, re.M)
     finally:
         stop.set()
         maintainer.join(timeout=120)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 import robustmq
@@ -123,6 +124,25 @@ def test_a_missing_unreachable_or_refusing_store_is_one_line_naming_it(
         assert "Traceback" not in unreachable.stderr + refused.stderr + none.stderr
     finally:
         cluster.stop()
+
+
+@pytest.mark.e2e
+def test_tier_once_with_nothing_sealed_says_so_and_starts_no_spark(tmp_path: Path) -> None:
+    """100,000 small records fill no segment: ``tier --once`` says that nothing is sealed and how
+    to seal, instead of starting Spark to tier nothing and printing only ``ready``."""
+    tier = tmp_path / "tier"
+    with EmbeddedCluster(tmp_path / "c", meta_port=0, node_port=0, tier_url=f"file://{tier}") as cluster:
+        with robustmq.connect(cluster.meta_address) as client:
+            client.create_topic("unsealed", partitions=2)
+            with client.producer() as producer:
+                producer.send_batch("unsealed", pa.table({"value": [b"x"] * 100_000})).result()
+        done = _tier("--meta", cluster.meta_address, "--once", timeout_s=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "0 segments sealed and not yet tiered: nothing to tier; seal with `robustmq segments seal TOPIC` "
+        "or wait for segment_bytes_max / roll_interval_ms (robustmq topic describe TOPIC shows them)"
+    ], done.stdout
+    assert "Traceback" not in done.stderr and "SparkContext" not in done.stderr, done.stderr
 
 
 def _kill_after_a_new_object(

@@ -16,8 +16,8 @@ What bounds what (every bound is a :class:`MetaLimits` field, see docs/operators
   oldest waiters are the ones that never will.
 - ``streams_per_connection_max``: calls in flight on one connection (HTTP/2
   ``SETTINGS_MAX_CONCURRENT_STREAMS``); gRPC keeps further ones of that connection waiting.
-- ``node_request_bytes_max``: a node RPC (a heartbeat) larger than any a node sends is
-  refused before it is parsed (parsing costs about 30 times its size in memory).
+- ``request_bytes_max``: a larger request is refused by gRPC from its length prefix, before it
+  is buffered or parsed (``MessageTooLarge`` at the client).
 - ``rpc_threads`` threads run client RPCs, ``queued_rpcs_max`` calls may wait for or hold
   one; past that a call is answered ``Busy`` at once. Node RPCs (heartbeats, registration,
   seals, ISR changes: :data:`~._auth.NODE_BOUND_RPCS`) have their own ``node_rpc_threads``
@@ -62,7 +62,6 @@ from robustmq.errors import (
     Busy,
     InvalidConfig,
     InvalidRequest,
-    MessageTooLarge,
     RequestTimeout,
     RobustMQError,
     Unavailable,
@@ -95,11 +94,11 @@ class MetaLimits:
     pending_reads_max: int = 1_024
     streams_per_connection_max: int = 100
     idle_connection_ms: int = 600_000
-    request_bytes_max: int = 4 * 1024 * 1024
-    # A node RPC larger than this is refused before it is parsed: parsing costs about 30 times
-    # its size in memory, and the largest a node sends (a heartbeat of MAX_PROGRESS_PER_BEAT
-    # reports and 1,000 deletions with the longest names) is under 1 MiB.
-    node_request_bytes_max: int = 1024 * 1024
+    # gRPC refuses a larger request from its length prefix, before buffering it: buffering
+    # 3 MB requests cost the service about 100 MB that it kept (benchmarks/soak_hostile.py).
+    # The largest request anyone sends is a node's heartbeat (MAX_PROGRESS_PER_BEAT reports and
+    # 1,000 deletions with the longest names): under 1 MiB.
+    request_bytes_max: int = 1024 * 1024
 
     def __post_init__(self) -> None:
         for name in self.__slots__:
@@ -239,14 +238,6 @@ class RpcGate:
         async def handle(request_iterator: Any, context: grpc.aio.ServicerContext) -> bytes:
             try:
                 raw = await self._read(name, context)
-                if node_rpc and len(raw) > self._limits.node_request_bytes_max:
-                    self._refuse("too_large", "a %s request of %d bytes", name, len(raw))
-                    raise MessageTooLarge(
-                        f"{name}: a request of {len(raw):,} bytes is larger than a node sends "
-                        f"(node_request_bytes_max {self._limits.node_request_bytes_max:,}): not read",
-                        size_bytes=len(raw),
-                        limit_bytes=self._limits.node_request_bytes_max,
-                    )
                 lane = self._lanes[node_rpc]
                 if lane.admitted >= lane.queued_max:
                     self._refuse(

@@ -254,14 +254,7 @@ _META_LIMITS = (
     ("--pending-reads-max", 1, 1_000_000, 1_024, "calls waiting for their request; past it the oldest ends"),
     ("--streams-per-connection-max", 1, 100_000, 100, "calls in flight on one connection"),
     ("--idle-connection-ms", 1_000, 86_400_000, 600_000, "a connection without calls is closed after this"),
-    ("--request-bytes-max", 1024, 64 * 1024 * 1024, 4 * 1024 * 1024, "the largest request read"),
-    (
-        "--node-request-bytes-max",
-        1024 * 1024,
-        64 * 1024 * 1024,
-        1024 * 1024,
-        "the largest node RPC (a heartbeat) parsed",
-    ),
+    ("--request-bytes-max", 1024 * 1024, 64 * 1024 * 1024, 1024 * 1024, "the largest request read"),
 )
 
 
@@ -342,10 +335,10 @@ def _peer_limit_options(parser: argparse.ArgumentParser) -> None:
     limits.add_argument(
         "--max-peer-answer-bytes",
         type=_bounded_int(1 << 20, 1 << 40),
-        default=128 * 1024 * 1024,
+        default=64 * 1024 * 1024,
         metavar="BYTES",
         help="answer bytes to one connection not sent yet; past it its reads are answered Busy "
-        "(default 128 MiB)",
+        "(default 64 MiB)",
     )
     limits.add_argument(
         "--peer-stall-ms",

@@ -182,7 +182,7 @@ class NodeConfig:
     max_connections: int = 10_000  # open client connections; fewer if descriptors are short
     descriptor_reserve: int = 256  # descriptors kept from connections for files, RocksDB, sockets
     max_peer_requests: int = 1024  # requests of one connection in flight (``Busy`` past it)
-    max_peer_answer_bytes: int = 128 * MiB  # answer bytes to one connection not sent yet
+    max_peer_answer_bytes: int = 64 * MiB  # answer bytes to one connection not sent yet
     peer_stall_ms: int = 30_000  # a connection whose answers do not move this long is shut down
     # Security on (docs/security.md): the cluster CA and this node's certificate and key (CN
     # node:NAME). The node's id is then NAME; it logs in to the Meta Service over TLS with them.

@@ -42,9 +42,9 @@ def test_a_request_past_the_servers_limit_is_a_typed_error_not_a_retried_busy(me
     with pytest.raises(MessageTooLarge) as caught:
         client.commit_offsets("g", "t", {partition: 1 for partition in range(600_000)})
     assert attempts == 1
-    assert caught.value.limit_bytes == 4 * 1024 * 1024
+    assert caught.value.limit_bytes == 1024 * 1024
     assert caught.value.size_bytes > caught.value.limit_bytes
-    assert "4,194,304" in caught.value.message
+    assert "1,048,576" in caught.value.message
     assert not caught.value.retriable and isinstance(caught.value, InvalidRequest)
     assert client.fetch_offsets("g", "t") == {}  # nothing changed
 

@@ -576,8 +576,32 @@ def cmd_segments(args: argparse.Namespace) -> int:
                     segment.object_url or None,  # tiered and remote segments
                 ]
             )
+    if not args.json:
+        rows = _fold_empty_epochs(rows)
     _print_rows_or(rows, keys, args.json, f"topic {topic} has no segments")
+    if not args.json and any(row[4] == "empty" for row in rows):
+        print(
+            "empty: sealed epochs that hold no records (a leadership move, by a failover or a drain, "
+            "before anything was written: each move opens an epoch, the fence against the old "
+            "leader); --json lists each"
+        )
     return 0
+
+
+def _fold_empty_epochs(rows: list[list[Any]]) -> list[list[Any]]:
+    """A run of empty sealed epochs of one partition as one row (epoch ``FIRST-LAST``, state
+    ``empty``). Rows are ``cmd_segments``'s: partition, epoch, start, end, state, ..."""
+    folded: list[list[Any]] = []
+    for row in rows:
+        empty = row[4] == "sealed" and row[2] == row[3]
+        last = folded[-1] if folded else None
+        if empty and last is not None and last[4] == "empty" and last[0] == row[0]:
+            last[1] = f"{str(last[1]).split('-')[0]}-{row[1]}"
+            continue
+        if empty:
+            row = [*row[:4], "empty", *[None] * (len(row) - 5)]
+        folded.append(row)
+    return folded
 
 
 def _segments_words(args: argparse.Namespace) -> tuple[str, str, int | None]:

@@ -81,6 +81,7 @@ __all__ = [
     "GROUP_PAGE_MAX",
     "HEARTBEAT_INTERVAL_MS",
     "MAX_PROGRESS_PER_BEAT",
+    "OFFSET_LOOKUP_SEGMENTS",
     "TOPIC_PAGE_DEFAULT",
     "TOPIC_PAGE_MAX",
     "MetaController",
@@ -94,6 +95,9 @@ TOPIC_PAGE_MAX = 10_000
 HEARTBEAT_INTERVAL_MS = 1000
 # Shard progress reports in one heartbeat: what a node sends at most (storage_node/node/_heartbeat.py).
 MAX_PROGRESS_PER_BEAT = 2_000
+# Sealed segments a GetShard by offset answers: the one holding the offset and the next ones, so
+# a reader moving forward through old segments asks once per this many, with a small answer.
+OFFSET_LOOKUP_SEGMENTS = 8
 
 logger = logging.getLogger("robustmq.meta")
 
@@ -341,8 +345,16 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
             ]
         return pb.TopicDescription(topic=topic, shards=shards)
 
-    def get_shard(self, shard: str) -> pb.ShardInfo:
-        """The shard's chain and leader.
+    def get_shard(self, shard: str, *, tail: int = 0, offset: int | None = None) -> pb.ShardInfo:
+        """The shard's chain and leader: the whole chain, or with ``tail`` and/or ``offset`` only
+        the segments asked for, at a cost that does not grow with the chain.
+
+        ``tail``: the chain's last ``tail`` segments (0: all). ``offset``: also the segment
+        holding it and up to :data:`OFFSET_LOOKUP_SEGMENTS` - 1 after it (a reader moving forward
+        needs no second lookup for a while), if the chain still holds it; with ``tail`` 0, these
+        and the active segment. The answer's ``log_start_offset`` and ``first_epoch`` name the
+        chain's first segment either way. A negative ``tail`` or ``offset`` is
+        ``InvalidRequest``.
 
         ``ShardNotFound`` / ``TopicNotFound`` name the newest incarnation handed
         out so far (``last_incarnation``): a storage node remembers the miss for
@@ -350,20 +362,41 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
         created since.
         """
         topic, partition = split_shard(shard)
+        if tail < 0:
+            raise InvalidRequest(f"tail must not be negative, got {tail}", shard=shard, tail=tail)
+        if offset is not None and offset < 0:
+            raise InvalidRequest(f"offset must not be negative, got {offset}", shard=shard, offset=offset)
         with self._locked():
             try:
-                chain = self._topics.chain(topic, partition)
+                if tail == 0 and offset is None:
+                    chain = self._topics.chain(topic, partition)
+                    first = chain[0]
+                else:
+                    first, chain = self._topics.chain_ends(topic, partition, max(tail, 1))
+                    if offset is not None and first.epoch < chain[0].epoch and offset < chain[0].start_offset:
+                        held = self._topics.segments_from(
+                            topic, partition, offset, first, chain[0].epoch, OFFSET_LOOKUP_SEGMENTS
+                        )
+                        chain = held + chain
             except (ShardNotFound, TopicNotFound) as error:
                 last = self._topics.last_incarnation()
                 raise type(error)(error.message, **error.fields, last_incarnation=last) from None
             leader = self._nodes.get(chain[-1].leader)
             addresses = {leader.node_id: leader.address} if leader is not None else {}
-            return self._shard_info(self._topics.require(topic), partition, chain, addresses)
+            return self._shard_info(self._topics.require(topic), partition, chain, addresses, first)
 
     def _shard_info(
-        self, topic: pb.Topic, partition: int, chain: list[pb.Segment], addresses: Mapping[str, str]
+        self,
+        topic: pb.Topic,
+        partition: int,
+        chain: list[pb.Segment],
+        addresses: Mapping[str, str],
+        first: pb.Segment | None = None,
     ) -> pb.ShardInfo:
+        """``chain`` (the whole chain, or the part of it asked for, with ``first`` the chain's
+        first segment) as a ``ShardInfo``."""
         shard = shard_name(topic.name, partition)
+        first = chain[0] if first is None else first
         return pb.ShardInfo(
             topic=topic.name,
             partition=partition,
@@ -373,6 +406,8 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
             high_watermark=self._progress.get(shard, (-1, -1))[0],
             incarnation=topic.incarnation,
             reserved_offset=self._reserved.get(shard, -1),
+            log_start_offset=first.start_offset,
+            first_epoch=first.epoch,
         )
 
     # -- segments ----------------------------------------------------------

@@ -80,7 +80,12 @@ class ReplicaControl:
         ) -> tuple[int, int]: ...
 
     def _shard_info(
-        self, topic: pb.Topic, partition: int, chain: list[pb.Segment], addresses: Mapping[str, str]
+        self,
+        topic: pb.Topic,
+        partition: int,
+        chain: list[pb.Segment],
+        addresses: Mapping[str, str],
+        first: pb.Segment | None = None,
     ) -> pb.ShardInfo:
         raise NotImplementedError  # the controller's
 

@@ -281,7 +281,8 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
 
     @_answers_errors
     def GetShard(self, request: pb.ShardRequest, context: Any) -> pb.ShardInfo:
-        return self._controller.get_shard(request.shard)
+        offset = request.offset if request.HasField("offset") else None
+        return self._controller.get_shard(request.shard, tail=request.tail, offset=offset)
 
     @_answers_errors
     def RegisterNode(self, request: pb.RegisterNodeRequest, context: Any) -> pb.NodeInfo:
@@ -536,6 +537,9 @@ class _NoStore:
         return None
 
     def scan(self, prefix: bytes, *, start: bytes = b"") -> Any:
+        return iter(())
+
+    def scan_reverse(self, prefix: bytes) -> Any:
         return iter(())
 
     def write(self, puts: dict[bytes, bytes], deletes: Any = ()) -> None:

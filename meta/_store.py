@@ -2,10 +2,10 @@
 
 :class:`MetaStore` is the interface the service is written against;
 :class:`RocksDBMetaStore` is the embedded default. The interface is kept that
-small (point get, ordered prefix scan, one atomic write of puts and deletes)
-so that an etcd-backed store (a transaction of puts and deletes, a range read
-for a prefix) can later give a highly available Meta Service without a
-home-made consensus protocol.
+small (point get, ordered prefix scan either way, one atomic write of puts and
+deletes) so that an etcd-backed store (a transaction of puts and deletes, a
+range read for a prefix, sorted either way) can later give a highly available
+Meta Service without a home-made consensus protocol.
 
 Key layout
 ----------
@@ -110,6 +110,11 @@ class MetaStore(Protocol):
         """Every ``(key, value)`` whose key starts with ``prefix`` (and is >= ``start``), in key order."""
         ...
 
+    def scan_reverse(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every ``(key, value)`` whose key starts with ``prefix``, in descending key order (a
+        chain's last segments without reading the others; etcd: a range sorted descending)."""
+        ...
+
     def write(self, puts: dict[bytes, bytes], deletes: Iterable[bytes] = ()) -> None:
         """Apply ``puts`` and ``deletes`` atomically and durably (synced before returning)."""
         ...
@@ -181,6 +186,23 @@ class RocksDBMetaStore:
                 return
             yield key, bytes(iterator.value())
             iterator.next()
+
+    def scan_reverse(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        self._check_open()
+        # The upper bound makes seek_to_last land on the prefix's last key. (No lower bound: the
+        # rocksdict in use sets the upper one instead; the loop stops at the first key below.)
+        options = rocksdict.ReadOptions()
+        end = _prefix_end(prefix)
+        if end is not None:
+            options.set_iterate_upper_bound(end)
+        iterator = self._db.iter(options)
+        iterator.seek_to_last()
+        while iterator.valid():
+            key = bytes(iterator.key())
+            if not key.startswith(prefix):
+                return
+            yield key, bytes(iterator.value())
+            iterator.prev()
 
     def write(self, puts: dict[bytes, bytes], deletes: Iterable[bytes] = ()) -> None:
         self._check_open()

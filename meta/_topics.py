@@ -15,7 +15,11 @@ holds the last incarnation handed out: a new topic gets
 ``max(last + 1, now in ms)``, unique for the store's life and, through the
 clock, even after a store is wiped and started afresh.
 
-Reads go straight to the store; writes are staged into a
+Reads go straight to the store. A lookup of part of a chain (its ends, the
+segments from the one holding an offset: ``GetShard`` with ``tail`` or
+``offset``) reads about ``log2(length)`` segments plus those it answers, by a
+reverse scan, point reads by epoch and a short scan, never the whole chain.
+Writes are staged into a
 :class:`~robustmq.meta._store.WriteSet` that the caller commits with everything
 else the operation changes. Not locked here: the controller's lock covers it.
 """
@@ -112,6 +116,61 @@ class TopicTable:
             shard = shard_name(topic, partition)
             raise ShardNotFound(f"shard {shard!r} does not exist", shard=shard)
         return chain
+
+    def chain_ends(self, topic: str, partition: int, tail: int) -> tuple[pb.Segment, list[pb.Segment]]:
+        """A shard's first segment and its last ``tail`` (at least 1) segments, oldest first,
+        reading only those from the store (a chain's epochs are contiguous: see the module
+        docstring); :class:`ShardNotFound` if it has none."""
+        prefix = keys.segments_prefix(topic, partition)
+        last: list[pb.Segment] = []
+        for _, raw in self._store.scan_reverse(prefix):
+            last.append(pb.Segment.FromString(raw))
+            if len(last) >= tail:
+                break
+        if not last:
+            shard = shard_name(topic, partition)
+            raise ShardNotFound(f"shard {shard!r} does not exist", shard=shard)
+        last.reverse()
+        if len(last) < tail or last[0].epoch == 0:  # the whole chain
+            return last[0], last
+        first = next(iter(self._store.scan(prefix)), None)
+        return (pb.Segment.FromString(first[1]) if first is not None else last[0]), last
+
+    def segments_from(
+        self, topic: str, partition: int, offset: int, first: pb.Segment, before: int, count: int
+    ) -> list[pb.Segment]:
+        """Up to ``count`` segments of the shard, oldest first, from the one holding ``offset``
+        and below epoch ``before``: none if ``offset`` is below ``first`` (the chain's first
+        segment) or at or past the start of epoch ``before``.
+
+        A bisection by start offset over the epochs ``first.epoch .. before - 1`` (point reads,
+        start offsets grow with the epoch), then one short scan: about ``log2(length) + count``
+        segments read, whatever the chain's length.
+        """
+        if offset < first.start_offset:
+            return []
+        low, high = first.epoch, before - 1  # the holder is the last epoch starting at or below
+        while low < high:
+            middle = (low + high + 1) // 2
+            probed = self.segment(topic, partition, middle)
+            if probed is None:  # a gap in the epochs: the invariant does not hold, find nothing
+                return []
+            if probed.start_offset <= offset:
+                low = middle
+            else:
+                high = middle - 1
+        start = keys.segment_key(topic, partition, low)
+        found: list[pb.Segment] = []
+        for _, raw in self._store.scan(keys.segments_prefix(topic, partition), start=start):
+            segment = pb.Segment.FromString(raw)
+            if segment.epoch >= before:
+                break
+            found.append(segment)
+            if len(found) == count:
+                break
+        if found and not found[0].start_offset <= offset < found[0].end_offset:
+            return []  # at or past epoch ``before``'s start
+        return found
 
     def chains(self, topic: str) -> dict[int, list[pb.Segment]]:
         """Every shard's chain of one topic, by partition (one scan)."""

@@ -598,8 +598,15 @@ class MetaClient:
             time.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
 
-    def get_shard(self, shard: str) -> pb.ShardInfo:
-        return self._call(self._stub.GetShard, pb.ShardRequest(shard=shard), "read")
+    def get_shard(self, shard: str, *, tail: int = 0, offset: int | None = None) -> pb.ShardInfo:
+        """The shard's whole chain, or only its last ``tail`` segments and/or the segments from
+        the one holding ``offset`` (a small answer whatever the chain's length: what a client
+        routing a write or a read needs). ``log_start_offset`` and ``first_epoch`` name the
+        chain's first segment either way."""
+        request = pb.ShardRequest(shard=shard, tail=tail)
+        if offset is not None:
+            request.offset = offset
+        return self._call(self._stub.GetShard, request, "read")
 
     def seal_segment(
         self,

@@ -3,8 +3,16 @@
 Entries are filled from the Meta Service on first use and dropped by
 :meth:`Metadata.invalidate` when a node answers ``NotLeader``,
 ``SegmentSealed``, ``StaleEpoch`` or ``ShardNotFound`` (or after ``ttl_s``),
-so the next request re-reads them. Writes go to the leader of a shard's
-active segment at its epoch. Reads go by the segment that holds the offset:
+so the next request re-reads them. A shard is looked up in a few hundred
+bytes whatever the length of its chain (up to the 1,000 segments of the Meta
+Service's quota): ``GetShard`` with ``tail = 1`` (the active segment) for
+writes and reads of the active segment, with ``offset`` (the segments from the
+one holding it, :data:`~robustmq.meta._controller.OFFSET_LOOKUP_SEGMENTS` at
+most, and the active one) for a read of an older offset that the cached answer
+does not hold; that answer replaces the cached one. The answers' ``log_start_offset``
+says where the chain starts, so an offset below it is not looked up. Writes go
+to the leader of a shard's active segment at its epoch. Reads go by the segment
+that holds the offset:
 
 - the active segment (and reads with no offset: list offsets, lookups by key
   or tag) from its leader, which serves only what is below the high watermark;
@@ -87,9 +95,10 @@ class Metadata:
         return int(self.topic(topic).config.partitions)
 
     def shard(self, topic: str, partition: int) -> pb.ShardInfo:
-        """The shard's chain; ``TopicNotFound`` for an unknown topic, ``InvalidRequest`` for a
-        partition it does not have (the topic is looked up first, so neither is reported as an
-        unknown shard)."""
+        """What this client knows of the shard's chain: its active segment at least (the last of
+        ``segments``), and ``log_start_offset``; ``TopicNotFound`` for an unknown topic,
+        ``InvalidRequest`` for a partition it does not have (the topic is looked up first, so
+        neither is reported as an unknown shard)."""
         name = f"{topic}_{partition}"
         cached = self._fresh_shard(name)
         if cached is not None:
@@ -105,7 +114,11 @@ class Metadata:
         cached = self._fresh_shard(name)  # reading the topic may have filled it
         if cached is not None:
             return cached
-        info = self._meta.get_shard(name)
+        return self._look_up(name, tail=1)
+
+    def _look_up(self, name: str, *, tail: int = 0, offset: int | None = None) -> pb.ShardInfo:
+        """Ask the Meta Service about part of the shard's chain; the answer replaces the cached one."""
+        info = self._meta.get_shard(name, tail=tail, offset=offset)
         with self._lock:
             self._shards[name] = (time.monotonic(), info)
         return info
@@ -128,22 +141,27 @@ class Metadata:
     ) -> Route:
         """Where to read ``offset`` (see the module docstring); ``avoid``: addresses that failed."""
         info = self.shard(topic, partition)
+        if (
+            offset is not None
+            and info.log_start_offset <= offset < info.segments[-1].start_offset
+            and _holding(info, offset) is None
+        ):
+            info = self._look_up(info.shard, offset=offset)
         active = info.segments[-1]
         leader = Route(topic, partition, info.shard, info.leader_address, active.epoch, info.incarnation)
         if offset is None or offset >= active.start_offset:
             return leader
-        for segment in info.segments:
-            if segment.start_offset <= offset < segment.end_offset:
-                if segment.state == pb.REMOTE:  # any node serves it from the object store
+        segment = _holding(info, offset)
+        if segment is not None:
+            if segment.state == pb.REMOTE:  # any node serves it from the object store
+                address = self._any_address(info.shard, segment, avoid)
+            else:
+                tiered = segment.state == pb.TIERED
+                address = self._replica_address(info.shard, segment, avoid, retry_members=not tiered)
+                if not address and tiered:
                     address = self._any_address(info.shard, segment, avoid)
-                else:
-                    tiered = segment.state == pb.TIERED
-                    address = self._replica_address(info.shard, segment, avoid, retry_members=not tiered)
-                    if not address and tiered:
-                        address = self._any_address(info.shard, segment, avoid)
-                if address:
-                    return Route(topic, partition, info.shard, address, segment.epoch, info.incarnation)
-                break
+            if address:
+                return Route(topic, partition, info.shard, address, segment.epoch, info.incarnation)
         return leader  # no replica known: the leader's local log may hold it (it answers if not)
 
     def _any_address(self, shard: str, segment: pb.Segment, avoid: Collection[str]) -> str:
@@ -205,3 +223,11 @@ class Metadata:
                     del self._shards[name]
             else:
                 self._shards.pop(f"{topic}_{partition}", None)
+
+
+def _holding(info: pb.ShardInfo, offset: int) -> pb.Segment | None:
+    """The sealed segment of ``info`` that holds ``offset``, if the answer has it."""
+    for segment in info.segments:
+        if segment.start_offset <= offset < segment.end_offset:
+            return segment
+    return None

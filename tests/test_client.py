@@ -293,7 +293,7 @@ class _FailingOver:
             shards=[self.get_shard("t_0")],
         )
 
-    def get_shard(self, shard: str) -> pb.ShardInfo:
+    def get_shard(self, shard: str, **asked: Any) -> pb.ShardInfo:
         sealed = pb.Segment(epoch=0, start_offset=0, end_offset=10, state=pb.SEALED,
                             replicas=["a", "b", "c"], isr=["a", "b", "c"])  # fmt: skip
         if self.failed_over:

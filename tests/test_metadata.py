@@ -2,17 +2,24 @@
 
 The fake Meta Service answers ``describe_topic``, ``get_shard`` and
 ``list_nodes`` as the real one does for a shard with two sealed segments and
-an active one, on four nodes.
+an active one, on four nodes (``get_shard`` answers the whole chain, more than
+the client asks for, as a cached ``DescribeTopic`` answer does). The lookups on a
+long chain go to a real controller in-process.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from robustmq._metadata import Metadata
 from robustmq._proto import robustmq_pb2 as pb
+from robustmq.meta._controller import OFFSET_LOOKUP_SEGMENTS, MetaController
+from robustmq.meta._store import RocksDBMetaStore
 
 NODES = {f"n{i}": f"tcp://127.0.0.1:{7100 + i}" for i in range(4)}
 
@@ -44,7 +51,7 @@ class _Meta:
         topic = pb.Topic(name=name, config=pb.TopicConfig(partitions=1), incarnation=5)
         return pb.TopicDescription(topic=topic, shards=[_shard()])
 
-    def get_shard(self, shard: str) -> pb.ShardInfo:
+    def get_shard(self, shard: str, **asked: Any) -> pb.ShardInfo:
         return _shard()
 
     def list_nodes(self) -> list[pb.NodeInfo]:
@@ -113,7 +120,7 @@ def test_node_listings_are_cached() -> None:
 class _TieredMeta(_Meta):
     """The same shard with epoch 0 ``remote`` (replicas kept, no isr) and epoch 1 ``tiered``."""
 
-    def get_shard(self, shard: str) -> pb.ShardInfo:
+    def get_shard(self, shard: str, **asked: Any) -> pb.ShardInfo:
         info = _shard()
         info.segments[0].state = pb.REMOTE
         del info.segments[0].isr[:]
@@ -151,3 +158,61 @@ def test_a_tiered_segment_is_read_from_its_isr_then_from_any_live_node() -> None
         NODES["n1"],
         NODES["n2"],
     }
+
+
+class _Asking:
+    """A real controller in-process, recording what the client asks ``get_shard``."""
+
+    def __init__(self, controller: MetaController) -> None:
+        self.controller = controller
+        self.asked: list[tuple[int, int | None]] = []  # (tail, offset) of each get_shard
+
+    def describe_topic(self, name: str) -> pb.TopicDescription:
+        return self.controller.describe_topic(name)
+
+    def get_shard(self, shard: str, **asked: Any) -> pb.ShardInfo:
+        self.asked.append((asked.get("tail", 0), asked.get("offset")))
+        return self.controller.get_shard(shard, **asked)
+
+    def list_nodes(self) -> list[pb.NodeInfo]:
+        return self.controller.list_nodes()
+
+
+@pytest.fixture
+def long_chain(tmp_path: Path) -> Iterator[MetaController]:
+    """Topic ``t`` with a 40-segment chain (epoch e holds [10 e, 10 e + 10)), its first 5
+    segments removed by retention; one live node ``n1``."""
+    controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=600_000)
+    try:
+        controller.register_node("n1", NODES["n1"])
+        controller.heartbeat("n1", NODES["n1"], [], 0)
+        controller.create_topic("t", pb.TopicConfig(retention_records=340))
+        for epoch in range(39):
+            controller.seal_segment("t_0", epoch, 10 * epoch + 10, "n1")
+        controller.apply_retention("t", 0)
+        assert controller.get_shard("t_0", tail=1).log_start_offset == 50
+        yield controller
+    finally:
+        controller.close()
+
+
+def test_routes_ask_for_the_active_segment_or_the_segments_from_an_offset(long_chain: MetaController) -> None:
+    meta = _Asking(long_chain)
+    metadata = Metadata(meta, reader_id=0)
+    metadata.topic("t")
+    metadata.invalidate("t", 0)  # as after a seal: the next lookups are GetShard's
+    assert metadata.write_route("t", 0).epoch == 39
+    assert meta.asked == [(1, None)]
+    for offset in (None, 390, 395, 10_000):  # the active segment: the tail answers it
+        route = metadata.read_route("t", 0, offset)
+        assert (route.address, route.epoch) == (NODES["n1"], 39)
+    assert meta.asked == [(1, None)]
+    assert metadata.read_route("t", 0, 49).epoch == 39  # below the log start: the leader says so
+    assert meta.asked == [(1, None)]
+    # A reader moving forward from offset 55 asks once per OFFSET_LOOKUP_SEGMENTS segments.
+    epochs = [metadata.read_route("t", 0, offset).epoch for offset in range(55, 390, 10)]
+    assert epochs == list(range(5, 39))
+    assert meta.asked[1:] == [(0, offset) for offset in range(55, 390, 80)]
+    assert len(meta.asked) - 1 == -(-len(epochs) // OFFSET_LOOKUP_SEGMENTS)
+    assert metadata.write_route("t", 0).epoch == 39  # the read lookups' answers hold the tail too
+    assert len(meta.asked) == 6

@@ -116,7 +116,7 @@ class Segment(_message.Message):
     def __init__(self, shard: _Optional[str] = ..., epoch: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., state: _Optional[_Union[SegmentState, str]] = ..., replicas: _Optional[_Iterable[str]] = ..., leader: _Optional[str] = ..., isr: _Optional[_Iterable[str]] = ..., crc32c: _Optional[int] = ..., size_bytes: _Optional[int] = ..., sealed_seq: _Optional[int] = ..., sealed_ms: _Optional[int] = ..., object_url: _Optional[str] = ..., object_bytes: _Optional[int] = ..., max_timestamp_ms: _Optional[int] = ..., isr_version: _Optional[int] = ...) -> None: ...
 
 class ShardInfo(_message.Message):
-    __slots__ = ("topic", "partition", "shard", "segments", "leader_address", "high_watermark", "incarnation", "reserved_offset")
+    __slots__ = ("topic", "partition", "shard", "segments", "leader_address", "high_watermark", "incarnation", "reserved_offset", "log_start_offset", "first_epoch")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,8 @@ class ShardInfo(_message.Message):
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     RESERVED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    FIRST_EPOCH_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     shard: str
@@ -133,7 +135,9 @@ class ShardInfo(_message.Message):
     high_watermark: int
     incarnation: int
     reserved_offset: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., leader_address: _Optional[str] = ..., high_watermark: _Optional[int] = ..., incarnation: _Optional[int] = ..., reserved_offset: _Optional[int] = ...) -> None: ...
+    log_start_offset: int
+    first_epoch: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., shard: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., leader_address: _Optional[str] = ..., high_watermark: _Optional[int] = ..., incarnation: _Optional[int] = ..., reserved_offset: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., first_epoch: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
     __slots__ = ("node_id", "address", "registered_ms", "last_heartbeat_ms", "alive", "active_segments", "draining", "replica_segments", "stored_bytes", "session", "curve_key", "token")
@@ -236,10 +240,14 @@ class TopicDescription(_message.Message):
     def __init__(self, topic: _Optional[_Union[Topic, _Mapping]] = ..., shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ...) -> None: ...
 
 class ShardRequest(_message.Message):
-    __slots__ = ("shard",)
+    __slots__ = ("shard", "tail", "offset")
     SHARD_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     shard: str
-    def __init__(self, shard: _Optional[str] = ...) -> None: ...
+    tail: int
+    offset: int
+    def __init__(self, shard: _Optional[str] = ..., tail: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "address", "curve_key")

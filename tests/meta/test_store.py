@@ -43,6 +43,7 @@ def test_put_get_scan_delete_against_a_dict(store: RocksDBMetaStore) -> None:
         for prefix in (b"a", b"b", b"", b"a\x03"):
             expected = sorted((k, v) for k, v in model.items() if k.startswith(prefix))
             assert list(store.scan(prefix)) == expected
+            assert list(store.scan_reverse(prefix)) == expected[::-1]
     for key in (b"a\x00", b"b\x07", b"zz"):
         assert store.get(key) == model.get(key)
 
@@ -53,6 +54,17 @@ def test_scan_stops_at_the_prefix_and_sorts_numbers_big_endian(store: RocksDBMet
     assert [v for _, v in store.scan(keys.segments_prefix("t", 0))] == [b"0", b"1", b"255", b"256"]
     assert len(list(store.scan(keys.segments_prefix("t")))) == 5
     assert len(list(store.scan(keys.segments_prefix("tt")))) == 1
+
+
+def test_reverse_scan_reads_a_chains_last_segment_first(store: RocksDBMetaStore) -> None:
+    store.write({keys.segment_key("t", 0, epoch): b"%d" % epoch for epoch in (0, 1, 255, 256)})
+    store.write({keys.segment_key("t", 1, 0): b"next shard", keys.segments_prefix("t", 1): b"at the end"})
+    store.write({b"\xff": b"a", b"\xff\xff": b"b", b"\xff\xff\x01": b"c", b"\xfe\xff": b"d"})
+    assert next(store.scan_reverse(keys.segments_prefix("t", 0))) == (keys.segment_key("t", 0, 256), b"256")
+    assert [v for _, v in store.scan_reverse(keys.segments_prefix("t", 0))] == [b"256", b"255", b"1", b"0"]
+    assert [v for _, v in store.scan_reverse(b"\xff\xff")] == [b"c", b"b"]  # no key ends the prefix
+    assert [v for _, v in store.scan_reverse(b"\xff")] == [b"c", b"b", b"a"]
+    assert list(store.scan_reverse(keys.segments_prefix("u"))) == []
 
 
 def test_a_batch_is_all_or_nothing_and_survives_reopen(tmp_path: Path) -> None:

@@ -293,6 +293,7 @@ class StorageNode(NodeReads):
             stall_s=config.peer_stall_ms / 1000,
         )
         self._gate: ConnectionGate | None = None
+        self._descriptors_note = ""
         self._lost = LostAnswers(self.node_id)
         self._swept = 0.0  # when the front end last looked for peers that do not read
         self._served = 0  # records sent in answers (for operators and pushdown tests)
@@ -412,11 +413,12 @@ class StorageNode(NodeReads):
         self._frontend_thread = threading.Thread(target=self._frontend_loop, name="rmq-frontend", daemon=True)
         self._frontend_thread.start()
         log.info(
-            "storage node %s serving on %s%s (meta %s)",
+            "storage node %s serving on %s%s (meta %s); %s",
             self.node_id,
             self.bound,
             "" if self.address == self.bound else f", advertised as {self.address}",
             self.config.meta_address,
+            self._descriptors_note,
         )
         return self
 
@@ -425,13 +427,10 @@ class StorageNode(NodeReads):
         ``descriptor_reserve`` descriptors stay for everything else (``_peers``)."""
         before, soft = raise_descriptor_limit()
         most = max(16, min(self.config.max_connections, soft - self.config.descriptor_reserve))
-        log.info(
-            "storage node %s: %d descriptors%s; at most %d connections (%d descriptors reserved)",
-            self.node_id,
-            soft,
-            "" if before == soft else f" (raised from {before})",
-            most,
-            self.config.descriptor_reserve,
+        # Logged once the node serves (a start that fails is one line on stderr, nothing more).
+        self._descriptors_note = (
+            f"{soft} descriptors{'' if before == soft else f' (raised from {before})'}; at most {most} "
+            f"connections ({self.config.descriptor_reserve} descriptors reserved)"
         )
         return ConnectionGate(
             self.node_id, self._router, f"{self._results_name}-monitor", max_connections=most

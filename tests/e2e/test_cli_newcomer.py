@@ -110,6 +110,33 @@ def _produce_on_a_terminal(meta: str, topic: str) -> tuple[int, str]:
         os.close(controller)
 
 
+def test_segments_fold_the_empty_epochs_leadership_moves_leave(cluster: CliCluster) -> None:
+    """Every leadership move opens a new epoch (the epoch is the fence that stops a deposed
+    leader); one that moves again before anything is written leaves an empty sealed epoch. The
+    listing folds a run of them into one line; --json still lists each."""
+    meta = cluster.meta
+    assert cli("topic", "create", "moved", "--replication-factor", "3", "--meta", meta).returncode == 0
+    assert cli("produce", "moved", "--meta", meta, stdin="one\n").returncode == 0
+
+    def leader() -> str:
+        chain = json.loads(cli("segments", "moved", "--json", "--meta", meta).stdout)
+        return str(chain[-1]["leader"])
+
+    for _ in range(3):  # three moves, nothing written after the first
+        before = leader()
+        assert cli("node", "drain", before, "--meta", meta).returncode == 0
+        wait_until(lambda before=before: leader() not in ("", "None", before), 30)
+        assert cli("node", "drain", before, "--undo", "--meta", meta).returncode == 0
+    listed = json.loads(cli("segments", "moved", "--json", "--meta", meta).stdout)
+    empty = [row["epoch"] for row in listed if row["state"] == "sealed" and row["start"] == row["end"]]
+    assert len(empty) >= 2, listed
+    text = cli("segments", "moved", "--meta", meta).stdout
+    folded = [line for line in text.splitlines() if f"{empty[0]}-{empty[-1]}" in line]
+    assert len(folded) == 1 and "empty" in folded[0], text
+    rows = [line for line in text.splitlines() if line.split()[:1] == ["0"]]
+    assert len(rows) == len(listed) - len(empty) + 1, text  # one line for the run of empty epochs
+
+
 def test_a_dead_follower_makes_acks_all_wait_visibly_and_an_altered_min_insync_is_obeyed(
     cluster: CliCluster,
 ) -> None:
@@ -140,29 +167,3 @@ def test_a_dead_follower_makes_acks_all_wait_visibly_and_an_altered_min_insync_i
 def test_each_node_directory_holds_the_id_printed_for_it(cluster: CliCluster) -> None:
     assert all((Path(cluster.data_dir) / name / "node_id").read_text().strip() == name for name in
                ("node-0", "node-1", "node-2"))  # fmt: skip
-
-
-def test_segments_fold_the_empty_epochs_leadership_moves_leave(cluster: CliCluster) -> None:
-    """Every leadership move opens a new epoch (the epoch is the fence that stops a deposed
-    leader); one that moves again before anything is written leaves an empty sealed epoch. The
-    listing folds a run of them into one line; --json still lists each."""
-    meta = cluster.meta
-    assert cli("topic", "create", "moved", "--replication-factor", "3", "--meta", meta).returncode == 0
-    assert cli("produce", "moved", "--meta", meta, stdin="one\n").returncode == 0
-
-    def leader() -> str:
-        chain = json.loads(cli("segments", "moved", "--json", "--meta", meta).stdout)
-        return str(chain[-1]["leader"])
-
-    for _ in range(3):  # three moves, nothing written after the first
-        before = leader()
-        assert cli("node", "drain", before, "--meta", meta).returncode == 0
-        wait_until(lambda before=before: leader() not in ("", "None", before), 30)
-        assert cli("node", "drain", before, "--undo", "--meta", meta).returncode == 0
-    listed = json.loads(cli("segments", "moved", "--json", "--meta", meta).stdout)
-    empty = [row["epoch"] for row in listed if row["state"] == "sealed" and row["start"] == row["end"]]
-    assert len(empty) >= 2, listed
-    text = cli("segments", "moved", "--meta", meta).stdout
-    folded = [line for line in text.splitlines() if f"{empty[0]}-{empty[-1]}" in line]
-    assert len(folded) == 1 and "empty" in folded[0], text
-    assert len(text.splitlines()) < len(listed) + 1, text  # fewer lines than epochs (+ header)

@@ -1,24 +1,31 @@
 #!/usr/bin/env python3
-"""``GetShard`` cost as a shard's chain grows: whole chain vs the clients' small lookups.
+"""``GetShard`` and ``DescribeTopic`` cost as a shard's chain grows: whole chains vs the clients'
+small lookups.
 
 An in-process Meta Service controller (RocksDB store in a temporary directory,
-one registered node) holds one shard whose chain is grown by seals to each of
-``--lengths`` segments (default 1, 400 and 1,000: the default segment quota).
-At each length, for each kind of lookup, ``--repeats`` calls (default 50) are
-timed and the median reported with the answer's serialized size:
+one registered node) holds a topic of ``--partitions`` partitions (default 4)
+whose partition 0's chain is grown by seals to each of ``--lengths`` segments
+(default 1, 400 and 1,000: the default segment quota; the other partitions keep
+one segment). At each length, for each kind of lookup, ``--repeats`` calls
+(default 50) are timed and the median reported with the answer's serialized
+size (``segments``: the segments it holds, over all its shards):
 
 - ``whole``: ``get_shard(shard)``, the whole chain (tiering, repair, the CLI);
 - ``tail``: ``get_shard(shard, tail=1)``, the active segment only (the client's
   write route);
 - ``offset``: ``get_shard(shard, offset=...)`` for an offset in the middle of
   the chain, the segment holding it plus the active one (the client's read route
-  of a sealed offset).
+  of a sealed offset);
+- ``describe``: ``describe_topic(topic)``, every shard's whole chain (the CLI's
+  ``topic describe`` and ``segments``, the connector's tiered pieces);
+- ``describe_tail``: ``describe_topic(topic, tail=1)``, each shard's active
+  segment (the client's topic cache, a node's config lookup).
 
-On code without the small lookups only ``whole`` is measured. The last line
-printed is one JSON object (``results[kind][length] = {"ms", "bytes",
-"segments"}``), also written to benchmarks/out/.
+On code without the small lookups only ``whole`` (and ``describe``) is measured.
+The last line printed is one JSON object (``results[kind][length] = {"ms",
+"bytes", "segments"}``), also written to benchmarks/out/.
 
-Usage: ``python benchmarks/bench_shard_lookups.py [--lengths 1,400,1000] [--repeats 50]``
+Usage: ``python benchmarks/bench_shard_lookups.py [--lengths 1,400,1000] [--partitions 4] [--repeats 50]``
 """
 
 from __future__ import annotations
@@ -58,16 +65,18 @@ def _measure(call: Callable[[], Any], repeats: int) -> dict[str, float]:
         answer = call()
         times.append(time.perf_counter() - started)
     assert answer is not None
+    shards = answer.shards if hasattr(answer, "shards") else [answer]
     return {
         "ms": round(statistics.median(times) * 1000.0, 4),
         "bytes": answer.ByteSize(),
-        "segments": len(answer.segments),
+        "segments": sum(len(shard.segments) for shard in shards),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--lengths", default="1,400,1000")
+    parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=50)
     args = parser.parse_args()
     lengths = sorted(int(part) for part in args.lengths.split(","))
@@ -76,19 +85,25 @@ def main() -> None:
     from robustmq.meta._controller import MetaController
     from robustmq.meta._store import RocksDBMetaStore
 
-    results: dict[str, dict[int, dict[str, float]]] = {"whole": {}, "tail": {}, "offset": {}}
+    kinds = ("whole", "tail", "offset", "describe", "describe_tail")
+    results: dict[str, dict[int, dict[str, float]]] = {kind: {} for kind in kinds}
     with tempfile.TemporaryDirectory() as root:
         controller = MetaController(RocksDBMetaStore(Path(root) / "store"), node_timeout_ms=600_000)
         try:
             controller.register_node("n1", "tcp://127.0.0.1:7101")
             controller.heartbeat("n1", "tcp://127.0.0.1:7101", [], 0)
-            controller.create_topic("bench", pb.TopicConfig())
+            controller.create_topic("bench", pb.TopicConfig(partitions=args.partitions))
             shard = "bench_0"
             try:
                 controller.get_shard(shard, tail=1)
                 small = True
             except TypeError:  # code from before the small lookups
                 small = False
+            try:
+                controller.describe_topic("bench", tail=1)
+                small_describe = True
+            except TypeError:  # code from before DescribeTopic's tail
+                small_describe = False
             current = 1
             for length in lengths:
                 current = _grown(controller, shard, length, current, small)
@@ -101,12 +116,25 @@ def main() -> None:
                     results["offset"][length] = _measure(
                         lambda at=middle: controller.get_shard(shard, offset=at), args.repeats
                     )
+                results["describe"][length] = _measure(
+                    lambda: controller.describe_topic("bench"), args.repeats
+                )
+                if small_describe:
+                    results["describe_tail"][length] = _measure(
+                        lambda: controller.describe_topic("bench", tail=1), args.repeats
+                    )
                 print(length, {kind: by_length.get(length) for kind, by_length in results.items()})
         finally:
             controller.close()
     emit(
         "bench_shard_lookups",
-        {"lengths": lengths, "repeats": args.repeats, "small_lookups": small},
+        {
+            "lengths": lengths,
+            "partitions": args.partitions,
+            "repeats": args.repeats,
+            "small_lookups": small,
+            "small_describe": small_describe,
+        },
         {kind: by_length for kind, by_length in results.items() if by_length},
     )
 

@@ -102,7 +102,7 @@ def check_target(options: SinkOptions) -> None:
         return
     client = client_for(options.meta_address, options.request_timeout_s, options.credentials)
     try:
-        client.meta.describe_topic(options.topic)
+        client.meta.describe_topic(options.topic, tail=1)
     except TopicNotFound:
         raise option_error(
             "topic",

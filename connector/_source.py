@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import re
 import threading
@@ -193,7 +194,7 @@ class TopicReader:
                     # A secured cluster lists only the topics the user may describe: one it may
                     # not is an AuthorizationFailed naming user, operation and topic, not "missing".
                     with contextlib.suppress(TopicNotFound):
-                        self._call(self.client.meta.describe_topic, name)
+                        self._call(functools.partial(self.client.meta.describe_topic, name, tail=1))
                 raise self._missing(name)
         for name, partitions in (self.options.assign or {}).items():
             count = int(topics[name].config.partitions)
@@ -542,7 +543,8 @@ class TopicReader:
         """False (after a warning) when the topic was deleted or re-created since the range was
         planned and ``failOnDataLoss=false``; raises when it is true."""
         try:
-            current: dict[str, int] | None = identity_of(self.client.meta.describe_topic(part.topic).topic)
+            described = self.client.meta.describe_topic(part.topic, tail=1).topic
+            current: dict[str, int] | None = identity_of(described)
         except TopicNotFound:
             current = None
         if current is not None and same_topic(dict(part.identity), current):

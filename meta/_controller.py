@@ -333,16 +333,32 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
         with self._locked():
             return self._topics.page(page_token, limit)
 
-    def describe_topic(self, name: str) -> pb.TopicDescription:
+    def describe_topic(self, name: str, *, tail: int = 0) -> pb.TopicDescription:
+        """The topic and each shard's chain and leader, by partition: the whole chains, or with
+        ``tail`` only each chain's last ``tail`` segments, read from the chain's end (as
+        :meth:`get_shard` does), so the cost grows with the partitions, not the chains. Each
+        shard's ``log_start_offset`` and ``first_epoch`` name its chain's first segment either
+        way. A negative ``tail`` is ``InvalidRequest``."""
         name = require_topic(name)
+        if tail < 0:
+            raise InvalidRequest(f"tail must not be negative, got {tail}", topic=name, tail=tail)
         with self._locked():
             topic = self._topics.require(name)
-            chains = self._topics.chains(name)
             addresses = {node.node_id: node.address for node in self._nodes.all()}
-            shards = [
-                self._shard_info(topic, partition, chains[partition], addresses)
-                for partition in sorted(chains)
-            ]
+            if tail == 0:
+                chains = self._topics.chains(name)
+                shards = [
+                    self._shard_info(topic, partition, chains[partition], addresses)
+                    for partition in sorted(chains)
+                ]
+            else:
+                shards = []
+                for partition in range(topic.config.partitions):
+                    try:
+                        first, last = self._topics.chain_ends(name, partition, tail)
+                    except ShardNotFound:  # as the whole chains: a shard without one is left out
+                        continue
+                    shards.append(self._shard_info(topic, partition, last, addresses, first))
         return pb.TopicDescription(topic=topic, shards=shards)
 
     def get_shard(self, shard: str, *, tail: int = 0, offset: int | None = None) -> pb.ShardInfo:

@@ -257,7 +257,7 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
 
     @_answers_errors
     def DescribeTopic(self, request: pb.TopicRequest, context: Any) -> pb.TopicDescription:
-        return self._controller.describe_topic(request.name)
+        return self._controller.describe_topic(request.name, tail=request.tail)
 
     @_answers_errors
     def DeleteTopic(self, request: pb.DeleteTopicRequest, context: Any) -> pb.DeleteTopicResponse:

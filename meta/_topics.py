@@ -17,8 +17,9 @@ clock, even after a store is wiped and started afresh.
 
 Reads go straight to the store. A lookup of part of a chain (its ends, the
 segments from the one holding an offset: ``GetShard`` with ``tail`` or
-``offset``) reads about ``log2(length)`` segments plus those it answers, by a
-reverse scan, point reads by epoch and a short scan, never the whole chain.
+``offset``, ``DescribeTopic`` with ``tail`` for each shard) reads about
+``log2(length)`` segments plus those it answers, by a reverse scan, point
+reads by epoch and a short scan, never the whole chain.
 Writes are staged into a
 :class:`~robustmq.meta._store.WriteSet` that the caller commits with everything
 else the operation changes. Not locked here: the controller's lock covers it.

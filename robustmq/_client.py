@@ -136,8 +136,10 @@ class Client:
     def list_topics(self) -> list[str]:
         return sorted(topic.name for topic in self.meta.list_topics())
 
-    def describe_topic(self, name: str) -> pb.TopicDescription:
-        return self.meta.describe_topic(name)
+    def describe_topic(self, name: str, *, tail: int = 0) -> pb.TopicDescription:
+        """The topic and each shard's chain (with ``tail``, only each chain's last ``tail``
+        segments)."""
+        return self.meta.describe_topic(name, tail=tail)
 
     def delete_topic(self, name: str, *, incarnation: int | None = None) -> None:
         """Delete a topic; returns once no storage node can take writes of it any more.

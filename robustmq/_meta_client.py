@@ -519,7 +519,7 @@ class MetaClient:
             # After a lost answer, the topic may be our own earlier attempt's:
             # that is success only if it is exactly what was asked for.
             if attempts > 1:
-                existing = self.describe_topic(name).topic
+                existing = self.describe_topic(name, tail=1).topic
                 if existing.config == _resolved(config):
                     return existing
             raise
@@ -556,8 +556,12 @@ class MetaClient:
         """Every topic, sorted by name, following the pages."""
         return sorted(_follow_pages(self.list_topics_page, page_size), key=lambda topic: topic.name)
 
-    def describe_topic(self, name: str) -> pb.TopicDescription:
-        return self._call(self._stub.DescribeTopic, pb.TopicRequest(name=name), "read")
+    def describe_topic(self, name: str, *, tail: int = 0) -> pb.TopicDescription:
+        """The topic and each shard's whole chain, or with ``tail`` only each chain's last
+        ``tail`` segments (a small answer whatever the chains' lengths: what routing writes
+        needs). Each shard's ``log_start_offset`` and ``first_epoch`` name its chain's first
+        segment either way."""
+        return self._call(self._stub.DescribeTopic, pb.TopicRequest(name=name, tail=tail), "read")
 
     def delete_topic(
         self, name: str, *, incarnation: int | None = None, wait: bool = True

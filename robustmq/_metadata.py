@@ -3,7 +3,9 @@
 Entries are filled from the Meta Service on first use and dropped by
 :meth:`Metadata.invalidate` when a node answers ``NotLeader``,
 ``SegmentSealed``, ``StaleEpoch`` or ``ShardNotFound`` (or after ``ttl_s``),
-so the next request re-reads them. A shard is looked up in a few hundred
+so the next request re-reads them. A topic is looked up with ``DescribeTopic``
+and ``tail = 1`` (:data:`TOPIC_TAIL`): its config and each shard's active
+segment, which fill the shard cache. A shard is looked up in a few hundred
 bytes whatever the length of its chain (up to the 1,000 segments of the Meta
 Service's quota): ``GetShard`` with ``tail = 1`` (the active segment) for
 writes and reads of the active segment, with ``offset`` (the segments from the
@@ -46,7 +48,11 @@ from typing import Any
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import InvalidRequest
 
-__all__ = ["Metadata", "Route"]
+__all__ = ["TOPIC_TAIL", "Metadata", "Route"]
+
+# Segments of each chain the topic cache asks ``DescribeTopic`` for: the active one, what a write
+# route needs (reads of older offsets look them up by offset).
+TOPIC_TAIL = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +89,7 @@ class Metadata:
             cached = self._topics.get(name)
         if cached and time.monotonic() - cached[0] < self._ttl_s:
             return cached[1]
-        description = self._meta.describe_topic(name)
+        description = self._meta.describe_topic(name, tail=TOPIC_TAIL)
         now = time.monotonic()
         with self._lock:
             self._topics[name] = (now, description.topic)

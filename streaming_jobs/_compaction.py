@@ -676,7 +676,7 @@ class CompactMerger:
         assert self.meta_address is not None
         try:
             client = client_for(self.meta_address, credentials=self.credentials)
-            described = client.describe_topic(self.topic).topic
+            described = client.describe_topic(self.topic, tail=1).topic
         except TopicNotFound:
             raise TopicNotFound(
                 f"topic {self.topic} was deleted; the compacted table {self.location.uri} keeps what it "

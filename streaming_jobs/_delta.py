@@ -465,9 +465,8 @@ class DeltaAppender:
         from robustmq.errors import TopicNotFound
 
         try:
-            described = (
-                client_for(self.meta_address, credentials=self.credentials).describe_topic(topic).topic
-            )
+            client = client_for(self.meta_address, credentials=self.credentials)
+            described = client.describe_topic(topic, tail=1).topic
             return tuple(sorted(identity_of(described).items()))
         except TopicNotFound:
             if self.fail_on_data_loss:

@@ -132,7 +132,7 @@ def compacted_topic(
 
     with robustmq.connect(meta_address, timeout_s=timeout_s, credentials=credentials) as client:
         try:
-            described = client.describe_topic(topic).topic
+            described = client.describe_topic(topic, tail=1).topic
         except TopicNotFound:
             raise TopicNotFound(f"topic {topic!r} does not exist at {meta_address}", topic=topic) from None
     if described.config.cleanup_policy != COMPACT_POLICY:

@@ -287,7 +287,7 @@ class _FailingOver:
         self.sent: list[tuple[str, str, int]] = []  # (address, request kind, epoch)
 
     # the Meta Service
-    def describe_topic(self, name: str) -> pb.TopicDescription:
+    def describe_topic(self, name: str, **asked: Any) -> pb.TopicDescription:
         return pb.TopicDescription(
             topic=pb.Topic(name=name, config=pb.TopicConfig(partitions=1), incarnation=1),
             shards=[self.get_shard("t_0")],

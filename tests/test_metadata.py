@@ -47,7 +47,7 @@ class _Meta:
         self.dead = dead
         self.node_listings = 0
 
-    def describe_topic(self, name: str) -> pb.TopicDescription:
+    def describe_topic(self, name: str, **asked: Any) -> pb.TopicDescription:
         topic = pb.Topic(name=name, config=pb.TopicConfig(partitions=1), incarnation=5)
         return pb.TopicDescription(topic=topic, shards=[_shard()])
 
@@ -127,7 +127,7 @@ class _TieredMeta(_Meta):
         info.segments[1].state = pb.TIERED
         return info
 
-    def describe_topic(self, name: str) -> pb.TopicDescription:
+    def describe_topic(self, name: str, **asked: Any) -> pb.TopicDescription:
         description = super().describe_topic(name)
         del description.shards[:]
         description.shards.append(self.get_shard(f"{name}_0"))
@@ -166,9 +166,11 @@ class _Asking:
     def __init__(self, controller: MetaController) -> None:
         self.controller = controller
         self.asked: list[tuple[int, int | None]] = []  # (tail, offset) of each get_shard
+        self.described: list[int] = []  # the tail of each describe_topic
 
-    def describe_topic(self, name: str) -> pb.TopicDescription:
-        return self.controller.describe_topic(name)
+    def describe_topic(self, name: str, *, tail: int = 0) -> pb.TopicDescription:
+        self.described.append(tail)
+        return self.controller.describe_topic(name, tail=tail)
 
     def get_shard(self, shard: str, **asked: Any) -> pb.ShardInfo:
         self.asked.append((asked.get("tail", 0), asked.get("offset")))
@@ -194,6 +196,24 @@ def long_chain(tmp_path: Path) -> Iterator[MetaController]:
         yield controller
     finally:
         controller.close()
+
+
+def test_the_topic_cache_asks_for_each_chains_active_segment_and_routes_writes_with_it(
+    long_chain: MetaController,
+) -> None:
+    meta = _Asking(long_chain)
+    metadata = Metadata(meta, reader_id=0)
+    assert metadata.partitions("t") == 1
+    assert meta.described == [1]
+    cached = metadata.shard("t", 0)
+    assert [s.epoch for s in cached.segments] == [39]
+    assert (cached.log_start_offset, cached.first_epoch) == (50, 5)
+    assert metadata.write_route("t", 0).epoch == 39  # from the description: no lookup
+    assert metadata.read_route("t", 0, 395).epoch == 39
+    assert metadata.read_route("t", 0, 49).epoch == 39  # below the log start: the leader says so
+    assert meta.asked == []
+    assert metadata.read_route("t", 0, 123).epoch == 12  # an older offset: looked up by offset
+    assert meta.asked == [(0, 123)]
 
 
 def test_routes_ask_for_the_active_segment_or_the_segments_from_an_offset(long_chain: MetaController) -> None:

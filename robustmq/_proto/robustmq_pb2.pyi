@@ -176,10 +176,12 @@ class CreateTopicRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ...) -> None: ...
 
 class TopicRequest(_message.Message):
-    __slots__ = ("name",)
+    __slots__ = ("name", "tail")
     NAME_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    tail: int
+    def __init__(self, name: _Optional[str] = ..., tail: _Optional[int] = ...) -> None: ...
 
 class DeleteTopicRequest(_message.Message):
     __slots__ = ("name", "incarnation", "record_only")

@@ -164,7 +164,7 @@ def _alter(client: Client, args: argparse.Namespace) -> None:
     settings = dict(args.settings)
     if len(settings) != len(args.settings):
         raise InvalidConfig("a setting is given twice", field="set")
-    before = client.describe_topic(args.name).topic.config
+    before = client.describe_topic(args.name, tail=1).topic.config
     topic = client.alter_topic(args.name, **settings)
     changes = [
         f"{name}={_shown(topic.config, name)} (was {_shown(before, name)})"
@@ -411,7 +411,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
             print(f"deleted group {args.group_name} ({plural(removed, 'committed offset')})")
             return 0
         if args.topic:
-            client.describe_topic(args.topic)  # an unknown topic is an error, not "no groups"
+            client.describe_topic(args.topic, tail=1)  # an unknown topic is an error, not "no groups"
         groups = [args.group] if args.group else client.list_groups()
         rows = []
         for group in groups:

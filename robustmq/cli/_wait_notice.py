@@ -39,7 +39,7 @@ def waiting_reasons(meta: Any, topic: str, acks: str, now_ms: int) -> list[str]:
     from for :data:`SILENT_AFTER_MS`: which member, how long, and when the wait ends."""
     nodes = {node.node_id: node for node in meta.list_nodes()}
     reasons = []
-    for shard in sorted(meta.describe_topic(topic).shards, key=lambda s: s.partition):
+    for shard in sorted(meta.describe_topic(topic, tail=1).shards, key=lambda s: s.partition):
         active = shard.segments[-1]
         isr = list(active.isr) or [active.leader]
         silent = []

@@ -8,7 +8,8 @@ that needs its answer is parked by the shard's I/O worker, which hands a
 queue order with the shard's writes. Jobs:
 
 - ``lookup``: ``GetShard`` plus, the first time for a topic incarnation,
-  ``DescribeTopic`` for its config (cached per topic and incarnation; an
+  ``DescribeTopic`` for its config (with ``tail = 1``: no whole chains;
+  cached per topic and incarnation; an
   altered config replaces it, :meth:`MetaControl.take_configs`), to
   resolve a shard the node has not served since it started or to refresh it
   when a client names a newer epoch. Installing a memory-engine shard this
@@ -351,15 +352,16 @@ class MetaControl:
     def _config(self, info: pb.ShardInfo) -> pb.TopicConfig:
         """The topic's config at ``info``'s incarnation, asked once per topic and incarnation.
 
-        It is copied out of the answer: a protobuf sub-message keeps its whole parent
-        alive, and a description of a 1,000-partition topic is ~400 kB.
+        Asked with ``tail = 1`` (each shard's active segment, not its whole chain), and copied
+        out of the answer: a protobuf sub-message keeps its whole parent alive, and a
+        description of a 1,000-partition topic is ~100 kB even so.
         """
         topic, _ = split_shard_name(info.shard)
         with self._configs_lock:
             cached = self._configs.get(topic)
         if cached is not None and cached[0] == info.incarnation:
             return cached[1]
-        description = self._meta.describe_topic(topic)
+        description = self._meta.describe_topic(topic, tail=1)
         if description.topic.incarnation != info.incarnation:  # deleted and re-created in between
             raise Unavailable(
                 f"topic {topic} changed while shard {info.shard} was resolved", shard=info.shard

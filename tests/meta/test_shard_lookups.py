@@ -1,12 +1,13 @@
-"""``GetShard`` lookups that cost the same on a 400-segment chain as on a 1-segment one
-(issue 22, item 5).
+"""``GetShard`` and ``DescribeTopic`` lookups that cost the same on a 400-segment chain as on
+a 1-segment one (issue 22, item 5).
 
 A client routing a write needs the active segment (``tail = 1``); one routing a
-read of an older offset needs the segment holding it (``offset``). Both are
-answered from the chain's ends, a bisection by start offset and a short scan,
-never a walk of the whole chain: the tests count the segments the controller
-reads from its store and serializes, not time. Answers are checked against the
-whole chain, the plain reference.
+read of an older offset needs the segment holding it (``offset``); its topic
+cache needs each shard's active segment (``DescribeTopic`` with ``tail``). They
+are answered from the chains' ends, a bisection by start offset and a short
+scan, never a walk of a whole chain: the tests count the segments the
+controller reads from its store and serializes, not time. Answers are checked
+against the whole chains, the plain reference.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 
 from robustmq._meta_client import MetaClient
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq.errors import InvalidRequest, ShardNotFound
+from robustmq.errors import InvalidRequest, ShardNotFound, TopicNotFound
 from robustmq.meta import MetaServer
 from robustmq.meta import _keys as keys
 from robustmq.meta._controller import OFFSET_LOOKUP_SEGMENTS, MetaController
@@ -79,9 +80,13 @@ def chains(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MetaContr
         controller.heartbeat("n1", "tcp://127.0.0.1:7101", [], 0)
         for name in ("short", "long", "trimmed"):
             controller.create_topic(name, pb.TopicConfig(retention_records=35 if name == "trimmed" else -1))
+        controller.create_topic("wide", pb.TopicConfig(partitions=4, retention_records=35))
         _grow(controller, "long_0", LONG)
         _grow(controller, "trimmed_0", 10)
         controller.apply_retention("trimmed", 0)
+        for partition, length in ((1, 10), (2, 3)):  # wide_1 trimmed to epochs 5-9; wide_0, wide_3: one
+            _grow(controller, f"wide_{partition}", length)
+            controller.apply_retention("wide", partition)
         yield controller, store
     finally:
         controller.close()
@@ -142,6 +147,50 @@ def test_every_lookup_answers_what_the_whole_chain_says(chains: tuple[MetaContro
                     assert store.segments_read <= OFFSET_LOOKUP_READS + tail, where
 
 
+def test_a_topics_description_with_a_tail_costs_as_much_on_400_segments_as_on_one(
+    chains: tuple[MetaController, CountingStore],
+) -> None:
+    controller, store = chains
+    costs: dict[tuple[str, int], tuple[int, int]] = {}  # (topic, tail) -> (segments read, bytes)
+    for topic in ("short", "long"):
+        for tail in (0, 1):
+            store.segments_read = 0
+            answer = controller.describe_topic(topic, tail=tail)
+            costs[topic, tail] = (store.segments_read, answer.ByteSize())
+    assert costs["long", 0][0] == LONG and costs["long", 0][1] > 10 * SMALL_ANSWER_BYTES, costs
+    assert costs["short", 1][0] == 1 and costs["long", 1][0] <= 2, costs
+    assert costs["long", 1][1] < SMALL_ANSWER_BYTES, costs
+
+
+def test_every_description_with_a_tail_answers_what_the_whole_chains_say(
+    chains: tuple[MetaController, CountingStore],
+) -> None:
+    controller, store = chains
+    for topic in ("long", "trimmed", "short", "wide"):
+        whole = controller.describe_topic(topic)
+        assert whole == controller.describe_topic(topic, tail=0)
+        for tail in (1, 2, 3, LONG + 5):
+            store.segments_read = 0
+            answer = controller.describe_topic(topic, tail=tail)
+            where = (topic, tail)
+            assert answer.topic == whole.topic, where
+            assert [s.partition for s in answer.shards] == [s.partition for s in whole.shards], where
+            for shard, full in zip(answer.shards, whole.shards, strict=True):
+                assert list(shard.segments) == list(full.segments)[-tail:], where
+                first = full.segments[0]
+                assert (shard.log_start_offset, shard.first_epoch) == (first.start_offset, first.epoch), where
+                assert (full.log_start_offset, full.first_epoch) == (first.start_offset, first.epoch), where
+                expected = pb.ShardInfo()
+                expected.CopyFrom(full)
+                del expected.segments[:]
+                expected.segments.extend(shard.segments)
+                assert shard == expected, where  # leader, watermarks, incarnation as in the whole
+            if tail <= 3:
+                assert store.segments_read <= len(whole.shards) * (tail + 1), where
+    wide = controller.describe_topic("wide", tail=1)
+    assert [(s.first_epoch, s.segments[-1].epoch) for s in wide.shards] == [(0, 0), (5, 9), (0, 2), (0, 0)]
+
+
 def test_a_trimmed_chain_says_where_it_starts_and_an_offset_before_it_finds_no_segment(
     chains: tuple[MetaController, CountingStore],
 ) -> None:
@@ -164,6 +213,11 @@ def test_a_negative_tail_or_offset_is_refused(chains: tuple[MetaController, Coun
     with pytest.raises(ShardNotFound) as missing:
         controller.get_shard("long_7", tail=1)
     assert "last_incarnation" in missing.value.fields
+    with pytest.raises(InvalidRequest) as caught:
+        controller.describe_topic("long", tail=-3)
+    assert caught.value.fields["tail"] == -3
+    with pytest.raises(TopicNotFound):
+        controller.describe_topic("missing", tail=1)
 
 
 def test_the_lookups_go_over_grpc(tmp_path: Path) -> None:
@@ -180,6 +234,11 @@ def test_the_lookups_go_over_grpc(tmp_path: Path) -> None:
         assert [s.epoch for s in client.get_shard("t_0", offset=0, tail=1).segments] == [*range(8), 20]
         with pytest.raises(InvalidRequest):
             client.get_shard("t_0", tail=-2)
+        assert [len(s.segments) for s in client.describe_topic("t").shards] == [21]
+        described = client.describe_topic("t", tail=2).shards[0]
+        assert [s.epoch for s in described.segments] == [19, 20] and described.first_epoch == 0
+        with pytest.raises(InvalidRequest):
+            client.describe_topic("t", tail=-1)
         channel = grpc.insecure_channel(server.address)
         try:
             bad = channel.unary_unary("/robustmq.MetaService/GetShard")(

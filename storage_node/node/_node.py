@@ -10,7 +10,13 @@ Threads and what bounds them:
   memory does not grow with load. What one connection may cost (requests in
   flight, answer bytes not sent yet, connections past the descriptor budget,
   peers that do not read) is bounded by ``_peers``; every send on the ROUTER
-  that fails is counted and logged, never raised. Answers from other threads reach it through
+  that fails is counted and logged, never raised. Per-principal quotas
+  (``_throttle``): a request is charged to its principal's rates before it is
+  routed, a read answer's bytes when it is sent, and an answer past a rate
+  carries ``throttle_ms``; while a principal is throttled the front end holds
+  its new requests (bounded) and routes them once the time has passed. The
+  quota entries come from the Meta Service when a heartbeat's ``acl_version``
+  moves (``sync_quotas``). Answers from other threads reach it through
   an inproc PULL socket (ZeroMQ sockets are not thread-safe) and leave on the
   ROUTER. It also expires parked long-poll fetches, from local state only.
 - **I/O workers** (``io_workers``, default: CPU count): everything that writes
@@ -939,6 +945,7 @@ class StorageNode(NodeReads):
             self._answer_fetch_empty(request)
         stopping = Unavailable(f"storage node {self.node_id} is stopping; try again")
         for request in self.throttle.drain_held():
+            request.size_bytes = 0  # held, never counted in the queued bytes
             self.reply(request, error_response(request.message.correlation_id, stopping))
         self._refuse_unread(_STOP_ANSWERS - refused)
 
@@ -1023,6 +1030,7 @@ class StorageNode(NodeReads):
                         reason="throttled",
                         retry_after_ms=1,
                     )
+                    request.size_bytes = 0  # held, never counted in the queued bytes
                     self.reply(request, error_response(message.correlation_id, error))
                     continue
                 try:

@@ -54,6 +54,7 @@ from robustmq.tier._store import ObjectStore
 from . import _keys as keys
 from ._acls import AclControl
 from ._chains import checked_isr, sealed_segment
+from ._client_quotas import ClientQuotaControl
 from ._deletions import DeletionControl
 from ._liveness import Liveness
 from ._load import AssignmentVersions, ClusterLoad
@@ -106,7 +107,9 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionControl, AclControl):
+class MetaController(
+    ReplicaControl, TieringControl, RetentionControl, DeletionControl, AclControl, ClientQuotaControl
+):
     """Topics, segments, nodes and group offsets behind one lock.
 
     Parameters
@@ -167,6 +170,7 @@ class MetaController(ReplicaControl, TieringControl, RetentionControl, DeletionC
         # seals pass the segment quota and the seal interval. One entry per shard at most.
         self._asked_seals: dict[str, int] = {}
         self._load_acls()
+        self._load_client_quotas()
 
     def _check_format(self) -> None:
         """Refuse a store of another format; upgrade an older one.

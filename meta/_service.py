@@ -450,6 +450,27 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
             revoked_certificates=self.auth.revocations.fingerprints(),
         )
 
+    # -- per-principal quotas of the storage nodes (docs/operators.md, "Quotas") -----------
+
+    @_answers_errors
+    def SetQuota(self, request: pb.QuotaEntry, context: Any) -> pb.Empty:
+        quota = self._controller.set_client_quota(request)
+        logger.info("quota %s set by %s", quota, self.caller())
+        return pb.Empty()
+
+    @_answers_errors
+    def DeleteQuota(self, request: pb.DeleteQuotaRequest, context: Any) -> pb.DeleteQuotaResponse:
+        deleted = self._controller.delete_client_quota(request.principal)
+        if deleted:
+            logger.info("quota of %s removed by %s", request.principal.strip(), self.caller())
+        return pb.DeleteQuotaResponse(deleted=deleted)
+
+    @_answers_errors
+    def ListQuotas(self, request: pb.Empty, context: Any) -> pb.ListQuotasResponse:
+        version = self.acl_version()  # first: a change meanwhile shows as a newer version later
+        quotas = self._controller.list_client_quotas()
+        return pb.ListQuotasResponse(quotas=[quota.to_pb() for quota in quotas], acl_version=version)
+
     @_answers_errors
     def InitProducerId(self, request: pb.InitProducerIdRequest, context: Any) -> pb.InitProducerIdResponse:
         # With security on, the answer carries a token bound to the caller's principal, its CURVE

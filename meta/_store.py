@@ -51,6 +51,9 @@ so numbers sort in numeric order within a prefix::
     "F" sha256(certificate DER)                  Revocation (protobuf): a revoked certificate
                                                  (meta/_revocations.py)
     "H"                                          be64(revocation version): bumped by every revocation
+    "M" text(principal)                          QuotaEntry (protobuf): a principal's quotas on the
+                                                 storage nodes (meta/_client_quotas.py); a change
+                                                 bumps "K"
 
 A topic's incarnation (in its ``T`` record and every ``ShardInfo``) is unique
 per creation of its name; topics from before incarnations have 0. A ``D``

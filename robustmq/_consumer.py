@@ -48,6 +48,7 @@ import pyarrow as pa
 from robustmq._frame import decode_frames
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import partition_column
+from robustmq._transport import Throttling
 from robustmq.errors import InvalidRequest, OffsetOutOfRange, RobustMQError
 
 __all__ = ["Consumer", "Record", "first_offsets"]
@@ -85,6 +86,12 @@ class Consumer:
         Only these partitions (default: all).
     max_wait_ms
         How long one fetch waits on the node for new records.
+
+    Attributes
+    ----------
+    throttling
+        Throttle times the nodes put on this consumer's fetch answers (its principal over
+        its fetch quota; docs/client.md, "Throttling"): ``requests``, ``total_ms``, ``last_ms``.
     """
 
     def __init__(
@@ -130,6 +137,7 @@ class Consumer:
         self._in_flight: dict[int, Future[Any]] = {}
         # partition -> (when its fetches began to fail, when to ask again, failed attempts)
         self._failing: dict[int, tuple[float, float, int]] = {}
+        self.throttling = Throttling()
         # partition -> the nodes its fetches failed on since its last success (read elsewhere)
         self._avoid: dict[int, set[str]] = {}
         self._last_commit = time.monotonic()
@@ -273,6 +281,8 @@ class Consumer:
         self._failing.pop(partition, None)
         self._avoid.pop(partition, None)
         fetch = response.fetch
+        if fetch.throttle_ms:  # the node held back for its quota; the transport waits as long
+            self.throttling.record(fetch.throttle_ms)
         if fetch.next_offset <= offset:
             return None
         records = decode_frames([frame.buffer for frame in frames], offset, fetch.next_offset)

@@ -871,3 +871,17 @@ class MetaClient:
             principal=principal, resource_type=resource_type, resource_name=resource_name
         )
         return self._call(self._stub.ListAcls, request, "read")
+
+    def set_quota(self, entry: pb.QuotaEntry) -> None:
+        """Store a principal's quota entry (docs/operators.md, "Quotas"), replacing its former one:
+        a rate the entry leaves unset falls back to the ``*`` entry's, then to the node's."""
+        self._call(self._stub.SetQuota, entry, "idempotent")
+
+    def delete_quota(self, principal: str) -> bool:
+        """Remove ``principal``'s quota entry; whether there was one."""
+        answer = self._call(self._stub.DeleteQuota, pb.DeleteQuotaRequest(principal=principal), "idempotent")
+        return bool(answer.deleted)
+
+    def list_quotas(self) -> pb.ListQuotasResponse:
+        """Every quota entry, and the ``acl_version`` they are as of."""
+        return self._call(self._stub.ListQuotas, pb.Empty(), "read")

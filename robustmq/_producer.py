@@ -76,6 +76,7 @@ from robustmq._request_limits import (
     split_rows,
     too_large,
 )
+from robustmq._transport import Throttling
 from robustmq.errors import InvalidRequest, RequestTimeout, RobustMQError
 from robustmq.security._client_auth import Renewal
 
@@ -288,6 +289,13 @@ class Producer:
         delivery timeout.
     idempotent
         Send with a producer id and sequences (default True).
+
+    Attributes
+    ----------
+    throttling
+        Throttle times the nodes put on this producer's answers (its principal over a quota
+        there; docs/client.md, "Throttling"): ``requests``, ``total_ms``, ``last_ms``. Its
+        requests to such a node wait that long; nothing fails for it.
     """
 
     def __init__(
@@ -339,6 +347,8 @@ class Producer:
         self._flushing = 0
         self._closed = False
         self._abandoned = False  # close() gave up: retries fail instead of queueing again
+        # Throttle times the nodes put on this producer's answers (docs/client.md, "Throttling").
+        self.throttling = Throttling()
         self._sender = threading.Thread(target=self._send_loop, name="rmq-producer", daemon=True)
         self._sender.start()
 
@@ -758,6 +768,8 @@ class Producer:
         else:
             assert done is not None
             response = done.result()[0].produce
+            if response.throttle_ms:  # its principal is over a quota there: the transport waits
+                self.throttling.record(response.throttle_ms)
             offset = response.base_offset  # the members' records follow each other in the request
             for member in batch.members():
                 member.finish(base_offset=offset, duplicate=response.duplicate)

@@ -51,6 +51,16 @@ reached is forgotten by the book, so the next request looks its key up again.
 The transport then has a ZeroMQ context of its own (its I/O thread encrypts;
 see :data:`~robustmq.security._curve.CLIENT_IO_THREADS`).
 Without security nothing of this runs.
+
+Quotas (docs/client.md, "Throttling"): a node whose answer carries ``throttle_ms`` (the
+caller's principal went past one of its quotas there), or that refuses a request ``Busy``
+with ``reason="throttled"`` and ``retry_after_ms``, has held back for that long: every
+request to that node waits in the I/O thread, in order, until the time has passed, as a
+Kafka client mutes a throttled broker's connection. (A node holds a throttled principal's
+requests itself, so a client that did not wait would gain nothing.) The waiting requests
+keep their deadlines and their in-flight slots, so the wait is bounded like any other.
+:attr:`NodeTransport.throttling` counts the throttled answers, and a warning says so at
+most every :data:`THROTTLE_LOG_EVERY_S`.
 """
 
 from __future__ import annotations
@@ -60,6 +70,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -68,12 +79,19 @@ import zmq.utils.monitor
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._wire import error_from_info
-from robustmq.errors import InvalidRequest, RecordBatchTooLarge, RequestTimeout, Unavailable
+from robustmq.errors import Busy, InvalidRequest, RecordBatchTooLarge, RequestTimeout, Unavailable
 
 if TYPE_CHECKING:
     from robustmq.security._curve import ClientSecurity
 
-__all__ = ["MAX_MESSAGE_BYTES", "NodeTransport", "Reply"]
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "THROTTLE_LOG_EVERY_S",
+    "NodeTransport",
+    "Reply",
+    "Throttling",
+    "throttle_ms_of",
+]
 
 # A storage node's largest ZeroMQ message (``NodeConfig.max_message_bytes``, ZMQ_MAXMSGSIZE).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -95,9 +113,59 @@ RECONNECT_WAIT_S = 0.25
 # its own thread, and a new transport can get the address (``id``) of one just closed.
 _INBOXES = itertools.count(1)
 _MAX_TIMEOUT_MS = 2**32 - 1  # NodeRequest.timeout_ms is a uint32
+_MAX_THROTTLE_WAIT_MS = 30_000  # the longest wait one answer can impose, whatever it says
 # Monitor addresses, unique for the same reason: pyzmq's default names one after the socket's
 # file descriptor, which a socket opened right after another's close gets again.
 _MONITORS = itertools.count(1)
+
+
+THROTTLE_LOG_EVERY_S = 10.0
+_THROTTLED_BODIES = ("produce", "fetch", "read")
+
+
+def throttle_ms_of(response: pb.NodeResponse) -> int:
+    """The ``throttle_ms`` a node put on an answer (0: none)."""
+    body = response.WhichOneof("body")
+    return int(getattr(response, body).throttle_ms) if body in _THROTTLED_BODIES else 0
+
+
+class Throttling:
+    """Throttle times storage nodes asked for (their quotas), for the user to read.
+
+    ``requests``: throttled answers; ``total_ms``: their throttle times added up; ``last_ms``:
+    the latest one. Written by one thread; read from any (plain integers).
+    """
+
+    def __init__(self, what: str = "") -> None:
+        self.requests = 0
+        self.total_ms = 0
+        self.last_ms = 0
+        self._what = what
+        self._logged_at = float("-inf")
+        self._unlogged = (0, 0)
+
+    def record(self, throttle_ms: int, address: str = "") -> None:
+        self.requests += 1
+        self.total_ms += throttle_ms
+        self.last_ms = throttle_ms
+        if not self._what:
+            return
+        count, total = self._unlogged
+        self._unlogged = (count + 1, total + throttle_ms)
+        now = time.monotonic()
+        if now - self._logged_at >= THROTTLE_LOG_EVERY_S:
+            self._logged_at = now
+            count, total = self._unlogged
+            self._unlogged = (0, 0)
+            log.warning(
+                "%s: throttled by storage node %s (the principal is over its quota there): "
+                "%d answer(s), %d ms of waits in all since the last warning; last %d ms",
+                self._what,
+                address,
+                count,
+                total,
+                throttle_ms,
+            )
 
 
 def _timeout_ms(deadline: float) -> int:
@@ -139,6 +207,10 @@ class NodeTransport:
         self._slots = threading.BoundedSemaphore(max_in_flight)
         self._ids = itertools.count(1)
         self._closed = threading.Event()
+        # Quotas (module docstring): node address -> when it may be sent to again, and what waits.
+        self._muted: dict[bytes, float] = {}
+        self._waiting: dict[bytes, deque[list[Any]]] = {}
+        self.throttling = Throttling("client")
         self._thread = threading.Thread(target=self._loop, name="rmq-client-io", daemon=True)
         self._thread.start()
 
@@ -262,7 +334,7 @@ class NodeTransport:
         try:
             while not self._closed.is_set():
                 closed_to: set[bytes] = set()  # nodes whose connection closed in this round
-                for socket, _ in poller.poll(50):
+                for socket, _ in poller.poll(self._poll_ms()):
                     if socket.closed:
                         continue
                     for _ in range(1000):
@@ -285,6 +357,8 @@ class NodeTransport:
                 for address in closed_to:
                     self._retire(address, dealers, monitors, poller)
                 went_away |= closed_to
+                if self._muted:
+                    self._unmute(time.monotonic(), dealers, monitors, poller, went_away, server_keys)
                 self._expire(time.monotonic())
         except BaseException:
             log.exception("client I/O thread stopped; failing every pending request")
@@ -294,6 +368,29 @@ class NodeTransport:
             for address in list(dealers):
                 self._retire(address, dealers, monitors, poller)
             self._fail_pending(Unavailable("the client's I/O thread stopped before the node answered"))
+
+    def _poll_ms(self) -> int:
+        if not self._muted:
+            return 50
+        until = min(self._muted.values())
+        return max(0, min(50, int((until - time.monotonic()) * 1000) + 1))
+
+    def _mute(self, address: bytes, throttle_ms: int) -> None:
+        """A node asked this client to wait ``throttle_ms`` before sending to it again (I/O thread)."""
+        self.throttling.record(throttle_ms, address.decode(errors="replace"))
+        until = time.monotonic() + throttle_ms / 1000
+        if until > self._muted.get(address, 0.0):
+            self._muted[address] = until
+
+    def _unmute(self, now: float, *sockets: Any) -> None:
+        """Send what waited for nodes whose throttle time has passed, in order (I/O thread)."""
+        for address, until in list(self._muted.items()):
+            if until > now:
+                continue
+            del self._muted[address]
+            for parts in self._waiting.pop(address, ()):
+                if _deadline_of(parts) > now:  # else _expire fails (or failed) its future
+                    self._send(parts, *sockets)
 
     def _send(
         self,
@@ -305,6 +402,9 @@ class NodeTransport:
         server_keys: dict[bytes, bytes],
     ) -> None:
         address = parts[0].bytes
+        if address in self._muted:  # the node throttled us: wait (module docstring)
+            self._waiting.setdefault(address, deque()).append(parts)
+            return
         if self._security is None:
             server_key, message = b"", parts[2:]
         else:  # the node's CURVE key comes between the deadline and the request
@@ -423,9 +523,21 @@ class NodeTransport:
             log.warning("dropping an undecodable answer from a storage node")
             return
         if response.HasField("error"):
-            self._resolve(response.correlation_id, error=error_from_info(response.error))
+            error = error_from_info(response.error)
+            if isinstance(error, Busy) and error.fields.get("reason") == "throttled":
+                self._throttled(response.correlation_id, _whole_ms(error.fields.get("retry_after_ms")))
+            self._resolve(response.correlation_id, error=error)
         else:
+            throttle_ms = throttle_ms_of(response)
+            if throttle_ms:
+                self._throttled(response.correlation_id, throttle_ms)
             self._resolve(response.correlation_id, reply=(response, list(parts[1:])))
+
+    def _throttled(self, correlation_id: int, throttle_ms: int) -> None:
+        with self._lock:
+            entry = self._pending.get(correlation_id)
+        if entry is not None and throttle_ms > 0:
+            self._mute(entry[2], min(throttle_ms, _MAX_THROTTLE_WAIT_MS))
 
     def _resolve(
         self, correlation_id: int, *, reply: Reply | None = None, error: Exception | None = None
@@ -447,6 +559,9 @@ class NodeTransport:
         if now < self._next_expiry:
             return
         self._next_expiry = now + 0.02  # scanning every 20 ms bounds the work under load
+        for address, waiting in self._waiting.items():  # what waits for a throttled node (I/O thread)
+            if waiting and _deadline_of(waiting[0]) <= now:
+                self._waiting[address] = deque(parts for parts in waiting if _deadline_of(parts) > now)
         with self._lock:
             expired = [(cid, to) for cid, (_, deadline, to) in self._pending.items() if deadline <= now]
         for correlation_id, sent_to in expired:
@@ -455,3 +570,15 @@ class NodeTransport:
                 correlation_id,
                 error=RequestTimeout(f"storage node {node} did not answer in time", address=node),
             )
+
+
+def _whole_ms(value: Any) -> int:
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _deadline_of(parts: list[Any]) -> float:
+    """The deadline a request's parts carry (``request`` puts it second)."""
+    return float.fromhex(parts[1].bytes.decode())

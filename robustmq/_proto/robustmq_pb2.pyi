@@ -797,6 +797,38 @@ class InitProducerIdResponse(_message.Message):
     token: SessionToken
     def __init__(self, producer_id: _Optional[int] = ..., token: _Optional[_Union[SessionToken, _Mapping]] = ...) -> None: ...
 
+class QuotaEntry(_message.Message):
+    __slots__ = ("principal", "produce_bytes_per_s", "fetch_bytes_per_s", "requests_per_s")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    PRODUCE_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    FETCH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    produce_bytes_per_s: int
+    fetch_bytes_per_s: int
+    requests_per_s: int
+    def __init__(self, principal: _Optional[str] = ..., produce_bytes_per_s: _Optional[int] = ..., fetch_bytes_per_s: _Optional[int] = ..., requests_per_s: _Optional[int] = ...) -> None: ...
+
+class DeleteQuotaRequest(_message.Message):
+    __slots__ = ("principal",)
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    def __init__(self, principal: _Optional[str] = ...) -> None: ...
+
+class DeleteQuotaResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class ListQuotasResponse(_message.Message):
+    __slots__ = ("quotas", "acl_version")
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    ACL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    quotas: _containers.RepeatedCompositeFieldContainer[QuotaEntry]
+    acl_version: int
+    def __init__(self, quotas: _Optional[_Iterable[_Union[QuotaEntry, _Mapping]]] = ..., acl_version: _Optional[int] = ...) -> None: ...
+
 class ProduceRequest(_message.Message):
     __slots__ = ("shard", "epoch", "acks", "producer_id", "producer_sequence", "incarnation")
     SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -1024,40 +1056,46 @@ class NodeRequest(_message.Message):
     def __init__(self, correlation_id: _Optional[int] = ..., token: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., produce: _Optional[_Union[ProduceRequest, _Mapping]] = ..., fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., read_by_key: _Optional[_Union[ReadByKeyRequest, _Mapping]] = ..., read_by_tag: _Optional[_Union[ReadByTagRequest, _Mapping]] = ..., offset_for_timestamp: _Optional[_Union[OffsetForTimestampRequest, _Mapping]] = ..., list_offsets: _Optional[_Union[ListOffsetsRequest, _Mapping]] = ..., seal: _Optional[_Union[SealRequest, _Mapping]] = ..., status: _Optional[_Union[StatusRequest, _Mapping]] = ..., scan: _Optional[_Union[ScanRequest, _Mapping]] = ..., replica_fetch: _Optional[_Union[ReplicaFetchRequest, _Mapping]] = ..., fence: _Optional[_Union[FenceRequest, _Mapping]] = ..., checksum: _Optional[_Union[ChecksumRequest, _Mapping]] = ..., producer_snapshot: _Optional[_Union[ProducerSnapshotRequest, _Mapping]] = ..., beat: _Optional[_Union[BeatRequest, _Mapping]] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
-    __slots__ = ("base_offset", "record_count", "duplicate", "high_watermark", "epoch")
+    __slots__ = ("base_offset", "record_count", "duplicate", "high_watermark", "epoch", "throttle_ms")
     BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     RECORD_COUNT_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_MS_FIELD_NUMBER: _ClassVar[int]
     base_offset: int
     record_count: int
     duplicate: bool
     high_watermark: int
     epoch: int
-    def __init__(self, base_offset: _Optional[int] = ..., record_count: _Optional[int] = ..., duplicate: _Optional[bool] = ..., high_watermark: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    throttle_ms: int
+    def __init__(self, base_offset: _Optional[int] = ..., record_count: _Optional[int] = ..., duplicate: _Optional[bool] = ..., high_watermark: _Optional[int] = ..., epoch: _Optional[int] = ..., throttle_ms: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("start_offset", "next_offset", "high_watermark", "log_start_offset")
+    __slots__ = ("start_offset", "next_offset", "high_watermark", "log_start_offset", "throttle_ms")
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_MS_FIELD_NUMBER: _ClassVar[int]
     start_offset: int
     next_offset: int
     high_watermark: int
     log_start_offset: int
-    def __init__(self, start_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
+    throttle_ms: int
+    def __init__(self, start_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., throttle_ms: _Optional[int] = ...) -> None: ...
 
 class ReadResponse(_message.Message):
-    __slots__ = ("next_offset", "high_watermark", "scanned_records")
+    __slots__ = ("next_offset", "high_watermark", "scanned_records", "throttle_ms")
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     SCANNED_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_MS_FIELD_NUMBER: _ClassVar[int]
     next_offset: int
     high_watermark: int
     scanned_records: int
-    def __init__(self, next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., scanned_records: _Optional[int] = ...) -> None: ...
+    throttle_ms: int
+    def __init__(self, next_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., scanned_records: _Optional[int] = ..., throttle_ms: _Optional[int] = ...) -> None: ...
 
 class OffsetResponse(_message.Message):
     __slots__ = ("found", "offset")

@@ -214,6 +214,21 @@ class MetaServiceStub:
                 request_serializer=robustmq__pb2.Empty.SerializeToString,
                 response_deserializer=robustmq__pb2.RevocationList.FromString,
                 _registered_method=True)
+        self.SetQuota = channel.unary_unary(
+                '/robustmq.MetaService/SetQuota',
+                request_serializer=robustmq__pb2.QuotaEntry.SerializeToString,
+                response_deserializer=robustmq__pb2.Empty.FromString,
+                _registered_method=True)
+        self.DeleteQuota = channel.unary_unary(
+                '/robustmq.MetaService/DeleteQuota',
+                request_serializer=robustmq__pb2.DeleteQuotaRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.DeleteQuotaResponse.FromString,
+                _registered_method=True)
+        self.ListQuotas = channel.unary_unary(
+                '/robustmq.MetaService/ListQuotas',
+                request_serializer=robustmq__pb2.Empty.SerializeToString,
+                response_deserializer=robustmq__pb2.ListQuotasResponse.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -437,6 +452,25 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetQuota(self, request, context):
+        """Per-principal quotas of the storage nodes (docs/operators.md, "Quotas").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteQuota(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQuotas(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -619,6 +653,21 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.ListRevocations,
                     request_deserializer=robustmq__pb2.Empty.FromString,
                     response_serializer=robustmq__pb2.RevocationList.SerializeToString,
+            ),
+            'SetQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQuota,
+                    request_deserializer=robustmq__pb2.QuotaEntry.FromString,
+                    response_serializer=robustmq__pb2.Empty.SerializeToString,
+            ),
+            'DeleteQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteQuota,
+                    request_deserializer=robustmq__pb2.DeleteQuotaRequest.FromString,
+                    response_serializer=robustmq__pb2.DeleteQuotaResponse.SerializeToString,
+            ),
+            'ListQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQuotas,
+                    request_deserializer=robustmq__pb2.Empty.FromString,
+                    response_serializer=robustmq__pb2.ListQuotasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1593,6 +1642,87 @@ class MetaService:
             '/robustmq.MetaService/ListRevocations',
             robustmq__pb2.Empty.SerializeToString,
             robustmq__pb2.RevocationList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/SetQuota',
+            robustmq__pb2.QuotaEntry.SerializeToString,
+            robustmq__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/DeleteQuota',
+            robustmq__pb2.DeleteQuotaRequest.SerializeToString,
+            robustmq__pb2.DeleteQuotaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/ListQuotas',
+            robustmq__pb2.Empty.SerializeToString,
+            robustmq__pb2.ListQuotasResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -349,6 +349,29 @@ def _peer_limit_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _principal_quota_options(parser: argparse.ArgumentParser) -> None:
+    """This node's default per-principal quotas (docs/operators.md, "Quotas")."""
+    quotas = parser.add_argument_group(
+        "quotas per principal (defaults where `robustmq quota set` says nothing; 0: no limit)"
+    )
+    for flag, unit in (
+        ("--quota-produce-bytes-per-s", "record bytes a principal may produce to this node per second"),
+        ("--quota-fetch-bytes-per-s", "bytes of answers to a principal's fetches and reads per second"),
+        ("--quota-requests-per-s", "requests of a principal per second"),
+    ):
+        quotas.add_argument(
+            flag, type=_bounded_int(0, 1 << 40), default=0, metavar="N", help=f"{unit} (default 0)"
+        )
+    quotas.add_argument(
+        "--quota-held-bytes-max",
+        type=_bounded_int(1 << 20, 1 << 40),
+        default=32 * 1024 * 1024,
+        metavar="BYTES",
+        help="payload bytes of a throttled principal's requests the node holds; more are answered "
+        "Busy (default 32 MiB)",
+    )
+
+
 def _run_meta(args: argparse.Namespace) -> int:
     from robustmq.cli._security import server_tls_of
     from robustmq.meta import run_meta
@@ -392,6 +415,10 @@ def _run_node(args: argparse.Namespace) -> int:
             "max_peer_requests": args.max_peer_requests,
             "max_peer_answer_bytes": args.max_peer_answer_bytes,
             "peer_stall_ms": args.peer_stall_ms,
+            "quota_produce_bytes_per_s": args.quota_produce_bytes_per_s,
+            "quota_fetch_bytes_per_s": args.quota_fetch_bytes_per_s,
+            "quota_requests_per_s": args.quota_requests_per_s,
+            "quota_held_bytes_max": args.quota_held_bytes_max,
         },
         node_id=args.node_id,
     )
@@ -637,6 +664,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         "rocksdb engines' retention (default 60000)",
     )
     _peer_limit_options(node)
+    _principal_quota_options(node)
     add_server_flags(node, meta=False)
     node.set_defaults(handler=_run_node)
 
@@ -900,6 +928,9 @@ def build_parser() -> argparse.ArgumentParser:
     from robustmq.cli._acl import add_acl_parser
 
     add_acl_parser(commands, _common)
+    from robustmq.cli._quota import add_quota_parser
+
+    add_quota_parser(commands, _common)
     # Listed for --help; main() hands its arguments to the job's own parser.
     commands.add_parser("topic-to-delta", help="materialise topics into a Delta table (a Spark job)")
     commands.add_parser("tier", help="tier sealed segments to the cluster's object store (a Spark job)")

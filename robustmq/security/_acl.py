@@ -498,6 +498,9 @@ META_RPC_RULES: dict[str, Rule] = {
     "ListAcls": _acl_rule(_DESCRIBE_CLUSTER, nodes=True, note="nodes cache the ACLs"),
     "RevokeCertificate": _acl_rule(_ALTER_CLUSTER),
     "ListRevocations": _acl_rule(_DESCRIBE_CLUSTER),
+    "SetQuota": _acl_rule(_ALTER_CLUSTER),
+    "DeleteQuota": _acl_rule(_ALTER_CLUSTER),
+    "ListQuotas": _acl_rule(_DESCRIBE_CLUSTER, nodes=True, note="nodes enforce the quotas"),
     "InitProducerId": Rule(
         Access.ACL,
         (Need("write", "topic", lambda request: [], or_cluster=True),),

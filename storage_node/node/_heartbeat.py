@@ -259,8 +259,9 @@ class Heartbeat(threading.Thread):
         self.ledger.acknowledged(done)
         if answer.HasField("token"):  # security on: the node's session token, renewed
             node.take_token(answer.token)
-        if answer.acl_version:  # security on: ACLs or users changed since the node loaded them
-            node.sync_acls(int(answer.acl_version))
+        if answer.acl_version:  # ACLs, users or quotas changed since the node loaded them
+            node.sync_acls(int(answer.acl_version))  # (security on only)
+            node.sync_quotas(int(answer.acl_version))
         # The deletions listed take effect before the lease granted (module docstring of _lease).
         self.ledger.doom([(deletion.shard, int(deletion.incarnation)) for deletion in answer.deletions])
         lease_ms = int(answer.lease_ms) if answer.HasField("lease_ms") else None

@@ -150,6 +150,7 @@ class Request:
     received: float = field(default_factory=time.monotonic)
     peer: bytes = b""  # its connection's routing id (``_peers``)
     counted: bool = False  # counted in its peer's requests in flight until answered
+    quota_key: Any = None  # the quota account it is measured in (``_throttle``; None: not measured)
 
     def answer_by(self, limit_s: float) -> float:
         """When to answer this request if the node holds it from now: within ``limit_s`` and

@@ -10,7 +10,13 @@ Threads and what bounds them:
   memory does not grow with load. What one connection may cost (requests in
   flight, answer bytes not sent yet, connections past the descriptor budget,
   peers that do not read) is bounded by ``_peers``; every send on the ROUTER
-  that fails is counted and logged, never raised. Answers from other threads reach it through
+  that fails is counted and logged, never raised. Per-principal quotas
+  (``_throttle``): a request is charged to its principal's rates before it is
+  routed, a read answer's bytes when it is sent, and an answer past a rate
+  carries ``throttle_ms``; while a principal is throttled the front end holds
+  its new requests (bounded) and routes them once the time has passed. The
+  quota entries come from the Meta Service when a heartbeat's ``acl_version``
+  moves (``sync_quotas``). Answers from other threads reach it through
   an inproc PULL socket (ZeroMQ sockets are not thread-safe) and leave on the
   ROUTER. It also expires parked long-poll fetches, from local state only.
 - **I/O workers** (``io_workers``, default: CPU count): everything that writes
@@ -92,6 +98,7 @@ from typing import Any
 
 import zmq
 
+from robustmq._client_quotas import QuotaTable, Rates, validated_quota
 from robustmq._frame import crc32c
 from robustmq._hosts import is_wildcard, join_host_port, split_host_port, unbracket
 from robustmq._node_client import NodeCaller
@@ -128,6 +135,7 @@ from ._long_poll import WaitRegistry
 from ._peers import ConnectionGate, LostAnswers, PeerLedger, raise_descriptor_limit
 from ._read_bounds import check_read_bounds
 from ._reads import NodeReads
+from ._throttle import Throttle, is_read
 
 __all__ = ["NodeConfig", "StorageNode", "run_storage_node", "tune_for_serving"]
 
@@ -184,6 +192,13 @@ class NodeConfig:
     max_peer_requests: int = 1024  # requests of one connection in flight (``Busy`` past it)
     max_peer_answer_bytes: int = 64 * MiB  # answer bytes to one connection not sent yet
     peer_stall_ms: int = 30_000  # a connection whose answers do not move this long is shut down
+    # Per-principal quotas (``_throttle``, docs/operators.md "Quotas"): this node's defaults for
+    # principals the Meta Service's quota entries do not cover (0: no limit), and how much of a
+    # throttled principal's requests the node holds (payload bytes).
+    quota_produce_bytes_per_s: int = 0
+    quota_fetch_bytes_per_s: int = 0
+    quota_requests_per_s: int = 0
+    quota_held_bytes_max: int = 32 * MiB
     # Security on (docs/security.md): the cluster CA and this node's certificate and key (CN
     # node:NAME). The node's id is then NAME; it logs in to the Meta Service over TLS with them.
     credentials: Credentials | None = None
@@ -295,6 +310,15 @@ class StorageNode(NodeReads):
         self._gate: ConnectionGate | None = None
         self._descriptors_note = ""
         self._lost = LostAnswers(self.node_id)
+        self.throttle = Throttle(
+            self.node_id,
+            defaults=Rates(
+                config.quota_produce_bytes_per_s, config.quota_fetch_bytes_per_s, config.quota_requests_per_s
+            ),
+            held_bytes_max=config.quota_held_bytes_max,
+            held_bytes_total=max(config.quota_held_bytes_max, config.max_queued_bytes // 4),
+        )
+        self._quota_version = 0  # the acl_version the quota entries were loaded at (0: none yet)
         self._swept = 0.0  # when the front end last looked for peers that do not read
         self._served = 0  # records sent in answers (for operators and pushdown tests)
         self._scanned = 0
@@ -480,6 +504,33 @@ class StorageNode(NodeReads):
         self._newest_credential = int(answer.last_credential_version)
         self._acl_version = int(answer.acl_version)
 
+    def sync_quotas(self, version: int) -> None:
+        """Reload the quota entries when the Meta Service says they may have changed (a heartbeat
+        answer's ``acl_version`` moved; security on or off). A failed load is logged and tried
+        again with the next beat; the node goes on with the entries it has."""
+        if version == self._quota_version:
+            return
+        try:
+            answer = self._control_meta.list_quotas()
+        except RobustMQError as error:
+            log.warning(
+                "storage node %s could not load quotas (tried again next beat): %s", self.node_id, error
+            )
+            return
+        entries = []
+        for entry in answer.quotas:
+            try:
+                entries.append(validated_quota(entry))
+            except InvalidRequest as error:  # a newer Meta Service's entry this node cannot read
+                log.warning(
+                    "storage node %s ignores quota entry %r: %s", self.node_id, entry.principal, error
+                )
+        self.throttle.install(QuotaTable(entries, self.throttle.table.defaults))
+        self._quota_version = version
+        log.info(
+            "storage node %s enforces %d quota entries (version %d)", self.node_id, len(entries), version
+        )
+
     def _authorize(self, principal: str, request: pb.NodeRequest) -> None:
         check_node_request(self.acl, principal, request)
 
@@ -633,6 +684,8 @@ class StorageNode(NodeReads):
         if request.counted:
             request.counted = False
             self.peers.answered(request.peer)
+        if request.quota_key is not None:
+            self._stamp_throttle(request, response, payloads)
         if payloads:
             payloads = self._tracked(request, payloads)
             if not payloads:  # over the peer's budget of unsent answers: nothing more is held for it
@@ -662,6 +715,21 @@ class StorageNode(NodeReads):
             with self._accounting:
                 self._pushes.append(push)
         push.send_multipart(parts, copy=False)
+
+    def _stamp_throttle(self, request: Request, response: pb.NodeResponse, payloads: tuple[Any, ...]) -> None:
+        """Charge an answer's bytes to its principal's fetch rate and put the principal's throttle
+        time on the answer (``_throttle``): the client waits that long, the node holds it as long."""
+        key = request.quota_key
+        assert key is not None
+        body = response.WhichOneof("body")
+        if body is None:  # an error answer: nothing served, nothing more charged
+            return
+        if payloads and is_read(request.message.WhichOneof("body") or ""):
+            throttle_ms = self.throttle.charge(key, fetch_bytes=sum(len(payload) for payload in payloads))
+        else:
+            throttle_ms = self.throttle.throttle_ms(key)
+        if throttle_ms and body in ("produce", "fetch", "read"):
+            getattr(response, body).throttle_ms = throttle_ms
 
     def _peer_figures(self) -> dict[str, int]:
         """The ``StatusResponse`` figures of connections and peers' budgets (any thread)."""
@@ -831,6 +899,9 @@ class StorageNode(NodeReads):
             poller.register(gate.monitor, zmq.POLLIN)
         while not self.stopping.is_set():
             deadline = self.waiters.next_deadline()
+            release = self.throttle.next_release()
+            if release is not None:
+                deadline = release if deadline is None else min(deadline, release)
             timeout_ms = (
                 100 if deadline is None else max(0, min(100, int((deadline - time.monotonic()) * 1000)))
             )
@@ -852,6 +923,7 @@ class StorageNode(NodeReads):
             now = time.monotonic()
             for request in self.waiters.expire(now):
                 self._answer_fetch_empty(request)
+            self._release_held(now)
             if now - self._swept >= _SWEEP_INTERVAL_S:
                 self._swept = now
                 for _peer, fd, connection in self.peers.stalled(now):
@@ -870,6 +942,10 @@ class StorageNode(NodeReads):
             self._answer(self._results.recv_multipart(copy=False))
         for request in self.waiters.expire(float("inf")):
             self._answer_fetch_empty(request)
+        stopping = Unavailable(f"storage node {self.node_id} is stopping; try again")
+        for request in self.throttle.drain_held():
+            request.size_bytes = 0  # held, never counted in the queued bytes
+            self.reply(request, error_response(request.message.correlation_id, stopping))
         self._refuse_unread(_STOP_ANSWERS - refused)
 
     def _refuse_unread(self, most: int) -> int:
@@ -908,31 +984,86 @@ class StorageNode(NodeReads):
             except Exception as exc:  # protobuf raises DecodeError and friends
                 raise InvalidRequest(f"malformed request header: {exc}") from exc
             correlation_id = message.correlation_id
+            principal = None
             if self._guard is not None:
-                self._guard.check(parts[1], message, message.WhichOneof("body") or "")
+                principal = self._guard.check(parts[1], message, message.WhichOneof("body") or "")
             payloads = parts[2:]
             size = sum(len(frame.buffer) for frame in payloads)
             request = Request(identity, message, payloads, size, peer=identity.bytes)
-            self._dispatch(request, parts[1])
+            self._dispatch(request, parts[1], principal)
         except RobustMQError as error:
             self._send([identity, error_response(correlation_id, error).SerializeToString()])
 
-    def _dispatch(self, request: Request, header: Any) -> None:
+    def _dispatch(self, request: Request, header: Any, principal: str | None = None) -> None:
         body = request.message.WhichOneof("body")
         if body is None:
             raise InvalidRequest("the request names no operation")
         check_read_bounds(request.message, body)  # nothing is queued or read past bad bounds
+        key = request.quota_key = self.throttle.key_of(principal, request.peer, body)
+        if key is not None and self.throttle.must_hold(key, request.received):
+            # Its principal is throttled (``_throttle``): held, in flight for its connection.
+            self.peers.admit(request.peer, header, self._gate)
+            request.counted = True
+            try:
+                self.throttle.hold(
+                    key, request, request.size_bytes, request.message.timeout_ms, request.received
+                )
+            except Busy:
+                request.counted = False
+                self.peers.answered(request.peer)
+                raise
+            return
+        self._queue(request, header, body)
+
+    def _release_held(self, now: float) -> None:
+        """Route the held requests whose principals' throttle time has passed (front end)."""
+        while True:
+            released = self.throttle.ready(now)
+            if not released:
+                return
+            for request, _size in released:
+                message = request.message
+                if message.timeout_ms and now - request.received >= message.timeout_ms / 1000:
+                    error: RobustMQError = Busy(
+                        "held for its principal's quota past its timeout; retry",
+                        reason="throttled",
+                        retry_after_ms=1,
+                    )
+                    request.size_bytes = 0  # held, never counted in the queued bytes
+                    self.reply(request, error_response(message.correlation_id, error))
+                    continue
+                try:
+                    self._queue(request, None, message.WhichOneof("body") or "", admitted=True)
+                except RobustMQError as error:
+                    self._send(
+                        [request.identity, error_response(message.correlation_id, error).SerializeToString()]
+                    )
+
+    def _queue(self, request: Request, header: Any, body: str, *, admitted: bool = False) -> None:
+        """Charge ``request`` to its principal's quotas and hand it to a worker or the readers;
+        ``admitted``: already counted in flight for its connection (a released held request)."""
         with self._accounting:
             if self._queued_bytes + request.size_bytes > self.config.max_queued_bytes:
+                if admitted:
+                    request.counted = False
+                    self.peers.answered(request.peer)
                 raise Busy(f"{self._queued_bytes} bytes already queued on this node; retry later")
             self._queued_bytes += request.size_bytes
-        try:
-            self.peers.admit(request.peer, header, self._gate)  # Busy past the peer's budget
-        except Busy:
-            with self._accounting:
-                self._queued_bytes -= request.size_bytes
-            raise
-        request.counted = True
+        if not admitted:
+            try:
+                self.peers.admit(request.peer, header, self._gate)  # Busy past the peer's budget
+            except Busy:
+                with self._accounting:
+                    self._queued_bytes -= request.size_bytes
+                raise
+            request.counted = True
+        if request.quota_key is not None:
+            self.throttle.charge(
+                request.quota_key,
+                produce_bytes=request.size_bytes if body == "produce" else 0,
+                requests=1,
+                now=request.received if not admitted else None,
+            )
         if body in _WORKER_BODIES:
             accepted = self.worker_for(getattr(request.message, body).shard).submit(request)
         else:

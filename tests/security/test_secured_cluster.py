@@ -7,7 +7,9 @@ users made by the admin. Every request below really crosses TLS or CURVE to real
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import zmq
@@ -184,3 +186,43 @@ def test_a_forged_fence_from_a_user_is_refused_and_writes_go_on(cluster: Secured
         assert refused.value.reason == "not_meta" and "the Meta Service's" in str(refused.value)
         with alice.producer(acks="all", delivery_timeout_s=20) as producer:
             producer.send("orders", partition=1, key=b"f", value=b"v").result(30)
+
+
+def test_a_quota_throttles_its_principal_and_no_other(cluster: Secured) -> None:
+    """Per-principal quotas (issue 22, item 6): only an admin may set one; once set for
+    user:carol, carol's producer is throttled on the node (every batch still succeeds) while
+    alice's, writing to the same partition of the same node at the same time, is not."""
+    quota = pb.QuotaEntry(principal="user:carol", produce_bytes_per_s=1_000_000)
+    with _user(cluster, "alice") as alice, pytest.raises(AuthorizationFailed):
+        alice.meta.set_quota(quota)
+    with cluster.client("admin") as admin:
+        admin.set_quota(quota)
+    batch = build_records([b"c" * 100_000] * 5)  # 500 kB
+    with (
+        _user(cluster, "carol") as carol,
+        _user(cluster, "alice") as alice,
+        carol.producer(acks="1", linger_ms=0, delivery_timeout_s=60) as throttled,
+        alice.producer(acks="1", linger_ms=0, delivery_timeout_s=60) as free,
+    ):
+
+        def carol_throttled() -> bool:  # the node loads the entry with its next heartbeat
+            throttled.send_batch("orders", batch.append_column("partition", _zeros(5))).result(30)
+            return throttled.throttling.requests > 0
+
+        wait_until(carol_throttled, timeout_s=20, interval_s=0)
+        began, sent = time.monotonic(), 0
+        while time.monotonic() - began < 3:
+            done = throttled.send_batch("orders", batch.append_column("partition", _zeros(5)))
+            free.send_batch("orders", batch.append_column("partition", _zeros(5))).result(30)
+            done.result(30)
+            sent += 500_000
+        rate = sent / (time.monotonic() - began)
+    assert rate <= 2 * 1_000_000, f"carol produced {rate / 1e6:.2f} MB/s with a 1 MB/s quota"
+    assert throttled.throttling.total_ms > 0
+    assert free.throttling.requests == 0
+
+
+def _zeros(count: int) -> Any:
+    import pyarrow as pa
+
+    return pa.array([0] * count, pa.int32())

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from robustmq._acks import DEFAULT_ACKS, parse_acks
+from robustmq._meta_addresses import parse_meta_addresses
 from robustmq.errors import InvalidConfig
 
 __all__ = [
@@ -135,10 +136,10 @@ def _duration_ms(name: str, raw: str) -> int:
 
 
 def _meta_address(name: str, raw: str) -> str:
-    host, _, port = raw.strip().rpartition(":")
-    if not host or not port.isdigit():
-        raise option_error(name, f"expected HOST:PORT, got {raw!r}")
-    return raw.strip()
+    try:
+        return ",".join(parse_meta_addresses(raw))
+    except InvalidConfig as error:
+        raise option_error(name, error.message) from None
 
 
 def _topic_list(name: str, raw: str) -> tuple[str, ...]:
@@ -329,7 +330,9 @@ _NO_END = "a stream has no end; Trigger.AvailableNow stops at what exists when i
 _WHOLE = "a batch query reads its whole range at once"
 
 OPTIONS: tuple[Option, ...] = (
-    Option("metaAddress", READ | WRITE, _meta_address, None, "the Meta Service, `host:port`",
+    Option("metaAddress", READ | WRITE, _meta_address, None,
+           "the Meta Service, `host:port`; several comma-separated (`h1:7070,h2:7070`): the instances "
+           "of a highly available one, whose leader is followed",
            default_text="`$ROBUSTMQ_META` or `127.0.0.1:7070`"),
     Option("topic", READ, _topic_list, None, "one topic or a comma-separated list", aliases=("subscribe",)),
     Option("topicPattern", READ, _pattern, None,

@@ -16,7 +16,7 @@ headers``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -43,9 +43,15 @@ _ASK_ONE_BY_ONE = (StaleEpoch, ShardNotFound, IncarnationMismatch)
 
 
 def connect(
-    address: str = "127.0.0.1:7070", *, timeout_s: float = 30.0, credentials: Credentials | None = None
+    address: str | Sequence[str] = "127.0.0.1:7070",
+    *,
+    timeout_s: float = 30.0,
+    credentials: Credentials | None = None,
 ) -> Client:
     """A client for the cluster whose Meta Service listens at ``address`` (``host:port``).
+
+    Several addresses (``"h1:7070,h2:7070"`` or a list) are the instances of a highly
+    available Meta Service: calls go to its leader and follow it when it changes.
 
     ``timeout_s`` bounds every call's waiting, retries included: a Meta Service
     or storage node that is down (or restarting) is asked again until then. A
@@ -62,15 +68,16 @@ class Client:
 
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         *,
         timeout_s: float = 30.0,
         retry: RetryPolicy = DEFAULT_RETRY,
         credentials: Credentials | None = None,
     ) -> None:
+        from robustmq._meta_addresses import parse_meta_addresses
         from robustmq._meta_client import MetaClient
 
-        self.address = address
+        self.address = ",".join(parse_meta_addresses(address))  # every Meta Service address given
         self.timeout_s = timeout_s
         self.retry = retry  # every node call of this client, its producers and consumers follows it
         # Every wait of this client is bounded by timeout_s: a Meta Service call

@@ -17,6 +17,20 @@ past gRPC's size limit (on either side) :class:`~robustmq.errors.MessageTooLarge
 :class:`~robustmq.errors.Busy`, and anything else a
 :class:`~robustmq.errors.RobustMQError` with the status in its fields.
 
+Several addresses (``"h1:7070,h2:7070"`` or a list; :mod:`robustmq._meta_addresses`)
+are the instances of one highly available Meta Service. Calls go to the current
+one; a ``NotLeader`` answer (a follower's: it ran nothing) moves to the leader it
+names, or the next address when it names none, and the call is sent again
+whatever its retry rule; a failed transport (refused, reset, no answer in time)
+moves later calls to the next address, and the call itself follows its retry
+rule there. Moving to an address not tried since the last pause is immediate; the
+back-off comes once every address was tried. A call sent at most once
+(``remove_node``...) is sent only on a connected channel when there are several
+addresses, so an instance that is down costs at most a second
+(:data:`_CONNECT_S`) and never a doubt about whether the call ran. One session
+token serves every instance (each holds the Meta Service identity, whose key
+signs the tokens).
+
 Retries (with exponential back-off, within the call's deadline):
 
 - reads and heartbeats retry on ``Unavailable`` and ``Busy``;
@@ -48,7 +62,8 @@ token expired or was revoked logs in again once. A plaintext client that
 reaches a TLS port is told so (``AuthenticationFailed``, ``reason``
 ``tls_required``) instead of retrying a handshake that cannot succeed.
 
-Thread-safe: the gRPC channel and stub may be shared by threads.
+Thread-safe: the gRPC channels and stubs (one per address, opened at first use)
+may be shared by threads; the current address changes under a lock.
 """
 
 from __future__ import annotations
@@ -57,12 +72,14 @@ import contextlib
 import re
 import socket
 import ssl
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import grpc
 
+from robustmq._meta_addresses import MetaAddresses, parse_meta_addresses, require_meta_address
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._proto import robustmq_pb2_grpc as pb_grpc
 from robustmq._topics import shard_name
@@ -73,6 +90,7 @@ from robustmq.errors import (
     DeletionPending,
     InvalidConfig,
     MessageTooLarge,
+    NotLeader,
     RequestTimeout,
     RobustMQError,
     ShardNotFound,
@@ -86,6 +104,7 @@ __all__ = [
     "ERROR_METADATA_KEY",
     "PLACEMENT_WAIT_S",
     "MetaClient",
+    "parse_meta_addresses",
     "require_meta_address",
     "translate_rpc_error",
 ]
@@ -95,6 +114,8 @@ _BACKOFF_FIRST_S = 0.05
 _BACKOFF_MAX_S = 1.0
 PLACEMENT_WAIT_S = 5.0  # how long create_topic asks again while the service cannot place it yet
 _PLACEMENT_RETRY_S = 0.25
+_ATTEMPT_MIN_S = 0.05  # an attempt with less time left than this is not started
+_CONNECT_S = 1.0  # how long a call sent at most once waits for a connection before another address
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _CHANNEL_OPTIONS = [
     # Reconnect quickly after a Meta Service restart instead of gRPC's default
@@ -108,10 +129,7 @@ _CHANNEL_OPTIONS = [
 # gRPC's words for a message past its size limit; "SERVER:"/"CLIENT:" says whose.
 _TOO_LARGE = re.compile(r"(?:(SERVER|CLIENT): )?(Received|Sent) message larger than max \((\d+) vs\. (\d+)\)")
 
-_HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]{1,253}")
-
 _Retry = Literal["read", "idempotent", "once"]
-_Response = TypeVar("_Response")
 
 
 def _error_info_of(exc: grpc.RpcError) -> pb.ErrorInfo | None:
@@ -173,27 +191,6 @@ def _message_too_large(match: re.Match[str], address: str) -> MessageTooLarge:
         limit_bytes=int(limit),
         address=address,
     )
-
-
-def require_meta_address(address: str) -> str:
-    """``address`` if it names a Meta Service (``host:port``, ``[v6]:port``, ``unix:path``).
-
-    Checked before any connection is tried, so a typo is an ``InvalidConfig``
-    at once rather than ``Unavailable`` after the whole timeout of retries.
-    """
-    if not isinstance(address, str):
-        raise InvalidConfig(
-            f"the Meta Service address must be a string, got {address!r}", address=repr(address)
-        )
-    if address.startswith(("unix:", "unix-abstract:")):
-        return address
-    host, _, port = address.removeprefix("dns:///").rpartition(":")
-    if not host or not _HOST.fullmatch(host) or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise InvalidConfig(
-            f"invalid Meta Service address {address[:80]!r}: expected HOST:PORT (for example 127.0.0.1:7070)",
-            address=address[:80],
-        )
-    return address
 
 
 def _check_setting(name: str, value: Any) -> None:
@@ -268,7 +265,8 @@ class MetaClient:
     Parameters
     ----------
     address
-        ``host:port`` of the Meta Service.
+        ``host:port`` of the Meta Service, or several (``"h1:7070,h2:7070"`` or a list):
+        the instances of a highly available one; calls follow its leader.
     timeout_s
         The deadline of each call, retries included.
     channel
@@ -290,7 +288,7 @@ class MetaClient:
 
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         *,
         timeout_s: float = 10.0,
         channel: grpc.Channel | None = None,
@@ -299,9 +297,11 @@ class MetaClient:
     ) -> None:
         if not timeout_s > 0:
             raise InvalidConfig(f"timeout_s must be positive, got {timeout_s!r}", timeout_s=timeout_s)
-        self.address = require_meta_address(address) if channel is None else address
+        if channel is None:
+            self.addresses = MetaAddresses(parse_meta_addresses(address))
+        else:  # the test seam: one channel, whatever it is called
+            self.addresses = MetaAddresses([address if isinstance(address, str) else ",".join(address)])
         self.timeout_s = timeout_s
-        self._owns_channel = channel is None
         tls = credentials.tls() if credentials is not None else None
         self.session: MetaSession | None = None
         if tls is not None and credentials is not None and (credentials.user or tls.cert):
@@ -310,45 +310,113 @@ class MetaClient:
                 if curve_key is None
                 else MetaSession(credentials, tls, curve_key=curve_key)
             )
+        # One token serves every instance: they all hold the Meta Service identity, whose key signs it.
+        self._tls_ca = None if tls is None else tls.ca
         self._tls = tls is not None
-        self._tls_checked = False
-        if channel is None:
-            if tls is None:
-                channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-            else:
-                channel = grpc.secure_channel(
-                    address, grpc.ssl_channel_credentials(root_certificates=tls.ca), options=_CHANNEL_OPTIONS
-                )
-        self._channel = channel
-        self._stub = pb_grpc.MetaServiceStub(self._channel)
+        self._tls_checked: set[str] = set()
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, pb_grpc.MetaServiceStub] = {}
+        self._given_channel = channel
+        self._stub_at(self.addresses.current)  # the first channel opens now, as a single address's did
+
+    @property
+    def address(self) -> str:
+        """The address calls go to now (the leader, as far as this client knows)."""
+        return self.addresses.current
+
+    @property
+    def _stub(self) -> pb_grpc.MetaServiceStub:
+        return self._stub_at(self.addresses.current)
+
+    def _stub_at(self, address: str) -> pb_grpc.MetaServiceStub:
+        """The stub of ``address``'s channel, opened at its first use (at most one per known address)."""
+        stub = self._stubs.get(address)
+        if stub is not None:
+            return stub
+        with self._lock:
+            stub = self._stubs.get(address)
+            if stub is None:
+                if self._given_channel is not None:
+                    channel = self._given_channel
+                elif self._tls_ca is None and not self._tls:
+                    channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                else:
+                    channel = grpc.secure_channel(
+                        address,
+                        grpc.ssl_channel_credentials(root_certificates=self._tls_ca),
+                        options=_CHANNEL_OPTIONS,
+                    )
+                self._channels[address] = channel
+                stub = self._stubs[address] = pb_grpc.MetaServiceStub(channel)
+            return stub
+
+    def _where(self) -> str:
+        known = self.addresses.known()
+        return known[0] if len(known) == 1 else f"any of {', '.join(known)}"
 
     # -- plumbing ----------------------------------------------------------
 
     def _call(
-        self, rpc: Callable[..., _Response], request: Any, retry: _Retry, *, deadline: float | None = None
-    ) -> _Response:
-        """One call, retried as ``retry`` says, until ``deadline`` (monotonic; default: in ``timeout_s``)."""
+        self,
+        rpc: str | Callable[..., Any],
+        request: Any,
+        retry: _Retry,
+        *,
+        deadline: float | None = None,
+        on_send: Callable[[], None] | None = None,
+    ) -> Any:
+        """One call, retried as ``retry`` says, until ``deadline`` (monotonic; default: in ``timeout_s``).
+
+        ``rpc`` is the RPC's name (sent to whichever address is current at each attempt) or
+        a callable (a test's: always the same). A ``NotLeader`` answer moves to the leader and
+        is asked again whatever ``retry`` says (a follower runs nothing); a failed transport
+        moves to the next address. A move to an address not tried since the last pause is
+        made at once; a pause (back-off) comes once every address was tried.
+        ``on_send`` runs before each attempt that sends the request.
+        """
         if deadline is None:
             deadline = time.monotonic() + self.timeout_s
         backoff_s = _BACKOFF_FIRST_S
         logged_in_again = False
+        tried: set[str] = set()
         while True:
+            address = self.addresses.current
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
                 raise RequestTimeout(
-                    f"meta service at {self.address} did not answer within {self.timeout_s}s",
-                    address=self.address,
+                    f"meta service at {self._where()} did not answer within {self.timeout_s}s",
+                    address=address,
                 )
+            tried.add(address)
+            stub = self._stub_at(address)
+            call = getattr(stub, rpc) if isinstance(rpc, str) else rpc
             try:
+                if retry == "once" and not self._connected(address, remaining_s):
+                    # Never sent: another address may take it (a "once" call is not sent twice).
+                    self.addresses.unreachable(address, time.monotonic())
+                    error: RobustMQError = Unavailable(
+                        f"meta service at {address} is unreachable (no connection within {_CONNECT_S}s)",
+                        address=address,
+                    )
+                    if self._pause_or_raise(error, tried, deadline, backoff_s, None):
+                        backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
+                        tried.clear()
+                    continue
+                if on_send is not None:
+                    on_send()
                 if self.session is None:
-                    return rpc(request, timeout=remaining_s)
-                metadata = self.session.metadata(self._stub, remaining_s)
-                return rpc(request, timeout=deadline - time.monotonic(), metadata=metadata)
+                    answer = call(request, timeout=remaining_s)
+                else:
+                    metadata = self.session.metadata(stub, remaining_s)
+                    answer = call(request, timeout=deadline - time.monotonic(), metadata=metadata)
+                self.addresses.answered(address)
+                return answer
             except grpc.RpcError as exc:
-                error = translate_rpc_error(exc, self.address)
+                error = translate_rpc_error(exc, address)
                 from_service = _error_info_of(exc) is not None
                 if isinstance(error, Unavailable) and not from_service:
-                    self._check_plaintext_at_tls_port(exc)
+                    self._check_plaintext_at_tls_port(exc, address)
                 if (
                     self.session is not None
                     and isinstance(error, AuthenticationFailed)
@@ -358,23 +426,80 @@ class MetaClient:
                     self.session.forget()  # log in again once: a renewed password, a token past its life
                     logged_in_again = True
                     continue
-                out_of_time = time.monotonic() + backoff_s >= deadline
-                if out_of_time or not _should_retry(error, from_service, retry):
-                    raise error from exc
-            time.sleep(backoff_s)
-            backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
+                not_leader = from_service and isinstance(error, NotLeader)
+                if not_leader:
+                    leader = error.fields.get("leader", "")
+                    self.addresses.not_leader(
+                        address, leader if isinstance(leader, str) else "", time.monotonic()
+                    )
+                elif not from_service and isinstance(error, Unavailable | RequestTimeout):
+                    # Refused, reset, or no answer at all (a paused process): the next call
+                    # goes to the next address (a live follower sends it on to the leader).
+                    self.addresses.unreachable(address, time.monotonic())
+                if not (not_leader or _should_retry(error, from_service, retry)):
+                    raise self._final(error) from exc
+                if self._pause_or_raise(error, tried, deadline, backoff_s, exc):
+                    backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
+                    tried.clear()
 
-    def _check_plaintext_at_tls_port(self, exc: grpc.RpcError) -> None:
-        """Raise ``AuthenticationFailed`` if this plaintext client reached a TLS port (checked once).
+    def _pause_or_raise(
+        self,
+        error: RobustMQError,
+        tried: set[str],
+        deadline: float,
+        backoff_s: float,
+        exc: BaseException | None,
+    ) -> bool:
+        """Before the next attempt: at once if the next address was not tried since the last pause,
+        else sleep ``backoff_s`` (True: paused). Raises ``error`` if the deadline leaves no attempt."""
+        pause_s = 0.0 if self.addresses.current not in tried else backoff_s
+        if time.monotonic() + max(pause_s, _ATTEMPT_MIN_S) >= deadline:
+            raise self._final(error) from exc
+        if pause_s:
+            time.sleep(pause_s)
+        return pause_s > 0
+
+    def _final(self, error: RobustMQError) -> RobustMQError:
+        """``error`` as raised when no attempt is left: a transport failure names every address tried."""
+        known = self.addresses.known()
+        if len(known) == 1 or type(error) is not Unavailable or "address" not in error.fields:
+            return error
+        return Unavailable(
+            f"no Meta Service answered at {', '.join(known)} (the last, {error.fields['address']}: "
+            f"{error.message})",
+            **error.fields,
+            addresses=",".join(known),
+        )
+
+    def _connected(self, address: str, remaining_s: float) -> bool:
+        """Whether ``address``'s channel connects (a call sent at most once is sent only then).
+
+        With one address nothing is checked (there is nowhere else to send it). Otherwise a
+        channel that does not become ready within :data:`_CONNECT_S` (or the time left) has
+        sent nothing, so the call may go to another address.
+        """
+        if len(self.addresses) == 1 or self._given_channel is not None:
+            return True
+        self._stub_at(address)
+        channel = self._channels[address]
+        try:
+            grpc.channel_ready_future(channel).result(timeout=max(0.0, min(_CONNECT_S, remaining_s)))
+        except grpc.FutureTimeoutError:
+            return False
+        return True
+
+    def _check_plaintext_at_tls_port(self, exc: grpc.RpcError, address: str) -> None:
+        """Raise ``AuthenticationFailed`` if this plaintext client reached a TLS port (checked once
+        per address).
 
         gRPC reports only "unavailable" then; a TLS handshake that succeeds at the same
         address says why (nothing is sent past the handshake; no certificate is checked:
         this only tells the user what to configure).
         """
-        if self._tls or self._tls_checked:
+        if self._tls or address in self._tls_checked:
             return
-        self._tls_checked = True
-        host, _, port = self.address.removeprefix("dns:///").rpartition(":")
+        self._tls_checked.add(address)
+        host, _, port = address.removeprefix("dns:///").rpartition(":")
         if not port.isdigit() or host.startswith("unix"):
             return
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -390,10 +515,10 @@ class MetaClient:
             speaks_tls = False
         if speaks_tls:
             raise AuthenticationFailed(
-                f"the Meta Service at {self.address} speaks TLS (the cluster is secured): give the "
+                f"the Meta Service at {address} speaks TLS (the cluster is secured): give the "
                 f"cluster CA and your credentials (--tls-ca and --user or --tls-cert; ROBUSTMQ_TLS_CA)",
                 reason="tls_required",
-                address=self.address,
+                address=address,
             ) from exc
 
     def session_token(self) -> bytes:
@@ -403,13 +528,13 @@ class MetaClient:
             return b""
         token = self.session.current()
         if not token:
-            self._call(self._stub.ListNodes, pb.Empty(), "read")  # any call logs in or renews first
+            self._call("ListNodes", pb.Empty(), "read")  # any call logs in or renews first
             token = self.session.token()
         return token
 
     def get_security_info(self) -> pb.SecurityInfo:
         """Whether the cluster is secured, and the public key that verifies its session tokens."""
-        return self._call(self._stub.GetSecurityInfo, pb.Empty(), "read")
+        return self._call("GetSecurityInfo", pb.Empty(), "read")
 
     def issue_token(
         self, curve_key: bytes, producer_id: int | None = None, producer_token: bytes = b""
@@ -420,7 +545,7 @@ class MetaClient:
         request = pb.IssueTokenRequest(
             curve_key=curve_key, producer_id=producer_id, producer_token=producer_token
         )
-        return self._call(self._stub.IssueToken, request, "read")
+        return self._call("IssueToken", request, "read")
 
     # -- users (docs/security.md) -------------------------------------------
 
@@ -439,14 +564,14 @@ class MetaClient:
             server_key=stored.server_key,
             replace=replace,
         )
-        self._call(self._stub.CreateUser, request, "idempotent" if replace else "once")
+        self._call("CreateUser", request, "idempotent" if replace else "once")
 
     def delete_user(self, user: str) -> None:
         """Remove a user; its sessions are refused from their next call."""
-        self._call(self._stub.DeleteUser, pb.DeleteUserRequest(user=user), "once")
+        self._call("DeleteUser", pb.DeleteUserRequest(user=user), "once")
 
     def list_users(self) -> list[pb.UserInfo]:
-        return list(self._call(self._stub.ListUsers, pb.Empty(), "read").users)
+        return list(self._call("ListUsers", pb.Empty(), "read").users)
 
     def revoke_certificate(
         self, *, pem: str = "", sha256: bytes = b"", reason: str = ""
@@ -455,17 +580,22 @@ class MetaClient:
         session token issued for it are refused from now on (docs/security.md, "Revocation").
         The revocation, and whether it was revoked already (then nothing changed)."""
         request = pb.RevokeCertificateRequest(certificate_pem=pem, sha256=sha256, reason=reason)
-        answer = self._call(self._stub.RevokeCertificate, request, "idempotent")
+        answer = self._call("RevokeCertificate", request, "idempotent")
         return answer.revocation, answer.already
 
     def list_revocations(self) -> list[pb.Revocation]:
         """Every revoked certificate, oldest first."""
-        return list(self._call(self._stub.ListRevocations, pb.Empty(), "read").revocations)
+        return list(self._call("ListRevocations", pb.Empty(), "read").revocations)
 
     def close(self) -> None:
         """Close the channel if this client opened it."""
-        if self._owns_channel:
-            self._channel.close()
+        if self._given_channel is None:
+            with self._lock:
+                channels = list(self._channels.values())
+                self._channels.clear()
+                self._stubs.clear()
+            for channel in channels:
+                channel.close()
 
     def __enter__(self) -> MetaClient:
         return self
@@ -499,16 +629,15 @@ class MetaClient:
         request = pb.CreateTopicRequest(name=name, config=config)
         attempts = 0
 
-        def create(request: pb.CreateTopicRequest, timeout: float, **call: Any) -> pb.Topic:
+        def sending() -> None:
             nonlocal attempts
             attempts += 1
-            return self._stub.CreateTopic(request, timeout=timeout, **call)
 
         placement_deadline = time.monotonic() + min(PLACEMENT_WAIT_S, self.timeout_s)
         try:
             while True:
                 try:
-                    return self._call(create, request, "idempotent")
+                    return self._call("CreateTopic", request, "idempotent", on_send=sending)
                 except Unavailable as error:
                     # The service's own "not placeable yet": it clears within a heartbeat or two.
                     settling = error.fields.get("settling") is True
@@ -544,12 +673,12 @@ class MetaClient:
         except ValueError as exc:  # protobuf's range check (int32, int64)
             raise InvalidConfig(f"a topic setting is out of range: {exc}") from None
         request = pb.AlterTopicRequest(name=name, config=config, set=sorted(settings))
-        return self._call(self._stub.AlterTopic, request, "idempotent")
+        return self._call("AlterTopic", request, "idempotent")
 
     def list_topics_page(self, page_token: str = "", limit: int = 0) -> tuple[list[pb.Topic], str]:
         """One page of topics and the next page's token ("" after the last page)."""
         request = pb.ListTopicsRequest(page_token=page_token, limit=limit)
-        response = self._call(self._stub.ListTopics, request, "read")
+        response = self._call("ListTopics", request, "read")
         return list(response.topics), response.next_page_token
 
     def list_topics(self, *, page_size: int = 1_000) -> list[pb.Topic]:
@@ -561,7 +690,7 @@ class MetaClient:
         ``tail`` segments (a small answer whatever the chains' lengths: what routing writes
         needs). Each shard's ``log_start_offset`` and ``first_epoch`` name its chain's first
         segment either way."""
-        return self._call(self._stub.DescribeTopic, pb.TopicRequest(name=name, tail=tail), "read")
+        return self._call("DescribeTopic", pb.TopicRequest(name=name, tail=tail), "read")
 
     def delete_topic(
         self, name: str, *, incarnation: int | None = None, wait: bool = True
@@ -593,7 +722,7 @@ class MetaClient:
         while True:
             mode: _Retry = "idempotent" if request.HasField("incarnation") else "once"
             try:
-                return self._call(self._stub.DeleteTopic, request, mode, deadline=deadline)
+                return self._call("DeleteTopic", request, mode, deadline=deadline)
             except DeletionPending as pending:
                 incarnation = pending.fields.get("incarnation")
                 if not isinstance(incarnation, int) or time.monotonic() + backoff_s >= deadline:
@@ -610,7 +739,7 @@ class MetaClient:
         request = pb.ShardRequest(shard=shard, tail=tail)
         if offset is not None:
             request.offset = offset
-        return self._call(self._stub.GetShard, request, "read")
+        return self._call("GetShard", request, "read")
 
     def seal_segment(
         self,
@@ -641,7 +770,7 @@ class MetaClient:
             crc32c=crc32c,
             size_bytes=size_bytes,
         )
-        return self._call(self._stub.SealSegment, request, "idempotent")
+        return self._call("SealSegment", request, "idempotent")
 
     # -- replicas ----------------------------------------------------------
 
@@ -677,7 +806,7 @@ class MetaClient:
             expected_isr_version=expected_version,
             node_session=node_session,
         )
-        return self._call(self._stub.UpdateIsr, request, "idempotent")
+        return self._call("UpdateIsr", request, "idempotent")
 
     def report_replica(
         self, shard: str, incarnation: int, epoch: int, node_id: str, crc32c: int, size_bytes: int
@@ -693,11 +822,11 @@ class MetaClient:
             crc32c=crc32c,
             size_bytes=size_bytes,
         )
-        return self._call(self._stub.ReportReplica, request, "idempotent")
+        return self._call("ReportReplica", request, "idempotent")
 
     def list_assignments(self, node_id: str) -> pb.AssignmentsResponse:
         """The shards ``node_id`` must follow or copy, and the assignments version they answer."""
-        return self._call(self._stub.ListAssignments, pb.NodeIdRequest(node_id=node_id), "read")
+        return self._call("ListAssignments", pb.NodeIdRequest(node_id=node_id), "read")
 
     # -- nodes -------------------------------------------------------------
 
@@ -705,7 +834,7 @@ class MetaClient:
         """Register this process of a node; with security on, ``curve_key`` is its CURVE public key and
         the answer's ``token`` the node's session token."""
         request = pb.RegisterNodeRequest(node_id=node_id, address=address, curve_key=curve_key)
-        return self._call(self._stub.RegisterNode, request, "idempotent")
+        return self._call("RegisterNode", request, "idempotent")
 
     def heartbeat(
         self,
@@ -750,43 +879,43 @@ class MetaClient:
             stored_bytes=stored_bytes,
         )
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        return self._call(self._stub.Heartbeat, request, "read", deadline=deadline)
+        return self._call("Heartbeat", request, "read", deadline=deadline)
 
     def list_nodes(self) -> list[pb.NodeInfo]:
-        return list(self._call(self._stub.ListNodes, pb.Empty(), "read").nodes)
+        return list(self._call("ListNodes", pb.Empty(), "read").nodes)
 
     def drain_node(self, node_id: str, undrain: bool = False) -> pb.NodeInfo:
         """Mark a node draining (no new placement; its led active segments are sealed so
         leadership moves off it), or place on it again with ``undrain``. Idempotent."""
         request = pb.DrainNodeRequest(node_id=node_id, undrain=undrain)
-        return self._call(self._stub.DrainNode, request, "idempotent")
+        return self._call("DrainNode", request, "idempotent")
 
     def remove_node(self, node_id: str, *, force: bool = False) -> pb.RemoveNodeResponse:
         """Remove a node's registration for good (refused while alive or leading, unless ``force``)."""
         request = pb.RemoveNodeRequest(node_id=node_id, force=force)
-        return self._call(self._stub.RemoveNode, request, "once")
+        return self._call("RemoveNode", request, "once")
 
     # -- group offsets -----------------------------------------------------
 
     def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
         """Store ``partition -> next offset to read`` for ``group``."""
         request = pb.CommitOffsetsRequest(group=group, topic=topic, offsets=dict(offsets))
-        self._call(self._stub.CommitOffsets, request, "idempotent")
+        self._call("CommitOffsets", request, "idempotent")
 
     def fetch_offsets(self, group: str, topic: str) -> dict[int, int]:
         request = pb.GroupTopicRequest(group=group, topic=topic)
-        response = self._call(self._stub.FetchOffsets, request, "read")
+        response = self._call("FetchOffsets", request, "read")
         return dict(sorted(response.offsets.items()))
 
     def group_lag(self, group: str, topic: str = "") -> pb.GroupLagResponse:
         """Committed offset, high watermark and lag per partition (all topics if ``topic`` is "")."""
         request = pb.GroupTopicRequest(group=group, topic=topic)
-        return self._call(self._stub.GroupLag, request, "read")
+        return self._call("GroupLag", request, "read")
 
     def list_groups_page(self, page_token: str = "", limit: int = 0) -> tuple[list[str], str]:
         """One page of group names and the next page's token ("" after the last page)."""
         request = pb.ListGroupsRequest(page_token=page_token, limit=limit)
-        response = self._call(self._stub.ListGroups, request, "read")
+        response = self._call("ListGroups", request, "read")
         return list(response.groups), response.next_page_token
 
     def list_groups(self, *, page_size: int = 1_000) -> list[str]:
@@ -796,13 +925,13 @@ class MetaClient:
     def delete_group(self, group: str) -> int:
         """Remove every offset ``group`` committed; how many there were (0: none, nothing done)."""
         request = pb.DeleteGroupRequest(group=group)
-        return int(self._call(self._stub.DeleteGroup, request, "idempotent").offsets_removed)
+        return int(self._call("DeleteGroup", request, "idempotent").offsets_removed)
 
     # -- tiering (docs/tiering.md) -----------------------------------------
 
     def cluster_config(self) -> pb.ClusterConfig:
         """Cluster-wide settings: ``tier_url`` ("" when nothing is tiered)."""
-        return self._call(self._stub.GetClusterConfig, pb.Empty(), "read")
+        return self._call("GetClusterConfig", pb.Empty(), "read")
 
     def list_sealed(
         self, after_seq: int, limit: int = 0, untiered_only: bool = False
@@ -813,7 +942,7 @@ class MetaClient:
         highest ``sealed_seq`` assigned so far. Segments that left the chain are not listed.
         """
         request = pb.ListSealedRequest(after_seq=after_seq, limit=limit, untiered_only=untiered_only)
-        return self._call(self._stub.ListSealed, request, "read")
+        return self._call("ListSealed", request, "read")
 
     def mark_tiered(
         self,
@@ -839,7 +968,7 @@ class MetaClient:
             object_bytes=object_bytes,
             max_timestamp_ms=max_timestamp_ms,
         )
-        return self._call(self._stub.MarkTiered, request, "idempotent")
+        return self._call("MarkTiered", request, "idempotent")
 
     # -- security (docs/security.md): ACLs and producer ids --------------------------------
 
@@ -853,15 +982,15 @@ class MetaClient:
         request = pb.InitProducerIdRequest(curve_key=curve_key, transactional_id=transactional_id)
         # Not idempotent without a transactional id (each call hands out an id), but a repeat only
         # wastes one: retried.
-        return self._call(self._stub.InitProducerId, request, "idempotent")
+        return self._call("InitProducerId", request, "idempotent")
 
     def create_acl(self, binding: pb.AclBinding) -> None:
         """Add an ACL (docs/security.md); an existing one is left as it is."""
-        self._call(self._stub.CreateAcl, binding, "idempotent")
+        self._call("CreateAcl", binding, "idempotent")
 
     def delete_acl(self, binding: pb.AclBinding) -> int:
         """Remove the ACL ``binding`` names exactly; 1, or 0 if there was none."""
-        return int(self._call(self._stub.DeleteAcl, binding, "idempotent").deleted)
+        return int(self._call("DeleteAcl", binding, "idempotent").deleted)
 
     def list_acls(
         self, principal: str = "", resource_type: str = "", resource_name: str = ""
@@ -870,18 +999,18 @@ class MetaClient:
         request = pb.ListAclsRequest(
             principal=principal, resource_type=resource_type, resource_name=resource_name
         )
-        return self._call(self._stub.ListAcls, request, "read")
+        return self._call("ListAcls", request, "read")
 
     def set_quota(self, entry: pb.QuotaEntry) -> None:
         """Store a principal's quota entry (docs/operators.md, "Quotas"), replacing its former one:
         a rate the entry leaves unset falls back to the ``*`` entry's, then to the node's."""
-        self._call(self._stub.SetQuota, entry, "idempotent")
+        self._call("SetQuota", entry, "idempotent")
 
     def delete_quota(self, principal: str) -> bool:
         """Remove ``principal``'s quota entry; whether there was one."""
-        answer = self._call(self._stub.DeleteQuota, pb.DeleteQuotaRequest(principal=principal), "idempotent")
+        answer = self._call("DeleteQuota", pb.DeleteQuotaRequest(principal=principal), "idempotent")
         return bool(answer.deleted)
 
     def list_quotas(self) -> pb.ListQuotasResponse:
         """Every quota entry, and the ``acl_version`` they are as of."""
-        return self._call(self._stub.ListQuotas, pb.Empty(), "read")
+        return self._call("ListQuotas", pb.Empty(), "read")

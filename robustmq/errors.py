@@ -11,8 +11,10 @@ in-process or over the network.
     RobustMQError                      code            retriable
     +-- RetriableError
     |   +-- Unavailable                UNAVAILABLE     yes  node/meta down or unreachable
+    |   |   +-- NotLeader              NOT_LEADER      yes  not the leader (of a shard, or a
+    |   |                                                   Meta Service follower): ``leader``
+    |   |                                                   names it; refresh metadata, retry
     |   +-- Busy                       BUSY            yes  bounded queue full: back off
-    |   +-- NotLeader                  NOT_LEADER      yes  refresh metadata, retry
     |   +-- SegmentSealed              SEGMENT_SEALED  yes  refresh metadata, retry
     |   +-- RequestTimeout             TIMEOUT         yes  no answer before the deadline
     |   +-- NotEnoughReplicas          NOT_ENOUGH_REPLICAS
@@ -185,7 +187,19 @@ class Busy(RetriableError):
     code = "BUSY"
 
 
-class NotLeader(RetriableError):
+class NotLeader(Unavailable):
+    """This server does not lead what the request needs; nothing was done.
+
+    A storage node that does not lead a shard (or holds no segment of it), or a
+    Meta Service that is not the elected leader of its etcd-backed set (it
+    answers every RPC but ``GetSecurityInfo`` so, with gRPC status
+    ``UNAVAILABLE``). Fields: a Meta Service's answer has ``leader``, the leader's
+    advertised ``host:port`` ("" when unknown, e.g. during an election); a
+    storage node's names the ``shard`` and its ``leader_address`` as the node
+    knows it. Retriable: clients go to the leader (else the next address they
+    know, or fresh metadata) and send the request again.
+    """
+
     code = "NOT_LEADER"
 
 

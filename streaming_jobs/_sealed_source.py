@@ -46,6 +46,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from robustmq._meta_addresses import parse_meta_addresses
 from robustmq.connector._spark_errors import reported_to_spark
 from robustmq.errors import InvalidConfig
 from robustmq.security._client_auth import Credentials
@@ -130,6 +131,10 @@ class SealedOptions:
         address = lowered.get("metaaddress")
         if not address:
             raise InvalidConfig("option 'metaAddress' is required (HOST:PORT)", option="metaAddress")
+        try:
+            address = ",".join(parse_meta_addresses(address))
+        except InvalidConfig as error:
+            raise InvalidConfig(f"option 'metaAddress': {error.message}", option="metaAddress") from None
         limit = lowered.get("maxsegmentspertrigger")
         timeout = lowered.get("requesttimeouts", "30")
         try:

@@ -277,6 +277,16 @@ def _retention_hours(text: str) -> int:
     return hours
 
 
+def _meta_addresses(text: str) -> str:
+    """``--meta`` (and ``$ROBUSTMQ_META``, its default, which argparse checks the same way)."""
+    from robustmq._meta_addresses import parse_meta_addresses
+
+    try:
+        return ",".join(parse_meta_addresses(text))
+    except InvalidConfig as error:
+        raise argparse.ArgumentTypeError(error.message) from None
+
+
 def add_meta_option(parser: argparse.ArgumentParser) -> None:
     """``--meta`` and the client security flags (``--user``, ``--password-file``, ``--tls-ca``,
     ``--tls-cert``, ``--tls-key``, falling back to ``ROBUSTMQ_*``), as every job's command line
@@ -285,9 +295,11 @@ def add_meta_option(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument(
         "--meta",
-        default=os.environ.get("ROBUSTMQ_META", "127.0.0.1:7070"),
-        metavar="HOST:PORT",
-        help="the Meta Service (default: $ROBUSTMQ_META or 127.0.0.1:7070)",
+        type=_meta_addresses,
+        default=os.environ.get("ROBUSTMQ_META") or "127.0.0.1:7070",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the Meta Service; several: the instances of a highly available one, whose leader is "
+        "followed (default: $ROBUSTMQ_META or 127.0.0.1:7070)",
     )
     add_client_flags(parser)
 

@@ -48,6 +48,8 @@ def test_only_a_node_failure_moves_a_read_to_another_replica() -> None:
     assert DEFAULT_RETRY.moves_to_another_replica(Unavailable("down"))
     assert DEFAULT_RETRY.moves_to_another_replica(RequestTimeout("slow"))
     assert not DEFAULT_RETRY.moves_to_another_replica(SegmentSealed("sealed"))
+    # A NotLeader is an Unavailable (the Meta Service's contract) but the node did answer.
+    assert not DEFAULT_RETRY.moves_to_another_replica(NotLeader("moved", leader_address="tcp://h:1"))
 
 
 def test_one_attempt_is_bounded_below_the_overall_deadline_and_a_long_poll_gets_its_wait() -> None:

@@ -11,6 +11,12 @@ Every server binds ``--host``; each node registers ``--advertise-host`` (default
 Service on ``--host`` (on loopback when it is a wildcard). ``--insecure`` is
 passed on to the children, which check protected mode themselves.
 
+``--store etcd`` (a highly available Meta Service) first starts an etcd of one
+member, on loopback only (``etcd/``, ``logs/etcd.log``), then ``--meta-replicas``
+Meta Services on it (``meta-0/``, ``meta-1/``..., ports from ``--meta-port`` on),
+which elect a leader; the nodes and this process are given all their addresses
+and follow the leader. Stopping goes nodes, Meta Services, etcd.
+
 Life cycle:
 
 1. the children start in their own sessions (Ctrl-C in a terminal reaches
@@ -52,9 +58,10 @@ from robustmq._ready import announce_ready
 from robustmq.cli._embedded import admin_exports, default_tier_url, secure_credentials
 from robustmq.errors import InvalidConfig, RobustMQError
 
-__all__ = ["START_TIMEOUT_S", "STOP_WAIT_S", "run_cluster"]
+__all__ = ["START_TIMEOUT_S", "STOP_WAIT_S", "find_etcd", "run_cluster"]
 
 START_TIMEOUT_S = 60.0
+_ETCD_PATHS = ("/usr/bin/etcd", "/usr/local/bin/etcd")
 STOP_WAIT_S = 10.0
 _POLL_S = 0.2
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -69,14 +76,17 @@ class _Child:
     address: str
     args: list[str]
     log_path: Path
+    kind: str = "node"  # "etcd", "meta" or "node": the order they start in, reversed to stop
+    executable: list[str] | None = None  # None: a robustmq command
     process: subprocess.Popen[bytes] | None = None
     log: IO[bytes] | None = field(default=None, repr=False)
     reported: bool = False
 
     def start(self) -> None:
         self.log = self.log_path.open("ab")
+        command = self.executable if self.executable is not None else [sys.executable, "-m", "robustmq.cli"]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "robustmq.cli", *self.args],
+            [*command, *self.args],
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -109,63 +119,100 @@ def _free_port(host: str) -> int:
         return int(probe.getsockname()[1])
 
 
-def _ports(host: str, meta_port: int, base_port: int, nodes: int) -> tuple[int, list[int]]:
+def _ports(
+    host: str, meta_port: int, base_port: int, nodes: int, meta_replicas: int = 1
+) -> tuple[list[int], list[int]]:
+    """The Meta Services' ports (``meta_port`` and the next ones, or free ports) and the nodes'."""
     if base_port and base_port + nodes - 1 > 65535:
         raise InvalidConfig(
             f"--base-port {base_port} leaves no room for {nodes} nodes (ports up to 65535)",
             field="base_port",
         )
+    if meta_port and meta_port + meta_replicas - 1 > 65535:
+        raise InvalidConfig(f"--meta-port {meta_port} leaves no room for {meta_replicas} Meta Services")
     node_ports = [base_port + number if base_port else _free_port(host) for number in range(nodes)]
-    meta = meta_port or _free_port(host)
-    if meta in node_ports:
-        raise InvalidConfig(f"--meta-port {meta} is also a node's port (--base-port {base_port})")
-    return meta, node_ports
+    metas = [meta_port + number if meta_port else _free_port(host) for number in range(meta_replicas)]
+    for meta in metas:
+        if meta in node_ports:
+            raise InvalidConfig(f"--meta-port {meta} is also a node's port (--base-port {base_port})")
+    return metas, node_ports
+
+
+def find_etcd() -> str:
+    """The ``etcd`` program (Debian's ``etcd-server``), or ``InvalidConfig`` saying how to get it."""
+    found = shutil.which("etcd") or next((p for p in _ETCD_PATHS if os.access(p, os.X_OK)), None)
+    if found is None:
+        raise InvalidConfig(
+            "--store etcd needs etcd, which is not installed here: install Debian's etcd-server "
+            "(sudo apt-get install etcd-server, or scripts/install_etcd)",
+            field="store",
+        )
+    return found
+
+
+def _etcd(root: Path, logs: Path) -> tuple[_Child, str]:
+    """An etcd of one member on loopback only (it has no authentication here), and the Meta
+    Services' ``--store`` URL for it."""
+    client_port, peer_port = _free_port("127.0.0.1"), _free_port("127.0.0.1")
+    client_url, peer_url = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    args = [
+        "--name",
+        "robustmq",
+        "--data-dir",
+        str(root / "etcd"),
+        "--listen-client-urls",
+        client_url,
+        "--advertise-client-urls",
+        client_url,
+        "--listen-peer-urls",
+        peer_url,
+        "--initial-advertise-peer-urls",
+        peer_url,
+        "--initial-cluster",
+        f"robustmq={peer_url}",
+    ]
+    child = _Child("etcd", client_url, args, logs / "etcd.log", kind="etcd", executable=[find_etcd()])
+    return child, f"etcd://127.0.0.1:{client_port}/robustmq"
 
 
 def _children(
     root: Path,
     host: str,
-    meta_port: int,
+    meta_ports: list[int],
     node_ports: list[int],
     node_timeout_ms: int,
     tier: tuple[str, int] = ("none", 30_000),
     tier_cache_bytes: int = 256 * 1024 * 1024,
     binding: tuple[str | None, bool] = (None, False),
     credentials: Path | None = None,
+    store: str = "rocksdb",
 ) -> list[_Child]:
-    """The Meta Service and the nodes; ``binding``: (``--advertise-host``, ``--insecure``);
-    ``credentials``: a ``robustmq security init`` directory (a secured cluster)."""
+    """etcd (``store`` "etcd"), the Meta Services (one per port) and the nodes; ``binding``:
+    (``--advertise-host``, ``--insecure``); ``credentials``: a ``robustmq security init``
+    directory (a secured cluster)."""
     # A new cluster's nodes are named after their directories (node-0, node-1...), the names
     # this command prints. A node directory made afresh beside an existing Meta Service (its data
     # was lost) gets a random id instead: the Meta Service still knows the old one.
-    fresh_cluster = not (root / "meta").exists()
+    fresh_cluster = not (root / "meta").exists() and not (root / "meta-0").exists()
     logs = root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     advertise_host, insecure = binding
-    meta_address = join_host_port(reachable(host), meta_port)
     also = ["--insecure"] if insecure else []
-    meta = _Child(
-        "meta",
-        meta_address,
-        [
-            "meta",
-            *also,
-            "--host",
-            host,
-            "--data-dir",
-            str(root / "meta"),
-            "--meta-port",
-            str(meta_port),
-            "--node-timeout-ms",
-            str(node_timeout_ms),
-            "--tier-url",
-            tier[0],
-            "--retention-check-ms",
-            str(tier[1]),
-            *_tls(credentials, "meta"),
-        ],
-        logs / "meta.log",
-    )
+    servers: list[_Child] = []
+    store_args: list[str] = []
+    if store == "etcd":
+        etcd, url = _etcd(root, logs)
+        servers.append(etcd)
+        store_args = ["--store", url]
+    metas = []
+    for number, meta_port in enumerate(meta_ports):
+        name = "meta" if len(meta_ports) == 1 else f"meta-{number}"
+        address = join_host_port(reachable(host), meta_port)
+        args = ["meta", *also, "--host", host, "--data-dir", str(root / name), "--meta-port", str(meta_port)]
+        args += ["--node-timeout-ms", str(node_timeout_ms), "--tier-url", tier[0]]
+        args += ["--retention-check-ms", str(tier[1]), *store_args, *_tls(credentials, "meta")]
+        metas.append(_Child(name, address, args, logs / f"{name}.log", kind="meta"))
+    meta_address = ",".join(meta.address for meta in metas)
     nodes = [
         _Child(
             f"node-{number}",
@@ -195,7 +242,7 @@ def _children(
         )
         for number, port in enumerate(node_ports)
     ]
-    return [meta, *nodes]
+    return [*servers, *metas, *nodes]
 
 
 def _named(data_dir: Path, name: str, fresh_cluster: bool) -> list[str]:
@@ -233,10 +280,12 @@ def _wait_ready(
             ca=credentials / "ca.pem", cert=credentials / "admin.pem", key=credentials / "admin.key"
         )
 
-    meta, nodes = children[0], children[1:]
+    metas = [child for child in children if child.kind == "meta"]
+    nodes = [child for child in children if child.kind == "node"]
     wanted = {node.address for node in nodes}
     deadline = time.monotonic() + START_TIMEOUT_S
-    with MetaClient(meta.address, timeout_s=2.0, credentials=admin) as client:
+    meta_address = ",".join(meta.address for meta in metas)
+    with MetaClient(meta_address, timeout_s=2.0, credentials=admin) as client:
         while not stop.is_set():
             for child in children:
                 code = child.exited()
@@ -255,16 +304,17 @@ def _wait_ready(
                 missing = ", ".join(node.name for node in nodes if node.address not in alive)
                 raise _StartFailed(
                     f"not every node registered within {START_TIMEOUT_S:.0f} s (missing: {missing}; "
-                    f"logs in {meta.log_path.parent})"
+                    f"logs in {metas[0].log_path.parent})"
                 )
             stop.wait(_POLL_S)
     return None
 
 
 def _stop(children: list[_Child]) -> None:
-    """SIGTERM the nodes, then the Meta Service (it outlives the nodes' last heartbeats), by pid;
-    SIGKILL whatever has not exited after :data:`STOP_WAIT_S`."""
-    for group in (children[1:], children[:1]):
+    """SIGTERM the nodes, then the Meta Services (they outlive the nodes' last heartbeats), then
+    etcd, by pid; SIGKILL whatever has not exited after :data:`STOP_WAIT_S`."""
+    for kind in ("node", "meta", "etcd"):
+        group = [child for child in children if child.kind == kind]
         running = [child for child in group if child.process is not None and child.exited() is None]
         for child in running:
             with contextlib.suppress(ProcessLookupError):
@@ -326,14 +376,31 @@ def run_cluster(
     tier_cache_bytes: int = 256 * 1024 * 1024,
     secure: bool = False,
     credentials_dir: str | None = None,
+    meta_replicas: int = 1,
+    store: str = "rocksdb",
 ) -> int:
     """Run the cluster until a stop signal; the exit code (0 after a stop, 1 if it could not start).
 
     ``tier_url`` None: ``file://{data_dir}/tier``; "none": nothing is tiered. ``secure``: TLS,
     CURVE and logins, with certificates from ``credentials_dir`` (default
     ``{data_dir}/credentials``, made by ``robustmq security init`` on the first start).
+    ``store`` "etcd": an etcd of one member (on loopback) this command starts, and
+    ``meta_replicas`` Meta Services on it that elect a leader; the nodes get all their
+    addresses. Several Meta Services need ``store`` "etcd" (they share nothing else).
     """
-    meta_port, node_ports = _ports(host, meta_port, base_port, nodes)
+    if meta_replicas > 1 and store != "etcd":
+        raise InvalidConfig(
+            f"--meta-replicas {meta_replicas} needs --store etcd: Meta Services share their state "
+            "only through etcd",
+            field="meta_replicas",
+        )
+    if store == "etcd" and secure:
+        raise InvalidConfig(
+            "robustmq cluster does not secure etcd yet: use --store etcd without --secure, or start "
+            "etcd and the Meta Services yourself (docs/operators.md)",
+            field="store",
+        )
+    meta_ports, node_ports = _ports(host, meta_port, base_port, nodes, meta_replicas)
     root = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="robustmq-cluster-"))
     stop = threading.Event()
     tier = tier_url if tier_url is not None else default_tier_url(root)
@@ -344,13 +411,14 @@ def run_cluster(
     children = _children(
         root,
         host,
-        meta_port,
+        meta_ports,
         node_ports,
         node_timeout_ms,
         (tier, retention_check_ms),
         tier_cache_bytes,
         (advertise_host, insecure),
         credentials,
+        store,
     )
     try:
         with _stop_signals(stop):
@@ -369,7 +437,8 @@ def run_cluster(
                 print(f"{child.name} {child.address}{node_id} pid {child.process.pid} log {child.log_path}")
             print(f"data in {root}{'' if data_dir is not None else ' (removed on exit)'}")
             if credentials is not None:
-                print(admin_exports(credentials, children[0].address))
+                metas = ",".join(child.address for child in children if child.kind == "meta")
+                print(admin_exports(credentials, metas))
             announce_ready()
             while not stop.wait(_POLL_S):
                 _report_exits(children)

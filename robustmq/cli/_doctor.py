@@ -195,22 +195,24 @@ def _listening(host: str, port: int) -> bool:
 def check_meta(address: str, credentials: Credentials | None) -> Check:
     from robustmq import connect
     from robustmq._hosts import split_host_port
+    from robustmq._meta_addresses import parse_meta_addresses
     from robustmq.errors import RobustMQError
 
     try:
         with connect(address, timeout_s=META_TIMEOUT_S, credentials=credentials) as client:
             nodes = client.list_nodes()
     except RobustMQError as error:
-        host, port = split_host_port(address)
         if not error.retriable:
             return Check("FAIL", "meta", f"the Meta Service at {address} refuses us: {error.message}")
-        if port is not None and _listening(host, port):
-            return Check(
-                "FAIL",
-                "meta",
-                f"something listens at {address} but does not answer as a Meta Service: stop it, or start "
-                "robustmq server with --meta-port PORT and pass --meta to the other commands",
-            )
+        for one in parse_meta_addresses(address):
+            host, port = split_host_port(one)
+            if port is not None and _listening(host, port):
+                return Check(
+                    "FAIL",
+                    "meta",
+                    f"something listens at {one} but does not answer as a Meta Service: stop it, or start "
+                    "robustmq server with --meta-port PORT and pass --meta to the other commands",
+                )
         taken = [str(p) for p in SERVER_PORTS if _listening("127.0.0.1", p)]
         start = f"nothing answers at {address} yet: start one with `robustmq server &`"
         if taken:

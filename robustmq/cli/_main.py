@@ -74,10 +74,14 @@ _port = _bounded_int(0, 65535)
 
 
 def _meta_address(text: str) -> str:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return text
+    """``HOST:PORT``, or several comma-separated (the instances of a highly available Meta Service)."""
+    from robustmq._meta_addresses import parse_meta_addresses
+    from robustmq.errors import InvalidConfig
+
+    try:
+        return ",".join(parse_meta_addresses(text))
+    except InvalidConfig as error:
+        raise argparse.ArgumentTypeError(error.message) from None
 
 
 def _advertise(text: str) -> str:
@@ -476,6 +480,8 @@ def _cluster(args: argparse.Namespace) -> int:
         tier_cache_bytes=args.tier_cache_bytes,
         secure=args.secure or args.credentials is not None,
         credentials_dir=args.credentials,
+        meta_replicas=args.meta_replicas,
+        store=args.store,
     )
 
 
@@ -500,8 +506,9 @@ def _common(parser: argparse.ArgumentParser, *, data_dir: str | None = None, cli
         "--meta",
         type=_meta_address,
         default=None,
-        metavar="HOST:PORT",
-        help="the Meta Service (default $ROBUSTMQ_META or HOST:7070)",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the Meta Service; several: the instances of a highly available one, whose leader is "
+        "followed (default $ROBUSTMQ_META or HOST:7070)",
     )
     if client:
         parser.add_argument(
@@ -609,6 +616,20 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         default=1500,
         help="the Meta Service's --node-timeout-ms: how long a silent node's shards wait to fail over "
         "(default 1500)",
+    )
+    cluster.add_argument(
+        "--store",
+        choices=("rocksdb", "etcd"),
+        default="rocksdb",
+        help="the Meta Service's store: rocksdb (one Meta Service, default), or etcd (an etcd this "
+        "command starts on loopback, and --meta-replicas Meta Services on it that elect a leader)",
+    )
+    cluster.add_argument(
+        "--meta-replicas",
+        type=_bounded_int(1, 5),
+        default=1,
+        help="Meta Service processes (default 1; more than 1 needs --store etcd); they listen on "
+        "--meta-port and the ports after it",
     )
     _tier_option(cluster, "file://DATA_DIR/tier")
     _tier_cache_option(cluster)
@@ -1003,7 +1024,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if verdict.warning is not None:
         print(f"robustmq {args.command}: {verdict.warning}", file=sys.stderr, flush=True)
     if hasattr(args, "meta"):
-        args.meta_address = args.meta or os.environ.get("ROBUSTMQ_META") or _default_meta(args.host)
+        if args.meta is None and os.environ.get("ROBUSTMQ_META"):
+            try:
+                args.meta = _meta_address(os.environ["ROBUSTMQ_META"])
+            except argparse.ArgumentTypeError as error:
+                return _fail(args.command, f"ROBUSTMQ_META: {error}", EXIT_USAGE)
+        args.meta_address = args.meta or _default_meta(args.host)
     from robustmq.errors import RobustMQError
 
     try:

@@ -253,3 +253,13 @@ def test_earliest_is_refused_as_an_ending_as_kafka_does(value: str, message: str
     with pytest.raises(InvalidConfig, match=message):
         _read(topic="t", endingOffsets=value)
     assert _read(topic="t", endingOffsets='{"t": {"0": 5, "1": -1}}').ending == {"t": {0: 5, 1: -1}}
+
+
+def test_meta_address_takes_the_instances_of_a_highly_available_meta_service() -> None:
+    assert _read(metaAddress=" 127.0.0.1:7070, 127.0.0.1:7071", topic="t").meta_address == (
+        "127.0.0.1:7070,127.0.0.1:7071"
+    )
+    with pytest.raises(InvalidConfig, match=r"option 'metaAddress': an empty Meta Service address"):
+        _read(metaAddress="127.0.0.1:7070,,127.0.0.1:7071", topic="t")
+    with pytest.raises(InvalidConfig, match=r"option 'metaAddress': invalid Meta Service address 'h2'"):
+        _read(metaAddress="127.0.0.1:7070,h2", topic="t")

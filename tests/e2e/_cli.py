@@ -90,14 +90,20 @@ class CliCluster:
         self.pids = {
             words[0]: int(words[words.index("pid") + 1])
             for words in (line.split() for line in lines)
-            if words and "pid" in words and (words[0] == "meta" or words[0].startswith("node-"))
+            if words and "pid" in words and words[0].startswith(("meta", "node-", "etcd"))
         }
         self.addresses = {
             words[0]: words[1]
             for words in (line.split() for line in lines)
             if words and "pid" in words and words[0].startswith("node-")
         }
-        self.meta = next(line.split()[1] for line in lines if line.startswith("meta "))
+        # Every Meta Service's address (several with --meta-replicas: meta-0, meta-1...).
+        self.metas = {
+            words[0]: words[1]
+            for words in (line.split() for line in lines)
+            if words and words[0].startswith("meta")
+        }
+        self.meta = ",".join(self.metas.values())
         self.data_dir = Path(next(line.split()[2] for line in lines if line.startswith("data in ")))
         assert process.stderr is not None
         threading.Thread(target=lambda: self.errors.extend(process.stderr), daemon=True).start()  # type: ignore[arg-type]

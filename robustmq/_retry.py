@@ -46,7 +46,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from robustmq.errors import RequestTimeout, RobustMQError, SegmentSealed, StaleEpoch, Unavailable
+from robustmq.errors import NotLeader, RequestTimeout, RobustMQError, SegmentSealed, StaleEpoch, Unavailable
 
 __all__ = ["DEFAULT_RETRY", "RetryPolicy"]
 
@@ -76,8 +76,9 @@ class RetryPolicy:
 
     @staticmethod
     def moves_to_another_replica(error: BaseException) -> bool:
-        """Whether a read should go to another replica next: the node is down, cut off or slow."""
-        return isinstance(error, Unavailable | RequestTimeout)
+        """Whether a read should go to another replica next: the node is down, cut off or slow
+        (a ``NotLeader`` is an ``Unavailable`` but an answer: the metadata is refreshed instead)."""
+        return isinstance(error, Unavailable | RequestTimeout) and not isinstance(error, NotLeader)
 
     def backoff_s(self, error: BaseException, attempts: int) -> float:
         """Seconds to wait before attempt ``attempts + 1`` after ``error`` ended attempt ``attempts``."""

@@ -11,8 +11,10 @@ in-process or over the network.
     RobustMQError                      code            retriable
     +-- RetriableError
     |   +-- Unavailable                UNAVAILABLE     yes  node/meta down or unreachable
+    |   |   +-- NotLeader              NOT_LEADER      yes  not the shard's leader (a node): refresh
+    |   |                                                   metadata, retry; not the leading Meta
+    |   |                                                   Service: ask ``leader`` ("" unknown)
     |   +-- Busy                       BUSY            yes  bounded queue full: back off
-    |   +-- NotLeader                  NOT_LEADER      yes  refresh metadata, retry
     |   +-- SegmentSealed              SEGMENT_SEALED  yes  refresh metadata, retry
     |   +-- RequestTimeout             TIMEOUT         yes  no answer before the deadline
     |   +-- NotEnoughReplicas          NOT_ENOUGH_REPLICAS
@@ -185,7 +187,14 @@ class Busy(RetriableError):
     code = "BUSY"
 
 
-class NotLeader(RetriableError):
+class NotLeader(Unavailable):
+    """The one asked does not lead: a storage node that does not lead the shard's active
+    segment (refresh the metadata, retry), or a Meta Service that does not lead its etcd
+    election (fields ``leader``, the leading instance's ``host:port`` or "" while unknown,
+    and ``reason``). An ``Unavailable``: whatever retries that retries this, and nothing was
+    done. A follower Meta Service answers every RPC but ``GetSecurityInfo`` with it (gRPC
+    status ``UNAVAILABLE``)."""
+
     code = "NOT_LEADER"
 
 

@@ -48,6 +48,10 @@ def test_only_a_node_failure_moves_a_read_to_another_replica() -> None:
     assert DEFAULT_RETRY.moves_to_another_replica(Unavailable("down"))
     assert DEFAULT_RETRY.moves_to_another_replica(RequestTimeout("slow"))
     assert not DEFAULT_RETRY.moves_to_another_replica(SegmentSealed("sealed"))
+    # A NotLeader is an Unavailable (a follower Meta Service's answer is retried like one), but a
+    # node's NotLeader is an answer: the metadata is refreshed, the read does not change replica.
+    assert isinstance(NotLeader("moved"), Unavailable)
+    assert not DEFAULT_RETRY.moves_to_another_replica(NotLeader("moved"))
 
 
 def test_one_attempt_is_bounded_below_the_overall_deadline_and_a_long_poll_gets_its_wait() -> None:

@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -101,6 +102,15 @@ class EtcdTls:
     ca: str
     cert: str | None = None
     key: str | None = None
+
+    def grpc_credentials(self) -> Any:
+        """The same files as gRPC channel credentials (for :meth:`EtcdClient.probe`)."""
+        import grpc
+
+        def read(path: str | None) -> bytes | None:
+            return None if path is None else Path(path).read_bytes()
+
+        return grpc.ssl_channel_credentials(read(self.ca), read(self.key), read(self.cert))
 
     def context(self) -> ssl.SSLContext:
         try:
@@ -183,6 +193,7 @@ class EtcdClient:
         if (user is None) != (password is None):
             raise InvalidConfig("an etcd user needs its password (and a password its user)")
         context = tls.context() if tls is not None else None
+        self._tls = tls
         self._endpoints = [_Endpoint(endpoint, context) for endpoint in endpoints]
         self.timeout_s = timeout_s
         self._user = user
@@ -252,6 +263,40 @@ class EtcdClient:
         except EtcdError as error:
             if "lease not found" not in str(error.fields.get("reason", "")):
                 raise
+
+    def probe(self, method: str, request: bytes, *, timeout_s: float = 30.0) -> str | None:
+        """Send a hand-encoded ``request`` to gRPC ``method`` on the first endpoint that takes it:
+        None if etcd took it (whatever it answered after reading it: a permission error is
+        fine), else etcd's reason for refusing it. For the start-up checks of etcd's limits."""
+        import grpc  # here only: the store's calls go through the JSON gateway
+
+        last = "no endpoint"
+        for endpoint in self._endpoints:
+            target = f"{endpoint.host}:{endpoint.port}"
+            options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+            if self._tls is None:
+                channel = grpc.insecure_channel(target, options=options)
+            else:
+                channel = grpc.secure_channel(target, self._tls.grpc_credentials(), options=options)
+            try:
+                call = channel.unary_unary(method)
+                call(request, timeout=timeout_s)
+                return None
+            except grpc.RpcError as exc:
+                code, details = exc.code(), str(exc.details())
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    last = f"{endpoint.name}: {details}"
+                    continue
+                if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                    return details
+                if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNKNOWN):
+                    raise Unavailable(
+                        f"etcd at {endpoint.name} could not take a probe: {details}", reason=details
+                    ) from exc
+                return None  # read and answered (no permission...): not a size refusal
+            finally:
+                channel.close()
+        raise Unavailable(f"etcd ({', '.join(self.endpoints)}) did not answer a probe: {last}", reason=last)
 
     # -- plumbing -----------------------------------------------------------------------------
 

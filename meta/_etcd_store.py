@@ -309,38 +309,52 @@ class EtcdMetaStore:
     def check_limits(self) -> None:
         """Refuse to run (``InvalidConfig``) on an etcd whose limits are below this store's.
 
-        Two probes, neither writes nor reads much: a read-only ``Txn`` of ``max_txn_ops``
-        reads whose compare is never true (etcd counts ops before comparing), and a read of
-        a key of ``max_request_bytes`` (etcd's gRPC server refuses a request past
-        ``--max-request-bytes`` plus its 512 KiB margin, so the key is that large less 2 KiB).
+        Two probes that neither write nor read anything, sent over etcd's gRPC port (the
+        same port as the gateway; hand-encoded messages: JSON would cost etcd seconds to
+        decode): a ``Txn`` of ``max_txn_ops`` reads whose compare is never true (etcd counts
+        ops before comparing), and a ``Range`` of a key of ``max_request_bytes`` (etcd's
+        gRPC server refuses a request past ``--max-request-bytes`` plus its 512 KiB margin,
+        so the key is that large less 2 KiB).
         """
-        probe = b64(b"\x00")  # a short key keeps the probe's JSON small (it is never read)
-        try:
-            # The compare is never true (no key has a negative version): nothing runs.
-            never = [{"target": "VERSION", "key": probe, "version": "-1", "result": "LESS"}]
-            self._client.txn(never, [{"request_range": {"key": probe}}] * self.limits.max_txn_ops)
-        except EtcdError as exc:
+        # Compare{result: LESS, target: VERSION (0, the default), key: "\0", version: -1}
+        never = b"\x08\x02" + _field(3, b"\x00") + b"\x20" + _varint((1 << 64) - 1)
+        op = _field(1, _field(1, b"\x00"))  # RequestOp{request_range: RangeRequest{key}}
+        txn = _field(1, never) + _field(2, op) * self.limits.max_txn_ops
+        why = self._client.probe("/etcdserverpb.KV/Txn", txn)
+        if why is not None and "too many operations" in why:
             raise InvalidConfig(
-                f"etcd refuses a transaction of {self.limits.max_txn_ops:,} operations ({exc.message}): "
+                f"etcd refuses a transaction of {self.limits.max_txn_ops:,} operations ({why}): "
                 f"start etcd with --max-txn-ops {self.limits.max_txn_ops} or more, or lower "
                 "--etcd-max-txn-ops (docs/operators.md, 'A highly available Meta Service')",
                 setting="max-txn-ops",
-            ) from exc
+            )
         # Just under what etcd reads when its --max-request-bytes equals ours (plus its margin).
         size = self.limits.max_request_bytes + _ETCD_GRPC_OVERHEAD_BYTES - 2048
-        key = self.prefix.encode() + b"/probe/" + b"x" * size
-        try:
-            self._client.range(key, timeout_s=max(self._client.timeout_s, 10.0))
-        except EtcdError as exc:
+        why = self._client.probe("/etcdserverpb.KV/Range", _field(1, b"\x00" * size))
+        if why is not None and ("larger than max" in why or "too large" in why):
             raise InvalidConfig(
-                f"etcd refuses a request of {self.limits.max_request_bytes:,} bytes ({exc.message}): "
+                f"etcd refuses a request of {self.limits.max_request_bytes:,} bytes ({why}): "
                 f"start etcd with --max-request-bytes {self.limits.max_request_bytes} or more, or lower "
                 "--etcd-max-request-bytes (docs/operators.md, 'A highly available Meta Service')",
                 setting="max-request-bytes",
-            ) from exc
+            )
 
     def close(self) -> None:
         self._closed = True
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 def _prefix_end(prefix: bytes) -> bytes | None:

@@ -1,7 +1,12 @@
-"""The Meta Service process: a gRPC server over the RocksDB store, and ``robustmq meta``.
+"""The Meta Service process: a gRPC server over its store, and ``robustmq meta``.
 
 Data lives in ``{data_dir}/store`` (a RocksDB directory; one process at a
-time). The server answers on ``host:port`` (default ``127.0.0.1:7070``) through
+time), or with ``store="etcd://..."`` in etcd: then several processes run, each
+listening, one leading (:mod:`robustmq.meta._election`); the others answer
+``NotLeader`` through :class:`~robustmq.meta._ha.LeaderSwitch`, and each
+term of leadership builds its own controller, supervisor and retention worker
+from what etcd holds (docs/operators.md, "A highly available Meta Service").
+The server answers on ``host:port`` (default ``127.0.0.1:7070``) through
 :class:`~robustmq.meta._rpc_gate.RpcGate`: requests are read on an event loop, so a
 call holds no thread until its whole request has arrived; handlers run on bounded
 thread pools, node RPCs on their own; past a pool's queue bound callers get
@@ -298,6 +303,11 @@ class MetaServer:
     def _controller(self) -> MetaController | None:
         term = self._term
         return None if term is None else term.controller
+
+    @property
+    def _supervisor(self) -> ReplicaSupervisor | None:
+        term = self._term
+        return None if term is None else term.supervisor
 
     def start(self) -> MetaServer:
         """Open the store and start answering RPCs (on etcd: join the election)."""

@@ -8,7 +8,8 @@ integers as strings. etcd 3.4 serves it on every client URL.
 
 What it guarantees
 ------------------
-- Every call has a deadline (``timeout_s``, retries included). A connection that fails,
+- Every call has a deadline (``timeout_s``, retries included); one attempt on one member
+  gets at most its share of it (``timeout_s`` / members, at least 0.5 s). A connection that fails,
   an endpoint that is unreachable or says it has no leader (``etcdserver: no leader``,
   ``leader changed``, ``request timed out``: etcd's own election after a member died)
   is retried on the next endpoint with a short back-off until the deadline; then the
@@ -52,6 +53,7 @@ __all__ = ["POOL_MAX", "EtcdClient", "EtcdError", "EtcdTls", "UnknownOutcome", "
 POOL_MAX = 8  # idle connections kept per endpoint
 _BACKOFF_FIRST_S = 0.05
 _BACKOFF_MAX_S = 0.5
+_ATTEMPT_MIN_S = 0.5  # the least one attempt on one member gets (when the budget allows it)
 # etcd's words for "ask again, maybe elsewhere": its own election, a member that lost quorum.
 _TRANSIENT = (
     "no leader",
@@ -325,8 +327,11 @@ class EtcdClient:
             index = (self._preferred + attempt) % len(self._endpoints)
             endpoint = self._endpoints[index]
             attempt += 1
+            # One member that holds the request (it lost its leader, or it is cut off) must not
+            # take the whole budget: the others get their turn within it.
+            attempt_s = min(remaining_s, max(_ATTEMPT_MIN_S, budget_s / len(self._endpoints)))
             try:
-                status, answer, reached = self._post(endpoint, path, payload, remaining_s)
+                status, answer, reached = self._post(endpoint, path, payload, attempt_s)
             except _Lost as lost:
                 sent = sent or lost.reached
                 last = f"{endpoint.name}: {lost.reason}"

@@ -22,7 +22,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/robustmq demo
 
+# etcd (Debian's etcd-server) for the tests of the etcd-backed Meta Service: installed when
+# missing (as root); if it cannot be, those tests skip and say why.
 test: $(STAMP)
+	@scripts/install_etcd >/dev/null || echo "make test: etcd is not installed; the etcd tests will skip"
 	$(PY) scripts/check
 
 # The long history runs (tests marked `long`, about 20 minutes): thousands of operations, tens of

@@ -1,7 +1,12 @@
-"""The Meta Service process: a gRPC server over the RocksDB store, and ``robustmq meta``.
+"""The Meta Service process: a gRPC server over its store, and ``robustmq meta``.
 
 Data lives in ``{data_dir}/store`` (a RocksDB directory; one process at a
-time). The server answers on ``host:port`` (default ``127.0.0.1:7070``) through
+time), or with ``store="etcd://..."`` in etcd: then several processes run, each
+listening, one leading (:mod:`robustmq.meta._election`); the others answer
+``NotLeader`` through :class:`~robustmq.meta._ha.LeaderSwitch`, and each
+term of leadership builds its own controller, supervisor and retention worker
+from what etcd holds (docs/operators.md, "A highly available Meta Service").
+The server answers on ``host:port`` (default ``127.0.0.1:7070``) through
 :class:`~robustmq.meta._rpc_gate.RpcGate`: requests are read on an event loop, so a
 call holds no thread until its whole request has arrived; handlers run on bounded
 thread pools, node RPCs on their own; past a pool's queue bound callers get
@@ -43,6 +48,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -61,19 +67,23 @@ from robustmq.tier._store import ObjectStore
 
 from ._auth import DEFAULT_SUPER_USERS, DEFAULT_TOKEN_LIFETIME_MS, MetaAuth
 from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
+from ._election import DEFAULT_LEASE_TTL_S, LeaderElection
+from ._etcd_client import EtcdClient, EtcdTls
+from ._etcd_store import EtcdLimits, EtcdMetaStore, Fence, parse_etcd_url
 from ._failover import NodeRequests, ReplicaSupervisor
+from ._ha import LeaderSwitch
 from ._quotas import DEFAULT_QUOTAS, MetaQuotas
 from ._retention import DEFAULT_RETENTION_CHECK_MS, RetentionWorker
 from ._revocations import RevocationTable
 from ._rpc_gate import MetaLimits, RpcGate
-from ._service import MetaServicer
-from ._store import RocksDBMetaStore
+from ._service import MetaServicer, _NoStore
+from ._store import MetaStore, RocksDBMetaStore
 from ._users import UserTable
 
 if TYPE_CHECKING:
     from robustmq.security._curve import ClientSecurity
 
-__all__ = ["DEFAULT_META_PORT", "MAX_REQUEST_BYTES", "MetaServer", "run_meta"]
+__all__ = ["DEFAULT_META_PORT", "MAX_REQUEST_BYTES", "EtcdOptions", "MetaServer", "run_meta"]
 
 DEFAULT_META_PORT = 7070
 # The largest request the service reads by default (gRPC's default, stated here). Past it
@@ -125,6 +135,45 @@ def _bind(server: Any, address: str, credentials: grpc.ServerCredentials | None 
     return 0, reason.group(1) if reason else (failure.split(";")[0] or "address in use?")
 
 
+@dataclass(frozen=True, slots=True)
+class EtcdOptions:
+    """How a Meta Service on the etcd store reaches etcd and holds its leadership
+    (docs/operators.md, "A highly available Meta Service").
+
+    ``tls``: etcd's CA (and our client certificate and key) when etcd's client URLs
+    are https; ``user``/``password``: an etcd user when etcd's auth is on;
+    ``limits``: the largest transaction sent (checked against etcd at start);
+    ``lease_ttl_s``: the leader lease (a dead leader is replaced about this long after
+    it died); ``timeout_s``: the deadline of one etcd call, retries on other members
+    included.
+    """
+
+    tls: EtcdTls | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    limits: EtcdLimits = field(default_factory=EtcdLimits)
+    lease_ttl_s: int = DEFAULT_LEASE_TTL_S
+    timeout_s: float = 5.0
+
+
+@dataclass(slots=True)
+class _Term:
+    """What runs while this process serves as the Meta Service: one term of leadership (always,
+    on RocksDB)."""
+
+    controller: MetaController
+    auth: MetaAuth
+    supervisor: ReplicaSupervisor
+    servicer: MetaServicer
+    retention: RetentionWorker | None = None
+
+    def stop(self) -> None:
+        if self.retention is not None:
+            self.retention.stop()
+        self.supervisor.stop()
+        self.controller.close()
+
+
 class MetaServer:
     """The Meta Service on one data directory.
 
@@ -156,6 +205,16 @@ class MetaServer:
     quotas
         Bounds on topics, partitions, segments per shard and the seal rate
         (:class:`~robustmq.meta._quotas.MetaQuotas`; docs/operators.md "Limits").
+    store
+        ``"rocksdb"`` (the default: ``{data_dir}/store``) or
+        ``"etcd://h1:2379,h2:2379/prefix"``: the store is in etcd, several processes
+        may run on it and the one etcd elects leads (:mod:`robustmq.meta._election`);
+        the others answer ``NotLeader`` naming it.
+    advertise
+        This instance's client address as others should dial it (``host:port``; default
+        :attr:`address`): what followers name in ``NotLeader``.
+    etcd
+        How to reach etcd (:class:`EtcdOptions`).
 
     Examples
     --------
@@ -178,7 +237,14 @@ class MetaServer:
         node_security: ClientSecurity | None = None,
         limits: MetaLimits | None = None,
         quotas: MetaQuotas = DEFAULT_QUOTAS,
+        store: str = "rocksdb",
+        advertise: str | None = None,
+        etcd: EtcdOptions | None = None,
     ) -> None:
+        self._store_url = store or "rocksdb"
+        self._etcd_url = parse_etcd_url(store) if self._store_url != "rocksdb" else None
+        self._etcd_options = etcd if etcd is not None else EtcdOptions()
+        self._advertise = advertise
         self._limits = limits if limits is not None else MetaLimits()
         self._quotas = quotas
         if tls is not None and (tls.cert is None or tls.key is None):
@@ -201,8 +267,12 @@ class MetaServer:
         self._port = port
         self._node_timeout_ms = node_timeout_ms
         self._server: RpcGate | None = None
-        self._controller: MetaController | None = None
-        self._supervisor: ReplicaSupervisor | None = None
+        self._term: _Term | None = None
+        self._term_lock = threading.Lock()
+        self._etcd: EtcdClient | None = None
+        self._etcd_store: EtcdMetaStore | None = None
+        self._election: LeaderElection | None = None
+        self._switch: LeaderSwitch | None = None
 
     @property
     def address(self) -> str:
@@ -223,18 +293,62 @@ class MetaServer:
                 error.message,
             )
 
+    @property
+    def leading(self) -> bool:
+        """Whether this instance serves the Meta Service now (always, once started, on RocksDB)."""
+        term = self._term
+        return term is not None and (self._election is None or self._election.leading)
+
+    @property
+    def _controller(self) -> MetaController | None:
+        term = self._term
+        return None if term is None else term.controller
+
+    @property
+    def _supervisor(self) -> ReplicaSupervisor | None:
+        term = self._term
+        return None if term is None else term.supervisor
+
     def start(self) -> MetaServer:
-        """Open the store and start answering RPCs."""
+        """Open the store and start answering RPCs (on etcd: join the election)."""
         if self._server is not None:
             raise RuntimeError("the Meta Service is already started")
         if self._tier_url:
             self._check_tier_store()
+        if self._etcd_url is not None:
+            return self._start_on_etcd()
         self._data_dir.mkdir(parents=True, exist_ok=True)
         store = RocksDBMetaStore(self._data_dir / "store")
         try:
-            controller = MetaController(
-                store, node_timeout_ms=self._node_timeout_ms, tier_url=self._tier_url, quotas=self._quotas
+            term = self._build_term(store)
+            credentials = self._server_credentials()
+            server = RpcGate(
+                term.servicer,
+                self._limits,
+                lambda grpc_server, address: _bind(grpc_server, address, credentials),
+                self.address,
             )
+            port = server.port
+        except BaseException:
+            store.close()
+            raise
+        self._port = port
+        self._server = server
+        self._start_term(term)
+        logger.info(
+            "meta service listening on %s (%s), data in %s",
+            self.address,
+            "TLS, authentication required" if self._tls is not None else "no security",
+            self._data_dir,
+        )
+        return self
+
+    def _build_term(self, store: MetaStore) -> _Term:
+        """The controller and everything around it, over ``store`` (which it reads now)."""
+        controller = MetaController(
+            store, node_timeout_ms=self._node_timeout_ms, tier_url=self._tier_url, quotas=self._quotas
+        )
+        try:
             auth = MetaAuth(
                 self._tls,
                 UserTable(store),
@@ -247,30 +361,106 @@ class MetaServer:
                 node_security = _own_node_security(auth, controller)
             supervisor = ReplicaSupervisor(controller, functools.partial(_node_caller, node_security))
             servicer = MetaServicer(controller, nudge=supervisor.nudge, auth=auth)
+        except BaseException:
+            controller.close()
+            raise
+        return _Term(controller, auth, supervisor, servicer)
+
+    def _start_term(self, term: _Term) -> None:
+        term.supervisor.start()
+        term.retention = RetentionWorker(term.controller, self._retention_check_ms).start()
+        with self._term_lock:
+            self._term = term
+            self.auth = term.auth
+            self._retention = term.retention
+
+    # -- on etcd ------------------------------------------------------------------------------
+
+    def _start_on_etcd(self) -> MetaServer:
+        assert self._etcd_url is not None
+        options = self._etcd_options
+        client = EtcdClient(
+            self._etcd_url.endpoints,
+            timeout_s=options.timeout_s,
+            tls=options.tls,
+            user=options.user,
+            password=options.password,
+        )
+        try:
+            store = EtcdMetaStore(client, self._etcd_url.prefix, limits=options.limits)
+            store.check_limits()
+            # Followers answer GetSecurityInfo too (every instance holds the service's identity).
+            follower_auth = MetaAuth(
+                self._tls,
+                UserTable(_NoStore()),
+                RevocationTable(_NoStore()),
+                super_users=self._super_users,
+                token_lifetime_ms=self._token_lifetime_ms,
+            )
+            switch = LeaderSwitch(
+                lambda: self._election.leader if self._election is not None else "",
+                follower_auth.security_info,
+            )
             credentials = self._server_credentials()
             server = RpcGate(
-                servicer,
+                switch,
                 self._limits,
                 lambda grpc_server, address: _bind(grpc_server, address, credentials),
                 self.address,
             )
-            port = server.port
         except BaseException:
-            store.close()
+            client.close()
             raise
-        self._port = port
+        self._port = server.port
         self._server = server
-        self._controller = controller
-        self.auth = auth
-        self._supervisor = supervisor.start()
-        self._retention = RetentionWorker(controller, self._retention_check_ms).start()
+        self._etcd = client
+        self._etcd_store = store
+        self._switch = switch
+        advertise = self._advertise or self.address
+        self._election = LeaderElection(
+            client,
+            store.leader_key,
+            advertise,
+            on_elected=self._take_over,
+            on_deposed=self._step_down,
+            ttl_s=options.lease_ttl_s,
+        ).start()
         logger.info(
-            "meta service listening on %s (%s), data in %s",
+            "meta service listening on %s (%s), advertised as %s, store %s (%s): joined the election",
             self.address,
             "TLS, authentication required" if self._tls is not None else "no security",
-            self._data_dir,
+            advertise,
+            ",".join(self._etcd_url.endpoints),
+            store.prefix,
         )
         return self
+
+    def _take_over(self, fence: Fence) -> None:
+        """Elected (on the election thread): load the state from etcd, then serve."""
+        assert self._etcd_store is not None and self._switch is not None
+        started = time.monotonic()
+        self._switch.taking_over()
+        term = self._build_term(self._etcd_store.fenced(fence))
+        if fence.lost.is_set():  # deposed while loading: serve nothing
+            term.controller.close()
+            return
+        self._start_term(term)
+        self._switch.serve(term.servicer)
+        logger.info(
+            "meta service on %s took over as leader (state loaded from etcd in %.2f s)",
+            self.address,
+            time.monotonic() - started,
+        )
+
+    def _step_down(self, reason: str) -> None:
+        """Deposed (on the election thread): answer NotLeader, then stop the term's work."""
+        assert self._switch is not None
+        self._switch.follow()
+        with self._term_lock:
+            term, self._term = self._term, None
+            self._retention = None
+        if term is not None:
+            term.stop()
 
     def _server_credentials(self) -> grpc.ServerCredentials | None:
         if self._tls is None:
@@ -291,19 +481,30 @@ class MetaServer:
         return self._retention.run_pass()
 
     def stop(self, grace: float | None = STOP_GRACE_S) -> None:
-        """Stop taking RPCs, wait up to ``grace`` s for those in flight, close the store."""
+        """Stop taking RPCs, wait up to ``grace`` s for those in flight, close the store
+        (on etcd: end the term first, revoking the lease, so another instance leads at once)."""
         if self._server is None:
             return
-        assert self._supervisor is not None and self._retention is not None
-        self._retention.stop()
+        if self._election is not None:
+            self._election.stop()
+            self._election = None
+            self._server.stop(grace)
+            if self._etcd is not None:
+                self._etcd.close()
+            self._server = None
+            logger.info("meta service on %s stopped", self.address)
+            return
+        term = self._term
+        assert term is not None
+        if term.retention is not None:
+            term.retention.stop()
+            term.retention = None
         self._retention = None
-        self._supervisor.stop()
-        self._supervisor = None
+        term.supervisor.stop()
         self._server.stop(grace)
-        assert self._controller is not None
-        self._controller.close()
+        term.controller.close()
         self._server = None
-        self._controller = None
+        self._term = None
         logger.info("meta service on %s stopped", self.address)
 
     def __enter__(self) -> MetaServer:
@@ -356,6 +557,9 @@ def run_meta(
     token_lifetime_ms: int = DEFAULT_TOKEN_LIFETIME_MS,
     limits: MetaLimits | None = None,
     quotas: MetaQuotas = DEFAULT_QUOTAS,
+    store: str = "rocksdb",
+    advertise: str | None = None,
+    etcd: EtcdOptions | None = None,
 ) -> int:
     """Run the Meta Service until SIGTERM or SIGINT (``robustmq meta``).
 
@@ -367,7 +571,7 @@ def run_meta(
         The process exit code: 0 after a clean stop, 2 for a misconfigured tier
         URL (``ObjectStoreError``), 1 if the service could not start otherwise
         (port taken, data directory locked by another process, the object store
-        unreachable).
+        unreachable, etcd unreachable or with limits below the store's).
     """
     if not logging.getLogger().handlers:
         logging.basicConfig(
@@ -396,6 +600,9 @@ def run_meta(
                 limits=limits,
                 token_lifetime_ms=token_lifetime_ms,
                 quotas=quotas,
+                store=store,
+                advertise=advertise,
+                etcd=etcd,
             ).start()
         except RobustMQError as exc:
             print(f"robustmq meta: the meta service cannot start: {exc}", file=sys.stderr, flush=True)

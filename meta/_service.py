@@ -66,6 +66,7 @@ __all__ = [
     "DELETE_WAIT_MAX_S",
     "MAX_DELETES_WAITING",
     "MetaServicer",
+    "answer_error",
     "bounded_error",
     "status_of",
 ]
@@ -165,11 +166,17 @@ def _answers_errors(handler: _Handler) -> _Handler:
                 _CALLER.reset(reset)
             if reset_certificates is not None:
                 _CERTIFICATES.reset(reset_certificates)
-        error = bounded_error(error)
-        context.set_trailing_metadata(((ERROR_METADATA_KEY, error_info(error).SerializeToString()),))
-        context.abort(status, error.message)
+        answer_error(context, error, status)
 
     return wrapper  # type: ignore[return-value]
+
+
+def answer_error(context: Any, error: RobustMQError, status: grpc.StatusCode | None = None) -> None:
+    """End the call with ``error``: its gRPC status (``status_of`` unless given) and its
+    ``ErrorInfo`` in the trailing metadata. ``context.abort`` raises; this never returns."""
+    error = bounded_error(error)
+    context.set_trailing_metadata(((ERROR_METADATA_KEY, error_info(error).SerializeToString()),))
+    context.abort(status_of(error) if status is None else status, error.message)
 
 
 def _delete_wait_s(time_remaining_s: float | None) -> float:

@@ -3,9 +3,10 @@
 :class:`MetaStore` is the interface the service is written against;
 :class:`RocksDBMetaStore` is the embedded default. The interface is kept that
 small (point get, ordered prefix scan either way, one atomic write of puts and
-deletes) so that an etcd-backed store (a transaction of puts and deletes, a
-range read for a prefix, sorted either way) can later give a highly available
-Meta Service without a home-made consensus protocol.
+deletes) so that the etcd-backed store (:class:`~robustmq.meta._etcd_store.EtcdMetaStore`:
+a transaction of puts and deletes, paged range reads for a prefix) gives a
+highly available Meta Service without a home-made consensus protocol. Both keep
+the key layout below.
 
 Key layout
 ----------
@@ -99,10 +100,10 @@ __all__ = ["MetaStore", "RocksDBMetaStore", "WriteSet"]
 class MetaStore(Protocol):
     """An ordered byte map with atomic, durable batches: all the Meta Service needs.
 
-    Implementations: :class:`RocksDBMetaStore` (embedded, the default). An
-    etcd-backed implementation (``Txn`` of puts and deletes, ``range`` with a
-    prefix) would make the Meta Service highly available; nothing above this
-    interface would change.
+    Implementations: :class:`RocksDBMetaStore` (embedded, the default) and
+    :class:`~robustmq.meta._etcd_store.EtcdMetaStore` (``Txn`` of puts and deletes,
+    ``range`` with a prefix; the highly available Meta Service). Nothing above this
+    interface differs between them.
     """
 
     def get(self, key: bytes) -> bytes | None:

@@ -28,6 +28,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from robustmq._arguments import EXIT_USAGE, OneLineArgumentParser
@@ -376,12 +377,91 @@ def _principal_quota_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _etcd_flags(parser: argparse.ArgumentParser) -> None:
+    """The Meta Service's store and etcd flags (docs/operators.md, "A highly available Meta Service")."""
+    group = parser.add_argument_group("store and high availability (docs/operators.md)")
+    group.add_argument(
+        "--store",
+        default="rocksdb",
+        metavar="rocksdb|etcd://HOST:PORT[,HOST:PORT...][/PREFIX]",
+        help="where metadata lives: rocksdb (default, in --data-dir) or an etcd cluster shared by several "
+        "meta processes, of which the one etcd elects leads (prefix default /robustmq)",
+    )
+    group.add_argument(
+        "--advertise",
+        default=None,
+        metavar="HOST:PORT",
+        help="this instance's address as clients dial it, named by the others when they do not lead "
+        "(default HOST:META_PORT)",
+    )
+    group.add_argument("--etcd-ca", default=None, metavar="PEM", help="the CA of etcd's https client URLs")
+    group.add_argument("--etcd-cert", default=None, metavar="PEM", help="our client certificate for etcd")
+    group.add_argument("--etcd-key", default=None, metavar="PEM", help="the key of --etcd-cert")
+    group.add_argument("--etcd-user", default=None, metavar="NAME", help="an etcd user (etcd's auth on)")
+    group.add_argument(
+        "--etcd-password-file", default=None, metavar="FILE", help="the file holding --etcd-user's password"
+    )
+    group.add_argument(
+        "--etcd-max-txn-ops",
+        type=_bounded_int(128, 10_000_000),
+        default=100_000,
+        metavar="N",
+        help="the most operations one change may take; etcd's --max-txn-ops must be at least this "
+        "(checked at start; default 100000)",
+    )
+    group.add_argument(
+        "--etcd-max-request-bytes",
+        type=_bounded_int(1 << 20, 1 << 31),
+        default=32 * 1024 * 1024,
+        metavar="BYTES",
+        help="the largest change; etcd's --max-request-bytes must be at least this (checked at start; "
+        "default 33554432)",
+    )
+    group.add_argument(
+        "--leader-lease-s",
+        type=_bounded_int(2, 60),
+        default=3,
+        metavar="S",
+        help="the leader's etcd lease: a dead leader is replaced this long after it died (default 3)",
+    )
+
+
+def _etcd_of(args: argparse.Namespace) -> Any:
+    from robustmq.meta._etcd_client import EtcdTls
+    from robustmq.meta._etcd_store import EtcdLimits
+    from robustmq.meta._server import EtcdOptions
+
+    password = None
+    if args.etcd_password_file is not None:
+        try:
+            password = Path(args.etcd_password_file).read_text().rstrip("\n")
+        except OSError as exc:
+            raise SystemExit(f"robustmq meta: cannot read --etcd-password-file: {exc}") from None
+    if (args.etcd_user is None) != (password is None):
+        raise SystemExit("robustmq meta: --etcd-user and --etcd-password-file go together")
+    if (args.etcd_cert is None) != (args.etcd_key is None):
+        raise SystemExit("robustmq meta: --etcd-cert and --etcd-key go together")
+    if args.etcd_cert is not None and args.etcd_ca is None:
+        raise SystemExit("robustmq meta: --etcd-cert needs --etcd-ca")
+    tls = EtcdTls(args.etcd_ca, args.etcd_cert, args.etcd_key) if args.etcd_ca is not None else None
+    return EtcdOptions(
+        tls=tls,
+        user=args.etcd_user,
+        password=password,
+        limits=EtcdLimits(max_txn_ops=args.etcd_max_txn_ops, max_request_bytes=args.etcd_max_request_bytes),
+        lease_ttl_s=args.leader_lease_s,
+    )
+
+
 def _run_meta(args: argparse.Namespace) -> int:
     from robustmq.cli._security import server_tls_of
     from robustmq.meta import run_meta
     from robustmq.meta._rpc_gate import MetaLimits
 
     return run_meta(
+        store=args.store,
+        advertise=args.advertise,
+        etcd=_etcd_of(args),
         data_dir=args.data_dir,
         host=args.host,
         port=args.meta_port,
@@ -653,6 +733,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
             flag, type=_bounded_int(low, high), default=None, help=f"{text} (default {default})"
         )
     _quota_options(meta)
+    _etcd_flags(meta)
     add_server_flags(meta, meta=True)
     meta.set_defaults(handler=_run_meta)
 

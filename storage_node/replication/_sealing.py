@@ -74,6 +74,7 @@ from robustmq._records import now_ms
 from robustmq.errors import (
     Busy,
     InvalidRequest,
+    NotLeader,
     RequestTimeout,
     RobustMQError,
     SegmentSealed,
@@ -505,6 +506,7 @@ def _definite(error: RobustMQError) -> bool:
 
 
 def _cannot_seal(state: NodeShard, error: RobustMQError) -> RobustMQError:
-    if isinstance(error, Unavailable | RequestTimeout | Busy):
+    # NotLeader is an Unavailable too, but an answer that says where to go: it passes through.
+    if isinstance(error, Unavailable | RequestTimeout | Busy) and not isinstance(error, NotLeader):
         return Unavailable(f"cannot seal {state.name} now: {error.message}; try again", shard=state.name)
     return error

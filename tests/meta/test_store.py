@@ -2,34 +2,79 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import random
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from robustmq.errors import EngineClosed, Unavailable
+from robustmq.errors import EngineClosed, InvalidConfig, NotLeader, QuotaExceeded, Unavailable
 from robustmq.meta import MetaStore, RocksDBMetaStore
 from robustmq.meta import _keys as keys
+from robustmq.meta._election import LeaderElection
+from robustmq.meta._etcd_client import EtcdClient
+from robustmq.meta._etcd_store import EtcdLimits, EtcdMetaStore, Fence, parse_etcd_url
 from robustmq.meta._store import WriteSet
-from tests.e2e._procs import kill_at_random_moment
+from tests.e2e._etcd import EtcdCluster
+from tests.e2e._procs import kill_at_random_moment, wait_until
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """One etcd for the module; each test has its own prefix."""
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[RocksDBMetaStore]:
+def etcd_client(etcd: EtcdCluster) -> Iterator[EtcdClient]:
+    client = EtcdClient(etcd.endpoints, timeout_s=10.0)
+    yield client
+    client.close()
+
+
+_PREFIXES = itertools.count()
+
+
+def _prefix() -> str:
+    return f"/test-store-{os.getpid()}-{next(_PREFIXES)}"
+
+
+@pytest.fixture(params=["rocksdb", "etcd"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetaStore]:
+    """The store contract holds for both implementations."""
+    opened: MetaStore
+    if request.param == "rocksdb":
+        opened = RocksDBMetaStore(tmp_path / "store")
+    else:
+        opened = EtcdMetaStore(request.getfixturevalue("etcd_client"), _prefix())
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def rocksdb_store(tmp_path: Path) -> Iterator[RocksDBMetaStore]:
     opened = RocksDBMetaStore(tmp_path / "store")
     yield opened
     opened.close()
 
 
-def test_is_a_meta_store(store: RocksDBMetaStore) -> None:
-    checked: MetaStore = store  # the Protocol is structural; mypy checks this line
-    assert checked is store
+def test_is_a_meta_store(rocksdb_store: RocksDBMetaStore, etcd_client: EtcdClient) -> None:
+    checked: MetaStore = rocksdb_store  # the Protocol is structural; mypy checks these lines
+    assert checked is rocksdb_store
+    on_etcd: MetaStore = EtcdMetaStore(etcd_client)
+    assert isinstance(on_etcd, EtcdMetaStore)
 
 
-def test_put_get_scan_delete_against_a_dict(store: RocksDBMetaStore) -> None:
+def test_put_get_scan_delete_against_a_dict(store: MetaStore) -> None:
     rng = random.Random(7)
     model: dict[bytes, bytes] = {}
     for _ in range(200):
@@ -48,7 +93,7 @@ def test_put_get_scan_delete_against_a_dict(store: RocksDBMetaStore) -> None:
         assert store.get(key) == model.get(key)
 
 
-def test_scan_stops_at_the_prefix_and_sorts_numbers_big_endian(store: RocksDBMetaStore) -> None:
+def test_scan_stops_at_the_prefix_and_sorts_numbers_big_endian(store: MetaStore) -> None:
     store.write({keys.segment_key("t", 0, epoch): b"%d" % epoch for epoch in (0, 1, 255, 256)})
     store.write({keys.segment_key("t", 1, 0): b"other", keys.segment_key("tt", 0, 0): b"x"})
     assert [v for _, v in store.scan(keys.segments_prefix("t", 0))] == [b"0", b"1", b"255", b"256"]
@@ -82,13 +127,13 @@ def test_a_batch_is_all_or_nothing_and_survives_reopen(tmp_path: Path) -> None:
         reopened.close()
 
 
-def test_a_second_opener_is_refused_while_the_first_holds_the_lock(store: RocksDBMetaStore) -> None:
+def test_a_second_opener_is_refused_while_the_first_holds_the_lock(rocksdb_store: RocksDBMetaStore) -> None:
     with pytest.raises(Unavailable) as caught:
-        RocksDBMetaStore(store.path)
-    assert caught.value.fields["path"] == str(store.path)
+        RocksDBMetaStore(rocksdb_store.path)
+    assert caught.value.fields["path"] == str(rocksdb_store.path)
 
 
-def test_write_set_keeps_the_last_of_put_and_delete(store: RocksDBMetaStore) -> None:
+def test_write_set_keeps_the_last_of_put_and_delete(store: MetaStore) -> None:
     store.write({b"a": b"old", b"b": b"old"})
     ws = WriteSet()
     ws.put(b"a", b"new")
@@ -174,3 +219,121 @@ def test_key_layout_is_stable() -> None:
     assert keys.decode_progress(progress, keys.encode_progress(5, 7)) == ("ab", 2, (5, 7), 0)
     assert keys.decode_progress(progress, keys.encode_progress(5, 7, 9)) == ("ab", 2, (5, 7), 9)
     assert keys.decode_group_key(keys.group_key("g", "t")) == ("g", "t")
+
+
+# -- on etcd -------------------------------------------------------------------------------------
+
+
+def test_a_batch_on_etcd_is_all_or_nothing_and_outlives_the_store_object(etcd_client: EtcdClient) -> None:
+    prefix = _prefix()
+    store = EtcdMetaStore(etcd_client, prefix)
+    store.write({b"k1": b"1", b"k2": b"2", b"gone": b"x"})
+    store.write({b"k3": b"3"}, deletes=[b"gone", b"never-there"])
+    store.close()
+    with pytest.raises(EngineClosed):
+        store.get(b"k1")
+    again = EtcdMetaStore(
+        EtcdClient(parse_etcd_url(f"etcd://{etcd_client.endpoints[0]}{prefix}").endpoints), prefix
+    )
+    assert list(again.scan(b"")) == [(b"k1", b"1"), (b"k2", b"2"), (b"k3", b"3")]
+    assert list(EtcdMetaStore(etcd_client, prefix + "-other").scan(b"")) == []  # prefixes do not mix
+
+
+def test_an_etcd_scan_reads_pages_of_one_snapshot(etcd_client: EtcdClient) -> None:
+    store = EtcdMetaStore(etcd_client, _prefix())
+    store.write({b"k%05d" % i: b"%d" % i for i in range(2_500)})  # 3 pages
+    scan = store.scan(b"k")
+    first = next(scan)
+    store.write({b"k02000": b"changed", b"k09999": b"new"}, deletes=[b"k01500"])
+    rest = list(scan)
+    assert [first, *rest] == [(b"k%05d" % i, b"%d" % i) for i in range(2_500)]
+    assert store.get(b"k02000") == b"changed" and store.get(b"k01500") is None
+
+
+def test_a_change_past_etcds_limits_is_refused_whole(etcd_client: EtcdClient) -> None:
+    store = EtcdMetaStore(
+        etcd_client, _prefix(), limits=EtcdLimits(max_txn_ops=128, max_request_bytes=1 << 20)
+    )
+    store.write({b"k%03d" % i: b"v" for i in range(128)})
+    with pytest.raises(QuotaExceeded) as caught:
+        store.write({b"n%03d" % i: b"v" for i in range(100)}, deletes=[b"k%03d" % i for i in range(29)])
+    assert caught.value.fields["quota"] == "etcd_max_txn_ops" and caught.value.fields["ops"] == 129
+    with pytest.raises(QuotaExceeded) as caught:
+        store.write({b"big": b"x" * (1 << 20)})
+    assert caught.value.fields["quota"] == "etcd_max_request_bytes"
+    assert len(list(store.scan(b""))) == 128 and store.get(b"big") is None  # nothing of either
+
+
+def test_the_store_refuses_an_etcd_whose_limits_are_below_its_own(tmp_path: Path) -> None:
+    defaults = EtcdCluster(tmp_path, limits=False).start()  # etcd's defaults: 128 ops, 1.5 MiB
+    try:
+        client = EtcdClient(defaults.endpoints)
+        with pytest.raises(InvalidConfig) as caught:
+            EtcdMetaStore(client).check_limits()
+        assert (
+            caught.value.fields["setting"] == "max-txn-ops" and "--max-txn-ops 100000" in caught.value.message
+        )
+        with pytest.raises(InvalidConfig) as caught:
+            EtcdMetaStore(
+                client, limits=EtcdLimits(max_txn_ops=128, max_request_bytes=4 << 20)
+            ).check_limits()
+        assert caught.value.fields["setting"] == "max-request-bytes"
+        EtcdMetaStore(client, limits=EtcdLimits(max_txn_ops=128, max_request_bytes=1 << 20)).check_limits()
+        client.close()
+    finally:
+        defaults.stop()
+
+
+def _elect(
+    client: EtcdClient, key: bytes, address: str
+) -> tuple[LeaderElection, list[Fence], threading.Event]:
+    fences: list[Fence] = []
+    deposed = threading.Event()
+    election = LeaderElection(
+        client, key, address, on_elected=fences.append, on_deposed=lambda reason: deposed.set(), poll_s=0.05
+    )
+    return election, fences, deposed
+
+
+def test_a_deposed_leaders_write_fails_in_etcd_and_changes_nothing(etcd_client: EtcdClient) -> None:
+    """The fence: a leader whose term ended (its key gone, another's key in its place) writes nothing."""
+    store = EtcdMetaStore(etcd_client, _prefix())
+    first, first_fences, first_deposed = _elect(etcd_client, store.leader_key, "127.0.0.1:1")
+    second, second_fences, _ = _elect(etcd_client, store.leader_key, "127.0.0.1:2")
+    first.start()
+    try:
+        wait_until(lambda: first_fences, 30)
+        second.start()
+        wait_until(lambda: second.leader == "127.0.0.1:1", 30)
+        old = store.fenced(first_fences[0])
+        old.write({b"a": b"1"})  # while it leads, it writes
+        # The first term ends as a lost lease would end it (revoked: its key is gone), and the
+        # second instance takes over; the first one's fence object is still in hand.
+        etcd_client.lease_revoke(first_fences[0].lease)
+        wait_until(lambda: second_fences, 30)
+        revision = int(etcd_client.range(b"\x00")["header"]["revision"])
+        with pytest.raises(NotLeader) as caught:
+            old.write({b"a": b"stale", b"b": b"stale"}, deletes=[b"c"])
+        assert caught.value.fields["leader"] == "127.0.0.1:2" and caught.value.fields["reason"] == "fenced"
+        assert int(etcd_client.range(b"\x00")["header"]["revision"]) == revision  # no write landed
+        assert store.get(b"a") == b"1" and store.get(b"b") is None
+        wait_until(first_deposed.is_set, 30)  # the failed write ended the term at once
+        with pytest.raises(NotLeader):  # and later writes are refused before they are sent
+            old.write({b"a": b"again"})
+        store.fenced(second_fences[0]).write({b"a": b"2"})
+        assert store.get(b"a") == b"2"
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_parse_etcd_url() -> None:
+    assert parse_etcd_url("etcd://h1:2379,h2:2379/rmq/prod") == parse_etcd_url(
+        "etcd://h1:2379,h2:2379/rmq/prod/"
+    )
+    parsed = parse_etcd_url("etcd://h1:2379,h2:2379/rmq/prod")
+    assert parsed.endpoints == ("h1:2379", "h2:2379") and parsed.prefix == "/rmq/prod"
+    assert parse_etcd_url("etcd://h1:2379").prefix == "/robustmq"
+    for bad in ("etcd://", "etcd://h1", "http://h1:2379", "etcd://h1:x/p", "rocksdb"):
+        with pytest.raises(InvalidConfig):
+            parse_etcd_url(bad)

@@ -1,0 +1,435 @@
+"""A small synchronous etcd v3 client over etcd's JSON gateway (``/v3/...`` on the client port).
+
+Why not a gRPC etcd client: the project's grpcio/protobuf are newer than what the
+gRPC-based etcd packages were generated for, and two gRPC etcd clients in one process
+clash; the gateway speaks the same API (``KV.Range``, ``KV.Txn``, ``Lease.*``,
+``Auth.Authenticate``) as JSON over HTTP/1.1, with keys and values in base64 and 64-bit
+integers as strings. etcd 3.4 serves it on every client URL.
+
+What it guarantees
+------------------
+- Every call has a deadline (``timeout_s``, retries included); one attempt on one member
+  gets at most its share of it (``timeout_s`` / members, at least 0.5 s). A connection that fails,
+  an endpoint that is unreachable or says it has no leader (``etcdserver: no leader``,
+  ``leader changed``, ``request timed out``: etcd's own election after a member died)
+  is retried on the next endpoint with a short back-off until the deadline; then the
+  call raises :class:`~robustmq.errors.Unavailable` naming the endpoints and the last
+  reason.
+- An error etcd answers on purpose (a txn past ``--max-txn-ops``, a request past
+  ``--max-request-bytes``, permission denied) raises :class:`EtcdError` with etcd's
+  gRPC ``code`` and text at once: sending it again cannot help.
+- With a user, the client logs in (``Auth.Authenticate``) at its first call and again
+  once when etcd says the token is invalid or expired. The password never reaches a
+  log, an error or ``repr``.
+
+Whether a **write** whose answer was lost took effect is not known to this client:
+:meth:`EtcdClient.txn` reports it as :class:`UnknownOutcome` (an ``Unavailable``) when
+a request may have reached etcd, so the caller (the store) can decide; see
+:mod:`robustmq.meta._etcd_store`.
+
+Thread-safe: connections come from a bounded pool per endpoint (at most
+:data:`POOL_MAX` idle ones kept); each request holds one for its duration.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import logging
+import ssl
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from robustmq.errors import InvalidConfig, RobustMQError, Unavailable
+
+__all__ = ["POOL_MAX", "EtcdClient", "EtcdError", "EtcdTls", "UnknownOutcome", "b64", "unb64"]
+
+POOL_MAX = 8  # idle connections kept per endpoint
+_BACKOFF_FIRST_S = 0.05
+_BACKOFF_MAX_S = 0.5
+_ATTEMPT_MIN_S = 0.5  # the least one attempt on one member gets (when the budget allows it)
+# etcd's words for "ask again, maybe elsewhere": its own election, a member that lost quorum.
+_TRANSIENT = (
+    "no leader",
+    "leader changed",
+    "request timed out",
+    "timed out",
+    "not capable",
+    "too many requests",
+    "raft proposal dropped",
+    "unhealthy cluster",
+    "server stopped",
+    "transport is closing",
+)
+_CODE_UNAVAILABLE = 14
+_CODE_DEADLINE = 4
+_CODE_UNAUTHENTICATED = 16
+
+logger = logging.getLogger("robustmq.meta")
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+class EtcdError(RobustMQError):
+    """etcd refused a request on purpose (not a lost connection): fields ``grpc_code``, ``reason``.
+
+    Stays inside the Meta Service: the store turns it into the error the caller can act on."""
+
+    code = "ETCD_ERROR"
+
+
+class UnknownOutcome(Unavailable):
+    """A write was sent and no answer came back: etcd may or may not have applied it.
+
+    On the wire it is an ``Unavailable`` (same code)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdTls:
+    """How to reach etcd over TLS: the CA file that signed etcd's certificate, and optionally our
+    client certificate and key files (etcd's ``--client-cert-auth``)."""
+
+    ca: str
+    cert: str | None = None
+    key: str | None = None
+
+    def grpc_credentials(self) -> Any:
+        """The same files as gRPC channel credentials (for :meth:`EtcdClient.probe`)."""
+        import grpc
+
+        def read(path: str | None) -> bytes | None:
+            return None if path is None else Path(path).read_bytes()
+
+        return grpc.ssl_channel_credentials(read(self.ca), read(self.key), read(self.cert))
+
+    def context(self) -> ssl.SSLContext:
+        try:
+            context = ssl.create_default_context(cafile=self.ca)
+            if self.cert is not None:
+                context.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidConfig(f"cannot load the etcd TLS files ({self.ca}, {self.cert}): {exc}") from exc
+        return context
+
+
+class _Endpoint:
+    def __init__(self, url: str, tls: ssl.SSLContext | None) -> None:
+        parts = urlsplit(url if "://" in url else f"{'https' if tls else 'http'}://{url}")
+        if not parts.hostname or parts.port is None:
+            raise InvalidConfig(f"an etcd endpoint is host:port, got {url!r}", endpoint=url)
+        self.host = parts.hostname
+        self.port = parts.port
+        self.tls = tls if parts.scheme == "https" or tls is not None else None
+        self.name = f"{self.host}:{self.port}"
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def take(self, timeout_s: float) -> http.client.HTTPConnection:
+        with self._lock:
+            connection = self._idle.pop() if self._idle else None
+        if connection is None:
+            if self.tls is not None:
+                connection = http.client.HTTPSConnection(
+                    self.host, self.port, timeout=timeout_s, context=self.tls
+                )
+            else:
+                connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
+        connection.timeout = timeout_s
+        if connection.sock is not None:
+            connection.sock.settimeout(timeout_s)
+        return connection
+
+    def give_back(self, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._idle) < POOL_MAX:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+
+class EtcdClient:
+    """etcd's KV, lease and auth calls, over the JSON gateway of ``endpoints``.
+
+    Parameters
+    ----------
+    endpoints
+        ``host:port`` (or ``http(s)://host:port``) of etcd's client URLs; tried in order,
+        the one that last answered first.
+    timeout_s
+        The deadline of one call, retries on other endpoints included.
+    tls
+        TLS to etcd (:class:`EtcdTls`); None: plain HTTP.
+    user, password
+        An etcd user (etcd's auth enabled); None: no auth.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        timeout_s: float = 5.0,
+        tls: EtcdTls | None = None,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> None:
+        if not endpoints:
+            raise InvalidConfig("etcd needs at least one endpoint (host:port)")
+        if (user is None) != (password is None):
+            raise InvalidConfig("an etcd user needs its password (and a password its user)")
+        context = tls.context() if tls is not None else None
+        self._tls = tls
+        self._endpoints = [_Endpoint(endpoint, context) for endpoint in endpoints]
+        self.timeout_s = timeout_s
+        self._user = user
+        self._password = password
+        self._token: str | None = None
+        self._token_lock = threading.Lock()
+        self._preferred = 0  # the endpoint that last answered
+
+    def __repr__(self) -> str:
+        return f"EtcdClient({', '.join(e.name for e in self._endpoints)}, user={self._user!r})"
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [endpoint.name for endpoint in self._endpoints]
+
+    def close(self) -> None:
+        for endpoint in self._endpoints:
+            endpoint.close()
+
+    # -- the calls ----------------------------------------------------------------------------
+
+    def range(
+        self,
+        key: bytes,
+        range_end: bytes | None = None,
+        *,
+        limit: int = 0,
+        revision: int = 0,
+        descending: bool = False,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"key": b64(key)}
+        if range_end is not None:
+            body["range_end"] = b64(range_end)
+        if limit:
+            body["limit"] = str(limit)
+        if revision:
+            body["revision"] = str(revision)
+        if descending:
+            body["sort_order"] = "DESCEND"
+            body["sort_target"] = "KEY"
+        return self.call("/v3/kv/range", body, timeout_s=timeout_s)
+
+    def txn(
+        self,
+        compare: list[dict[str, Any]],
+        success: list[dict[str, Any]],
+        failure: list[dict[str, Any]] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """One ``KV.Txn``; :class:`UnknownOutcome` if it was sent and its answer lost."""
+        body = {"compare": compare, "success": success, "failure": failure or []}
+        return self.call("/v3/kv/txn", body, timeout_s=timeout_s, write=True)
+
+    def lease_grant(self, ttl_s: int) -> int:
+        answer = self.call("/v3/lease/grant", {"TTL": str(ttl_s)})
+        if answer.get("error"):
+            raise EtcdError(f"etcd refused a lease: {answer['error']}", reason=str(answer["error"]))
+        return int(answer["ID"])
+
+    def lease_keepalive(self, lease: int, *, timeout_s: float | None = None) -> int:
+        """Renew ``lease``; its TTL in seconds now (<= 0: the lease is gone)."""
+        answer = self.call("/v3/lease/keepalive", {"ID": str(lease)}, timeout_s=timeout_s)
+        result = answer.get("result", answer)
+        return int(result.get("TTL", 0))
+
+    def lease_revoke(self, lease: int, *, timeout_s: float | None = None) -> None:
+        try:
+            self.call("/v3/lease/revoke", {"ID": str(lease)}, timeout_s=timeout_s)
+        except EtcdError as error:
+            if "lease not found" not in str(error.fields.get("reason", "")):
+                raise
+
+    def probe(self, method: str, request: bytes, *, timeout_s: float = 30.0) -> str | None:
+        """Send a hand-encoded ``request`` to gRPC ``method`` on the first endpoint that takes it:
+        None if etcd took it (whatever it answered after reading it: a permission error is
+        fine), else etcd's reason for refusing it. For the start-up checks of etcd's limits."""
+        import grpc  # here only: the store's calls go through the JSON gateway
+
+        last = "no endpoint"
+        for endpoint in self._endpoints:
+            target = f"{endpoint.host}:{endpoint.port}"
+            options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+            if self._tls is None:
+                channel = grpc.insecure_channel(target, options=options)
+            else:
+                channel = grpc.secure_channel(target, self._tls.grpc_credentials(), options=options)
+            try:
+                call = channel.unary_unary(method)
+                call(request, timeout=timeout_s)
+                return None
+            except grpc.RpcError as exc:
+                code, details = exc.code(), str(exc.details())
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    last = f"{endpoint.name}: {details}"
+                    continue
+                if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                    return details
+                if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNKNOWN):
+                    raise Unavailable(
+                        f"etcd at {endpoint.name} could not take a probe: {details}", reason=details
+                    ) from exc
+                return None  # read and answered (no permission...): not a size refusal
+            finally:
+                channel.close()
+        raise Unavailable(f"etcd ({', '.join(self.endpoints)}) did not answer a probe: {last}", reason=last)
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def call(
+        self, path: str, body: dict[str, Any], *, timeout_s: float | None = None, write: bool = False
+    ) -> dict[str, Any]:
+        """POST ``body`` to ``path`` on the first endpoint that answers, until the deadline."""
+        budget_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + budget_s
+        payload = json.dumps(body).encode()
+        backoff_s = _BACKOFF_FIRST_S
+        sent = False  # a write may have reached etcd (its outcome is then unknown)
+        logged_in_again = False
+        last = "no endpoint tried"
+        attempt = 0
+        while True:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                kind = UnknownOutcome if write and sent else Unavailable
+                raise kind(
+                    f"etcd ({', '.join(self.endpoints)}) did not answer {path} "
+                    f"within {budget_s:.1f} s: {last}",
+                    endpoints=",".join(self.endpoints),
+                    reason=last,
+                )
+            index = (self._preferred + attempt) % len(self._endpoints)
+            endpoint = self._endpoints[index]
+            attempt += 1
+            # One member that holds the request (it lost its leader, or it is cut off) must not
+            # take the whole budget: the others get their turn within it.
+            attempt_s = min(remaining_s, max(_ATTEMPT_MIN_S, budget_s / len(self._endpoints)))
+            try:
+                status, answer, reached = self._post(endpoint, path, payload, attempt_s)
+            except _Lost as lost:
+                sent = sent or lost.reached
+                last = f"{endpoint.name}: {lost.reason}"
+            else:
+                sent = sent or reached
+                if status == 200:
+                    self._preferred = index
+                    return answer
+                code = int(answer.get("code", 0) or 0)
+                reason = str(answer.get("error") or answer.get("message") or f"HTTP {status}")
+                last = f"{endpoint.name}: {reason}"
+                token_refused = code == _CODE_UNAUTHENTICATED or "auth token" in reason
+                if token_refused and self._user is not None and not logged_in_again:
+                    logged_in_again = True  # the token expired (etcd's simple tokens last 5 minutes)
+                    with self._token_lock:
+                        self._token = None
+                    continue
+                if not (code in (_CODE_UNAVAILABLE, _CODE_DEADLINE) or _transient(reason) or status >= 500):
+                    raise EtcdError(f"etcd refused {path}: {reason}", grpc_code=code, reason=reason)
+            time.sleep(min(backoff_s, max(0.0, deadline - time.monotonic())))
+            backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
+
+    def _post(
+        self, endpoint: _Endpoint, path: str, payload: bytes, timeout_s: float
+    ) -> tuple[int, dict[str, Any], bool]:
+        headers = {"Content-Type": "application/json"}
+        if self._user is not None and path != "/v3/auth/authenticate":
+            headers["Authorization"] = self._auth_token(endpoint, timeout_s)
+        connection = endpoint.take(timeout_s)
+        reached = False
+        try:
+            connection.request("POST", path, payload, headers)
+            reached = True
+            response = connection.getresponse()
+            raw = response.read()
+            status = response.status
+        except (OSError, http.client.HTTPException) as exc:
+            connection.close()
+            # A connection refused never carried the request; anything after it was sent may have.
+            may_have_reached = reached and not isinstance(exc, ConnectionRefusedError)
+            raise _Lost(f"{type(exc).__name__}: {exc}", may_have_reached) from exc
+        if response.will_close:
+            connection.close()
+        else:
+            endpoint.give_back(connection)
+        try:
+            answer = _first_json(raw)
+        except ValueError as exc:
+            raise _Lost(f"an answer that is not JSON ({raw[:80]!r})", True) from exc
+        return status, answer, True
+
+    def _auth_token(self, endpoint: _Endpoint, timeout_s: float) -> str:
+        with self._token_lock:
+            if self._token is not None:
+                return self._token
+            assert self._user is not None and self._password is not None
+            payload = json.dumps({"name": self._user, "password": self._password}).encode()
+            connection = endpoint.take(timeout_s)
+            try:
+                headers = {"Content-Type": "application/json"}
+                connection.request("POST", "/v3/auth/authenticate", payload, headers)
+                response = connection.getresponse()
+                answer = _first_json(response.read())
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                connection.close()
+                raise _Lost(f"login failed: {type(exc).__name__}: {exc}", False) from exc
+            connection.close()
+            if response.status != 200 or "token" not in answer:
+                reason = str(answer.get("error") or f"HTTP {response.status}")
+                raise EtcdError(f"etcd refused the login of user {self._user!r}: {reason}", reason=reason)
+            self._token = str(answer["token"])
+            return self._token
+
+
+class _Lost(Exception):
+    """A request that got no usable answer; ``reached``: it may have reached etcd."""
+
+    def __init__(self, reason: str, reached: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.reached = reached
+
+
+def _transient(reason: str) -> bool:
+    lowered = reason.lower()
+    return any(words in lowered for words in _TRANSIENT)
+
+
+def _first_json(raw: bytes) -> dict[str, Any]:
+    """The first JSON object of an answer (a streaming call such as keepalive answers a stream)."""
+    text = raw.decode("utf-8", errors="replace").strip()
+    if not text:
+        return {}
+    value, _ = json.JSONDecoder().raw_decode(text)
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value

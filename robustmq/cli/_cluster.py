@@ -153,6 +153,9 @@ def find_etcd() -> str:
 def _etcd(root: Path, logs: Path) -> tuple[_Child, str]:
     """An etcd of one member on loopback only (it has no authentication here), and the Meta
     Services' ``--store`` URL for it."""
+    from robustmq.meta._etcd_store import EtcdLimits
+
+    limits = EtcdLimits()
     client_port, peer_port = _free_port("127.0.0.1"), _free_port("127.0.0.1")
     client_url, peer_url = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
     args = [
@@ -170,6 +173,11 @@ def _etcd(root: Path, logs: Path) -> tuple[_Child, str]:
         peer_url,
         "--initial-cluster",
         f"robustmq={peer_url}",
+        # The Meta Service's changes are single Txns larger than etcd's defaults allow (it checks).
+        "--max-txn-ops",
+        str(limits.max_txn_ops),
+        "--max-request-bytes",
+        str(limits.max_request_bytes),
     ]
     child = _Child("etcd", client_url, args, logs / "etcd.log", kind="etcd", executable=[find_etcd()])
     return child, f"etcd://127.0.0.1:{client_port}/robustmq"

@@ -22,9 +22,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
-from robustmq._meta_client import MetaClient
+from robustmq._meta_client import MetaClient, translate_rpc_error
+from robustmq._proto import robustmq_pb2 as pb
+from robustmq._proto import robustmq_pb2_grpc as pb_grpc
 from robustmq.errors import NotLeader, RobustMQError, Unavailable
 from tests.e2e._etcd import EtcdCluster
 from tests.e2e._procs import ServerProcess, free_port, wait_until
@@ -96,17 +99,15 @@ class MetaSet:
         return node.start()
 
     def answer(self, index: int) -> str:
-        """``leader``, ``follower:<the leader it names>``, or why it did not answer."""
-        client = MetaClient(self.address(index), timeout_s=1.0)
+        """``leader``, ``follower:<the leader it names>``, or why it did not answer (one call to
+        that instance: a MetaClient would follow the leader it names)."""
         try:
-            client.list_nodes()
+            _ask(self.address(index), "ListNodes", pb.Empty(), timeout_s=1.0)
             return "leader"
         except NotLeader as error:
             return f"follower:{error.fields.get('leader', '')}"
         except RobustMQError as error:
             return f"error:{type(error).__name__}"
-        finally:
-            client.close()
 
     def leader(self, among: list[int] | None = None) -> int | None:
         leading = [
@@ -156,17 +157,31 @@ def _committed(client: MetaClient, topic: str, group: str) -> tuple[object, ...]
     return description.topic.SerializeToString(), chains, client.fetch_offsets(group, topic)
 
 
+def _ask(address: str, rpc: str, request: object, *, timeout_s: float) -> object:
+    """One call to exactly ``address``, its error as the client would raise it."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            return getattr(pb_grpc.MetaServiceStub(channel), rpc)(request, timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise translate_rpc_error(exc, address) from None
+
+
 def test_one_leads_and_the_other_names_it(metas: MetaSet) -> None:
     leader = _wait_for_leader(metas)
     follower = 1 - leader
     assert metas.answer(follower) == f"follower:{metas.address(leader)}"
-    client = MetaClient(metas.address(follower), timeout_s=2.0)
+    address = metas.address(follower)
+    info = _ask(address, "GetSecurityInfo", pb.Empty(), timeout_s=2.0)
+    assert isinstance(info, pb.SecurityInfo) and info.enabled is False  # answered by a follower too
+    with pytest.raises(NotLeader) as caught:
+        _ask(address, "CreateTopic", pb.CreateTopicRequest(name="refused"), timeout_s=2.0)
+    assert isinstance(caught.value, Unavailable)  # the agreed contract: retriable, UNAVAILABLE
+    assert caught.value.fields["leader"] == metas.address(leader)
+    # A client given the follower's address follows it to the leader (which alone answers).
+    client = MetaClient(address, timeout_s=10.0)
     try:
-        assert client.get_security_info().enabled is False  # answered by a follower too
-        with pytest.raises(NotLeader) as caught:
-            client.create_topic("refused", partitions=1)
-        assert isinstance(caught.value, Unavailable)  # the agreed contract: retriable, UNAVAILABLE
-        assert caught.value.fields["leader"] == metas.address(leader)
+        client.list_nodes()
+        assert client.addresses.current == metas.address(leader)
     finally:
         client.close()
 
@@ -214,9 +229,10 @@ def test_a_paused_leader_writes_nothing_after_its_lease_and_steps_down(metas: Me
         # A commit sent to the paused leader waits in its socket until it resumes.
         outcome: list[BaseException | None] = []
 
-        def commit() -> None:
+        def commit() -> None:  # to the paused instance itself (a MetaClient would follow on)
+            request = pb.CommitOffsetsRequest(group="g", topic="t", offsets={0: 99})
             try:
-                old.commit_offsets("g", "t", {0: 99})
+                _ask(metas.address(leader), "CommitOffsets", request, timeout_s=60.0)
                 outcome.append(None)
             except BaseException as exc:  # the outcome is what the test checks
                 outcome.append(exc)

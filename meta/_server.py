@@ -25,6 +25,12 @@ naming the URL and exits 2); an unreachable one
 the service starts: an object store outage must not take the cluster's
 metadata down with it (tiering and object deletions retry until it is back).
 
+With ``metrics_port`` (``robustmq meta --metrics-port``), Prometheus metrics are
+served on ``host:metrics_port`` (:mod:`._metrics`): the gate's call counts and
+latencies, the store's write times and cluster-wide figures computed at scrape
+time. The port is bound before the store is opened, so a port taken fails the
+start with nothing opened.
+
 Stopping stops the supervisor (a failover in progress finishes; each is
 bounded by its node deadlines), waits up to ``grace`` seconds for RPCs in
 flight, then closes the store. A crash at any point loses nothing acknowledged: every change was
@@ -49,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from robustmq._metrics import MetricsServer
 from robustmq._ready import announce_ready
 from robustmq.errors import (
     InvalidConfig,
@@ -62,6 +69,7 @@ from robustmq.tier._store import ObjectStore
 from ._auth import DEFAULT_SUPER_USERS, DEFAULT_TOKEN_LIFETIME_MS, MetaAuth
 from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
 from ._failover import NodeRequests, ReplicaSupervisor
+from ._metrics import MetaCollector
 from ._quotas import DEFAULT_QUOTAS, MetaQuotas
 from ._retention import DEFAULT_RETENTION_CHECK_MS, RetentionWorker
 from ._revocations import RevocationTable
@@ -203,6 +211,22 @@ class MetaServer:
         self._server: RpcGate | None = None
         self._controller: MetaController | None = None
         self._supervisor: ReplicaSupervisor | None = None
+        self._store: RocksDBMetaStore | None = None
+
+    @property
+    def controller(self) -> MetaController | None:
+        """The controller while the service runs (None before start and after stop)."""
+        return self._controller
+
+    @property
+    def gate(self) -> RpcGate | None:
+        """The gRPC front door while the service runs (its call counts and latencies)."""
+        return self._server
+
+    @property
+    def store(self) -> RocksDBMetaStore | None:
+        """The metadata store while the service runs."""
+        return self._store if self._server is not None else None
 
     @property
     def address(self) -> str:
@@ -259,6 +283,7 @@ class MetaServer:
             store.close()
             raise
         self._port = port
+        self._store = store
         self._server = server
         self._controller = controller
         self.auth = auth
@@ -356,10 +381,13 @@ def run_meta(
     token_lifetime_ms: int = DEFAULT_TOKEN_LIFETIME_MS,
     limits: MetaLimits | None = None,
     quotas: MetaQuotas = DEFAULT_QUOTAS,
+    metrics_port: int | None = None,
 ) -> int:
     """Run the Meta Service until SIGTERM or SIGINT (``robustmq meta``).
 
     Prints ``ready`` on stdout once RPCs are accepted; logs go to stderr.
+    ``metrics_port``: serve Prometheus metrics on ``http://host:metrics_port/metrics``
+    (:mod:`._metrics`; 0 picks a free port, logged); None: no metrics.
 
     Returns
     -------
@@ -382,6 +410,7 @@ def run_meta(
         stopping.set()
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    exporter: MetricsServer | None = None
     try:
         try:
             server = MetaServer(
@@ -396,8 +425,14 @@ def run_meta(
                 limits=limits,
                 token_lifetime_ms=token_lifetime_ms,
                 quotas=quotas,
-            ).start()
+            )
+            if metrics_port is not None:  # bound first: a port taken fails the start, nothing opened
+                exporter = MetricsServer(host, metrics_port, [MetaCollector(server)])
+                logger.info("metrics on %s", exporter.address)
+            server.start()
         except RobustMQError as exc:
+            if exporter is not None:
+                exporter.close()
             print(f"robustmq meta: the meta service cannot start: {exc}", file=sys.stderr, flush=True)
             return 2 if isinstance(exc, ObjectStoreError) else 1
         try:
@@ -406,6 +441,8 @@ def run_meta(
                 pass
         finally:
             server.stop(STOP_GRACE_S)
+            if exporter is not None:
+                exporter.close()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

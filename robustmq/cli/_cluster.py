@@ -4,7 +4,9 @@ How a user tries replication on a laptop (and what the tests use): each
 server is its own process (``robustmq meta``, ``robustmq storage-node``), with
 its own data directory under ``--data-dir`` (``meta/``, ``node-0/``,
 ``node-1/``...) and its own log (``logs/meta.log``, ``logs/node-0.log``...),
-so one can be killed, paused or cut off while the others go on. Without
+so one can be killed, paused or cut off while the others go on. With
+``--metrics-port P`` the Meta Service serves Prometheus metrics on ``P`` and node
+*i* on ``P + 1 + i`` (0: free ports); each server's line names its endpoint. Without
 ``--data-dir`` everything lives in a temporary directory removed on exit.
 Every server binds ``--host``; each node registers ``--advertise-host`` (default
 ``--host``) with its own port, and the nodes and this process reach the Meta
@@ -72,6 +74,7 @@ class _Child:
     process: subprocess.Popen[bytes] | None = None
     log: IO[bytes] | None = field(default=None, repr=False)
     reported: bool = False
+    metrics: str = ""  # http://HOST:PORT/metrics, if it serves metrics
 
     def start(self) -> None:
         self.log = self.log_path.open("ab")
@@ -122,6 +125,22 @@ def _ports(host: str, meta_port: int, base_port: int, nodes: int) -> tuple[int, 
     return meta, node_ports
 
 
+def _metrics_ports(host: str, first: int | None, nodes: int, taken: list[int]) -> list[int] | None:
+    """The Meta Service's and each node's metrics port: ``first + i`` (0: free ports); None: none."""
+    if first is None:
+        return None
+    if first and first + nodes > 65535:
+        raise InvalidConfig(
+            f"--metrics-port {first} leaves no room for {nodes} nodes (ports up to 65535)",
+            field="metrics_port",
+        )
+    ports = [first + number if first else _free_port(host) for number in range(nodes + 1)]
+    clash = sorted(set(ports) & set(taken))
+    if clash:
+        raise InvalidConfig(f"metrics port {clash[0]} is also a server's port", field="metrics_port")
+    return ports
+
+
 def _children(
     root: Path,
     host: str,
@@ -132,9 +151,11 @@ def _children(
     tier_cache_bytes: int = 256 * 1024 * 1024,
     binding: tuple[str | None, bool] = (None, False),
     credentials: Path | None = None,
+    metrics_ports: list[int] | None = None,
 ) -> list[_Child]:
     """The Meta Service and the nodes; ``binding``: (``--advertise-host``, ``--insecure``);
-    ``credentials``: a ``robustmq security init`` directory (a secured cluster)."""
+    ``credentials``: a ``robustmq security init`` directory (a secured cluster);
+    ``metrics_ports``: the Meta Service's, then each node's metrics port (None: no metrics)."""
     # A new cluster's nodes are named after their directories (node-0, node-1...), the names
     # this command prints. A node directory made afresh beside an existing Meta Service (its data
     # was lost) gets a random id instead: the Meta Service still knows the old one.
@@ -195,7 +216,11 @@ def _children(
         )
         for number, port in enumerate(node_ports)
     ]
-    return [meta, *nodes]
+    children = [meta, *nodes]
+    for child, metrics_port in zip(children, metrics_ports or [], strict=False):
+        child.args += ["--metrics-port", str(metrics_port)]
+        child.metrics = f"http://{join_host_port(reachable(host), metrics_port)}/metrics"
+    return children
 
 
 def _named(data_dir: Path, name: str, fresh_cluster: bool) -> list[str]:
@@ -326,14 +351,18 @@ def run_cluster(
     tier_cache_bytes: int = 256 * 1024 * 1024,
     secure: bool = False,
     credentials_dir: str | None = None,
+    metrics_port: int | None = None,
 ) -> int:
     """Run the cluster until a stop signal; the exit code (0 after a stop, 1 if it could not start).
 
     ``tier_url`` None: ``file://{data_dir}/tier``; "none": nothing is tiered. ``secure``: TLS,
     CURVE and logins, with certificates from ``credentials_dir`` (default
     ``{data_dir}/credentials``, made by ``robustmq security init`` on the first start).
+    ``metrics_port``: the Meta Service serves Prometheus metrics there and node *i* on
+    ``metrics_port + 1 + i`` (0: free ports); each server's line names its endpoint.
     """
     meta_port, node_ports = _ports(host, meta_port, base_port, nodes)
+    metrics_ports = _metrics_ports(host, metrics_port, nodes, [meta_port, *node_ports])
     root = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="robustmq-cluster-"))
     stop = threading.Event()
     tier = tier_url if tier_url is not None else default_tier_url(root)
@@ -351,6 +380,7 @@ def run_cluster(
         tier_cache_bytes,
         (advertise_host, insecure),
         credentials,
+        metrics_ports,
     )
     try:
         with _stop_signals(stop):
@@ -366,7 +396,11 @@ def run_cluster(
             for child in children:
                 assert child.process is not None
                 node_id = f" id {ids[child.address]}" if child.address in ids else ""
-                print(f"{child.name} {child.address}{node_id} pid {child.process.pid} log {child.log_path}")
+                metrics = f" metrics {child.metrics}" if child.metrics else ""
+                print(
+                    f"{child.name} {child.address}{node_id} pid {child.process.pid} log {child.log_path}"
+                    f"{metrics}"
+                )
             print(f"data in {root}{'' if data_dir is not None else ' (removed on exit)'}")
             if credentials is not None:
                 print(admin_exports(credentials, children[0].address))

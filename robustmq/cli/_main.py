@@ -3,7 +3,8 @@
 Common flags: ``--data-dir DIR``, ``--host`` (default 127.0.0.1),
 ``--meta-port`` (7070), ``--node-port`` (7101), ``--meta HOST:PORT`` (where a
 client or a storage node finds the Meta Service; env ``ROBUSTMQ_META``), and
-``--timeout-s`` on client commands. Servers print ``ready`` on stdout once
+``--timeout-s`` on client commands, ``--metrics-port`` on servers (Prometheus
+``/metrics``, docs/operators.md "Metrics"). Servers print ``ready`` on stdout once
 they accept requests and stop cleanly on SIGTERM. Server commands take
 ``--insecure`` (protected mode: without security a ``--host`` outside loopback
 is refused, exit 2) and the address they advertise (``--advertise`` on
@@ -231,6 +232,17 @@ def _tier_cache_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _metrics_option(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help=f"serve Prometheus metrics on http://HOST:PORT/metrics ({text}; 0 picks a free port; "
+        "default: no metrics; docs/operators.md, Metrics)",
+    )
+
+
 # The Meta Service's bounds (meta/_rpc_gate.py MetaLimits; docs/operators.md "Limits"): flag, range,
 # default (MetaLimits' own, which a test compares), what it bounds.
 _META_LIMITS = (
@@ -373,6 +385,7 @@ def _run_meta(args: argparse.Namespace) -> int:
         limits=MetaLimits(**_meta_limits(args)),
         token_lifetime_ms=args.token_lifetime_ms,
         quotas=_quotas_of(args),
+        metrics_port=args.metrics_port,
     )
 
 
@@ -401,6 +414,7 @@ def _run_node(args: argparse.Namespace) -> int:
             "peer_stall_ms": args.peer_stall_ms,
         },
         node_id=args.node_id,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -421,6 +435,7 @@ def _run_server(args: argparse.Namespace) -> int:
         retention_check_ms=args.retention_check_ms,
         tier_cache_bytes=args.tier_cache_bytes,
         credentials=Path(args.credentials or Path(args.data_dir) / "credentials") if secure else None,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -456,6 +471,7 @@ def _cluster(args: argparse.Namespace) -> int:
         tier_cache_bytes=args.tier_cache_bytes,
         secure=args.secure or args.credentials is not None,
         credentials_dir=args.credentials,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -555,6 +571,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     _tier_option(server, "file://DATA_DIR/tier")
     _tier_cache_option(server)
     _secure_options(server)
+    _metrics_option(server, "the Meta Service's and the node's, on one port")
     server.set_defaults(handler=_run_server)
 
     cluster = commands.add_parser(
@@ -592,6 +609,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     )
     _tier_option(cluster, "file://DATA_DIR/tier")
     _tier_cache_option(cluster)
+    _metrics_option(cluster, "the Meta Service's; node i's on PORT + 1 + i")
     cluster.set_defaults(handler=_cluster)
 
     meta = commands.add_parser("meta", help="run the Meta Service")
@@ -612,6 +630,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
             flag, type=_bounded_int(low, high), default=None, help=f"{text} (default {default})"
         )
     _quota_options(meta)
+    _metrics_option(meta, "bound on --host")
     add_server_flags(meta, meta=True)
     meta.set_defaults(handler=_run_meta)
 
@@ -644,6 +663,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         "rocksdb engines' retention (default 60000)",
     )
     _peer_limit_options(node)
+    _metrics_option(node, "bound on --host")
     add_server_flags(node, meta=False)
     node.set_defaults(handler=_run_node)
 

@@ -24,7 +24,18 @@ In one run:
 
 The last line printed is one JSON object; a PNG goes to benchmarks/out/.
 
-Usage: ``python benchmarks/bench_ingest.py [--quick]``
+``--metrics-cost`` measures instead what Prometheus metrics cost the produce path, in
+one run: two Meta Service + storage node pairs, one started with ``--metrics-port``
+(both its pages scraped every second, 15 times Prometheus's default rate) and one
+without (the node then counts nothing per request); the bulk path (10k-record
+requests) and small requests (100 records each, where a per-request cost shows
+most) run against each in turn, alternating which goes first, ``--rounds`` times.
+Its JSON has the medians and ``metrics_ratio_bulk`` / ``metrics_ratio_small``
+(records/s with metrics over records/s without), the node's CPU time per small
+request with and without (steadier than records/s on a busy machine) and
+``answer_count_us``, what counting one answer costs, timed in process.
+
+Usage: ``python benchmarks/bench_ingest.py [--quick] [--metrics-cost]``
 """
 
 from __future__ import annotations
@@ -82,6 +93,143 @@ def _send_producer(meta: str, topic: str, records: int, results: Any) -> None:
         finished = time.perf_counter()
         assert last.result(60).offset >= 0
         results.put(("send", started, finished))
+
+
+def _small_producer(meta: str, topic: str, records: int, batch_records: int, results: Any) -> None:
+    """Send ``records`` as ``batch_records``-record tables, at most 64 in flight."""
+    import robustmq
+
+    tables = [make_records(batch_records, seed=i) for i in range(4)]
+    with robustmq.connect(meta) as client, client.producer() as producer:
+        for future in [producer.send_batch(topic, tables[i % 4]) for i in range(64)]:  # warm-up
+            future.result(60)
+        started = time.perf_counter()
+        pending: list[Any] = []
+        for number in range(records // batch_records):
+            pending.append(producer.send_batch(topic, tables[number % 4]))
+            if len(pending) >= 64:
+                pending.pop(0).result(60)
+        for future in pending:
+            future.result(60)
+        results.put(("small", started, time.perf_counter()))
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (less disturbed by neighbours than wall time)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pair(root: Path, metrics: bool) -> tuple[Any, Any, str, list[str]]:
+    """A Meta Service and a storage node (with --metrics-port on both if ``metrics``): their
+    processes, the Meta Service's address and the metrics endpoints."""
+    from tests.e2e._procs import ServerProcess, free_port
+
+    meta_port, node_port = free_port(), free_port()
+    meta_address = f"127.0.0.1:{meta_port}"
+    ports = [free_port(), free_port()] if metrics else []
+    extra = [["--metrics-port", str(port)] for port in ports] or [[], []]
+    meta = ServerProcess(["meta", "--data-dir", str(root / "meta"), "--meta-port", str(meta_port), *extra[0]])
+    node_args = ["storage-node", "--data-dir", str(root / "node"), "--node-port", str(node_port)]
+    node = ServerProcess([*node_args, "--meta", meta_address, *extra[1]])
+    return meta, node, meta_address, [f"http://127.0.0.1:{port}/metrics" for port in ports]
+
+
+def answer_count_us(calls: int = 200_000) -> float:
+    """Microseconds one answered produce request costs a node that counts for metrics (in process)."""
+    from robustmq._proto import robustmq_pb2 as pb
+    from robustmq.storage_node.node._io_worker import Request
+    from robustmq.storage_node.node._metrics import NodeMetrics
+
+    metrics = NodeMetrics(None)  # type: ignore[arg-type]  # counting never touches the node
+    request = Request(b"peer", pb.NodeRequest(produce=pb.ProduceRequest(shard="t_0")), [], 0)
+    answered = metrics.answered
+    started = time.perf_counter()
+    for _ in range(calls):
+        answered(request, False, ())
+    return (time.perf_counter() - started) / calls * 1e6
+
+
+def metrics_cost(args: argparse.Namespace, parameters: dict[str, Any]) -> None:
+    """Records/s with and without --metrics-port, in one run (see the module docstring)."""
+    import threading
+    import urllib.request
+
+    import robustmq
+
+    root = Path(tempfile.mkdtemp(prefix="rmq-metrics-cost-"))
+    pairs = {"off": _pair(root / "off", False), "on": _pair(root / "on", True)}
+    stop = threading.Event()
+    scrapes = [0]
+
+    def scrape() -> None:  # Prometheus at 1 s intervals
+        while not stop.wait(1.0):
+            for address in pairs["on"][3]:
+                with urllib.request.urlopen(address, timeout=10) as answer:
+                    answer.read()
+                scrapes[0] += 1
+
+    rates: dict[str, dict[str, list[float]]] = {"bulk": {"off": [], "on": []}, "small": {"off": [], "on": []}}
+    cpu_us: dict[str, list[float]] = {"off": [], "on": []}  # node CPU per small request
+    scraper = threading.Thread(target=scrape, daemon=True)
+    try:
+        for meta, node, address, _ in pairs.values():
+            meta.start()
+            node.start()
+            with robustmq.connect(address) as client:
+                client.create_topic("ingest", 8)
+                client.create_topic("small", 8)
+        scraper.start()
+        per_producer = args.records // args.producers
+        for round_number in range(args.rounds):
+            order = ["off", "on"] if round_number % 2 == 0 else ["on", "off"]
+            for variant in order:
+                address = pairs[variant][2]
+                answers = run_producers(
+                    _bulk_producer,
+                    [(address, "ingest", per_producer, 10 * i) for i in range(args.producers)],
+                )
+                span = max(a[2] for a in answers) - min(a[1] for a in answers)
+                rates["bulk"][variant].append(args.records / span)
+                node_pid = pairs[variant][1].pid
+                cpu_before = _cpu_s(node_pid)
+                ((_, started, finished),) = run_producers(
+                    _small_producer, [(address, "small", args.small_records, args.small_batch_records)]
+                )
+                requests = args.small_records // args.small_batch_records + 64
+                cpu_us[variant].append((_cpu_s(node_pid) - cpu_before) / requests * 1e6)
+                rates["small"][variant].append(args.small_records / (finished - started))
+                print(
+                    f"round {round_number} metrics {variant}: bulk {rates['bulk'][variant][-1]:,.0f}, "
+                    f"small {rates['small'][variant][-1]:,.0f} records/s",
+                    flush=True,
+                )
+    finally:
+        stop.set()
+        for meta, node, _, _ in pairs.values():
+            node.stop()
+            meta.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    medians = {
+        (path, variant): statistics.median(rates[path][variant])
+        for path in rates
+        for variant in ("off", "on")
+    }
+    results = {
+        "bulk_records_per_s_off": round(medians[("bulk", "off")]),
+        "bulk_records_per_s_on": round(medians[("bulk", "on")]),
+        "small_records_per_s_off": round(medians[("small", "off")]),
+        "small_records_per_s_on": round(medians[("small", "on")]),
+        "metrics_ratio_bulk": round(medians[("bulk", "on")] / medians[("bulk", "off")], 3),
+        "metrics_ratio_small": round(medians[("small", "on")] / medians[("small", "off")], 3),
+        "node_cpu_us_per_small_request_off": round(statistics.median(cpu_us["off"]), 1),
+        "node_cpu_us_per_small_request_on": round(statistics.median(cpu_us["on"]), 1),
+        "scrapes": scrapes[0],
+        "answer_count_us": round(min(answer_count_us() for _ in range(3)), 3),
+    }
+    emit("bench_ingest_metrics", parameters, results)
 
 
 def raw_fsync_latency(root: Path, rate: float, seconds: float) -> list[float]:
@@ -172,11 +320,19 @@ def main() -> None:
     )
     parser.add_argument("--shards", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--metrics-cost", action="store_true", help="only measure what --metrics-port costs the produce path"
+    )
+    parser.add_argument("--small-records", type=int, default=400_000, help="records in small requests")
+    parser.add_argument("--small-batch-records", type=int, default=100)
     args = parser.parse_args()
     if args.quick:
         args.records, args.send_records, args.latency_seconds, args.rounds = 4_000_000, 1_000_000, 5.0, 1
     parameters = {**vars(args), "batch_records": BATCH_RECORDS, "value_bytes": 100, "partitions": 8}
     print(f"parameters: {parameters}", flush=True)
+    if args.metrics_cost:
+        metrics_cost(args, parameters)
+        return
 
     import robustmq
     from tests.e2e._procs import ServerProcess, free_port

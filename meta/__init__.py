@@ -6,7 +6,7 @@ instances of which one leads (``--store etcd://...``), behind the :class:`MetaSt
 interface. Run it with ``robustmq meta`` (:func:`run_meta`) or in-process with
 :class:`MetaServer`; talk to it with ``robustmq._meta_client.MetaClient``.
 Record bytes never pass through it: it is asked where things are and told
-what changed.
+what changed. Its Prometheus metrics (``--metrics-port``) are in ``_metrics``.
 """
 
 from ._server import DEFAULT_META_PORT, MetaServer, run_meta

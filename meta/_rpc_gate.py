@@ -30,7 +30,10 @@ What bounds what (every bound is a :class:`MetaLimits` field, see docs/operators
 A request that does not parse is answered ``INVALID_ARGUMENT`` with an
 :class:`~robustmq.errors.InvalidRequest` naming the RPC (gRPC's own answer was
 ``INTERNAL "Exception deserializing request!"``). Every refusal here is counted
-(:attr:`RpcGate.refused`) and logged at most once per ``LOG_EVERY_S`` per kind.
+(:attr:`RpcGate.refused`) and logged at most once per ``LOG_EVERY_S`` per kind. Every
+call is counted by RPC and the gRPC status code it ended with (:attr:`RpcGate.calls`),
+and its time from start to answer goes into the RPC's histogram (:attr:`RpcGate.latency`),
+for the Meta Service's metrics (``_metrics``).
 
 Threading: everything but the handlers runs on the gate's event-loop thread (the counters and
 the table of waiting calls need no lock). Handlers run on the pools with a
@@ -56,6 +59,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from robustmq._meta_client import ERROR_METADATA_KEY
+from robustmq._metrics import Histogram
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._wire import error_info
 from robustmq.errors import (
@@ -174,6 +178,10 @@ class RpcGate:
         self._ids = itertools.count()
         self.refused: collections.Counter[str] = collections.Counter()
         self._logged_at: dict[str, float] = {}
+        # Metrics (``_metrics``), event-loop thread only: calls by (RPC, gRPC status code name)
+        # and each RPC's latency.
+        self.calls: dict[tuple[str, str], int] = {}
+        self.latency: dict[str, Histogram] = {}
         self._thread.start()
         try:
             self.port = self._run(self._start(bind, address), START_TIMEOUT_S)
@@ -236,6 +244,17 @@ class RpcGate:
         handler = getattr(self._servicer, name)
 
         async def handle(request_iterator: Any, context: grpc.aio.ServicerContext) -> bytes:
+            started = time.monotonic()
+            outcome = ["UNKNOWN"]  # the status code it ends with, set before an abort raises
+            try:
+                return await answer_of(context, outcome)
+            except asyncio.CancelledError:
+                outcome[0] = "CANCELLED"
+                raise
+            finally:
+                self._count(name, outcome[0], time.monotonic() - started)
+
+        async def answer_of(context: grpc.aio.ServicerContext, outcome: list[str]) -> bytes:
             try:
                 raw = await self._read(name, context)
                 lane = self._lanes[node_rpc]
@@ -263,15 +282,26 @@ class RpcGate:
                 work.add_done_callback(functools.partial(self._release, lane))
                 answer = await asyncio.wrap_future(work)
             except RobustMQError as error:
+                outcome[0] = status_of(error).name
                 await _end_with(context, error)
                 raise AssertionError("unreachable") from None  # abort raises
             if call.status is not None:
+                outcome[0] = call.status[0].name
                 context.set_trailing_metadata(call.trailing)
                 await context.abort(*call.status)
             assert answer is not None
+            outcome[0] = "OK"
             return answer
 
         return handle
+
+    def _count(self, name: str, code: str, seconds: float) -> None:
+        """Count one call's outcome and time (event-loop thread only: no lock)."""
+        self.calls[(name, code)] = self.calls.get((name, code), 0) + 1
+        histogram = self.latency.get(name)
+        if histogram is None:
+            histogram = self.latency[name] = Histogram()
+        histogram.observe(seconds)
 
     def _release(self, lane: _Lane, work: object) -> None:
         """From the pool thread that ran a handler: give its place back (on the loop thread)."""

@@ -30,6 +30,12 @@ naming the URL and exits 2); an unreachable one
 the service starts: an object store outage must not take the cluster's
 metadata down with it (tiering and object deletions retry until it is back).
 
+With ``metrics_port`` (``robustmq meta --metrics-port``), Prometheus metrics are
+served on ``host:metrics_port`` (:mod:`._metrics`): the gate's call counts and
+latencies, the store's write times and cluster-wide figures computed at scrape
+time. The port is bound before the store is opened, so a port taken fails the
+start with nothing opened.
+
 Stopping stops the supervisor (a failover in progress finishes; each is
 bounded by its node deadlines), waits up to ``grace`` seconds for RPCs in
 flight, then closes the store. A crash at any point loses nothing acknowledged: every change was
@@ -55,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from robustmq._metrics import MetricsServer
 from robustmq._ready import announce_ready
 from robustmq.errors import (
     InvalidConfig,
@@ -72,6 +79,7 @@ from ._etcd_client import EtcdClient, EtcdTls
 from ._etcd_store import EtcdLimits, EtcdMetaStore, Fence, parse_etcd_url
 from ._failover import NodeRequests, ReplicaSupervisor
 from ._ha import LeaderSwitch
+from ._metrics import MetaCollector
 from ._quotas import DEFAULT_QUOTAS, MetaQuotas
 from ._retention import DEFAULT_RETENTION_CHECK_MS, RetentionWorker
 from ._revocations import RevocationTable
@@ -273,6 +281,25 @@ class MetaServer:
         self._etcd_store: EtcdMetaStore | None = None
         self._election: LeaderElection | None = None
         self._switch: LeaderSwitch | None = None
+        self._rocks_store: RocksDBMetaStore | None = None
+
+    @property
+    def controller(self) -> MetaController | None:
+        """The controller while this instance serves (None before start, after stop, and while it
+        follows another instance on etcd)."""
+        return self._controller
+
+    @property
+    def gate(self) -> RpcGate | None:
+        """The gRPC front door while the service runs (its call counts and latencies)."""
+        return self._server
+
+    @property
+    def store(self) -> MetaStore | None:
+        """The metadata store while the service runs (RocksDB, or this instance's etcd store)."""
+        if self._server is None:
+            return None
+        return self._etcd_store if self._etcd_store is not None else self._rocks_store
 
     @property
     def address(self) -> str:
@@ -333,6 +360,7 @@ class MetaServer:
             store.close()
             raise
         self._port = port
+        self._rocks_store = store
         self._server = server
         self._start_term(term)
         logger.info(
@@ -560,10 +588,13 @@ def run_meta(
     store: str = "rocksdb",
     advertise: str | None = None,
     etcd: EtcdOptions | None = None,
+    metrics_port: int | None = None,
 ) -> int:
     """Run the Meta Service until SIGTERM or SIGINT (``robustmq meta``).
 
     Prints ``ready`` on stdout once RPCs are accepted; logs go to stderr.
+    ``metrics_port``: serve Prometheus metrics on ``http://host:metrics_port/metrics``
+    (:mod:`._metrics`; 0 picks a free port, logged); None: no metrics.
 
     Returns
     -------
@@ -586,6 +617,7 @@ def run_meta(
         stopping.set()
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    exporter: MetricsServer | None = None
     try:
         try:
             server = MetaServer(
@@ -603,8 +635,14 @@ def run_meta(
                 store=store,
                 advertise=advertise,
                 etcd=etcd,
-            ).start()
+            )
+            if metrics_port is not None:  # bound first: a port taken fails the start, nothing opened
+                exporter = MetricsServer(host, metrics_port, [MetaCollector(server)])
+                logger.info("metrics on %s", exporter.address)
+            server.start()
         except RobustMQError as exc:
+            if exporter is not None:
+                exporter.close()
             print(f"robustmq meta: the meta service cannot start: {exc}", file=sys.stderr, flush=True)
             return 2 if isinstance(exc, ObjectStoreError) else 1
         try:
@@ -613,6 +651,8 @@ def run_meta(
                 pass
         finally:
             server.stop(STOP_GRACE_S)
+            if exporter is not None:
+                exporter.close()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -4,7 +4,10 @@ How a user tries replication on a laptop (and what the tests use): each
 server is its own process (``robustmq meta``, ``robustmq storage-node``), with
 its own data directory under ``--data-dir`` (``meta/``, ``node-0/``,
 ``node-1/``...) and its own log (``logs/meta.log``, ``logs/node-0.log``...),
-so one can be killed, paused or cut off while the others go on. Without
+so one can be killed, paused or cut off while the others go on. With
+``--metrics-port P`` the Meta Service serves Prometheus metrics on ``P`` and node
+*i* on ``P + 1 + i`` (with ``--meta-replicas M``: the Meta Services on ``P`` to
+``P + M - 1``, then the nodes; 0: free ports); each server's line names its endpoint. Without
 ``--data-dir`` everything lives in a temporary directory removed on exit.
 Every server binds ``--host``; each node registers ``--advertise-host`` (default
 ``--host``) with its own port, and the nodes and this process reach the Meta
@@ -81,6 +84,7 @@ class _Child:
     process: subprocess.Popen[bytes] | None = None
     log: IO[bytes] | None = field(default=None, repr=False)
     reported: bool = False
+    metrics: str = ""  # http://HOST:PORT/metrics, if it serves metrics
 
     def start(self) -> None:
         self.log = self.log_path.open("ab")
@@ -183,6 +187,23 @@ def _etcd(root: Path, logs: Path) -> tuple[_Child, str]:
     return child, f"etcd://127.0.0.1:{client_port}/robustmq"
 
 
+def _metrics_ports(host: str, first: int | None, servers: int, taken: list[int]) -> list[int] | None:
+    """Each server's metrics port (Meta Services, then nodes): ``first + i`` (0: free ports);
+    None: none."""
+    if first is None:
+        return None
+    if first and first + servers - 1 > 65535:
+        raise InvalidConfig(
+            f"--metrics-port {first} leaves no room for {servers} servers (ports up to 65535)",
+            field="metrics_port",
+        )
+    ports = [first + number if first else _free_port(host) for number in range(servers)]
+    clash = sorted(set(ports) & set(taken))
+    if clash:
+        raise InvalidConfig(f"metrics port {clash[0]} is also a server's port", field="metrics_port")
+    return ports
+
+
 def _children(
     root: Path,
     host: str,
@@ -194,10 +215,12 @@ def _children(
     binding: tuple[str | None, bool] = (None, False),
     credentials: Path | None = None,
     store: str = "rocksdb",
+    metrics_ports: list[int] | None = None,
 ) -> list[_Child]:
     """etcd (``store`` "etcd"), the Meta Services (one per port) and the nodes; ``binding``:
     (``--advertise-host``, ``--insecure``); ``credentials``: a ``robustmq security init``
-    directory (a secured cluster)."""
+    directory (a secured cluster); ``metrics_ports``: each Meta Service's, then each node's
+    metrics port (None: no metrics)."""
     # A new cluster's nodes are named after their directories (node-0, node-1...), the names
     # this command prints. A node directory made afresh beside an existing Meta Service (its data
     # was lost) gets a random id instead: the Meta Service still knows the old one.
@@ -250,6 +273,9 @@ def _children(
         )
         for number, port in enumerate(node_ports)
     ]
+    for child, metrics_port in zip([*metas, *nodes], metrics_ports or [], strict=False):
+        child.args += ["--metrics-port", str(metrics_port)]
+        child.metrics = f"http://{join_host_port(reachable(host), metrics_port)}/metrics"
     return [*servers, *metas, *nodes]
 
 
@@ -386,6 +412,7 @@ def run_cluster(
     credentials_dir: str | None = None,
     meta_replicas: int = 1,
     store: str = "rocksdb",
+    metrics_port: int | None = None,
 ) -> int:
     """Run the cluster until a stop signal; the exit code (0 after a stop, 1 if it could not start).
 
@@ -395,6 +422,8 @@ def run_cluster(
     ``store`` "etcd": an etcd of one member (on loopback) this command starts, and
     ``meta_replicas`` Meta Services on it that elect a leader; the nodes get all their
     addresses. Several Meta Services need ``store`` "etcd" (they share nothing else).
+    ``metrics_port``: the Meta Services serve Prometheus metrics from there on, then the nodes
+    (0: free ports); each server's line names its endpoint.
     """
     if meta_replicas > 1 and store != "etcd":
         raise InvalidConfig(
@@ -409,6 +438,7 @@ def run_cluster(
             field="store",
         )
     meta_ports, node_ports = _ports(host, meta_port, base_port, nodes, meta_replicas)
+    metrics_ports = _metrics_ports(host, metrics_port, len(meta_ports) + nodes, [*meta_ports, *node_ports])
     root = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="robustmq-cluster-"))
     stop = threading.Event()
     tier = tier_url if tier_url is not None else default_tier_url(root)
@@ -427,6 +457,7 @@ def run_cluster(
         (advertise_host, insecure),
         credentials,
         store,
+        metrics_ports,
     )
     try:
         with _stop_signals(stop):
@@ -442,7 +473,11 @@ def run_cluster(
             for child in children:
                 assert child.process is not None
                 node_id = f" id {ids[child.address]}" if child.address in ids else ""
-                print(f"{child.name} {child.address}{node_id} pid {child.process.pid} log {child.log_path}")
+                metrics = f" metrics {child.metrics}" if child.metrics else ""
+                print(
+                    f"{child.name} {child.address}{node_id} pid {child.process.pid} log {child.log_path}"
+                    f"{metrics}"
+                )
             print(f"data in {root}{'' if data_dir is not None else ' (removed on exit)'}")
             if credentials is not None:
                 metas = ",".join(child.address for child in children if child.kind == "meta")

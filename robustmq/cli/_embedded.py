@@ -5,7 +5,8 @@ one around their work. Both servers bind ``host`` (loopback by default; the
 command line's protected mode decides what else is allowed); the node
 registers ``advertise_host`` (default ``host``) with its port, and reaches the
 Meta Service in this process on loopback when ``host`` is a wildcard. Ports
-default to the standard ones (0 picks free ports). ``stop`` stops the node first (so it
+default to the standard ones (0 picks free ports). With ``metrics_port`` one
+Prometheus endpoint on ``host`` serves both servers' metrics. ``stop`` stops the node first (so it
 finishes its writes), then the Meta Service.
 
 Secured (``credentials``, a ``robustmq security init`` directory): the Meta
@@ -29,6 +30,7 @@ from robustmq._ready import announce_ready
 from robustmq.errors import ObjectStoreError, RobustMQError
 
 if TYPE_CHECKING:
+    from robustmq._metrics import MetricsServer
     from robustmq.meta import MetaServer
     from robustmq.storage_node import StorageNode
 
@@ -99,8 +101,11 @@ class EmbeddedCluster:
         tier_cache_bytes: int = 256 * 1024 * 1024,
         credentials: Path | None = None,
         super_users: tuple[str, ...] = ("user:admin",),
+        metrics_port: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self._metrics_port = metrics_port
+        self.metrics: MetricsServer | None = None  # the Prometheus endpoint of both servers, if asked
         self.credentials = credentials
         self._super_users = super_users
         self._tier_cache_bytes = tier_cache_bytes
@@ -158,11 +163,22 @@ class EmbeddedCluster:
                 retention_check_ms=self._retention_check_ms,
                 tier_cache_bytes=self._tier_cache_bytes,
                 credentials=node_credentials,
+                metrics=self._metrics_port is not None,
             )
             self.node = StorageNode(config).start()
         except BaseException:
             self.meta_server.stop()
             raise
+        if self._metrics_port is not None:
+            from robustmq._metrics import MetricsServer
+            from robustmq.meta._metrics import MetaCollector
+
+            try:
+                collectors = [MetaCollector(self.meta_server), self.node.metrics]
+                self.metrics = MetricsServer(self._host, self._metrics_port, collectors)
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def apply_retention(self) -> int:
@@ -174,6 +190,9 @@ class EmbeddedCluster:
         return self.node.tier_retention.run_pass()
 
     def stop(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         if self.node is not None:
             self.node.stop()
             self.node = None
@@ -200,8 +219,11 @@ def run_server(
     tier_cache_bytes: int = 256 * 1024 * 1024,
     credentials: Path | None = None,
     super_users: tuple[str, ...] = ("user:admin",),
+    metrics_port: int | None = None,
 ) -> int:
     """Run an embedded cluster until SIGTERM/SIGINT; print ``ready`` once it serves.
+
+    ``metrics_port``: both servers' Prometheus metrics on ``http://host:metrics_port/metrics``.
 
     ``credentials``: secured, with the certificates in that directory (made on the
     first start); the admin's environment is printed before ``ready``.
@@ -226,6 +248,7 @@ def run_server(
         tier_cache_bytes=tier_cache_bytes,
         credentials=credentials,
         super_users=super_users,
+        metrics_port=metrics_port,
     )
     try:
         if credentials is not None:
@@ -241,6 +264,8 @@ def run_server(
         cluster.node.address if cluster.node else "?",
         data_dir,
     )
+    if cluster.metrics is not None:
+        log.info("metrics on %s", cluster.metrics.address)
     from robustmq.storage_node.node._node import tune_for_serving
 
     tune_for_serving()

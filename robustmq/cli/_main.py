@@ -3,7 +3,8 @@
 Common flags: ``--data-dir DIR``, ``--host`` (default 127.0.0.1),
 ``--meta-port`` (7070), ``--node-port`` (7101), ``--meta HOST:PORT`` (where a
 client or a storage node finds the Meta Service; env ``ROBUSTMQ_META``), and
-``--timeout-s`` on client commands. Servers print ``ready`` on stdout once
+``--timeout-s`` on client commands, ``--metrics-port`` on servers (Prometheus
+``/metrics``, docs/operators.md "Metrics"). Servers print ``ready`` on stdout once
 they accept requests and stop cleanly on SIGTERM. Server commands take
 ``--insecure`` (protected mode: without security a ``--host`` outside loopback
 is refused, exit 2) and the address they advertise (``--advertise`` on
@@ -233,6 +234,17 @@ def _tier_cache_option(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="bytes of tiered row groups a storage node keeps in memory for reads from the object "
         "store (default 256 MiB)",
+    )
+
+
+def _metrics_option(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help=f"serve Prometheus metrics on http://HOST:PORT/metrics ({text}; 0 picks a free port; "
+        "default: no metrics; docs/operators.md, Metrics)",
     )
 
 
@@ -473,6 +485,7 @@ def _run_meta(args: argparse.Namespace) -> int:
         limits=MetaLimits(**_meta_limits(args)),
         token_lifetime_ms=args.token_lifetime_ms,
         quotas=_quotas_of(args),
+        metrics_port=args.metrics_port,
     )
 
 
@@ -505,6 +518,7 @@ def _run_node(args: argparse.Namespace) -> int:
             "quota_held_bytes_max": args.quota_held_bytes_max,
         },
         node_id=args.node_id,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -525,6 +539,7 @@ def _run_server(args: argparse.Namespace) -> int:
         retention_check_ms=args.retention_check_ms,
         tier_cache_bytes=args.tier_cache_bytes,
         credentials=Path(args.credentials or Path(args.data_dir) / "credentials") if secure else None,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -562,6 +577,7 @@ def _cluster(args: argparse.Namespace) -> int:
         credentials_dir=args.credentials,
         meta_replicas=args.meta_replicas,
         store=args.store,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -662,6 +678,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     _tier_option(server, "file://DATA_DIR/tier")
     _tier_cache_option(server)
     _secure_options(server)
+    _metrics_option(server, "the Meta Service's and the node's, on one port")
     server.set_defaults(handler=_run_server)
 
     cluster = commands.add_parser(
@@ -713,6 +730,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     )
     _tier_option(cluster, "file://DATA_DIR/tier")
     _tier_cache_option(cluster)
+    _metrics_option(cluster, "the Meta Service's; node i's on PORT + 1 + i")
     cluster.set_defaults(handler=_cluster)
 
     meta = commands.add_parser("meta", help="run the Meta Service")
@@ -734,6 +752,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         )
     _quota_options(meta)
     _etcd_flags(meta)
+    _metrics_option(meta, "bound on --host")
     add_server_flags(meta, meta=True)
     meta.set_defaults(handler=_run_meta)
 
@@ -767,6 +786,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     )
     _peer_limit_options(node)
     _principal_quota_options(node)
+    _metrics_option(node, "bound on --host")
     add_server_flags(node, meta=False)
     node.set_defaults(handler=_run_node)
 

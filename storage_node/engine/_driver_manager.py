@@ -169,6 +169,11 @@ class StorageDriverManager:
                 driver = self._drivers[engine] = self._create(engine)
             return driver
 
+    def opened(self) -> list[StorageAdapter]:
+        """The engines created so far (none is created by asking)."""
+        with self._lock:
+            return list(self._drivers.values())
+
     def _create(self, engine: str) -> StorageAdapter:
         if engine == "segment":
             return SegmentEngine(self._root / "segment", fsync=self._fsync)

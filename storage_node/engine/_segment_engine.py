@@ -12,7 +12,9 @@ validate every batch first (nothing is written if one is bad; with
 answered alone and the others are written); lock the touched
 shards; assign contiguous offsets; append each frame with one ``writev``,
 rolling to a new segment at the size or age limit; ``fdatasync`` every touched
-file once (concurrently when there are several); write the index entries, the
+file once (concurrently when there are several; how long that took goes into the
+calling thread's :attr:`SegmentEngine.sync_seconds` histogram, the nodes'
+``robustmq_node_fsync_seconds``); write the index entries, the
 producer windows and one checkpoint per shard in a single RocksDB WriteBatch;
 then publish the new log end, so readers only ever see durable, indexed
 frames. An I/O error before the publish truncates the files back and raises,
@@ -54,6 +56,7 @@ import bisect
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -63,6 +66,7 @@ from typing import Any, BinaryIO, TypeVar
 from rocksdict import WriteBatch
 
 from robustmq._frame import FRAME_HEADER_SIZE
+from robustmq._metrics import Histogram, PerThread
 from robustmq._records import now_ms
 from robustmq.errors import CorruptRecordBatch, OffsetOutOfRange, RobustMQError, Unavailable
 
@@ -138,6 +142,8 @@ class SegmentEngine(SegmentReplica, SegmentPrepend, IndexedEngine, SegmentRecove
         self._default_config = default_config or ShardConfig()
         self._fsync = fsync
         self._sync_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rmq-fsync")
+        # Seconds each group commit's fdatasyncs took, per calling thread (no lock per sync).
+        self.sync_seconds: PerThread[Histogram] = PerThread(Histogram)
         self._init_registry(IndexStore(self._root / "index"), producer_expiration_ms)
         try:
             self._open_all()
@@ -370,12 +376,14 @@ class SegmentEngine(SegmentReplica, SegmentPrepend, IndexedEngine, SegmentRecove
         if not self._fsync or not handles:
             return
         fds = list(handles.values())
+        started = time.monotonic()
         if len(fds) == 1:
             os.fdatasync(fds[0])
-            return
-        # fdatasync releases the GIL; concurrent calls share the file system's journal commits.
-        for future in [self._sync_pool.submit(os.fdatasync, fd) for fd in fds]:
-            future.result()
+        else:
+            # fdatasync releases the GIL; concurrent calls share the file system's journal commits.
+            for future in [self._sync_pool.submit(os.fdatasync, fd) for fd in fds]:
+                future.result()
+        self.sync_seconds.mine().observe(time.monotonic() - started)
 
     def _rollback(self, pendings: Iterable[Pending]) -> bool:
         """Cut every file of a failed group back to its size before the group; True if all were.

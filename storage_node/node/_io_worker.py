@@ -72,6 +72,10 @@ No item ever waits for the Meta Service on this thread:
   ``ShardNotFound``), drops the local data of that incarnation and reports it
   done, so the next heartbeat acknowledges it.
 
+Metrics: each worker counts its group commits (requests per group, seconds each)
+and the records it appended in its own :class:`~._metrics.WorkerStats`, written by
+it alone and read by scrapes without a lock.
+
 Crash behaviour: nothing here is durable beyond the engines; a restarted node
 resolves every shard again, and a seal interrupted by a crash is settled by
 the chain the Meta Service kept (see ``ShardDirectory.install``).
@@ -113,6 +117,7 @@ from ..replication._leading import Leading
 from ..replication._producer_snapshots import PageAnswer, ProducerSnapshots
 from ..replication._sealing import Sealer
 from ..replication._shards import NodeShard, ShardDirectory
+from ._metrics import WorkerStats
 from ._not_here import NotHere, named_incarnation
 
 __all__ = [
@@ -323,6 +328,7 @@ class IOWorker(threading.Thread):
         self.snapshots = ProducerSnapshots(self)  # producer snapshots this worker's shards await
         # Copied answers (``_follower``) drained in one batch: appended together, one fsync.
         self._copies = CopyGroup(node.follower) if getattr(node, "follower", None) is not None else None
+        self.stats = WorkerStats()  # group commits and records produced (this thread writes them)
 
     def submit(self, request: Request) -> bool:
         """A client's request (front end); False if the queue is full."""
@@ -538,12 +544,15 @@ class IOWorker(threading.Thread):
         states = {id(item): state for item, state, _ in group}
         touched: dict[str, NodeShard] = {}
         answers: list[tuple[Request, pb.NodeResponse]] = []  # written, answered below
+        started = time.monotonic()
         try:
             by_engine: dict[int, list[tuple[Request, NodeShard, AppendRequest]]] = {}
             for entry in group:
                 by_engine.setdefault(id(entry[1].engine), []).append(entry)
             for entries in by_engine.values():
                 self._append(entries[0][1].engine, entries, touched, answers)
+            self.stats.group_requests.observe(len(group))
+            self.stats.group_seconds.observe(time.monotonic() - started)
         except Exception as error:  # past the engine's own refusals: answer, never strand
             log.exception("appending a group of %d requests failed", len(group))
             written = {id(item) for item, _ in answers}
@@ -600,6 +609,7 @@ class IOWorker(threading.Thread):
                 continue
             if not result.duplicate:
                 state.segment_bytes += 64 + request.records.payload.size
+                self.stats.produced_records += result.record_count
             response = pb.NodeResponse(
                 correlation_id=item.message.correlation_id,
                 produce=pb.ProduceResponse(

@@ -70,6 +70,12 @@ a refused one with its error at once. The node's own requests to other nodes
 (replica fetches, checksums, producer snapshots) go over CURVE with its own
 token. Without security, none of this runs.
 
+Metrics (``NodeConfig.metrics``, ``--metrics-port``): ``reply`` counts every answer
+(latency, errors, bytes out) in the answering thread's own counts and the front end
+counts bytes in and requests refused at the door (``_metrics``); without it nothing
+is counted per request. A scrape reads those and the gauges (queues, connections,
+shards, disk) from whatever thread serves it.
+
 Fetches and incarnations: a fetch may name the topic incarnation it expects
 (``FetchRequest.incarnation``); a node serving an older one answers
 ``Unavailable`` (retriable: it has not dropped it yet), a newer one
@@ -101,6 +107,7 @@ import zmq
 from robustmq._client_quotas import QuotaTable, Rates, validated_quota
 from robustmq._frame import crc32c
 from robustmq._hosts import is_wildcard, join_host_port, split_host_port, unbracket
+from robustmq._metrics import MetricsServer
 from robustmq._node_client import NodeCaller
 from robustmq._node_protocol import MAX_HEADER_BYTES, error_response
 from robustmq._proto import robustmq_pb2 as pb
@@ -132,6 +139,7 @@ from ._guard import NodeSecurity, RequestGuard
 from ._heartbeat import Heartbeat, Retention
 from ._io_worker import IOWorker, Refresh, Request
 from ._long_poll import WaitRegistry
+from ._metrics import NodeMetrics
 from ._peers import ConnectionGate, LostAnswers, PeerLedger, raise_descriptor_limit
 from ._read_bounds import check_read_bounds
 from ._reads import NodeReads
@@ -206,6 +214,9 @@ class NodeConfig:
     # The id a new data directory takes (None: ``node-`` and 12 random hex digits). A data
     # directory keeps the id it was first given: another one is refused (see ``_node_id``).
     node_id: str | None = None
+    # Count answers for Prometheus (``_metrics``; the process serves them on --metrics-port).
+    # Off: ``reply`` counts nothing; the gauges and the workers' own counts are there either way.
+    metrics: bool = False
 
 
 class StorageNode(NodeReads):
@@ -364,6 +375,7 @@ class StorageNode(NodeReads):
         self.bound = ""  # tcp://HOST:PORT the ROUTER listens on (once started)
         self.address = ""  # tcp://HOST:PORT registered with the Meta Service: the advertised address
         self._results_name = f"{_RESULTS}-{os.getpid()}-{next(_NODE_NUMBERS)}"
+        self.metrics = NodeMetrics(self) if config.metrics else None
 
     def _client_security(self, security: NodeSecurity | None) -> Any:
         """How this node's own requests to other nodes are secured (None: security off)."""
@@ -698,6 +710,8 @@ class StorageNode(NodeReads):
                         limit=self.config.max_peer_answer_bytes,
                     ),
                 )
+        if self.metrics is not None:
+            self.metrics.answered(request, response.HasField("error"), payloads)
         parts = [request.identity, response.SerializeToString(), *payloads]
         if threading.current_thread() is self._frontend_thread:
             self._send(parts)
@@ -1042,8 +1056,11 @@ class StorageNode(NodeReads):
     def _queue(self, request: Request, header: Any, body: str, *, admitted: bool = False) -> None:
         """Charge ``request`` to its principal's quotas and hand it to a worker or the readers;
         ``admitted``: already counted in flight for its connection (a released held request)."""
+        metrics = self.metrics
         with self._accounting:
             if self._queued_bytes + request.size_bytes > self.config.max_queued_bytes:
+                if metrics is not None:
+                    metrics.refused_busy("max_queued_bytes")
                 if admitted:
                     request.counted = False
                     self.peers.answered(request.peer)
@@ -1073,7 +1090,11 @@ class StorageNode(NodeReads):
                 self._queued_bytes -= request.size_bytes
             request.counted = False
             self.peers.answered(request.peer)
+            if metrics is not None:
+                metrics.refused_busy("queue_full")
             raise Busy("the node's queues are full; retry later")
+        if metrics is not None:
+            metrics.received(body, request.size_bytes)
 
     def _submit_read(self, request: Request) -> bool:
         try:
@@ -1162,11 +1183,14 @@ def run_storage_node(
     credentials: Credentials | None = None,
     limits: dict[str, int] | None = None,
     node_id: str | None = None,
+    metrics_port: int | None = None,
 ) -> int:
     """Run a node until SIGTERM/SIGINT; print ``ready`` once it serves. Returns the exit code.
 
     ``limits``: :class:`NodeConfig` fields of what one peer may cost (``max_connections``,
     ``descriptor_reserve``, ``max_peer_requests``, ``max_peer_answer_bytes``, ``peer_stall_ms``).
+    ``metrics_port``: serve Prometheus metrics on ``http://host:metrics_port/metrics``
+    (``_metrics``; 0 picks a free port, logged); None: no metrics, and nothing counted per request.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
@@ -1182,21 +1206,30 @@ def run_storage_node(
         retention_check_ms=retention_check_ms,
         credentials=credentials,
         node_id=node_id,
+        metrics=metrics_port is not None,
     )
     if io_workers is not None:
         config = replace(config, io_workers=max(1, io_workers))
     if limits:
         config = replace(config, **limits)  # type: ignore[arg-type]  # int fields, named in the docstring
+    exporter = None
     try:
         node = StorageNode(config)
+        if node.metrics is not None:  # bound first: a port taken fails the start before registering
+            exporter = MetricsServer(host, metrics_port or 0, [node.metrics])
+            log.info("storage node %s: metrics on %s", node.node_id, exporter.address)
         node.start()
     except RobustMQError as error:
+        if exporter is not None:
+            exporter.close()
         log.error("storage node could not start: %s", error.message)
         return 2 if isinstance(error, InvalidConfig) else 1
     tune_for_serving()
     announce_ready()
     stop.wait()
     node.stop()
+    if exporter is not None:
+        exporter.close()
     if node.close_error is not None:
         print(
             f"robustmq storage-node: stopped, but its indexes could not be closed cleanly "

@@ -243,7 +243,8 @@ def test_a_paused_leader_writes_nothing_after_its_lease_and_steps_down(metas: Me
         os.kill(metas.metas[leader].pid, signal.SIGCONT)
         sender.join(60)
         assert outcome and isinstance(outcome[0], NotLeader), outcome
-        assert metas.answer(leader) == f"follower:{metas.address(other)}"
+        # It follows now, and names the new leader once it has read the leader key (polled).
+        wait_until(lambda: metas.answer(leader) == f"follower:{metas.address(other)}", 10)
         wait_until(lambda: any("no longer leads" in line for line in metas.metas[leader].output), 30)
         new = MetaClient(metas.address(other), timeout_s=30.0)
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -133,11 +134,12 @@ def main() -> None:
     parser.add_argument("--batch-rows", type=int, default=DEFAULT_BATCH_ROWS)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/robustmq-compact-bench"))
     args = parser.parse_args()
-    from pyspark.sql import SparkSession
-
     from robustmq.streaming_jobs.topic_to_delta import spark_session
 
-    SparkSession.builder.config("spark.driver.memory", "3g")  # DataFrames built from Arrow batches
+    # The driver's heap is fixed when its JVM starts: a builder's config set here would be
+    # dropped (each ``SparkSession.builder`` is a new builder). With the default 1 GiB this loop
+    # ran out of Java heap (DataFrames built from Arrow batches) or stalled in GC.
+    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", "--driver-memory 3g pyspark-shell")
     print(f"seed {SEED}; rows {args.rows}, keys {args.keys}, batches of {args.batch_rows}", flush=True)
     spark = spark_session("robustmq-compact-bench")
     spark.sparkContext.setLogLevel("ERROR")

@@ -167,7 +167,7 @@ def _uncompressed(payload: memoryview, attributes: int, limit: int) -> bytes:
         written = module.decompress_into(bytes(payload), out.data)
     except (cramjam.DecompressionError, zlib.error) as error:
         raise _corrupt(
-            f"{CODECS[codec]} data could not be decompressed within {limit} bytes: {error}"
+            f"{CODECS[codec]} data could not be decompressed within the limit of {limit} bytes: {error}"
         ) from None
     return out[:written].tobytes()
 
@@ -406,7 +406,7 @@ def _decode_headers(
     is_tag = pc.equal(keys, TAG_HEADER).to_numpy(zero_copy_only=False)
     if is_tag.any():
         try:
-            values.cast(pa.string()).filter(pa.array(is_tag)).validate(full=True)
+            values.filter(pa.array(is_tag)).cast(pa.string())
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             raise _corrupt(f"a {TAG_HEADER} header value is not UTF-8") from None
     header_rows = rows[~is_tag]

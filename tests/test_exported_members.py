@@ -14,6 +14,7 @@ PACKAGES = [
     "robustmq.storage_node",
     "robustmq.meta",
     "robustmq.streaming_jobs",
+    "robustmq.kafka_gateway",
 ]
 
 

@@ -7,7 +7,7 @@ other import counts, at module level or inside a function. The layers, bottom up
 - the ``robustmq`` core (records, frames, wire protocol, client, errors);
 - ``robustmq.tier`` (the tiered object format and store);
 - the storage node's ``engine`` < ``replication`` < ``tiered`` < ``node``;
-- the Meta Service, and the Spark connector < the streaming jobs;
+- the Meta Service, and the Spark connector < the streaming jobs, and the Kafka gateway (on the core);
 - ``robustmq.cli`` on top, which may import anything.
 """
 
@@ -27,6 +27,7 @@ FOLDERS = {
     "meta": "robustmq.meta",
     "connector": "robustmq.connector",
     "streaming_jobs": "robustmq.streaming_jobs",
+    "kafka_gateway": "robustmq.kafka_gateway",
 }
 
 CORE = "core"
@@ -50,6 +51,7 @@ ALLOWED: dict[str, set[str]] = {
     "robustmq.meta": {CORE, "robustmq.tier", "robustmq.meta"},
     "robustmq.connector": {CORE, "robustmq.tier", "robustmq.connector"},
     "robustmq.streaming_jobs": {CORE, "robustmq.tier", "robustmq.connector", "robustmq.streaming_jobs"},
+    "robustmq.kafka_gateway": {CORE, "robustmq.kafka_gateway"},
 }
 # longest prefix first: the layer of a module is the first of these it is in
 PREFIXES = sorted((name for name in ALLOWED if name != CORE), key=len, reverse=True)

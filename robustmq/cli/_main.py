@@ -543,6 +543,24 @@ def _run_server(args: argparse.Namespace) -> int:
     )
 
 
+def _run_kafka_gateway(args: argparse.Namespace) -> int:
+    from robustmq._hosts import split_host_port
+    from robustmq.kafka_gateway import GatewaySettings, run_gateway
+
+    advertise_host, advertise_port = (None, None)
+    if args.advertise:
+        advertise_host, advertise_port = split_host_port(args.advertise)
+    settings = GatewaySettings(
+        host=args.host,
+        port=args.port,
+        advertise_host=advertise_host,
+        advertise_port=advertise_port,
+        max_connections=args.max_connections,
+        max_frame_bytes=args.max_request_bytes,
+    )
+    return run_gateway(meta_address=args.meta_address, settings=settings, timeout_s=args.timeout_s)
+
+
 def _client_command(name: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         from robustmq.cli import _commands
@@ -789,6 +807,27 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     _metrics_option(node, "bound on --host")
     add_server_flags(node, meta=False)
     node.set_defaults(handler=_run_node)
+
+    gateway = commands.add_parser(
+        "kafka-gateway",
+        help="serve Kafka's wire protocol: unmodified Kafka clients produce and consume (docs/kafka.md)",
+    )
+    _common(gateway)
+    gateway.add_argument("--port", type=_port, default=9092, help="the Kafka port (default 9092)")
+    _binding_options(gateway, "--advertise")
+    gateway.add_argument(
+        "--max-connections",
+        type=_bounded_int(1, 1_000_000),
+        default=1024,
+        help="client connections at once; more are closed at once (default 1024)",
+    )
+    gateway.add_argument(
+        "--max-request-bytes",
+        type=_bounded_int(1024, 1 << 30),
+        default=64 * 1024 * 1024,
+        help="the largest Kafka request accepted; a larger one closes its connection (default 64 MiB)",
+    )
+    gateway.set_defaults(handler=_run_kafka_gateway)
 
 
 def _add_topic(commands: argparse._SubParsersAction[OneLineArgumentParser]) -> None:

@@ -26,8 +26,12 @@ from ._security import security_configured
 
 __all__ = ["SERVER_COMMANDS", "Verdict", "check"]
 
-SERVER_COMMANDS = ("meta", "storage-node", "server", "cluster")
-_ADVERTISE_FLAG = {"storage-node": "--advertise HOST:PORT", "server": "--advertise-host HOST"}
+SERVER_COMMANDS = ("meta", "storage-node", "server", "cluster", "kafka-gateway")
+_ADVERTISE_FLAG = {
+    "storage-node": "--advertise HOST:PORT",
+    "kafka-gateway": "--advertise HOST:PORT",
+    "server": "--advertise-host HOST",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +48,9 @@ def check(command: str, args: argparse.Namespace) -> Verdict:
         return Verdict()
     host = str(args.host)
     warning = None
-    if not is_loopback(host) and not security_configured(args):
+    # The Kafka gateway's own listener has no TLS or SASL yet: cluster credentials do not secure it.
+    secured = security_configured(args) and command != "kafka-gateway"
+    if not is_loopback(host) and not secured:
         where = "every interface" if is_wildcard(host) else host
         if not getattr(args, "insecure", False):
             return Verdict(

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Kafka clients through the Kafka gateway, against the native client, on one storage node.
+
+In one run (a Meta Service, a storage node and a ``robustmq kafka-gateway``,
+each its own process, on loopback):
+
+- **Kafka produce**: a confluent-kafka (librdkafka) producer, idempotent, lz4,
+  ``linger.ms`` 5, sends ``--records`` 100-byte records (``produce()`` per
+  record, as Kafka applications do) to a 4-partition topic; time from the
+  first ``produce`` to the end of ``flush``;
+- **native produce**: ``producer.send_batch`` of the same records as
+  10k-record Arrow tables (acks all) into another 4-partition topic;
+- **Kafka consume**: a confluent-kafka consumer with ``assign()`` reads the
+  Kafka-written topic from offset 0 to the end through the gateway;
+- **native consume**: ``client.consumer`` reads the native topic.
+
+Ratios are Kafka / native. The last line printed is one JSON object
+(``kafka_produce_records_per_s``, ``native_produce_records_per_s``,
+``produce_ratio_to_native``, ``kafka_consume_records_per_s``,
+``native_consume_records_per_s``, ``consume_ratio_to_native``); a PNG goes to
+benchmarks/out/.
+
+Usage: ``python benchmarks/bench_kafka_gateway.py [--records N] [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from benchmarks._common import OUT_DIR, bar_panels, emit, make_records  # noqa: E402
+from tests.e2e._procs import Cluster, ServerProcess, free_port  # noqa: E402
+
+PARTITIONS = 4
+VALUE_BYTES = 100
+
+
+def kafka_produce(bootstrap: str, topic: str, values: list[bytes]) -> float:
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "compression.type": "lz4",
+            "linger.ms": 5,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 2_000_000,
+            "queue.buffering.max.kbytes": 1_048_576,
+        }
+    )
+    failures: list[object] = []
+
+    def delivered(error: object, _message: object) -> None:
+        if error is not None:
+            failures.append(error)
+
+    producer.produce(topic, value=b"warm-up", partition=0, on_delivery=delivered)  # metadata, producer id
+    producer.flush(30)
+    start = time.perf_counter()
+    produce, poll = producer.produce, producer.poll
+    for index, value in enumerate(values):
+        produce(topic, value, on_delivery=delivered)
+        if index % 50_000 == 0:
+            poll(0)
+    remaining = producer.flush(120)
+    elapsed = time.perf_counter() - start
+    if remaining or failures:
+        raise RuntimeError(f"kafka produce: {remaining} unsent, {len(failures)} failed: {failures[:3]}")
+    return len(values) / elapsed
+
+
+def native_produce(meta: str, topic: str, count: int) -> float:
+    import robustmq
+
+    tables = [make_records(10_000, value_bytes=VALUE_BYTES, seed=i) for i in range(count // 10_000)]
+    with robustmq.connect(meta) as client, client.producer(acks="all") as producer:
+        start = time.perf_counter()
+        futures = [producer.send_batch(topic, table) for table in tables]
+        for future in futures:
+            future.result(120)
+        producer.flush(120)
+        return sum(t.num_rows for t in tables) / (time.perf_counter() - start)
+
+
+def kafka_consume(bootstrap: str, topic: str, count: int) -> float:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-unused",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 52_428_800,
+            "max.partition.fetch.bytes": 4_194_304,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        read = 0
+        start = time.perf_counter()
+        deadline = start + 300
+        while read < count and time.perf_counter() < deadline:
+            for message in consumer.consume(10_000, 1.0):
+                if message.error() is None:
+                    read += 1
+        elapsed = time.perf_counter() - start
+    finally:
+        consumer.close()
+    if read < count:
+        raise RuntimeError(f"kafka consume read {read} of {count}")
+    return read / elapsed
+
+
+def native_consume(meta: str, topic: str, count: int) -> float:
+    import robustmq
+
+    with robustmq.connect(meta) as client:
+        consumer = client.consumer(topic, start="earliest", max_bytes_per_fetch=4 * 1024 * 1024)
+        read = 0
+        start = time.perf_counter()
+        deadline = start + 300
+        while read < count and time.perf_counter() < deadline:
+            read += consumer.poll(1.0).num_rows
+        elapsed = time.perf_counter() - start
+    return read / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--quick", action="store_true", help="200,000 records")
+    args = parser.parse_args()
+    count = 200_000 if args.quick else args.records
+    count -= count % 10_000
+    print(f"records={count} value_bytes={VALUE_BYTES} partitions={PARTITIONS} seed=0", flush=True)
+    values = [bytes(row) for row in np.random.default_rng(0).integers(0, 256, (count, VALUE_BYTES), np.uint8)]
+    root = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
+    cluster = Cluster(root).start()
+    port = free_port()
+    gateway = ServerProcess(["kafka-gateway", "--meta", cluster.meta_address, "--port", str(port)])
+    try:
+        gateway.start()
+        import robustmq
+
+        with robustmq.connect(cluster.meta_address) as client:
+            client.create_topic("via-kafka", PARTITIONS)
+            client.create_topic("native", PARTITIONS)
+        bootstrap = f"127.0.0.1:{port}"
+        results: dict[str, float] = {}
+        results["kafka_produce_records_per_s"] = round(kafka_produce(bootstrap, "via-kafka", values))
+        results["native_produce_records_per_s"] = round(native_produce(cluster.meta_address, "native", count))
+        results["produce_ratio_to_native"] = round(
+            results["kafka_produce_records_per_s"] / results["native_produce_records_per_s"], 3
+        )
+        results["kafka_consume_records_per_s"] = round(kafka_consume(bootstrap, "via-kafka", count + 1))
+        results["native_consume_records_per_s"] = round(native_consume(cluster.meta_address, "native", count))
+        results["consume_ratio_to_native"] = round(
+            results["kafka_consume_records_per_s"] / results["native_consume_records_per_s"], 3
+        )
+    finally:
+        gateway.stop()
+        cluster.stop()
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    bar_panels(
+        OUT_DIR / "bench_kafka_gateway.png",
+        f"Kafka gateway vs native client ({count:,} x {VALUE_BYTES} B records)",
+        [
+            (
+                "produce",
+                {
+                    "kafka (lz4, idempotent)": results["kafka_produce_records_per_s"],
+                    "native send_batch": results["native_produce_records_per_s"],
+                },
+                "records/s",
+            ),
+            (
+                "consume",
+                {
+                    "kafka assign()": results["kafka_consume_records_per_s"],
+                    "native consumer": results["native_consume_records_per_s"],
+                },
+                "records/s",
+            ),
+        ],
+    )
+    emit(
+        "bench_kafka_gateway",
+        {
+            "records": count,
+            "value_bytes": VALUE_BYTES,
+            "partitions": PARTITIONS,
+            "codec": "lz4",
+            "linger_ms": 5,
+        },
+        results,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,617 @@
+"""Kafka RecordBatch v2 <-> the record schema (Arrow), column at a time.
+
+A Kafka RecordBatch v2 (``magic`` 2; KIP-98) is a 61-byte header and the
+records, compressed as a whole when the codec is not ``none``::
+
+    base_offset int64 | batch_length int32 | partition_leader_epoch int32 | magic int8
+    | crc uint32 (CRC-32C of attributes..end) | attributes int16 | last_offset_delta int32
+    | base_timestamp int64 | max_timestamp int64 | producer_id int64 | producer_epoch int16
+    | base_sequence int32 | record_count int32 | records...
+
+    record: length varint | attributes int8 | timestamp_delta varlong | offset_delta varint
+            | key_length varint | key | value_length varint | value
+            | header_count varint | (key_length varint | key | value_length varint | value)*
+
+(varints are zigzag; a length of -1 is null). Attribute bits 0-2 are the
+codec (0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd), bit 3 the timestamp type
+(LogAppendTime), bit 4 transactional, bit 5 control.
+
+Mapping onto :data:`robustmq.RECORD_SCHEMA`:
+
+- key, value: as they are (null stays null, empty stays empty);
+- timestamp: ``base_timestamp + timestamp_delta``; a batch without timestamps
+  (``base_timestamp`` -1) or stamped LogAppendTime leaves it null, and the
+  storage node stamps the record with its clock;
+- headers: Kafka headers in order, except those named :data:`TAG_HEADER`
+  (``robustmq.tag``), each of which carries one of the record's ``tags`` (its
+  value, UTF-8). Reading, a record's tags come back as one ``robustmq.tag``
+  header each, after its other headers.
+
+Offsets are the log's: a fetched batch's ``base_offset`` is the first record's
+offset and ``offset_delta`` the distance to it, one for one.
+
+Nothing here loops over records in Python except :func:`_record_bounds`,
+which must follow the chain of record lengths (each record's start depends on
+the previous one's length); every field is then decoded for all records at
+once with numpy (a varint is read at every record's position in one step per
+byte), and fetched batches are written the same way.
+
+Bounds: a decompressed batch is refused past ``max_uncompressed_bytes``
+(decompression writes into a buffer of that size, so a "zip bomb" costs no
+more); malformed input raises :class:`~robustmq.errors.InvalidRecordBatch`
+with the reason, and nothing of it is stored.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+import cramjam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from crc32c import crc32c
+
+from robustmq._records import HEADERS_TYPE, RECORD_SCHEMA, TAGS_TYPE, TIMESTAMP_TYPE, null_column
+from robustmq.errors import InvalidRecordBatch
+
+__all__ = [
+    "BATCH_HEADER_BYTES",
+    "CODECS",
+    "TAG_HEADER",
+    "KafkaBatch",
+    "decode_batches",
+    "encode_batch",
+]
+
+TAG_HEADER = "robustmq.tag"
+BATCH_HEADER_BYTES = 61
+CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_CODEC_MASK = 0x07
+_LOG_APPEND_TIME = 0x08
+TRANSACTIONAL = 0x10
+CONTROL = 0x20
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_TAG_HEADER_BYTES = TAG_HEADER.encode()
+_BINARY = pa.binary()
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaBatch:
+    """One decoded RecordBatch: its producer fields and its records as a RECORD_SCHEMA table."""
+
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    attributes: int
+    records: pa.Table
+
+    @property
+    def transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL)
+
+    @property
+    def control(self) -> bool:
+        return bool(self.attributes & CONTROL)
+
+
+def _corrupt(reason: str) -> InvalidRecordBatch:
+    return InvalidRecordBatch(f"malformed Kafka RecordBatch: {reason}", limit="kafka_record_batch")
+
+
+# -- decoding -------------------------------------------------------------------------------------
+
+
+def decode_batches(data: bytes | memoryview, *, max_uncompressed_bytes: int) -> list[KafkaBatch]:
+    """Every RecordBatch v2 in ``data`` (a Produce request's ``records`` of one partition)."""
+    view = memoryview(data)
+    batches = []
+    position = 0
+    while position < len(view):
+        if len(view) - position < BATCH_HEADER_BYTES:
+            raise _corrupt(f"{len(view) - position} trailing bytes, less than a batch header")
+        (
+            _base_offset,
+            batch_length,
+            _leader_epoch,
+            magic,
+            crc,
+            attributes,
+            last_offset_delta,
+            base_timestamp,
+            _max_timestamp,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            count,
+        ) = _HEADER.unpack_from(view, position)
+        if magic != 2:
+            raise _corrupt(f"magic {magic} (only RecordBatch v2, magic 2, is accepted: Produce v3+)")
+        end = position + 12 + batch_length
+        if batch_length < BATCH_HEADER_BYTES - 12 or end > len(view):
+            raise _corrupt(f"batch_length {batch_length} does not fit the {len(view) - position} bytes sent")
+        if crc32c(view[position + 21 : end]) != crc:
+            raise _corrupt("CRC-32C mismatch")
+        if count < 0 or last_offset_delta < count - 1:
+            raise _corrupt(f"record_count {count} does not fit last_offset_delta {last_offset_delta}")
+        body = _uncompressed(view[position + BATCH_HEADER_BYTES : end], attributes, max_uncompressed_bytes)
+        stamped = base_timestamp >= 0 and not attributes & _LOG_APPEND_TIME
+        table = _decode_records(body, count, base_timestamp if stamped else None)
+        batches.append(KafkaBatch(producer_id, producer_epoch, base_sequence, attributes, table))
+        position = end
+    return batches
+
+
+def _uncompressed(payload: memoryview, attributes: int, limit: int) -> bytes:
+    codec = attributes & _CODEC_MASK
+    if codec == 0:
+        if len(payload) > limit:
+            raise _corrupt(f"{len(payload)} bytes of records, more than the limit of {limit}")
+        return bytes(payload)
+    if codec not in CODECS:
+        raise _corrupt(f"unknown compression codec {codec}")
+    out = np.empty(limit, np.uint8)  # pages are only touched as they are written
+    try:
+        if codec == 1:
+            inflater = zlib.decompressobj(wbits=47)  # gzip or zlib framing
+            raw = inflater.decompress(payload, limit)
+            if inflater.unconsumed_tail:
+                raise _corrupt(f"records decompress to more than the limit of {limit} bytes")
+            return raw
+        if codec == 2:
+            return _snappy(bytes(payload), out).tobytes()
+        module = cramjam.lz4 if codec == 3 else cramjam.zstd
+        written = module.decompress_into(bytes(payload), out.data)
+    except (cramjam.DecompressionError, zlib.error) as error:
+        raise _corrupt(
+            f"{CODECS[codec]} data could not be decompressed within the limit of {limit} bytes: {error}"
+        ) from None
+    return out[:written].tobytes()
+
+
+def _snappy(payload: bytes, out: np.ndarray) -> np.ndarray:
+    """Raw snappy (librdkafka) or xerial-framed snappy (Java clients: magic, version, blocks)."""
+    if not payload.startswith(_XERIAL_MAGIC):
+        if cramjam.snappy.decompress_raw_len(payload) > len(out):
+            raise _corrupt(f"snappy records decompress to more than the limit of {len(out)} bytes")
+        return out[: cramjam.snappy.decompress_raw_into(payload, out.data)]
+    position, written = 16, 0
+    while position < len(payload):
+        if position + 4 > len(payload):
+            raise _corrupt("truncated xerial snappy block")
+        (size,) = struct.unpack_from(">i", payload, position)
+        block = payload[position + 4 : position + 4 + size]
+        if size < 0 or len(block) != size:
+            raise _corrupt("truncated xerial snappy block")
+        if written + cramjam.snappy.decompress_raw_len(block) > len(out):
+            raise _corrupt(f"snappy records decompress to more than the limit of {len(out)} bytes")
+        written += cramjam.snappy.decompress_raw_into(block, out[written:].data)
+        position += 4 + size
+    return out[:written]
+
+
+def _record_bounds(body: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(start of each record's attributes byte, end of each record)``.
+
+    The one chain of the format: a record starts where the previous one ends.
+    Runs of records of one size (a producer's fixed-size values, whose size
+    changes only when a delta's varint grows a byte) are taken a run at a time:
+    from a record of ``stride`` bytes, the next ``window`` records are guessed
+    at multiples of ``stride`` and the guesses checked in one numpy step (a
+    record whose length varint matches starts exactly one stride after a
+    record that matched, so the matching prefix is exact). Records of varied
+    sizes fall back to following the lengths in Python.
+    """
+    size = len(body)
+    buffer = np.frombuffer(body, np.uint8)
+    heads = np.empty(count, np.int64)
+    ends = np.empty(count, np.int64)
+    index = position = 0
+    window = 64
+    while index < count:
+        if position >= size:
+            raise _corrupt(f"{count} records announced, {index} found")
+        raw, width = _varint_at(body, position)
+        length = (raw >> 1) ^ -(raw & 1)
+        if length < 0:
+            raise _corrupt(f"record {index} has a negative length")
+        stride = width + length
+        guesses = min(window, count - index, (size - position) // stride if stride else 1)
+        if guesses > 1:
+            starts = position + stride * np.arange(guesses, dtype=np.int64)
+            raws, widths = _read_varints(buffer, starts, limit_ok=True)
+            match = (raws == raw) & (widths == width)
+            run = guesses if bool(match.all()) else max(1, int(np.argmin(match)))
+        else:
+            run, starts = 1, np.array([position], np.int64)
+        heads[index : index + run] = starts[:run] + width
+        ends[index : index + run] = starts[:run] + stride
+        index += run
+        position += run * stride
+        window = min(window * 2, 1 << 16) if run == guesses else 64
+        if run < 8:  # sizes vary here: follow a stretch of lengths one by one
+            stop = min(count, index + 256)
+            while index < stop:
+                if position >= size:
+                    raise _corrupt(f"{count} records announced, {index} found")
+                raw, width = _varint_at(body, position)
+                length = (raw >> 1) ^ -(raw & 1)
+                if length < 0:
+                    raise _corrupt(f"record {index} has a negative length")
+                heads[index] = position + width
+                position += width + length
+                ends[index] = position
+                index += 1
+    if position != size:
+        raise _corrupt(f"{size - position} bytes after the last record")
+    return heads, ends
+
+
+def _varint_at(body: bytes, position: int) -> tuple[int, int]:
+    """The raw (not un-zigzagged) unsigned varint at ``position``: ``(value, bytes)``."""
+    value = shift = 0
+    for width in range(1, 11):
+        if position + width > len(body):
+            break
+        byte = body[position + width - 1]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, width
+        shift += 7
+    raise _corrupt("a varint runs past the end of the records")
+
+
+def _read_varints(
+    buffer: np.ndarray, positions: np.ndarray, max_width: int = 10, *, limit_ok: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """The raw unsigned varint at each of ``positions``: ``(values uint64, widths)``, all at once.
+
+    ``limit_ok``: a varint that runs past the end is given width 0 instead of an error (guesses).
+    """
+    values = np.zeros(len(positions), np.uint64)
+    widths = np.zeros(len(positions), np.int64)
+    open_ = np.ones(len(positions), bool)
+    limit = len(buffer)
+    for k in range(max_width):
+        at = positions + k
+        inside = at < limit
+        byte = np.where(inside, buffer[np.minimum(at, limit - 1)], 0).astype(np.uint64)
+        if not bool(np.all(inside | ~open_)):
+            if not limit_ok:
+                raise _corrupt("a varint runs past the end of the records")
+            open_ &= inside
+        values |= np.where(open_, (byte & np.uint64(0x7F)) << np.uint64(7 * k), np.uint64(0))
+        ending = open_ & (byte < 0x80)
+        widths[ending] = k + 1
+        open_ &= ~ending
+        if not open_.any():
+            return values, widths
+    if limit_ok:
+        return values, widths
+    raise _corrupt("a varint longer than 10 bytes")
+
+
+def _signed(raw: np.ndarray) -> np.ndarray:
+    """Zigzag-decode."""
+    return (raw >> np.uint64(1)).astype(np.int64) ^ -(raw & np.uint64(1)).astype(np.int64)
+
+
+def _binary_column(
+    buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray, type_: pa.DataType = _BINARY
+) -> pa.Array:
+    """An Arrow binary (or string) array of ``buffer[start:start+length]`` each; length -1 is null."""
+    count = len(starts)
+    valid = lengths >= 0
+    sizes = np.where(valid, lengths, 0)
+    offsets = np.zeros(count + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        raise _corrupt("more than 2 GiB of keys or values in one batch")
+    data = _gather(buffer, starts, sizes, offsets)
+    validity = None if bool(valid.all()) else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(
+        type_, count, [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
+    )
+
+
+def _gather(buffer: np.ndarray, starts: np.ndarray, sizes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The concatenation of ``buffer[starts[i] : starts[i] + sizes[i]]``; one size for all is a 2-D take."""
+    if len(sizes) and int(offsets[-1]) and bool((sizes == sizes[0]).all()):
+        return buffer[starts[:, None] + np.arange(int(sizes[0]))].reshape(-1)
+    return buffer[_gather_index(starts, sizes, offsets)]
+
+
+def _gather_index(starts: np.ndarray, sizes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Source positions of the concatenation of the ranges ``[starts[i], starts[i] + sizes[i])``."""
+    total = int(offsets[-1])
+    if total == 0:
+        return np.empty(0, np.int64)
+    return np.arange(total, dtype=np.int64) + np.repeat(starts - offsets[:-1], sizes)
+
+
+def _decode_records(raw: bytes, count: int, base_timestamp: int | None) -> pa.Table:
+    heads, ends = _record_bounds(raw, count)
+    buffer = np.frombuffer(raw, np.uint8)
+    # attributes (one byte, unused), timestamp delta, offset delta (ours are assigned by the log)
+    position = heads + 1
+    stamp_raw, width = _read_varints(buffer, position)
+    position = position + width
+    _, width = _read_varints(buffer, position)
+    position = position + width
+    key_length_raw, width = _read_varints(buffer, position)
+    key_lengths = _signed(key_length_raw)
+    key_starts = position + width
+    position = key_starts + np.maximum(key_lengths, 0)
+    value_length_raw, width = _read_varints(buffer, position)
+    value_lengths = _signed(value_length_raw)
+    value_starts = position + width
+    position = value_starts + np.maximum(value_lengths, 0)
+    header_count_raw, width = _read_varints(buffer, position)
+    header_counts = _signed(header_count_raw)
+    position = position + width
+    if bool((key_lengths < -1).any() | (value_lengths < -1).any() | (header_counts < 0).any()):
+        raise _corrupt("a negative length or header count")
+    if bool((position > ends).any()):
+        raise _corrupt("a record's fields run past its length")
+    headers, tags, position = _decode_headers(buffer, position, ends, header_counts)
+    if not bool(np.array_equal(position, ends)):
+        raise _corrupt("a record's fields do not add up to its length")
+    if base_timestamp is None:
+        stamps = pa.nulls(count, TIMESTAMP_TYPE)
+    else:
+        stamps = pa.array(base_timestamp + _signed(stamp_raw), pa.int64()).cast(TIMESTAMP_TYPE)
+    keys = _binary_column(buffer, key_starts, key_lengths)
+    values = _binary_column(buffer, value_starts, value_lengths)
+    return pa.Table.from_arrays([keys, values, stamps, tags, headers], schema=RECORD_SCHEMA)
+
+
+def _decode_headers(
+    buffer: np.ndarray, position: np.ndarray, ends: np.ndarray, counts: np.ndarray
+) -> tuple[pa.Array, pa.Array, np.ndarray]:
+    """``(headers column, tags column, positions after the headers)``, one header level at a time."""
+    count = len(counts)
+    if count == 0 or not counts.any():
+        return null_column(count, HEADERS_TYPE), null_column(count, TAGS_TYPE), position
+    position = position.copy()
+    parts: list[tuple[np.ndarray, ...]] = []
+    for level in range(int(counts.max())):
+        rows = np.flatnonzero(counts > level)
+        at = position[rows]
+        key_raw, width = _read_varints(buffer, at)
+        key_lengths = _signed(key_raw)
+        key_starts = at + width
+        at = key_starts + np.maximum(key_lengths, 0)
+        value_raw, width = _read_varints(buffer, at)
+        value_lengths = _signed(value_raw)
+        value_starts = at + width
+        at = value_starts + np.maximum(value_lengths, 0)
+        if bool((key_lengths < 0).any() | (value_lengths < -1).any() | (at > ends[rows]).any()):
+            raise _corrupt("a header with a null or negative-length key, or past its record")
+        position[rows] = at
+        parts.append((rows, np.full(len(rows), level), key_starts, key_lengths, value_starts, value_lengths))
+    rows, levels, key_starts, key_lengths, value_starts, value_lengths = (
+        np.concatenate(p) for p in zip(*parts, strict=True)
+    )
+    order = np.lexsort((levels, rows))  # record-major: each record's headers in their order
+    rows = rows[order]
+    keys = _binary_column(buffer, key_starts[order], key_lengths[order], pa.string())
+    values = _binary_column(buffer, value_starts[order], value_lengths[order])
+    try:
+        keys.validate(full=True)
+    except pa.ArrowInvalid:
+        raise _corrupt("a header key is not UTF-8") from None
+    is_tag = pc.equal(keys, TAG_HEADER).to_numpy(zero_copy_only=False)
+    if is_tag.any():
+        try:
+            values.filter(pa.array(is_tag)).cast(pa.string())
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            raise _corrupt(f"a {TAG_HEADER} header value is not UTF-8") from None
+    header_rows = rows[~is_tag]
+    tag_rows = rows[is_tag]
+    headers = _list_column(
+        pa.StructArray.from_arrays(
+            [keys.filter(pa.array(~is_tag)), values.filter(pa.array(~is_tag))],
+            fields=list(HEADERS_TYPE.value_type),
+        ),
+        header_rows,
+        count,
+        HEADERS_TYPE,
+    )
+    tag_values = values.filter(pa.array(is_tag)).cast(pa.string())
+    tags = _list_column(tag_values, tag_rows, count, TAGS_TYPE)
+    return headers, tags, position
+
+
+def _list_column(items: pa.Array, rows: np.ndarray, count: int, type_: pa.DataType) -> pa.Array:
+    """A list array of ``count`` rows holding ``items`` (sorted by row); rows without any are null."""
+    if len(items) == 0:
+        return null_column(count, type_)
+    per_row = np.bincount(rows, minlength=count)
+    offsets = np.zeros(count + 1, np.int32)
+    np.cumsum(per_row, out=offsets[1:])
+    valid = per_row > 0
+    validity = None if bool(valid.all()) else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(type_, count, [validity, pa.py_buffer(offsets)], children=[items])
+
+
+# -- encoding -------------------------------------------------------------------------------------
+
+
+def _zigzag(values: np.ndarray) -> np.ndarray:
+    values = values.astype(np.int64)
+    return ((values << 1) ^ (values >> 63)).astype(np.uint64)
+
+
+def _widths(raw: np.ndarray) -> np.ndarray:
+    widths = np.ones(len(raw), np.int64)
+    for k in range(1, 10):
+        widths += raw >= np.uint64(1) << np.uint64(7 * k)
+    return widths
+
+
+def _write_varints(out: np.ndarray, positions: np.ndarray, raw: np.ndarray, widths: np.ndarray) -> None:
+    for k in range(int(widths.max()) if len(widths) else 0):
+        rows = widths > k
+        chunk = (raw[rows] >> np.uint64(7 * k)) & np.uint64(0x7F)
+        more = np.where(widths[rows] > k + 1, np.uint64(0x80), np.uint64(0))
+        out[positions[rows] + k] = (chunk | more).astype(np.uint8)
+
+
+def _binary_parts(array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(data bytes, starts, lengths with -1 for null)`` of a binary or string array."""
+    count = len(array)
+    buffers = array.buffers()
+    offsets = np.frombuffer(buffers[1], np.int32, count + 1, array.offset * 4).astype(np.int64)
+    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.empty(0, np.uint8)
+    lengths = np.diff(offsets)
+    if array.null_count:
+        lengths = np.where(array.is_valid().to_numpy(zero_copy_only=False), lengths, -1)
+    return data, offsets[:-1], lengths
+
+
+def _scatter(
+    out: np.ndarray, destinations: np.ndarray, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+) -> None:
+    sizes = np.maximum(lengths, 0)
+    offsets = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    if offsets[-1] == 0:
+        return
+    first, total = int(starts[0]), int(offsets[-1])
+    if int(starts[-1]) + int(sizes[-1]) - first != total:  # null slots with bytes behind them
+        out[_gather_index(destinations, sizes, offsets)] = data[_gather_index(starts, sizes, offsets)]
+        return
+    source = data[first : first + total]  # Arrow data: contiguous, in order
+    if bool((sizes == sizes[0]).all()):
+        out[destinations[:, None] + np.arange(int(sizes[0]))] = source.reshape(len(sizes), int(sizes[0]))
+    else:
+        out[_gather_index(destinations, sizes, offsets)] = source
+
+
+def _flat_headers(headers: pa.Array, tags: pa.Array) -> tuple[np.ndarray, pa.Array, pa.Array]:
+    """``(record of each, keys, values)`` of every Kafka header of the records: their headers,
+    then one ``robustmq.tag`` header per tag, record by record."""
+    count = len(headers)
+    parts_rows, parts_keys, parts_values = [], [], []
+    if headers.null_count < count:
+        lengths = pc.fill_null(pc.list_value_length(headers), 0).to_numpy(zero_copy_only=False)
+        flat = pc.list_flatten(headers)
+        parts_rows.append(np.repeat(np.arange(count), lengths))
+        parts_keys.append(flat.field("key").cast(pa.binary()))
+        parts_values.append(flat.field("value"))
+    if tags.null_count < count:
+        lengths = pc.fill_null(pc.list_value_length(tags), 0).to_numpy(zero_copy_only=False)
+        flat = pc.list_flatten(tags)
+        parts_rows.append(np.repeat(np.arange(count), lengths))
+        parts_keys.append(pa.array(np.full(len(flat), _TAG_HEADER_BYTES, object), pa.binary()))
+        parts_values.append(flat.cast(pa.binary()))
+    if not parts_rows:
+        return np.empty(0, np.int64), pa.array([], pa.binary()), pa.array([], pa.binary())
+    rows = np.concatenate(parts_rows)
+    order = np.argsort(rows, kind="stable")
+    keys = pa.concat_arrays(parts_keys).take(pa.array(order))
+    values = pa.concat_arrays(parts_values).take(pa.array(order))
+    return rows[order], keys, values
+
+
+def encode_batch(records: pa.Table) -> bytes:
+    """One uncompressed RecordBatch v2 of ``records`` (read columns: ``offset`` + the record schema).
+
+    ``base_offset`` is the first record's offset; each record's ``offset_delta`` is its
+    distance to it (the log's offsets, one for one). Producer fields are -1 (none).
+    """
+    table = records.combine_chunks()
+    count = table.num_rows
+    if count == 0:
+        return b""
+    offsets = table.column("offset").chunk(0).to_numpy().astype(np.int64)
+    stamps = table.column("timestamp").chunk(0).cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+    key_data, key_starts, key_lengths = _binary_parts(table.column("key").chunk(0))
+    value_data, value_starts, value_lengths = _binary_parts(table.column("value").chunk(0))
+    header_rows, header_keys, header_values = _flat_headers(
+        table.column("headers").chunk(0), table.column("tags").chunk(0)
+    )
+    base_offset, base_timestamp = int(offsets[0]), int(stamps[0])
+    stamp_raw = _zigzag(stamps - base_timestamp)
+    delta_raw = _zigzag(offsets - base_offset)
+    key_raw, value_raw = _zigzag(key_lengths), _zigzag(value_lengths)
+    header_count_raw = _zigzag(np.bincount(header_rows, minlength=count))
+    # the bytes of each header, then of each record's headers
+    hk_data, hk_starts, hk_lengths = _binary_parts(header_keys)
+    hv_data, hv_starts, hv_lengths = _binary_parts(header_values)
+    hk_raw, hv_raw = _zigzag(hk_lengths), _zigzag(hv_lengths)
+    header_sizes = _widths(hk_raw) + np.maximum(hk_lengths, 0) + _widths(hv_raw) + np.maximum(hv_lengths, 0)
+    headers_bytes = np.bincount(header_rows, weights=header_sizes, minlength=count).astype(np.int64)
+    body_sizes = (
+        1
+        + _widths(stamp_raw)
+        + _widths(delta_raw)
+        + _widths(key_raw)
+        + np.maximum(key_lengths, 0)
+        + _widths(value_raw)
+        + np.maximum(value_lengths, 0)
+        + _widths(header_count_raw)
+        + headers_bytes
+    )
+    length_raw = _zigzag(body_sizes)
+    length_widths = _widths(length_raw)
+    record_sizes = length_widths + body_sizes
+    record_starts = np.zeros(count, np.int64)
+    np.cumsum(record_sizes[:-1], out=record_starts[1:])
+    total = int(record_starts[-1] + record_sizes[-1])
+    out = np.zeros(BATCH_HEADER_BYTES + total, np.uint8)
+    body = out[BATCH_HEADER_BYTES:]
+    _write_varints(body, record_starts, length_raw, length_widths)
+    position = record_starts + length_widths + 1  # attributes byte: 0
+    for raw in (stamp_raw, delta_raw, key_raw):
+        widths = _widths(raw)
+        _write_varints(body, position, raw, widths)
+        position = position + widths
+    _scatter(body, position, key_data, key_starts, key_lengths)
+    position = position + np.maximum(key_lengths, 0)
+    widths = _widths(value_raw)
+    _write_varints(body, position, value_raw, widths)
+    position = position + widths
+    _scatter(body, position, value_data, value_starts, value_lengths)
+    position = position + np.maximum(value_lengths, 0)
+    widths = _widths(header_count_raw)
+    _write_varints(body, position, header_count_raw, widths)
+    position = position + widths
+    if len(header_rows):
+        first = np.zeros(len(header_sizes), np.int64)
+        np.cumsum(header_sizes[:-1], out=first[1:])
+        row_first = np.zeros(count, np.int64)
+        with_headers, first_index = np.unique(header_rows, return_index=True)
+        row_first[with_headers] = first[first_index]
+        at = position[header_rows] + first - row_first[header_rows]
+        widths = _widths(hk_raw)
+        _write_varints(body, at, hk_raw, widths)
+        at = at + widths
+        _scatter(body, at, hk_data, hk_starts, hk_lengths)
+        at = at + np.maximum(hk_lengths, 0)
+        widths = _widths(hv_raw)
+        _write_varints(body, at, hv_raw, widths)
+        at = at + widths
+        _scatter(body, at, hv_data, hv_starts, hv_lengths)
+    header = _HEADER.pack(
+        base_offset,
+        BATCH_HEADER_BYTES - 12 + total,
+        -1,  # partition_leader_epoch: unknown to Kafka clients (they send -1 too)
+        2,
+        0,
+        0,  # attributes: no codec, CreateTime, not transactional
+        int(offsets[-1] - base_offset),
+        base_timestamp,
+        int(stamps.max()),
+        -1,
+        -1,
+        -1,
+        count,
+    )
+    out[:BATCH_HEADER_BYTES] = np.frombuffer(header, np.uint8)
+    view = out.data
+    struct.pack_into(">I", view, 17, crc32c(view[21:]))
+    return out.tobytes()

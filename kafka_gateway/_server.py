@@ -1,0 +1,240 @@
+"""The gateway process: an asyncio server speaking Kafka's protocol in front of a RobustMQ cluster.
+
+Stateless: everything it knows comes from the Meta Service and the storage
+nodes through one :class:`robustmq.Client`, so any number of gateways can
+serve side by side and a restarted one has nothing to recover. Each answers
+Metadata with itself as the only broker (node id :data:`BROKER_ID`, at its
+``advertise`` address) and as the controller, and as the leader of every
+partition: Kafka clients send everything to the gateway they were given, and
+the gateway routes each partition to its leader node.
+
+Per connection (Kafka's own rule, ``SocketServer``): one request is handled
+at a time, in the order sent (read, handle, write, drain), which keeps a
+client's pipelined produce requests in order and bounds what one client
+costs: at most one frame of ``max_frame_bytes`` buffered, one request in
+flight, and an answer the client must read within ``write_timeout_s`` or its
+connection is closed. A Produce with ``acks=0`` gets no answer and frees the
+next read at once. A malformed frame (bad size, unreadable header or body)
+closes that connection only, with a log line; an API key or version outside
+the table gets an ``UNSUPPORTED_VERSION`` answer built from Kafka's schema.
+
+Blocking cluster calls (the client is thread-based) run in a bounded thread
+pool (``workers``); the event loop only moves bytes and converts records.
+
+Thread-safety: the loop's state is touched only on the loop; the client is
+thread-safe. Crash behaviour: none kept; clients reconnect and retry (an
+idempotent Kafka producer's retried batch is stored once, see ``_produce``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from robustmq._hosts import join_host_port
+
+from ._protocol import (
+    API_VERSIONS_KEY,
+    ApiTable,
+    ErrorCode,
+    FrameReader,
+    FrameTooLarge,
+    RequestHeader,
+    encode_response,
+    error_response,
+    parse_header,
+    read_body,
+)
+
+__all__ = ["BROKER_ID", "Connection", "Gateway", "GatewaySettings", "run_gateway"]
+
+log = logging.getLogger("robustmq.kafka_gateway")
+
+BROKER_ID = 0
+T = TypeVar("T")
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewaySettings:
+    """Limits and addresses of one gateway.
+
+    ``max_frame_bytes``: the largest request accepted (Kafka's
+    ``socket.request.max.bytes``, 100 MiB; default here 64 MiB);
+    ``max_uncompressed_bytes``: the largest decompressed batch;
+    ``max_connections``: connections past it are closed at once;
+    ``workers``: threads for cluster calls; ``write_timeout_s``: how long an
+    answer may wait for a client that does not read it.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 9092
+    advertise_host: str | None = None
+    advertise_port: int | None = None
+    max_frame_bytes: int = 64 * MiB
+    max_uncompressed_bytes: int = 64 * MiB
+    max_connections: int = 1024
+    workers: int = 32
+    write_timeout_s: float = 30.0
+    cluster_id: str = "robustmq"
+
+
+@dataclass(slots=True)
+class Connection:
+    """What the gateway keeps per client connection (K2 adds the authenticated principal here)."""
+
+    gateway: Gateway
+    peer: str
+    principal: str | None = None
+    # (topic, partition) -> (offset, pending node fetch): a long poll left running by one Fetch
+    # is picked up by the next instead of being asked again (bounded by the partitions read).
+    fetches: dict[tuple[str, int], tuple[int, Any]] = field(default_factory=dict)
+
+
+class Gateway:
+    """The dispatch table, the cluster client and the thread pool; see the module docstring."""
+
+    def __init__(self, client: Any, settings: GatewaySettings) -> None:
+        from . import _fetch, _metadata, _produce
+
+        self.client = client
+        self.settings = settings
+        self.table = ApiTable()
+        for part in (_metadata, _produce, _fetch):
+            part.register(self.table)
+        self._executor = ThreadPoolExecutor(settings.workers, thread_name_prefix="rmq-kafka")
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.StreamWriter] = set()
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        host = self.settings.advertise_host or self.settings.host
+        port = self.settings.advertise_port or self.bound_port
+        return host, port
+
+    @property
+    def bound_port(self) -> int:
+        if self._server is None or not self._server.sockets:
+            return self.settings.port
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def call(self, function: Callable[..., T], *args: Any) -> T:
+        """Run a blocking cluster call in the pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._serve, self.settings.host, self.settings.port, limit=256 * 1024
+        )
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._connections):
+            writer.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = str(writer.get_extra_info("peername"))
+        if len(self._connections) >= self.settings.max_connections:
+            log.warning("refused a connection from %s: %d open", peer, len(self._connections))
+            writer.close()
+            return
+        self._connections.add(writer)
+        writer.transport.set_write_buffer_limits(high=4 * MiB)
+        connection = Connection(self, peer)
+        frames = FrameReader(self.settings.max_frame_bytes)
+        try:
+            while True:
+                data = await reader.read(256 * 1024)
+                if not data:
+                    return
+                for frame in frames.feed(data):
+                    answer = await self.handle(connection, frame)
+                    if answer is not None:
+                        writer.write(answer)
+                        await asyncio.wait_for(writer.drain(), self.settings.write_timeout_s)
+        except FrameTooLarge as error:
+            log.warning("closed %s: %s", peer, error)
+        except TimeoutError:
+            log.warning("closed %s: it did not read its answers for %ss", peer, self.settings.write_timeout_s)
+        except _Malformed as error:
+            log.warning("closed %s: malformed request: %s", peer, error)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:  # the gateway is stopping: end this connection quietly
+            pass
+        finally:
+            self._connections.discard(writer)
+            for _offset, future in connection.fetches.values():
+                future.cancel()
+            writer.close()
+
+    async def handle(self, connection: Connection, frame: bytes) -> bytes | None:
+        """The answer to one request frame (None: none is due)."""
+        try:
+            header = parse_header(frame)
+        except ValueError as error:
+            raise _Malformed(str(error)) from None
+        if not self.table.serves(header.api_key, header.api_version):
+            return self._unsupported(header)
+        try:
+            body = read_body(frame, header)
+        except Exception as error:  # kio's readers raise several kinds on truncated or bad input
+            raise _Malformed(f"api {header.api_key} v{header.api_version}: {error}") from None
+        response = await self.table[header.api_key].handler(connection, header, body)
+        return None if response is None else encode_response(header, response)
+
+    def _unsupported(self, header: RequestHeader) -> bytes:
+        if header.api_key == API_VERSIONS_KEY:  # answered at v0, listing what is served (KIP-511)
+            from ._metadata import api_versions_response
+
+            v0 = RequestHeader(API_VERSIONS_KEY, 0, header.correlation_id, header.client_id, 0)
+            return encode_response(v0, api_versions_response(self.table, 0, ErrorCode.unsupported_version))
+        response = error_response(header.api_key, header.api_version, ErrorCode.unsupported_version)
+        if response is None:  # a key or version Kafka's schemas do not have: the error code alone
+            body = header.correlation_id.to_bytes(4, "big", signed=True) + (35).to_bytes(2, "big")
+            return len(body).to_bytes(4, "big") + body
+        return encode_response(header, response)
+
+
+class _Malformed(Exception):
+    pass
+
+
+def run_gateway(*, meta_address: str, settings: GatewaySettings, timeout_s: float = 30.0) -> int:
+    """``robustmq kafka-gateway``: serve until SIGTERM or SIGINT; print ``ready`` once listening."""
+    import robustmq
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    client = robustmq.connect(meta_address, timeout_s=timeout_s)
+
+    async def main() -> None:
+        gateway = Gateway(client, settings)
+        await gateway.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        host, port = gateway.advertised
+        print(f"kafka gateway on {join_host_port(host, port)} (Meta Service {meta_address})", flush=True)
+        print("ready", flush=True)
+        await stop.wait()
+        await gateway.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        client.close()
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,178 @@
+"""RecordBatch v2 <-> Arrow: checked against kio's own (record by record) reader, every codec,
+and the refusals (bad CRC, truncation, a decompression bomb)."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+
+import cramjam
+import numpy as np
+import pyarrow as pa
+import pytest
+from crc32c import crc32c
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kio.records.readers import read_batch
+
+from robustmq._records import READ_SCHEMA
+from robustmq.errors import InvalidRecordBatch
+from robustmq.kafka_gateway._records import TAG_HEADER, decode_batches, encode_batch
+
+HEADERS = READ_SCHEMA.field("headers").type
+LIMIT = 1 << 20
+
+rows = st.lists(
+    st.fixed_dictionaries(
+        {
+            "key": st.none() | st.binary(max_size=40),
+            "value": st.none() | st.binary(max_size=300),
+            "timestamp": st.integers(0, 2**42),
+            "tags": st.none() | st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=3),
+            "headers": st.none()
+            | st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "key": st.text(max_size=8).filter(lambda k: k != TAG_HEADER),
+                        "value": st.none() | st.binary(max_size=20),
+                    }
+                ),
+                min_size=1,
+                max_size=3,
+            ),
+        }
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+def table_of(records: list[dict], first_offset: int = 0) -> pa.Table:
+    return pa.table(
+        {
+            "offset": pa.array(range(first_offset, first_offset + len(records)), pa.int64()),
+            "key": pa.array([r["key"] for r in records], pa.binary()),
+            "value": pa.array([r["value"] for r in records], pa.binary()),
+            "timestamp": pa.array([r["timestamp"] for r in records], pa.int64()).cast(
+                pa.timestamp("ms", tz="UTC")
+            ),
+            "tags": pa.array([r["tags"] for r in records], pa.list_(pa.string())),
+            "headers": pa.array([r["headers"] for r in records], HEADERS),
+        },
+        schema=READ_SCHEMA,
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows, st.integers(0, 2**40))
+def test_encoded_batches_read_back_by_kio_and_by_us(records: list[dict], first_offset: int) -> None:
+    table = table_of(records, first_offset)
+    data = encode_batch(table)
+    batch, size = read_batch(memoryview(data), 0)  # kio: Kafka's format, record by record
+    assert size == len(data)
+    assert [r.offset for r in batch.records] == list(range(first_offset, first_offset + len(records)))
+    for record, expected in zip(batch.records, records, strict=True):
+        assert (record.key, record.value) == (expected["key"], expected["value"])
+        kafka_headers = [(h.key.decode(), h.value) for h in record.headers]
+        assert kafka_headers == [(h["key"], h["value"]) for h in expected["headers"] or []] + [
+            (TAG_HEADER, tag.encode()) for tag in expected["tags"] or []
+        ]
+    (decoded,) = decode_batches(data, max_uncompressed_bytes=LIMIT)
+    back = decoded.records
+    assert back.column("key").to_pylist() == [r["key"] for r in records]
+    assert back.column("value").to_pylist() == [r["value"] for r in records]
+    assert back.column("timestamp").cast(pa.int64()).to_pylist() == [r["timestamp"] for r in records]
+    assert back.column("tags").to_pylist() == [r["tags"] for r in records]
+    assert back.column("headers").to_pylist() == [r["headers"] for r in records]
+
+
+def compressed(data: bytes, codec: int, payload: bytes) -> bytes:
+    """``data`` (one uncompressed batch) with its records replaced by ``payload`` under ``codec``."""
+    out = bytearray(data[:61]) + payload
+    struct.pack_into(">i", out, 8, len(out) - 12)
+    struct.pack_into(">h", out, 21, codec)
+    struct.pack_into(">I", out, 17, crc32c(bytes(out[21:])))
+    return bytes(out)
+
+
+def sample() -> tuple[pa.Table, bytes]:
+    n = 500
+    table = table_of(
+        [
+            {
+                "key": b"k%d" % i,
+                "value": b"v" * (i % 50),
+                "timestamp": 1000 + i,
+                "tags": None,
+                "headers": None,
+            }
+            for i in range(n)
+        ]
+    )
+    return table, encode_batch(table)
+
+
+def xerial(raw: bytes) -> bytes:
+    head = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
+    blocks = b""
+    for start in range(0, len(raw), 4096):
+        block = bytes(cramjam.snappy.compress_raw(raw[start : start + 4096]))
+        blocks += struct.pack(">i", len(block)) + block
+    return head + blocks
+
+
+@pytest.mark.parametrize(
+    ("codec", "compress"),
+    [
+        (1, gzip.compress),
+        (2, lambda raw: bytes(cramjam.snappy.compress_raw(raw))),  # librdkafka: raw snappy
+        (2, xerial),  # Java clients: xerial framing
+        (3, lambda raw: bytes(cramjam.lz4.compress(raw))),
+        (4, lambda raw: bytes(cramjam.zstd.compress(raw))),
+    ],
+)
+def test_every_codec_decodes(codec: int, compress) -> None:
+    table, data = sample()
+    (decoded,) = decode_batches(compressed(data, codec, compress(data[61:])), max_uncompressed_bytes=LIMIT)
+    assert decoded.records.equals(table.drop_columns(["offset"]).replace_schema_metadata(None)) or (
+        decoded.records.column("value").equals(table.column("value"))
+        and decoded.records.column("key").equals(table.column("key"))
+    )
+
+
+@pytest.mark.parametrize("codec", [1, 3, 4])
+def test_a_decompression_bomb_is_refused_within_the_limit(codec: int) -> None:
+    _, data = sample()
+    raw = data[61:] + b"\x00" * (4 * LIMIT)
+    compress = {
+        1: gzip.compress,
+        3: lambda r: bytes(cramjam.lz4.compress(r)),
+        4: lambda r: bytes(cramjam.zstd.compress(r)),
+    }
+    with pytest.raises(InvalidRecordBatch, match="limit"):
+        decode_batches(compressed(data, codec, compress[codec](raw)), max_uncompressed_bytes=LIMIT)
+
+
+def test_corruption_is_refused() -> None:
+    _, data = sample()
+    flipped = bytearray(data)
+    flipped[200] ^= 1
+    with pytest.raises(InvalidRecordBatch, match="CRC"):
+        decode_batches(bytes(flipped), max_uncompressed_bytes=LIMIT)
+    with pytest.raises(InvalidRecordBatch):
+        decode_batches(data[:-3], max_uncompressed_bytes=LIMIT)
+    wrong_count = bytearray(data)
+    struct.pack_into(">i", wrong_count, 23, 599)  # last_offset_delta
+    struct.pack_into(">i", wrong_count, 57, 600)  # record_count: 100 more than there are
+    struct.pack_into(">I", wrong_count, 17, crc32c(bytes(wrong_count[21:])))
+    with pytest.raises(InvalidRecordBatch):
+        decode_batches(bytes(wrong_count), max_uncompressed_bytes=LIMIT)
+
+
+def test_fixed_size_runs_and_varied_sizes_find_the_same_records() -> None:
+    sizes = [100] * 300 + [7, 300, 0] + [100] * 200 + list(np.random.default_rng(1).integers(0, 200, 300))
+    table = table_of(
+        [{"key": None, "value": b"x" * int(s), "timestamp": 5, "tags": None, "headers": None} for s in sizes]
+    )
+    (decoded,) = decode_batches(encode_batch(table), max_uncompressed_bytes=LIMIT)
+    assert [len(v) for v in decoded.records.column("value").to_pylist()] == [int(s) for s in sizes]

@@ -184,6 +184,15 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     (["security", "revoke-cert", "--fingerprint", "ab" * 32, META], 2, "not secured", None),
     (["security", "revoked", CLOSED], 1, "unavailable", None),
     (["acl"], 2, "required", None),
+    (["kafka-gateway", "--port", "abc"], 2, "--port", None),
+    (["kafka-gateway", "--host", "0.0.0.0"], 2, "--insecure", None),
+    (
+        ["quota", "set", "--principal", "user:a", "--produce-bytes-per-s", "-1", META],
+        2,
+        "--produce-bytes-per-s",
+        None,
+    ),
+    (["quota", "remove", META], 2, "--principal", None),
     (["acl", "add", "--topic", "t", "--operation", "read"], 2, "--principal", None),
     (
         ["acl", "add", "--principal", "alice", "--topic", "t", "--operation", "read", META],

@@ -9,6 +9,6 @@ Kafka's RecordBatch v2 and the Arrow record schema in ``_records``.
 See docs/kafka.md.
 """
 
-from ._server import BROKER_ID, Connection, Gateway, GatewaySettings, run_gateway
+from ._server import BROKER_ID, Connection, Gateway, GatewaySettings, GatewayThread, run_gateway
 
-__all__ = ["BROKER_ID", "Connection", "Gateway", "GatewaySettings", "run_gateway"]
+__all__ = ["BROKER_ID", "Connection", "Gateway", "GatewaySettings", "GatewayThread", "run_gateway"]

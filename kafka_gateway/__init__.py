@@ -4,11 +4,14 @@
 :class:`Gateway` is the asyncio server (``_server``), whose dispatch table
 (``_protocol.ApiTable``) each part fills: ``_metadata`` (ApiVersions,
 Metadata, CreateTopics, DeleteTopics), ``_produce`` (Produce,
-InitProducerId), ``_fetch`` (Fetch, ListOffsets). Records convert between
+InitProducerId), ``_fetch`` (Fetch, ListOffsets), ``_groups`` (the consumer
+group coordinator and committed offsets; ``_peers`` picks each group's
+coordinator among several gateways). :class:`GatewayThread` serves a gateway
+inside another process (``robustmq server --kafka-port``). Records convert between
 Kafka's RecordBatch v2 and the Arrow record schema in ``_records``.
 See docs/kafka.md.
 """
 
-from ._server import BROKER_ID, Connection, Gateway, GatewaySettings, run_gateway
+from ._server import BROKER_ID, Connection, Gateway, GatewaySettings, GatewayThread, run_gateway
 
-__all__ = ["BROKER_ID", "Connection", "Gateway", "GatewaySettings", "run_gateway"]
+__all__ = ["BROKER_ID", "Connection", "Gateway", "GatewaySettings", "GatewayThread", "run_gateway"]

@@ -1,9 +1,10 @@
 """ApiVersions, Metadata, CreateTopics, DeleteTopics: what a Kafka client asks before it reads or writes.
 
-Metadata names one broker, the gateway itself (node id ``BROKER_ID`` at its
-advertised address), as every partition's leader and only replica and as
-the controller, so clients send everything to the gateway they were given
-(AdminClient sends CreateTopics to the controller). Topic ids (Metadata v10+)
+Metadata names every live gateway as a broker (``_peers``: alone, the gateway
+is node id ``BROKER_ID``), and the gateway answering as every partition's
+leader and only replica and as the controller, so clients send records and
+admin requests to the gateway they were given (AdminClient sends CreateTopics
+to the controller) and group requests to the group's coordinator. Topic ids (Metadata v10+)
 are a UUID derived from the topic's name and incarnation, so a topic deleted
 and created again under its name has a new id, as in Kafka. Topics are never
 created implicitly (``allow_auto_topic_creation`` is ignored): an unknown
@@ -60,6 +61,7 @@ async def _api_versions(connection: Any, header: RequestHeader, request: Any) ->
 async def _metadata(connection: Any, header: RequestHeader, request: Any) -> Any:
     gateway = connection.gateway
     client = gateway.client
+    own = gateway.peers.own.node_id
     module = response_module(3, header.api_version)
     wanted = request.topics
     if wanted is None or (header.api_version == 0 and not wanted):
@@ -84,10 +86,10 @@ async def _metadata(connection: Any, header: RequestHeader, request: Any) -> Any
                 module.MetadataResponsePartition,
                 error_code=ErrorCode.none,
                 partition_index=index,
-                leader_id=0,
+                leader_id=own,
                 leader_epoch=0,
-                replica_nodes=(0,),
-                isr_nodes=(0,),
+                replica_nodes=(own,),
+                isr_nodes=(own,),
                 offline_replicas=(),
             )
             for index in range(int(topic.config.partitions))
@@ -102,13 +104,16 @@ async def _metadata(connection: Any, header: RequestHeader, request: Any) -> Any
                 partitions=partitions,
             )
         )
-    host, port = gateway.advertised
+    brokers = tuple(
+        make(module.MetadataResponseBroker, node_id=b.node_id, host=b.host, port=b.port, rack=None)
+        for b in gateway.peers.live()
+    )
     return make(
         module.MetadataResponse,
         throttle_time=NO_THROTTLE,
-        brokers=(make(module.MetadataResponseBroker, node_id=0, host=host, port=port, rack=None),),
+        brokers=brokers,
         cluster_id=gateway.settings.cluster_id,
-        controller_id=0,
+        controller_id=own,
         topics=tuple(topics),
     )
 

@@ -1,12 +1,15 @@
 """The gateway process: an asyncio server speaking Kafka's protocol in front of a RobustMQ cluster.
 
-Stateless: everything it knows comes from the Meta Service and the storage
-nodes through one :class:`robustmq.Client`, so any number of gateways can
-serve side by side and a restarted one has nothing to recover. Each answers
-Metadata with itself as the only broker (node id :data:`BROKER_ID`, at its
-``advertise`` address) and as the controller, and as the leader of every
-partition: Kafka clients send everything to the gateway they were given, and
-the gateway routes each partition to its leader node.
+Stateless but for consumer groups' membership: everything else it knows
+comes from the Meta Service and the storage nodes through one
+:class:`robustmq.Client`, so any number of gateways can serve side by side.
+Each answers Metadata with every live gateway as a broker (``_peers``; alone
+it is node id :data:`BROKER_ID`), itself as the controller and as the leader
+of every partition: Kafka clients send records to the gateway they were
+given, and the gateway routes each partition to its leader node. The group
+coordinator (``_groups``) keeps the members of the groups that hash to this
+gateway in memory (a restart loses the rebalance in flight; committed offsets
+are in the Meta Service).
 
 Per connection (Kafka's own rule, ``SocketServer``): one request is handled
 at a time, in the order sent (read, handle, write, drain), which keeps a
@@ -22,8 +25,9 @@ Blocking cluster calls (the client is thread-based) run in a bounded thread
 pool (``workers``); the event loop only moves bytes and converts records.
 
 Thread-safety: the loop's state is touched only on the loop; the client is
-thread-safe. Crash behaviour: none kept; clients reconnect and retry (an
-idempotent Kafka producer's retried batch is stored once, see ``_produce``).
+thread-safe. Crash behaviour: nothing on disk; clients reconnect and retry (an
+idempotent Kafka producer's retried batch is stored once, see ``_produce``;
+group members rejoin and resume from their committed offsets).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import contextlib
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,6 +45,7 @@ from typing import Any, TypeVar
 
 from robustmq._hosts import join_host_port
 
+from ._peers import Peers
 from ._protocol import (
     API_VERSIONS_KEY,
     ApiTable,
@@ -53,7 +59,7 @@ from ._protocol import (
     read_body,
 )
 
-__all__ = ["BROKER_ID", "Connection", "Gateway", "GatewaySettings", "run_gateway"]
+__all__ = ["BROKER_ID", "Connection", "Gateway", "GatewaySettings", "GatewayThread", "run_gateway"]
 
 log = logging.getLogger("robustmq.kafka_gateway")
 
@@ -71,7 +77,9 @@ class GatewaySettings:
     ``max_uncompressed_bytes``: the largest decompressed batch;
     ``max_connections``: connections past it are closed at once;
     ``workers``: threads for cluster calls; ``write_timeout_s``: how long an
-    answer may wait for a client that does not read it.
+    answer may wait for a client that does not read it; ``peers``: the other
+    gateways' advertised ``host:port`` (``_peers``); ``initial_rebalance_delay_s``:
+    how long a new group's first rebalance waits for more members (``_groups``).
     """
 
     host: str = "127.0.0.1"
@@ -84,6 +92,8 @@ class GatewaySettings:
     workers: int = 32
     write_timeout_s: float = 30.0
     cluster_id: str = "robustmq"
+    peers: tuple[str, ...] = ()
+    initial_rebalance_delay_s: float = 0.3
 
 
 @dataclass(slots=True)
@@ -102,15 +112,19 @@ class Gateway:
     """The dispatch table, the cluster client and the thread pool; see the module docstring."""
 
     def __init__(self, client: Any, settings: GatewaySettings) -> None:
-        from . import _fetch, _metadata, _produce
+        from . import _fetch, _groups, _metadata, _produce
 
         self.client = client
         self.settings = settings
         self.table = ApiTable()
-        for part in (_metadata, _produce, _fetch):
+        for part in (_metadata, _produce, _fetch, _groups):
             part.register(self.table)
+        self.coordinator = _groups.Coordinator(
+            _groups.GroupSettings(initial_rebalance_delay_s=settings.initial_rebalance_delay_s)
+        )
         self._executor = ThreadPoolExecutor(settings.workers, thread_name_prefix="rmq-kafka")
         self._server: asyncio.Server | None = None
+        self.peers: Peers = Peers(self.advertised, ())  # the real list once the port is bound
         self._connections: set[asyncio.StreamWriter] = set()
 
     @property
@@ -133,8 +147,13 @@ class Gateway:
         self._server = await asyncio.start_server(
             self._serve, self.settings.host, self.settings.port, limit=256 * 1024
         )
+        self.peers = Peers(self.advertised, self.settings.peers)
+        self.peers.start()
+        self.coordinator.start()
 
     async def stop(self) -> None:
+        await self.peers.stop()
+        await self.coordinator.stop()
         if self._server is not None:
             self._server.close()
         for writer in list(self._connections):
@@ -238,3 +257,62 @@ def run_gateway(*, meta_address: str, settings: GatewaySettings, timeout_s: floa
         client.close()
     sys.stdout.flush()
     return 0
+
+
+class GatewayThread:
+    """A gateway served by an event loop in a thread of this process (``robustmq server --kafka-port``).
+
+    ``start`` returns once it listens (or raises what stopped it, e.g. a port
+    taken); ``stop`` closes it and joins the thread, within ``timeout_s``.
+    """
+
+    def __init__(self, meta_address: str, settings: GatewaySettings, *, timeout_s: float = 30.0) -> None:
+        self._meta_address, self._settings, self._timeout_s = meta_address, settings, timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rmq-kafka-gateway", daemon=True)
+        self.address = ""
+
+    def start(self) -> GatewayThread:
+        self._thread.start()
+        if not self._started.wait(self._timeout_s):
+            raise TimeoutError(f"the Kafka gateway did not start within {self._timeout_s}s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # its loop already ended
+                self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(self._timeout_s)
+
+    def _run(self) -> None:
+        import robustmq
+
+        try:
+            client = robustmq.connect(self._meta_address, timeout_s=self._timeout_s)
+        except BaseException as error:
+            self._error = error
+            self._started.set()
+            return
+        try:
+            asyncio.run(self._main(client))
+        except BaseException as error:
+            self._error = error
+        finally:
+            self._started.set()
+            client.close()
+
+    async def _main(self, client: Any) -> None:
+        gateway = Gateway(client, self._settings)
+        await gateway.start()
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self.address = join_host_port(*gateway.advertised)
+        self._started.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await gateway.stop()

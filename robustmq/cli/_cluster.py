@@ -18,7 +18,9 @@ passed on to the children, which check protected mode themselves.
 member, on loopback only (``etcd/``, ``logs/etcd.log``), then ``--meta-replicas``
 Meta Services on it (``meta-0/``, ``meta-1/``..., ports from ``--meta-port`` on),
 which elect a leader; the nodes and this process are given all their addresses
-and follow the leader. Stopping goes nodes, Meta Services, etcd.
+and follow the leader. ``--kafka-port P`` adds a Kafka gateway process
+(``robustmq kafka-gateway``, ``logs/kafka-gateway.log``) on ``P``, started
+after the nodes. Stopping goes Kafka gateway, nodes, Meta Services, etcd.
 
 Life cycle:
 
@@ -27,10 +29,10 @@ Life cycle:
    parent-death signal, so a ``kill -9`` of this process does not leave them
    running;
 2. ``ready`` is printed once the Meta Service lists every node alive at the
-   address it was given (after one line per server with its address, pid and
-   log); a child that exits before that fails the start (exit 1, its last
-   log line on stderr), and so does a start that takes longer than
-   :data:`START_TIMEOUT_S`;
+   address it was given and the Kafka gateway (if any) accepts connections
+   (after one line per server with its address, pid and log); a child that
+   exits before that fails the start (exit 1, its last log line on stderr),
+   and so does a start that takes longer than :data:`START_TIMEOUT_S`;
 3. while running, a child that exits is reported on stderr, once; the others
    keep running (that is how a failover is watched);
 4. SIGTERM, SIGINT or SIGHUP stop it: SIGTERM to the nodes, then to the Meta
@@ -56,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from robustmq._hosts import join_host_port, reachable, unbracket
+from robustmq._hosts import join_host_port, reachable, split_host_port, unbracket
 from robustmq._ready import announce_ready
 from robustmq.cli._embedded import admin_exports, default_tier_url, secure_credentials
 from robustmq.errors import InvalidConfig, RobustMQError
@@ -79,7 +81,7 @@ class _Child:
     address: str
     args: list[str]
     log_path: Path
-    kind: str = "node"  # "etcd", "meta" or "node": the order they start in, reversed to stop
+    kind: str = "node"  # "etcd", "meta", "node" or "gateway": the order they start in, reversed to stop
     executable: list[str] | None = None  # None: a robustmq command
     process: subprocess.Popen[bytes] | None = None
     log: IO[bytes] | None = field(default=None, repr=False)
@@ -216,8 +218,10 @@ def _children(
     credentials: Path | None = None,
     store: str = "rocksdb",
     metrics_ports: list[int] | None = None,
+    kafka_port: int | None = None,
 ) -> list[_Child]:
-    """etcd (``store`` "etcd"), the Meta Services (one per port) and the nodes; ``binding``:
+    """etcd (``store`` "etcd"), the Meta Services (one per port), the nodes and, with
+    ``kafka_port``, a Kafka gateway on that port (docs/kafka.md); ``binding``:
     (``--advertise-host``, ``--insecure``); ``credentials``: a ``robustmq security init``
     directory (a secured cluster); ``metrics_ports``: each Meta Service's, then each node's
     metrics port (None: no metrics)."""
@@ -276,7 +280,13 @@ def _children(
     for child, metrics_port in zip([*metas, *nodes], metrics_ports or [], strict=False):
         child.args += ["--metrics-port", str(metrics_port)]
         child.metrics = f"http://{join_host_port(reachable(host), metrics_port)}/metrics"
-    return [*servers, *metas, *nodes]
+    gateways = []
+    if kafka_port is not None:
+        address = join_host_port(advertise_host or reachable(host), kafka_port)
+        args = ["kafka-gateway", *also, "--host", host, "--port", str(kafka_port), "--meta", meta_address]
+        args += ["--advertise", address]
+        gateways.append(_Child("kafka-gateway", address, args, logs / "kafka-gateway.log", kind="gateway"))
+    return [*servers, *metas, *nodes, *gateways]
 
 
 def _named(data_dir: Path, name: str, fresh_cluster: bool) -> list[str]:
@@ -316,6 +326,7 @@ def _wait_ready(
 
     metas = [child for child in children if child.kind == "meta"]
     nodes = [child for child in children if child.kind == "node"]
+    gateways = [child for child in children if child.kind == "gateway"]
     wanted = {node.address for node in nodes}
     deadline = time.monotonic() + START_TIMEOUT_S
     meta_address = ",".join(meta.address for meta in metas)
@@ -332,7 +343,7 @@ def _wait_ready(
             except RobustMQError:  # not listening yet
                 ids = {}
             alive = set(ids)
-            if wanted <= alive:
+            if wanted <= alive and all(_listening(child.address) for child in gateways):
                 return ids
             if time.monotonic() > deadline:
                 missing = ", ".join(node.name for node in nodes if node.address not in alive)
@@ -344,10 +355,19 @@ def _wait_ready(
     return None
 
 
+def _listening(address: str) -> bool:
+    host, port = split_host_port(address)
+    try:
+        with socket.create_connection((host, port or 0), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 def _stop(children: list[_Child]) -> None:
-    """SIGTERM the nodes, then the Meta Services (they outlive the nodes' last heartbeats), then
-    etcd, by pid; SIGKILL whatever has not exited after :data:`STOP_WAIT_S`."""
-    for kind in ("node", "meta", "etcd"):
+    """SIGTERM the Kafka gateway, the nodes, then the Meta Services (they outlive the nodes' last
+    heartbeats), then etcd, by pid; SIGKILL whatever has not exited after :data:`STOP_WAIT_S`."""
+    for kind in ("gateway", "node", "meta", "etcd"):
         group = [child for child in children if child.kind == kind]
         running = [child for child in group if child.process is not None and child.exited() is None]
         for child in running:
@@ -413,6 +433,7 @@ def run_cluster(
     meta_replicas: int = 1,
     store: str = "rocksdb",
     metrics_port: int | None = None,
+    kafka_port: int | None = None,
 ) -> int:
     """Run the cluster until a stop signal; the exit code (0 after a stop, 1 if it could not start).
 
@@ -423,7 +444,8 @@ def run_cluster(
     ``meta_replicas`` Meta Services on it that elect a leader; the nodes get all their
     addresses. Several Meta Services need ``store`` "etcd" (they share nothing else).
     ``metrics_port``: the Meta Services serve Prometheus metrics from there on, then the nodes
-    (0: free ports); each server's line names its endpoint.
+    (0: free ports); each server's line names its endpoint. ``kafka_port``: a Kafka gateway
+    (``robustmq kafka-gateway``) on that port too (0: a free one).
     """
     if meta_replicas > 1 and store != "etcd":
         raise InvalidConfig(
@@ -436,6 +458,12 @@ def run_cluster(
             "robustmq cluster does not secure etcd yet: use --store etcd without --secure, or start "
             "etcd and the Meta Services yourself (docs/operators.md)",
             field="store",
+        )
+    if secure and kafka_port is not None:
+        raise InvalidConfig(
+            "--kafka-port cannot be used with --secure yet: the Kafka gateway has no TLS or SASL "
+            "listener (docs/kafka.md)",
+            field="kafka_port",
         )
     meta_ports, node_ports = _ports(host, meta_port, base_port, nodes, meta_replicas)
     metrics_ports = _metrics_ports(host, metrics_port, len(meta_ports) + nodes, [*meta_ports, *node_ports])
@@ -458,6 +486,7 @@ def run_cluster(
         credentials,
         store,
         metrics_ports,
+        _free_port(host) if kafka_port == 0 else kafka_port,
     )
     try:
         with _stop_signals(stop):

@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from robustmq._hosts import is_wildcard, join_host_port, reachable
 from robustmq._ready import announce_ready
@@ -220,10 +220,13 @@ def run_server(
     credentials: Path | None = None,
     super_users: tuple[str, ...] = ("user:admin",),
     metrics_port: int | None = None,
+    kafka_port: int | None = None,
 ) -> int:
     """Run an embedded cluster until SIGTERM/SIGINT; print ``ready`` once it serves.
 
     ``metrics_port``: both servers' Prometheus metrics on ``http://host:metrics_port/metrics``.
+    ``kafka_port``: a Kafka gateway (docs/kafka.md) in this process too, on ``host`` and that
+    port (0: a free one); refused with ``credentials`` (the gateway has no TLS or SASL yet).
 
     ``credentials``: secured, with the certificates in that directory (made on the
     first start); the admin's environment is printed before ``ready``.
@@ -250,13 +253,24 @@ def run_server(
         super_users=super_users,
         metrics_port=metrics_port,
     )
+    if kafka_port is not None and credentials is not None:
+        print(_KAFKA_UNSECURED, file=sys.stderr, flush=True)
+        return 2
+    gateway = None
     try:
         if credentials is not None:
             secure_credentials(credentials, 1, (host, advertise_host))
         cluster.start()
+        if kafka_port is not None:
+            gateway = _start_kafka_gateway(cluster.meta_address, host, advertise_host, kafka_port)
     except RobustMQError as error:
         print(f"robustmq server: cannot start: {error.message}", file=sys.stderr, flush=True)
+        cluster.stop()
         return 2 if isinstance(error, ObjectStoreError) else 1
+    except OSError as error:  # the Kafka port is taken
+        print(f"robustmq server: cannot start the Kafka gateway: {error}", file=sys.stderr, flush=True)
+        cluster.stop()
+        return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.info(
         "Meta Service on %s, storage node on %s, data in %s",
@@ -266,6 +280,8 @@ def run_server(
     )
     if cluster.metrics is not None:
         log.info("metrics on %s", cluster.metrics.address)
+    if gateway is not None:
+        log.info("Kafka gateway on %s", gateway.address)
     from robustmq.storage_node.node._node import tune_for_serving
 
     tune_for_serving()
@@ -273,5 +289,21 @@ def run_server(
         print(admin_exports(credentials, cluster.meta_address), flush=True)
     announce_ready()
     stop.wait()
+    if gateway is not None:
+        gateway.stop()
     cluster.stop()
     return 0
+
+
+_KAFKA_UNSECURED = (
+    "robustmq server: --kafka-port cannot be used with a secured server yet: the Kafka gateway has no "
+    "TLS or SASL listener (docs/kafka.md)"
+)
+
+
+def _start_kafka_gateway(meta_address: str, host: str, advertise_host: str | None, port: int) -> Any:
+    from robustmq.kafka_gateway import GatewaySettings, GatewayThread
+
+    advertised = advertise_host or reachable(host)
+    settings = GatewaySettings(host=host, port=port, advertise_host=advertised)
+    return GatewayThread(meta_address, settings).start()

@@ -540,7 +540,36 @@ def _run_server(args: argparse.Namespace) -> int:
         tier_cache_bytes=args.tier_cache_bytes,
         credentials=Path(args.credentials or Path(args.data_dir) / "credentials") if secure else None,
         metrics_port=args.metrics_port,
+        kafka_port=args.kafka_port,
     )
+
+
+def _kafka_port_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--kafka-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help=f"also serve Kafka's wire protocol on PORT ({what}, as robustmq kafka-gateway; 0 picks a free "
+        "port; off unless given; docs/kafka.md)",
+    )
+
+
+def _peer_list(text: str) -> tuple[str, ...]:
+    from robustmq._hosts import join_host_port, split_host_port
+
+    peers = []
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        try:
+            host, port = split_host_port(item)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        if port is None:
+            raise argparse.ArgumentTypeError(f"a peer needs HOST:PORT, got {item.strip()!r}")
+        peers.append(join_host_port(host, port))
+    return tuple(peers)
 
 
 def _run_kafka_gateway(args: argparse.Namespace) -> int:
@@ -557,6 +586,8 @@ def _run_kafka_gateway(args: argparse.Namespace) -> int:
         advertise_port=advertise_port,
         max_connections=args.max_connections,
         max_frame_bytes=args.max_request_bytes,
+        peers=tuple(args.peers),
+        initial_rebalance_delay_s=args.initial_rebalance_delay_ms / 1000.0,
     )
     return run_gateway(meta_address=args.meta_address, settings=settings, timeout_s=args.timeout_s)
 
@@ -596,6 +627,7 @@ def _cluster(args: argparse.Namespace) -> int:
         meta_replicas=args.meta_replicas,
         store=args.store,
         metrics_port=args.metrics_port,
+        kafka_port=args.kafka_port,
     )
 
 
@@ -697,6 +729,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     _tier_cache_option(server)
     _secure_options(server)
     _metrics_option(server, "the Meta Service's and the node's, on one port")
+    _kafka_port_option(server, "a Kafka gateway in the server's process")
     server.set_defaults(handler=_run_server)
 
     cluster = commands.add_parser(
@@ -749,6 +782,7 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
     _tier_option(cluster, "file://DATA_DIR/tier")
     _tier_cache_option(cluster)
     _metrics_option(cluster, "the Meta Service's; node i's on PORT + 1 + i")
+    _kafka_port_option(cluster, "a Kafka gateway process")
     cluster.set_defaults(handler=_cluster)
 
     meta = commands.add_parser("meta", help="run the Meta Service")
@@ -826,6 +860,22 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         type=_bounded_int(1024, 1 << 30),
         default=64 * 1024 * 1024,
         help="the largest Kafka request accepted; a larger one closes its connection (default 64 MiB)",
+    )
+    gateway.add_argument(
+        "--peers",
+        type=_peer_list,
+        default=(),
+        metavar="HOST:PORT,...",
+        help="the other Kafka gateways' advertised addresses (give every gateway the same list; its own "
+        "may be in it): Metadata names the live ones and each group gets one coordinator among them",
+    )
+    gateway.add_argument(
+        "--initial-rebalance-delay-ms",
+        type=_bounded_int(0, 300_000),
+        default=300,
+        metavar="MS",
+        help="how long a new consumer group's first rebalance waits for more members (Kafka's "
+        "group.initial.rebalance.delay.ms; default 300)",
     )
     gateway.set_defaults(handler=_run_kafka_gateway)
 

@@ -228,9 +228,9 @@ def test_unsupported_versions_and_keys_are_answered_not_dropped(setup: Setup) ->
         assert (correlation, error) == (7, 35) and count >= 6
         keys = {struct.unpack_from(">hhh", answer, 10 + 6 * i)[0] for i in range(count)}
         assert {0, 1, 2, 3, 18, 19, 20, 22} <= keys
-        # JoinGroup (not served by this part): UNSUPPORTED_VERSION in its own schema
-        sock.sendall(_request(11, 5, 8, b"\x00\x00" * 8))
-        correlation, _throttle, error = struct.unpack_from(">iih", _read_answer(sock))
+        # JoinGroup v9 (above the versions served): UNSUPPORTED_VERSION in its own (flexible) schema
+        sock.sendall(_request(11, 9, 8, b"\x00\x00" * 8))
+        correlation, _tags, _throttle, error = struct.unpack_from(">ibih", _read_answer(sock))
         assert (correlation, error) == (8, 35)
         # a key no Kafka schema has: the error code alone, and the connection still serves
         sock.sendall(_request(999, 0, 9, b""))

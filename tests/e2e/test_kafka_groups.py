@@ -1,0 +1,314 @@
+"""Kafka consumer groups through the gateway, with real Kafka clients (confluent-kafka, kafka-python).
+
+One Meta Service and one storage node for the module; gateways are started per
+test (two, peered, for the several-gateway tests). Each test has its own topic
+and group.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e._cli import cli
+from tests.e2e._procs import Cluster, ServerProcess, free_port, wait_until
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka import Consumer, KafkaException, Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+
+LOGS: dict[str, Path] = {}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("kafka-groups")
+    LOGS["dir"] = root / "logs"
+    cluster = Cluster(root, log_dir=root / "logs").start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def start_gateway(cluster: Cluster, port: int, *extra: str, name: str = "gateway") -> ServerProcess:
+    gateway = ServerProcess(
+        [
+            "kafka-gateway",
+            "--meta",
+            cluster.meta_address,
+            "--port",
+            str(port),
+            "--initial-rebalance-delay-ms",
+            "200",
+            *extra,
+        ],
+        log_path=LOGS["dir"] / f"{name}-{port}.log",
+    )
+    gateway.start()
+    return gateway
+
+
+@pytest.fixture
+def gateway(cluster: Cluster) -> Iterator[str]:
+    port = free_port()
+    process = start_gateway(cluster, port)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.stop()
+
+
+def create_and_fill(bootstrap: str, topic: str, partitions: int, count: int, start: int = 0) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    if topic not in admin.list_topics(timeout=10).topics:
+        for future in admin.create_topics([NewTopic(topic, num_partitions=partitions)]).values():
+            future.result(30)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    failures: list[Any] = []
+    for i in range(start, start + count):
+        producer.produce(
+            topic,
+            key=str(i).encode(),
+            value=str(i).encode(),
+            partition=i % partitions,
+            on_delivery=lambda error, _m: failures.append(error) if error else None,
+        )
+    assert producer.flush(60) == 0 and not failures
+
+
+class Reads:
+    """Every read and every successful commit, in the order they happened (one thread)."""
+
+    def __init__(self) -> None:
+        self.read: dict[tuple[int, int], int] = {}  # (partition, offset) -> times read
+        self.committed: dict[int, int] = {}  # partition -> highest committed position
+        self.violations: list[str] = []
+
+    def record(self, consumer: Any, messages: list[Any]) -> None:
+        for message in messages:
+            assert message.error() is None, message.error()
+            where = (message.partition(), message.offset())
+            if where in self.read and self.committed.get(where[0], 0) > where[1]:
+                self.violations.append(
+                    f"{where} read again after position {self.committed[where[0]]} was committed"
+                )
+            self.read[where] = self.read.get(where, 0) + 1
+        if not messages:
+            return
+        try:
+            done = consumer.commit(asynchronous=False)
+        except KafkaException:  # refused (a rebalance fenced it): those reads may be read again
+            return
+        for tp in done or ():
+            if tp.error is None and tp.offset >= 0:
+                before = self.committed.get(tp.partition, 0)
+                if tp.offset < before:
+                    self.violations.append(f"partition {tp.partition} committed {tp.offset} after {before}")
+                self.committed[tp.partition] = max(before, tp.offset)
+
+
+def group_consumer(bootstrap: str, group: str, topic: str, **extra: Any) -> Any:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+            **extra,
+        }
+    )
+    consumer.subscribe([topic])
+    return consumer
+
+
+def poll_round(consumers: list[Any], reads: Reads) -> None:
+    for consumer in consumers:
+        reads.record(consumer, consumer.consume(500, 0.2))
+
+
+def assigned(consumers: list[Any]) -> set[int]:
+    return {tp.partition for consumer in consumers for tp in consumer.assignment()}
+
+
+def test_confluent_group_rebalances_commits_and_a_restarted_group_continues(
+    cluster: Cluster, gateway: str
+) -> None:
+    topic, group, partitions, count = "groups-confluent", "orders-app", 6, 30_000
+    create_and_fill(gateway, topic, partitions, count)
+    reads = Reads()
+    members = [group_consumer(gateway, group, topic) for _ in range(3)]
+    try:
+        # three members share the partitions
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+            assigned(members) == set(range(partitions)) and all(m.assignment() for m in members)
+        ):
+            poll_round(members, reads)
+        assert all(member.assignment() for member in members), "three members did not all get partitions"
+        while len(reads.read) < count // 3:
+            poll_round(members, reads)
+        # one leaves, one joins: a rebalance while records are being read
+        members.pop(0).close()
+        members.append(group_consumer(gateway, group, topic))
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and (
+            len(reads.read) < count or reads.committed != {p: count // partitions for p in range(partitions)}
+        ):
+            poll_round(members, reads)
+        assert all(member.assignment() for member in members), "the new member never got a partition"
+    finally:
+        for member in members:
+            member.close()
+    assert not reads.violations, reads.violations[:5]
+    assert set(reads.read) == {(i % partitions, i // partitions) for i in range(count)}  # every record read
+    assert reads.committed == {p: count // partitions for p in range(partitions)}
+
+    # the group's positions are the OffsetManager's: `robustmq groups` shows them
+    shown = cli("groups", "--meta", cluster.meta_address, "--group", group)
+    assert shown.returncode == 0, shown.stderr
+    rows = [line.split() for line in shown.stdout.splitlines() if line.startswith(group)]
+    assert {(row[1], int(row[2]), int(row[3])) for row in rows} == {
+        (topic, p, count // partitions) for p in range(partitions)
+    }
+
+    # a restarted group continues where it committed: nothing read twice, the new records read
+    create_and_fill(gateway, topic, partitions, 600, start=count)
+    later = Reads()
+    members = [group_consumer(gateway, group, topic) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(later.read) < 600:
+            poll_round(members, later)
+    finally:
+        for member in members:
+            member.close()
+    assert set(later.read) == {(i % partitions, i // partitions) for i in range(count, count + 600)}
+    assert all(times == 1 for times in later.read.values())
+
+
+def test_kafka_python_consumer_group(cluster: Cluster, gateway: str) -> None:
+    kafka = pytest.importorskip("kafka")
+    topic, group, partitions, count = "groups-kafka-python", "kp-app", 4, 2000
+    create_and_fill(gateway, topic, partitions, count)
+    options = dict(
+        bootstrap_servers=gateway,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=500,
+    )
+    seen: dict[tuple[int, int], int] = {}
+    consumers = [kafka.KafkaConsumer(topic, **options) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(seen) < count:
+            for consumer in consumers:
+                batch = consumer.poll(timeout_ms=200, max_records=500)
+                for records in batch.values():
+                    for record in records:
+                        seen[(record.partition, record.offset)] = (
+                            seen.get((record.partition, record.offset), 0) + 1
+                        )
+                if batch:
+                    consumer.commit()
+        assert all(consumer.assignment() for consumer in consumers)
+    finally:
+        for consumer in consumers:
+            consumer.close()
+    assert set(seen) == {(i % partitions, i // partitions) for i in range(count)}
+    assert all(times == 1 for times in seen.values())
+    # committed where it stopped, for robustmq and for Kafka clients alike
+    import robustmq
+
+    with robustmq.connect(cluster.meta_address) as client:
+        assert client.meta.fetch_offsets(group, topic) == {p: count // partitions for p in range(partitions)}
+    fresh = kafka.KafkaConsumer(topic, **options)
+    try:
+        wait_until(lambda: bool(fresh.poll(timeout_ms=200)) or bool(fresh.assignment()), 60)
+        assert {tp.partition: fresh.position(tp) for tp in fresh.assignment()} == {
+            p: count // partitions for p in range(partitions)
+        }
+    finally:
+        fresh.close()
+
+
+def test_two_gateways_agree_on_the_coordinator_and_the_group_survives_losing_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    ports = [free_port(), free_port()]
+    peers = ",".join(f"127.0.0.1:{port}" for port in ports)
+    gateways = [start_gateway(cluster, port, "--peers", peers, name="peer") for port in ports]
+    bootstraps = [f"127.0.0.1:{port}" for port in ports]
+    try:
+        topic, partitions, count = "groups-two-gateways", 4, 4000
+        create_and_fill(bootstraps[0], topic, partitions, count)
+        brokers = AdminClient({"bootstrap.servers": bootstraps[1]}).list_topics(timeout=10).brokers
+        assert sorted(b.port for b in brokers.values()) == sorted(ports)
+        assert len(brokers) == 2  # distinct broker ids
+        # a group whose coordinator is the first gateway, found through the second
+        group = next(
+            g for g in (f"app-{i}" for i in range(100)) if _coordinator_port(bootstraps[1], g) == ports[0]
+        )
+        assert _coordinator_port(bootstraps[0], group) == ports[0]
+        reads = Reads()
+        member = group_consumer(bootstraps[1], group, topic)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and len(reads.read) < count // 2:
+                poll_round([member], reads)
+            # the coordinator goes: the group moves to the second gateway and reads on from its commits
+            gateways[0].stop()
+            wait_until(lambda: _coordinator_port(bootstraps[1], group) == ports[1], 30)
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and len(reads.read) < count:
+                poll_round([member], reads)
+        finally:
+            member.close()
+        assert not reads.violations, reads.violations[:5]
+        assert set(reads.read) == {(i % partitions, i // partitions) for i in range(count)}
+    finally:
+        for process in gateways:
+            process.stop()
+
+
+def _coordinator_port(bootstrap: str, group: str) -> int:
+    """FindCoordinator v1 asked of ``bootstrap`` over a raw socket: the coordinator's port."""
+    import socket
+    import struct
+
+    from kio.schema.find_coordinator.v1.request import FindCoordinatorRequest
+    from kio.schema.find_coordinator.v1.response import FindCoordinatorResponse
+    from kio.serial import entity_reader, entity_writer
+    from kio.static.primitive import i8
+
+    class Buffer(bytearray):
+        def write(self, data: bytes) -> int:
+            self.extend(data)
+            return len(data)
+
+    body = Buffer()
+    entity_writer(FindCoordinatorRequest)(body, FindCoordinatorRequest(key=group, key_type=i8(0)))  # type: ignore[arg-type]
+    head = struct.pack(">hhih", 10, 1, 7, 4) + b"test"
+    frame = head + bytes(body)
+    host, port = bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(struct.pack(">i", len(frame)) + frame)
+        data = b""
+        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+            chunk = sock.recv(65536)
+            assert chunk
+            data += chunk
+    response, _ = entity_reader(FindCoordinatorResponse)(memoryview(data[8:]), 0)
+    assert response.error_code.value == 0, response
+    return int(response.port)

@@ -109,7 +109,8 @@ def kafka_consume(bootstrap: str, topic: str, count: int) -> float:
         start = time.perf_counter()
         deadline = start + 300
         while read < count and time.perf_counter() < deadline:
-            for message in consumer.consume(10_000, 1.0):
+            # never ask for more than is left: consume(n, timeout) waits out its timeout for n
+            for message in consumer.consume(min(10_000, count - read), 1.0):
                 if message.error() is None:
                     read += 1
         elapsed = time.perf_counter() - start

@@ -11,6 +11,19 @@ goes is kept on the connection and picked up by the client's next Fetch at
 the same offset, so a consumer that polls often costs each partition one
 long poll, not one per Fetch.
 
+Each partition read (:class:`_Read`) is sent from the pool and encoded into a
+RecordBatch in the pool the moment the node answers, so the event loop only
+waits and writes. When an answer carries a partition's records and the log
+holds more (next offset below the high watermark), the read at the next
+offset is started at once ("read ahead"): the client's next Fetch usually
+finds it encoded. A read is only ever answered for the offset it was started
+at (a client that seeks gets a fresh read; the old one is cancelled), and an
+empty long poll that ran out between two Fetches is started again rather
+than answered. Bounds: per connection at most one read per partition, read
+ahead at most ``read_ahead_bytes`` (and the request's ``max_bytes``) per
+answer, each node fetch at most ``max_fetch_partition_bytes``; reads are
+cancelled when their connection closes.
+
 Records go out as one uncompressed RecordBatch v2 per partition whose offsets
 are the log's (see ``_records``); no producer fields, ``CreateTime``
 timestamps. Fetch sessions (KIP-227) are not kept: the answer's
@@ -26,12 +39,14 @@ after it (the node's time index), or -1 if none.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from robustmq._frame import decode_frames
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq.errors import RobustMQError
+from robustmq.errors import RobustMQError, Unavailable
 
 from ._errors import kafka_error
 from ._protocol import NO_THROTTLE, Api, ApiTable, ErrorCode, RequestHeader, make, response_module
@@ -42,30 +57,97 @@ __all__ = ["register"]
 _EMPTY = b""
 
 
-def _start_fetches(gateway: Any, wanted: list[tuple[str, int, int, int]], wait_ms: int) -> list[Any]:
-    """A node fetch per ``(topic, partition, offset, max_bytes)`` (a future, or the error)."""
-    client = gateway.client
-    started: list[Any] = []
-    for topic, partition, offset, max_bytes in wanted:
+class _Read:
+    """One partition's node fetch and its encoding, run off the event loop.
+
+    ``result`` (a concurrent future) ends with ``(records, high watermark, log start, next
+    offset)``, the records already a Kafka RecordBatch, or with the error. The node's answer is
+    encoded in the pool as soon as it arrives, so a Fetch finds it ready to send.
+    """
+
+    __slots__ = ("_node", "gateway", "max_bytes", "offset", "partition", "result", "topic")
+
+    def __init__(self, gateway: Any, topic: str, partition: int, offset: int, max_bytes: int) -> None:
+        self.gateway = gateway
+        self.topic, self.partition, self.offset, self.max_bytes = topic, partition, offset, max_bytes
+        self.result: Future[tuple[bytes, int, int, int]] = Future()
+        self._node: Future[Any] | None = None
+
+    def send(self, wait_ms: int) -> None:
+        """Ask the node (in the pool: a route may need the Meta Service, a send a free slot)."""
+        if self.result.cancelled():
+            return
+        client = self.gateway.client
         try:
-            route = client.metadata.read_route(topic, partition, offset)
+            route = client.metadata.read_route(self.topic, self.partition, self.offset)
             request = pb.NodeRequest(
                 fetch=pb.FetchRequest(
                     shard=route.shard,
-                    offset=offset,
-                    max_bytes=max_bytes,
+                    offset=self.offset,
+                    max_bytes=self.max_bytes,
                     max_wait_ms=wait_ms,
                     incarnation=route.incarnation if route.incarnation >= 0 else None,
                 )
             )
             attempt_s = client.retry.attempt_s(client.timeout_s, wait_ms=wait_ms)
-            started.append(client.transport.request(route.address, request, timeout_s=attempt_s))
-        except RobustMQError as error:
-            started.append(error)
-    return started
+            self._node = client.transport.request(route.address, request, timeout_s=attempt_s)
+        except Exception as error:
+            _settle(self.result, error=error)
+            return
+        self._node.add_done_callback(self._arrived)
+
+    def _arrived(self, node: Future[Any]) -> None:  # on the transport's thread: hand over at once
+        if self.result.cancelled() or node.cancelled():
+            self.result.cancel()
+            return
+        try:
+            self.gateway.submit(self._encode, node)
+        except RuntimeError as error:  # the pool is shut down: the gateway is stopping
+            _settle(self.result, error=error)
+
+    def _encode(self, node: Future[Any]) -> None:
+        try:
+            encoded = _records_of(self.offset, node.result())
+        except Exception as error:
+            _settle(self.result, error=error)
+        else:
+            _settle(self.result, value=encoded)
+
+    def has_data(self) -> bool:
+        return (
+            self.result.done()
+            and not self.result.cancelled()
+            and self.result.exception() is None
+            and bool(self.result.result()[0])
+        )
+
+    def failed(self) -> bool:
+        return self.result.done() and (self.result.cancelled() or self.result.exception() is not None)
+
+    def empty(self) -> bool:
+        """Ended with no records (a long poll that ran out)."""
+        return self.result.done() and not self.failed() and not self.result.result()[0]
+
+    def cancel(self) -> None:
+        self.result.cancel()
+        if self._node is not None:
+            self._node.cancel()
 
 
-def _records_of(topic: str, partition: int, offset: int, reply: Any) -> tuple[bytes, int, int, int]:
+def _settle(future: Future[Any], *, value: Any = None, error: BaseException | None = None) -> None:
+    with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+
+def _send_all(reads: list[_Read], wait_ms: int) -> None:
+    for read in reads:
+        read.send(wait_ms)
+
+
+def _records_of(offset: int, reply: Any) -> tuple[bytes, int, int, int]:
     """``(records, high watermark, log start, next offset)`` of a node's fetch answer."""
     response, frames = reply
     fetch = response.fetch
@@ -82,57 +164,67 @@ async def _fetch(connection: Any, header: RequestHeader, request: Any) -> Any:
     wait_ms = max(0, int(request.max_wait.total_seconds() * 1000))
     deadline = time.monotonic() + wait_ms / 1000
     max_bytes = int(getattr(request, "max_bytes", 2**31 - 1))
+    node_max = min(max_bytes, gateway.settings.max_fetch_partition_bytes)
     wanted = [
-        (topic.topic, int(part.partition), int(part.fetch_offset), int(part.partition_max_bytes))
+        (
+            topic.topic,
+            int(part.partition),
+            int(part.fetch_offset),
+            min(int(part.partition_max_bytes), node_max),
+        )
         for topic in request.topics
         for part in topic.partitions
     ]
-    # node fetches: one per partition, kept on the connection while they wait
-    fresh = [w for w in wanted if (pending := connection.fetches.get(w[:2])) is None or pending[0] != w[2]]
-    asks = [(topic, partition, offset, min(limit, max_bytes)) for topic, partition, offset, limit in fresh]
-    started_all = await gateway.call(_start_fetches, gateway, asks, wait_ms)
-    for (topic, partition, offset, _), started in zip(fresh, started_all, strict=True):
-        old = connection.fetches.pop((topic, partition), None)
-        if old is not None and hasattr(old[1], "cancel"):
-            old[1].cancel()
-        connection.fetches[(topic, partition)] = (offset, started)
-    wrapped = {
-        key: asyncio.wrap_future(future)
-        for key, (_, future) in connection.fetches.items()
-        if hasattr(future, "add_done_callback")
-    }
-    keys = [w[:2] for w in wanted]
-    while True:
-        outcomes = [connection.fetches[key][1] for key in keys]
-        if any(_has_data(o) or _failed(o) for o in outcomes):
-            break
-        waiting = [wrapped[key] for key, o in zip(keys, outcomes, strict=True) if not o.done()]
+    # one read per partition, kept on the connection: a long poll still waiting, or a read ahead
+    # started when the previous answer went, is picked up here if it is at the asked offset
+    reads: list[_Read] = []
+    fresh: list[_Read] = []
+    for topic, partition, offset, limit in wanted:
+        kept = connection.fetches.get((topic, partition))
+        read = None if kept is None else kept[1]
+        if read is None or read.offset != offset or read.failed() or read.empty():
+            if read is not None:
+                read.cancel()
+            read = _Read(gateway, topic, partition, offset, max(1, limit))
+            connection.fetches[(topic, partition)] = (offset, read)
+            fresh.append(read)
+        reads.append(read)
+    if fresh:
+        gateway.submit(_send_all, fresh, wait_ms)
+    while not any(read.has_data() or read.failed() for read in reads):
+        waiting = [read.result for read in reads if not read.result.done()]
         remaining = deadline - time.monotonic()
         if not waiting or remaining <= 0:
             break
-        await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            [asyncio.wrap_future(future) for future in waiting],
+            timeout=remaining,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
     # answer with what arrived, within max_bytes; what did not stays pending for the next Fetch
     by_topic: dict[str, list[Any]] = {}
     sent = 0
-    for topic, partition, offset, _ in wanted:
-        entry = connection.fetches[(topic, partition)]
-        outcome = entry[1]
+    ahead: list[_Read] = []
+    ahead_budget = min(max_bytes, gateway.settings.read_ahead_bytes)
+    for read in reads:
+        topic, partition = read.topic, read.partition
         records, code, high_watermark, log_start = _EMPTY, ErrorCode.none, -1, -1
-        if _failed(outcome):
-            error = outcome if isinstance(outcome, BaseException) else outcome.exception()
+        if read.failed():
             connection.fetches.pop((topic, partition), None)
-            code = kafka_error(error)
+            error = None if read.result.cancelled() else read.result.exception()
+            code = kafka_error(error or Unavailable("the read was cancelled"))
             if code != ErrorCode.offset_out_of_range:
                 client.metadata.invalidate(topic, partition)
-        elif outcome.done() and (sent == 0 or sent < max_bytes):
+        elif read.result.done() and (sent == 0 or sent < max_bytes):
             connection.fetches.pop((topic, partition), None)
-            try:
-                records, high_watermark, log_start, _next = await gateway.call(
-                    _records_of, topic, partition, offset, outcome.result()
-                )
-            except RobustMQError as error:
-                code = kafka_error(error)
+            records, high_watermark, log_start, next_offset = read.result.result()
             sent += len(records)
+            if records and next_offset < high_watermark and ahead_budget >= read.max_bytes:
+                # more is there: read it now, so the client's next Fetch finds it encoded
+                ahead_budget -= read.max_bytes
+                follow = _Read(gateway, topic, partition, next_offset, read.max_bytes)
+                connection.fetches[(topic, partition)] = (next_offset, follow)
+                ahead.append(follow)
         by_topic.setdefault(topic, []).append(
             make(
                 module.PartitionData,
@@ -146,6 +238,8 @@ async def _fetch(connection: Any, header: RequestHeader, request: Any) -> Any:
                 records=records,
             )
         )
+    if ahead:
+        gateway.submit(_send_all, ahead, wait_ms)
     return make(
         module.FetchResponse,
         throttle_time=NO_THROTTLE,
@@ -155,21 +249,6 @@ async def _fetch(connection: Any, header: RequestHeader, request: Any) -> Any:
             make(module.FetchableTopicResponse, topic=topic, partitions=tuple(parts))
             for topic, parts in by_topic.items()
         ),
-    )
-
-
-def _failed(outcome: Any) -> bool:
-    return isinstance(outcome, BaseException) or (outcome.done() and outcome.exception() is not None)
-
-
-def _has_data(outcome: Any) -> bool:
-    if isinstance(outcome, BaseException) or not outcome.done() or outcome.exception() is not None:
-        return False
-    response, _frames = outcome.result()
-    return (
-        bool(response.fetch.next_offset > response.fetch.start_offset)
-        if response.HasField("fetch")
-        else False
     )
 
 

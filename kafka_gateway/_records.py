@@ -446,49 +446,84 @@ def _zigzag(values: np.ndarray) -> np.ndarray:
 
 
 def _widths(raw: np.ndarray) -> np.ndarray:
+    """The bytes of each varint (raw: zigzagged, unsigned)."""
     widths = np.ones(len(raw), np.int64)
+    top = int(raw.max()) if len(raw) else 0
     for k in range(1, 10):
+        if top < 1 << (7 * k):
+            break
         widths += raw >= np.uint64(1) << np.uint64(7 * k)
     return widths
 
 
-def _write_varints(out: np.ndarray, positions: np.ndarray, raw: np.ndarray, widths: np.ndarray) -> None:
-    for k in range(int(widths.max()) if len(widths) else 0):
-        rows = widths > k
-        chunk = (raw[rows] >> np.uint64(7 * k)) & np.uint64(0x7F)
-        more = np.where(widths[rows] > k + 1, np.uint64(0x80), np.uint64(0))
-        out[positions[rows] + k] = (chunk | more).astype(np.uint8)
-
-
-def _binary_parts(array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(data bytes, starts, lengths with -1 for null)`` of a binary or string array."""
+def _lengths(array: pa.Array) -> np.ndarray:
+    """Each value's length in bytes, -1 for null, of a binary or string array."""
     count = len(array)
-    buffers = array.buffers()
-    offsets = np.frombuffer(buffers[1], np.int32, count + 1, array.offset * 4).astype(np.int64)
-    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.empty(0, np.uint8)
-    lengths = np.diff(offsets)
+    offsets = np.frombuffer(array.buffers()[1], np.int32, count + 1, array.offset * 4)
+    lengths = np.diff(offsets).astype(np.int64)
     if array.null_count:
-        lengths = np.where(array.is_valid().to_numpy(zero_copy_only=False), lengths, -1)
-    return data, offsets[:-1], lengths
+        lengths[~array.is_valid().to_numpy(zero_copy_only=False)] = -1
+    return lengths
 
 
-def _scatter(
-    out: np.ndarray, destinations: np.ndarray, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray
-) -> None:
-    sizes = np.maximum(lengths, 0)
-    offsets = np.zeros(len(sizes) + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    if offsets[-1] == 0:
-        return
-    first, total = int(starts[0]), int(offsets[-1])
-    if int(starts[-1]) + int(sizes[-1]) - first != total:  # null slots with bytes behind them
-        out[_gather_index(destinations, sizes, offsets)] = data[_gather_index(starts, sizes, offsets)]
-        return
-    source = data[first : first + total]  # Arrow data: contiguous, in order
-    if bool((sizes == sizes[0]).all()):
-        out[destinations[:, None] + np.arange(int(sizes[0]))] = source.reshape(len(sizes), int(sizes[0]))
+class _Varint:
+    """A column of varints: raw (zigzagged) values and their widths; ``None`` raw is a zero byte."""
+
+    __slots__ = ("raw", "widths")
+
+    def __init__(self, values: np.ndarray | None, count: int) -> None:
+        self.raw = None if values is None else _zigzag(values)
+        self.widths = np.ones(count, np.int64) if self.raw is None else _widths(self.raw)
+
+
+def _varint_piece(fields: list[_Varint], count: int) -> tuple[pa.Array, np.ndarray]:
+    """``(binary array, sizes)``: per row, the varints of ``fields`` one after the other.
+
+    Every byte a field may take is computed for all rows at once into a rows x bytes matrix
+    with a mask of the bytes each row uses; the mask then compacts it in row order.
+    """
+    columns: list[np.ndarray] = []
+    used: list[np.ndarray | None] = []  # None: every row uses it
+    sizes = np.zeros(count, np.int64)
+    for field_ in fields:
+        sizes += field_.widths
+        if field_.raw is None:
+            columns.append(np.zeros(count, np.uint8))
+            used.append(None)
+            continue
+        raw, widths = field_.raw, field_.widths
+        for k in range(int(widths.max()) if count else 0):
+            byte = ((raw >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+            byte |= np.where(widths > k + 1, np.uint8(0x80), np.uint8(0))
+            columns.append(byte)
+            used.append(None if k == 0 else widths > k)
+    matrix = np.stack(columns, axis=1)
+    if all(u is None for u in used):
+        data = matrix.reshape(-1)
     else:
-        out[_gather_index(destinations, sizes, offsets)] = source
+        data = matrix[np.stack([np.ones(count, bool) if u is None else u for u in used], axis=1)]
+    return _binary(sizes, data), sizes
+
+
+def _binary(sizes: np.ndarray, data: np.ndarray) -> pa.Array:
+    """A binary array of ``data`` cut into ``sizes`` (no nulls)."""
+    offsets = np.zeros(len(sizes) + 1, np.int32)
+    np.cumsum(sizes, out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), len(sizes), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _interleave(columns: list[pa.Array]) -> pa.Buffer:
+    """The bytes of row 0 of every column in order, then row 1's, and so on: one Arrow ``take``
+    (a memcpy per value in C++), no Python loop and no index per byte. Null is no bytes."""
+    count = len(columns[0])
+    combined = pa.concat_arrays([c if c.type == pa.binary() else c.cast(pa.binary()) for c in columns])
+    order = (np.arange(len(columns)) * count + np.arange(count)[:, None]).reshape(-1)
+    taken = combined.take(pa.array(order))
+    ends = np.frombuffer(taken.buffers()[1], np.int32, len(taken) + 1, taken.offset * 4)
+    data = taken.buffers()[2]
+    if data is None or ends[-1] == ends[0]:
+        return pa.py_buffer(b"")
+    return data.slice(int(ends[0]), int(ends[-1] - ends[0]))
 
 
 def _flat_headers(headers: pa.Array, tags: pa.Array) -> tuple[np.ndarray, pa.Array, pa.Array]:
@@ -517,11 +552,40 @@ def _flat_headers(headers: pa.Array, tags: pa.Array) -> tuple[np.ndarray, pa.Arr
     return rows[order], keys, values
 
 
+def _header_piece(
+    count: int, header_rows: np.ndarray, header_keys: pa.Array, header_values: pa.Array
+) -> tuple[pa.Array, np.ndarray]:
+    """``(binary array, sizes)``: per record, its header count and its headers, encoded."""
+    counts, count_sizes = _varint_piece([_Varint(np.bincount(header_rows, minlength=count), count)], count)
+    key_lengths, value_lengths = _lengths(header_keys), _lengths(header_values)
+    key_prefix, key_prefix_sizes = _varint_piece([_Varint(key_lengths, len(header_rows))], len(header_rows))
+    value_prefix, value_prefix_sizes = _varint_piece(
+        [_Varint(value_lengths, len(header_rows))], len(header_rows)
+    )
+    flat = _interleave([key_prefix, header_keys, value_prefix, header_values])  # record-major
+    per_header = (
+        key_prefix_sizes + np.maximum(key_lengths, 0) + value_prefix_sizes + np.maximum(value_lengths, 0)
+    )
+    per_record = np.bincount(header_rows, weights=per_header, minlength=count).astype(np.int64)
+    headers = _binary(per_record, np.frombuffer(flat, np.uint8))
+    sizes = count_sizes + per_record
+    return _binary(sizes, np.frombuffer(_interleave([counts, headers]), np.uint8)), sizes
+
+
 def encode_batch(records: pa.Table) -> bytes:
     """One uncompressed RecordBatch v2 of ``records`` (read columns: ``offset`` + the record schema).
 
     ``base_offset`` is the first record's offset; each record's ``offset_delta`` is its
     distance to it (the log's offsets, one for one). Producer fields are -1 (none).
+
+    A record is: its length, attributes, timestamp and offset deltas and key length
+    (varints: one "prefix" piece), its key, its value length (a piece), its value, its header
+    count and headers (a piece). The varint pieces are written for all records at once with
+    numpy; the body is one Arrow ``take`` of the pieces in record order, so keys and values
+    are copied once, by memcpy, whatever their sizes. Without headers a record's trailer is
+    one zero byte, carried at the front of the next record's prefix (the body then drops its
+    first byte and ends with one zero); without key bytes the value length joins the prefix:
+    two pieces per record in the common case.
     """
     table = records.combine_chunks()
     count = table.num_rows
@@ -529,76 +593,49 @@ def encode_batch(records: pa.Table) -> bytes:
         return b""
     offsets = table.column("offset").chunk(0).to_numpy().astype(np.int64)
     stamps = table.column("timestamp").chunk(0).cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
-    key_data, key_starts, key_lengths = _binary_parts(table.column("key").chunk(0))
-    value_data, value_starts, value_lengths = _binary_parts(table.column("value").chunk(0))
+    keys, values = table.column("key").chunk(0), table.column("value").chunk(0)
+    key_lengths, value_lengths = _lengths(keys), _lengths(values)
     header_rows, header_keys, header_values = _flat_headers(
         table.column("headers").chunk(0), table.column("tags").chunk(0)
     )
     base_offset, base_timestamp = int(offsets[0]), int(stamps[0])
-    stamp_raw = _zigzag(stamps - base_timestamp)
-    delta_raw = _zigzag(offsets - base_offset)
-    key_raw, value_raw = _zigzag(key_lengths), _zigzag(value_lengths)
-    header_count_raw = _zigzag(np.bincount(header_rows, minlength=count))
-    # the bytes of each header, then of each record's headers
-    hk_data, hk_starts, hk_lengths = _binary_parts(header_keys)
-    hv_data, hv_starts, hv_lengths = _binary_parts(header_values)
-    hk_raw, hv_raw = _zigzag(hk_lengths), _zigzag(hv_lengths)
-    header_sizes = _widths(hk_raw) + np.maximum(hk_lengths, 0) + _widths(hv_raw) + np.maximum(hv_lengths, 0)
-    headers_bytes = np.bincount(header_rows, weights=header_sizes, minlength=count).astype(np.int64)
+    stamp, delta = _Varint(stamps - base_timestamp, count), _Varint(offsets - base_offset, count)
+    key_length, value_length = _Varint(key_lengths, count), _Varint(value_lengths, count)
+    headerless = not len(header_rows)
+    keyless = bool((key_lengths <= 0).all())
+    if headerless:
+        trailer_sizes = np.ones(count, np.int64)
+    else:
+        trailer, trailer_sizes = _header_piece(count, header_rows, header_keys, header_values)
     body_sizes = (
         1
-        + _widths(stamp_raw)
-        + _widths(delta_raw)
-        + _widths(key_raw)
+        + stamp.widths
+        + delta.widths
+        + key_length.widths
         + np.maximum(key_lengths, 0)
-        + _widths(value_raw)
+        + value_length.widths
         + np.maximum(value_lengths, 0)
-        + _widths(header_count_raw)
-        + headers_bytes
+        + trailer_sizes
     )
-    length_raw = _zigzag(body_sizes)
-    length_widths = _widths(length_raw)
-    record_sizes = length_widths + body_sizes
-    record_starts = np.zeros(count, np.int64)
-    np.cumsum(record_sizes[:-1], out=record_starts[1:])
-    total = int(record_starts[-1] + record_sizes[-1])
-    out = np.zeros(BATCH_HEADER_BYTES + total, np.uint8)
-    body = out[BATCH_HEADER_BYTES:]
-    _write_varints(body, record_starts, length_raw, length_widths)
-    position = record_starts + length_widths + 1  # attributes byte: 0
-    for raw in (stamp_raw, delta_raw, key_raw):
-        widths = _widths(raw)
-        _write_varints(body, position, raw, widths)
-        position = position + widths
-    _scatter(body, position, key_data, key_starts, key_lengths)
-    position = position + np.maximum(key_lengths, 0)
-    widths = _widths(value_raw)
-    _write_varints(body, position, value_raw, widths)
-    position = position + widths
-    _scatter(body, position, value_data, value_starts, value_lengths)
-    position = position + np.maximum(value_lengths, 0)
-    widths = _widths(header_count_raw)
-    _write_varints(body, position, header_count_raw, widths)
-    position = position + widths
-    if len(header_rows):
-        first = np.zeros(len(header_sizes), np.int64)
-        np.cumsum(header_sizes[:-1], out=first[1:])
-        row_first = np.zeros(count, np.int64)
-        with_headers, first_index = np.unique(header_rows, return_index=True)
-        row_first[with_headers] = first[first_index]
-        at = position[header_rows] + first - row_first[header_rows]
-        widths = _widths(hk_raw)
-        _write_varints(body, at, hk_raw, widths)
-        at = at + widths
-        _scatter(body, at, hk_data, hk_starts, hk_lengths)
-        at = at + np.maximum(hk_lengths, 0)
-        widths = _widths(hv_raw)
-        _write_varints(body, at, hv_raw, widths)
-        at = at + widths
-        _scatter(body, at, hv_data, hv_starts, hv_lengths)
+    zero = _Varint(None, count)
+    fields = [_Varint(body_sizes, count), zero, stamp, delta, key_length]
+    if headerless:
+        fields.insert(0, zero)  # the previous record's header count
+    if keyless:
+        fields.append(value_length)
+    prefix, _ = _varint_piece(fields, count)
+    pieces = [prefix] if keyless else [prefix, keys, _varint_piece([value_length], count)[0]]
+    pieces.append(values)
+    if not headerless:
+        pieces.append(trailer)
+    body = _interleave(pieces)
+    if headerless:
+        body = body.slice(1)
+    size = body.size + (1 if headerless else 0)
+    ending = b"\x00" if headerless else b""
     header = _HEADER.pack(
         base_offset,
-        BATCH_HEADER_BYTES - 12 + total,
+        BATCH_HEADER_BYTES - 12 + size,
         -1,  # partition_leader_epoch: unknown to Kafka clients (they send -1 too)
         2,
         0,
@@ -611,7 +648,5 @@ def encode_batch(records: pa.Table) -> bytes:
         -1,
         count,
     )
-    out[:BATCH_HEADER_BYTES] = np.frombuffer(header, np.uint8)
-    view = out.data
-    struct.pack_into(">I", view, 17, crc32c(view[21:]))
-    return out.tobytes()
+    crc = crc32c(ending, crc32c(body, crc32c(header[21:])))
+    return b"".join((header[:17], crc.to_bytes(4, "big"), header[21:], body, ending))

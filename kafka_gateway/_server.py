@@ -79,7 +79,11 @@ class GatewaySettings:
     ``workers``: threads for cluster calls; ``write_timeout_s``: how long an
     answer may wait for a client that does not read it; ``peers``: the other
     gateways' advertised ``host:port`` (``_peers``); ``initial_rebalance_delay_s``:
-    how long a new group's first rebalance waits for more members (``_groups``).
+    how long a new group's first rebalance waits for more members (``_groups``);
+    ``max_fetch_partition_bytes``: the most one partition's node fetch asks for
+    (a Kafka client's ``max.partition.fetch.bytes`` above it is cut to it);
+    ``read_ahead_bytes``: per connection, how much a Fetch answer may ask the
+    nodes for ahead of the client's next Fetch (see ``_fetch``).
     """
 
     host: str = "127.0.0.1"
@@ -94,6 +98,8 @@ class GatewaySettings:
     cluster_id: str = "robustmq"
     peers: tuple[str, ...] = ()
     initial_rebalance_delay_s: float = 0.3
+    max_fetch_partition_bytes: int = 32 * MiB
+    read_ahead_bytes: int = 16 * MiB
 
 
 @dataclass(slots=True)
@@ -142,6 +148,10 @@ class Gateway:
     async def call(self, function: Callable[..., T], *args: Any) -> T:
         """Run a blocking cluster call in the pool."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+
+    def submit(self, function: Callable[..., Any], *args: Any) -> None:
+        """Run ``function`` in the pool without waiting for it (it reports through futures)."""
+        self._executor.submit(function, *args)
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(

@@ -33,6 +33,7 @@ test: $(STAMP)
 # (root; `ip` and `nft` are installed by scripts/install_netns_tools when missing).
 test-long: $(STAMP)
 	scripts/install_netns_tools
+	@scripts/install_etcd >/dev/null || echo "make test-long: etcd is not installed; the HA history run will skip"
 	$(PY) -m pytest -q -rA -m long tests
 
 bench-quick: $(STAMP)

@@ -92,7 +92,9 @@ class Server:
         deadline = time.monotonic() + READY_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.process.returncode}; see {self.log_path}")
+                time.sleep(0.2)  # let the pump write its last lines (the log goes with the temp dir)
+                tail = self.log_path.read_text(errors="replace")[-1500:] if self.log_path.exists() else ""
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{tail}")
             if ready.is_set() or (self.ready_port is not None and _listening(self.ready_port)):
                 return self
             time.sleep(0.05)
@@ -144,6 +146,7 @@ def etcd_missing() -> str | None:
 
 def start_etcd(root: Path) -> tuple[Server, str]:
     from robustmq.cli._cluster import find_etcd
+    from robustmq.meta._etcd_store import EtcdLimits
 
     client_port, peer_port = _free_port(), _free_port()
     client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
@@ -151,6 +154,10 @@ def start_etcd(root: Path) -> tuple[Server, str]:
     argv += ["--listen-client-urls", client, "--advertise-client-urls", client]
     argv += ["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer]
     argv += ["--initial-cluster", f"bench={peer}"]
+    # The Meta Service's changes are single Txns larger than etcd's defaults allow; it checks at
+    # start and refuses an etcd that would refuse them (docs/operators.md, "etcd settings").
+    limits = EtcdLimits()
+    argv += ["--max-txn-ops", str(limits.max_txn_ops), "--max-request-bytes", str(limits.max_request_bytes)]
     etcd = Server("etcd", argv, root / "etcd.log", ready_port=client_port).start()
     return etcd, f"etcd://127.0.0.1:{client_port}/bench"
 
@@ -249,6 +256,7 @@ def one_meta(root: Path, store: str) -> Iterator[str]:
             servers.append(etcd)
         meta, address = meta_server(root, "meta", url)
         servers.append(meta.start())
+        _serving(address)
         yield address
     finally:
         for server in reversed(servers):
@@ -269,6 +277,7 @@ def failover(root: Path, args: argparse.Namespace) -> list[float]:
             server, address = meta_server(root, f"meta-{number}", url)
             metas[address] = server.start()
         everyone = ",".join(metas)
+        _serving(everyone)
         with Beats(everyone), MetaClient(everyone, timeout_s=30) as client:
             client.create_topic("warm", partitions=1)
             for kill in range(args.kills):
@@ -287,6 +296,15 @@ def failover(root: Path, args: argparse.Namespace) -> list[float]:
             server.stop()
         etcd.stop()
     return times
+
+
+def _serving(meta: str) -> None:
+    """Until the Meta Service at ``meta`` answers (an etcd-backed one prints ``ready`` before it
+    has won its election and loaded its state; until then it answers ``Unavailable``)."""
+    from robustmq._meta_client import MetaClient
+
+    with MetaClient(meta, timeout_s=5) as client:
+        _until_done(client.list_nodes, READY_S)
 
 
 def _until_done(call: Callable[[], Any], timeout_s: float) -> None:

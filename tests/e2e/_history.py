@@ -41,11 +41,17 @@ Shapes of ``value`` by ``f`` (completions repeat the invocation's keys):
   One process uses a group at a time, and a group without a commit starts at
   offset 0 (``start="earliest"``; the runs set no retention).
 - ``seal``: ``{topic, inc, partition}`` -> ``epoch, end, next_epoch``.
-- ``delete``, ``create``: ``{topic, inc}`` (a ``fail`` with ``missing`` or
+- ``delete``, ``create``: ``{topic, inc}`` (``new``: a topic never used before;
+  a ``fail`` with ``missing`` or
   ``exists``: the topic was not in the state its history implies; an ``ok``
   create may add ``meta_incarnation``, the Meta Service's number for it, and
   ``replication_factor``, ``min_insync_replicas``);
   ``final_topic``: ``{topic, inc, expected, exists}`` after healing.
+- ``final_offsets`` (after healing): ``{topic, inc, group, offsets: [[partition,
+  offset]]}``, the group's committed offsets as the Meta Service gives them
+  (a partition it does not list has none: 0). Each must be one a commit could
+  have left: the last acknowledged commit's, or one sent after it whose
+  outcome is unknown (``lost_commit`` otherwise).
 - nemesis: ``inject`` / ``heal`` ``{fault, target}`` (``target``: ``node`` or
   ``meta``); an operation overlapping a fault (or within ``HEAL_GRACE_S`` of
   its heal) is excused from the availability checks.
@@ -383,7 +389,10 @@ class _Checker:
         if done.f == "delete" and done.type == FAIL and value.get("missing"):
             self.found["lost_topic"].append({**where, "why": "the delete found no topic"})
         elif done.f == "create" and done.type == FAIL and value.get("exists"):
-            self.found["resurrected"].append({**where, "why": "the create after a delete found the topic"})
+            why = "the create after a delete found the topic"
+            if value.get("new"):
+                why = "a topic nobody created exists"
+            self.found["resurrected"].append({**where, "why": why})
         elif done.f == "final_topic" and value["expected"] and not value["exists"]:
             self.found["lost_topic"].append({**where, "why": "missing after healing"})
 
@@ -553,13 +562,28 @@ class _Checker:
     def seals(self) -> None:
         """write_outside_epoch: a write acknowledged in epoch E at an offset the chain gives to
         another epoch (past E's sealed end, or before E's start); inconsistent_seal: two
-        different ends recorded for one sealed epoch."""
+        different ends recorded for one sealed epoch; lost_seal: a seal of epoch E was
+        acknowledged, yet the final chain of its log has no sealed segment of epoch E (the
+        Meta Service lost it, or gave the epoch back to an active segment)."""
         ends: dict[tuple[Log, int], set[int]] = defaultdict(set)
         for _invocation, done in self.pairs:
             if done.type != OK:
                 continue
             if done.f == "seal":
-                ends[(_log_of(done.value), done.value["epoch"])].add(done.value["end"])
+                log, epoch = _log_of(done.value), done.value["epoch"]
+                ends[(log, epoch)].add(done.value["end"])
+                chain = self.chains.get(log)
+                if chain is not None and not any(
+                    row[0] == epoch and row[2] >= 0 for row in chain["segments"]
+                ):
+                    self.found["lost_seal"].append(
+                        {
+                            "log": list(log),
+                            "epoch": epoch,
+                            "end": done.value["end"],
+                            "final": chain["segments"],
+                        }
+                    )
             elif done.f == "final_chain":
                 for epoch, _start, end, _state in done.value["segments"]:
                     if end >= 0:
@@ -586,11 +610,16 @@ class _Checker:
                 )
 
     def consumers(self) -> None:
-        """nonmonotonic_poll / poll_skip for assigned consumers with group commits."""
+        """nonmonotonic_poll / poll_skip for assigned consumers with group commits; lost_commit:
+        a group's committed offset after healing (``final_offsets``) that no commit could have
+        left (below the last acknowledged commit, or a value nobody committed since)."""
         committed: dict[tuple[str, int, str], dict[int, set[int]]] = defaultdict(dict)
         expected: dict[tuple[str, str], dict[int, int]] = {}
         for _invocation, done in self.pairs:
             value = done.value
+            if done.f == "final_offsets" and done.type == OK:
+                self._final_offsets(committed, value)
+                continue
             if done.f not in ("subscribe", "poll", "commit"):
                 continue
             group_key = (value["topic"], value["inc"], value["group"])
@@ -629,6 +658,24 @@ class _Checker:
                     # an unknown outcome leaves both the old and the new offset possible
                     before = committed[group_key].get(partition, {0}) if done.type == INFO else set()
                     committed[group_key][partition] = before | {offset}
+
+    def _final_offsets(
+        self, committed: dict[tuple[str, int, str], dict[int, set[int]]], value: dict[str, Any]
+    ) -> None:
+        group_key = (value["topic"], value["inc"], value["group"])
+        final = {partition: offset for partition, offset in value["offsets"]}
+        for partition in sorted(set(final) | set(committed[group_key])):
+            allowed = committed[group_key].get(partition, {0})
+            offset = final.get(partition, 0)
+            if offset not in allowed:
+                self.found["lost_commit"].append(
+                    {
+                        "group": list(group_key),
+                        "partition": partition,
+                        "final": offset,
+                        "could_be": sorted(allowed),
+                    }
+                )
 
     def _poll(self, group_key: tuple[str, int, str], positions: dict[int, int], records: list[Any]) -> None:
         for partition, offset, value in records:

@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAULT_KINDS",
+    "HA_FAULT_CATEGORIES",
+    "HA_PER_NODE_KINDS",
     "NET_FAULT_CATEGORIES",
     "CleanRestart",
     "Crash",
@@ -169,6 +171,12 @@ def faults_of(cluster: Cluster) -> dict[str, Fault]:
         "restart_meta": CleanRestart("restart_meta", "meta", cluster.meta),
     }
 
+
+# The runs on a highly available Meta Service (tests/e2e/_history_ha.py): the leading Meta
+# Service killed (SIGKILL) or paused past its lease, a storage node killed, and ``failover_nI``:
+# node I killed, then the leading Meta Service too while the node's failover is pending.
+HA_PER_NODE_KINDS = ("kill", "failover")
+HA_FAULT_CATEGORIES = ("kill_meta_leader", *HA_PER_NODE_KINDS, "pause_meta_leader")
 
 PER_NODE_KINDS = ("kill", "pause", "isolate", "cut_client")
 NET_FAULT_CATEGORIES = (*PER_NODE_KINDS, "kill_meta", "pause_meta", "isolate_meta", "split_nodes")

@@ -32,7 +32,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from tests.e2e._history import OK, History
 from tests.e2e._history_cluster import NetCluster
@@ -43,7 +43,18 @@ from tests.e2e._history_run import FINAL, ReplicationUnavailable, run_nemesis, s
 from tests.e2e._history_workload import Settings
 from tests.e2e._procs import ROOT
 
-__all__ = ["ReplicationUnavailable", "run_net"]
+__all__ = ["NodeFiles", "ReplicationUnavailable", "record_replicas", "run_net"]
+
+
+class NodeFiles(Protocol):
+    """Where a cluster's storage nodes keep their files (what :func:`record_replicas` reads)."""
+
+    @property
+    def all_node_hosts(self) -> list[str]: ...
+
+    def node_id(self, host: str) -> str | None: ...
+
+    def data_dir(self, host: str) -> Path: ...
 
 
 class _Child:
@@ -132,7 +143,7 @@ def run_net(settings: Settings, root: Path, cluster: NetCluster) -> History:
             child.close()
         cluster.stop()
     history.merge(History.load(out))
-    _replicas(cluster, history)
+    record_replicas(cluster, history)
     return history
 
 
@@ -152,7 +163,7 @@ def _faults(settings: Settings, cluster: NetCluster, history: History) -> dict[s
     return nemesis_faults(lab, [step.fault for step in settings.faults], dict(settings.operation_seeds))
 
 
-def _replicas(cluster: NetCluster, history: History) -> None:
+def record_replicas(cluster: NodeFiles, history: History) -> None:
     """Record every node's copy of every segment of the final chains (``final_replica``): each
     node host's data directory, under the node id it holds (a lost disk's host holds the new
     node's; a removed node's host, nothing)."""

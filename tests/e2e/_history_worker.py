@@ -21,6 +21,11 @@ invocation and a completion in the :class:`History`:
 - ``list_offsets``: each partition's earliest offset, high watermark, log end
   and epoch as the node the client routes a read to answers, with the topic
   incarnation of that route;
+- ``create_new`` (the HA runs): ``create`` of a topic nobody has used
+  (``c{process}x{k}``, one partition, the run's replication settings; at most
+  ``NEW_TOPICS`` per worker), retried until its outcome is known like a
+  re-create's; its completion carries ``new``. The final phase checks that
+  each one acknowledged exists (``final_topic``);
 - ``replay`` (runs with ``settings.replays``): an acknowledged ``produce``
   batch sent again with the same producer id, sequence and bytes (see
   :meth:`Worker.op_replay`); ``produce`` then uses short producer sessions
@@ -78,6 +83,7 @@ log = logging.getLogger("robustmq.history")
 
 POISON_TAG = "x" * 70_000  # a tag longer than the 65,535 bytes an index key can hold
 REPLAYABLE = 200  # acknowledged batches a worker keeps to replay
+NEW_TOPICS = 8  # topics a worker creates at most (create_new)
 
 
 def node_silent(error: BaseException) -> bool:
@@ -196,6 +202,7 @@ class Worker(threading.Thread):
         # batches to send again (bounded).
         self.sessions_of: dict[tuple[str, int, int], list[int]] = {}  # -> [producer id, batches left]
         self.replayable: list[dict[str, Any]] = []
+        self.new_topics = itertools.count(1)
         self.acks = settings.worker_acks[index] if settings.worker_acks else settings.acks
         self.client: robustmq.Client | None = None
         self.producer: robustmq.Producer | None = None
@@ -641,13 +648,30 @@ class Worker(threading.Thread):
             if not self.admin("create", slot, slot.inc):
                 slot.doubt = ("create", slot.inc)
 
-    def admin(self, action: str, slot: TopicSlot, inc: int) -> bool:
+    def op_create_new(self, slot: TopicSlot, inc: int) -> None:
+        """Create a topic nobody has used (``slot`` lends it its replication settings only)."""
+        k = next(self.new_topics)
+        if k > NEW_TOPICS:
+            return
+        plan = TopicPlan(
+            name=f"c{self.process}x{k}",
+            partitions=1,
+            engine=slot.plan.engine,
+            segment_bytes_max=slot.plan.segment_bytes_max,
+            roll_interval_ms=slot.plan.roll_interval_ms,
+            replication_factor=slot.plan.replication_factor,
+            min_insync_replicas=slot.plan.min_insync_replicas,
+            recreatable=False,
+        )
+        self.admin("create", TopicSlot(plan), 1, new=True)
+
+    def admin(self, action: str, slot: TopicSlot, inc: int, *, new: bool = False) -> bool:
         """Run a delete or create until its outcome is known (True), ``admin_timeout_s`` passes
         or the run stops (False: the final phase settles it)."""
         deadline = time.monotonic() + self.settings.admin_timeout_s
         tried = False
         while True:
-            with self._op(action, {"topic": slot.name, "inc": inc}) as op:
+            with self._op(action, {"topic": slot.name, "inc": inc, **({"new": True} if new else {})}) as op:
                 try:
                     made: dict[str, Any] = {}
                     if action == "delete":

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from tests.e2e._history_nemesis import (
     FAULT_KINDS,
+    HA_PER_NODE_KINDS,
     NET_FAULT_CATEGORIES,
     FaultStep,
     net_fault_kinds,
@@ -47,6 +48,7 @@ OPERATIONS = (
     "send_invalid",
     "list_offsets",
     "replay",
+    "create_new",
 )
 
 # How long each nemesis operation of _history_ops is held before its heal (seconds). An ISR
@@ -63,6 +65,20 @@ OPERATION_HOLD_S = {
     "meta_delay": (2.0, 5.0),
     "lose_disk": (1.0, 3.0),
 }
+
+# The HA runs (a Meta Service of ``meta_replicas`` instances on etcd): how long each fault is
+# held. Their Meta Services run with a 2 s leader lease and a 3 s node timeout (HA_LEASE_S,
+# HA_NODE_TIMEOUT_MS): a pause outlasts the lease (another instance takes over), a node kill
+# may outlast the node timeout (its partitions fail over), and ``failover`` always does: the
+# node's failover is pending while the leading Meta Service dies, and the next leader must do it.
+HA_HOLD_S = {
+    "kill_meta_leader": (0.5, 4.0),
+    "pause_meta_leader": (3.0, 8.0),
+    "kill": (1.0, 6.0),
+    "failover": (7.0, 10.0),
+}
+HA_LEASE_S = 2
+HA_NODE_TIMEOUT_MS = 3000
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +104,10 @@ class _Variant:
     # A secured cluster (tests/e2e/_history_secure.py): TLS to the Meta Service, CURVE to the
     # nodes, node ids from certificates, the workers a password user with exactly their ACLs.
     secured: bool = False
+    # > 1: that many Meta Services on one etcd (tests/e2e/_history_ha.py), everything on loopback;
+    # the faults are ``ha_categories`` (of HA_FAULT_CATEGORIES), each ``faults_of_each_kind`` times.
+    meta_replicas: int = 1
+    ha_categories: tuple[str, ...] = ()
 
 
 # Replication, three storage nodes, acks=all; faults of every category of NET_FAULT_CATEGORIES
@@ -157,6 +177,42 @@ VARIANTS = {
         operations=5,
         old_faults=1,
         spares=1,
+    ),
+    # A Meta Service of two instances on etcd, three storage nodes (RF 3, acks=all), on loopback:
+    # the leading Meta Service killed (and started again), storage nodes killed, and a node
+    # failover pending while the leading Meta Service dies; workers create new topics too.
+    # make test: ~40 s, one fault of each kind plus up to one more.
+    "ha_short": _Variant(
+        duration_s=40.0,
+        workers=3,
+        topics=2,
+        faults_of_each_kind=1,
+        extra_faults=1,
+        gap_s=(1.0, 3.0),
+        pause_s=(3.0, 8.0),
+        down_s=(0.5, 4.0),
+        nodes=3,
+        replication_factor=3,
+        recreate_weights=(0,),  # see rf1_net
+        meta_replicas=2,
+        ha_categories=("kill_meta_leader", "kill", "failover"),
+    ),
+    # make test-long: ~5 minutes, every HA fault (pauses of the leader past its lease too) four
+    # times plus up to eight more.
+    "ha_long": _Variant(
+        duration_s=300.0,
+        workers=4,
+        topics=3,
+        faults_of_each_kind=4,
+        extra_faults=8,
+        gap_s=(1.0, 6.0),
+        pause_s=(3.0, 8.0),
+        down_s=(0.5, 4.0),
+        nodes=3,
+        replication_factor=3,
+        recreate_weights=(0,),  # see rf1_net
+        meta_replicas=2,
+        ha_categories=("kill_meta_leader", "kill", "failover", "pause_meta_leader"),
     ),
     # make test-long: every operation kind three times and the old faults by slot (at least 30
     # rounds, asserted), ~9 minutes.
@@ -230,6 +286,7 @@ class Settings:
     operation_seeds: tuple[tuple[str, int], ...] = ()
     forced_operations: tuple[str, ...] = ()  # ROBUSTMQ_HISTORY_OPERATIONS, if it was set
     secured: bool = False  # see _Variant.secured
+    meta_replicas: int = 1  # see _Variant.meta_replicas
 
     @property
     def nemesis_operations(self) -> bool:
@@ -256,7 +313,7 @@ class Settings:
             )
             for index in range(shape.topics)
         )
-        weights = (
+        weights: tuple[tuple[str, int], ...] = (
             ("send", rng.randint(15, 30)),
             ("send_batch", rng.randint(5, 15)),
             ("produce", rng.randint(10, 20)),
@@ -266,7 +323,11 @@ class Settings:
             ("recreate", rng.choice(shape.recreate_weights)),
             ("send_invalid", 1),
         )
+        if shape.meta_replicas > 1:  # drawn only here: the other variants' seeds stay as they were
+            weights = (*weights, ("create_new", rng.randint(2, 5)))
         worker_seeds = tuple(rng.randrange(1 << 63) for _ in range(shape.workers))
+        if shape.meta_replicas > 1:
+            return cls._derive_ha(seed, variant, shape, rng, topics, weights, worker_seeds, operations)
         if shape.operations or shape.operations_each:
             return cls._derive_nemesis(seed, variant, shape, rng, topics, weights, worker_seeds, operations)
         if operations:
@@ -369,6 +430,51 @@ class Settings:
             secured=shape.secured,
         )
 
+    @classmethod
+    def _derive_ha(
+        cls,
+        seed: int,
+        variant: str,
+        shape: _Variant,
+        rng: random.Random,
+        topics: tuple[TopicPlan, ...],
+        weights: tuple[tuple[str, int], ...],
+        worker_seeds: tuple[int, ...],
+        forced: tuple[str, ...],
+    ) -> Settings:
+        """The rest of an HA run's settings (see ``ha_short`` / ``ha_long``)."""
+        if forced:
+            raise ValueError(f"variant {variant} runs no nemesis operations")
+        hosts = [f"n{i}" for i in range(1, shape.nodes + 1)]
+
+        def name(category: str) -> str:
+            return f"{category}_{rng.choice(hosts)}" if category in HA_PER_NODE_KINDS else category
+
+        kinds = [name(c) for c in shape.ha_categories for _ in range(shape.faults_of_each_kind)]
+        kinds += [name(rng.choice(shape.ha_categories)) for _ in range(rng.randint(0, shape.extra_faults))]
+        rng.shuffle(kinds)
+        faults = tuple(
+            FaultStep(
+                gap_s=round(rng.uniform(*shape.gap_s), 2),
+                fault=kind,
+                hold_s=round(rng.uniform(*HA_HOLD_S[kind.rsplit("_n", 1)[0]]), 2),
+            )
+            for kind in kinds
+        )
+        return cls(
+            seed,
+            variant,
+            shape.duration_s,
+            topics,
+            weights,
+            worker_seeds,
+            faults,
+            shape.nodes,
+            "all",
+            node_timeout_ms=HA_NODE_TIMEOUT_MS,
+            meta_replicas=shape.meta_replicas,
+        )
+
     @staticmethod
     def _hold_range(kind: str, shape: _Variant) -> tuple[float, float]:
         if kind in OPERATION_HOLD_S:
@@ -382,6 +488,12 @@ class Settings:
             + (
                 " secured=TLS+CURVE, workers as a password user with only the ACLs they need"
                 if self.secured
+                else ""
+            )
+            + (
+                f" meta_replicas={self.meta_replicas} on etcd (leader lease {HA_LEASE_S} s, "
+                f"node timeout {self.node_timeout_ms} ms)"
+                if self.meta_replicas > 1
                 else ""
             ),
             "timeouts: "

@@ -24,10 +24,11 @@ import pytest
 
 from tests.e2e._history import INVOKE, History, check
 from tests.e2e._history_cluster import NetCluster
+from tests.e2e._history_ha import HACluster, run_ha
 from tests.e2e._history_netrun import run_net
 from tests.e2e._history_run import ReplicationUnavailable, run
 from tests.e2e._history_secure import security_refusals
-from tests.e2e._history_workload import Settings
+from tests.e2e._history_workload import HA_NODE_TIMEOUT_MS, Settings
 from tests.e2e._netns import NetLabUnavailable
 from tests.e2e._procs import Cluster
 
@@ -51,7 +52,20 @@ def run_and_check(variant: str, test: str, tmp_path: Path, where: str = "tests/e
     print(settings.describe(), flush=True)
     root = tmp_path / "cluster"
     history: History
-    if settings.nodes == 1:
+    if settings.meta_replicas > 1:
+        ha = HACluster(
+            root,
+            nodes=settings.nodes,
+            meta_replicas=settings.meta_replicas,
+            node_timeout_ms=settings.node_timeout_ms or HA_NODE_TIMEOUT_MS,
+            log_dir=root,
+        )
+        try:
+            history = run_ha(settings, root, ha)
+        except ReplicationUnavailable as unavailable:
+            pytest.skip(f"{variant}: {unavailable}")
+        logs = f"{root}/*.log (meta-0.log, meta-1.log: the Meta Services; etcd/etcd-m0.log)"
+    elif settings.nodes == 1:
         cluster = Cluster(root, log_dir=root)
         history = run(settings, root, cluster)
         logs = f"{cluster.log_paths['node']}, {cluster.log_paths['meta']}"
@@ -83,7 +97,7 @@ def run_and_check(variant: str, test: str, tmp_path: Path, where: str = "tests/e
     if refusals:
         print(f"refused by security ({len(refusals)}), e.g.:", *refusals[:5], sep="\n", flush=True)
     if not analysis.valid or refusals:
-        marker = "-m long " if variant in ("long", "rf3_long", "rf1_net", "nemesis_long") else ""
+        marker = "-m long " if variant in ("long", "rf3_long", "rf1_net", "nemesis_long", "ha_long") else ""
         target = f"{where}::{test}"
         also = f"{OPERATIONS_VARIABLE}={forced} " if forced else ""
         rerun = f"{also}{SEED_VARIABLE}={seed} .venv/bin/python -m pytest {marker}-s '{target}'"

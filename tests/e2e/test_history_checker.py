@@ -330,6 +330,48 @@ def test_a_dumped_history_checks_the_same(tmp_path: Path) -> None:
     assert set(again.anomalies) == {"lost_write"}
 
 
+def _final_offsets(b: Build, group: str, offsets: list[tuple[int, int]]) -> None:
+    value = {"topic": "t", "inc": 1, "group": group}
+    b.op("final", "final_offsets", value, OK, {"offsets": [list(o) for o in offsets]})
+
+
+def test_a_group_commit_lost_or_changed_by_the_meta_service() -> None:
+    """``final_offsets``: what a group holds after healing must be what its commits left."""
+
+    def committed() -> Build:
+        b = Build().written()
+        s = b.session("3", "t", 1, "g", 1)
+        b.subscribe(s, [(0, 0), (1, 0)])
+        b.poll(s, [(0, 0, v(0)), (0, 1, v(1))])
+        b.commit(s, [(0, 2), (1, 0)])
+        s = b.session("3", "t", 1, "g", 2)
+        b.subscribe(s, [(0, 2), (1, 0)])
+        b.poll(s, [(0, 2, v(2))])
+        b.commit(s, [(0, 3), (1, 0)], INFO)  # unknown: 2 or 3 may be left
+        return b
+
+    for final in ([(0, 2)], [(0, 3), (1, 0)]):
+        b = committed()
+        _final_offsets(b, "g", final)
+        _final_offsets(b, "other", [])  # a group that never committed holds nothing
+        assert b.anomalies() == set(), final
+    for final in ([(0, 1)], [], [(0, 4)], [(0, 3), (1, 5)]):  # lost, wiped, or never committed
+        b = committed()
+        _final_offsets(b, "g", final)
+        assert b.anomalies() == {"lost_commit"}, final
+
+
+def test_a_seal_acknowledged_but_missing_from_the_final_chain() -> None:
+    b = Build()
+    b.op("2", "seal", {"topic": "t", "inc": 1, "partition": 0}, OK, {"epoch": 0, "end": 3, "next_epoch": 1})
+    b.chain("t", 1, 0, [(0, 0, 3), (1, 3, -1)])
+    assert b.anomalies() == set()
+    b = Build()
+    b.op("2", "seal", {"topic": "t", "inc": 1, "partition": 0}, OK, {"epoch": 1, "end": 3, "next_epoch": 2})
+    b.chain("t", 1, 0, [(0, 0, 0), (1, 0, -1)])  # the Meta Service forgot the seal of epoch 1
+    assert b.anomalies() == {"lost_seal"}
+
+
 def test_lost_and_resurrected_topics() -> None:
     b = Build()
     b.op("4", "delete", {"topic": "t", "inc": 1}, FAIL, {"missing": True})

@@ -122,8 +122,9 @@ def test_clients_that_never_send_neither_hold_up_a_scrape_nor_make_threads_witho
     server = MetricsServer("127.0.0.1", 0, [_Fixed(gauge_family("robustmq_z", "z", [], {(): 1}))])
     silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(50)]
     try:
-        threads = threading.active_count()
-        assert threads < 30  # at most 4 connections are served at once; the rest were closed
+        # At most 4 connections are served at once; the rest are closed (their short-lived
+        # closing threads gone within moments on a loaded machine).
+        wait_until(lambda: threading.active_count() < 30, 20)
         for connection in silent[4:]:  # closed by the server (an empty read: end of stream)
             connection.settimeout(5)
             assert connection.recv(1) == b""

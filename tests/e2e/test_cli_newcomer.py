@@ -127,14 +127,23 @@ def test_segments_fold_the_empty_epochs_leadership_moves_leave(cluster: CliClust
         assert cli("node", "drain", before, "--meta", meta).returncode == 0
         wait_until(lambda before=before: leader() not in ("", "None", before), 30)
         assert cli("node", "drain", before, "--undo", "--meta", meta).returncode == 0
-    listed = json.loads(cli("segments", "moved", "--json", "--meta", meta).stdout)
-    empty = [row["epoch"] for row in listed if row["state"] == "sealed" and row["start"] == row["end"]]
-    assert len(empty) >= 2, listed
-    text = cli("segments", "moved", "--meta", meta).stdout
-    folded = [line for line in text.splitlines() if f"{empty[0]}-{empty[-1]}" in line]
-    assert len(folded) == 1 and "empty" in folded[0], text
-    rows = [line for line in text.splitlines() if line.split()[:1] == ["0"]]
-    assert len(rows) == len(listed) - len(empty) + 1, text  # one line for the run of empty epochs
+    # A drain asks the leader again after 5 s, so the chain may still grow: compare the two
+    # listings of one moment (the JSON taken before and after the text, unchanged).
+    folded: list[str] = []
+
+    def one_line_for_the_empty_epochs() -> bool:
+        listed = json.loads(cli("segments", "moved", "--json", "--meta", meta).stdout)
+        text = cli("segments", "moved", "--meta", meta).stdout
+        if json.loads(cli("segments", "moved", "--json", "--meta", meta).stdout) != listed:
+            return False
+        empty = [row["epoch"] for row in listed if row["state"] == "sealed" and row["start"] == row["end"]]
+        assert len(empty) >= 2, listed
+        rows = [line for line in text.splitlines() if line.split()[:1] == ["0"]]
+        folded[:] = [line for line in rows if line.split()[1] == f"{empty[0]}-{empty[-1]}"]
+        assert len(rows) == len(listed) - len(empty) + 1, text  # one line for the run of empty epochs
+        return len(folded) == 1 and "empty" in folded[0]
+
+    wait_until(one_line_for_the_empty_epochs, 30)
 
 
 def test_a_dead_follower_makes_acks_all_wait_visibly_and_an_altered_min_insync_is_obeyed(

@@ -402,7 +402,11 @@ def _kill_after_a_commit(job: list[str], table: Path, log_path: Path) -> None:
 
 @pytest.mark.spark
 @pytest.mark.e2e
-@pytest.mark.slow  # four job processes, each starting a JVM: about a minute
+@pytest.mark.slow
+# Four job processes, each starting a JVM, three SIGKILLs with OPTIMIZE/VACUUM running: 3.5 minutes,
+# the longest test of the suite; a long fault-injection run, so `make test-long` runs it (`make
+# test` keeps the replayed, re-checkpointed and concurrent-OPTIMIZE compaction tests).
+@pytest.mark.long
 def test_sigkilled_and_restarted_job_with_maintenance_running_equals_the_model(
     cluster: Any, client: robustmq.Client, tmp_path: Path
 ) -> None:

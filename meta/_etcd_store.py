@@ -218,15 +218,29 @@ class EtcdMetaStore:
 
     def scan(self, prefix: bytes, *, start: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         self._check_open()
-        full = self._data + prefix
-        end = _prefix_end(full)
+        return self._pages(self._data + max(prefix, start), self._end_of(prefix), descending=False)
+
+    def scan_reverse(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """As :meth:`scan`, last key first: ranges sorted descending."""
+        self._check_open()
+        return self._pages(self._data + prefix, self._end_of(prefix), descending=True)
+
+    def _end_of(self, prefix: bytes) -> bytes:
+        end = _prefix_end(self._data + prefix)
         assert end is not None  # the data prefix is never all 0xff
-        key = self._data + max(prefix, start)
+        return end
+
+    def _pages(self, key: bytes, end: bytes, *, descending: bool) -> Iterator[tuple[bytes, bytes]]:
+        """Every key in ``[key, end)``, in pages of ``SCAN_PAGE_KEYS``, all read at the first
+        page's revision (one snapshot); ascending, or descending (the next page ends below the
+        last key read)."""
         revision = 0
         cut = len(self._data)
         while True:
             try:
-                answer = self._client.range(key, end, limit=SCAN_PAGE_KEYS, revision=revision)
+                answer = self._client.range(
+                    key, end, limit=SCAN_PAGE_KEYS, revision=revision, descending=descending
+                )
             except EtcdError as exc:  # e.g. the revision was compacted away during a long scan
                 raise Unavailable(f"meta store scan failed: {exc.message}", path=self.prefix) from exc
             if not revision:
@@ -236,31 +250,11 @@ class EtcdMetaStore:
                 yield unb64(kv.get("key"))[cut:], unb64(kv.get("value"))
             if not answer.get("more") or not kvs:
                 return
-            key = unb64(kvs[-1].get("key")) + b"\x00"
-
-    def scan_reverse(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """As :meth:`scan`, last key first: ranges sorted descending, paged, one snapshot."""
-        self._check_open()
-        full = self._data + prefix
-        end = _prefix_end(full)
-        assert end is not None  # the data prefix is never all 0xff
-        revision = 0
-        cut = len(self._data)
-        while True:
-            try:
-                answer = self._client.range(
-                    full, end, limit=SCAN_PAGE_KEYS, revision=revision, descending=True
-                )
-            except EtcdError as exc:
-                raise Unavailable(f"meta store scan failed: {exc.message}", path=self.prefix) from exc
-            if not revision:
-                revision = int(answer.get("header", {}).get("revision", 0))
-            kvs = answer.get("kvs") or []
-            for kv in kvs:
-                yield unb64(kv.get("key"))[cut:], unb64(kv.get("value"))
-            if not answer.get("more") or not kvs:
-                return
-            end = unb64(kvs[-1].get("key"))  # exclusive: the next page ends below the last key
+            last = unb64(kvs[-1].get("key"))
+            if descending:
+                end = last
+            else:
+                key = last + b"\x00"
 
     def _read(self, call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         try:

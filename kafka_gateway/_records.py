@@ -341,14 +341,8 @@ def _decode_records(raw: bytes, count: int, base_timestamp: int | None) -> pa.Ta
     position = position + width
     _, width = _read_varints(buffer, position)
     position = position + width
-    key_length_raw, width = _read_varints(buffer, position)
-    key_lengths = _signed(key_length_raw)
-    key_starts = position + width
-    position = key_starts + np.maximum(key_lengths, 0)
-    value_length_raw, width = _read_varints(buffer, position)
-    value_lengths = _signed(value_length_raw)
-    value_starts = position + width
-    position = value_starts + np.maximum(value_lengths, 0)
+    key_lengths, key_starts, position = _length_prefixed(buffer, position)
+    value_lengths, value_starts, position = _length_prefixed(buffer, position)
     header_count_raw, width = _read_varints(buffer, position)
     header_counts = _signed(header_count_raw)
     position = position + width
@@ -368,6 +362,15 @@ def _decode_records(raw: bytes, count: int, base_timestamp: int | None) -> pa.Ta
     return pa.Table.from_arrays([keys, values, stamps, tags, headers], schema=RECORD_SCHEMA)
 
 
+def _length_prefixed(buffer: np.ndarray, position: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's varint-length-prefixed field at ``position``: ``(lengths (-1: null), starts,
+    positions after the fields)``."""
+    raw, width = _read_varints(buffer, position)
+    lengths = _signed(raw)
+    starts = position + width
+    return lengths, starts, starts + np.maximum(lengths, 0)
+
+
 def _decode_headers(
     buffer: np.ndarray, position: np.ndarray, ends: np.ndarray, counts: np.ndarray
 ) -> tuple[pa.Array, pa.Array, np.ndarray]:
@@ -380,14 +383,8 @@ def _decode_headers(
     for level in range(int(counts.max())):
         rows = np.flatnonzero(counts > level)
         at = position[rows]
-        key_raw, width = _read_varints(buffer, at)
-        key_lengths = _signed(key_raw)
-        key_starts = at + width
-        at = key_starts + np.maximum(key_lengths, 0)
-        value_raw, width = _read_varints(buffer, at)
-        value_lengths = _signed(value_raw)
-        value_starts = at + width
-        at = value_starts + np.maximum(value_lengths, 0)
+        key_lengths, key_starts, at = _length_prefixed(buffer, at)
+        value_lengths, value_starts, at = _length_prefixed(buffer, at)
         if bool((key_lengths < 0).any() | (value_lengths < -1).any() | (at > ends[rows]).any()):
             raise _corrupt("a header with a null or negative-length key, or past its record")
         position[rows] = at

@@ -71,6 +71,7 @@ __all__ = [
     "Rule",
     "acl_matches_filter",
     "check_node_access",
+    "check_node_acls",
     "check_node_request",
     "check_rpc",
     "validated_acl",
@@ -559,9 +560,13 @@ def _check_access(rule: Rule, principal: str | None, request: Any, what: str) ->
 
 
 def _check(rule: Rule, authorizer: Authorizer, principal: str | None, request: Any, what: str) -> None:
-    if not _check_access(rule, principal, request, what):
-        return
-    assert principal is not None
+    if _check_access(rule, principal, request, what):
+        assert principal is not None
+        _check_needs(rule, authorizer, principal, request)
+
+
+def _check_needs(rule: Rule, authorizer: Authorizer, principal: str, request: Any) -> None:
+    """What the ACLs must allow for ``rule`` (after :func:`_check_access` said they decide)."""
     for need in rule.needs:
         if rule.any_resource:
             if not authorizer.may_on_any(principal, need.operation, need.resource_type) and not (
@@ -619,6 +624,14 @@ def check_node_access(principal: str | None, request: pb.NodeRequest) -> bool:
     not; returns True when the ACLs must still decide (:func:`check_node_request`)."""
     rule, kind = _node_rule_of(principal, request)
     return _check_access(rule, principal, getattr(request, kind), kind)
+
+
+def check_node_acls(authorizer: Authorizer, principal: str, request: pb.NodeRequest) -> None:
+    """The ACL part of :func:`check_node_request` alone, for a caller that has just had
+    :func:`check_node_access` answer True for this request (the node's guard): the access
+    checks are not made twice per request."""
+    rule, kind = _node_rule_of(principal, request)
+    _check_needs(rule, authorizer, principal, getattr(request, kind))
 
 
 def check_node_request(authorizer: Authorizer, principal: str | None, request: pb.NodeRequest) -> None:

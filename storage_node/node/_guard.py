@@ -27,7 +27,7 @@ front end for every request before anything else sees it:
    deduplication window, in another producer's name;
 4. a body whose rule leaves the decision to the ACLs (a client's request, the
    tiering job's sealed-segment read) goes to ``authorize(principal, request)``
-   (the node's ACLs, :func:`robustmq.security.check_node_request`; the default
+   (the node's ACLs, :func:`robustmq.security.check_node_acls`; the default
    allows), which raises ``AuthorizationFailed`` to refuse.
 
 A refused request is answered with its error as any other error answer; it

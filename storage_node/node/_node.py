@@ -122,7 +122,7 @@ from robustmq.errors import (
     ShardNotFound,
     Unavailable,
 )
-from robustmq.security import Authorizer, Claims, CurveKeyPair, check_node_request
+from robustmq.security import Authorizer, Claims, CurveKeyPair, check_node_acls
 from robustmq.security._client_auth import Credentials
 
 from ..engine._driver_manager import StorageDriverManager
@@ -544,7 +544,7 @@ class StorageNode(NodeReads):
         )
 
     def _authorize(self, principal: str, request: pb.NodeRequest) -> None:
-        check_node_request(self.acl, principal, request)
+        check_node_acls(self.acl, principal, request)  # the guard checked who may send it
 
     def _check_claims(self, claims: Claims) -> None:
         """A password user's token names its credential version: a removed user or a changed

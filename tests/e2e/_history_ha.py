@@ -59,10 +59,9 @@ from robustmq._proto import robustmq_pb2_grpc as pb_grpc
 from robustmq.errors import RobustMQError
 from tests.e2e._etcd import EtcdCluster
 from tests.e2e._history import INFO, INVOKE, OK, History
-from tests.e2e._history_nemesis import Crash, Fault, Nemesis
+from tests.e2e._history_nemesis import Crash, Fault
 from tests.e2e._history_netrun import record_replicas
-from tests.e2e._history_run import FINAL, create_topics, final_phase, join_workers, run_nemesis, stuck
-from tests.e2e._history_worker import Worker
+from tests.e2e._history_run import FINAL, run, stuck
 from tests.e2e._history_workload import HA_LEASE_S, HA_NODE_TIMEOUT_MS, Settings, TopicSlot
 from tests.e2e._procs import READY_TIMEOUT_S, ServerProcess, free_port
 
@@ -274,28 +273,7 @@ def ha_faults_of(cluster: HACluster) -> dict[str, Fault]:
 
 def run_ha(settings: Settings, root: Path, cluster: HACluster) -> History:
     """Run ``settings`` (an HA variant) against ``cluster``; see the module docstring."""
-    history = History()
-    stop = threading.Event()
-    nemesis: Nemesis | None = None
-    try:
-        cluster.start()
-        slots = create_topics(settings, history, cluster.meta_address)
-        workers = [
-            Worker(index, settings, slots, history, cluster.meta_address, stop)
-            for index in range(len(settings.worker_seeds))
-        ]
-        nemesis = Nemesis(ha_faults_of(cluster), settings.faults, history, stop)
-        for worker in workers:
-            worker.start()
-        run_nemesis(nemesis, settings, history, stop)
-        join_workers(workers, settings, history)
-        final_phase(settings, slots, history, cluster.meta_address)
-        final_meta(settings, slots, history, cluster.meta_address)
-    finally:
-        stop.set()
-        if nemesis is not None:
-            nemesis.heal_all()
-        cluster.stop()
+    history = run(settings, root, cluster, faults=ha_faults_of, after_final=final_meta)
     record_replicas(cluster, history)
     return history
 

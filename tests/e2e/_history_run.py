@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from robustmq import Credentials
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import InvalidRequest, RobustMQError, TopicNotFound
 from tests.e2e._history import INFO, OK, History, write_outcome, write_value
-from tests.e2e._history_nemesis import Nemesis, faults_of
+from tests.e2e._history_nemesis import Fault, Nemesis, faults_of
 from tests.e2e._history_worker import Worker, assigned_producer, create_topic, refused
 from tests.e2e._history_workload import Settings, TopicPlan, TopicSlot
 from tests.e2e._procs import Cluster
@@ -56,8 +57,17 @@ class ReplicationUnavailable(RuntimeError):
     """The cluster refuses replicated topics (replication is not built yet): skip, don't fail."""
 
 
-def run(settings: Settings, root: Path, cluster: Cluster | None = None) -> History:
-    """Run ``settings`` against a fresh cluster under ``root``; return the recorded history."""
+def run(
+    settings: Settings,
+    root: Path,
+    cluster: Any = None,
+    *,
+    faults: Callable[[Any], dict[str, Fault]] = faults_of,
+    after_final: Callable[[Settings, list[TopicSlot], History, str], None] | None = None,
+) -> History:
+    """Run ``settings`` against ``cluster`` (default: a fresh :class:`Cluster` under ``root``;
+    anything with ``start``, ``stop`` and ``meta_address``), with the nemesis's ``faults(cluster)``;
+    ``after_final`` records more after the final reads (the HA run's ``final_meta``)."""
     history = History()
     cluster = cluster or Cluster(root, log_dir=root)
     stop = threading.Event()
@@ -69,12 +79,14 @@ def run(settings: Settings, root: Path, cluster: Cluster | None = None) -> Histo
             Worker(index, settings, slots, history, cluster.meta_address, stop)
             for index in range(len(settings.worker_seeds))
         ]
-        nemesis = Nemesis(faults_of(cluster), settings.faults, history, stop)
+        nemesis = Nemesis(faults(cluster), settings.faults, history, stop)
         for worker in workers:
             worker.start()
         run_nemesis(nemesis, settings, history, stop)
         join_workers(workers, settings, history)
         final_phase(settings, slots, history, cluster.meta_address)
+        if after_final is not None:
+            after_final(settings, slots, history, cluster.meta_address)
     finally:
         stop.set()
         if nemesis is not None:

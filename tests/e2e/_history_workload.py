@@ -127,6 +127,25 @@ _RF3_SHORT = _Variant(
     recreate_weights=(0,),  # see rf1_net
 )
 
+# A Meta Service of two instances on etcd, three storage nodes (RF 3, acks=all), on loopback:
+# the leading Meta Service killed (and started again), storage nodes killed, and a node
+# failover pending while the leading Meta Service dies; workers create new topics too.
+_HA_SHORT = _Variant(
+    duration_s=40.0,
+    workers=3,
+    topics=2,
+    faults_of_each_kind=1,
+    extra_faults=1,
+    gap_s=(1.0, 3.0),
+    pause_s=(3.0, 8.0),
+    down_s=(0.5, 4.0),
+    nodes=3,
+    replication_factor=3,
+    recreate_weights=(0,),  # no delete + re-create on several nodes (see "rf1_net")
+    meta_replicas=2,
+    ha_categories=("kill_meta_leader", "kill", "failover"),
+)
+
 VARIANTS = {
     # make test: one fault of each kind plus up to two more, ~45 s of operations.
     "short": _Variant(42.0, 3, 2, 1, 2, (0.5, 2.0), (0.5, 2.5), (0.0, 1.0)),
@@ -178,40 +197,18 @@ VARIANTS = {
         old_faults=1,
         spares=1,
     ),
-    # A Meta Service of two instances on etcd, three storage nodes (RF 3, acks=all), on loopback:
-    # the leading Meta Service killed (and started again), storage nodes killed, and a node
-    # failover pending while the leading Meta Service dies; workers create new topics too.
-    # make test: ~40 s, one fault of each kind plus up to one more.
-    "ha_short": _Variant(
-        duration_s=40.0,
-        workers=3,
-        topics=2,
-        faults_of_each_kind=1,
-        extra_faults=1,
-        gap_s=(1.0, 3.0),
-        pause_s=(3.0, 8.0),
-        down_s=(0.5, 4.0),
-        nodes=3,
-        replication_factor=3,
-        recreate_weights=(0,),  # see rf1_net
-        meta_replicas=2,
-        ha_categories=("kill_meta_leader", "kill", "failover"),
-    ),
+    # make test: ~40 s, one fault of each kind plus up to one more (_HA_SHORT).
+    "ha_short": _HA_SHORT,
     # make test-long: ~5 minutes, every HA fault (pauses of the leader past its lease too) four
     # times plus up to eight more.
-    "ha_long": _Variant(
+    "ha_long": replace(
+        _HA_SHORT,
         duration_s=300.0,
         workers=4,
         topics=3,
         faults_of_each_kind=4,
         extra_faults=8,
         gap_s=(1.0, 6.0),
-        pause_s=(3.0, 8.0),
-        down_s=(0.5, 4.0),
-        nodes=3,
-        replication_factor=3,
-        recreate_weights=(0,),  # see rf1_net
-        meta_replicas=2,
         ha_categories=("kill_meta_leader", "kill", "failover", "pause_meta_leader"),
     ),
     # make test-long: every operation kind three times and the old faults by slot (at least 30

@@ -193,6 +193,17 @@ def _snappy(payload: bytes, out: np.ndarray) -> np.ndarray:
     return out[:written]
 
 
+def _record_length_at(body: bytes, position: int, index: int, count: int) -> tuple[int, int, int]:
+    """Record ``index``'s length prefix at ``position``: ``(raw varint, its width, the length)``."""
+    if position >= len(body):
+        raise _corrupt(f"{count} records announced, {index} found")
+    raw, width = _varint_at(body, position)
+    length = (raw >> 1) ^ -(raw & 1)
+    if length < 0:
+        raise _corrupt(f"record {index} has a negative length")
+    return raw, width, length
+
+
 def _record_bounds(body: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
     """``(start of each record's attributes byte, end of each record)``.
 
@@ -212,12 +223,7 @@ def _record_bounds(body: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
     index = position = 0
     window = 64
     while index < count:
-        if position >= size:
-            raise _corrupt(f"{count} records announced, {index} found")
-        raw, width = _varint_at(body, position)
-        length = (raw >> 1) ^ -(raw & 1)
-        if length < 0:
-            raise _corrupt(f"record {index} has a negative length")
+        raw, width, length = _record_length_at(body, position, index, count)
         stride = width + length
         guesses = min(window, count - index, (size - position) // stride if stride else 1)
         if guesses > 1:
@@ -235,12 +241,7 @@ def _record_bounds(body: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
         if run < 8:  # sizes vary here: follow a stretch of lengths one by one
             stop = min(count, index + 256)
             while index < stop:
-                if position >= size:
-                    raise _corrupt(f"{count} records announced, {index} found")
-                raw, width = _varint_at(body, position)
-                length = (raw >> 1) ^ -(raw & 1)
-                if length < 0:
-                    raise _corrupt(f"record {index} has a negative length")
+                _, width, length = _record_length_at(body, position, index, count)
                 heads[index] = position + width
                 position += width + length
                 ends[index] = position

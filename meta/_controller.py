@@ -331,9 +331,7 @@ class MetaController(
         default page), sorted by name, and the next page's token ("" on the last page)."""
         if page_token:
             require_topic(page_token)
-        if limit < 0:
-            raise InvalidRequest(f"limit must not be negative, got {limit}", limit=limit)
-        limit = min(limit or TOPIC_PAGE_DEFAULT, TOPIC_PAGE_MAX)
+        limit = _page_size(limit, TOPIC_PAGE_DEFAULT, TOPIC_PAGE_MAX)
         with self._locked():
             return self._topics.page(page_token, limit)
 
@@ -853,9 +851,7 @@ class MetaController(
         """One page of group names (``limit`` 0: the default size) and the next token ("" at the end)."""
         if page_token:
             require_group(page_token)
-        if limit < 0:
-            raise InvalidRequest(f"limit must not be negative, got {limit}", limit=limit)
-        limit = min(limit or GROUP_PAGE_DEFAULT, GROUP_PAGE_MAX)
+        limit = _page_size(limit, GROUP_PAGE_DEFAULT, GROUP_PAGE_MAX)
         with self._locked():
             return self._offsets.groups_page(page_token, limit)
 
@@ -928,3 +924,11 @@ def _usable_progress(
             skipped[0],
         )
     return reports
+
+
+def _page_size(limit: int, default: int, most: int) -> int:
+    """A listing's page size: ``limit`` (0: ``default``), at most ``most``; a negative one is
+    ``InvalidRequest``."""
+    if limit < 0:
+        raise InvalidRequest(f"limit must not be negative, got {limit}", limit=limit)
+    return min(limit or default, most)

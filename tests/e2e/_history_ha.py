@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -63,7 +62,7 @@ from tests.e2e._history_nemesis import Crash, Fault
 from tests.e2e._history_netrun import record_replicas
 from tests.e2e._history_run import FINAL, run, stuck
 from tests.e2e._history_workload import HA_LEASE_S, HA_NODE_TIMEOUT_MS, Settings, TopicSlot
-from tests.e2e._procs import READY_TIMEOUT_S, ServerProcess, free_port
+from tests.e2e._procs import ServerProcess, free_port, start_together
 
 __all__ = ["HACluster", "final_meta", "ha_faults_of", "run_ha"]
 
@@ -155,29 +154,12 @@ class HACluster:
                 raise TimeoutError(f"no single Meta Service leader within {timeout_s}s (leading: {leading})")
             time.sleep(0.1)
 
-    def _start_all(self, servers: list[ServerProcess]) -> None:
-        failures: list[BaseException] = []
-
-        def start(server: ServerProcess) -> None:
-            try:
-                server.start()
-            except BaseException as error:  # raised below, on the caller's thread
-                failures.append(error)
-
-        threads = [threading.Thread(target=start, args=(server,)) for server in servers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(READY_TIMEOUT_S + 30)  # each start gives up after READY_TIMEOUT_S
-        if failures:
-            raise failures[0]
-
     def start(self) -> HACluster:
         try:
             self.etcd.start()
-            self._start_all(self.metas)
+            start_together(self.metas)
             self.leader()
-            self._start_all(list(self.servers.values()))
+            start_together(list(self.servers.values()))
         except BaseException:
             self.stop()
             raise

@@ -179,6 +179,26 @@ def running(args: Sequence[str], **kwargs: object) -> Iterator[ServerProcess]:
         server.stop()
 
 
+def start_together(servers: Sequence[ServerProcess]) -> None:
+    """Start ``servers`` at once (a thread each); raise the first failure, after every start
+    ended (each gives up after ``READY_TIMEOUT_S``)."""
+    failures: list[BaseException] = []
+
+    def start(server: ServerProcess) -> None:
+        try:
+            server.start()
+        except BaseException as error:  # raised below, on the caller's thread
+            failures.append(error)
+
+    threads = [threading.Thread(target=start, args=(server,)) for server in servers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(READY_TIMEOUT_S + 30)
+    if failures:
+        raise failures[0]
+
+
 class JsonLineProcess:
     """A helper process that prints ``ready``, then answers each JSON command line on its stdin
     with one JSON line (``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``) and exits when
@@ -384,21 +404,7 @@ class NodeCluster:
 
     def start_nodes(self, indexes: Iterable[int]) -> None:
         """Start these nodes at once (each prints ``ready`` once registered)."""
-        failures: list[BaseException] = []
-
-        def start(i: int) -> None:
-            try:
-                self.nodes[i].start()
-            except BaseException as error:
-                failures.append(error)
-
-        threads = [threading.Thread(target=start, args=(i,)) for i in indexes]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(READY_TIMEOUT_S + 30)  # each start gives up after READY_TIMEOUT_S
-        if failures:
-            raise failures[0]
+        start_together([self.nodes[i] for i in indexes])
 
     def add_node(self) -> int:
         """Start one more storage node (scale-out); its index."""

@@ -89,7 +89,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import rocksdict
 
@@ -188,19 +188,17 @@ class RocksDBMetaStore:
             raise Unavailable(f"meta store read failed: {exc}", path=str(self._path)) from exc
         return None if value is None else bytes(value)
 
-    def _bounded_iterator(self, prefix: bytes) -> Any:
-        """An iterator that ends at ``prefix``'s end: without the bound, finding that the prefix
-        is over means skipping every deleted key that follows it (a deleted 10,000-partition
-        topic leaves tens of thousands), on every scan."""
+    def scan(self, prefix: bytes, *, start: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        self._check_open()
+        # The upper bound stops the iterator at the prefix's end: without it, finding that
+        # the prefix is over means skipping every deleted key that follows it (a deleted
+        # 10,000-partition topic leaves tens of thousands), on every scan. ``options`` must
+        # live as long as the iterator (it holds the bound's bytes): keep it in this frame.
         options = rocksdict.ReadOptions()
         end = _prefix_end(prefix)
         if end is not None:
             options.set_iterate_upper_bound(end)
-        return self._db.iter(options)
-
-    def scan(self, prefix: bytes, *, start: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
-        self._check_open()
-        iterator = self._bounded_iterator(prefix)
+        iterator = self._db.iter(options)
         iterator.seek(max(prefix, start))
         while iterator.valid():
             key = bytes(iterator.key())
@@ -213,7 +211,11 @@ class RocksDBMetaStore:
         self._check_open()
         # The upper bound makes seek_to_last land on the prefix's last key. (No lower bound: the
         # rocksdict in use sets the upper one instead; the loop stops at the first key below.)
-        iterator = self._bounded_iterator(prefix)
+        options = rocksdict.ReadOptions()
+        end = _prefix_end(prefix)
+        if end is not None:
+            options.set_iterate_upper_bound(end)
+        iterator = self._db.iter(options)
         iterator.seek_to_last()
         while iterator.valid():
             key = bytes(iterator.key())

@@ -51,7 +51,7 @@ def test_per_thread_objects_add_up_to_every_observation() -> None:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        thread.join(60)
     assert len(counts.every()) == 8
     assert sum(histogram.count for histogram in counts.every()) == 80_000
 

@@ -30,7 +30,7 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._proto import robustmq_pb2_grpc as pb_grpc
 from robustmq.errors import NotLeader, RobustMQError, Unavailable
 from tests.e2e._etcd import EtcdCluster
-from tests.e2e._procs import ServerProcess, free_port, wait_until
+from tests.e2e._procs import ServerProcess, free_port, start_together, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -72,21 +72,7 @@ class MetaSet:
         return f"127.0.0.1:{self.ports[index]}"
 
     def start(self) -> MetaSet:
-        errors: list[BaseException] = []
-
-        def start_one(meta: ServerProcess) -> None:
-            try:
-                meta.start()
-            except BaseException as exc:  # reported below, on the test's thread
-                errors.append(exc)
-
-        threads = [threading.Thread(target=start_one, args=(meta,)) for meta in self.metas]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
+        start_together(self.metas)
         return self
 
     def start_node(self, meta_index: int) -> ServerProcess:

@@ -318,11 +318,9 @@ def test_merge_frame_merges_in_spark_tasks_spread_by_a_shuffle_or_in_one(spark: 
     model: Model = {}
     ends = [0, 0]
     rng = random.Random(3)
-    # The first batch is spread over the 2 cores (nothing says how large it is), the next ones,
-    # as small as it was, go to one task with no shuffle; the third goes by a large hint again.
-    for batch, tasks in enumerate([2, 1, 2]):
-        if batch == 2:
-            merger = CompactMerger(path, topic="t", incarnation=1, expected_batch_bytes=TASK_BYTES + 1)
+    # The first batch is spread over the 2 cores (nothing says how large it is); the next one, as
+    # small as it was, goes to one task with no shuffle.
+    for batch, tasks in enumerate([2, 1]):
         assert merger.merge_tasks(3, 2) == tasks
         records = _history(rng, 2000, 300, ends)
         _apply(model, records)
@@ -331,6 +329,9 @@ def test_merge_frame_merges_in_spark_tasks_spread_by_a_shuffle_or_in_one(spark: 
         assert (result.records, result.fresh) == (2000, 2000)
         assert result.metrics["buckets"] == 3
         assert _table_state(path) == model
+    for hint, tasks in ((1, 1), (TASK_BYTES + 1, 2), (10 * TASK_BYTES, 3)):  # a task per TASK_BYTES
+        hinted = CompactMerger(path, topic="t", incarnation=1, expected_batch_bytes=hint)
+        assert hinted.merge_tasks(3, 8) == tasks
     # tags and headers cross from the JVM as JSON text: they come back as they were sent
     stored = open_table(TableLocation.parse(path), None).to_pyarrow_dataset().to_table(use_threads=False)
     expected = _with_tags_and_headers(stored.select(["offset"]).append_column("key", stored.column("key")))

@@ -159,7 +159,7 @@ class LeaderElection:
                     self.leader = unb64(kv.get("value")).decode("utf-8", errors="replace")
             return
         revision = int(answer["header"]["revision"])
-        fence = Fence(self._key, lease, revision, on_lost=self._lost)
+        fence = Fence(self._key, lease, revision, on_lost=self._lost, ttl_s=self.ttl_s, renewed=granted)
         self._fence = fence
         self._renewed = granted
         self.leader = self.advertise
@@ -198,7 +198,7 @@ class LeaderElection:
             fence.lose("the etcd lease expired")
             self._end_term("the etcd lease expired (this process was paused or cut off)", revoke=False)
             return
-        self._renewed = sent
+        self._renewed = fence.renewed = sent
         self._wake.wait(max(0.0, interval_s - (time.monotonic() - sent)))
 
     def _lost(self, reason: str) -> None:

@@ -24,7 +24,9 @@ names, or the next address when it names none, and the call is sent again
 whatever its retry rule; a failed transport (refused, reset, no answer in time)
 moves later calls to the next address, and the call itself follows its retry
 rule there. Moving to an address not tried since the last pause is immediate; the
-back-off comes once every address was tried. A call sent at most once
+back-off comes once every address was tried, and while an election is on (an
+instance answered ``NotLeader`` or ``taking_over``) it is at most
+:data:`_ELECTION_PAUSE_S` (0.1 s), so a new leader is found within that. A call sent at most once
 (``remove_node``...) is sent only on a connected channel when there are several
 addresses, so an instance that is down costs at most a second
 (:data:`_CONNECT_S`) and never a doubt about whether the call ran. One session
@@ -112,6 +114,10 @@ __all__ = [
 ERROR_METADATA_KEY = "robustmq-error-bin"
 _BACKOFF_FIRST_S = 0.05
 _BACKOFF_MAX_S = 1.0
+# The longest pause while an election is on (an instance answered NotLeader or "taking over"):
+# followers answer at once, without etcd, and the new leader serves a moment after it is
+# elected, so asking again this often finds it this soon, at the price of cheap refusals.
+_ELECTION_PAUSE_S = 0.1
 PLACEMENT_WAIT_S = 5.0  # how long create_topic asks again while the service cannot place it yet
 _PLACEMENT_RETRY_S = 0.25
 _ATTEMPT_MIN_S = 0.05  # an attempt with less time left than this is not started
@@ -451,8 +457,11 @@ class MetaClient:
         exc: BaseException | None,
     ) -> bool:
         """Before the next attempt: at once if the next address was not tried since the last pause,
-        else sleep ``backoff_s`` (True: paused). Raises ``error`` if the deadline leaves no attempt."""
+        else sleep ``backoff_s`` (at most :data:`_ELECTION_PAUSE_S` while an election is on; True:
+        paused). Raises ``error`` if the deadline leaves no attempt."""
         pause_s = 0.0 if self.addresses.current not in tried else backoff_s
+        if isinstance(error, NotLeader) or error.fields.get("reason") == "taking_over":
+            pause_s = min(pause_s, _ELECTION_PAUSE_S)
         if time.monotonic() + max(pause_s, _ATTEMPT_MIN_S) >= deadline:
             raise self._final(error) from exc
         if pause_s:

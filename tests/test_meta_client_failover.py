@@ -154,6 +154,29 @@ def test_when_no_instance_leads_the_call_ends_at_its_deadline_with_not_leader() 
             client.close()
 
 
+def test_while_an_election_is_on_the_client_asks_again_at_least_every_tenth_of_a_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Followers answering NotLeader (no leader yet) are asked again within 0.1 s, not after a
+    back-off grown to a second: the new leader is found as soon as it serves."""
+    pauses: list[float] = []
+    sleep = time.sleep
+
+    def recorded(seconds: float) -> None:
+        pauses.append(seconds)
+        sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", recorded)
+    with Follower(leader="") as one, Follower(leader="") as two:
+        client = MetaClient([one.address, two.address], timeout_s=1.0)
+        try:
+            with pytest.raises(NotLeader):
+                client.list_topics()
+        finally:
+            client.close()
+    assert len(pauses) >= 5 and max(pauses) <= 0.1, pauses
+
+
 def test_every_address_down_is_unavailable_naming_them_all() -> None:
     dead = [_closed_port(), _closed_port()]
     with MetaClient(dead, timeout_s=1.0) as client, pytest.raises(Unavailable) as raised:

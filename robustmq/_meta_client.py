@@ -21,12 +21,14 @@ Several addresses (``"h1:7070,h2:7070"`` or a list; :mod:`robustmq._meta_address
 are the instances of one highly available Meta Service. Calls go to the current
 one; a ``NotLeader`` answer (a follower's: it ran nothing) moves to the leader it
 names, or the next address when it names none, and the call is sent again
-whatever its retry rule; a failed transport (refused, reset, no answer in time)
-moves later calls to the next address, and the call itself follows its retry
-rule there. Moving to an address not tried since the last pause is immediate; the
-back-off comes once every address was tried, and while an election is on (an
-instance answered ``NotLeader`` or ``taking_over``) it is at most
-:data:`_ELECTION_PAUSE_S` (0.1 s), so a new leader is found within that. A call sent at most once
+whatever its retry rule (so is one answered ``Unavailable`` with reason
+``taking_over``: a just-elected leader loading its state, which ran nothing); a
+failed transport (refused, reset, no answer in time) moves later calls to the next
+address, and the call itself follows its retry rule there. Moving to an address not
+tried since the last pause is immediate; the back-off comes once every address was
+tried, and while an election is on (an instance answered ``NotLeader`` or
+``taking_over``) it is at most :data:`_ELECTION_PAUSE_S` (0.1 s), so a new leader is
+found within that. A call sent at most once
 (``remove_node``...) is sent only on a connected channel when there are several
 addresses, so an instance that is down costs at most a second
 (:data:`_CONNECT_S`) and never a doubt about whether the call ran. One session
@@ -433,6 +435,8 @@ class MetaClient:
                     logged_in_again = True
                     continue
                 not_leader = from_service and isinstance(error, NotLeader)
+                # A leader still loading its state ran nothing either: asked again like NotLeader.
+                loading = from_service and error.fields.get("reason") == "taking_over"
                 if not_leader:
                     leader = error.fields.get("leader", "")
                     self.addresses.not_leader(
@@ -442,7 +446,7 @@ class MetaClient:
                     # Refused, reset, or no answer at all (a paused process): the next call
                     # goes to the next address (a live follower sends it on to the leader).
                     self.addresses.unreachable(address, time.monotonic())
-                if not (not_leader or _should_retry(error, from_service, retry)):
+                if not (not_leader or loading or _should_retry(error, from_service, retry)):
                     raise self._final(error) from exc
                 if self._pause_or_raise(error, tried, deadline, backoff_s, exc):
                     backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)

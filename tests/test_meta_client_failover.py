@@ -26,10 +26,13 @@ from tests.e2e._procs import free_port
 
 
 class Follower:
-    """A gRPC server that answers every Meta Service RPC ``NotLeader(leader=...)`` and counts them."""
+    """A gRPC server that answers every Meta Service RPC ``NotLeader(leader=...)`` and counts them;
+    the first ``taking_over`` calls get what a just-elected leader answers while it loads its state
+    (``Unavailable``, reason ``taking_over``)."""
 
-    def __init__(self, leader: str) -> None:
+    def __init__(self, leader: str, *, taking_over: int = 0) -> None:
         self.leader = leader
+        self.taking_over = taking_over
         self.calls: list[str] = []
         self._lock = threading.Lock()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -43,9 +46,12 @@ class Follower:
         def refuse(request: bytes, context: grpc.ServicerContext) -> bytes:
             with self._lock:
                 self.calls.append(method.rsplit("/", 1)[-1])
-            error = NotLeader(
+                loading = len(self.calls) <= self.taking_over
+            error: Unavailable = NotLeader(
                 f"this Meta Service is not the leader; ask {self.leader or 'again'}", leader=self.leader
             )
+            if loading:
+                error = Unavailable("this Meta Service was just elected: retry", reason="taking_over")
             context.set_trailing_metadata(((ERROR_METADATA_KEY, error_info(error).SerializeToString()),))
             context.abort(grpc.StatusCode.UNAVAILABLE, error.message)
 
@@ -125,6 +131,20 @@ def test_not_leader_naming_no_leader_moves_to_the_next_address(live: MetaServer)
     ):
         assert client.list_nodes() == []
         assert follower.calls == ["ListNodes"]
+        assert client.address == live.address
+
+
+def test_a_write_sent_to_a_leader_still_loading_its_state_is_sent_again(live: MetaServer) -> None:
+    """``taking_over`` means nothing ran (the leader serves nothing while it loads): even a write
+    that is otherwise not sent again after a service's answer is sent again, not failed."""
+    with (
+        Follower(leader=live.address, taking_over=2) as loading,
+        MetaClient(loading.address, timeout_s=10) as client,
+    ):
+        client.register_node("n1", "tcp://127.0.0.1:1")
+        client.heartbeat("n1", "tcp://127.0.0.1:1")
+        assert client.create_topic("orders").name == "orders"
+        assert loading.calls == ["RegisterNode", "RegisterNode", "RegisterNode"]
         assert client.address == live.address
 
 

@@ -387,6 +387,7 @@ class MetaClient:
             deadline = time.monotonic() + self.timeout_s
         backoff_s = _BACKOFF_FIRST_S
         logged_in_again = False
+        electing = False  # an instance answered NotLeader or taking_over: pauses stay short
         tried: set[str] = set()
         while True:
             address = self.addresses.current
@@ -407,7 +408,7 @@ class MetaClient:
                         f"meta service at {address} is unreachable (no connection within {_CONNECT_S}s)",
                         address=address,
                     )
-                    if self._pause_or_raise(error, tried, deadline, backoff_s, None):
+                    if self._pause_or_raise(error, tried, deadline, backoff_s, None, electing):
                         backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
                         tried.clear()
                     continue
@@ -437,6 +438,7 @@ class MetaClient:
                 not_leader = from_service and isinstance(error, NotLeader)
                 # A leader still loading its state ran nothing either: asked again like NotLeader.
                 loading = from_service and error.fields.get("reason") == "taking_over"
+                electing = electing or not_leader or loading
                 if not_leader:
                     leader = error.fields.get("leader", "")
                     self.addresses.not_leader(
@@ -448,7 +450,7 @@ class MetaClient:
                     self.addresses.unreachable(address, time.monotonic())
                 if not (not_leader or loading or _should_retry(error, from_service, retry)):
                     raise self._final(error) from exc
-                if self._pause_or_raise(error, tried, deadline, backoff_s, exc):
+                if self._pause_or_raise(error, tried, deadline, backoff_s, exc, electing):
                     backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
                     tried.clear()
 
@@ -459,12 +461,14 @@ class MetaClient:
         deadline: float,
         backoff_s: float,
         exc: BaseException | None,
+        electing: bool,
     ) -> bool:
         """Before the next attempt: at once if the next address was not tried since the last pause,
-        else sleep ``backoff_s`` (at most :data:`_ELECTION_PAUSE_S` while an election is on; True:
-        paused). Raises ``error`` if the deadline leaves no attempt."""
+        else sleep ``backoff_s`` (at most :data:`_ELECTION_PAUSE_S` once this call met an election:
+        the old leader's address failing meanwhile does not lengthen it; True: paused). Raises
+        ``error`` if the deadline leaves no attempt."""
         pause_s = 0.0 if self.addresses.current not in tried else backoff_s
-        if isinstance(error, NotLeader) or error.fields.get("reason") == "taking_over":
+        if electing:
             pause_s = min(pause_s, _ELECTION_PAUSE_S)
         if time.monotonic() + max(pause_s, _ATTEMPT_MIN_S) >= deadline:
             raise self._final(error) from exc

@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from robustmq import _meta_addresses as meta_addresses
 from robustmq._meta_client import ERROR_METADATA_KEY, MetaClient
 from robustmq._wire import error_info
 from robustmq.errors import InvalidConfig, InvalidRequest, NotLeader, TopicNotFound, Unavailable
@@ -177,8 +178,9 @@ def test_when_no_instance_leads_the_call_ends_at_its_deadline_with_not_leader() 
 def test_while_an_election_is_on_the_client_asks_again_at_least_every_tenth_of_a_second(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Followers answering NotLeader (no leader yet) are asked again within 0.1 s, not after a
-    back-off grown to a second: the new leader is found as soon as it serves."""
+    """A follower answering NotLeader naming the dead leader (its lease has not run out yet), and
+    the dead leader's address refusing, are asked again within 0.1 s, not after a back-off grown to
+    a second: the new leader is found as soon as it serves."""
     pauses: list[float] = []
     sleep = time.sleep
 
@@ -187,10 +189,14 @@ def test_while_an_election_is_on_the_client_asks_again_at_least_every_tenth_of_a
         sleep(seconds)
 
     monkeypatch.setattr(time, "sleep", recorded)
-    with Follower(leader="") as one, Follower(leader="") as two:
-        client = MetaClient([one.address, two.address], timeout_s=1.0)
+    # The dead address is skipped for this long after it failed, then asked again (as the bench
+    # saw it: the follower still names it until the lease runs out): shortened to fit the test.
+    monkeypatch.setattr(meta_addresses, "UNREACHABLE_HOLD_S", 0.3)
+    dead = _closed_port()
+    with Follower(leader=dead) as one:
+        client = MetaClient([one.address, dead], timeout_s=1.5)
         try:
-            with pytest.raises(NotLeader):
+            with pytest.raises(Unavailable):
                 client.list_topics()
         finally:
             client.close()

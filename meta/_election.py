@@ -41,8 +41,8 @@ __all__ = ["DEFAULT_LEASE_TTL_S", "LeaderElection"]
 
 # etcd's shortest lease with its default timing. A dead leader is replaced 1.3 to 2.5 s after
 # it died (the lease runs out 1.3 to 2 s after the last renewal, etcd checks expiries every
-# 0.5 s). On a 2-core machine at load average ~30 it cost one needless election in 300 s
-# (a renewal late by 2 s; 3 s: none): harmless, as the fence, not the lease, keeps writes safe.
+# 0.5 s). On a 2-core machine at load average ~30 it cost one needless election in 900 s
+# (renewals late by 2 s; 3 s: none in 300 s): harmless, the fence, not the lease, keeps writes safe.
 DEFAULT_LEASE_TTL_S = 2
 logger = logging.getLogger("robustmq.meta")
 

@@ -416,6 +416,7 @@ class MetaServer:
         )
         try:
             store = EtcdMetaStore(client, self._etcd_url.prefix, limits=options.limits)
+            store.check_access()  # TLS, the login and the user's rights: one clear error at start
             store.check_limits()
             # Followers answer GetSecurityInfo too (every instance holds the service's identity).
             follower_auth = MetaAuth(

@@ -18,9 +18,15 @@ What it guarantees
 - An error etcd answers on purpose (a txn past ``--max-txn-ops``, a request past
   ``--max-request-bytes``, permission denied) raises :class:`EtcdError` with etcd's
   gRPC ``code`` and text at once: sending it again cannot help.
+- A TLS handshake that fails at every endpoint (etcd's certificate not trusted by our
+  CA, or ours refused by etcd, or, under ``--client-cert-auth``, a client certificate
+  with a CN, which etcd's gateway refuses) raises :class:`EtcdError` at once: waiting
+  cannot mend a setting.
 - With a user, the client logs in (``Auth.Authenticate``) at its first call and again
-  once when etcd says the token is invalid or expired. The password never reaches a
-  log, an error or ``repr``.
+  once when etcd says the token is invalid or expired (etcd's simple tokens expire after
+  ``--auth-token-ttl`` idle seconds); a login etcd refuses (a wrong password) raises
+  :class:`EtcdError`, one it could not answer is retried like any call. The password
+  never reaches a log, an error or ``repr``.
 
 Whether a **write** whose answer was lost took effect is not known to this client:
 :meth:`EtcdClient.txn` reports it as :class:`UnknownOutcome` (an ``Unavailable``) when
@@ -70,8 +76,6 @@ _TRANSIENT = (
 _CODE_UNAVAILABLE = 14
 _CODE_DEADLINE = 4
 _CODE_UNAUTHENTICATED = 16
-# What etcd answers an http:// request on its https port.
-_PLAIN_TO_TLS = b"Client sent an HTTP request to an HTTPS server"
 # What etcd (--client-cert-auth) answers on its JSON gateway to a client certificate with a CN.
 _CN_REFUSED = b"CommonName of client sending a request against gateway"
 
@@ -332,6 +336,8 @@ class EtcdClient:
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
                 kind = UnknownOutcome if write and sent else Unavailable
+                if self._tls is None and "RemoteDisconnected" in last:  # how etcd's https port hangs up
+                    last += " (if etcd serves https, give its CA: --etcd-ca)"
                 raise kind(
                     f"etcd ({', '.join(self.endpoints)}) did not answer {path} "
                     f"within {budget_s:.1f} s: {last}",
@@ -441,8 +447,6 @@ def _exchange(
         connection.close()
     else:
         endpoint.give_back(connection)
-    if status == 400 and raw.startswith(_PLAIN_TO_TLS):
-        raise _Lost("etcd serves TLS on this port: give its CA (--etcd-ca)", False, tls=True)
     if status == 400 and raw.startswith(_CN_REFUSED):
         reason = "etcd refuses a client certificate with a common name (CN) on its JSON gateway: give "
         raise _Lost(reason + "--etcd-cert a certificate without a CN (docs/operators.md)", False, tls=True)

@@ -68,8 +68,10 @@ class EtcdServerTls:
     client_key: Path | None = None
 
     def args(self) -> list[str]:
-        argv = ["--cert-file", str(self.cert), "--key-file", str(self.key), "--trusted-ca-file", str(self.ca)]
-        return [*argv, "--client-cert-auth"] if self.client_cert_auth else argv
+        argv = ["--cert-file", str(self.cert), "--key-file", str(self.key)]
+        if not self.client_cert_auth:
+            return argv  # (with --trusted-ca-file etcd 3.4 asks clients for certificates anyway)
+        return [*argv, "--trusted-ca-file", str(self.ca), "--client-cert-auth"]
 
     def context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.ca))

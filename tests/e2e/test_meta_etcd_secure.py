@@ -16,10 +16,8 @@ simple tokens that expire after 2 idle seconds (``--auth-token-ttl 2``).
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,50 +129,38 @@ def test_an_ha_pair_on_tls_auth_etcd_fails_over_with_everything(secure: SecureEt
         assert not any(PASSWORD in line for line in meta.output), "the etcd password was printed"
 
 
-def test_meta_stops_at_start_with_one_line(secure: SecureEtcd, tmp_path: Path) -> None:
+_CANNOT_START = "robustmq meta: the meta service cannot start: "
+_NO_PASSWORD = "robustmq meta: --etcd-user needs its password: --etcd-password-file FILE or "
+_REFUSALS = {  # what is wrong -> the start of the one line it prints
+    "wrong password": f"{_CANNOT_START}etcd refused the login of user '{USER}': etcdserver: authentication",
+    "untrusted etcd CA": f"{_CANNOT_START}cannot reach etcd over TLS (127.0.0.1:",
+    "no rights on the prefix": f"{_CANNOT_START}etcd user 'outsider' may not read and write the keys under",
+    "no password": f"{_NO_PASSWORD}{ETCD_PASSWORD_ENV}",
+}
+
+
+@pytest.mark.parametrize("case", list(_REFUSALS))
+def test_meta_stops_at_start_with_one_line(secure: SecureEtcd, tmp_path: Path, case: str) -> None:
     wrong = tmp_path / "wrong-password"
     wrong.write_text("not-" + PASSWORD)
-    cannot_start = "robustmq meta: the meta service cannot start: "
-    cases = {  # what is wrong -> (its flags, the start of the one line it prints)
-        "wrong password": (
-            [*secure.tls_args(), "--etcd-user", USER, "--etcd-password-file", str(wrong)],
-            f"{cannot_start}etcd refused the login of user '{USER}': etcdserver: authentication failed",
-        ),
-        "untrusted etcd CA": (
-            [*secure.tls_args(secure.stranger_ca), "--etcd-user", USER, "--etcd-password-file", str(wrong)],
-            f"{cannot_start}cannot reach etcd over TLS (127.0.0.1:",
-        ),
-        "no rights on the prefix": (
-            [
-                *secure.tls_args(),
-                "--etcd-user",
-                "outsider",
-                "--etcd-password-file",
-                str(secure.password_file),
-            ],
-            f"{cannot_start}etcd user 'outsider' may not read and write the keys under {PREFIX}/",
-        ),
-        "no password": (
-            [*secure.tls_args(), "--etcd-user", USER],
-            f"robustmq meta: --etcd-user needs its password: --etcd-password-file FILE or "
-            f"{ETCD_PASSWORD_ENV}",
-        ),
-    }
-
-    def run(case: str) -> subprocess.CompletedProcess[str]:
-        data_dir = tmp_path / case.replace(" ", "-")
-        return cli(
-            "meta", "--data-dir", str(data_dir), "--meta-port", "0", "--store", secure.url(), *cases[case][0]
-        )
-
-    with ThreadPoolExecutor(len(cases)) as pool:  # four interpreters start at once: one wait, not four
-        done = dict(zip(cases, pool.map(run, cases), strict=True))
-    for case, (_, expected) in cases.items():
-        lines = stderr_lines(done[case].stderr)
-        assert done[case].returncode == 1 and len(lines) == 1, (case, done[case].stderr)
-        assert lines[0].startswith(expected), (case, lines[0])
-        assert PASSWORD not in done[case].stderr and "not-" not in done[case].stderr, case
-    assert "etcd's certificate is not trusted" in done["untrusted etcd CA"].stderr
+    ca = secure.stranger_ca if case == "untrusted etcd CA" else None
+    user = "outsider" if case == "no rights on the prefix" else USER
+    # The untrusted CA gets the wrong password too: were TLS not checked first, the login would fail.
+    password = secure.password_file if case == "no rights on the prefix" else wrong
+    flags = [*secure.tls_args(ca), "--etcd-user", user]
+    if case != "no password":
+        flags += ["--etcd-password-file", str(password)]
+    done = cli(
+        "meta", "--data-dir", str(tmp_path / "meta"), "--meta-port", "0", "--store", secure.url(), *flags
+    )
+    lines = stderr_lines(done.stderr)
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert lines[0].startswith(_REFUSALS[case]), lines[0]
+    assert PASSWORD not in done.stderr  # (the wrong password holds it too)
+    if case == "untrusted etcd CA":
+        assert "etcd's certificate is not trusted" in lines[0]
+    if case == "no rights on the prefix":
+        assert f"the keys under {PREFIX}/ " in lines[0]
 
 
 def test_an_idle_client_logs_in_again_once_its_token_expired(secure: SecureEtcd) -> None:

@@ -242,7 +242,10 @@ class Gateway:
                 future.cancel()
             writer.close()
             if connection.principal is not None and self.principals is not None:
-                self.principals.release(connection.principal)
+                try:  # closing a principal's last client joins its threads: not on the loop
+                    self.submit(self.principals.release, connection.principal)
+                except RuntimeError:  # the pool is shut down: the gateway is stopping
+                    self.principals.release(connection.principal)
 
     async def handle(self, connection: Connection, frame: bytes) -> bytes | None:
         """The answer to one request frame (None: none is due)."""

@@ -69,15 +69,11 @@ def _acl(principal: str, resource_type: str, name: str, operation: str) -> pb.Ac
 @pytest.fixture(scope="module")
 def setup() -> Iterator[Setup]:
     import robustmq
-    from robustmq.security._client_auth import Credentials
 
     port = free_port()
     with cli_cluster("--nodes", "1", "--secure", "--kafka-port", str(port)) as cluster:
         credentials = cluster.data_dir / "credentials"
-        admin = Credentials(
-            ca=credentials / "ca.pem", cert=credentials / "admin.pem", key=credentials / "admin.key"
-        )
-        with robustmq.connect(cluster.meta, credentials=admin, timeout_s=30) as client:
+        with robustmq.connect(cluster.meta, credentials=_admin(credentials), timeout_s=30) as client:
             client.create_topic(ORDERS, partitions=1)
             client.create_topic(SECRET, partitions=1)
             for user, password in PASSWORDS.items():
@@ -136,7 +132,6 @@ def test_an_allowed_user_produces_and_reads_with_each_mechanism(setup: Setup, me
 
 def test_an_allowed_group_commits_and_the_cluster_has_the_position(setup: Setup) -> None:
     import robustmq
-    from robustmq.security._client_auth import Credentials
 
     consumer = Consumer(
         setup.config(
@@ -155,12 +150,7 @@ def test_an_allowed_group_commits_and_the_cluster_has_the_position(setup: Setup)
         position = got[-1].offset() + 1
     finally:
         consumer.close()
-    admin = Credentials(
-        ca=setup.credentials / "ca.pem",
-        cert=setup.credentials / "admin.pem",
-        key=setup.credentials / "admin.key",
-    )
-    with robustmq.connect(setup.cluster.meta, credentials=admin, timeout_s=20) as client:
+    with robustmq.connect(setup.cluster.meta, credentials=_admin(setup.credentials), timeout_s=20) as client:
         assert client.meta.fetch_offsets(GROUP, ORDERS) == {0: position}
 
 
@@ -302,3 +292,59 @@ def _read_to_end(sock: socket.socket) -> bytes:
     except (ConnectionError, ssl.SSLError, TimeoutError):
         pass
     return data
+
+
+def test_a_user_made_without_sha_512_keys_logs_in_with_sha_256_only(setup: Setup) -> None:
+    """A user stored before SCRAM-SHA-512 keys were (a CreateUser with the SHA-256 pair alone)."""
+    import robustmq
+    from robustmq.security._scram import MECHANISM, derive_keys
+
+    stored = derive_keys("old-secret")
+    request = pb.CreateUserRequest(
+        user="olduser",
+        mechanism=MECHANISM,
+        salt=stored.salt,
+        iterations=stored.iterations,
+        stored_key=stored.stored_key,
+        server_key=stored.server_key,
+    )
+    with robustmq.connect(setup.cluster.meta, credentials=_admin(setup.credentials), timeout_s=20) as client:
+        client.meta._call("CreateUser", request, "once")
+    errors = _errors_of(AdminClient, setup.config("olduser", "SCRAM-SHA-512", password="old-secret"))
+    assert any(error.code() == KafkaError._AUTHENTICATION for error in errors), errors
+    metadata = AdminClient(setup.config("olduser", "SCRAM-SHA-256", password="old-secret")).list_topics(
+        timeout=10
+    )
+    assert ORDERS not in metadata.topics  # logged in; sees only what it may describe (nothing)
+
+
+def test_a_removed_user_loses_its_connected_session(setup: Setup) -> None:
+    import robustmq
+
+    with robustmq.connect(setup.cluster.meta, credentials=_admin(setup.credentials), timeout_s=20) as client:
+        client.meta.create_user("dora", "dora-secret")
+        client.meta.create_acl(_acl("user:dora", "topic", ORDERS, "write"))
+    producer = Producer(
+        setup.config("dora", password="dora-secret", **{"enable.idempotence": False, "retries": 0})
+    )
+    results: list[Any] = []
+
+    def send() -> Any:
+        producer.produce(ORDERS, value=b"dora", partition=0, on_delivery=lambda e, _m: results.append(e))
+        producer.flush(10)
+        return results.pop()
+
+    wait_until(lambda: send() is None, timeout_s=20, interval_s=0.3)  # the node knows dora's ACL
+    with robustmq.connect(setup.cluster.meta, credentials=_admin(setup.credentials), timeout_s=20) as client:
+        client.meta.delete_user("dora")
+    # the same connection's next produces are refused once the node learns of the removal
+    refused: list[Any] = []
+    wait_until(lambda: (error := send()) is not None and refused.append(error.code()) is None, timeout_s=20)
+    assert refused[-1] == KafkaError.SASL_AUTHENTICATION_FAILED, refused
+
+
+def _admin(creds: Path) -> Any:
+    """The cluster admin's credentials (its certificate, from ``cluster --secure``)."""
+    from robustmq.security._client_auth import Credentials
+
+    return Credentials(ca=creds / "ca.pem", cert=creds / "admin.pem", key=creds / "admin.key")

@@ -186,6 +186,23 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     (["acl"], 2, "required", None),
     (["kafka-gateway", "--port", "abc"], 2, "--port", None),
     (["kafka-gateway", "--host", "0.0.0.0"], 2, "--insecure", None),
+    # SASL over plaintext would send passwords in clear: off loopback only with a TLS listener
+    (
+        [
+            "kafka-gateway",
+            "--host",
+            "0.0.0.0",
+            "--advertise",
+            "203.0.113.1:9092",
+            "--tls-ca",
+            "/etc/hostname",
+        ],
+        2,
+        "--insecure",
+        None,
+    ),
+    (["kafka-gateway", "--secure"], 2, "needs the cluster's CA", None),
+    (["kafka-gateway", "--tls-ca", "/nonexistent.pem"], 2, "cannot read", None),
     (
         ["quota", "set", "--principal", "user:a", "--produce-bytes-per-s", "-1", META],
         2,

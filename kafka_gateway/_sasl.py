@@ -214,9 +214,11 @@ class Principals:
 
 async def _handshake(connection: Any, header: RequestHeader, request: Any) -> Any:
     module = response_module(17, header.api_version)
-    if connection.gateway.principals is None:
-        code = ErrorCode.illegal_sasl_state  # nothing to authenticate against: the listener is plain
-    elif connection.principal is not None or connection.mechanism is not None:
+    if connection.gateway.principals is None:  # an unsecured gateway offers no mechanism
+        return make(
+            module.SaslHandshakeResponse, error_code=ErrorCode.unsupported_sasl_mechanism, mechanisms=()
+        )
+    if connection.principal is not None or connection.mechanism is not None:
         code = ErrorCode.illegal_sasl_state  # re-authentication (KIP-368) is not offered
     elif request.mechanism not in MECHANISMS:
         code = ErrorCode.unsupported_sasl_mechanism

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pyspark.sql import Row
 
+import robustmq
 from robustmq.cli._embedded import EmbeddedCluster
 
 pytest.importorskip("confluent_kafka")
@@ -47,7 +48,9 @@ def _create(bootstrap: str, partitions: int) -> str:
 def _kafka_record(i: int) -> dict[str, Any]:
     """Record ``i`` as a Kafka producer sends it: null keys and values, empty ones, repeated header
     keys, tags as headers, an explicit partition and timestamp."""
-    headers = [("n", str(i).encode()), ("n", b""), (TAG, b"eu")] if i % 3 == 0 else []
+    headers: list[tuple[str, bytes | None]] = []
+    if i % 3 == 0:
+        headers = [("n", str(i).encode()), ("n", b""), ("none", None), (TAG, b"eu")]
     if i % 4 == 0:
         headers.append((TAG, b"vip"))
     return {
@@ -104,7 +107,11 @@ def test_what_kafka_clients_wrote_is_read_by_spark(
         assert row["topic"] == topic
         assert (row["key"], row["value"]) == (record["key"], record["value"]), i
         assert row["timestamp_ms"] == record["timestamp"], i
-        plain = [Row(key=key, value=bytearray(value)) for key, value in record["headers"] if key != TAG]
+        plain = [
+            Row(key=key, value=None if value is None else bytearray(value))
+            for key, value in record["headers"]
+            if key != TAG
+        ]
         assert (row["headers"] or []) == plain, i
         assert (row["tags"] or []) == [value.decode() for key, value in record["headers"] if key == TAG], i
 
@@ -117,10 +124,16 @@ def test_what_the_spark_sink_wrote_is_read_by_a_kafka_consumer(
         Row(
             key=None if i % 5 == 0 else f"k{i % 7}".encode(),
             value=b"" if i % 13 == 0 else f"value-{i}".encode(),
-            headers=[Row(key="n", value=str(i).encode()), Row(key="n", value=b"")] if i % 3 == 0 else None,
+            headers=[
+                Row(key="n", value=str(i).encode()),
+                Row(key="n", value=b""),
+                Row(key="none", value=None),
+            ]
+            if i % 3 == 0
+            else None,
             tags=["eu"] if i % 4 == 0 else None,
             partition=i % 3,
-            timestamp_ms=BASE_MS + i * 1000,
+            timestamp_ms=None if i % 10 == 0 else BASE_MS + i * 1000,  # null: the node stamps it
             i=i,
         )
         for i in range(count)
@@ -157,12 +170,24 @@ def test_what_the_spark_sink_wrote_is_read_by_a_kafka_consumer(
     finally:
         consumer.close()
     assert len(messages) == count
+    with robustmq.connect(cluster.meta_address) as client:
+        stored = {
+            (partition, row["offset"]): row
+            for partition in range(3)
+            for row in client.read(topic, partition, 0, count).to_pylist()
+        }
     for message in messages:
         assert message.error() is None, message.error()
         i = message.partition() + 3 * message.offset()
-        row = written[i]
-        assert (message.key(), message.value()) == (row["key"], row["value"]), i
-        assert message.timestamp() == (TIMESTAMP_CREATE_TIME, row["timestamp_ms"]), i
-        headers = [(h["key"], bytes(h["value"])) for h in row["headers"] or []]
+        row, native = written[i], stored[(message.partition(), message.offset())]
+        assert (
+            (message.key(), message.value()) == (row["key"], row["value"]) == (native["key"], native["value"])
+        )
+        stamp = int(native["timestamp"].timestamp() * 1000)
+        assert message.timestamp() == (TIMESTAMP_CREATE_TIME, stamp), i
+        assert row["timestamp_ms"] in (None, stamp), i
+        headers = [
+            (h["key"], None if h["value"] is None else bytes(h["value"])) for h in row["headers"] or []
+        ]
         headers += [(TAG, tag.encode()) for tag in row["tags"] or []]  # tags come after the headers
         assert (message.headers() or []) == headers, i

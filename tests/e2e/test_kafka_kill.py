@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -208,3 +209,48 @@ def test_sigkilled_gateways_lose_and_duplicate_no_acknowledged_record(
     # the group read on from its commits across the kills: every record, none again once committed
     assert not reads.violations, f"{setting}: {reads.violations[:5]}"
     assert set(reads.read) == set(acknowledged.values()), setting
+
+
+def test_sigterm_while_node_calls_hang_stops_the_gateway_at_once_and_loses_nothing(
+    gateways: Gateways,
+) -> None:
+    """A gateway asked to stop while its produce calls wait on a stalled storage node exits 0 at
+    once (it used to retry them against its closed client until their 30 s deadline, and was
+    SIGKILLed); the idempotent producer then writes every record once through the restarted one."""
+    topic, count = "terminated", 3000
+    admin = AdminClient({"bootstrap.servers": gateways.bootstrap})
+    for future in admin.create_topics([NewTopic(topic, num_partitions=3)]).values():
+        future.result(30)
+    acknowledged: dict[bytes, tuple[int, int]] = {}
+    failures: list[Any] = []
+
+    def delivered(error: Any, message: Any) -> None:
+        if error is None:
+            acknowledged[message.value()] = (message.partition(), message.offset())
+        else:
+            failures.append(error)
+
+    producer = Producer(
+        {"bootstrap.servers": gateways.bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5}
+    )
+    for i in range(count // 2):
+        producer.produce(topic, value=str(i).encode(), on_delivery=delivered)
+    assert producer.flush(60) == 0
+    metadata = producer.list_topics(topic, timeout=10)
+    leader = metadata.brokers[metadata.topics[topic].partitions[0].leader].port
+    serving = gateways.processes[gateways.ports.index(leader)]
+    node = gateways.cluster.node
+    os.kill(node.pid, signal.SIGSTOP)  # the node stalls: the gateway's produce calls wait on it
+    try:
+        for i in range(count // 2, count):
+            producer.produce(topic, value=str(i).encode(), on_delivery=delivered)
+        producer.poll(1.0)
+        assert serving.stop(timeout_s=15) == 0, "the gateway did not stop on SIGTERM within 15 s"
+    finally:
+        os.kill(node.pid, signal.SIGCONT)
+        if not serving.alive():
+            serving.start()
+    assert producer.flush(120) == 0 and not failures
+    stored = read_natively(gateways.cluster.meta_address, topic)
+    places = sorted((p, offset, value) for p, rows in stored.items() for offset, value in rows)
+    assert len(places) == count and {value: (p, o) for p, o, value in places} == acknowledged

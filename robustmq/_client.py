@@ -541,6 +541,8 @@ class Client:
                 continue
             except RobustMQError as error:
                 attempts += 1
+                if self.transport.closed:  # closed under a call (a server stopping): nothing will answer
+                    raise
                 if not self.retry.worth_another_attempt(error, deadline - time.monotonic(), self.timeout_s):
                     raise
                 last = error

@@ -82,15 +82,22 @@ def create_and_fill(
         }
     )
     failures: list[Any] = []
+    deadline = time.monotonic() + 60 + count / 1000
     for i in range(start, start + count):
-        producer.produce(
-            topic,
-            key=str(i).encode(),
-            value=str(i).encode(),
-            partition=i % partitions,
-            on_delivery=lambda error, _m: failures.append(error) if error else None,
-        )
-    assert producer.flush(60 + count / 1000) == 0 and not failures
+        while True:
+            try:
+                producer.produce(
+                    topic,
+                    key=str(i).encode(),
+                    value=str(i).encode(),
+                    partition=i % partitions,
+                    on_delivery=lambda error, _m: failures.append(error) if error else None,
+                )
+                break
+            except BufferError:  # librdkafka's queue (100,000 records) is full: let it drain
+                assert time.monotonic() < deadline, f"{i} of {count} records queued in time"
+                producer.poll(0.1)
+    assert producer.flush(max(1.0, deadline - time.monotonic())) == 0 and not failures
 
 
 class Reads:

@@ -292,11 +292,6 @@ class NodeTransport:
         timeout = self._timeout_s if timeout_s is None else timeout_s
         return self.request(address, message, payloads, timeout_s=timeout).result(timeout + 5)
 
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called: no request will be answered any more."""
-        return self._closed.is_set()
-
     def close(self) -> None:
         if self._closed.is_set():
             return

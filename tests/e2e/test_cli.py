@@ -20,7 +20,7 @@ import pytest
 
 import robustmq
 from robustmq import build_records
-from tests.e2e._cli import cli, cli_many
+from tests.e2e._cli import cli, cli_many, pipe_is_drained
 from tests.e2e._procs import ROOT, free_port, running, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -400,7 +400,10 @@ def test_ctrl_c_flushes_the_lines_read_so_far(meta: str) -> None:
             assert producer.stdin is not None
             producer.stdin.write("a\nb\n")
             producer.stdin.flush()
-            time.sleep(2.0)  # time for the process to read the lines (it holds them: linger 10 min)
+            # the process has read the lines (it holds them: linger 10 min); a Ctrl-C before the
+            # interpreter finished its imports would be a KeyboardInterrupt, not this test's case
+            wait_until(lambda: pipe_is_drained(producer), timeout_s=60)  # type: ignore[arg-type]
+            time.sleep(0.5)
             assert client.list_offsets("lingering")[0][1] == 0
             producer.send_signal(signal.SIGINT)
             _, stderr = producer.communicate(timeout=30)

@@ -339,6 +339,34 @@ class EtcdMetaStore:
 
     # -- start-up checks ----------------------------------------------------------------------
 
+    def check_access(self) -> None:
+        """Refuse to run (``InvalidConfig``) where this store's etcd user may not read and write
+        every key under its prefix; a wrong password or untrusted TLS fails here too
+        (:class:`~robustmq.meta._etcd_client.EtcdError`).
+
+        One ``Txn`` that writes nothing: its compare is never true (etcd checks the permissions
+        of both branches before comparing), its other branch reads and deletes the whole prefix.
+        """
+        whole = (self.prefix + "/").encode()
+        end = _prefix_end(whole)
+        assert end is not None
+        never = {"target": "VERSION", "key": b64(self.leader_key), "version": "-1", "result": "LESS"}
+        span = {"key": b64(whole), "range_end": b64(end)}
+        ops = [{"request_range": {**span, "limit": "1"}}, {"request_delete_range": span}]
+        try:
+            self._client.txn([never], ops)
+        except EtcdError as exc:
+            reason = str(exc.fields.get("reason", ""))
+            if "permission denied" not in reason and "user name is empty" not in reason:
+                raise
+            user = self._client.user
+            who = f"etcd user {user!r}" if user else "no etcd user (etcd's auth is on)"
+            raise InvalidConfig(
+                f"{who} may not read and write the keys under {self.prefix}/ (etcd: {reason}): give "
+                f"--etcd-user a role with readwrite on the prefix {self.prefix}/ (docs/operators.md)",
+                prefix=self.prefix,
+            ) from None
+
     def check_limits(self) -> None:
         """Refuse to run (``InvalidConfig``) on an etcd whose limits are below this store's.
 

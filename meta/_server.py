@@ -416,6 +416,7 @@ class MetaServer:
         )
         try:
             store = EtcdMetaStore(client, self._etcd_url.prefix, limits=options.limits)
+            store.check_access()  # TLS, the login and the user's rights: one clear error at start
             store.check_limits()
             # Followers answer GetSecurityInfo too (every instance holds the service's identity).
             follower_auth = MetaAuth(
@@ -454,12 +455,14 @@ class MetaServer:
             ttl_s=options.lease_ttl_s,
         ).start()
         logger.info(
-            "meta service listening on %s (%s), advertised as %s, store %s (%s): joined the election",
+            "meta service listening on %s (%s), advertised as %s, store %s (%s%s%s): joined the election",
             self.address,
             "TLS, authentication required" if self._tls is not None else "no security",
             advertise,
             ",".join(self._etcd_url.endpoints),
             store.prefix,
+            ", TLS" if options.tls is not None else "",
+            f", etcd user {options.user}" if options.user is not None else "",
         )
         return self
 

@@ -96,8 +96,10 @@ class Client:
                 process_curve_keypair(), self.meta.session_token, KeyBook(meta_lookup(self.meta))
             )
         self.transport = NodeTransport(timeout_s=timeout_s, security=self.security)
+        self.closed = False  # set by close(): calls in flight then end instead of retrying
 
     def close(self) -> None:
+        self.closed = True
         self.transport.close()
         self.meta.close()
 
@@ -542,6 +544,8 @@ class Client:
                 continue
             except RobustMQError as error:
                 attempts += 1
+                if self.closed:  # closed under this call (a server stopping): nothing will answer
+                    raise
                 if not self.retry.worth_another_attempt(error, deadline - time.monotonic(), self.timeout_s):
                     raise
                 last = error

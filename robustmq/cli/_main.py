@@ -39,6 +39,7 @@ __all__ = ["OneLineArgumentParser", "build_parser", "main"]
 
 DEFAULT_META_PORT = 7070
 DEFAULT_NODE_PORT = 7101
+ETCD_PASSWORD_ENV = "ROBUSTMQ_ETCD_PASSWORD"  # --etcd-user's password when no --etcd-password-file
 EXIT_RUNTIME, EXIT_INTERRUPTED = 1, 130
 
 
@@ -411,7 +412,11 @@ def _etcd_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--etcd-key", default=None, metavar="PEM", help="the key of --etcd-cert")
     group.add_argument("--etcd-user", default=None, metavar="NAME", help="an etcd user (etcd's auth on)")
     group.add_argument(
-        "--etcd-password-file", default=None, metavar="FILE", help="the file holding --etcd-user's password"
+        "--etcd-password-file",
+        default=None,
+        metavar="FILE",
+        help=f"the file holding --etcd-user's password (else the environment variable {ETCD_PASSWORD_ENV}; "
+        "never on the command line)",
     )
     group.add_argument(
         "--etcd-max-txn-ops",
@@ -443,14 +448,20 @@ def _etcd_of(args: argparse.Namespace) -> Any:
     from robustmq.meta._etcd_store import EtcdLimits
     from robustmq.meta._server import EtcdOptions
 
-    password = None
+    password = os.environ.get(ETCD_PASSWORD_ENV) or None
     if args.etcd_password_file is not None:
         try:
             password = Path(args.etcd_password_file).read_text().rstrip("\n")
         except OSError as exc:
             raise SystemExit(f"robustmq meta: cannot read --etcd-password-file: {exc}") from None
-    if (args.etcd_user is None) != (password is None):
-        raise SystemExit("robustmq meta: --etcd-user and --etcd-password-file go together")
+    if args.etcd_user is None and args.etcd_password_file is not None:
+        raise SystemExit("robustmq meta: --etcd-password-file needs --etcd-user")
+    if args.etcd_user is None:
+        password = None  # a password in the environment without a user is not used
+    elif password is None:
+        raise SystemExit(
+            f"robustmq meta: --etcd-user needs its password: --etcd-password-file FILE or {ETCD_PASSWORD_ENV}"
+        )
     if (args.etcd_cert is None) != (args.etcd_key is None):
         raise SystemExit("robustmq meta: --etcd-cert and --etcd-key go together")
     if args.etcd_cert is not None and args.etcd_ca is None:

@@ -286,6 +286,10 @@ class MetaClient:
     curve_key
         The CURVE public key (32 bytes) session tokens are bound to (default: the
         process's, :func:`~robustmq.security._client_auth.process_curve_keypair`).
+    session
+        A session to use instead of logging in with ``credentials`` (which then only name the
+        CA): a :class:`~robustmq.security._client_auth.TokenSession` of a token obtained for
+        someone else (the Kafka gateway's clients of the principals that authenticated).
 
     Examples
     --------
@@ -302,6 +306,7 @@ class MetaClient:
         channel: grpc.Channel | None = None,
         credentials: Credentials | None = None,
         curve_key: Callable[[], bytes] | None = None,
+        session: MetaSession | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise InvalidConfig(f"timeout_s must be positive, got {timeout_s!r}", timeout_s=timeout_s)
@@ -318,6 +323,8 @@ class MetaClient:
                 if curve_key is None
                 else MetaSession(credentials, tls, curve_key=curve_key)
             )
+        if session is not None:  # a token obtained elsewhere (TokenSession); credentials give the CA
+            self.session = session
         # One token serves every instance: they all hold the Meta Service identity, whose key signs it.
         self._tls_ca = None if tls is None else tls.ca
         self._tls = tls is not None
@@ -568,10 +575,12 @@ class MetaClient:
 
     def create_user(self, user: str, password: str, *, replace: bool = False, iterations: int = 4096) -> None:
         """Add a password user (or change its password with ``replace``); the password stays here:
-        only its SCRAM salt, iterations, StoredKey and ServerKey are sent."""
-        from robustmq.security._scram import MECHANISM, derive_keys
+        only its SCRAM salt, iterations, StoredKey and ServerKey are sent (for SCRAM-SHA-256, and
+        for SCRAM-SHA-512 with the same salt, which Kafka clients may use through the gateway)."""
+        from robustmq.security._scram import MECHANISM, SHA512, derive_keys
 
         stored = derive_keys(password, iterations=iterations)
+        sha512 = derive_keys(password, stored.salt, iterations, SHA512)
         request = pb.CreateUserRequest(
             user=user,
             mechanism=MECHANISM,
@@ -579,6 +588,8 @@ class MetaClient:
             iterations=stored.iterations,
             stored_key=stored.stored_key,
             server_key=stored.server_key,
+            stored_key_sha512=sha512.stored_key,
+            server_key_sha512=sha512.server_key,
             replace=replace,
         )
         self._call("CreateUser", request, "idempotent" if replace else "once")
@@ -589,6 +600,25 @@ class MetaClient:
 
     def list_users(self) -> list[pb.UserInfo]:
         return list(self._call("ListUsers", pb.Empty(), "read").users)
+
+    def authorize(self, operation: str, resource_type: str, names: Sequence[str]) -> list[bool]:
+        """Whether this client's own principal may do ``operation`` on each named resource (the
+        Meta Service's decision from its ACLs; all True with security off)."""
+        request = pb.AuthorizeRequest(operation=operation, resource_type=resource_type, resource_names=names)
+        return list(self._call("Authorize", request, "read").allowed)
+
+    def scram_start(self, client_first: str, mechanism: str) -> pb.ScramStartResponse:
+        """The first step of a password login for someone else (a Kafka gateway relays its client's
+        SCRAM messages): the answer's ``server_first`` goes back to that client."""
+        request = pb.ScramStartRequest(client_first=client_first, mechanism=mechanism)
+        return self._call("ScramStart", request, "once")
+
+    def scram_finish(self, exchange_id: str, client_final: str, curve_key: bytes) -> pb.ScramFinishResponse:
+        """The second step: the token (bound to ``curve_key``) if the client's proof is right."""
+        request = pb.ScramFinishRequest(
+            exchange_id=exchange_id, client_final=client_final, curve_key=curve_key
+        )
+        return self._call("ScramFinish", request, "once")
 
     def revoke_certificate(
         self, *, pem: str = "", sha256: bytes = b"", reason: str = ""

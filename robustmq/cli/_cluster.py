@@ -22,7 +22,8 @@ Meta Services on it (``meta-0/``, ``meta-1/``..., ports from ``--meta-port`` on)
 which elect a leader; the nodes and this process are given all their addresses
 and follow the leader. ``--kafka-port P`` adds a Kafka gateway process
 (``robustmq kafka-gateway``, ``logs/kafka-gateway.log``) on ``P``, started
-after the nodes. Stopping goes Kafka gateway, nodes, Meta Services, etcd.
+after the nodes (with ``--secure``: SASL_SSL, its certificate issued from the cluster CA).
+Stopping goes Kafka gateway, nodes, Meta Services, etcd.
 
 Life cycle:
 
@@ -250,6 +251,8 @@ def _children(
         address = join_host_port(advertise_host or reachable(host), kafka_port)
         args = ["kafka-gateway", *also, "--host", host, "--port", str(kafka_port), "--meta", meta_address]
         args += ["--advertise", address]
+        if credentials is not None:  # SASL_SSL with the cluster's CA (docs/kafka.md, "Security")
+            args += ["--credentials", str(credentials)]
         gateways.append(_Child("kafka-gateway", address, args, logs / "kafka-gateway.log", kind="gateway"))
     return [*servers, *metas, *nodes, *gateways]
 
@@ -434,12 +437,6 @@ def run_cluster(
             f"--meta-replicas {meta_replicas} needs --store etcd: Meta Services share their state "
             "only through etcd",
             field="meta_replicas",
-        )
-    if secure and kafka_port is not None:
-        raise InvalidConfig(
-            "--kafka-port cannot be used with --secure yet: the Kafka gateway has no TLS or SASL "
-            "listener (docs/kafka.md)",
-            field="kafka_port",
         )
     meta_ports, node_ports = _ports(host, meta_port, base_port, nodes, meta_replicas)
     metrics_ports = _metrics_ports(host, metrics_port, len(meta_ports) + nodes, [*meta_ports, *node_ports])

@@ -586,6 +586,7 @@ def _peer_list(text: str) -> tuple[str, ...]:
 
 def _run_kafka_gateway(args: argparse.Namespace) -> int:
     from robustmq._hosts import split_host_port
+    from robustmq.cli._security import gateway_security
     from robustmq.kafka_gateway import GatewaySettings, run_gateway
 
     advertise_host, advertise_port = (None, None)
@@ -600,6 +601,7 @@ def _run_kafka_gateway(args: argparse.Namespace) -> int:
         max_frame_bytes=args.max_request_bytes,
         peers=tuple(args.peers),
         initial_rebalance_delay_s=args.initial_rebalance_delay_ms / 1000.0,
+        security=gateway_security(args),
     )
     return run_gateway(meta_address=args.meta_address, settings=settings, timeout_s=args.timeout_s)
 
@@ -858,7 +860,35 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         "kafka-gateway",
         help="serve Kafka's wire protocol: unmodified Kafka clients produce and consume (docs/kafka.md)",
     )
-    _common(gateway)
+    _common(gateway, client=False)
+    gateway.add_argument(
+        "--timeout-s",
+        type=_seconds(positive=True),
+        default=30.0,
+        help="how long to wait for the cluster (default 30)",
+    )
+    security = gateway.add_argument_group(
+        "security: SASL (PLAIN, SCRAM) and TLS for Kafka clients (docs/kafka.md)"
+    )
+    security.add_argument(
+        "--secure",
+        action="store_true",
+        help="require SASL and TLS (with --credentials DIR, or --tls-ca, --tls-cert and --tls-key)",
+    )
+    security.add_argument(
+        "--credentials",
+        default=None,
+        metavar="DIR",
+        help="the cluster's robustmq security init directory (implies --secure): its CA, and the "
+        "listener's kafka-gateway.pem/.key (issued from its CA on the first start)",
+    )
+    security.add_argument(
+        "--tls-ca", default=None, metavar="FILE", help="the cluster CA certificate (PEM): SASL users are its"
+    )
+    security.add_argument(
+        "--tls-cert", default=None, metavar="FILE", help="the Kafka listener's certificate (PEM): SASL_SSL"
+    )
+    security.add_argument("--tls-key", default=None, metavar="FILE", help="the listener certificate's key")
     gateway.add_argument("--port", type=_port, default=9092, help="the Kafka port (default 9092)")
     _binding_options(gateway, "--advertise")
     gateway.add_argument(

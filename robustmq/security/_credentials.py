@@ -44,6 +44,7 @@ __all__ = [
     "TlsFiles",
     "add_etcd",
     "add_node",
+    "add_server_cert",
     "add_user_cert",
     "certificate_principal",
     "init_credentials",
@@ -307,9 +308,8 @@ def add_etcd(directory: str | Path, *, hosts: Iterable[str] = ()) -> list[Path]:
     Services' client certificate for etcd, with no CN (etcd refuses one with a CN on its gateway
     under ``--client-cert-auth``; the etcd user comes from the login)."""
     root = Path(directory)
+    written = add_server_cert(root, "etcd", hosts=hosts)
     ca_cert, ca_key = _load_ca(root)
-    pair = _issue(ca_cert, ca_key, "etcd", server=True, hosts=["localhost", "127.0.0.1", "::1", *hosts])
-    written = _write_identity(root, "etcd", pair)
     client = _issue(ca_cert, ca_key, None, server=False, hosts=["robustmq-meta"])
     return written + _write_identity(root, "etcd-client", client)
 
@@ -320,3 +320,14 @@ def add_user_cert(directory: str | Path, name: str) -> list[Path]:
     root = Path(directory)
     ca_cert, ca_key = _load_ca(root)
     return _write_identity(root, f"user-{name}", _issue(ca_cert, ca_key, principal, server=False))
+
+
+def add_server_cert(directory: str | Path, name: str, *, hosts: Iterable[str] = ()) -> list[Path]:
+    """Issue ``NAME.pem``/``.key`` from the CA in ``directory``: a TLS server certificate whose CN
+    (``NAME``) is no principal, so it cannot log in to the cluster (the Kafka gateway's listener)."""
+    if not name.replace("-", "").isalnum():
+        raise InvalidConfig(f"a server certificate's name is letters, digits and '-', got {name!r}")
+    root = Path(directory)
+    ca_cert, ca_key = _load_ca(root)
+    pair = _issue(ca_cert, ca_key, name, server=True, hosts=["localhost", "127.0.0.1", "::1", *hosts])
+    return _write_identity(root, name, pair)

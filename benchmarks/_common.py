@@ -70,6 +70,23 @@ def busy_cpu_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process ``pid`` has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds this process ("client") and the processes ``pids`` (name -> pid) use in a phase."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = {"client": os.getpid(), **pids}
+        self.started = {name: process_cpu_s(pid) for name, pid in self.pids.items()}
+
+    def used(self) -> dict[str, float]:
+        return {name: process_cpu_s(pid) - self.started[name] for name, pid in self.pids.items()}
+
+
 def cpu_by_command() -> dict[str, float]:
     """CPU seconds used so far by each running process, summed by a short name of its command
     line (Linux /proc): the difference over an interval shows where the CPU went."""

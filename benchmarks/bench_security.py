@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import tempfile
@@ -67,7 +66,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import BATCH_RECORDS, OUT_DIR, bar_panels, emit, make_records
+from _common import BATCH_RECORDS, OUT_DIR, CpuMeter, bar_panels, emit, make_records
 
 MiB = 1024 * 1024
 VALUE_BYTES = 100
@@ -155,23 +154,6 @@ def _wait_allowed(client: Any, topic: str, partitions: int) -> None:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-
-
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, every thread) process ``pid`` has used so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class CpuMeter:
-    """CPU seconds the client (this process), the node and the Meta Service use in a phase."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = {"client": os.getpid(), **pids}
-        self.started = {name: process_cpu_s(pid) for name, pid in self.pids.items()}
-
-    def used(self) -> dict[str, float]:
-        return {name: process_cpu_s(pid) - self.started[name] for name, pid in self.pids.items()}
 
 
 def _produce(

@@ -6,12 +6,22 @@
 Metadata, CreateTopics, DeleteTopics), ``_produce`` (Produce,
 InitProducerId), ``_fetch`` (Fetch, ListOffsets), ``_groups`` (the consumer
 group coordinator and committed offsets; ``_peers`` picks each group's
-coordinator among several gateways). :class:`GatewayThread` serves a gateway
+coordinator among several gateways), ``_sasl`` (TLS, SASL and the principals'
+clients; :class:`Security`). :class:`GatewayThread` serves a gateway
 inside another process (``robustmq server --kafka-port``). Records convert between
 Kafka's RecordBatch v2 and the Arrow record schema in ``_records``.
 See docs/kafka.md.
 """
 
+from ._sasl import Security
 from ._server import BROKER_ID, Connection, Gateway, GatewaySettings, GatewayThread, run_gateway
 
-__all__ = ["BROKER_ID", "Connection", "Gateway", "GatewaySettings", "GatewayThread", "run_gateway"]
+__all__ = [
+    "BROKER_ID",
+    "Connection",
+    "Gateway",
+    "GatewaySettings",
+    "GatewayThread",
+    "Security",
+    "run_gateway",
+]

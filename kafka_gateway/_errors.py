@@ -34,7 +34,6 @@ _CODES: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (errors.TopicAlreadyExists, ErrorCode.topic_already_exists),
     (errors.OffsetOutOfRange, ErrorCode.offset_out_of_range),
     (errors.CorruptRecordBatch, ErrorCode.kafka_storage_error),
-    (errors.AuthorizationFailed, ErrorCode.topic_authorization_failed),
     (errors.AuthenticationFailed, ErrorCode.sasl_authentication_failed),
     (errors.OutOfOrderSequence, ErrorCode.out_of_order_sequence_number),
     (errors.DuplicateSequenceMismatch, ErrorCode.invalid_record),
@@ -47,7 +46,19 @@ _CODES: tuple[tuple[type[BaseException], ErrorCode], ...] = (
 )
 
 
+# An ACL refusal names the resource it is about (robustmq.security._acl): Kafka's code follows it.
+_AUTHORIZATION = {
+    "group": ErrorCode.group_authorization_failed,
+    "cluster": ErrorCode.cluster_authorization_failed,
+}
+
+
 def kafka_error(error: BaseException) -> ErrorCode:
+    if isinstance(error, errors.AuthorizationFailed):
+        resource_type = error.fields.get("resource_type")
+        return _AUTHORIZATION.get(
+            resource_type if isinstance(resource_type, str) else "", ErrorCode.topic_authorization_failed
+        )
     for cls, code in _CODES:
         if isinstance(error, cls):
             return code

@@ -65,10 +65,12 @@ class _Read:
     encoded in the pool as soon as it arrives, so a Fetch finds it ready to send.
     """
 
-    __slots__ = ("_node", "gateway", "max_bytes", "offset", "partition", "result", "topic")
+    __slots__ = ("_node", "client", "gateway", "max_bytes", "offset", "partition", "result", "topic")
 
-    def __init__(self, gateway: Any, topic: str, partition: int, offset: int, max_bytes: int) -> None:
-        self.gateway = gateway
+    def __init__(
+        self, gateway: Any, client: Any, topic: str, partition: int, offset: int, max_bytes: int
+    ) -> None:
+        self.gateway, self.client = gateway, client  # the connection's client (its principal's)
         self.topic, self.partition, self.offset, self.max_bytes = topic, partition, offset, max_bytes
         self.result: Future[tuple[bytes, int, int, int]] = Future()
         self._node: Future[Any] | None = None
@@ -77,7 +79,7 @@ class _Read:
         """Ask the node (in the pool: a route may need the Meta Service, a send a free slot)."""
         if self.result.cancelled():
             return
-        client = self.gateway.client
+        client = self.client
         try:
             route = client.metadata.read_route(self.topic, self.partition, self.offset)
             request = pb.NodeRequest(
@@ -159,7 +161,7 @@ def _records_of(offset: int, reply: Any) -> tuple[bytes, int, int, int]:
 
 async def _fetch(connection: Any, header: RequestHeader, request: Any) -> Any:
     gateway = connection.gateway
-    client = gateway.client
+    client = connection.client
     module = response_module(1, header.api_version)
     wait_ms = max(0, int(request.max_wait.total_seconds() * 1000))
     deadline = time.monotonic() + wait_ms / 1000
@@ -185,7 +187,7 @@ async def _fetch(connection: Any, header: RequestHeader, request: Any) -> Any:
         if read is None or read.offset != offset or read.failed() or read.empty():
             if read is not None:
                 read.cancel()
-            read = _Read(gateway, topic, partition, offset, max(1, limit))
+            read = _Read(gateway, client, topic, partition, offset, max(1, limit))
             connection.fetches[(topic, partition)] = (offset, read)
             fresh.append(read)
         reads.append(read)
@@ -222,7 +224,7 @@ async def _fetch(connection: Any, header: RequestHeader, request: Any) -> Any:
             if records and next_offset < high_watermark and ahead_budget >= read.max_bytes:
                 # more is there: read it now, so the client's next Fetch finds it encoded
                 ahead_budget -= read.max_bytes
-                follow = _Read(gateway, topic, partition, next_offset, read.max_bytes)
+                follow = _Read(gateway, client, topic, partition, next_offset, read.max_bytes)
                 connection.fetches[(topic, partition)] = (next_offset, follow)
                 ahead.append(follow)
         by_topic.setdefault(topic, []).append(
@@ -252,9 +254,8 @@ async def _fetch(connection: Any, header: RequestHeader, request: Any) -> Any:
     )
 
 
-def _offsets(gateway: Any, topic: str, asked: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+def _offsets(client: Any, topic: str, asked: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
     """``(partition, offset, error code)`` per ``(partition, timestamp)`` (runs in the pool)."""
-    client = gateway.client
     answers = []
     ends: dict[int, tuple[int, int]] | None = None
     for partition, timestamp in asked:
@@ -282,7 +283,7 @@ async def _list_offsets(connection: Any, header: RequestHeader, request: Any) ->
     topics = []
     for topic in request.topics:
         asked = [(int(p.partition_index), int(p.timestamp)) for p in topic.partitions]
-        answers = await gateway.call(_offsets, gateway, topic.name, asked)
+        answers = await gateway.call(_offsets, connection.client, topic.name, asked)
         partitions = tuple(
             make(
                 module.ListOffsetsPartitionResponse,

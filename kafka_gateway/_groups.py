@@ -67,7 +67,17 @@ from typing import Any
 from robustmq.errors import InvalidRequest, RobustMQError, TopicNotFound
 
 from ._errors import kafka_error
-from ._protocol import NO_THROTTLE, Api, ApiTable, ErrorCode, RequestHeader, make, response_module
+from ._protocol import (
+    NO_THROTTLE,
+    Api,
+    ApiTable,
+    ErrorCode,
+    Handler,
+    RequestHeader,
+    error_response,
+    make,
+    response_module,
+)
 
 __all__ = ["Coordinator", "GroupSettings", "register"]
 
@@ -656,7 +666,7 @@ async def _offset_commit(connection: Any, header: RequestHeader, request: Any) -
         code = ErrorCode.none
         if good:
             try:
-                await gateway.call(gateway.client.meta.commit_offsets, request.group_id, topic.name, good)
+                await gateway.call(connection.client.meta.commit_offsets, request.group_id, topic.name, good)
             except TopicNotFound:
                 code = ErrorCode.unknown_topic_or_partition
             except InvalidRequest as failure:
@@ -675,7 +685,7 @@ async def _offset_commit(connection: Any, header: RequestHeader, request: Any) -
 
 async def _offset_fetch(connection: Any, header: RequestHeader, request: Any) -> Any:
     gateway = connection.gateway
-    meta = gateway.client.meta
+    meta = connection.client.meta
     module = response_module(OFFSET_FETCH, header.api_version)
     group_id = request.group_id
 
@@ -742,7 +752,7 @@ async def _list_groups(connection: Any, header: RequestHeader, request: Any) -> 
     listed: dict[str, tuple[str, str]] = {}
     error = ErrorCode.none
     try:
-        names, _next = await gateway.call(gateway.client.meta.list_groups_page, "", 10_000)
+        names, _next = await gateway.call(connection.client.meta.list_groups_page, "", 10_000)
         for name in names:
             if gateway.peers.is_coordinator(name):
                 listed[name] = ("", State.EMPTY.value)
@@ -750,6 +760,13 @@ async def _list_groups(connection: Any, header: RequestHeader, request: Any) -> 
         error = kafka_error(failure)
     for group in gateway.coordinator.groups.values():
         listed[group.group_id] = (group.protocol_type or "", group.state.value)
+    if connection.principal is not None and listed:  # only the groups it may describe (as Kafka)
+        try:
+            names = sorted(listed)
+            allowed = await gateway.call(connection.client.meta.authorize, "describe", "group", names)
+            listed = {name: listed[name] for name, yes in zip(names, allowed, strict=True) if yes}
+        except RobustMQError as failure:
+            listed, error = {}, kafka_error(failure)
     wanted = set(getattr(request, "states_filter", ()) or ())
     groups = tuple(
         make(module.ListedGroup, group_id=name, protocol_type=kind, group_state=state)
@@ -763,12 +780,18 @@ async def _describe_groups(connection: Any, header: RequestHeader, request: Any)
     gateway = connection.gateway
     module = response_module(DESCRIBE_GROUPS, header.api_version)
     described = []
-    for group_id in request.groups:
-        if _not_coordinator(connection, group_id):
+    try:
+        allowed = await _allowed(connection, "describe", list(request.groups))
+    except RobustMQError as failure:
+        allowed, refusal = [False] * len(request.groups), kafka_error(failure)
+    else:
+        refusal = ErrorCode.group_authorization_failed
+    for group_id, may in zip(request.groups, allowed, strict=True):
+        if not may or _not_coordinator(connection, group_id):
             described.append(
                 make(
                     module.DescribedGroup,
-                    error_code=ErrorCode.not_coordinator,
+                    error_code=ErrorCode.not_coordinator if may else refusal,
                     group_id=group_id,
                     group_state="",
                     protocol_type="",
@@ -810,12 +833,41 @@ async def _describe_groups(connection: Any, header: RequestHeader, request: Any)
     return make(module.DescribeGroupsResponse, throttle_time=NO_THROTTLE, groups=tuple(described))
 
 
+async def _allowed(connection: Any, operation: str, groups: Sequence[str]) -> list[bool]:
+    """Whether the connection's principal may do ``operation`` on each group (all True unsecured).
+
+    The gateway serves group membership itself, so it asks the Meta Service's decision
+    (``Authorize``, as that principal); offsets are checked by the Meta Service on their RPCs."""
+    principal = connection.principal
+    if principal is None or not groups:
+        return [True] * len(groups)
+    return [
+        await connection.gateway.call(principal.authorized, operation, "group", group) for group in groups
+    ]
+
+
+def _needs_read(api_key: int, handler: Handler) -> Handler:
+    """``handler`` behind Kafka's check of these APIs: read on the group, else an answer whose
+    error is GROUP_AUTHORIZATION_FAILED."""
+
+    async def checked(connection: Any, header: RequestHeader, request: Any) -> Any:
+        try:
+            (allowed,) = await _allowed(connection, "read", [request.group_id])
+        except RobustMQError as failure:
+            return error_response(api_key, header.api_version, kafka_error(failure))
+        if not allowed:
+            return error_response(api_key, header.api_version, ErrorCode.group_authorization_failed)
+        return await handler(connection, header, request)
+
+    return checked
+
+
 def register(table: ApiTable) -> None:
     table.add(Api(FIND_COORDINATOR, 0, 4, _find_coordinator))
-    table.add(Api(JOIN_GROUP, 0, 7, _join_group))
-    table.add(Api(SYNC_GROUP, 0, 5, _sync_group))
-    table.add(Api(HEARTBEAT, 0, 4, _heartbeat))
-    table.add(Api(LEAVE_GROUP, 0, 4, _leave_group))
+    table.add(Api(JOIN_GROUP, 0, 7, _needs_read(JOIN_GROUP, _join_group)))
+    table.add(Api(SYNC_GROUP, 0, 5, _needs_read(SYNC_GROUP, _sync_group)))
+    table.add(Api(HEARTBEAT, 0, 4, _needs_read(HEARTBEAT, _heartbeat)))
+    table.add(Api(LEAVE_GROUP, 0, 4, _needs_read(LEAVE_GROUP, _leave_group)))
     table.add(Api(OFFSET_COMMIT, 2, 8, _offset_commit))
     table.add(Api(OFFSET_FETCH, 1, 7, _offset_fetch))
     table.add(Api(LIST_GROUPS, 0, 4, _list_groups))

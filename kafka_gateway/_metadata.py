@@ -60,7 +60,7 @@ async def _api_versions(connection: Any, header: RequestHeader, request: Any) ->
 
 async def _metadata(connection: Any, header: RequestHeader, request: Any) -> Any:
     gateway = connection.gateway
-    client = gateway.client
+    client = connection.client
     own = gateway.peers.own.node_id
     module = response_module(3, header.api_version)
     wanted = request.topics
@@ -147,7 +147,7 @@ async def _create_topics(connection: Any, header: RequestHeader, request: Any) -
             settings = _topic_settings(topic.configs)
             if not request.validate_only:
                 created = await gateway.call(
-                    lambda t=topic, s=settings, p=partitions, r=replication: gateway.client.create_topic(
+                    lambda t=topic, s=settings, p=partitions, r=replication: connection.client.create_topic(
                         t.name, p, replication_factor=r, **s
                     )
                 )
@@ -177,7 +177,7 @@ async def _delete_topics(connection: Any, header: RequestHeader, request: Any) -
     names += [topic.name for topic in getattr(request, "topics", ()) or () if topic.name]
     for name in names:
         try:
-            await gateway.call(gateway.client.delete_topic, name)
+            await gateway.call(connection.client.delete_topic, name)
             code, message = ErrorCode.none, None
         except RobustMQError as error:
             code, message = kafka_error(error), error.message

@@ -30,7 +30,7 @@ import asyncio
 import logging
 from typing import Any
 
-from robustmq.errors import InvalidRecordBatch, RobustMQError
+from robustmq.errors import AuthorizationFailed, InvalidRecordBatch, RobustMQError
 
 from ._errors import kafka_error
 from ._protocol import NO_THROTTLE, Api, ApiTable, ErrorCode, RequestHeader, make, response_module
@@ -48,8 +48,9 @@ def node_sequence(producer_epoch: int, base_sequence: int) -> int:
     return (producer_epoch << 32) | (base_sequence & 0xFFFFFFFF)
 
 
-def _write_partition(gateway: Any, topic: str, partition: int, data: bytes, acks: str) -> int:
+def _write_partition(connection: Any, topic: str, partition: int, data: bytes, acks: str) -> int:
     """Store a partition's batches; the first one's base offset (runs in the pool)."""
+    gateway = connection.gateway
     batches = decode_batches(data, max_uncompressed_bytes=gateway.settings.max_uncompressed_bytes)
     first = -1
     for batch in batches:
@@ -58,13 +59,22 @@ def _write_partition(gateway: Any, topic: str, partition: int, data: bytes, acks
         if batch.records.num_rows == 0:
             continue
         idempotent = batch.producer_id >= 0 and batch.base_sequence >= 0
-        response = gateway.client.produce(
+        token = b""
+        if idempotent and connection.principal is not None:  # secured: the id's own token
+            token = connection.principal.producer_token(batch.producer_id) or b""
+            if not token:
+                raise UnknownProducer(
+                    f"producer id {batch.producer_id} was not handed to {connection.principal.name} by this "
+                    "gateway (another gateway, or before a restart): ask InitProducerId again"
+                )
+        response = connection.client.produce(
             topic,
             partition,
             batch.records,
             producer_id=batch.producer_id if idempotent else -1,
             sequence=node_sequence(batch.producer_epoch, batch.base_sequence) if idempotent else -1,
             acks=acks,
+            token=token,
         )
         if first < 0:
             first = int(response.base_offset)
@@ -85,8 +95,10 @@ async def _produce(connection: Any, header: RequestHeader, request: Any) -> Any:
         else:
             try:
                 base = await gateway.call(
-                    _write_partition, gateway, topic, partition, bytes(data or b""), acks
+                    _write_partition, connection, topic, partition, bytes(data or b""), acks
                 )
+            except UnknownProducer as error:
+                code, message = ErrorCode.unknown_producer_id, str(error)
             except RobustMQError as error:
                 code, message = kafka_error(error), error.message
         return make(
@@ -119,18 +131,32 @@ async def _init_producer_id(connection: Any, header: RequestHeader, request: Any
     producer_id, epoch, code = -1, -1, ErrorCode.none
     if request.transactional_id:
         code = ErrorCode.transactional_id_authorization_failed
-    elif getattr(request, "producer_id", -1) >= 0 and getattr(request, "producer_epoch", -1) >= 0:
+    elif (
+        getattr(request, "producer_id", -1) >= 0
+        and getattr(request, "producer_epoch", -1) >= 0
+        and (connection.principal is None or await gateway.call(_holds, connection, int(request.producer_id)))
+    ):
         # KIP-360: the producer bumps its epoch after an unknown outcome; its sequences restart
         # at 0, and the node's sequence (epoch << 32 | sequence) still goes up.
         producer_id, epoch = int(request.producer_id), int(request.producer_epoch) + 1
         if epoch > 32767:
             producer_id, epoch, code = -1, -1, ErrorCode.invalid_producer_epoch
     else:
+        # (secured, an id this gateway did not hand to this principal: a fresh one, as its
+        # produces could not prove the old one)
         try:
-            assigned = await gateway.call(gateway.client.meta.init_producer_id)
-            producer_id, epoch = int(assigned.producer_id), 0
+            if connection.principal is not None:
+                producer_id = await gateway.call(connection.principal.new_producer_id)
+            else:
+                producer_id = int((await gateway.call(connection.client.meta.init_producer_id)).producer_id)
+            epoch = 0
         except RobustMQError as error:
-            code = kafka_error(error)
+            # Kafka's IdempotentWrite is a cluster operation: its refusal is CLUSTER_AUTHORIZATION_FAILED
+            code = (
+                ErrorCode.cluster_authorization_failed
+                if isinstance(error, AuthorizationFailed)
+                else kafka_error(error)
+            )
     return make(
         module.InitProducerIdResponse,
         throttle_time=NO_THROTTLE,
@@ -138,6 +164,15 @@ async def _init_producer_id(connection: Any, header: RequestHeader, request: Any
         producer_id=producer_id,
         producer_epoch=epoch,
     )
+
+
+def _holds(connection: Any, producer_id: int) -> bool:
+    assert connection.principal is not None
+    return connection.principal.producer_token(producer_id) is not None
+
+
+class UnknownProducer(Exception):
+    """A secured produce naming a producer id whose token this gateway does not hold."""
 
 
 def register(table: ApiTable) -> None:

@@ -34,7 +34,10 @@ Nothing here loops over records in Python except :func:`_record_bounds`,
 which must follow the chain of record lengths (each record's start depends on
 the previous one's length); every field is then decoded for all records at
 once with numpy (a varint is read at every record's position in one step per
-byte), and fetched batches are written the same way.
+byte, for the varints not yet ended), and keys, values and headers are copied
+out of the batch by one Arrow cast of ``binary_view`` entries pointing into it
+(a memcpy per field, no index per byte). Fetched batches are written the same
+way, column at a time.
 
 Bounds: a decompressed batch is refused past ``max_uncompressed_bytes``
 (decompression writes into a buffer of that size, so a "zip bomb" costs no
@@ -137,39 +140,42 @@ def decode_batches(data: bytes | memoryview, *, max_uncompressed_bytes: int) -> 
             raise _corrupt("CRC-32C mismatch")
         if count < 0 or last_offset_delta < count - 1:
             raise _corrupt(f"record_count {count} does not fit last_offset_delta {last_offset_delta}")
-        body = _uncompressed(view[position + BATCH_HEADER_BYTES : end], attributes, max_uncompressed_bytes)
+        buffer = _uncompressed(view[position + BATCH_HEADER_BYTES : end], attributes, max_uncompressed_bytes)
         stamped = base_timestamp >= 0 and not attributes & _LOG_APPEND_TIME
-        table = _decode_records(body, count, base_timestamp if stamped else None)
+        table = _decode_records(buffer, count, base_timestamp if stamped else None)
         batches.append(KafkaBatch(producer_id, producer_epoch, base_sequence, attributes, table))
         position = end
     return batches
 
 
-def _uncompressed(payload: memoryview, attributes: int, limit: int) -> bytes:
+def _uncompressed(payload: memoryview, attributes: int, limit: int) -> np.ndarray:
+    """The batch's records, decompressed, and one zero byte after them (see :func:`_padded`)."""
     codec = attributes & _CODEC_MASK
     if codec == 0:
         if len(payload) > limit:
             raise _corrupt(f"{len(payload)} bytes of records, more than the limit of {limit}")
-        return bytes(payload)
+        return _padded(payload)
     if codec not in CODECS:
         raise _corrupt(f"unknown compression codec {codec}")
-    out = np.empty(limit, np.uint8)  # pages are only touched as they are written
+    out = np.empty(limit + 1, np.uint8)  # pages are only touched as they are written
     try:
         if codec == 1:
             inflater = zlib.decompressobj(wbits=47)  # gzip or zlib framing
             raw = inflater.decompress(payload, limit)
             if inflater.unconsumed_tail:
                 raise _corrupt(f"records decompress to more than the limit of {limit} bytes")
-            return raw
+            return _padded(raw)
         if codec == 2:
-            return _snappy(bytes(payload), out).tobytes()
-        module = cramjam.lz4 if codec == 3 else cramjam.zstd
-        written = module.decompress_into(bytes(payload), out.data)
+            written = len(_snappy(bytes(payload), out[:limit]))
+        else:
+            module = cramjam.lz4 if codec == 3 else cramjam.zstd
+            written = module.decompress_into(bytes(payload), out[:limit].data)
     except (cramjam.DecompressionError, zlib.error) as error:
         raise _corrupt(
             f"{CODECS[codec]} data could not be decompressed within the limit of {limit} bytes: {error}"
         ) from None
-    return out[:written].tobytes()
+    out[written] = 0
+    return out[: written + 1]
 
 
 def _snappy(payload: bytes, out: np.ndarray) -> np.ndarray:
@@ -193,7 +199,7 @@ def _snappy(payload: bytes, out: np.ndarray) -> np.ndarray:
     return out[:written]
 
 
-def _record_length_at(body: bytes, position: int, index: int, count: int) -> tuple[int, int, int]:
+def _record_length_at(body: memoryview, position: int, index: int, count: int) -> tuple[int, int, int]:
     """Record ``index``'s length prefix at ``position``: ``(raw varint, its width, the length)``."""
     if position >= len(body):
         raise _corrupt(f"{count} records announced, {index} found")
@@ -204,7 +210,7 @@ def _record_length_at(body: bytes, position: int, index: int, count: int) -> tup
     return raw, width, length
 
 
-def _record_bounds(body: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
+def _record_bounds(body: memoryview, buffer: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
     """``(start of each record's attributes byte, end of each record)``.
 
     The one chain of the format: a record starts where the previous one ends.
@@ -217,7 +223,6 @@ def _record_bounds(body: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
     sizes fall back to following the lengths in Python.
     """
     size = len(body)
-    buffer = np.frombuffer(body, np.uint8)
     heads = np.empty(count, np.int64)
     ends = np.empty(count, np.int64)
     index = position = 0
@@ -228,7 +233,7 @@ def _record_bounds(body: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
         guesses = min(window, count - index, (size - position) // stride if stride else 1)
         if guesses > 1:
             starts = position + stride * np.arange(guesses, dtype=np.int64)
-            raws, widths = _read_varints(buffer, starts, limit_ok=True)
+            raws, widths = _read_varints(buffer, starts, size, limit_ok=True)
             match = (raws == raw) & (widths == width)
             run = guesses if bool(match.all()) else max(1, int(np.argmin(match)))
         else:
@@ -251,7 +256,7 @@ def _record_bounds(body: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
     return heads, ends
 
 
-def _varint_at(body: bytes, position: int) -> tuple[int, int]:
+def _varint_at(body: memoryview, position: int) -> tuple[int, int]:
     """The raw (not un-zigzagged) unsigned varint at ``position``: ``(value, bytes)``."""
     value = shift = 0
     for width in range(1, 11):
@@ -265,39 +270,90 @@ def _varint_at(body: bytes, position: int) -> tuple[int, int]:
     raise _corrupt("a varint runs past the end of the records")
 
 
+def _padded(body: bytes | memoryview) -> np.ndarray:
+    """``body`` and one zero byte after it: a varint read past the end stops there (and is then
+    refused by its position), so reads need no bounds check per byte."""
+    buffer = np.empty(len(body) + 1, np.uint8)
+    buffer[: len(body)] = np.frombuffer(body, np.uint8)
+    buffer[-1] = 0
+    return buffer
+
+
 def _read_varints(
-    buffer: np.ndarray, positions: np.ndarray, max_width: int = 10, *, limit_ok: bool = False
+    buffer: np.ndarray, positions: np.ndarray, size: int, max_width: int = 10, *, limit_ok: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """The raw unsigned varint at each of ``positions``: ``(values uint64, widths)``, all at once.
 
-    ``limit_ok``: a varint that runs past the end is given width 0 instead of an error (guesses).
+    ``buffer`` is :func:`_padded` records of ``size`` bytes. Each step reads the next byte of
+    only the varints still going on (most end after one or two bytes). ``limit_ok``: a varint
+    that runs past the end is given width 0 instead of an error (guesses).
     """
-    values = np.zeros(len(positions), np.uint64)
-    widths = np.zeros(len(positions), np.int64)
-    open_ = np.ones(len(positions), bool)
-    limit = len(buffer)
-    for k in range(max_width):
-        at = positions + k
-        inside = at < limit
-        byte = np.where(inside, buffer[np.minimum(at, limit - 1)], 0).astype(np.uint64)
-        if not bool(np.all(inside | ~open_)):
-            if not limit_ok:
-                raise _corrupt("a varint runs past the end of the records")
-            open_ &= inside
-        values |= np.where(open_, (byte & np.uint64(0x7F)) << np.uint64(7 * k), np.uint64(0))
-        ending = open_ & (byte < 0x80)
-        widths[ending] = k + 1
-        open_ &= ~ending
-        if not open_.any():
-            return values, widths
-    if limit_ok:
-        return values, widths
-    raise _corrupt("a varint longer than 10 bytes")
+    top = len(buffer) - 1  # the zero byte: every position past the end reads it
+    byte = buffer[np.minimum(positions, top)]
+    values = (byte & 0x7F).astype(np.uint64)
+    widths = np.ones(len(positions), np.int64)
+    going = np.flatnonzero(byte >= 0x80)
+    for k in range(1, max_width):
+        if not len(going):
+            break
+        byte = buffer[np.minimum(positions[going] + k, top)]
+        values[going] |= (byte & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+        widths[going] += 1
+        going = going[byte >= 0x80]
+    past = positions + widths > size
+    if len(going):
+        if not limit_ok:
+            raise _corrupt(f"a varint longer than {max_width} bytes")
+        past[going] = True
+    if bool(past.any()):
+        if not limit_ok:
+            raise _corrupt("a varint runs past the end of the records")
+        widths[past] = 0
+    return values, widths
 
 
 def _signed(raw: np.ndarray) -> np.ndarray:
     """Zigzag-decode."""
     return (raw >> np.uint64(1)).astype(np.int64) ^ -(raw & np.uint64(1)).astype(np.int64)
+
+
+def _views(source: np.ndarray, starts: np.ndarray, sizes: np.ndarray, index: int) -> np.ndarray:
+    """Arrow ``binary_view`` entries (rows of 16 bytes) for ``source[start : start + size]`` each,
+    ``source`` being data buffer ``index`` of the view array: the size, then the bytes themselves
+    when they are 12 or fewer, else the first 4 bytes, the buffer and the position."""
+    views = np.zeros((len(sizes), 4), np.int32)
+    views[:, 0] = sizes
+    entry = views.view(np.uint8)
+    short = (sizes > 0) & (sizes <= 12)
+    if short.any():
+        rows = slice(None) if short.all() else np.flatnonzero(short)
+        entry[rows, 4:] = np.where(np.arange(12) < sizes[rows, None], _twelve_at(source, starts[rows]), 0)
+    long_ = np.flatnonzero(sizes > 12)
+    if len(long_):
+        entry[long_, 4:8] = _twelve_at(source, starts[long_])[:, :4]
+        views[long_, 2] = index
+        views[long_, 3] = starts[long_]
+    return views
+
+
+def _twelve_at(source: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The 12 bytes of ``source`` from each of ``starts`` (zeros past its end), one row each:
+    rows of a sliding window, so no index per byte."""
+    picked = np.zeros((len(starts), 12), np.uint8)
+    inside = starts <= len(source) - 12
+    if inside.any():
+        picked[inside] = np.lib.stride_tricks.sliding_window_view(source, 12)[starts[inside]]
+    for row in np.flatnonzero(~inside & (starts < len(source))):  # under 12 bytes left: at most 11
+        tail = source[starts[row] :]
+        picked[row, : len(tail)] = tail
+    return picked
+
+
+def _copied(views: np.ndarray, buffers: list[pa.Buffer], validity: pa.Buffer | None = None) -> pa.Array:
+    """The binary array the ``views`` (see :func:`_views`) into ``buffers`` describe: Arrow copies
+    each field with one memcpy (a cast from ``binary_view``), whatever the fields' sizes."""
+    described = pa.Array.from_buffers(pa.binary_view(), len(views), [validity, pa.py_buffer(views), *buffers])
+    return described.cast(_BINARY)
 
 
 def _binary_column(
@@ -306,52 +362,38 @@ def _binary_column(
     """An Arrow binary (or string) array of ``buffer[start:start+length]`` each; length -1 is null."""
     count = len(starts)
     valid = lengths >= 0
+    if not valid.any():
+        return null_column(count, type_)
     sizes = np.where(valid, lengths, 0)
-    offsets = np.zeros(count + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    if offsets[-1] >= 2**31:
+    if int(sizes.sum()) >= 2**31:
         raise _corrupt("more than 2 GiB of keys or values in one batch")
-    data = _gather(buffer, starts, sizes, offsets)
+    if count and (len(buffer) >= 2**31 or int((starts + sizes).max()) > len(buffer)):
+        raise _corrupt("a key or value past the end of the records")
     validity = None if bool(valid.all()) else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(
-        type_, count, [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
-    )
+    copied = _copied(_views(buffer, starts, sizes, 0), [pa.py_buffer(buffer)], validity)
+    return copied if type_ == _BINARY else copied.view(type_)
 
 
-def _gather(buffer: np.ndarray, starts: np.ndarray, sizes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """The concatenation of ``buffer[starts[i] : starts[i] + sizes[i]]``; one size for all is a 2-D take."""
-    if len(sizes) and int(offsets[-1]) and bool((sizes == sizes[0]).all()):
-        return buffer[starts[:, None] + np.arange(int(sizes[0]))].reshape(-1)
-    return buffer[_gather_index(starts, sizes, offsets)]
-
-
-def _gather_index(starts: np.ndarray, sizes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Source positions of the concatenation of the ranges ``[starts[i], starts[i] + sizes[i])``."""
-    total = int(offsets[-1])
-    if total == 0:
-        return np.empty(0, np.int64)
-    return np.arange(total, dtype=np.int64) + np.repeat(starts - offsets[:-1], sizes)
-
-
-def _decode_records(raw: bytes, count: int, base_timestamp: int | None) -> pa.Table:
-    heads, ends = _record_bounds(raw, count)
-    buffer = np.frombuffer(raw, np.uint8)
+def _decode_records(buffer: np.ndarray, count: int, base_timestamp: int | None) -> pa.Table:
+    """The records of ``buffer`` (:func:`_padded`) as a RECORD_SCHEMA table."""
+    size = len(buffer) - 1
+    heads, ends = _record_bounds(buffer.data[:size], buffer, count)
     # attributes (one byte, unused), timestamp delta, offset delta (ours are assigned by the log)
     position = heads + 1
-    stamp_raw, width = _read_varints(buffer, position)
+    stamp_raw, width = _read_varints(buffer, position, size)
     position = position + width
-    _, width = _read_varints(buffer, position)
+    _, width = _read_varints(buffer, position, size)
     position = position + width
-    key_lengths, key_starts, position = _length_prefixed(buffer, position)
-    value_lengths, value_starts, position = _length_prefixed(buffer, position)
-    header_count_raw, width = _read_varints(buffer, position)
+    key_lengths, key_starts, position = _length_prefixed(buffer, position, size)
+    value_lengths, value_starts, position = _length_prefixed(buffer, position, size)
+    header_count_raw, width = _read_varints(buffer, position, size)
     header_counts = _signed(header_count_raw)
     position = position + width
     if bool((key_lengths < -1).any() | (value_lengths < -1).any() | (header_counts < 0).any()):
         raise _corrupt("a negative length or header count")
     if bool((position > ends).any()):
         raise _corrupt("a record's fields run past its length")
-    headers, tags, position = _decode_headers(buffer, position, ends, header_counts)
+    headers, tags, position = _decode_headers(buffer, size, position, ends, header_counts)
     if not bool(np.array_equal(position, ends)):
         raise _corrupt("a record's fields do not add up to its length")
     if base_timestamp is None:
@@ -363,17 +405,19 @@ def _decode_records(raw: bytes, count: int, base_timestamp: int | None) -> pa.Ta
     return pa.Table.from_arrays([keys, values, stamps, tags, headers], schema=RECORD_SCHEMA)
 
 
-def _length_prefixed(buffer: np.ndarray, position: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _length_prefixed(
+    buffer: np.ndarray, position: np.ndarray, size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row's varint-length-prefixed field at ``position``: ``(lengths (-1: null), starts,
     positions after the fields)``."""
-    raw, width = _read_varints(buffer, position)
+    raw, width = _read_varints(buffer, position, size)
     lengths = _signed(raw)
     starts = position + width
     return lengths, starts, starts + np.maximum(lengths, 0)
 
 
 def _decode_headers(
-    buffer: np.ndarray, position: np.ndarray, ends: np.ndarray, counts: np.ndarray
+    buffer: np.ndarray, size: int, position: np.ndarray, ends: np.ndarray, counts: np.ndarray
 ) -> tuple[pa.Array, pa.Array, np.ndarray]:
     """``(headers column, tags column, positions after the headers)``, one header level at a time."""
     count = len(counts)
@@ -384,8 +428,8 @@ def _decode_headers(
     for level in range(int(counts.max())):
         rows = np.flatnonzero(counts > level)
         at = position[rows]
-        key_lengths, key_starts, at = _length_prefixed(buffer, at)
-        value_lengths, value_starts, at = _length_prefixed(buffer, at)
+        key_lengths, key_starts, at = _length_prefixed(buffer, at, size)
+        value_lengths, value_starts, at = _length_prefixed(buffer, at, size)
         if bool((key_lengths < 0).any() | (value_lengths < -1).any() | (at > ends[rows]).any()):
             raise _corrupt("a header with a null or negative-length key, or past its record")
         position[rows] = at

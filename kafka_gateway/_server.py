@@ -24,6 +24,13 @@ the table gets an ``UNSUPPORTED_VERSION`` answer built from Kafka's schema.
 Blocking cluster calls (the client is thread-based) run in a bounded thread
 pool (``workers``); the event loop only moves bytes and converts records.
 
+Security (``settings.security``, ``_sasl``): the listener speaks TLS when given a
+certificate, and every connection authenticates with SASL before anything but
+ApiVersions, SaslHandshake and SaslAuthenticate; it then acts through its
+principal's client (:attr:`Connection.client`), so the Meta Service and the
+nodes apply that principal's ACLs. Without security the gateway's own client
+serves every connection (the command line keeps such a gateway on loopback).
+
 Thread-safety: the loop's state is touched only on the loop; the client is
 thread-safe. Crash behaviour: nothing on disk; clients reconnect and retry (an
 idempotent Kafka producer's retried batch is stored once, see ``_produce``;
@@ -58,6 +65,7 @@ from ._protocol import (
     parse_header,
     read_body,
 )
+from ._sasl import SASL_KEYS, Principal, Principals, Security
 
 __all__ = ["BROKER_ID", "Connection", "Gateway", "GatewaySettings", "GatewayThread", "run_gateway"]
 
@@ -83,7 +91,8 @@ class GatewaySettings:
     ``max_fetch_partition_bytes``: the most one partition's node fetch asks for
     (a Kafka client's ``max.partition.fetch.bytes`` above it is cut to it);
     ``read_ahead_bytes``: per connection, how much a Fetch answer may ask the
-    nodes for ahead of the client's next Fetch (see ``_fetch``).
+    nodes for ahead of the client's next Fetch (see ``_fetch``); ``security``: TLS and SASL
+    (``_sasl``; None: a plain listener whose connections all act through the gateway's client).
     """
 
     host: str = "127.0.0.1"
@@ -100,31 +109,43 @@ class GatewaySettings:
     initial_rebalance_delay_s: float = 0.3
     max_fetch_partition_bytes: int = 32 * MiB
     read_ahead_bytes: int = 16 * MiB
+    security: Security | None = None
 
 
 @dataclass(slots=True)
 class Connection:
-    """What the gateway keeps per client connection (K2 adds the authenticated principal here)."""
+    """What the gateway keeps per client connection: who it authenticated as (``_sasl``)."""
 
     gateway: Gateway
     peer: str
-    principal: str | None = None
+    principal: Principal | None = None
+    mechanism: str | None = None  # the SASL mechanism its handshake chose
+    scram_exchange: str | None = None  # the Meta Service's exchange id between the two SCRAM steps
+    close_after_answer: bool = False  # a failed authentication: answer, then close
     # (topic, partition) -> (offset, pending node fetch): a long poll left running by one Fetch
     # is picked up by the next instead of being asked again (bounded by the partitions read).
     fetches: dict[tuple[str, int], tuple[int, Any]] = field(default_factory=dict)
+
+    @property
+    def client(self) -> Any:
+        """The cluster client this connection acts through: its principal's, or the gateway's."""
+        return self.gateway.client if self.principal is None else self.principal.client
 
 
 class Gateway:
     """The dispatch table, the cluster client and the thread pool; see the module docstring."""
 
     def __init__(self, client: Any, settings: GatewaySettings) -> None:
-        from . import _fetch, _groups, _metadata, _produce
+        from . import _fetch, _groups, _metadata, _produce, _sasl
 
         self.client = client
         self.settings = settings
         self.table = ApiTable()
-        for part in (_metadata, _produce, _fetch, _groups):
+        for part in (_metadata, _produce, _fetch, _groups, _sasl):
             part.register(self.table)
+        self.principals: Principals | None = None
+        if settings.security is not None:
+            self.principals = Principals(client.address, settings.security, client.timeout_s)
         self.coordinator = _groups.Coordinator(
             _groups.GroupSettings(initial_rebalance_delay_s=settings.initial_rebalance_delay_s)
         )
@@ -154,8 +175,14 @@ class Gateway:
         self._executor.submit(function, *args)
 
     async def start(self) -> None:
+        listener = None if self.settings.security is None else self.settings.security.listener
         self._server = await asyncio.start_server(
-            self._serve, self.settings.host, self.settings.port, limit=256 * 1024
+            self._serve,
+            self.settings.host,
+            self.settings.port,
+            limit=256 * 1024,
+            ssl=listener,
+            ssl_handshake_timeout=10.0 if listener is not None else None,
         )
         self.peers = Peers(self.advertised, self.settings.peers)
         self.peers.start()
@@ -172,6 +199,8 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self.principals is not None:
+            self.principals.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = str(writer.get_extra_info("peername"))
@@ -193,12 +222,16 @@ class Gateway:
                     if answer is not None:
                         writer.write(answer)
                         await asyncio.wait_for(writer.drain(), self.settings.write_timeout_s)
+                    if connection.close_after_answer:
+                        return
         except FrameTooLarge as error:
             log.warning("closed %s: %s", peer, error)
         except TimeoutError:
             log.warning("closed %s: it did not read its answers for %ss", peer, self.settings.write_timeout_s)
         except _Malformed as error:
             log.warning("closed %s: malformed request: %s", peer, error)
+        except _Unauthenticated as error:
+            log.warning("closed %s: %s", peer, error)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:  # the gateway is stopping: end this connection quietly
@@ -208,6 +241,11 @@ class Gateway:
             for _offset, future in connection.fetches.values():
                 future.cancel()
             writer.close()
+            if connection.principal is not None and self.principals is not None:
+                try:  # closing a principal's last client joins its threads: not on the loop
+                    self.submit(self.principals.release, connection.principal)
+                except RuntimeError:  # the pool is shut down: the gateway is stopping
+                    self.principals.release(connection.principal)
 
     async def handle(self, connection: Connection, frame: bytes) -> bytes | None:
         """The answer to one request frame (None: none is due)."""
@@ -215,6 +253,9 @@ class Gateway:
             header = parse_header(frame)
         except ValueError as error:
             raise _Malformed(str(error)) from None
+        if self.principals is not None and connection.principal is None and header.api_key not in SASL_KEYS:
+            # As Kafka: before SASL completes, any other request closes the connection.
+            raise _Unauthenticated(f"api {header.api_key} sent before SASL authentication")
         if not self.table.serves(header.api_key, header.api_version):
             return self._unsupported(header)
         try:
@@ -241,12 +282,24 @@ class _Malformed(Exception):
     pass
 
 
+class _Unauthenticated(Exception):
+    pass
+
+
+def _cluster_ca(settings: GatewaySettings) -> Any:
+    """A secured gateway's own client: TLS to the Meta Service and no identity (it only relays
+    logins; every other call is made by an authenticated principal's client)."""
+    from robustmq.security._client_auth import Credentials
+
+    return None if settings.security is None else Credentials(ca=settings.security.ca)
+
+
 def run_gateway(*, meta_address: str, settings: GatewaySettings, timeout_s: float = 30.0) -> int:
     """``robustmq kafka-gateway``: serve until SIGTERM or SIGINT; print ``ready`` once listening."""
     import robustmq
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    client = robustmq.connect(meta_address, timeout_s=timeout_s)
+    client = robustmq.connect(meta_address, timeout_s=timeout_s, credentials=_cluster_ca(settings))
 
     async def main() -> None:
         gateway = Gateway(client, settings)
@@ -303,7 +356,9 @@ class GatewayThread:
         import robustmq
 
         try:
-            client = robustmq.connect(self._meta_address, timeout_s=self._timeout_s)
+            client = robustmq.connect(
+                self._meta_address, timeout_s=self._timeout_s, credentials=_cluster_ca(self._settings)
+            )
         except BaseException as error:
             self._error = error
             self._started.set()

@@ -54,6 +54,7 @@ from robustmq.security._cert_login import CertificateAuthority
 from robustmq.security._credentials import TlsFiles
 from robustmq.security._principal import META, node_id_of, node_principal, user_principal
 from robustmq.security._scram import MECHANISM as SCRAM
+from robustmq.security._scram import MECHANISMS as SCRAM_MECHANISMS
 from robustmq.security._scram import ScramServer
 from robustmq.security._tokens import Claims, TokenSigner, TokenVerifier
 
@@ -292,12 +293,22 @@ class MetaAuth:
             raise AuthenticationFailed("security is not enabled on this Meta Service", reason="not_secured")
         mechanism = request.mechanism or SCRAM
         expires = time.monotonic() + EXCHANGE_TTL_S
-        if mechanism == SCRAM:
+        if mechanism in SCRAM_MECHANISMS:
             name = ScramServer.user_of(request.client_first)
-            found = self.users.credential(name)
-            scram = ScramServer(None if found is None else found[0], secret=self._secret)
+            found = self.users.credential(name, mechanism)
+            if found is None and mechanism != SCRAM and self.users.mechanisms(name):
+                # Said in the log only: the client is told "wrong user name or password", as for
+                # an unknown user, so a stranger cannot tell which users exist.
+                logger.warning(
+                    "user %r has no %s keys (made before they were stored): set its password again "
+                    "(robustmq user add --replace) to log in with %s",
+                    name[:80],
+                    mechanism,
+                    mechanism,
+                )
+            scram = ScramServer(None if found is None else found[0], secret=self._secret, mechanism=mechanism)
             exchange = _Exchange(
-                SCRAM, expires, scram=scram, user=name, credential_version=found[1] if found else 0
+                mechanism, expires, scram=scram, user=name, credential_version=found[1] if found else 0
             )
             server_first = scram.first(request.client_first)
         elif mechanism == X509:
@@ -322,7 +333,8 @@ class MetaAuth:
             server_first = base64.b64encode(challenge).decode()
         else:
             raise AuthenticationFailed(
-                f"login mechanism {mechanism[:40]!r} is not offered ({SCRAM} or {X509})",
+                f"login mechanism {mechanism[:40]!r} is not offered "
+                f"({', '.join(SCRAM_MECHANISMS)} or {X509})",
                 reason="bad_mechanism",
             )
         exchange_id = secrets.token_hex(16)
@@ -341,7 +353,7 @@ class MetaAuth:
             raise AuthenticationFailed(
                 "this login exchange is unknown or took longer than 10 s: start again", reason="bad_exchange"
             )
-        if exchange.mechanism == SCRAM:
+        if exchange.mechanism in SCRAM_MECHANISMS:
             assert exchange.scram is not None
             try:
                 server_final = exchange.scram.final(request.client_final)

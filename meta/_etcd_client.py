@@ -18,9 +18,15 @@ What it guarantees
 - An error etcd answers on purpose (a txn past ``--max-txn-ops``, a request past
   ``--max-request-bytes``, permission denied) raises :class:`EtcdError` with etcd's
   gRPC ``code`` and text at once: sending it again cannot help.
+- A TLS handshake that fails at every endpoint (etcd's certificate not trusted by our
+  CA, or ours refused by etcd, or, under ``--client-cert-auth``, a client certificate
+  with a CN, which etcd's gateway refuses) raises :class:`EtcdError` at once: waiting
+  cannot mend a setting.
 - With a user, the client logs in (``Auth.Authenticate``) at its first call and again
-  once when etcd says the token is invalid or expired. The password never reaches a
-  log, an error or ``repr``.
+  once when etcd says the token is invalid or expired (etcd's simple tokens expire after
+  ``--auth-token-ttl`` idle seconds); a login etcd refuses (a wrong password) raises
+  :class:`EtcdError`, one it could not answer is retried like any call. The password
+  never reaches a log, an error or ``repr``.
 
 Whether a **write** whose answer was lost took effect is not known to this client:
 :meth:`EtcdClient.txn` reports it as :class:`UnknownOutcome` (an ``Unavailable``) when
@@ -70,6 +76,8 @@ _TRANSIENT = (
 _CODE_UNAVAILABLE = 14
 _CODE_DEADLINE = 4
 _CODE_UNAUTHENTICATED = 16
+# What etcd (--client-cert-auth) answers on its JSON gateway to a client certificate with a CN.
+_CN_REFUSED = b"CommonName of client sending a request against gateway"
 
 logger = logging.getLogger("robustmq.meta")
 
@@ -208,6 +216,11 @@ class EtcdClient:
         return f"EtcdClient({', '.join(e.name for e in self._endpoints)}, user={self._user!r})"
 
     @property
+    def user(self) -> str | None:
+        """The etcd user this client logs in as (None: no auth)."""
+        return self._user
+
+    @property
     def endpoints(self) -> list[str]:
         return [endpoint.name for endpoint in self._endpoints]
 
@@ -318,10 +331,13 @@ class EtcdClient:
         logged_in_again = False
         last = "no endpoint tried"
         attempt = 0
+        tls_failed: dict[str, str] = {}  # endpoint -> why its TLS handshake failed
         while True:
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
                 kind = UnknownOutcome if write and sent else Unavailable
+                if self._tls is None and "RemoteDisconnected" in last:  # how etcd's https port hangs up
+                    last += " (if etcd serves https, give its CA: --etcd-ca)"
                 raise kind(
                     f"etcd ({', '.join(self.endpoints)}) did not answer {path} "
                     f"within {budget_s:.1f} s: {last}",
@@ -335,12 +351,17 @@ class EtcdClient:
             # take the whole budget: the others get their turn within it.
             attempt_s = min(remaining_s, max(_ATTEMPT_MIN_S, budget_s / len(self._endpoints)))
             try:
-                status, answer, reached = self._post(endpoint, path, payload, attempt_s)
+                status, answer, token = self._post(endpoint, path, payload, attempt_s)
             except _Lost as lost:
                 sent = sent or lost.reached
                 last = f"{endpoint.name}: {lost.reason}"
+                if lost.tls:
+                    tls_failed[endpoint.name] = lost.reason
+                    if len(tls_failed) == len(self._endpoints):  # a setting to fix, not a moment to wait
+                        reasons = "; ".join(f"{name}: {why}" for name, why in tls_failed.items())
+                        raise EtcdError(f"cannot reach etcd over TLS ({reasons})", reason=reasons) from None
             else:
-                sent = sent or reached
+                sent = True
                 if status == 200:
                     self._preferred = index
                     return answer
@@ -349,9 +370,12 @@ class EtcdClient:
                 last = f"{endpoint.name}: {reason}"
                 token_refused = code == _CODE_UNAUTHENTICATED or "auth token" in reason
                 if token_refused and self._user is not None and not logged_in_again:
-                    logged_in_again = True  # the token expired (etcd's simple tokens last 5 minutes)
+                    # The token expired: etcd's simple tokens last --auth-token-ttl (300 s) after
+                    # their last use. Log in again (unless another call did already).
+                    logged_in_again = True
                     with self._token_lock:
-                        self._token = None
+                        if self._token == token:
+                            self._token = None
                     continue
                 if not (code in (_CODE_UNAVAILABLE, _CODE_DEADLINE) or _transient(reason) or status >= 500):
                     raise EtcdError(f"etcd refused {path}: {reason}", grpc_code=code, reason=reason)
@@ -360,63 +384,102 @@ class EtcdClient:
 
     def _post(
         self, endpoint: _Endpoint, path: str, payload: bytes, timeout_s: float
-    ) -> tuple[int, dict[str, Any], bool]:
+    ) -> tuple[int, dict[str, Any], str | None]:
+        """etcd's status and answer, and the auth token sent (None: no auth); :class:`_Lost`."""
         headers = {"Content-Type": "application/json"}
-        if self._user is not None and path != "/v3/auth/authenticate":
-            headers["Authorization"] = self._auth_token(endpoint, timeout_s)
-        connection = endpoint.take(timeout_s)
-        reached = False
-        try:
-            connection.request("POST", path, payload, headers)
-            reached = True
-            response = connection.getresponse()
-            raw = response.read()
-            status = response.status
-        except (OSError, http.client.HTTPException) as exc:
-            connection.close()
-            # A connection refused never carried the request; anything after it was sent may have.
-            may_have_reached = reached and not isinstance(exc, ConnectionRefusedError)
-            raise _Lost(f"{type(exc).__name__}: {exc}", may_have_reached) from exc
-        if response.will_close:
-            connection.close()
-        else:
-            endpoint.give_back(connection)
-        try:
-            answer = _first_json(raw)
-        except ValueError as exc:
-            raise _Lost(f"an answer that is not JSON ({raw[:80]!r})", True) from exc
-        return status, answer, True
+        token = self._auth_token(endpoint, timeout_s) if self._user is not None else None
+        if token is not None:
+            headers["Authorization"] = token
+        status, answer = _exchange(endpoint, path, payload, headers, timeout_s)
+        return status, answer, token
 
     def _auth_token(self, endpoint: _Endpoint, timeout_s: float) -> str:
+        """This client's token, logging in (``Auth.Authenticate`` on ``endpoint``) when it has none.
+
+        A login etcd refuses on purpose (a wrong password, auth not enabled) raises
+        :class:`EtcdError`; one it could not answer (no leader, lost connection) raises
+        :class:`_Lost`, so the call tries again."""
         with self._token_lock:
             if self._token is not None:
                 return self._token
             assert self._user is not None and self._password is not None
             payload = json.dumps({"name": self._user, "password": self._password}).encode()
-            connection = endpoint.take(timeout_s)
+            headers = {"Content-Type": "application/json"}
             try:
-                headers = {"Content-Type": "application/json"}
-                connection.request("POST", "/v3/auth/authenticate", payload, headers)
-                response = connection.getresponse()
-                answer = _first_json(response.read())
-            except (OSError, http.client.HTTPException, ValueError) as exc:
-                connection.close()
-                raise _Lost(f"login failed: {type(exc).__name__}: {exc}", False) from exc
-            connection.close()
-            if response.status != 200 or "token" not in answer:
-                reason = str(answer.get("error") or f"HTTP {response.status}")
-                raise EtcdError(f"etcd refused the login of user {self._user!r}: {reason}", reason=reason)
-            self._token = str(answer["token"])
-            return self._token
+                status, answer = _exchange(endpoint, "/v3/auth/authenticate", payload, headers, timeout_s)
+            except _Lost as lost:
+                if lost.tls:
+                    raise
+                raise _Lost(f"login: {lost.reason}", False) from lost
+            if status == 200 and "token" in answer:
+                self._token = str(answer["token"])
+                return self._token
+            code = int(answer.get("code", 0) or 0)
+            reason = str(answer.get("error") or answer.get("message") or f"HTTP {status}")
+            if code in (_CODE_UNAVAILABLE, _CODE_DEADLINE) or _transient(reason) or status >= 500:
+                raise _Lost(f"login: {reason}", False)
+            raise EtcdError(
+                f"etcd refused the login of user {self._user!r}: {reason}", grpc_code=code, reason=reason
+            )
+
+
+def _exchange(
+    endpoint: _Endpoint, path: str, payload: bytes, headers: dict[str, str], timeout_s: float
+) -> tuple[int, dict[str, Any]]:
+    """POST ``payload`` to ``path`` on ``endpoint``: etcd's HTTP status and JSON answer, or
+    :class:`_Lost`."""
+    connection = endpoint.take(timeout_s)
+    reached = False
+    try:
+        connection.request("POST", path, payload, headers)
+        reached = True
+        response = connection.getresponse()
+        raw = response.read()
+        status = response.status
+    except (OSError, http.client.HTTPException) as exc:
+        connection.close()
+        if _handshake_refused(exc):  # nothing was sent: TLS never got going
+            raise _Lost(f"TLS with etcd failed: {_tls_reason(exc)}", False, tls=True) from exc
+        # A connection refused never carried the request; anything after it was sent may have.
+        may_have_reached = reached and not isinstance(exc, ConnectionRefusedError)
+        raise _Lost(f"{type(exc).__name__}: {exc}", may_have_reached) from exc
+    if response.will_close:
+        connection.close()
+    else:
+        endpoint.give_back(connection)
+    if status == 400 and raw.startswith(_CN_REFUSED):
+        reason = "etcd refuses a client certificate with a common name (CN) on its JSON gateway: give "
+        raise _Lost(reason + "--etcd-cert a certificate without a CN (docs/operators.md)", False, tls=True)
+    try:
+        answer = _first_json(raw)
+    except ValueError as exc:
+        raise _Lost(f"an answer that is not JSON ({raw[:80]!r})", True) from exc
+    return status, answer
 
 
 class _Lost(Exception):
-    """A request that got no usable answer; ``reached``: it may have reached etcd."""
+    """A request that got no usable answer; ``reached``: it may have reached etcd; ``tls``: the
+    TLS handshake failed (a certificate not trusted, on either side), which waiting cannot mend."""
 
-    def __init__(self, reason: str, reached: bool) -> None:
+    def __init__(self, reason: str, reached: bool, *, tls: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.reached = reached
+        self.tls = tls
+
+
+def _handshake_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failed TLS handshake: etcd's certificate does not chain to our CA (or
+    names another host), or etcd refused our certificate (an alert: none given, or another CA's)."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return True
+    return isinstance(exc, ssl.SSLError) and "ALERT" in str(exc.reason or "").upper()
+
+
+def _tls_reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"etcd's certificate is not trusted ({exc.verify_message}): check --etcd-ca"
+    return f"etcd refused our certificate ({exc}): check --etcd-cert and --etcd-key"
 
 
 def _transient(reason: str) -> bool:

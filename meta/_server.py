@@ -72,6 +72,7 @@ from robustmq.errors import (
 from robustmq.security._credentials import TlsFiles
 from robustmq.tier._store import ObjectStore
 
+from . import _keys as keys
 from ._auth import DEFAULT_SUPER_USERS, DEFAULT_TOKEN_LIFETIME_MS, MetaAuth
 from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
 from ._election import DEFAULT_LEASE_TTL_S, LeaderElection
@@ -416,6 +417,7 @@ class MetaServer:
         )
         try:
             store = EtcdMetaStore(client, self._etcd_url.prefix, limits=options.limits)
+            store.check_access()  # TLS, the login and the user's rights: one clear error at start
             store.check_limits()
             # Followers answer GetSecurityInfo too (every instance holds the service's identity).
             follower_auth = MetaAuth(
@@ -454,12 +456,14 @@ class MetaServer:
             ttl_s=options.lease_ttl_s,
         ).start()
         logger.info(
-            "meta service listening on %s (%s), advertised as %s, store %s (%s): joined the election",
+            "meta service listening on %s (%s), advertised as %s, store %s (%s%s%s): joined the election",
             self.address,
             "TLS, authentication required" if self._tls is not None else "no security",
             advertise,
             ",".join(self._etcd_url.endpoints),
             store.prefix,
+            ", TLS" if options.tls is not None else "",
+            f", etcd user {options.user}" if options.user is not None else "",
         )
         return self
 
@@ -468,7 +472,9 @@ class MetaServer:
         assert self._etcd_store is not None and self._switch is not None
         started = time.monotonic()
         self._switch.taking_over()
-        term = self._build_term(self._etcd_store.fenced(fence))
+        # The term's store mirrors every key but the group offsets (groups x partitions of them,
+        # read only by offset fetches and lag, which read etcd).
+        term = self._build_term(self._etcd_store.fenced(fence, unmirrored=(keys.OFFSET,)))
         if fence.lost.is_set():  # deposed while loading: serve nothing
             term.controller.close()
             return

@@ -55,6 +55,7 @@ from robustmq.errors import (
     TopicNotFound,
 )
 from robustmq.security import Authorizer, check_rpc
+from robustmq.security._acl import ALL_OPERATIONS, RESOURCE_TYPES
 
 from ._auth import ANONYMOUS, NODE_BOUND_RPCS, MetaAuth
 from ._controller import MetaController
@@ -73,6 +74,7 @@ __all__ = [
 
 DELETE_WAIT_MAX_S = 30.0  # the longest a DeleteTopic call waits for its deletion to complete
 MAX_DELETES_WAITING = 4  # DeleteTopic calls waiting at once (each holds one of the server's threads)
+MAX_AUTHORIZE_NAMES = 1_000  # resource names one Authorize call may ask about
 
 logger = logging.getLogger("robustmq.meta")
 
@@ -457,6 +459,26 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
             revoked_certificates=self.auth.revocations.fingerprints(),
         )
 
+    @_answers_errors
+    def Authorize(self, request: pb.AuthorizeRequest, context: Any) -> pb.AuthorizeResponse:
+        # The caller's own permissions only (what any principal could learn by trying).
+        operation, resource_type = request.operation.lower(), request.resource_type.lower()
+        if operation not in ALL_OPERATIONS or resource_type not in RESOURCE_TYPES:
+            raise InvalidRequest(
+                f"Authorize needs an operation ({', '.join(ALL_OPERATIONS)}) and a resource type "
+                f"({', '.join(RESOURCE_TYPES)}), got {operation[:20]!r} on {resource_type[:20]!r}"
+            )
+        if len(request.resource_names) > MAX_AUTHORIZE_NAMES:
+            raise InvalidRequest(f"Authorize takes at most {MAX_AUTHORIZE_NAMES} names at once")
+        version = self.acl_version()
+        if not self.auth.enabled:
+            return pb.AuthorizeResponse(allowed=[True] * len(request.resource_names), acl_version=version)
+        authorizer, caller = self.authorizer(), self.caller()
+        allowed = [
+            authorizer.authorize(caller, operation, resource_type, name) for name in request.resource_names
+        ]
+        return pb.AuthorizeResponse(allowed=allowed, acl_version=version)
+
     # -- per-principal quotas of the storage nodes (docs/operators.md, "Quotas") -----------
 
     @_answers_errors
@@ -572,6 +594,12 @@ class _NoStore:
 
     def write(self, puts: dict[bytes, bytes], deletes: Any = ()) -> None:
         raise InvalidRequest("this Meta Service keeps no users")
+
+    def submit(self, puts: dict[bytes, bytes], deletes: Any = ()) -> Any:
+        self.write(puts, deletes)
+
+    def settle(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

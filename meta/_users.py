@@ -4,7 +4,8 @@
 
     key               value
     "W" text(user)    be64(credential version) CreateUserRequest (mechanism, salt, iterations,
-                      StoredKey, ServerKey; never a password)
+                      StoredKey, ServerKey, and the SCRAM-SHA-512 pair when the client
+                      sent it; never a password)
     "Y"               be64(last credential version handed out)
 
 Every creation or password change takes the next credential version from the
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import InvalidRequest
 from robustmq.security._principal import user_principal
-from robustmq.security._scram import MAX_ITERATIONS, MECHANISM, MIN_ITERATIONS, StoredCredential
+from robustmq.security._scram import MAX_ITERATIONS, MECHANISM, MIN_ITERATIONS, SHA512, StoredCredential
 
 from ._keys import text
 from ._store import MetaStore, WriteSet
@@ -39,12 +40,14 @@ USER = b"W"
 USER_VERSION_KEY = b"Y"
 MAX_USERS = 10_000
 _KEY_BYTES = 32
+_SHA512_KEY_BYTES = 64
 
 
 @dataclass(frozen=True, slots=True)
 class _User:
     credential: StoredCredential
     credential_version: int
+    sha512: StoredCredential | None = None  # users made before SCRAM-SHA-512 keys were sent lack it
 
 
 class UserTable:
@@ -57,14 +60,26 @@ class UserTable:
         for key, value in store.scan(USER):
             name = key[3:].decode()
             request = pb.CreateUserRequest.FromString(value[8:])
-            self._users[name] = _User(_credential(request), int.from_bytes(value[:8], "big"))
+            self._users[name] = _user(request, int.from_bytes(value[:8], "big"))
         raw = store.get(USER_VERSION_KEY)
         self._last_version = 0 if raw is None else int.from_bytes(raw, "big")
         self.version = self._last_version  # changes with every user change
 
-    def credential(self, name: str) -> tuple[StoredCredential, int] | None:
+    def credential(self, name: str, mechanism: str = MECHANISM) -> tuple[StoredCredential, int] | None:
+        """The user's stored keys for ``mechanism`` and its credential version (None: no such user,
+        or none for that mechanism: a user made before SCRAM-SHA-512 keys were sent)."""
         user = self._users.get(name)
-        return None if user is None else (user.credential, user.credential_version)
+        if user is None:
+            return None
+        credential = user.sha512 if mechanism == SHA512 else user.credential
+        return None if credential is None else (credential, user.credential_version)
+
+    def mechanisms(self, name: str) -> tuple[str, ...]:
+        """The SCRAM mechanisms ``name`` can log in with (none: no such user)."""
+        user = self._users.get(name)
+        if user is None:
+            return ()
+        return (MECHANISM, SHA512) if user.sha512 is not None else (MECHANISM,)
 
     def credential_version(self, name: str) -> int | None:
         user = self._users.get(name)
@@ -103,13 +118,15 @@ class UserTable:
                 iterations=request.iterations,
                 stored_key=request.stored_key,
                 server_key=request.server_key,
+                stored_key_sha512=request.stored_key_sha512,
+                server_key_sha512=request.server_key_sha512,
             )
             ws = WriteSet()
             ws.put(USER + text(request.user), version.to_bytes(8, "big") + stored.SerializeToString())
             ws.put(USER_VERSION_KEY, version.to_bytes(8, "big"))
             ws.commit(self._store)
             self._last_version = self.version = version
-            self._users[request.user] = _User(_credential(stored), version)
+            self._users[request.user] = _user(stored, version)
             return pb.UserInfo(
                 user=request.user,
                 mechanism=MECHANISM,
@@ -130,13 +147,22 @@ class UserTable:
             del self._users[name]
 
 
-def _credential(request: pb.CreateUserRequest) -> StoredCredential:
-    return StoredCredential(
+def _user(request: pb.CreateUserRequest, credential_version: int) -> _User:
+    sha512 = None
+    if request.stored_key_sha512:
+        sha512 = StoredCredential(
+            salt=request.salt,
+            iterations=request.iterations,
+            stored_key=request.stored_key_sha512,
+            server_key=request.server_key_sha512,
+        )
+    credential = StoredCredential(
         salt=request.salt,
         iterations=request.iterations,
         stored_key=request.stored_key,
         server_key=request.server_key,
     )
+    return _User(credential, credential_version, sha512)
 
 
 def _check(request: pb.CreateUserRequest) -> None:
@@ -150,3 +176,8 @@ def _check(request: pb.CreateUserRequest) -> None:
         raise InvalidRequest("the salt must be 8 to 64 bytes")
     if len(request.stored_key) != _KEY_BYTES or len(request.server_key) != _KEY_BYTES:
         raise InvalidRequest(f"StoredKey and ServerKey are {_KEY_BYTES} bytes each (SHA-256)")
+    sha512 = (len(request.stored_key_sha512), len(request.server_key_sha512))
+    if sha512 not in ((0, 0), (_SHA512_KEY_BYTES, _SHA512_KEY_BYTES)):
+        raise InvalidRequest(
+            f"the SCRAM-SHA-512 StoredKey and ServerKey are {_SHA512_KEY_BYTES} bytes each, or both absent"
+        )

@@ -32,7 +32,7 @@ from robustmq._records import READ_SCHEMA, encode_batch, partition_column
 from robustmq._retry import DEFAULT_RETRY, RetryPolicy
 from robustmq._transport import NodeTransport
 from robustmq.errors import IncarnationMismatch, InvalidRequest, RobustMQError, ShardNotFound, StaleEpoch
-from robustmq.security._client_auth import Credentials
+from robustmq.security._client_auth import Credentials, MetaSession
 from robustmq.security._curve import ClientSecurity
 
 __all__ = ["Client", "connect"]
@@ -73,6 +73,7 @@ class Client:
         timeout_s: float = 30.0,
         retry: RetryPolicy = DEFAULT_RETRY,
         credentials: Credentials | None = None,
+        session: MetaSession | None = None,
     ) -> None:
         from robustmq._meta_addresses import parse_meta_addresses
         from robustmq._meta_client import MetaClient
@@ -82,7 +83,7 @@ class Client:
         self.retry = retry  # every node call of this client, its producers and consumers follows it
         # Every wait of this client is bounded by timeout_s: a Meta Service call
         # retries Unavailable (a restart, a failover) for that long, no shorter.
-        self.meta = MetaClient(address, timeout_s=timeout_s, credentials=credentials)
+        self.meta = MetaClient(address, timeout_s=timeout_s, credentials=credentials, session=session)
         self.metadata = Metadata(self.meta)
         # Security on: requests to storage nodes go over CURVE with this process's key pair and
         # carry the session token the Meta Service bound to it (docs/security.md).
@@ -95,8 +96,10 @@ class Client:
                 process_curve_keypair(), self.meta.session_token, KeyBook(meta_lookup(self.meta))
             )
         self.transport = NodeTransport(timeout_s=timeout_s, security=self.security)
+        self.closed = False  # set by close(): calls in flight then end instead of retrying
 
     def close(self) -> None:
+        self.closed = True
         self.transport.close()
         self.meta.close()
 
@@ -541,6 +544,8 @@ class Client:
                 continue
             except RobustMQError as error:
                 attempts += 1
+                if self.closed:  # closed under this call (a server stopping): nothing will answer
+                    raise
                 if not self.retry.worth_another_attempt(error, deadline - time.monotonic(), self.timeout_s):
                     raise
                 last = error

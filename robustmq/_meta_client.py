@@ -21,10 +21,14 @@ Several addresses (``"h1:7070,h2:7070"`` or a list; :mod:`robustmq._meta_address
 are the instances of one highly available Meta Service. Calls go to the current
 one; a ``NotLeader`` answer (a follower's: it ran nothing) moves to the leader it
 names, or the next address when it names none, and the call is sent again
-whatever its retry rule; a failed transport (refused, reset, no answer in time)
-moves later calls to the next address, and the call itself follows its retry
-rule there. Moving to an address not tried since the last pause is immediate; the
-back-off comes once every address was tried. A call sent at most once
+whatever its retry rule (so is one answered ``Unavailable`` with reason
+``taking_over``: a just-elected leader loading its state, which ran nothing); a
+failed transport (refused, reset, no answer in time) moves later calls to the next
+address, and the call itself follows its retry rule there. Moving to an address not
+tried since the last pause is immediate; the back-off comes once every address was
+tried, and while an election is on (an instance answered ``NotLeader`` or
+``taking_over``) it is at most :data:`_ELECTION_PAUSE_S` (0.1 s), so a new leader is
+found within that. A call sent at most once
 (``remove_node``...) is sent only on a connected channel when there are several
 addresses, so an instance that is down costs at most a second
 (:data:`_CONNECT_S`) and never a doubt about whether the call ran. One session
@@ -112,6 +116,10 @@ __all__ = [
 ERROR_METADATA_KEY = "robustmq-error-bin"
 _BACKOFF_FIRST_S = 0.05
 _BACKOFF_MAX_S = 1.0
+# The longest pause while an election is on (an instance answered NotLeader or "taking over"):
+# followers answer at once, without etcd, and the new leader serves a moment after it is
+# elected, so asking again this often finds it this soon, at the price of cheap refusals.
+_ELECTION_PAUSE_S = 0.1
 PLACEMENT_WAIT_S = 5.0  # how long create_topic asks again while the service cannot place it yet
 _PLACEMENT_RETRY_S = 0.25
 _ATTEMPT_MIN_S = 0.05  # an attempt with less time left than this is not started
@@ -278,6 +286,10 @@ class MetaClient:
     curve_key
         The CURVE public key (32 bytes) session tokens are bound to (default: the
         process's, :func:`~robustmq.security._client_auth.process_curve_keypair`).
+    session
+        A session to use instead of logging in with ``credentials`` (which then only name the
+        CA): a :class:`~robustmq.security._client_auth.TokenSession` of a token obtained for
+        someone else (the Kafka gateway's clients of the principals that authenticated).
 
     Examples
     --------
@@ -294,6 +306,7 @@ class MetaClient:
         channel: grpc.Channel | None = None,
         credentials: Credentials | None = None,
         curve_key: Callable[[], bytes] | None = None,
+        session: MetaSession | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise InvalidConfig(f"timeout_s must be positive, got {timeout_s!r}", timeout_s=timeout_s)
@@ -310,6 +323,8 @@ class MetaClient:
                 if curve_key is None
                 else MetaSession(credentials, tls, curve_key=curve_key)
             )
+        if session is not None:  # a token obtained elsewhere (TokenSession); credentials give the CA
+            self.session = session
         # One token serves every instance: they all hold the Meta Service identity, whose key signs it.
         self._tls_ca = None if tls is None else tls.ca
         self._tls = tls is not None
@@ -379,6 +394,7 @@ class MetaClient:
             deadline = time.monotonic() + self.timeout_s
         backoff_s = _BACKOFF_FIRST_S
         logged_in_again = False
+        electing = False  # an instance answered NotLeader or taking_over: pauses stay short
         tried: set[str] = set()
         while True:
             address = self.addresses.current
@@ -399,7 +415,7 @@ class MetaClient:
                         f"meta service at {address} is unreachable (no connection within {_CONNECT_S}s)",
                         address=address,
                     )
-                    if self._pause_or_raise(error, tried, deadline, backoff_s, None):
+                    if self._pause_or_raise(error, tried, deadline, backoff_s, None, electing):
                         backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
                         tried.clear()
                     continue
@@ -427,6 +443,9 @@ class MetaClient:
                     logged_in_again = True
                     continue
                 not_leader = from_service and isinstance(error, NotLeader)
+                # A leader still loading its state ran nothing either: asked again like NotLeader.
+                loading = from_service and error.fields.get("reason") == "taking_over"
+                electing = electing or not_leader or loading
                 if not_leader:
                     leader = error.fields.get("leader", "")
                     self.addresses.not_leader(
@@ -436,9 +455,9 @@ class MetaClient:
                     # Refused, reset, or no answer at all (a paused process): the next call
                     # goes to the next address (a live follower sends it on to the leader).
                     self.addresses.unreachable(address, time.monotonic())
-                if not (not_leader or _should_retry(error, from_service, retry)):
+                if not (not_leader or loading or _should_retry(error, from_service, retry)):
                     raise self._final(error) from exc
-                if self._pause_or_raise(error, tried, deadline, backoff_s, exc):
+                if self._pause_or_raise(error, tried, deadline, backoff_s, exc, electing):
                     backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
                     tried.clear()
 
@@ -449,10 +468,15 @@ class MetaClient:
         deadline: float,
         backoff_s: float,
         exc: BaseException | None,
+        electing: bool,
     ) -> bool:
         """Before the next attempt: at once if the next address was not tried since the last pause,
-        else sleep ``backoff_s`` (True: paused). Raises ``error`` if the deadline leaves no attempt."""
+        else sleep ``backoff_s`` (at most :data:`_ELECTION_PAUSE_S` once this call met an election:
+        the old leader's address failing meanwhile does not lengthen it; True: paused). Raises
+        ``error`` if the deadline leaves no attempt."""
         pause_s = 0.0 if self.addresses.current not in tried else backoff_s
+        if electing:
+            pause_s = min(pause_s, _ELECTION_PAUSE_S)
         if time.monotonic() + max(pause_s, _ATTEMPT_MIN_S) >= deadline:
             raise self._final(error) from exc
         if pause_s:
@@ -551,10 +575,12 @@ class MetaClient:
 
     def create_user(self, user: str, password: str, *, replace: bool = False, iterations: int = 4096) -> None:
         """Add a password user (or change its password with ``replace``); the password stays here:
-        only its SCRAM salt, iterations, StoredKey and ServerKey are sent."""
-        from robustmq.security._scram import MECHANISM, derive_keys
+        only its SCRAM salt, iterations, StoredKey and ServerKey are sent (for SCRAM-SHA-256, and
+        for SCRAM-SHA-512 with the same salt, which Kafka clients may use through the gateway)."""
+        from robustmq.security._scram import MECHANISM, SHA512, derive_keys
 
         stored = derive_keys(password, iterations=iterations)
+        sha512 = derive_keys(password, stored.salt, iterations, SHA512)
         request = pb.CreateUserRequest(
             user=user,
             mechanism=MECHANISM,
@@ -562,6 +588,8 @@ class MetaClient:
             iterations=stored.iterations,
             stored_key=stored.stored_key,
             server_key=stored.server_key,
+            stored_key_sha512=sha512.stored_key,
+            server_key_sha512=sha512.server_key,
             replace=replace,
         )
         self._call("CreateUser", request, "idempotent" if replace else "once")
@@ -572,6 +600,25 @@ class MetaClient:
 
     def list_users(self) -> list[pb.UserInfo]:
         return list(self._call("ListUsers", pb.Empty(), "read").users)
+
+    def authorize(self, operation: str, resource_type: str, names: Sequence[str]) -> list[bool]:
+        """Whether this client's own principal may do ``operation`` on each named resource (the
+        Meta Service's decision from its ACLs; all True with security off)."""
+        request = pb.AuthorizeRequest(operation=operation, resource_type=resource_type, resource_names=names)
+        return list(self._call("Authorize", request, "read").allowed)
+
+    def scram_start(self, client_first: str, mechanism: str) -> pb.ScramStartResponse:
+        """The first step of a password login for someone else (a Kafka gateway relays its client's
+        SCRAM messages): the answer's ``server_first`` goes back to that client."""
+        request = pb.ScramStartRequest(client_first=client_first, mechanism=mechanism)
+        return self._call("ScramStart", request, "once")
+
+    def scram_finish(self, exchange_id: str, client_final: str, curve_key: bytes) -> pb.ScramFinishResponse:
+        """The second step: the token (bound to ``curve_key``) if the client's proof is right."""
+        request = pb.ScramFinishRequest(
+            exchange_id=exchange_id, client_final=client_final, curve_key=curve_key
+        )
+        return self._call("ScramFinish", request, "once")
 
     def revoke_certificate(
         self, *, pem: str = "", sha256: bytes = b"", reason: str = ""

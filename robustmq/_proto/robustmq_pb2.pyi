@@ -650,7 +650,7 @@ class IssueTokenRequest(_message.Message):
     def __init__(self, curve_key: _Optional[bytes] = ..., producer_id: _Optional[int] = ..., producer_token: _Optional[bytes] = ...) -> None: ...
 
 class CreateUserRequest(_message.Message):
-    __slots__ = ("user", "mechanism", "salt", "iterations", "stored_key", "server_key", "replace")
+    __slots__ = ("user", "mechanism", "salt", "iterations", "stored_key", "server_key", "replace", "stored_key_sha512", "server_key_sha512")
     USER_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
     SALT_FIELD_NUMBER: _ClassVar[int]
@@ -658,6 +658,8 @@ class CreateUserRequest(_message.Message):
     STORED_KEY_FIELD_NUMBER: _ClassVar[int]
     SERVER_KEY_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
+    STORED_KEY_SHA512_FIELD_NUMBER: _ClassVar[int]
+    SERVER_KEY_SHA512_FIELD_NUMBER: _ClassVar[int]
     user: str
     mechanism: str
     salt: bytes
@@ -665,7 +667,9 @@ class CreateUserRequest(_message.Message):
     stored_key: bytes
     server_key: bytes
     replace: bool
-    def __init__(self, user: _Optional[str] = ..., mechanism: _Optional[str] = ..., salt: _Optional[bytes] = ..., iterations: _Optional[int] = ..., stored_key: _Optional[bytes] = ..., server_key: _Optional[bytes] = ..., replace: _Optional[bool] = ...) -> None: ...
+    stored_key_sha512: bytes
+    server_key_sha512: bytes
+    def __init__(self, user: _Optional[str] = ..., mechanism: _Optional[str] = ..., salt: _Optional[bytes] = ..., iterations: _Optional[int] = ..., stored_key: _Optional[bytes] = ..., server_key: _Optional[bytes] = ..., replace: _Optional[bool] = ..., stored_key_sha512: _Optional[bytes] = ..., server_key_sha512: _Optional[bytes] = ...) -> None: ...
 
 class DeleteUserRequest(_message.Message):
     __slots__ = ("user",)
@@ -706,6 +710,24 @@ class AclBinding(_message.Message):
     operation: str
     permission: str
     def __init__(self, principal: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_name: _Optional[str] = ..., pattern: _Optional[str] = ..., operation: _Optional[str] = ..., permission: _Optional[str] = ...) -> None: ...
+
+class AuthorizeRequest(_message.Message):
+    __slots__ = ("operation", "resource_type", "resource_names")
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_NAMES_FIELD_NUMBER: _ClassVar[int]
+    operation: str
+    resource_type: str
+    resource_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, operation: _Optional[str] = ..., resource_type: _Optional[str] = ..., resource_names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AuthorizeResponse(_message.Message):
+    __slots__ = ("allowed", "acl_version")
+    ALLOWED_FIELD_NUMBER: _ClassVar[int]
+    ACL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    allowed: _containers.RepeatedScalarFieldContainer[bool]
+    acl_version: int
+    def __init__(self, allowed: _Optional[_Iterable[bool]] = ..., acl_version: _Optional[int] = ...) -> None: ...
 
 class DeleteAclResponse(_message.Message):
     __slots__ = ("deleted",)

@@ -199,6 +199,11 @@ class MetaServiceStub:
                 request_serializer=robustmq__pb2.ListAclsRequest.SerializeToString,
                 response_deserializer=robustmq__pb2.ListAclsResponse.FromString,
                 _registered_method=True)
+        self.Authorize = channel.unary_unary(
+                '/robustmq.MetaService/Authorize',
+                request_serializer=robustmq__pb2.AuthorizeRequest.SerializeToString,
+                response_deserializer=robustmq__pb2.AuthorizeResponse.FromString,
+                _registered_method=True)
         self.InitProducerId = channel.unary_unary(
                 '/robustmq.MetaService/InitProducerId',
                 request_serializer=robustmq__pb2.InitProducerIdRequest.SerializeToString,
@@ -434,6 +439,14 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Authorize(self, request, context):
+        """Whether the caller itself may do an operation on resources (a Kafka gateway checks group
+        operations it serves itself this way, as the principal its client authenticated as).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def InitProducerId(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -638,6 +651,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.ListAcls,
                     request_deserializer=robustmq__pb2.ListAclsRequest.FromString,
                     response_serializer=robustmq__pb2.ListAclsResponse.SerializeToString,
+            ),
+            'Authorize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Authorize,
+                    request_deserializer=robustmq__pb2.AuthorizeRequest.FromString,
+                    response_serializer=robustmq__pb2.AuthorizeResponse.SerializeToString,
             ),
             'InitProducerId': grpc.unary_unary_rpc_method_handler(
                     servicer.InitProducerId,
@@ -1561,6 +1579,33 @@ class MetaService:
             '/robustmq.MetaService/ListAcls',
             robustmq__pb2.ListAclsRequest.SerializeToString,
             robustmq__pb2.ListAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Authorize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustmq.MetaService/Authorize',
+            robustmq__pb2.AuthorizeRequest.SerializeToString,
+            robustmq__pb2.AuthorizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,12 +15,15 @@ Service on ``--host`` (on loopback when it is a wildcard). ``--insecure`` is
 passed on to the children, which check protected mode themselves.
 
 ``--store etcd`` (a highly available Meta Service) first starts an etcd of one
-member, on loopback only (``etcd/``, ``logs/etcd.log``), then ``--meta-replicas``
+member, on loopback only (``etcd/``, ``logs/etcd.log``), and waits until it answers
+(with ``--secure``: TLS only, client certificates of the cluster CA, its auth on and
+an etcd user for the Meta Services, :mod:`._cluster_etcd`), then ``--meta-replicas``
 Meta Services on it (``meta-0/``, ``meta-1/``..., ports from ``--meta-port`` on),
 which elect a leader; the nodes and this process are given all their addresses
 and follow the leader. ``--kafka-port P`` adds a Kafka gateway process
 (``robustmq kafka-gateway``, ``logs/kafka-gateway.log``) on ``P``, started
-after the nodes. Stopping goes Kafka gateway, nodes, Meta Services, etcd.
+after the nodes (with ``--secure``: SASL_SSL, its certificate issued from the cluster CA).
+Stopping goes Kafka gateway, nodes, Meta Services, etcd.
 
 Life cycle:
 
@@ -60,13 +63,13 @@ from typing import IO
 
 from robustmq._hosts import join_host_port, reachable, split_host_port, unbracket
 from robustmq._ready import announce_ready
+from robustmq.cli._cluster_etcd import etcd_command, find_etcd, prepare_etcd
 from robustmq.cli._embedded import admin_exports, default_tier_url, secure_credentials
 from robustmq.errors import InvalidConfig, RobustMQError
 
 __all__ = ["START_TIMEOUT_S", "STOP_WAIT_S", "find_etcd", "run_cluster"]
 
 START_TIMEOUT_S = 60.0
-_ETCD_PATHS = ("/usr/bin/etcd", "/usr/local/bin/etcd")
 STOP_WAIT_S = 10.0
 _POLL_S = 0.2
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -144,49 +147,13 @@ def _ports(
     return metas, node_ports
 
 
-def find_etcd() -> str:
-    """The ``etcd`` program (Debian's ``etcd-server``), or ``InvalidConfig`` saying how to get it."""
-    found = shutil.which("etcd") or next((p for p in _ETCD_PATHS if os.access(p, os.X_OK)), None)
-    if found is None:
-        raise InvalidConfig(
-            "--store etcd needs etcd, which is not installed here: install Debian's etcd-server "
-            "(sudo apt-get install etcd-server, or scripts/install_etcd)",
-            field="store",
-        )
-    return found
-
-
-def _etcd(root: Path, logs: Path) -> tuple[_Child, str]:
-    """An etcd of one member on loopback only (it has no authentication here), and the Meta
-    Services' ``--store`` URL for it."""
-    from robustmq.meta._etcd_store import EtcdLimits
-
-    limits = EtcdLimits()
-    client_port, peer_port = _free_port("127.0.0.1"), _free_port("127.0.0.1")
-    client_url, peer_url = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
-    args = [
-        "--name",
-        "robustmq",
-        "--data-dir",
-        str(root / "etcd"),
-        "--listen-client-urls",
-        client_url,
-        "--advertise-client-urls",
-        client_url,
-        "--listen-peer-urls",
-        peer_url,
-        "--initial-advertise-peer-urls",
-        peer_url,
-        "--initial-cluster",
-        f"robustmq={peer_url}",
-        # The Meta Service's changes are single Txns larger than etcd's defaults allow (it checks).
-        "--max-txn-ops",
-        str(limits.max_txn_ops),
-        "--max-request-bytes",
-        str(limits.max_request_bytes),
-    ]
+def _etcd(root: Path, logs: Path, credentials: Path | None) -> tuple[_Child, list[str]]:
+    """An etcd of one member on loopback only, secured with ``credentials`` (a secured cluster;
+    :mod:`._cluster_etcd`), and the flags that point a Meta Service at it."""
+    ports = _free_port("127.0.0.1"), _free_port("127.0.0.1")
+    args, client_url, meta_args = etcd_command(root / "etcd", *ports, credentials)
     child = _Child("etcd", client_url, args, logs / "etcd.log", kind="etcd", executable=[find_etcd()])
-    return child, f"etcd://127.0.0.1:{client_port}/robustmq"
+    return child, meta_args
 
 
 def _metrics_ports(host: str, first: int | None, servers: int, taken: list[int]) -> list[int] | None:
@@ -236,9 +203,8 @@ def _children(
     servers: list[_Child] = []
     store_args: list[str] = []
     if store == "etcd":
-        etcd, url = _etcd(root, logs)
+        etcd, store_args = _etcd(root, logs, credentials)
         servers.append(etcd)
-        store_args = ["--store", url]
     metas = []
     for number, meta_port in enumerate(meta_ports):
         name = "meta" if len(meta_ports) == 1 else f"meta-{number}"
@@ -285,6 +251,8 @@ def _children(
         address = join_host_port(advertise_host or reachable(host), kafka_port)
         args = ["kafka-gateway", *also, "--host", host, "--port", str(kafka_port), "--meta", meta_address]
         args += ["--advertise", address]
+        if credentials is not None:  # SASL_SSL with the cluster's CA (docs/kafka.md, "Security")
+            args += ["--credentials", str(credentials)]
         gateways.append(_Child("kafka-gateway", address, args, logs / "kafka-gateway.log", kind="gateway"))
     return [*servers, *metas, *nodes, *gateways]
 
@@ -305,6 +273,23 @@ def _tls(credentials: Path | None, stem: str) -> list[str]:
 
 class _StartFailed(Exception):
     pass
+
+
+def _start(children: list[_Child], credentials: Path | None) -> None:
+    """Start every child; an etcd first, answering (and, secured, with its auth on) before the
+    Meta Services start on it."""
+    for child in children:
+        child.start()
+        if child.kind == "etcd":
+            _prepare_etcd(child, credentials)
+
+
+def _prepare_etcd(etcd: _Child, credentials: Path | None) -> None:
+    try:
+        prepare_etcd(etcd.address, credentials, lambda: etcd.exited() is not None, START_TIMEOUT_S)
+    except RobustMQError as error:
+        etcd.reported = etcd.exited() is not None
+        raise _StartFailed(f"etcd: {error.message} (log: {etcd.log_path})") from None
 
 
 def _wait_ready(
@@ -453,18 +438,6 @@ def run_cluster(
             "only through etcd",
             field="meta_replicas",
         )
-    if store == "etcd" and secure:
-        raise InvalidConfig(
-            "robustmq cluster does not secure etcd yet: use --store etcd without --secure, or start "
-            "etcd and the Meta Services yourself (docs/operators.md)",
-            field="store",
-        )
-    if secure and kafka_port is not None:
-        raise InvalidConfig(
-            "--kafka-port cannot be used with --secure yet: the Kafka gateway has no TLS or SASL "
-            "listener (docs/kafka.md)",
-            field="kafka_port",
-        )
     meta_ports, node_ports = _ports(host, meta_port, base_port, nodes, meta_replicas)
     metrics_ports = _metrics_ports(host, metrics_port, len(meta_ports) + nodes, [*meta_ports, *node_ports])
     root = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="robustmq-cluster-"))
@@ -490,9 +463,8 @@ def run_cluster(
     )
     try:
         with _stop_signals(stop):
-            for child in children:
-                child.start()
             try:
+                _start(children, credentials)
                 ids = _wait_ready(children, stop, credentials)
             except _StartFailed as failed:
                 print(f"robustmq cluster: cannot start: {failed}", file=sys.stderr, flush=True)

@@ -226,7 +226,8 @@ def run_server(
 
     ``metrics_port``: both servers' Prometheus metrics on ``http://host:metrics_port/metrics``.
     ``kafka_port``: a Kafka gateway (docs/kafka.md) in this process too, on ``host`` and that
-    port (0: a free one); refused with ``credentials`` (the gateway has no TLS or SASL yet).
+    port (0: a free one); with ``credentials`` it serves SASL_SSL (the listener's certificate
+    ``kafka-gateway.pem`` is issued into that directory on the first start).
 
     ``credentials``: secured, with the certificates in that directory (made on the
     first start); the admin's environment is printed before ``ready``.
@@ -253,16 +254,15 @@ def run_server(
         super_users=super_users,
         metrics_port=metrics_port,
     )
-    if kafka_port is not None and credentials is not None:
-        print(_KAFKA_UNSECURED, file=sys.stderr, flush=True)
-        return 2
     gateway = None
     try:
         if credentials is not None:
             secure_credentials(credentials, 1, (host, advertise_host))
         cluster.start()
         if kafka_port is not None:
-            gateway = _start_kafka_gateway(cluster.meta_address, host, advertise_host, kafka_port)
+            gateway = _start_kafka_gateway(
+                cluster.meta_address, host, advertise_host, kafka_port, credentials
+            )
     except RobustMQError as error:
         print(f"robustmq server: cannot start: {error.message}", file=sys.stderr, flush=True)
         cluster.stop()
@@ -295,15 +295,17 @@ def run_server(
     return 0
 
 
-_KAFKA_UNSECURED = (
-    "robustmq server: --kafka-port cannot be used with a secured server yet: the Kafka gateway has no "
-    "TLS or SASL listener (docs/kafka.md)"
-)
-
-
-def _start_kafka_gateway(meta_address: str, host: str, advertise_host: str | None, port: int) -> Any:
-    from robustmq.kafka_gateway import GatewaySettings, GatewayThread
+def _start_kafka_gateway(
+    meta_address: str, host: str, advertise_host: str | None, port: int, credentials: Path | None
+) -> Any:
+    from robustmq.cli._security import gateway_certificate
+    from robustmq.kafka_gateway import GatewaySettings, GatewayThread, Security
 
     advertised = advertise_host or reachable(host)
-    settings = GatewaySettings(host=host, port=port, advertise_host=advertised)
+    security = None
+    if credentials is not None:
+        security = Security.load(
+            credentials / "ca.pem", *gateway_certificate(credentials, [host, advertised])
+        )
+    settings = GatewaySettings(host=host, port=port, advertise_host=advertised, security=security)
     return GatewayThread(meta_address, settings).start()

@@ -39,6 +39,7 @@ __all__ = ["OneLineArgumentParser", "build_parser", "main"]
 
 DEFAULT_META_PORT = 7070
 DEFAULT_NODE_PORT = 7101
+ETCD_PASSWORD_ENV = "ROBUSTMQ_ETCD_PASSWORD"  # --etcd-user's password when no --etcd-password-file
 EXIT_RUNTIME, EXIT_INTERRUPTED = 1, 130
 
 
@@ -411,7 +412,11 @@ def _etcd_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--etcd-key", default=None, metavar="PEM", help="the key of --etcd-cert")
     group.add_argument("--etcd-user", default=None, metavar="NAME", help="an etcd user (etcd's auth on)")
     group.add_argument(
-        "--etcd-password-file", default=None, metavar="FILE", help="the file holding --etcd-user's password"
+        "--etcd-password-file",
+        default=None,
+        metavar="FILE",
+        help=f"the file holding --etcd-user's password (else the environment variable {ETCD_PASSWORD_ENV}; "
+        "never on the command line)",
     )
     group.add_argument(
         "--etcd-max-txn-ops",
@@ -432,9 +437,10 @@ def _etcd_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--leader-lease-s",
         type=_bounded_int(2, 60),
-        default=3,
+        default=2,  # meta._election.DEFAULT_LEASE_TTL_S (not imported: the CLI starts light)
         metavar="S",
-        help="the leader's etcd lease: a dead leader is replaced this long after it died (default 3)",
+        help="the leader's etcd lease: a dead leader is replaced about this long after it died; raise "
+        "it where a process may stall that long (a needless election, never a lost write) (default 2)",
     )
 
 
@@ -443,14 +449,20 @@ def _etcd_of(args: argparse.Namespace) -> Any:
     from robustmq.meta._etcd_store import EtcdLimits
     from robustmq.meta._server import EtcdOptions
 
-    password = None
+    password = os.environ.get(ETCD_PASSWORD_ENV) or None
     if args.etcd_password_file is not None:
         try:
             password = Path(args.etcd_password_file).read_text().rstrip("\n")
         except OSError as exc:
             raise SystemExit(f"robustmq meta: cannot read --etcd-password-file: {exc}") from None
-    if (args.etcd_user is None) != (password is None):
-        raise SystemExit("robustmq meta: --etcd-user and --etcd-password-file go together")
+    if args.etcd_user is None and args.etcd_password_file is not None:
+        raise SystemExit("robustmq meta: --etcd-password-file needs --etcd-user")
+    if args.etcd_user is None:
+        password = None  # a password in the environment without a user is not used
+    elif password is None:
+        raise SystemExit(
+            f"robustmq meta: --etcd-user needs its password: --etcd-password-file FILE or {ETCD_PASSWORD_ENV}"
+        )
     if (args.etcd_cert is None) != (args.etcd_key is None):
         raise SystemExit("robustmq meta: --etcd-cert and --etcd-key go together")
     if args.etcd_cert is not None and args.etcd_ca is None:
@@ -574,6 +586,7 @@ def _peer_list(text: str) -> tuple[str, ...]:
 
 def _run_kafka_gateway(args: argparse.Namespace) -> int:
     from robustmq._hosts import split_host_port
+    from robustmq.cli._security import gateway_security
     from robustmq.kafka_gateway import GatewaySettings, run_gateway
 
     advertise_host, advertise_port = (None, None)
@@ -588,6 +601,7 @@ def _run_kafka_gateway(args: argparse.Namespace) -> int:
         max_frame_bytes=args.max_request_bytes,
         peers=tuple(args.peers),
         initial_rebalance_delay_s=args.initial_rebalance_delay_ms / 1000.0,
+        security=gateway_security(args),
     )
     return run_gateway(meta_address=args.meta_address, settings=settings, timeout_s=args.timeout_s)
 
@@ -846,7 +860,35 @@ def _add_servers(commands: argparse._SubParsersAction[OneLineArgumentParser]) ->
         "kafka-gateway",
         help="serve Kafka's wire protocol: unmodified Kafka clients produce and consume (docs/kafka.md)",
     )
-    _common(gateway)
+    _common(gateway, client=False)
+    gateway.add_argument(
+        "--timeout-s",
+        type=_seconds(positive=True),
+        default=30.0,
+        help="how long to wait for the cluster (default 30)",
+    )
+    security = gateway.add_argument_group(
+        "security: SASL (PLAIN, SCRAM) and TLS for Kafka clients (docs/kafka.md)"
+    )
+    security.add_argument(
+        "--secure",
+        action="store_true",
+        help="require SASL and TLS (with --credentials DIR, or --tls-ca, --tls-cert and --tls-key)",
+    )
+    security.add_argument(
+        "--credentials",
+        default=None,
+        metavar="DIR",
+        help="the cluster's robustmq security init directory (implies --secure): its CA, and the "
+        "listener's kafka-gateway.pem/.key (issued from its CA on the first start)",
+    )
+    security.add_argument(
+        "--tls-ca", default=None, metavar="FILE", help="the cluster CA certificate (PEM): SASL users are its"
+    )
+    security.add_argument(
+        "--tls-cert", default=None, metavar="FILE", help="the Kafka listener's certificate (PEM): SASL_SSL"
+    )
+    security.add_argument("--tls-key", default=None, metavar="FILE", help="the listener certificate's key")
     gateway.add_argument("--port", type=_port, default=9092, help="the Kafka port (default 9092)")
     _binding_options(gateway, "--advertise")
     gateway.add_argument(

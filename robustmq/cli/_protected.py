@@ -48,8 +48,11 @@ def check(command: str, args: argparse.Namespace) -> Verdict:
         return Verdict()
     host = str(args.host)
     warning = None
-    # The Kafka gateway's own listener has no TLS or SASL yet: cluster credentials do not secure it.
-    secured = security_configured(args) and command != "kafka-gateway"
+    # The Kafka gateway is secured by a TLS listener (SASL over plaintext would send passwords in clear).
+    if command == "kafka-gateway":
+        secured = bool(getattr(args, "tls_cert", None) or getattr(args, "credentials", None))
+    else:
+        secured = security_configured(args)
     if not is_loopback(host) and not secured:
         where = "every interface" if is_wildcard(host) else host
         if not getattr(args, "insecure", False):

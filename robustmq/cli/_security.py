@@ -16,6 +16,9 @@ import argparse
 import getpass
 import json
 import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq.errors import InvalidConfig
@@ -72,6 +75,40 @@ def security_configured(args: argparse.Namespace) -> bool:
         or getattr(args, "secure", False)
         or getattr(args, "credentials", None)
     )
+
+
+def gateway_security(args: argparse.Namespace) -> Any:
+    """``kafka-gateway``'s TLS and SASL (None: neither). ``--credentials DIR``: the cluster CA and
+    ``DIR/kafka-gateway.pem``/``.key`` (issued from ``DIR/ca.key`` if missing); else ``--tls-ca``
+    (SASL against that cluster) and ``--tls-cert``/``--tls-key`` (the TLS listener)."""
+    from robustmq.kafka_gateway import Security
+
+    if args.credentials:
+        directory = Path(args.credentials)
+        advertised = (args.advertise or "").rsplit(":", 1)[0].strip("[]") if args.advertise else ""
+        cert, key = gateway_certificate(directory, [args.host, advertised])
+        return Security.load(directory / "ca.pem", cert, key)
+    if args.tls_ca:
+        return Security.load(args.tls_ca, args.tls_cert, args.tls_key)
+    if args.tls_cert or args.tls_key or args.secure:
+        raise InvalidConfig(
+            "a secured Kafka gateway needs the cluster's CA: --credentials DIR, or --tls-ca FILE "
+            "(with --tls-cert and --tls-key for TLS)"
+        )
+    return None
+
+
+def gateway_certificate(directory: Path, hosts: Iterable[str | None] = ()) -> tuple[Path, Path]:
+    """The Kafka listener's certificate and key in a credentials directory, issued if missing
+    (naming ``hosts`` beyond loopback; a wildcard or an empty one names nothing)."""
+    from robustmq._hosts import is_wildcard
+    from robustmq.security._credentials import add_server_cert
+
+    cert, key = directory / "kafka-gateway.pem", directory / "kafka-gateway.key"
+    if not cert.exists():
+        named = [host for host in hosts if host and not is_wildcard(host)]
+        add_server_cert(directory, "kafka-gateway", hosts=named)
+    return cert, key
 
 
 def server_tls_of(args: argparse.Namespace) -> TlsFiles | None:

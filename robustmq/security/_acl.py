@@ -497,6 +497,9 @@ META_RPC_RULES: dict[str, Rule] = {
     "CreateAcl": _acl_rule(_ALTER_CLUSTER),
     "DeleteAcl": _acl_rule(_ALTER_CLUSTER),
     "ListAcls": _acl_rule(_DESCRIBE_CLUSTER, nodes=True, note="nodes cache the ACLs"),
+    "Authorize": Rule(
+        Access.AUTHENTICATED, note="the caller's own permissions (a Kafka gateway's group checks)"
+    ),
     "RevokeCertificate": _acl_rule(_ALTER_CLUSTER),
     "ListRevocations": _acl_rule(_DESCRIBE_CLUSTER),
     "SetQuota": _acl_rule(_ALTER_CLUSTER),

@@ -38,7 +38,14 @@ from ._curve import CurveKeyPair
 from ._scram import MECHANISM as SCRAM
 from ._scram import ScramClient
 
-__all__ = ["TOKEN_METADATA_KEY", "Credentials", "MetaSession", "Renewal", "process_curve_keypair"]
+__all__ = [
+    "TOKEN_METADATA_KEY",
+    "Credentials",
+    "MetaSession",
+    "Renewal",
+    "TokenSession",
+    "process_curve_keypair",
+]
 
 TOKEN_METADATA_KEY = "robustmq-token-bin"
 MAX_PASSWORD_FILE_BYTES = 4096
@@ -274,6 +281,36 @@ class MetaSession:
         )
         token = finished.token
         return token
+
+
+class TokenSession(MetaSession):
+    """A session that starts from a token someone else obtained (a Kafka gateway's client that
+    logged in through it): renewed with ``IssueToken`` like any other, but it cannot log in again
+    (it holds no password): once the token is refused, every call is ``AuthenticationFailed``
+    with ``reason="session_ended"`` and its holder authenticates again.
+    """
+
+    def __init__(self, token: pb.SessionToken, principal: str) -> None:
+        super().__init__(Credentials(), TlsFiles(ca=b""))
+        self.principal = principal
+        self._take(token)
+
+    def __repr__(self) -> str:
+        return f"TokenSession({self.principal!r})"
+
+    def replace(self, token: pb.SessionToken) -> None:
+        """Carry on with a fresher token of the same principal (a new login of it)."""
+        with self._lock:
+            self._take(token)
+
+    def _login(self, stub: Any, timeout_s: float) -> pb.SessionToken:
+        from robustmq.errors import AuthenticationFailed
+
+        raise AuthenticationFailed(
+            f"the session of {self.principal} ended (its token was refused): authenticate again",
+            reason="session_ended",
+            principal=self.principal,
+        )
 
 
 def _is_authentication_failure(exc: Exception) -> bool:

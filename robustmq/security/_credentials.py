@@ -9,7 +9,11 @@
     admin.pem, admin.key    CN "user:admin" (the default super user), clientAuth
     node-NAME.pem/.key      CN "node:NAME" per --node given, serverAuth + clientAuth
 
-``add-node DIR NAME`` and ``add-user-cert DIR NAME`` issue more from the same CA.
+``add-node DIR NAME`` and ``add-user-cert DIR NAME`` issue more from the same CA;
+:func:`add_etcd` issues ``etcd.pem``/``etcd.key`` (CN "etcd", serverAuth + clientAuth,
+SAN loopback) for the etcd ``robustmq cluster --secure --store etcd`` starts, and
+``etcd-client.pem``/``.key`` (no CN, clientAuth) that the Meta Services present to it
+(etcd's JSON gateway refuses a client certificate with a CN under ``--client-cert-auth``).
 Every key is EC P-256, every certificate lasts :data:`CERT_DAYS` days; keys are
 written with mode 0600 and never overwritten (an existing file is an
 ``InvalidConfig``). The identity of a certificate is its subject common name
@@ -38,7 +42,9 @@ from ._principal import META, node_principal, user_principal
 __all__ = [
     "CERT_DAYS",
     "TlsFiles",
+    "add_etcd",
     "add_node",
+    "add_server_cert",
     "add_user_cert",
     "certificate_principal",
     "init_credentials",
@@ -162,18 +168,21 @@ def _load_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivate
 def _issue(
     ca_cert: x509.Certificate,
     ca_key: ec.EllipticCurvePrivateKey,
-    common_name: str,
+    common_name: str | None,
     *,
     server: bool,
     hosts: Iterable[str] = (),
 ) -> tuple[bytes, bytes]:
-    """A certificate (PEM) and its new key (PEM) for ``common_name``, signed by the CA."""
+    """A certificate (PEM) and its new key (PEM) for ``common_name`` (None: an empty subject, named
+    by its ``hosts`` alone), signed by the CA."""
     key = _new_key()
     now = datetime.datetime.now(datetime.UTC)
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if server else [])
     builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .subject_name(
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)] if common_name else [])
+        )
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -293,9 +302,32 @@ def add_node(directory: str | Path, name: str, *, hosts: Iterable[str] = ()) -> 
     return _write_identity(root, f"node-{name}", pair)
 
 
+def add_etcd(directory: str | Path, *, hosts: Iterable[str] = ()) -> list[Path]:
+    """Issue, from the CA in ``directory``, ``etcd.pem``/``.key`` (CN ``etcd``, server and client:
+    etcd presents it to itself, for its JSON gateway) and ``etcd-client.pem``/``.key``: the Meta
+    Services' client certificate for etcd, with no CN (etcd refuses one with a CN on its gateway
+    under ``--client-cert-auth``; the etcd user comes from the login)."""
+    root = Path(directory)
+    written = add_server_cert(root, "etcd", hosts=hosts)
+    ca_cert, ca_key = _load_ca(root)
+    client = _issue(ca_cert, ca_key, None, server=False, hosts=["robustmq-meta"])
+    return written + _write_identity(root, "etcd-client", client)
+
+
 def add_user_cert(directory: str | Path, name: str) -> list[Path]:
     """Issue ``user-NAME.pem``/``.key`` (CN ``user:NAME``, client only) from the CA in ``directory``."""
     principal = user_principal(name)
     root = Path(directory)
     ca_cert, ca_key = _load_ca(root)
     return _write_identity(root, f"user-{name}", _issue(ca_cert, ca_key, principal, server=False))
+
+
+def add_server_cert(directory: str | Path, name: str, *, hosts: Iterable[str] = ()) -> list[Path]:
+    """Issue ``NAME.pem``/``.key`` from the CA in ``directory``: a TLS server certificate whose CN
+    (``NAME``) is no principal, so it cannot log in to the cluster (the Kafka gateway's listener)."""
+    if not name.replace("-", "").isalnum():
+        raise InvalidConfig(f"a server certificate's name is letters, digits and '-', got {name!r}")
+    root = Path(directory)
+    ca_cert, ca_key = _load_ca(root)
+    pair = _issue(ca_cert, ca_key, name, server=True, hosts=["localhost", "127.0.0.1", "::1", *hosts])
+    return _write_identity(root, name, pair)

@@ -1,8 +1,11 @@
-"""SCRAM-SHA-256 (RFC 5802, RFC 7677): a password proof in which the password never crosses the wire.
+"""SCRAM-SHA-256 and SCRAM-SHA-512 (RFC 5802, RFC 7677): a password proof in which the password
+never crosses the wire.
 
 The Meta Service stores per user only ``salt``, ``iterations``, ``StoredKey`` and
-``ServerKey`` (:func:`derive_keys`); the CLI derives them from the password
-(``robustmq user add``). A login is two round trips::
+``ServerKey`` (:func:`derive_keys`) for each hash; the CLI derives them from the password
+(``robustmq user add``). Our own clients log in with SCRAM-SHA-256; SCRAM-SHA-512 is there for
+Kafka clients (``sasl.mechanism=SCRAM-SHA-512`` through the Kafka gateway), with the same salt
+and iterations. A login is two round trips::
 
     client-first   n,,n=USER,r=CNONCE                         (ScramStart)
     server-first   r=CNONCE+SNONCE,s=SALT_B64,i=ITERATIONS
@@ -31,7 +34,9 @@ from robustmq.errors import AuthenticationFailed
 __all__ = [
     "DEFAULT_ITERATIONS",
     "MECHANISM",
+    "MECHANISMS",
     "MIN_ITERATIONS",
+    "SHA512",
     "ScramClient",
     "ScramServer",
     "StoredCredential",
@@ -39,6 +44,9 @@ __all__ = [
 ]
 
 MECHANISM = "SCRAM-SHA-256"
+SHA512 = "SCRAM-SHA-512"
+_HASHES = {MECHANISM: "sha256", SHA512: "sha512"}
+MECHANISMS = tuple(_HASHES)
 DEFAULT_ITERATIONS = 4096
 MIN_ITERATIONS = 4096  # RFC 7677's minimum
 MAX_ITERATIONS = 1_000_000  # a bound on the work one login costs the client
@@ -59,8 +67,19 @@ class StoredCredential:
         return f"StoredCredential(iterations={self.iterations}, <keys hidden>)"
 
 
-def _hmac(key: bytes, message: bytes) -> bytes:
-    return hmac.new(key, message, hashlib.sha256).digest()
+def _hash_name(mechanism: str) -> str:
+    try:
+        return _HASHES[mechanism]
+    except KeyError:
+        raise _refused(f"SCRAM mechanism {mechanism[:40]!r} is not offered", reason="bad_mechanism") from None
+
+
+def _hmac(key: bytes, message: bytes, hash_name: str = "sha256") -> bytes:
+    return hmac.new(key, message, hash_name).digest()
+
+
+def _digest(data: bytes, hash_name: str) -> bytes:
+    return hashlib.new(hash_name, data).digest()
 
 
 def _b64(data: bytes) -> str:
@@ -80,22 +99,26 @@ def _refused(
     return AuthenticationFailed(message, reason=reason)
 
 
-def _salted(password: str, salt: bytes, iterations: int) -> bytes:
-    return hashlib.pbkdf2_hmac("sha256", password.encode("utf-8"), salt, iterations)
+def _salted(password: str, salt: bytes, iterations: int, hash_name: str = "sha256") -> bytes:
+    return hashlib.pbkdf2_hmac(hash_name, password.encode("utf-8"), salt, iterations)
 
 
 def derive_keys(
-    password: str, salt: bytes | None = None, iterations: int = DEFAULT_ITERATIONS
+    password: str,
+    salt: bytes | None = None,
+    iterations: int = DEFAULT_ITERATIONS,
+    mechanism: str = MECHANISM,
 ) -> StoredCredential:
-    """The stored form of ``password`` (a fresh 16-byte salt unless one is given)."""
+    """The stored form of ``password`` for ``mechanism`` (a fresh 16-byte salt unless one is given)."""
+    hash_name = _hash_name(mechanism)
     salt = os.urandom(16) if salt is None else salt
-    salted = _salted(password, salt, iterations)
-    client_key = _hmac(salted, b"Client Key")
+    salted = _salted(password, salt, iterations, hash_name)
+    client_key = _hmac(salted, b"Client Key", hash_name)
     return StoredCredential(
         salt=salt,
         iterations=iterations,
-        stored_key=hashlib.sha256(client_key).digest(),
-        server_key=_hmac(salted, b"Server Key"),
+        stored_key=_digest(client_key, hash_name),
+        server_key=_hmac(salted, b"Server Key", hash_name),
     )
 
 
@@ -125,9 +148,12 @@ class ScramClient:
     ``repr`` never shows the password.
     """
 
-    def __init__(self, user: str, password: str, *, nonce: str | None = None) -> None:
+    def __init__(
+        self, user: str, password: str, *, nonce: str | None = None, mechanism: str = MECHANISM
+    ) -> None:
         self.user = user
         self._password = password
+        self._hash = _hash_name(mechanism)
         self._nonce = nonce or _b64(os.urandom(_NONCE_BYTES))
         self._first_bare = f"n={_escape(user)},r={self._nonce}"
         self._server_signature = b""
@@ -146,13 +172,14 @@ class ScramClient:
         count = int(iterations)
         if not MIN_ITERATIONS <= count <= MAX_ITERATIONS:
             raise _refused(f"the Meta Service asks for {count} SCRAM iterations", reason="bad_scram")
-        salted = _salted(self._password, _unb64(salt), count)
-        client_key = _hmac(salted, b"Client Key")
+        hash_name = self._hash
+        salted = _salted(self._password, _unb64(salt), count, hash_name)
+        client_key = _hmac(salted, b"Client Key", hash_name)
         without_proof = f"c=biws,r={nonce}"
         auth_message = f"{self._first_bare},{server_first},{without_proof}".encode()
-        signature = _hmac(hashlib.sha256(client_key).digest(), auth_message)
+        signature = _hmac(_digest(client_key, hash_name), auth_message, hash_name)
         proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
-        self._server_signature = _hmac(_hmac(salted, b"Server Key"), auth_message)
+        self._server_signature = _hmac(_hmac(salted, b"Server Key", hash_name), auth_message, hash_name)
         return f"{without_proof},p={_b64(proof)}"
 
     def verify(self, server_final: str) -> None:
@@ -173,10 +200,16 @@ class ScramServer:
     """
 
     def __init__(
-        self, credential: StoredCredential | None, *, secret: bytes, nonce: str | None = None
+        self,
+        credential: StoredCredential | None,
+        *,
+        secret: bytes,
+        nonce: str | None = None,
+        mechanism: str = MECHANISM,
     ) -> None:
         self._credential = credential
         self._secret = secret
+        self._hash = _hash_name(mechanism)
         self._nonce = nonce or _b64(os.urandom(_NONCE_BYTES))
         self._auth_prefix = ""
         self._full_nonce = ""
@@ -216,8 +249,8 @@ class ScramServer:
         if credential is None or len(proof) != len(credential.stored_key):
             raise _refused()
         auth_message = f"{self._auth_prefix},{without_proof}".encode()
-        signature = _hmac(credential.stored_key, auth_message)
+        signature = _hmac(credential.stored_key, auth_message, self._hash)
         client_key = bytes(a ^ b for a, b in zip(proof, signature, strict=True))
-        if not hmac.compare_digest(hashlib.sha256(client_key).digest(), credential.stored_key):
+        if not hmac.compare_digest(_digest(client_key, self._hash), credential.stored_key):
             raise _refused()
-        return f"v={_b64(_hmac(credential.server_key, auth_message))}"
+        return f"v={_b64(_hmac(credential.server_key, auth_message, self._hash))}"

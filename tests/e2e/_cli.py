@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import struct
@@ -21,6 +22,7 @@ __all__ = [
     "CliCluster",
     "cli",
     "cli_cluster",
+    "cli_many",
     "cli_server",
     "pipe_is_drained",
     "popen_cli",
@@ -65,6 +67,24 @@ def pipe_is_drained(process: subprocess.Popen[bytes]) -> bool:
 
 def stderr_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
+
+
+def cli_many(cases: list[tuple[list[str], str | None]]) -> list[subprocess.CompletedProcess[str]]:
+    """Run many ``robustmq`` command lines (arguments, text on stdin), each as its own process,
+    forked from one interpreter that imported the CLI once (tests/e2e/_cli_forker.py)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.e2e._cli_forker"],
+        cwd=ROOT,
+        input=json.dumps([{"arguments": arguments, "stdin": stdin} for arguments, stdin in cases]),
+        capture_output=True,
+        text=True,
+        timeout=60 + 10 * len(cases),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [
+        subprocess.CompletedProcess(arguments, result["returncode"], result["stdout"], result["stderr"])
+        for (arguments, _), result in zip(cases, json.loads(done.stdout), strict=True)
+    ]
 
 
 @contextmanager

@@ -14,30 +14,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 import robustmq
 from robustmq import build_records
+from tests.e2e._cli import cli, cli_many, pipe_is_drained
 from tests.e2e._procs import ROOT, free_port, running, wait_until
 
 pytestmark = pytest.mark.e2e
 
 META = "<meta>"  # replaced by --meta with the test server's address
 CLOSED = "<closed>"  # replaced by --meta with a port nobody listens on, and a short timeout
-
-
-def cli(*args: str, stdin: str | None = None, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "robustmq.cli", *args],
-        cwd=ROOT,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +175,23 @@ BAD_INPUT: list[tuple[list[str], int, str, str | None]] = [
     (["acl"], 2, "required", None),
     (["kafka-gateway", "--port", "abc"], 2, "--port", None),
     (["kafka-gateway", "--host", "0.0.0.0"], 2, "--insecure", None),
+    # SASL over plaintext would send passwords in clear: off loopback only with a TLS listener
+    (
+        [
+            "kafka-gateway",
+            "--host",
+            "0.0.0.0",
+            "--advertise",
+            "203.0.113.1:9092",
+            "--tls-ca",
+            "/etc/hostname",
+        ],
+        2,
+        "--insecure",
+        None,
+    ),
+    (["kafka-gateway", "--secure"], 2, "needs the cluster's CA", None),
+    (["kafka-gateway", "--tls-ca", "/nonexistent.pem"], 2, "cannot read", None),
     (
         ["quota", "set", "--principal", "user:a", "--produce-bytes-per-s", "-1", META],
         2,
@@ -254,8 +260,7 @@ def test_every_subcommand_answers_bad_input_with_one_line_and_no_traceback(meta:
     cases = [
         (_expand(arguments, meta, closed), code, text, stdin) for arguments, code, text, stdin in BAD_INPUT
     ]
-    with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda case: cli(*case[0], stdin=case[3]), cases))
+    results = cli_many([(arguments, stdin) for arguments, _, _, stdin in cases])
     failures = []
     for (arguments, code, text, _), done in zip(cases, results, strict=True):
         lines = [line for line in done.stderr.splitlines() if line.strip()]
@@ -412,7 +417,10 @@ def test_ctrl_c_flushes_the_lines_read_so_far(meta: str) -> None:
             assert producer.stdin is not None
             producer.stdin.write("a\nb\n")
             producer.stdin.flush()
-            time.sleep(2.0)  # time for the process to read the lines (it holds them: linger 10 min)
+            # the process has read the lines (it holds them: linger 10 min); a Ctrl-C before the
+            # interpreter finished its imports would be a KeyboardInterrupt, not this test's case
+            wait_until(lambda: pipe_is_drained(producer), timeout_s=60)  # type: ignore[arg-type]
+            time.sleep(0.5)
             assert client.list_offsets("lingering")[0][1] == 0
             producer.send_signal(signal.SIGINT)
             _, stderr = producer.communicate(timeout=30)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e._cli import cli, cli_cluster
+from tests.e2e._cli import cli_cluster
 from tests.e2e._procs import free_port, running
 
 pytest.importorskip("confluent_kafka")
@@ -52,7 +52,59 @@ def test_cluster_kafka_port_serves_kafka_clients() -> None:
         _group_round_trip(f"127.0.0.1:{kafka_port}", cluster.meta, "cluster-kafka")
 
 
-def test_kafka_port_is_refused_with_a_secured_server(tmp_path: Path) -> None:
-    done = cli("server", "--secure", "--data-dir", str(tmp_path), "--kafka-port", str(free_port()))
-    assert done.returncode == 2
-    assert "--kafka-port cannot be used with a secured server" in done.stderr
+def test_a_secured_server_serves_sasl_ssl_on_its_kafka_port(tmp_path: Path) -> None:
+    """``server --secure --kafka-port``: TLS with the server's CA, SCRAM against its users."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    import robustmq
+    from robustmq._proto import robustmq_pb2 as pb
+    from robustmq.security._client_auth import Credentials
+
+    meta_port, kafka_port, data = free_port(), free_port(), tmp_path / "data"
+    command = ["server", "--secure", "--data-dir", str(data), "--meta-port", str(meta_port)]
+    command += ["--node-port", str(free_port()), "--kafka-port", str(kafka_port)]
+    with running(command, log_path=tmp_path / "server.log"):
+        creds = data / "credentials"
+        admin = Credentials(ca=creds / "ca.pem", cert=creds / "admin.pem", key=creds / "admin.key")
+        with robustmq.connect(f"127.0.0.1:{meta_port}", credentials=admin, timeout_s=20) as client:
+            client.create_topic("secure-port", partitions=1)
+            client.meta.create_user("kim", "kim-password")
+            for operation in ("read", "write"):
+                client.meta.create_acl(
+                    pb.AclBinding(
+                        principal="user:kim",
+                        resource_type="topic",
+                        resource_name="secure-port",
+                        operation=operation,
+                    )
+                )
+        config = {
+            "bootstrap.servers": f"127.0.0.1:{kafka_port}",
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanisms": "SCRAM-SHA-512",
+            "sasl.username": "kim",
+            "sasl.password": "kim-password",
+            "ssl.ca.location": str(creds / "ca.pem"),
+        }
+        stored: list[object] = []
+
+        def produced() -> bool:  # the node learns the ACLs with its next heartbeat
+            producer = Producer({**config, "message.timeout.ms": 5000})
+            producer.produce(
+                "secure-port", value=b"hello", partition=0, on_delivery=lambda e, _m: stored.append(e)
+            )
+            producer.flush(10)
+            return stored.pop() is None
+
+        deadline = time.monotonic() + 20
+        while not produced():
+            assert time.monotonic() < deadline, "kim's produce was never accepted"
+        consumer = Consumer({**config, "group.id": "unused"})
+        try:
+            consumer.assign([TopicPartition("secure-port", 0, 0)])
+            read: list[bytes] = []
+            while not read and time.monotonic() < deadline:
+                read = [m.value() for m in consumer.consume(10, 0.5) if m.error() is None]
+        finally:
+            consumer.close()
+        assert read[:1] == [b"hello"]

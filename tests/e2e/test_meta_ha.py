@@ -8,12 +8,12 @@ Kill the etcd leader of a 3-member etcd: the Meta Service carries on.
 
 Clients here are raw ``MetaClient`` s pointed at one address each (following the
 leader is the client's own work, tested with it). Storage nodes point at the first
-leader (a node's heartbeats follow the leader with that work too).
+leader (a node's heartbeats follow the leader with that work too). The same on an etcd
+with TLS and auth: ``test_meta_etcd_secure.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import signal
@@ -22,19 +22,17 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
-from robustmq._meta_client import MetaClient, translate_rpc_error
+from robustmq._meta_client import MetaClient
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._proto import robustmq_pb2_grpc as pb_grpc
-from robustmq.errors import NotLeader, RobustMQError, Unavailable
+from robustmq.errors import NotLeader, Unavailable
 from tests.e2e._etcd import EtcdCluster
-from tests.e2e._procs import ServerProcess, free_port, start_together, wait_until
+from tests.e2e._meta_set import LEASE_S, MetaSet, ask, committed, wait_for_leader
+from tests.e2e._procs import wait_until
 
 pytestmark = pytest.mark.e2e
 
-LEASE_S = 2  # the leader lease the tests run with (--leader-lease-s)
 _PREFIXES = itertools.count()
 
 
@@ -47,70 +45,6 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
         cluster.stop()
 
 
-class MetaSet:
-    """``count`` Meta Services on one etcd prefix, and storage nodes pointed at an address."""
-
-    def __init__(self, root: Path, url: str, count: int, *, lease_s: int = LEASE_S) -> None:
-        self.root = root
-        self.ports = [free_port() for _ in range(count)]
-        self.metas = [
-            ServerProcess(
-                [
-                    "meta",
-                    "--data-dir", str(root / f"meta-{i}"),
-                    "--meta-port", str(port),
-                    "--store", url,
-                    "--leader-lease-s", str(lease_s),
-                ],
-                log_path=root / f"meta-{i}.log",
-            )
-            for i, port in enumerate(self.ports)
-        ]  # fmt: skip
-        self.nodes: list[ServerProcess] = []
-
-    def address(self, index: int) -> str:
-        return f"127.0.0.1:{self.ports[index]}"
-
-    def start(self) -> MetaSet:
-        start_together(self.metas)
-        return self
-
-    def start_node(self, meta_index: int) -> ServerProcess:
-        i = len(self.nodes)
-        args = ["storage-node", "--data-dir", str(self.root / f"node-{i}"), "--node-port", str(free_port())]
-        node = ServerProcess(
-            [*args, "--meta", self.address(meta_index)], log_path=self.root / f"node-{i}.log"
-        )
-        self.nodes.append(node)
-        return node.start()
-
-    def answer(self, index: int) -> str:
-        """``leader``, ``follower:<the leader it names>``, or why it did not answer (one call to
-        that instance: a MetaClient would follow the leader it names)."""
-        try:
-            _ask(self.address(index), "ListNodes", pb.Empty(), timeout_s=1.0)
-            return "leader"
-        except NotLeader as error:
-            return f"follower:{error.fields.get('leader', '')}"
-        except RobustMQError as error:
-            return f"error:{type(error).__name__}"
-
-    def leader(self, among: list[int] | None = None) -> int | None:
-        leading = [
-            i for i in (among if among is not None else range(len(self.metas))) if self.answer(i) == "leader"
-        ]
-        assert len(leading) <= 1, f"two leaders answer at once: {leading}"
-        return leading[0] if leading else None
-
-    def stop(self) -> None:
-        for server in [*self.nodes, *self.metas]:
-            if server.alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(server.pid, signal.SIGCONT)
-        for server in [*self.nodes, *self.metas]:
-            server.stop()
-
-
 @pytest.fixture
 def metas(etcd: EtcdCluster, tmp_path: Path) -> Iterator[MetaSet]:
     made = MetaSet(tmp_path, etcd.url(f"/ha-{os.getpid()}-{next(_PREFIXES)}"), 2)
@@ -120,47 +54,17 @@ def metas(etcd: EtcdCluster, tmp_path: Path) -> Iterator[MetaSet]:
         made.stop()
 
 
-def _wait_for_leader(metas: MetaSet, among: list[int] | None = None, timeout_s: float = 30.0) -> int:
-    found: list[int] = []
-
-    def elected() -> bool:
-        leader = metas.leader(among)
-        if leader is not None:
-            found.append(leader)
-        return leader is not None
-
-    wait_until(elected, timeout_s, 0.05)
-    return found[-1]
-
-
-def _committed(client: MetaClient, topic: str, group: str) -> tuple[object, ...]:
-    """What the Meta Service has committed for ``topic``: its record, chains and group offsets."""
-    description = client.describe_topic(topic)
-    chains = [
-        [segment.SerializeToString() for segment in client.get_shard(f"{topic}_{p}").segments]
-        for p in range(description.topic.config.partitions)
-    ]
-    return description.topic.SerializeToString(), chains, client.fetch_offsets(group, topic)
-
-
-def _ask(address: str, rpc: str, request: object, *, timeout_s: float) -> object:
-    """One call to exactly ``address``, its error as the client would raise it."""
-    with grpc.insecure_channel(address) as channel:
-        try:
-            return getattr(pb_grpc.MetaServiceStub(channel), rpc)(request, timeout=timeout_s)
-        except grpc.RpcError as exc:
-            raise translate_rpc_error(exc, address) from None
-
-
 def test_one_leads_and_the_other_names_it(metas: MetaSet) -> None:
-    leader = _wait_for_leader(metas)
+    leader = wait_for_leader(metas)
     follower = 1 - leader
-    assert metas.answer(follower) == f"follower:{metas.address(leader)}"
+    # The follower names the leader once it has read the leader key (at its first poll, which a
+    # loaded machine may delay past the leader's first answer).
+    wait_until(lambda: metas.answer(follower) == f"follower:{metas.address(leader)}", 10)
     address = metas.address(follower)
-    info = _ask(address, "GetSecurityInfo", pb.Empty(), timeout_s=2.0)
+    info = ask(address, "GetSecurityInfo", pb.Empty(), timeout_s=2.0)
     assert isinstance(info, pb.SecurityInfo) and info.enabled is False  # answered by a follower too
     with pytest.raises(NotLeader) as caught:
-        _ask(address, "CreateTopic", pb.CreateTopicRequest(name="refused"), timeout_s=2.0)
+        ask(address, "CreateTopic", pb.CreateTopicRequest(name="refused"), timeout_s=2.0)
     assert isinstance(caught.value, Unavailable)  # the agreed contract: retriable, UNAVAILABLE
     assert caught.value.fields["leader"] == metas.address(leader)
     # A client given the follower's address follows it to the leader (which alone answers).
@@ -173,26 +77,26 @@ def test_one_leads_and_the_other_names_it(metas: MetaSet) -> None:
 
 
 def test_kill_9_of_the_leader_keeps_everything_committed(metas: MetaSet) -> None:
-    leader = _wait_for_leader(metas)
+    leader = wait_for_leader(metas)
     metas.start_node(leader)
     client = MetaClient(metas.address(leader), timeout_s=30.0)
     try:
         client.create_topic("orders", partitions=3)
         client.create_topic("audit", partitions=1)
         client.commit_offsets("billing", "orders", {0: 5, 1: 7, 2: 0})
-        before = _committed(client, "orders", "billing")
+        before = committed(client, "orders", "billing")
     finally:
         client.close()
     metas.metas[leader].kill()
     killed = time.monotonic()
     other = 1 - leader
-    _wait_for_leader(metas, [other])
+    wait_for_leader(metas, [other])
     took_s = time.monotonic() - killed
     # The lease (2 s) runs out, the follower sees the key gone within its poll, campaigns, loads.
     assert took_s < LEASE_S + 10, f"takeover took {took_s:.1f} s"
     client = MetaClient(metas.address(other), timeout_s=30.0)
     try:
-        assert _committed(client, "orders", "billing") == before
+        assert committed(client, "orders", "billing") == before
         assert sorted(topic.name for topic in client.list_topics()) == ["audit", "orders"]
         # The registered node is still known (its liveness comes back with its next heartbeats).
         assert len(client.list_nodes()) == 1
@@ -203,7 +107,7 @@ def test_kill_9_of_the_leader_keeps_everything_committed(metas: MetaSet) -> None
 
 
 def test_a_paused_leader_writes_nothing_after_its_lease_and_steps_down(metas: MetaSet) -> None:
-    leader = _wait_for_leader(metas)
+    leader = wait_for_leader(metas)
     metas.start_node(leader)
     old = MetaClient(metas.address(leader), timeout_s=60.0)
     try:
@@ -211,14 +115,14 @@ def test_a_paused_leader_writes_nothing_after_its_lease_and_steps_down(metas: Me
         old.commit_offsets("g", "t", {0: 5})
         os.kill(metas.metas[leader].pid, signal.SIGSTOP)
         other = 1 - leader
-        _wait_for_leader(metas, [other])
+        wait_for_leader(metas, [other])
         # A commit sent to the paused leader waits in its socket until it resumes.
         outcome: list[BaseException | None] = []
 
         def commit() -> None:  # to the paused instance itself (a MetaClient would follow on)
             request = pb.CommitOffsetsRequest(group="g", topic="t", offsets={0: 99})
             try:
-                _ask(metas.address(leader), "CommitOffsets", request, timeout_s=60.0)
+                ask(metas.address(leader), "CommitOffsets", request, timeout_s=60.0)
                 outcome.append(None)
             except BaseException as exc:  # the outcome is what the test checks
                 outcome.append(exc)
@@ -246,7 +150,7 @@ def test_the_meta_service_carries_on_when_the_etcd_leader_dies(tmp_path: Path) -
     metas = MetaSet(tmp_path, etcd.url("/carry-on"), 1, lease_s=3)  # the default lease
     try:
         metas.start()
-        _wait_for_leader(metas)
+        wait_for_leader(metas)
         metas.start_node(0)
         client = MetaClient(metas.address(0), timeout_s=30.0)
         try:

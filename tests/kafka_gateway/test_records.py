@@ -3,7 +3,9 @@ and the refusals (bad CRC, truncation, a decompression bomb)."""
 
 from __future__ import annotations
 
+import datetime
 import gzip
+import io
 import struct
 
 import cramjam
@@ -233,3 +235,89 @@ def test_a_slice_of_a_larger_table_encodes_only_its_rows() -> None:
     check_read_back(table, records[337:737], 5337)
     plain = [dict(r, key=None, tags=None) for r in records]
     check_read_back(table_of(plain, 5000).slice(1, 998), plain[1:999], 5001)
+
+
+# Fields around the sizes where the decoder changes how it copies (up to 12 bytes are kept in
+# Arrow's view entry itself, longer ones are pointed at) and where varints grow a byte.
+edge_bytes = st.none() | st.sampled_from([0, 1, 11, 12, 13, 63, 64, 200]).map(lambda n: bytes(range(n)))
+kio_records = st.lists(
+    st.fixed_dictionaries(
+        {
+            "key": edge_bytes,
+            "value": edge_bytes | st.binary(max_size=20),
+            "delta_ms": st.integers(0, 2**40),
+            "headers": st.lists(
+                st.tuples(st.sampled_from(["a", "", "ключ"]), edge_bytes)
+                | st.tuples(st.just(TAG_HEADER), st.text(min_size=1, max_size=14).map(str.encode)),
+                max_size=3,
+            ),
+        }
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+KIO_BASE = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+
+
+def kio_batch(records: list[dict], base_offset: int, codec: int = 0) -> bytes:
+    """``records`` as a RecordBatch v2 written by kio's own writer (record by record, from the spec)."""
+
+    from kio.records.schema import NewRecordBatch, Record, RecordHeader
+    from kio.records.writers import write_batch
+    from kio.static.primitive import i8, i16, i32, i64
+
+    out = io.BytesIO()
+    write_batch(
+        out,
+        NewRecordBatch(
+            producer_id=i64(-1),
+            producer_epoch=i16(-1),
+            base_sequence=i32(-1),
+            attributes=i16(0),
+            records=tuple(
+                Record(
+                    attributes=i8(0),
+                    timestamp=KIO_BASE + datetime.timedelta(milliseconds=r["delta_ms"]),
+                    offset=i64(base_offset + i),
+                    key=r["key"],
+                    value=r["value"],
+                    headers=tuple(RecordHeader(key=k.encode(), value=v) for k, v in r["headers"]),
+                )
+                for i, r in enumerate(records)
+            ),
+        ),
+    )
+    data = out.getvalue()
+    if codec:
+        data = compressed(data, codec, bytes(cramjam.lz4.compress(data[61:])))
+    return data
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(kio_records, min_size=1, max_size=3), st.integers(0, 2**50), st.booleans())
+def test_batches_written_by_kio_decode_field_for_field(batches: list, base_offset: int, lz4: bool) -> None:
+    """Empty and null keys and values, sizes either side of 12 bytes, headers (and tag headers),
+    big offsets and timestamps, several batches in one partition's records."""
+    data = b"".join(
+        kio_batch(records, base_offset + 1000 * i, 3 if lz4 else 0) for i, records in enumerate(batches)
+    )
+    decoded = decode_batches(data, max_uncompressed_bytes=LIMIT)
+    assert len(decoded) == len(batches)
+    for batch, records in zip(decoded, batches, strict=True):
+        table = batch.records
+        read, _ = read_batch(memoryview(kio_batch(records, base_offset)), 0)  # kio's reader: the expected
+        assert table.column("key").to_pylist() == [r.key for r in read.records]
+        assert table.column("value").to_pylist() == [r.value for r in read.records]
+        assert table.column("timestamp").cast(pa.int64()).to_pylist() == [  # as kio's writer puts them
+            int((KIO_BASE + datetime.timedelta(milliseconds=r["delta_ms"])).timestamp() * 1000)
+            for r in records
+        ]
+        headers = [[(h.key.decode(), h.value) for h in r.headers] for r in read.records]
+        assert table.column("headers").to_pylist() == [
+            [{"key": k, "value": v} for k, v in row if k != TAG_HEADER] or None for row in headers
+        ]
+        assert table.column("tags").to_pylist() == [
+            [v.decode() for k, v in row if k == TAG_HEADER] or None for row in headers
+        ]

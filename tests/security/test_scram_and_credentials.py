@@ -96,3 +96,19 @@ def test_init_writes_certificates_that_verify(tmp_path: Path) -> None:
         and "IP Address:127.0.0.1" in text
         and "TLS Web Server Authentication" in text
     )
+
+
+def test_scram_sha_512_round_trip_and_its_keys_differ_from_sha_256() -> None:
+    from robustmq.security._scram import SHA512
+
+    stored = derive_keys("pencil", b"0123456789abcdef", 4096, SHA512)
+    assert len(stored.stored_key) == len(stored.server_key) == 64
+    assert stored.stored_key != derive_keys("pencil", b"0123456789abcdef", 4096).stored_key + b"\0" * 32
+    client = ScramClient("user", "pencil", mechanism=SHA512)
+    server = ScramServer(stored, secret=b"s", mechanism=SHA512)
+    client.verify(server.final(client.final(server.first(client.first()))))
+    # a SHA-256 proof against the SHA-512 keys (a client with the wrong mechanism) is refused
+    wrong = ScramClient("user", "pencil")
+    server = ScramServer(stored, secret=b"s", mechanism=SHA512)
+    with pytest.raises(AuthenticationFailed):
+        server.final(wrong.final(server.first(wrong.first())))

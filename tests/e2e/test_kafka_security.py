@@ -403,7 +403,8 @@ def test_an_idempotent_producer_keeps_its_producer_id_across_a_killed_gateway(
     log = (tmp_path / "gateway.log").read_text()
     assert not delivered.failed, list(delivered.failed.items())[:3]
     assert len(delivered.acknowledged) == count
-    assert "UNKNOWN_PRODUCER_ID" not in log  # the gateway logs each one it answers
+    assert "UNKNOWN_PRODUCER_ID" not in log  # the gateway logs the ones it answers
+    assert "took up producer id" in log  # the restarted gateway asked the Meta Service
     assert len(producer_ids) == 1, f"the producer needed new ids: {sorted(producer_ids)}"
     stored: dict[bytes, list[int]] = {}
     for message in _read_all(setup, "alice", "SCRAM-SHA-256"):

@@ -213,11 +213,16 @@ class MetaController(
             self._store.close()
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
-        """The one lock; a call that got it after :meth:`close` is told to go elsewhere."""
+    def _locked(self, *, settled: bool = True) -> Iterator[None]:
+        """The one lock; a call that got it after :meth:`close` is told to go elsewhere.
+
+        ``settled``: first wait for the offset commits submitted before (:meth:`commit_offsets`),
+        so what the call reads includes them. Only a commit itself goes without."""
         with self._lock:
             if self._closed:
                 raise Unavailable("the meta service is stopping")
+            if settled:
+                self._store.settle()
             yield
 
     # -- topics ------------------------------------------------------------
@@ -792,10 +797,18 @@ class MetaController(
     # -- group offsets -----------------------------------------------------
 
     def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
-        """Store ``partition -> next offset to read`` for ``group`` on ``topic``."""
+        """Store ``partition -> next offset to read`` for ``group`` on ``topic``.
+
+        The commit is checked and its batch submitted under the lock, then waited for outside
+        it (:meth:`MetaStore.submit`): commits arriving meanwhile are checked and submitted
+        too, and the store may write them together (etcd: one ``Txn`` for them all). A commit
+        reads only its topic and changes no memory, and every other call waits for the
+        submitted commits before it reads (:meth:`_locked`), so each call still sees every
+        commit acknowledged before it, and a commit is acknowledged only once it is durable.
+        """
         group = require_group(group)
         topic = require_topic(topic)
-        with self._locked():
+        with self._locked(settled=False):
             partitions = self._topics.require(topic).config.partitions
             for partition, offset in offsets.items():
                 if not 0 <= partition < partitions:
@@ -813,7 +826,8 @@ class MetaController(
                     )
             ws = WriteSet()
             self._offsets.stage_commit(group, topic, offsets, _now_ms(), ws)
-            ws.commit(self._store)
+            written = ws.submit(self._store)
+        written.wait()
 
     def fetch_offsets(self, group: str, topic: str) -> dict[int, int]:
         group = require_group(group)

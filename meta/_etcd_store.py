@@ -14,7 +14,8 @@ Under the URL's prefix (default ``/robustmq``)::
 
 Calls
 -----
-- :meth:`get` is one linearizable ``Range``.
+- :meth:`get` is one linearizable ``Range``; on a leader's view (:meth:`EtcdMetaStore.fenced`)
+  it is answered from the view's **mirror** (below) while the term's lease is certainly held.
 - :meth:`scan` reads the prefix in pages of :data:`SCAN_PAGE_KEYS` keys, every page
   at the revision of the first one: a scan is one consistent snapshot, however
   many pages it takes. (If etcd compacted that revision away during a long scan,
@@ -34,6 +35,27 @@ Calls
   the fenced leader writes, and it writes under one lock, what it read is what is
   in etcd when its write lands (no other writer can have changed it).
 
+The leader's mirror
+-------------------
+A leader's view loads, when its term begins, every key but those under the prefixes it
+is told not to mirror (the group offsets: there are groups x partitions of them) into
+memory, in one paged read, and every write of its that etcd accepted updates the copy.
+Only the fenced leader writes, so the copy is what etcd holds, and the controller's reads
+(a ``GetShard`` reads a chain, the node leading it and the topic; a commit reads its
+topic) cost no round trip to etcd. The copy answers only while :meth:`Fence.current`: the
+lease's last confirmed renewal was sent less than its TTL ago. A leader paused or cut off
+for longer reads etcd again, as every read did before, so it never answers from a copy
+another leader may have moved past. Unmirrored keys are always read from etcd.
+
+Group commit
+------------
+:meth:`EtcdMetaStore.submit` queues a write; writes queued while a ``Txn`` is in flight
+ride the next one together (the oldest first, within etcd's limits, merged as if applied
+one by one), fenced like any other. Each is acknowledged (its ``wait()`` returns) only
+after that ``Txn`` succeeded, and fails with it. :meth:`EtcdMetaStore.settle` waits for
+everything queued: the controller submits only offset commits this way and settles before
+any other call reads (meta/_controller.py).
+
 Crashes and lost answers
 ------------------------
 A write acknowledged by etcd is durable on a majority of its members. A write
@@ -44,11 +66,12 @@ deadline passes first the outcome is unknown: the write raises ``Unavailable``
 and the fence is lost, so the leader steps down and whoever leads next (maybe
 this process again) rebuilds its memory from etcd instead of trusting it.
 
-Thread-safe: writes are serialised by a lock; reads run in parallel.
+Thread-safe: writes (and each group ``Txn``) are serialised by a lock; reads run in parallel.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -58,9 +81,10 @@ from typing import Any
 from urllib.parse import unquote
 
 from robustmq._metrics import Histogram, PerThread
-from robustmq.errors import EngineClosed, InvalidConfig, NotLeader, QuotaExceeded, Unavailable
+from robustmq.errors import EngineClosed, InvalidConfig, NotLeader, QuotaExceeded, RobustMQError, Unavailable
 
 from ._etcd_client import EtcdClient, EtcdError, UnknownOutcome, b64, unb64
+from ._store import Pending
 
 __all__ = [
     "DEFAULT_ETCD_PREFIX",
@@ -80,6 +104,9 @@ _OP_OVERHEAD_BYTES = 32
 _REQUEST_OVERHEAD_BYTES = 4_096
 # etcd's gRPC server reads this much more than --max-request-bytes (grpcOverheadBytes, 3.4).
 _ETCD_GRPC_OVERHEAD_BYTES = 512 * 1024
+# A write that adds or removes more mirrored keys than this re-sorts the mirror's keys at once
+# (a topic of thousands of partitions) instead of inserting them one by one.
+_MIRROR_RESORT_KEYS = 64
 
 logger = logging.getLogger("robustmq.meta")
 
@@ -134,6 +161,14 @@ class Fence:
     create_revision: int
     on_lost: Callable[[str], None] | None = None
     lost: threading.Event = field(default_factory=threading.Event)
+    ttl_s: float = 0.0  # the lease's TTL (0: never current: every read goes to etcd)
+    renewed: float = 0.0  # monotonic time the last renewal that etcd confirmed was sent
+
+    def current(self) -> bool:
+        """Whether the lease is certainly still ours: not lost, and its last confirmed renewal
+        was *sent* less than its TTL ago (etcd renewed it later than that, so it expires later
+        still). A process paused past its lease finds this false when it resumes."""
+        return not self.lost.is_set() and time.monotonic() - self.renewed < self.ttl_s
 
     def compares(self) -> list[dict[str, Any]]:
         key = b64(self.leader_key)
@@ -192,10 +227,13 @@ class EtcdMetaStore:
         self._write_timeout_s = client.timeout_s if write_timeout_s is None else write_timeout_s
         self._write_lock = threading.Lock()
         self._closed = False
+        self._mirror: _Mirror | None = None
+        self._group = _GroupWriter(self)
 
-    def fenced(self, fence: Fence) -> EtcdMetaStore:
-        """A view of the same keys whose writes check ``fence`` (one leader term)."""
-        return EtcdMetaStore(
+    def fenced(self, fence: Fence, *, unmirrored: tuple[bytes, ...] = ()) -> EtcdMetaStore:
+        """A view of the same keys whose writes check ``fence`` (one leader term), with a mirror
+        of every key but those under the ``unmirrored`` prefixes, read from etcd now."""
+        view = EtcdMetaStore(
             self._client,
             self.prefix,
             fence=fence,
@@ -203,6 +241,19 @@ class EtcdMetaStore:
             write_timeout_s=self._write_timeout_s,
             write_seconds=self.write_seconds,
         )
+        view._mirror = _Mirror(view._load(unmirrored), unmirrored)
+        return view
+
+    def _load(self, unmirrored: tuple[bytes, ...]) -> Iterator[tuple[bytes, bytes]]:
+        """Every key not under an ``unmirrored`` prefix, range by range around them."""
+        low = b""
+        for skipped in sorted(unmirrored):
+            if skipped > low:
+                yield from self._pages(self._data + low, self._data + skipped, descending=False)
+            end = _prefix_end(skipped)
+            assert end is not None  # a prefix of 0xff bytes only is no key kind
+            low = max(low, end)
+        yield from self._pages(self._data + low, self._end_of(b""), descending=False)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -212,18 +263,35 @@ class EtcdMetaStore:
 
     def get(self, key: bytes) -> bytes | None:
         self._check_open()
+        mirror = self._mirrored(key)
+        if mirror is not None:
+            return mirror.get(key)
         answer = self._read(lambda: self._client.range(self._data + key))
         kvs = answer.get("kvs") or []
         return unb64(kvs[0].get("value")) if kvs else None
 
     def scan(self, prefix: bytes, *, start: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         self._check_open()
+        mirror = self._mirrored(prefix)
+        if mirror is not None:
+            return iter(mirror.items(max(prefix, start), _prefix_end(prefix), reverse=False))
         return self._pages(self._data + max(prefix, start), self._end_of(prefix), descending=False)
 
     def scan_reverse(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """As :meth:`scan`, last key first: ranges sorted descending."""
         self._check_open()
+        mirror = self._mirrored(prefix)
+        if mirror is not None:
+            return iter(mirror.items(prefix, _prefix_end(prefix), reverse=True))
         return self._pages(self._data + prefix, self._end_of(prefix), descending=True)
+
+    def _mirrored(self, prefix: bytes) -> _Mirror | None:
+        """The mirror, if it holds every key under ``prefix`` and may answer now: the term's
+        lease is certainly still ours (else etcd answers, as it would without a mirror)."""
+        mirror, fence = self._mirror, self._fence
+        if mirror is None or fence is None or not mirror.holds(prefix) or not fence.current():
+            return None
+        return mirror
 
     def _end_of(self, prefix: bytes) -> bytes:
         end = _prefix_end(self._data + prefix)
@@ -266,19 +334,43 @@ class EtcdMetaStore:
 
     def write(self, puts: dict[bytes, bytes], deletes: Iterable[bytes] = ()) -> None:
         self._check_open()
-        fence = self._fence
-        success: list[dict[str, Any]] = []
-        size = _REQUEST_OVERHEAD_BYTES
-        for key in deletes:
-            if key not in puts:
-                success.append({"request_delete_range": {"key": b64(self._data + key)}})
-                size += len(self._data) + len(key) + _OP_OVERHEAD_BYTES
-        for key, value in puts.items():
-            success.append({"request_put": {"key": b64(self._data + key), "value": b64(value)}})
-            size += len(self._data) + len(key) + len(value) + _OP_OVERHEAD_BYTES
+        deletes = _only_deleted(puts, deletes)
+        self._check_size(*self._cost(puts, deletes))
+        self._send(puts, deletes)
+
+    def submit(self, puts: dict[bytes, bytes], deletes: Iterable[bytes] = ()) -> Pending:
+        """Queue a write for the next group ``Txn`` (module docstring, "Group commit"); its
+        :meth:`~Pending.wait` returns once that ``Txn`` succeeded, or raises what :meth:`write`
+        would have. A write too large for etcd's limits is refused here, queueing nothing."""
+        self._check_open()
+        deletes = _only_deleted(puts, deletes)
+        ops, size = self._cost(puts, deletes)
+        self._check_size(ops, size)
+        return self._group.submit(_Queued(self._group, puts, deletes, ops, size))
+
+    def settle(self) -> None:
+        """Return once every write submitted so far is written (or failed)."""
+        self._group.settle()
+
+    def _cost(self, puts: dict[bytes, bytes], deletes: list[bytes]) -> tuple[int, int]:
+        """The operations and an over-estimate of the bytes of a ``Txn`` of these puts and deletes."""
+        per_op = len(self._data) + _OP_OVERHEAD_BYTES
+        size = _REQUEST_OVERHEAD_BYTES + sum(per_op + len(key) for key in deletes)
+        size += sum(per_op + len(key) + len(value) for key, value in puts.items())
+        return len(puts) + len(deletes), size
+
+    def _send(self, puts: dict[bytes, bytes], deletes: list[bytes]) -> None:
+        """One ``Txn`` of ``puts`` and ``deletes`` (disjoint, within the limits), fenced."""
+        success: list[dict[str, Any]] = [
+            {"request_delete_range": {"key": b64(self._data + key)}} for key in deletes
+        ]
+        success += [
+            {"request_put": {"key": b64(self._data + key), "value": b64(value)}}
+            for key, value in puts.items()
+        ]
         if not success:
             return
-        self._check_size(len(success), size)
+        fence = self._fence
         compare = fence.compares() if fence is not None else []
         failure = [{"request_range": {"key": b64(fence.leader_key)}}] if fence is not None else []
         with self._write_lock:
@@ -304,8 +396,10 @@ class EtcdMetaStore:
                 raise Unavailable(
                     f"meta store write refused by etcd: {exc.message}", path=self.prefix
                 ) from exc
-        if answer.get("succeeded"):
-            return
+            if answer.get("succeeded"):
+                if self._mirror is not None:
+                    self._mirror.apply(puts, deletes)
+                return
         assert fence is not None  # without compares a Txn always succeeds
         holder = ""
         for response in answer.get("responses") or []:
@@ -402,6 +496,157 @@ class EtcdMetaStore:
 
     def close(self) -> None:
         self._closed = True
+
+
+class _Mirror:
+    """The leader's copy of its store's keys but those under ``unmirrored`` prefixes: a dict and
+    its keys sorted. Thread-safe: a scan copies its range under the lock, so a write landing
+    meanwhile never shows half in it."""
+
+    def __init__(self, items: Iterable[tuple[bytes, bytes]], unmirrored: tuple[bytes, ...]) -> None:
+        self._values = dict(items)
+        self._keys = sorted(self._values)
+        self._unmirrored = unmirrored
+        self._lock = threading.Lock()
+
+    def holds(self, prefix: bytes) -> bool:
+        """Whether every key starting with ``prefix`` is mirrored."""
+        return not any(prefix.startswith(skip) or skip.startswith(prefix) for skip in self._unmirrored)
+
+    def get(self, key: bytes) -> bytes | None:
+        with self._lock:
+            return self._values.get(key)
+
+    def items(self, low: bytes, high: bytes | None, *, reverse: bool) -> list[tuple[bytes, bytes]]:
+        """The keys in ``[low, high)`` (``high`` None: to the end) with their values, in order."""
+        with self._lock:
+            first = bisect.bisect_left(self._keys, low)
+            last = len(self._keys) if high is None else bisect.bisect_left(self._keys, high)
+            chosen = self._keys[first:last]
+            if reverse:
+                chosen.reverse()
+            return [(key, self._values[key]) for key in chosen]
+
+    def apply(self, puts: dict[bytes, bytes], deletes: Iterable[bytes]) -> None:
+        """What a ``Txn`` that succeeded did (``deletes`` and ``puts`` disjoint)."""
+        with self._lock:
+            added = [key for key in puts if key not in self._values and not self._skipped(key)]
+            removed = [key for key in deletes if key in self._values]
+            for key in removed:
+                del self._values[key]
+            self._values.update((key, value) for key, value in puts.items() if not self._skipped(key))
+            if len(added) + len(removed) > _MIRROR_RESORT_KEYS:
+                self._keys = sorted(self._values)
+                return
+            for key in removed:
+                del self._keys[bisect.bisect_left(self._keys, key)]
+            for key in added:
+                bisect.insort(self._keys, key)
+
+    def _skipped(self, key: bytes) -> bool:
+        return any(key.startswith(skip) for skip in self._unmirrored)
+
+
+@dataclass(slots=True, eq=False)
+class _Queued:
+    """A write waiting for a group ``Txn``: what :meth:`EtcdMetaStore.submit` returns."""
+
+    group: _GroupWriter
+    puts: dict[bytes, bytes]
+    deletes: list[bytes]
+    ops: int
+    size: int
+    done: bool = False
+    error: BaseException | None = None
+
+    def wait(self) -> None:
+        """Return once the write's ``Txn`` succeeded; raise what it failed with."""
+        self.group.settle(self)
+        if self.error is not None:
+            raise _again(self.error) from self.error
+
+
+class _GroupWriter:
+    """Group commit: writes submitted while a ``Txn`` is in flight ride the next one together.
+
+    No thread of its own: whichever waiter finds no ``Txn`` in flight takes every queued write
+    (in order, as many as etcd's limits allow), merges them (a later put or delete of a key
+    wins, as if applied one by one) and sends one fenced ``Txn`` for them; each is then done,
+    or failed with that ``Txn``'s error."""
+
+    def __init__(self, store: EtcdMetaStore) -> None:
+        self._store = store
+        self._queue: list[_Queued] = []
+        self._sending = False
+        self._changed = threading.Condition(threading.Lock())
+
+    def submit(self, queued: _Queued) -> _Queued:
+        with self._changed:
+            self._queue.append(queued)
+        return queued
+
+    def settle(self, queued: _Queued | None = None) -> None:
+        """Until ``queued`` is done (None: every write queued so far), sending groups meanwhile."""
+        while True:
+            with self._changed:
+                while True:
+                    if queued.done if queued is not None else not (self._queue or self._sending):
+                        return
+                    if not self._sending and self._queue:
+                        group = self._take()
+                        self._sending = True
+                        break
+                    self._changed.wait()
+            try:
+                self._send(group)
+            finally:
+                with self._changed:
+                    self._sending = False
+                    self._changed.notify_all()
+
+    def _take(self) -> list[_Queued]:
+        """The queued writes the next ``Txn`` carries: the oldest first, within etcd's limits."""
+        limits = self._store.limits
+        ops, size, count = 0, _REQUEST_OVERHEAD_BYTES, 0
+        for queued in self._queue:
+            too_many = ops + queued.ops > limits.max_txn_ops
+            if count and (too_many or size + queued.size > limits.max_request_bytes):
+                break
+            ops, size, count = ops + queued.ops, size + queued.size, count + 1
+        group, self._queue = self._queue[:count], self._queue[count:]
+        return group
+
+    def _send(self, group: list[_Queued]) -> None:
+        puts: dict[bytes, bytes] = {}
+        deletes: set[bytes] = set()
+        for queued in group:
+            for key in queued.deletes:
+                puts.pop(key, None)
+                deletes.add(key)
+            for key, value in queued.puts.items():
+                deletes.discard(key)
+                puts[key] = value
+        error: BaseException | None = None
+        try:
+            self._store._check_open()
+            self._store._send(puts, sorted(deletes))
+        except BaseException as exc:  # each waiter raises it (a copy) on its own thread
+            error = exc
+        for queued in group:
+            queued.error = error
+            queued.done = True
+
+
+def _only_deleted(puts: dict[bytes, bytes], deletes: Iterable[bytes]) -> list[bytes]:
+    """The keys of ``deletes`` that ``puts`` does not put, each once, in order."""
+    return [key for key in dict.fromkeys(deletes) if key not in puts]
+
+
+def _again(error: BaseException) -> BaseException:
+    """A fresh exception like ``error``, for one of the threads whose shared ``Txn`` failed."""
+    if isinstance(error, RobustMQError):
+        return type(error)(error.message, **error.fields)
+    return Unavailable(f"meta store write failed: {error!r}")
 
 
 def _varint(value: int) -> bytes:

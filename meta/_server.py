@@ -72,6 +72,7 @@ from robustmq.errors import (
 from robustmq.security._credentials import TlsFiles
 from robustmq.tier._store import ObjectStore
 
+from . import _keys as keys
 from ._auth import DEFAULT_SUPER_USERS, DEFAULT_TOKEN_LIFETIME_MS, MetaAuth
 from ._controller import DEFAULT_NODE_TIMEOUT_MS, MetaController
 from ._election import DEFAULT_LEASE_TTL_S, LeaderElection
@@ -471,7 +472,9 @@ class MetaServer:
         assert self._etcd_store is not None and self._switch is not None
         started = time.monotonic()
         self._switch.taking_over()
-        term = self._build_term(self._etcd_store.fenced(fence))
+        # The term's store mirrors every key but the group offsets (groups x partitions of them,
+        # read only by offset fetches and lag, which read etcd).
+        term = self._build_term(self._etcd_store.fenced(fence, unmirrored=(keys.OFFSET,)))
         if fence.lost.is_set():  # deposed while loading: serve nothing
             term.controller.close()
             return

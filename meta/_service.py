@@ -603,6 +603,12 @@ class _NoStore:
     def write(self, puts: dict[bytes, bytes], deletes: Any = ()) -> None:
         raise InvalidRequest("this Meta Service keeps no users")
 
+    def submit(self, puts: dict[bytes, bytes], deletes: Any = ()) -> Any:
+        self.write(puts, deletes)
+
+    def settle(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

@@ -96,25 +96,18 @@ import rocksdict
 from robustmq._metrics import Histogram, PerThread
 from robustmq.errors import EngineClosed, Unavailable
 
-__all__ = ["MetaStore", "RocksDBMetaStore", "WriteSet"]
+__all__ = ["MetaStore", "Pending", "RocksDBMetaStore", "WriteSet"]
 
 
 class MetaStore(Protocol):
     """An ordered byte map with atomic, durable batches: all the Meta Service needs.
 
-    <<<<<<< HEAD
-        Implementations: :class:`RocksDBMetaStore` (embedded, the default) and
-        :class:`~robustmq.meta._etcd_store.EtcdMetaStore` (``Txn`` of puts and deletes,
-        ``range`` with a prefix; the highly available Meta Service). Nothing above this
-        interface differs between them.
-    =======
-        Implementations: :class:`RocksDBMetaStore` (embedded, the default). An
-        etcd-backed implementation (``Txn`` of puts and deletes, ``range`` with a
-        prefix) would make the Meta Service highly available; nothing above this
-        interface would change. A store may have a ``name`` and a ``write_seconds``
-        (:class:`~robustmq._metrics.PerThread` of :class:`~robustmq._metrics.Histogram`:
-        each durable write's time, for ``robustmq_meta_store_write_seconds{store=name}``).
-    >>>>>>> issue23-metrics
+    Implementations: :class:`RocksDBMetaStore` (embedded, the default) and
+    :class:`~robustmq.meta._etcd_store.EtcdMetaStore` (``Txn`` of puts and deletes,
+    ``range`` with a prefix; the highly available Meta Service). Nothing above this
+    interface differs between them. A store may have a ``name`` and a ``write_seconds``
+    (:class:`~robustmq._metrics.PerThread` of :class:`~robustmq._metrics.Histogram`:
+    each durable write's time, for ``robustmq_meta_store_write_seconds{store=name}``).
     """
 
     def get(self, key: bytes) -> bytes | None:
@@ -134,9 +127,37 @@ class MetaStore(Protocol):
         """Apply ``puts`` and ``deletes`` atomically and durably (synced before returning)."""
         ...
 
+    def submit(self, puts: dict[bytes, bytes], deletes: Iterable[bytes] = ()) -> Pending:
+        """:meth:`write`, done by the time the answer's ``wait()`` returns: a store may write
+        several submitted batches together (etcd: one ``Txn``), each still atomic and in
+        submission order. A write submitted later sees it only after :meth:`settle`."""
+        ...
+
+    def settle(self) -> None:
+        """Return once every batch submitted so far is written (or failed)."""
+        ...
+
     def close(self) -> None:
         """Release the store; later calls raise :class:`~robustmq.errors.EngineClosed`."""
         ...
+
+
+class Pending(Protocol):
+    """A submitted write (:meth:`MetaStore.submit`)."""
+
+    def wait(self) -> None:
+        """Return once the write is durable; raise what :meth:`MetaStore.write` would have."""
+        ...
+
+
+class _Written:
+    """A write that was done before :meth:`MetaStore.submit` returned."""
+
+    def wait(self) -> None:
+        return None
+
+
+_WRITTEN = _Written()
 
 
 class RocksDBMetaStore:
@@ -239,6 +260,13 @@ class RocksDBMetaStore:
             raise Unavailable(f"meta store write failed: {exc}", path=str(self._path)) from exc
         self.write_seconds.mine().observe(time.monotonic() - started)
 
+    def submit(self, puts: dict[bytes, bytes], deletes: Iterable[bytes] = ()) -> Pending:
+        self.write(puts, deletes)  # RocksDB groups concurrent writers' WAL syncs itself
+        return _WRITTEN
+
+    def settle(self) -> None:
+        return None
+
     def close(self) -> None:
         if self._closed:
             return
@@ -280,3 +308,7 @@ class WriteSet:
         """Write everything staged in one atomic, durable batch (nothing if empty)."""
         if self:
             store.write(self.puts, sorted(self.deletes))
+
+    def submit(self, store: MetaStore) -> Pending:
+        """As :meth:`commit`, through :meth:`MetaStore.submit`: durable once ``wait()`` returns."""
+        return store.submit(self.puts, sorted(self.deletes)) if self else _WRITTEN

@@ -21,10 +21,14 @@ Several addresses (``"h1:7070,h2:7070"`` or a list; :mod:`robustmq._meta_address
 are the instances of one highly available Meta Service. Calls go to the current
 one; a ``NotLeader`` answer (a follower's: it ran nothing) moves to the leader it
 names, or the next address when it names none, and the call is sent again
-whatever its retry rule; a failed transport (refused, reset, no answer in time)
-moves later calls to the next address, and the call itself follows its retry
-rule there. Moving to an address not tried since the last pause is immediate; the
-back-off comes once every address was tried. A call sent at most once
+whatever its retry rule (so is one answered ``Unavailable`` with reason
+``taking_over``: a just-elected leader loading its state, which ran nothing); a
+failed transport (refused, reset, no answer in time) moves later calls to the next
+address, and the call itself follows its retry rule there. Moving to an address not
+tried since the last pause is immediate; the back-off comes once every address was
+tried, and while an election is on (an instance answered ``NotLeader`` or
+``taking_over``) it is at most :data:`_ELECTION_PAUSE_S` (0.1 s), so a new leader is
+found within that. A call sent at most once
 (``remove_node``...) is sent only on a connected channel when there are several
 addresses, so an instance that is down costs at most a second
 (:data:`_CONNECT_S`) and never a doubt about whether the call ran. One session
@@ -112,6 +116,10 @@ __all__ = [
 ERROR_METADATA_KEY = "robustmq-error-bin"
 _BACKOFF_FIRST_S = 0.05
 _BACKOFF_MAX_S = 1.0
+# The longest pause while an election is on (an instance answered NotLeader or "taking over"):
+# followers answer at once, without etcd, and the new leader serves a moment after it is
+# elected, so asking again this often finds it this soon, at the price of cheap refusals.
+_ELECTION_PAUSE_S = 0.1
 PLACEMENT_WAIT_S = 5.0  # how long create_topic asks again while the service cannot place it yet
 _PLACEMENT_RETRY_S = 0.25
 _ATTEMPT_MIN_S = 0.05  # an attempt with less time left than this is not started
@@ -386,6 +394,7 @@ class MetaClient:
             deadline = time.monotonic() + self.timeout_s
         backoff_s = _BACKOFF_FIRST_S
         logged_in_again = False
+        electing = False  # an instance answered NotLeader or taking_over: pauses stay short
         tried: set[str] = set()
         while True:
             address = self.addresses.current
@@ -406,7 +415,7 @@ class MetaClient:
                         f"meta service at {address} is unreachable (no connection within {_CONNECT_S}s)",
                         address=address,
                     )
-                    if self._pause_or_raise(error, tried, deadline, backoff_s, None):
+                    if self._pause_or_raise(error, tried, deadline, backoff_s, None, electing):
                         backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
                         tried.clear()
                     continue
@@ -434,6 +443,9 @@ class MetaClient:
                     logged_in_again = True
                     continue
                 not_leader = from_service and isinstance(error, NotLeader)
+                # A leader still loading its state ran nothing either: asked again like NotLeader.
+                loading = from_service and error.fields.get("reason") == "taking_over"
+                electing = electing or not_leader or loading
                 if not_leader:
                     leader = error.fields.get("leader", "")
                     self.addresses.not_leader(
@@ -443,9 +455,9 @@ class MetaClient:
                     # Refused, reset, or no answer at all (a paused process): the next call
                     # goes to the next address (a live follower sends it on to the leader).
                     self.addresses.unreachable(address, time.monotonic())
-                if not (not_leader or _should_retry(error, from_service, retry)):
+                if not (not_leader or loading or _should_retry(error, from_service, retry)):
                     raise self._final(error) from exc
-                if self._pause_or_raise(error, tried, deadline, backoff_s, exc):
+                if self._pause_or_raise(error, tried, deadline, backoff_s, exc, electing):
                     backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
                     tried.clear()
 
@@ -456,10 +468,15 @@ class MetaClient:
         deadline: float,
         backoff_s: float,
         exc: BaseException | None,
+        electing: bool,
     ) -> bool:
         """Before the next attempt: at once if the next address was not tried since the last pause,
-        else sleep ``backoff_s`` (True: paused). Raises ``error`` if the deadline leaves no attempt."""
+        else sleep ``backoff_s`` (at most :data:`_ELECTION_PAUSE_S` once this call met an election:
+        the old leader's address failing meanwhile does not lengthen it; True: paused). Raises
+        ``error`` if the deadline leaves no attempt."""
         pause_s = 0.0 if self.addresses.current not in tried else backoff_s
+        if electing:
+            pause_s = min(pause_s, _ELECTION_PAUSE_S)
         if time.monotonic() + max(pause_s, _ATTEMPT_MIN_S) >= deadline:
             raise self._final(error) from exc
         if pause_s:

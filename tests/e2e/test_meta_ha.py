@@ -57,7 +57,9 @@ def metas(etcd: EtcdCluster, tmp_path: Path) -> Iterator[MetaSet]:
 def test_one_leads_and_the_other_names_it(metas: MetaSet) -> None:
     leader = wait_for_leader(metas)
     follower = 1 - leader
-    assert metas.answer(follower) == f"follower:{metas.address(leader)}"
+    # The follower names the leader once it has read the leader key (at its first poll, which a
+    # loaded machine may delay past the leader's first answer).
+    wait_until(lambda: metas.answer(follower) == f"follower:{metas.address(leader)}", 10)
     address = metas.address(follower)
     info = ask(address, "GetSecurityInfo", pb.Empty(), timeout_s=2.0)
     assert isinstance(info, pb.SecurityInfo) and info.enabled is False  # answered by a follower too

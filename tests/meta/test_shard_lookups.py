@@ -25,7 +25,7 @@ from robustmq.errors import InvalidRequest, ShardNotFound, TopicNotFound
 from robustmq.meta import MetaServer
 from robustmq.meta import _keys as keys
 from robustmq.meta._controller import OFFSET_LOOKUP_SEGMENTS, MetaController
-from robustmq.meta._store import RocksDBMetaStore
+from robustmq.meta._store import Pending, RocksDBMetaStore
 
 RECORDS = 10  # per sealed segment: epoch e holds [10 e, 10 e + 10)
 LONG = 400
@@ -60,6 +60,12 @@ class CountingStore:
 
     def write(self, puts: dict[bytes, bytes], deletes: Iterable[bytes] = ()) -> None:
         self.store.write(puts, deletes)
+
+    def submit(self, puts: dict[bytes, bytes], deletes: Iterable[bytes] = ()) -> Pending:
+        return self.store.submit(puts, deletes)
+
+    def settle(self) -> None:
+        self.store.settle()
 
     def close(self) -> None:
         self.store.close()

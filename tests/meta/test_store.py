@@ -52,16 +52,31 @@ def _prefix() -> str:
     return f"/test-store-{os.getpid()}-{next(_PREFIXES)}"
 
 
-@pytest.fixture(params=["rocksdb", "etcd"])
+@pytest.fixture(params=["rocksdb", "etcd", "etcd-leader"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetaStore]:
-    """The store contract holds for both implementations."""
+    """The store contract holds for both implementations, and for a leader's view of etcd (its
+    reads answered by its mirror, but for keys under ``b``, which it does not mirror)."""
     opened: MetaStore
     if request.param == "rocksdb":
         opened = RocksDBMetaStore(tmp_path / "store")
-    else:
-        opened = EtcdMetaStore(request.getfixturevalue("etcd_client"), _prefix())
-    yield opened
-    opened.close()
+        yield opened
+        opened.close()
+        return
+    client = request.getfixturevalue("etcd_client")
+    opened = EtcdMetaStore(client, _prefix())
+    if request.param == "etcd":
+        yield opened
+        opened.close()
+        return
+    election, fences, _ = _elect(client, opened.leader_key, "127.0.0.1:1")
+    election.start()
+    try:
+        wait_until(lambda: fences, 30)
+        leading = opened.fenced(fences[0], unmirrored=(b"b",))
+        yield leading
+        leading.close()
+    finally:
+        election.stop()
 
 
 @pytest.fixture
@@ -358,6 +373,74 @@ def test_a_deposed_leaders_write_fails_in_etcd_and_changes_nothing(etcd_client: 
     finally:
         first.stop()
         second.stop()
+
+
+def test_a_leader_reads_its_mirror_while_its_lease_is_certainly_its_own(etcd_client: EtcdClient) -> None:
+    """The leader's reads come from its mirror (its own writes included), but once its lease may
+    have run out (a pause, a stall) they go to etcd again: a deposed leader reads nothing stale."""
+    store = EtcdMetaStore(etcd_client, _prefix())
+    store.write({b"a1": b"before", b"o1": b"before"})
+    election, fences, _ = _elect(etcd_client, store.leader_key, "127.0.0.1:1")
+    election.start()
+    try:
+        wait_until(lambda: fences, 30)
+        fence = fences[0]
+        leading = store.fenced(fence, unmirrored=(b"o",))
+        leading.write({b"a2": b"mine"}, deletes=[b"a1"])
+        store.write({b"a3": b"behind its back", b"o1": b"behind its back"})  # no fence: tools only
+        assert list(leading.scan(b"a")) == [(b"a2", b"mine")]  # the mirror answered, not etcd
+        assert leading.get(b"o1") == b"behind its back"  # not mirrored: etcd answers
+        fence.renewed -= fence.ttl_s  # as after a pause as long as the lease
+        assert list(leading.scan(b"a")) == [(b"a2", b"mine"), (b"a3", b"behind its back")]
+        assert leading.get(b"a3") == b"behind its back"
+    finally:
+        election.stop()
+
+
+def test_writes_submitted_together_go_in_one_txn_in_order(etcd_client: EtcdClient) -> None:
+    """Group commit: writes queued while none is sent ride one fenced Txn, applied as if one by
+    one (the last put or delete of a key wins); each is done once that Txn succeeded."""
+    store = EtcdMetaStore(etcd_client, _prefix())
+    election, fences, _ = _elect(etcd_client, store.leader_key, "127.0.0.1:1")
+    election.start()
+    try:
+        wait_until(lambda: fences, 30)
+        leading = store.fenced(fences[0])
+        leading.write({b"k": b"0", b"gone": b"x"})
+        revision = int(etcd_client.range(b"\x00")["header"]["revision"])
+        first = leading.submit({b"k": b"1", b"n": b"1"})
+        second = leading.submit({b"k": b"2"}, deletes=[b"gone", b"n"])
+        third = leading.submit({b"n": b"3"})
+        assert store.get(b"k") == b"0"  # queued, not sent
+        third.wait()  # sends the three: one Txn
+        first.wait()
+        second.wait()
+        assert int(etcd_client.range(b"\x00")["header"]["revision"]) == revision + 1
+        assert list(store.scan(b"")) == [(b"k", b"2"), (b"n", b"3")]
+        assert list(leading.scan(b"")) == [(b"k", b"2"), (b"n", b"3")]  # and its mirror agrees
+        leading.settle()  # nothing queued: returns at once
+    finally:
+        election.stop()
+
+
+def test_a_deposed_leaders_grouped_writes_all_fail_and_change_nothing(etcd_client: EtcdClient) -> None:
+    store = EtcdMetaStore(etcd_client, _prefix())
+    election, fences, deposed = _elect(etcd_client, store.leader_key, "127.0.0.1:1")
+    election.start()
+    try:
+        wait_until(lambda: fences, 30)
+        leading = store.fenced(fences[0])
+        queued = [leading.submit({b"k%d" % i: b"v"}) for i in range(3)]
+        etcd_client.lease_revoke(fences[0].lease)  # the term ends as a lost lease ends it
+        leading.settle()
+        for write in queued:
+            with pytest.raises(NotLeader) as caught:
+                write.wait()
+            assert caught.value.fields["reason"] == "fenced"
+        assert list(store.scan(b"")) == []
+        wait_until(deposed.is_set, 30)
+    finally:
+        election.stop()
 
 
 def test_parse_etcd_url() -> None:

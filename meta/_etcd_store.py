@@ -43,7 +43,9 @@ memory, in one paged read, and every write of its that etcd accepted updates the
 Only the fenced leader writes, so the copy is what etcd holds, and the controller's reads
 (a ``GetShard`` reads a chain, the node leading it and the topic; a commit reads its
 topic) cost no round trip to etcd. The copy answers only while :meth:`Fence.current`: the
-lease's last confirmed renewal was sent less than its TTL ago. A leader paused or cut off
+lease's last confirmed renewal (which also found the leader key still this term's) was sent
+less than its TTL, less :data:`LEASE_MARGIN_S`, ago, on a clock that counts suspended time
+(:func:`lease_clock`). A leader paused or cut off
 for longer reads etcd again, as every read did before, so it never answers from a copy
 another leader may have moved past. Unmirrored keys are always read from etcd.
 
@@ -88,11 +90,13 @@ from ._store import Pending
 
 __all__ = [
     "DEFAULT_ETCD_PREFIX",
+    "LEASE_MARGIN_S",
     "SCAN_PAGE_KEYS",
     "EtcdLimits",
     "EtcdMetaStore",
     "EtcdUrl",
     "Fence",
+    "lease_clock",
     "parse_etcd_url",
 ]
 
@@ -148,6 +152,17 @@ class EtcdLimits:
             raise InvalidConfig(f"etcd max_request_bytes must be 1 MiB..2 GiB, got {self.max_request_bytes}")
 
 
+def lease_clock() -> float:
+    """Seconds on a clock that, unlike ``time.monotonic``, keeps counting while the machine or
+    VM is suspended (Linux's ``CLOCK_BOOTTIME``): etcd's lease runs out meanwhile."""
+    return time.clock_gettime(_BOOTTIME)
+
+
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+# How much sooner than its TTL says a leader stops trusting its lease (and its mirror).
+LEASE_MARGIN_S = 0.25
+
+
 @dataclass(slots=True, eq=False)
 class Fence:
     """The leader's claim: its leader key's lease and create revision, compared by every write.
@@ -162,13 +177,15 @@ class Fence:
     on_lost: Callable[[str], None] | None = None
     lost: threading.Event = field(default_factory=threading.Event)
     ttl_s: float = 0.0  # the lease's TTL (0: never current: every read goes to etcd)
-    renewed: float = 0.0  # monotonic time the last renewal that etcd confirmed was sent
+    renewed: float = 0.0  # lease_clock() when the last renewal that etcd confirmed was sent
 
     def current(self) -> bool:
         """Whether the lease is certainly still ours: not lost, and its last confirmed renewal
-        was *sent* less than its TTL ago (etcd renewed it later than that, so it expires later
-        still). A process paused past its lease finds this false when it resumes."""
-        return not self.lost.is_set() and time.monotonic() - self.renewed < self.ttl_s
+        (or grant) was *sent* less than its TTL, less :data:`LEASE_MARGIN_S`, ago (etcd renewed
+        it later than that, so it expires later still; the margin covers etcd's clock running a
+        little faster than ours). The clock counts time suspended too: a process paused past
+        its lease finds this false when it resumes."""
+        return not self.lost.is_set() and lease_clock() - self.renewed < self.ttl_s - LEASE_MARGIN_S
 
     def compares(self) -> list[dict[str, Any]]:
         key = b64(self.leader_key)

@@ -64,9 +64,13 @@ A write acknowledged by etcd is durable on a majority of its members. A write
 whose answer was lost (a member died, a timeout) is sent again, the same ``Txn``,
 until the write deadline: puts and deletes of fixed values are idempotent, and
 writes are serialised here, so no later write of ours can sit in between. If the
-deadline passes first the outcome is unknown: the write raises ``Unavailable``
-and the fence is lost, so the leader steps down and whoever leads next (maybe
-this process again) rebuilds its memory from etcd instead of trusting it.
+deadline passes first, or a try sent after one that may have landed fails (etcd
+refuses it, or its fence compare fails: the lease may have run out after the first
+try landed) the outcome is unknown: the write raises ``RequestTimeout`` (``outcome``
+``unknown``; never ``NotLeader``, which says nothing was written and which clients
+send to the next leader) and the fence is lost, so the leader steps down and whoever
+leads next (maybe this process again) rebuilds its memory from etcd instead of
+trusting it.
 
 Thread-safe: writes (and each group ``Txn``) are serialised by a lock; reads run in parallel.
 """
@@ -83,7 +87,15 @@ from typing import Any
 from urllib.parse import unquote
 
 from robustmq._metrics import Histogram, PerThread
-from robustmq.errors import EngineClosed, InvalidConfig, NotLeader, QuotaExceeded, RobustMQError, Unavailable
+from robustmq.errors import (
+    EngineClosed,
+    InvalidConfig,
+    NotLeader,
+    QuotaExceeded,
+    RequestTimeout,
+    RobustMQError,
+    Unavailable,
+)
 
 from ._etcd_client import EtcdClient, EtcdError, UnknownOutcome, b64, unb64
 from ._store import Pending
@@ -402,12 +414,16 @@ class EtcdMetaStore:
                 answer = self._client.txn(compare, success, failure, timeout_s=self._write_timeout_s)
                 self.write_seconds.mine().observe(time.monotonic() - started)
             except UnknownOutcome as exc:
+                # Sent, and maybe applied: a caller must not take it for "nothing was written"
+                # (a client would send a call meant to run once again), and the mirror may miss
+                # it, so the term ends and the next one reads what etcd holds.
                 if fence is not None:
                     fence.lose(f"a write's outcome is unknown ({exc.message})")
-                raise Unavailable(
-                    f"meta store write outcome unknown: {exc.message}; this Meta Service steps down "
-                    "and the next leader reads what etcd holds",
+                raise RequestTimeout(
+                    f"meta store write outcome unknown (it may have been applied): {exc.message}; "
+                    "this Meta Service steps down and the next leader reads what etcd holds",
                     path=self.prefix,
+                    outcome="unknown",
                 ) from exc
             except EtcdError as exc:
                 raise Unavailable(

@@ -11,14 +11,15 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from robustmq.errors import EngineClosed, InvalidConfig, NotLeader, QuotaExceeded, Unavailable
+from robustmq.errors import EngineClosed, InvalidConfig, NotLeader, QuotaExceeded, RequestTimeout, Unavailable
 from robustmq.meta import MetaStore, RocksDBMetaStore
 from robustmq.meta import _keys as keys
 from robustmq.meta._election import LeaderElection
-from robustmq.meta._etcd_client import EtcdClient, b64
+from robustmq.meta._etcd_client import EtcdClient, _Lost, b64
 from robustmq.meta._etcd_store import EtcdLimits, EtcdMetaStore, Fence, lease_clock, parse_etcd_url
 from robustmq.meta._store import WriteSet
 from tests.e2e._etcd import EtcdCluster
@@ -508,6 +509,50 @@ def test_a_lease_counts_from_when_its_grant_was_sent(etcd_client: EtcdClient) ->
     finally:
         election.stop()
         late.close()
+
+
+@pytest.mark.parametrize("second_try", ["compare fails", "etcd refuses"])
+def test_a_write_whose_first_try_may_have_landed_is_never_reported_as_not_written(
+    etcd_client: EtcdClient, second_try: str
+) -> None:
+    """A write's first try lands but its answer is lost; the lease runs out (or etcd refuses the
+    try sent again): the write may have been applied, so it is a RequestTimeout (outcome
+    unknown), never NotLeader ("nothing was written", which clients send to the next leader),
+    and the term ends (the mirror may miss the write)."""
+    store = EtcdMetaStore(etcd_client, _prefix())
+    election, fences, deposed = _elect(etcd_client, store.leader_key, "127.0.0.1:1")
+    election.start()
+    real_post = etcd_client._post
+    tries: list[str] = []
+    armed: list[bool] = []
+
+    def lossy_post(endpoint: Any, path: str, payload: bytes, timeout_s: float) -> Any:
+        if path != "/v3/kv/txn" or not armed:  # while it leads, the election sends no Txn
+            return real_post(endpoint, path, payload, timeout_s)
+        tries.append(path)
+        if len(tries) == 1:
+            real_post(endpoint, path, payload, timeout_s)  # applied...
+            if second_try == "compare fails":  # ...and before the try sent again, the lease is gone
+                etcd_client.lease_revoke(fences[0].lease)
+            raise _Lost("the answer was lost", True)
+        if second_try == "etcd refuses":
+            return 400, {"code": 3, "error": "etcdserver: refused for a reason"}, None
+        return real_post(endpoint, path, payload, timeout_s)
+
+    try:
+        wait_until(lambda: fences, 30)
+        leading = store.fenced(fences[0])
+        etcd_client._post = lossy_post  # type: ignore[method-assign]
+        armed.append(True)
+        with pytest.raises(RequestTimeout) as caught:
+            leading.write({b"topic": b"created"})
+        assert caught.value.fields["outcome"] == "unknown" and len(tries) == 2
+        assert store.get(b"topic") == b"created"  # it was applied
+        assert fences[0].lost.is_set()
+        wait_until(deposed.is_set, 10)
+    finally:
+        etcd_client._post = real_post  # type: ignore[method-assign]
+        election.stop()
 
 
 def test_a_renewal_that_fails_at_once_is_tried_again_after_a_pause(etcd_client: EtcdClient) -> None:

@@ -259,13 +259,16 @@ class EtcdClient:
         failure: list[dict[str, Any]] | None = None,
         *,
         timeout_s: float | None = None,
+        writes: bool = True,
     ) -> dict[str, Any]:
         """One ``KV.Txn``; :class:`UnknownOutcome` if it was sent and its answer lost, or if it
         was sent again after a lost answer and then failed its compare (the first try may have
-        landed and changed what the compare saw: a fence's lease that expired in between)."""
+        landed and changed what the compare saw: a fence's lease that expired in between).
+        ``writes`` False: a probe whose compare is never true (it changes nothing), sent again
+        like a read."""
         body = {"compare": compare, "success": success, "failure": failure or []}
-        answer, resent = self._call("/v3/kv/txn", body, timeout_s=timeout_s, write=True)
-        if resent and compare and not answer.get("succeeded"):
+        answer, resent = self._call("/v3/kv/txn", body, timeout_s=timeout_s, write=writes)
+        if writes and resent and compare and not answer.get("succeeded"):
             raise UnknownOutcome(
                 f"etcd ({', '.join(self.endpoints)}) failed the compare of a transaction sent again "
                 "after its first answer was lost: the first may have been applied",

@@ -481,7 +481,7 @@ class EtcdMetaStore:
         span = {"key": b64(whole), "range_end": b64(end)}
         ops = [{"request_range": {**span, "limit": "1"}}, {"request_delete_range": span}]
         try:
-            self._client.txn([never], ops)
+            self._client.txn([never], ops, writes=False)
         except EtcdError as exc:
             reason = str(exc.fields.get("reason", ""))
             if "permission denied" not in reason and "user name is empty" not in reason:

@@ -555,6 +555,27 @@ def test_a_write_whose_first_try_may_have_landed_is_never_reported_as_not_writte
         election.stop()
 
 
+def test_the_access_check_whose_answer_was_lost_is_asked_again(etcd_client: EtcdClient) -> None:
+    """The start-up access check is a Txn that can write nothing: a lost answer is no unknown
+    outcome, and its compare (never true) failing on the try sent again is its normal answer."""
+    real_post = etcd_client._post
+    tries: list[str] = []
+
+    def lossy_post(endpoint: Any, path: str, payload: bytes, timeout_s: float) -> Any:
+        if path == "/v3/kv/txn" and not tries:
+            tries.append(path)
+            real_post(endpoint, path, payload, timeout_s)
+            raise _Lost("the answer was lost", True)
+        return real_post(endpoint, path, payload, timeout_s)
+
+    etcd_client._post = lossy_post  # type: ignore[method-assign]
+    try:
+        EtcdMetaStore(etcd_client, _prefix()).check_access()
+        assert tries
+    finally:
+        etcd_client._post = real_post  # type: ignore[method-assign]
+
+
 def test_a_renewal_that_fails_at_once_is_tried_again_after_a_pause(etcd_client: EtcdClient) -> None:
     """etcd refusing renewals at once (no busy loop): tried every 0.1 s until the lease may have
     run out, then the term ends."""

@@ -19,7 +19,11 @@ asks the Meta Service for one, as the native producer does), and the batch's
 sequence of the old one). So a retried batch is answered with its original
 offsets and stored once, across gateways and gateway restarts, because the
 window lives in the storage node (1,024 batches per producer and partition,
-wider than Kafka's 5). Transactions are not supported: a transactional
+wider than Kafka's 5). On a secured gateway, a produce carries the token the
+Meta Service issued for its producer id to the producer's principal; a gateway
+that holds none (the producer moved here, or this gateway restarted) asks for
+one (``_sasl.Principal.producer_token``), so the producer keeps its id and
+sequences. Transactions are not supported: a transactional
 producer is refused at InitProducerId (``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``)
 and a transactional or control batch with ``INVALID_RECORD``.
 """
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from robustmq.errors import AuthorizationFailed, InvalidRecordBatch, RobustMQError
@@ -63,9 +68,15 @@ def _write_partition(connection: Any, topic: str, partition: int, data: bytes, a
         if idempotent and connection.principal is not None:  # secured: the id's own token
             token = connection.principal.producer_token(batch.producer_id) or b""
             if not token:
+                _warn_unknown(
+                    "answered UNKNOWN_PRODUCER_ID to %s: producer id %d is not its own (or its record "
+                    "expired)",
+                    connection.principal.name,
+                    batch.producer_id,
+                )
                 raise UnknownProducer(
-                    f"producer id {batch.producer_id} was not handed to {connection.principal.name} by this "
-                    "gateway (another gateway, or before a restart): ask InitProducerId again"
+                    f"producer id {batch.producer_id} was not handed to {connection.principal.name} (or "
+                    "so long ago that the record expired): ask InitProducerId again"
                 )
         response = connection.client.produce(
             topic,
@@ -142,8 +153,8 @@ async def _init_producer_id(connection: Any, header: RequestHeader, request: Any
         if epoch > 32767:
             producer_id, epoch, code = -1, -1, ErrorCode.invalid_producer_epoch
     else:
-        # (secured, an id this gateway did not hand to this principal: a fresh one, as its
-        # produces could not prove the old one)
+        # (secured, an id not handed to this principal, or whose record expired: a fresh one, as
+        # its produces could not prove the old one)
         try:
             if connection.principal is not None:
                 producer_id = await gateway.call(connection.principal.new_producer_id)
@@ -164,6 +175,17 @@ async def _init_producer_id(connection: Any, header: RequestHeader, request: Any
         producer_id=producer_id,
         producer_epoch=epoch,
     )
+
+
+_last_warning = [0.0]
+
+
+def _warn_unknown(message: str, *args: object) -> None:
+    """At most one warning a second: a client naming foreign ids must not flood the log."""
+    now = time.monotonic()
+    if now - _last_warning[0] >= 1.0:
+        _last_warning[0] = now
+        log.warning(message, *args)
 
 
 def _holds(connection: Any, producer_id: int) -> bool:

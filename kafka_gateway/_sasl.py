@@ -22,7 +22,12 @@ it serves itself, the group membership APIs, with ``Authorize`` (the principal's
 from the Meta Service, remembered for :data:`DECISION_TTL_S`).
 
 Idempotent producers: ``InitProducerId`` answers a token bound to the producer id; the
-principal keeps it (at most :data:`MAX_PRODUCER_TOKENS`) and produces of that id carry it.
+principal keeps it (at most :data:`MAX_PRODUCER_TOKENS`) and produces of that id carry it. A
+produce naming an id the principal holds no token for (the producer came from another gateway,
+or from this one before a restart) asks the Meta Service for one first (``IssueToken``): it
+answers one if it recorded the id as handed to this principal and the record has not expired
+(``producer_id_expiration_ms``, 7 days by default); otherwise the produce is answered
+``UNKNOWN_PRODUCER_ID``.
 
 Until a connection has authenticated it may send only ApiVersions, SaslHandshake and
 SaslAuthenticate (anything else closes it, as Kafka does); a failed authentication is answered
@@ -42,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq.errors import AuthenticationFailed, InvalidConfig, RobustMQError
+from robustmq.errors import AuthenticationFailed, AuthorizationFailed, InvalidConfig, RobustMQError
 from robustmq.security._client_auth import Credentials, Renewal, TokenSession, curve_public_key
 from robustmq.security._scram import MECHANISM as SCRAM_SHA_256
 from robustmq.security._scram import SHA512 as SCRAM_SHA_512
@@ -136,14 +141,19 @@ class Principal:
         return int(answer.producer_id)
 
     def producer_token(self, producer_id: int) -> bytes | None:
-        """The token produces of ``producer_id`` carry (renewed when due; blocking); None: this
-        gateway never handed that id to this principal."""
+        """The token produces of ``producer_id`` carry (renewed when due; blocking); None: the id
+        was not handed to this principal (or its record expired; see the module docstring)."""
         with self.lock:
             held = self.producer_tokens.get(producer_id)
             if held is not None:
                 self.producer_tokens.move_to_end(producer_id)
         if held is None:
-            return None
+            try:  # handed out by another gateway, or by this one before a restart
+                fresh = self.client.meta.issue_token(curve_public_key(), producer_id)
+            except AuthorizationFailed:
+                return None
+            log.info("took up producer id %d of %s (handed out elsewhere)", producer_id, self.name)
+            return self._keep(producer_id, fresh)
         token, renewal = held
         if renewal.due():
             fresh = self.client.meta.issue_token(curve_public_key(), producer_id, producer_token=token)

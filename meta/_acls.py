@@ -14,6 +14,8 @@ key (so the same binding twice is one entry) and the serialized ``AclBinding`` a
                                                       handed out is below it)
     "B" text(principal) text(transactional_id)        be64(producer id): a transactional id's
                                                       producer id
+    "Z" be64(producer id)                             be64(handed out, ms) utf8(principal): who
+                                                      an id went to (security on)
 
 ``acl_version`` goes up by one in the batch of every change that alters what an authorizer
 decides: an ACL created or deleted here, a user created, removed or given a new password
@@ -26,6 +28,16 @@ across restarts and crashes. The store records a reservation ``J`` ahead of the 
 out (:data:`PRODUCER_ID_BLOCK` at a time, synced before the first of them is answered), and a
 restarted service starts at the reservation: a crash skips at most a block of ids, never
 repeats one, and a store write is paid once per block, not per producer.
+
+Owners (security on): ``InitProducerId`` records who each id went to under ``Z``, in the batch
+that hands the id out, before it is answered (a store write per id, where without security one
+is paid per block). ``IssueToken`` then gives a producer id to any session of that principal (a
+restarted Kafka gateway, or another one, that a producer moved to holds no earlier token to show),
+and to nobody else. The records expire as Kafka's producer ids do (``producer.id.expiration.ms``):
+each retention pass deletes those older than ``producer_id_expiration_ms`` (7 days by default;
+:mod:`robustmq.meta._quotas`), oldest first (ids are handed out in time order, so a pass reads
+only what it deletes, at most :data:`MAX_OWNER_EXPIRIES_PER_PASS`). An expired id is taken up
+only with proof (an earlier token of the principal naming it), as before.
 
 Transactional ids (Kafka's ``transactional.id``): a writer that is replayed in another process (a
 Spark task) names itself, and ``InitProducerId`` answers the same producer id for the same
@@ -40,7 +52,9 @@ are never removed (as Kafka's expire only after a week unused; ours are a few do
 
 from __future__ import annotations
 
+import itertools
 import struct
+import time
 from contextlib import AbstractContextManager
 
 from robustmq._proto import robustmq_pb2 as pb
@@ -48,17 +62,20 @@ from robustmq.errors import InvalidRequest, Unavailable
 from robustmq.security._acl import Acl, acl_matches_filter, validated_acl
 
 from ._keys import text
+from ._quotas import MetaQuotas
 from ._store import MetaStore, WriteSet
 
 __all__ = [
     "ACL",
     "ACL_VERSION_KEY",
     "MAX_ACLS",
+    "MAX_OWNER_EXPIRIES_PER_PASS",
     "MAX_PRODUCER_ID",
     "MAX_TRANSACTIONAL_IDS",
     "MAX_TRANSACTIONAL_ID_BYTES",
     "PRODUCER_ID_BLOCK",
     "PRODUCER_ID_KEY",
+    "PRODUCER_OWNER",
     "TRANSACTIONAL_ID",
     "AclControl",
     "acl_key",
@@ -68,6 +85,9 @@ ACL = b"C"
 ACL_VERSION_KEY = b"K"
 PRODUCER_ID_KEY = b"J"
 TRANSACTIONAL_ID = b"B"
+PRODUCER_OWNER = b"Z"
+MAX_OWNER_EXPIRIES_PER_PASS = 10_000
+_OWNER_BATCH = 100
 MAX_TRANSACTIONAL_IDS = 1_000_000
 MAX_TRANSACTIONAL_ID_BYTES = 1_000
 MAX_ACLS = 10_000
@@ -102,6 +122,7 @@ class AclControl:
     """ACL, ACL version and producer id operations of the Meta Service (see the module docstring)."""
 
     _store: MetaStore
+    quotas: MetaQuotas
 
     def _locked(self) -> AbstractContextManager[None]:
         raise NotImplementedError  # the controller's
@@ -184,9 +205,12 @@ class AclControl:
 
     # -- producer ids ----------------------------------------------------------
 
-    def init_producer_id(self, principal: str = "", transactional_id: str = "") -> int:
+    def init_producer_id(
+        self, principal: str = "", transactional_id: str = "", *, record_owner: bool = False
+    ) -> int:
         """A producer id never handed out before; with a ``transactional_id``, the one ``principal``
-        got for it before, if any (see the module docstring)."""
+        got for it before, if any; ``record_owner``: a new id's owner is stored with it (see the
+        module docstring)."""
         key = _transactional_key(principal, transactional_id) if transactional_id else None
         with self._locked():
             if key is not None:
@@ -209,12 +233,44 @@ class AclControl:
                 ws.put(PRODUCER_ID_KEY, _U64.pack(reserved))
             if key is not None:
                 ws.put(key, _U64.pack(producer_id))
+            if record_owner:
+                ws.put(_owner_key(producer_id), _U64.pack(int(time.time() * 1000)) + principal.encode())
             ws.commit(self._store)  # nothing to write within a reserved block without a transactional id
             self._producer_ids_reserved = reserved
             self._next_producer_id = producer_id + 1
             if key is not None:
                 self._transactional_ids += 1
             return producer_id
+
+    def producer_id_owner(self, producer_id: int) -> str | None:
+        """The principal ``producer_id`` was handed to, while its record lasts (None: unknown)."""
+        if not 0 <= producer_id < MAX_PRODUCER_ID:
+            return None
+        with self._locked():
+            value = self._store.get(_owner_key(producer_id))
+        return None if value is None else value[_U64.size :].decode()
+
+    def expire_producer_owners(self, now_ms: int) -> int:
+        """Delete the owner records older than ``producer_id_expiration_ms``; how many (at most
+        :data:`MAX_OWNER_EXPIRIES_PER_PASS`, the oldest first)."""
+        cutoff = now_ms - self.quotas.producer_id_expiration_ms
+        expired = 0
+        while expired < MAX_OWNER_EXPIRIES_PER_PASS:
+            with self._locked():  # in batches of 100: small etcd transactions, short lock holds
+                ws = WriteSet()
+                for key, value in itertools.islice(self._store.scan(PRODUCER_OWNER), _OWNER_BATCH):
+                    if _decode_u64(value[: _U64.size]) >= cutoff:
+                        break
+                    ws.delete(key)
+                if not ws:
+                    return expired
+                ws.commit(self._store)
+                expired += len(ws.deletes)
+        return expired
+
+
+def _owner_key(producer_id: int) -> bytes:
+    return PRODUCER_OWNER + _U64.pack(producer_id)
 
 
 def _transactional_key(principal: str, transactional_id: str) -> bytes:

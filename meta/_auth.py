@@ -20,7 +20,10 @@ holder's token carries the SHA-256 of the certificates it logged in with; a
 login presenting a revoked certificate (:mod:`~robustmq.meta._revocations`), and
 every token issued for one, is refused (``certificate_revoked``, ``revoked``).
 Tokens issued on behalf of a caller (a node's in ``RegisterNode`` and heartbeat
-answers, a producer's in ``InitProducerId``) carry the caller's certificates too.
+answers, a producer's in ``InitProducerId``) carry the caller's certificates too. A
+producer id's token goes to the principal it was handed to: any session of it may ask for one
+(the Meta Service records the owner of each id, :mod:`~robustmq.meta._acls`), anyone else needs
+an earlier token of that principal naming it.
 
 A call's principal is checked against what the call claims: requests naming a
 ``node_id`` (:data:`NODE_BOUND_RPCS`) must come from ``node:<that id>``,
@@ -240,11 +243,18 @@ class MetaAuth:
         )
 
     def reissue(
-        self, claims: Claims, curve_key: bytes, producer_id: int | None, *, proof: bytes = b""
+        self,
+        claims: Claims,
+        curve_key: bytes,
+        producer_id: int | None,
+        *,
+        proof: bytes = b"",
+        owner: str | None = None,
     ) -> pb.SessionToken:
         """``IssueToken``: a fresh token for the caller; a producer id only if its token had it,
-        or ``proof`` (an earlier token of this principal, expired or not) carried it."""
-        assigned = producer_id is None or producer_id == claims.producer_id
+        ``proof`` (an earlier token of this principal, expired or not) carried it, or ``owner``
+        (who the Meta Service recorded the id was handed to) is the caller's principal."""
+        assigned = producer_id is None or producer_id == claims.producer_id or owner == claims.principal
         if not assigned and proof:
             assert self._verifier is not None
             earlier = self._verifier.verify(proof, expired_ok=True)

@@ -25,7 +25,10 @@ What each one bounds:
   availability comes before a metadata bound;
 - ``min_seal_interval_ms``: the least time between two seals of one shard that
   the Meta Service did not ask for (0: no minimum), so a seal storm costs at
-  most one seal per shard per interval.
+  most one seal per shard per interval;
+- ``producer_id_expiration_ms``: how long the record of who a producer id was
+  handed to is kept (Kafka's ``producer.id.expiration.ms``, default 7 days;
+  :mod:`robustmq.meta._acls`): the retention pass deletes older ones.
 
 Thread-safety: :class:`QuotaLog` is called under the controller's lock only.
 """
@@ -44,6 +47,7 @@ __all__ = ["DEFAULT_QUOTAS", "MetaQuotas", "QuotaLog"]
 
 logger = logging.getLogger("robustmq.meta")
 
+MAX_PRODUCER_ID_EXPIRATION_MS = 3_650 * 86_400_000  # ten years
 _LOG_EVERY_S = 10.0  # the least time between two warnings about one quota
 
 
@@ -56,6 +60,7 @@ class MetaQuotas:
     max_partitions_per_topic: int = MAX_PARTITIONS
     max_segments_per_shard: int = 1_000
     min_seal_interval_ms: int = 0
+    producer_id_expiration_ms: int = 7 * 86_400_000
 
     def __post_init__(self) -> None:
         for name, low, high in (
@@ -64,6 +69,7 @@ class MetaQuotas:
             ("max_partitions_per_topic", 1, MAX_PARTITIONS),
             ("max_segments_per_shard", 2, 10_000_000),
             ("min_seal_interval_ms", 0, 86_400_000),
+            ("producer_id_expiration_ms", 1_000, MAX_PRODUCER_ID_EXPIRATION_MS),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:

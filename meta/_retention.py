@@ -31,7 +31,9 @@ deletions themselves happen outside the lock (:class:`RetentionWorker`).
 :class:`RetentionWorker` runs a pass every ``retention_check_ms``: the chains
 (one topic under the lock at a time; a topic whose retention fails is logged and
 skipped, the others are trimmed), then up to :data:`MAX_OBJECT_DELETIONS_PER_PASS`
-pending object deletions, going round them from pass to pass. Bounded: a pass
+pending object deletions, going round them from pass to pass, then the producer
+ids' owner records older than ``producer_id_expiration_ms`` (:mod:`robustmq.meta._acls`,
+at most ``MAX_OWNER_EXPIRIES_PER_PASS``). Bounded: a pass
 reads each chain once and deletes a bounded number of objects; an unavailable
 object store ends the pass's deletions at its first failure; failures are logged
 (at most every minute) and retried later.
@@ -246,7 +248,7 @@ class RetentionWorker:
     ----------
     control
         The controller (``retention_topics``, ``apply_retention``,
-        ``pending_object_deletions``, ``forget_object_deletions``).
+        ``pending_object_deletions``, ``forget_object_deletions``, ``expire_producer_owners``).
     interval_ms
         Time between passes.
     clock
@@ -304,7 +306,11 @@ class RetentionWorker:
                 gone, moved = self._apply(topic)
                 removed += gone
                 remote += moved
-            return removed, remote, self.delete_objects()
+            deleted = self.delete_objects()
+            expired = control.expire_producer_owners(self._clock())  # type: ignore[attr-defined]
+            if expired:
+                logger.info("retention expired the owner records of %d producer ids", expired)
+            return removed, remote, deleted
 
     def _apply(self, topic: str) -> tuple[int, int]:
         """Retention of one topic; a failure is logged and skips that topic only (this pass)."""

@@ -505,7 +505,11 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         # With security on, the answer carries a token bound to the caller's principal, its CURVE
         # key and this id: a node takes a produce with this id only under that token.
         # A transactional id maps (caller, transactional id) to the same producer id every time.
-        producer_id = self._controller.init_producer_id(self.caller(), request.transactional_id)
+        # With security on, who got the id is stored with it: another session of that principal
+        # (a restarted Kafka gateway) may take it up later (IssueToken).
+        producer_id = self._controller.init_producer_id(
+            self.caller(), request.transactional_id, record_owner=self.auth.enabled
+        )
         answer = pb.InitProducerIdResponse(producer_id=producer_id)
         if self.auth.enabled:
             answer.token.CopyFrom(
@@ -537,8 +541,12 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         if not self.auth.enabled:
             return pb.SessionToken()
         producer_id = request.producer_id if request.HasField("producer_id") else None
+        claims = self.auth.claims(context)
+        owner = None
+        if producer_id is not None and producer_id != claims.producer_id:
+            owner = self._controller.producer_id_owner(producer_id)
         return self.auth.reissue(
-            self.auth.claims(context), request.curve_key, producer_id, proof=request.producer_token
+            claims, request.curve_key, producer_id, proof=request.producer_token, owner=owner
         )
 
     @_answers_errors

@@ -81,6 +81,7 @@ __all__ = [
     "merge_bucket",
     "merge_buckets",
     "sweep_staging",
+    "warm_up_task",
 ]
 
 log = logging.getLogger("robustmq.jobs")
@@ -208,12 +209,13 @@ class _Counts:
     fresh), and per partition the end found in the table and the highest fresh offset."""
 
     def __init__(self) -> None:
-        self.records = self.fresh = self.keyless = 0
+        self.records = self.fresh = self.keyless = self.bytes = 0
         self.partitions: dict[int, list[int | None]] = {}
 
     def fresh_rows(self, rows: pa.Table, ends: Callable[[int], int | None]) -> pa.Array | None:
         """The mask of ``rows`` at or past their partition's end (None: all of them)."""
         self.records += rows.num_rows
+        self.bytes += rows.nbytes
         partitions, offsets = rows.column("partition"), rows.column("offset")
         keep = None
         everything = True
@@ -237,6 +239,7 @@ class _Counts:
             "records": self.records,
             "fresh": self.fresh,
             "keyless": self.keyless,
+            "bytes": self.bytes,
             "partitions": {str(p): ends for p, ends in self.partitions.items()},
         }
 
@@ -279,8 +282,8 @@ def merge_buckets(
     """One task (see the module doc): its rows, source columns plus :data:`BUCKET_COLUMN`, sorted by
     bucket; ``ends(partition)`` is the partition's end in the table (None: none yet) and ``files``
     the table's files by bucket. Yields each merged bucket's result (:func:`merge_bucket`), then
-    the task's counts (``records``, ``fresh``, ``keyless``, ``partitions``). The list columns may
-    come as JSON text (:func:`decode_lists`).
+    the task's counts (``records``, ``fresh``, ``keyless``, ``bytes``: the Arrow bytes received,
+    ``partitions``). The list columns may come as JSON text (:func:`decode_lists`).
 
     Raises RuntimeError if a bucket's rows are not contiguous (merged twice, the second merge
     would not see the first's files)."""
@@ -327,6 +330,16 @@ def merge_buckets(
     if current is not None:
         yield finish()
     yield counts.summary()
+
+
+def warm_up_task(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A ``mapInArrow`` function that merges nothing: it makes a Python worker import what a merge
+    task uses (this module by reference, deltalake, Parquet), and yields one result row."""
+    import deltalake  # noqa: F401  (imported for its side effect: loaded before the first batch)
+    import pyarrow.dataset  # noqa: F401
+
+    rows = sum(batch.num_rows for batch in batches)
+    yield pa.RecordBatch.from_pylist([{"result": json.dumps({"rows": rows})}], schema=RESULT_SCHEMA)
 
 
 # -- one bucket -----------------------------------------------------------------------------------

@@ -240,7 +240,9 @@ def start_compaction(
         meta_address=meta_address,
         storage_options=storage_options,
         credentials=credentials,
+        expected_batch_bytes=max_bytes_per_trigger,
     )
+    merger.warm_up(spark)  # Python workers started and ready before the first batch, not during it
     name = "compact_" + hashlib.sha256(f"{topic} {location.uri}".encode()).hexdigest()[:12]
     writer = (
         reader.load()

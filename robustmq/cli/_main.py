@@ -285,6 +285,7 @@ def _meta_limits(args: argparse.Namespace) -> dict[str, int]:
 def _quota_options(parser: argparse.ArgumentParser) -> None:
     """The Meta Service's metadata quotas (docs/operators.md, "Limits")."""
     from robustmq.meta._quotas import DEFAULT_QUOTAS as quotas
+    from robustmq.meta._quotas import MAX_PRODUCER_ID_EXPIRATION_MS
 
     for flag, low, high, default, what in (
         ("--max-topics", 1, 10_000_000, quotas.max_topics, "topics in the cluster"),
@@ -311,6 +312,14 @@ def _quota_options(parser: argparse.ArgumentParser) -> None:
             "least time between two seals of one shard (0: none; seals the Meta Service asks for "
             "itself are exempt)",
         ),
+        (
+            "--producer-id-expiration-ms",
+            1_000,
+            MAX_PRODUCER_ID_EXPIRATION_MS,
+            quotas.producer_id_expiration_ms,
+            "how long the record of who each producer id went to is kept (Kafka's "
+            "producer.id.expiration.ms): later, only a token naming the id takes it up",
+        ),
     ):
         parser.add_argument(
             flag, type=_bounded_int(low, high), default=default, help=f"{what} (default {default:,})"
@@ -326,6 +335,7 @@ def _quotas_of(args: argparse.Namespace) -> Any:
         max_partitions_per_topic=args.max_partitions_per_topic,
         max_segments_per_shard=args.max_segments_per_shard,
         min_seal_interval_ms=args.min_seal_interval_ms,
+        producer_id_expiration_ms=args.producer_id_expiration_ms,
     )
 
 

@@ -11,6 +11,7 @@ authenticated user). Users and ACLs are made by the admin (the cluster's ``admin
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import struct
@@ -23,11 +24,13 @@ import pytest
 
 from robustmq._proto import robustmq_pb2 as pb
 from tests.e2e._cli import CliCluster, cli_cluster
-from tests.e2e._procs import free_port, wait_until
+from tests.e2e._procs import ServerProcess, free_port, wait_until
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+from tests.e2e.test_kafka_kill import Deliveries  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -341,6 +344,77 @@ def test_a_removed_user_loses_its_connected_session(setup: Setup) -> None:
     refused: list[Any] = []
     wait_until(lambda: (error := send()) is not None and refused.append(error.code()) is None, timeout_s=20)
     assert refused[-1] == KafkaError.SASL_AUTHENTICATION_FAILED, refused
+
+
+def test_an_idempotent_producer_keeps_its_producer_id_across_a_killed_gateway(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """SIGKILL the gateway an idempotent SASL_SSL producer writes through, with batches in flight,
+    and start it again: the restarted gateway holds no token for the producer's id, asks the Meta
+    Service for one (the id was handed to alice), and the producer goes on with the same id and
+    sequences. Every acknowledged record is stored once; nobody answered UNKNOWN_PRODUCER_ID (which
+    made librdkafka take a new id and store its retried batches a second time)."""
+    port = free_port()
+    gateway = ServerProcess(
+        [
+            *("kafka-gateway", "--meta", setup.cluster.meta, "--port", str(port)),
+            *("--credentials", str(setup.credentials)),
+        ],
+        log_path=tmp_path / "gateway.log",
+    )
+    producer_ids: set[int] = set()
+
+    def stats(raw: str) -> None:
+        producer_id = json.loads(raw).get("eos", {}).get("producer_id", -1)
+        if producer_id >= 0:
+            producer_ids.add(producer_id)
+
+    delivered = Deliveries()
+    gateway.start()
+    try:
+        config = setup.config(
+            "alice",
+            **{
+                "bootstrap.servers": f"127.0.0.1:{port}",
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "message.timeout.ms": 30_000,
+                "reconnect.backoff.ms": 50,
+                "reconnect.backoff.max.ms": 300,
+                "statistics.interval.ms": 100,
+                "stats_cb": stats,
+            },
+        )
+        producer = Producer(config)
+        count, chunk = 400, 20
+        for start in range(0, count, chunk):
+            for i in range(start, start + chunk):
+                producer.produce(ORDERS, value=f"moved-{i}".encode(), partition=0, on_delivery=delivered)
+            producer.poll(0)
+            if start == 0:
+                assert producer.flush(20) == 0  # under way: it has its producer id
+            if start == count // 2:  # batches of this chunk are on their way
+                gateway.kill()
+                gateway.start()
+        assert producer.flush(30) == 0
+        producer.poll(0.3)  # a last statistics report
+    finally:
+        gateway.stop()
+    log = (tmp_path / "gateway.log").read_text()
+    assert not delivered.failed, list(delivered.failed.items())[:3]
+    assert len(delivered.acknowledged) == count
+    assert "UNKNOWN_PRODUCER_ID" not in log  # the gateway logs the ones it answers
+    assert "took up producer id" in log  # the restarted gateway asked the Meta Service
+    assert len(producer_ids) == 1, f"the producer needed new ids: {sorted(producer_ids)}"
+    stored: dict[bytes, list[int]] = {}
+    for message in _read_all(setup, "alice", "SCRAM-SHA-256"):
+        if message.value().startswith(b"moved-"):
+            stored.setdefault(message.value(), []).append(message.offset())
+    duplicated = {value: offsets for value, offsets in stored.items() if len(offsets) > 1}
+    assert not duplicated, f"stored twice: {list(duplicated.items())[:5]}"
+    assert {value: offsets[0] for value, offsets in stored.items()} == {
+        value: offset for value, (_, offset) in delivered.acknowledged.items()
+    }
 
 
 def _admin(creds: Path) -> Any:

@@ -38,7 +38,8 @@ def test_signatures() -> None:
         "super_users: 'Sequence[str]' = ('user:admin',), token_lifetime_ms: 'int' = 3600000, "
         "limits: 'MetaLimits | None' = None, quotas: 'MetaQuotas' = MetaQuotas(max_topics=10000, "
         "max_partitions=100000, max_partitions_per_topic=10000, max_segments_per_shard=1000, "
-        "min_seal_interval_ms=0), store: 'str' = 'rocksdb', advertise: 'str | None' = None, "
+        "min_seal_interval_ms=0, producer_id_expiration_ms=604800000), store: 'str' = 'rocksdb', "
+        "advertise: 'str | None' = None, "
         "etcd: 'EtcdOptions | None' = None, metrics_port: 'int | None' = None) -> 'int'"
     )
     server = inspect.signature(MetaServer)

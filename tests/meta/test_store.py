@@ -18,9 +18,12 @@ import pytest
 from robustmq.errors import EngineClosed, InvalidConfig, NotLeader, QuotaExceeded, RequestTimeout, Unavailable
 from robustmq.meta import MetaStore, RocksDBMetaStore
 from robustmq.meta import _keys as keys
+from robustmq.meta._controller import MetaController
 from robustmq.meta._election import LeaderElection
 from robustmq.meta._etcd_client import EtcdClient, _Lost, b64
 from robustmq.meta._etcd_store import EtcdLimits, EtcdMetaStore, Fence, lease_clock, parse_etcd_url
+from robustmq.meta._quotas import DEFAULT_QUOTAS, MetaQuotas
+from robustmq.meta._retention import RetentionWorker
 from robustmq.meta._store import WriteSet
 from tests.e2e._etcd import EtcdCluster
 from tests.e2e._procs import kill_at_random_moment, wait_until
@@ -203,6 +206,35 @@ def test_kill_9_keeps_every_acknowledged_batch_whole(tmp_path: Path) -> None:
             store.write({}, deletes=[key for key, _ in store.scan(b"")])
         finally:
             store.close()
+
+
+def test_producer_id_owners_are_stored_with_the_id_and_expire_in_the_retention_pass(store: MetaStore) -> None:
+    """Who each producer id went to is written with the allocation (so another session of that
+    principal can take the id up), and the records expire after ``producer_id_expiration_ms``."""
+    day_ms = 86_400_000
+    assert DEFAULT_QUOTAS.producer_id_expiration_ms == 7 * day_ms
+    controller = MetaController(store, quotas=MetaQuotas(producer_id_expiration_ms=day_ms))
+    alice = controller.init_producer_id("user:alice", record_owner=True)
+    bob = controller.init_producer_id("user:bob", "txn/0", record_owner=True)
+    unrecorded = controller.init_producer_id("anonymous")  # security off: nobody to record
+    allocated_ms = int(time.time() * 1000)
+    again = MetaController(store)  # what the store holds, read by a fresh controller
+    assert [again.producer_id_owner(pid) for pid in (alice, bob, unrecorded)] == [
+        "user:alice",
+        "user:bob",
+        None,
+    ]
+    worker = RetentionWorker(controller, 60_000, clock=lambda: allocated_ms + day_ms - 60_000)
+    worker.run_pass()
+    assert controller.producer_id_owner(alice) == "user:alice"  # not a day old yet
+    worker = RetentionWorker(controller, 60_000, clock=lambda: allocated_ms + day_ms + 60_000)
+    worker.run_pass()
+    assert [again.producer_id_owner(pid) for pid in (alice, bob)] == [None, None]
+    # an id allocated later keeps its record; the transactional mapping itself stays
+    carol = controller.init_producer_id("user:carol", record_owner=True)
+    assert controller.expire_producer_owners(int(time.time() * 1000) + day_ms - 60_000) == 0
+    assert controller.producer_id_owner(carol) == "user:carol"
+    assert controller.init_producer_id("user:bob", "txn/0", record_owner=True) == bob
 
 
 def test_key_layout_is_stable() -> None:

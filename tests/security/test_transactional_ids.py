@@ -139,3 +139,32 @@ def test_transactional_ids_are_per_principal_and_tokens_bound_to_the_id(tls_meta
         # Without write on any topic, no producer id at all (and no mapping made).
         with pytest.raises(AuthorizationFailed):
             carol.init_producer_id(curve_key=key, transactional_id="query/3")
+
+
+def test_a_fresh_session_of_the_owner_gets_its_producer_id_and_no_other_principal_does(
+    tls_meta: tuple[str, Path],
+) -> None:
+    """The Meta Service remembers who each producer id went to (a gateway that restarted, or another
+    gateway, holds no earlier token to prove it): the owner's new session gets a token for the id
+    without proof; anyone else is refused as before."""
+    address, creds = tls_meta
+
+    def user(name: str) -> MetaClient:
+        credentials = Credentials(user=name, password=f"{name}-pw", ca=creds / "ca.pem")
+        return MetaClient(address, credentials=credentials)
+
+    key = b"o" * 32
+    with user("alice") as alice:
+        plain = alice.init_producer_id(curve_key=key).producer_id
+        transactional = alice.init_producer_id(curve_key=key, transactional_id="owned/0").producer_id
+        verifier = TokenVerifier(alice.get_security_info().token_public_key)
+    with user("alice") as alice_again, user("bob") as bob:  # new logins: no earlier token held
+        for producer_id in (plain, transactional):
+            token = alice_again.issue_token(key, producer_id)
+            claims = verifier.verify(token.SerializeToString())
+            assert (claims.principal, claims.producer_id) == ("user:alice", producer_id)
+            with pytest.raises(AuthorizationFailed) as refused:
+                bob.issue_token(key, producer_id)
+            assert refused.value.message == f"producer id {producer_id} was not assigned to user:bob"
+        with pytest.raises(AuthorizationFailed):  # an id nobody was given
+            alice_again.issue_token(key, plain + 10_000)

@@ -26,6 +26,7 @@ import pytest
 import robustmq
 from robustmq.streaming_jobs._compaction import (
     COMPACT_SCHEMA,
+    TASK_BYTES,
     CompactMerger,
     latest_per_key,
     prepare_compact_table,
@@ -308,21 +309,29 @@ def test_the_delta_log_is_checkpointed_as_batches_commit(tmp_path: Path) -> None
 
 
 @pytest.mark.spark
-def test_merge_frame_runs_both_stages_in_spark_tasks(spark: Any, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_merge_frame_merges_in_spark_tasks_spread_by_a_shuffle_or_in_one(spark: Any, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     path = str(tmp_path / "table")
     prepare_compact_table(path, topic="t", incarnation=1, buckets=3)
     merger = CompactMerger(path, topic="t", incarnation=1, stage_bytes=4_000)
+    merger.warm_up(spark)  # runs both shapes of the job over rows that merge nothing
+    assert open_table(TableLocation.parse(path), None).version() == 0
     model: Model = {}
     ends = [0, 0]
     rng = random.Random(3)
-    for batch in range(2):
+    # The first batch is spread over the 2 cores (nothing says how large it is); the next one, as
+    # small as it was, goes to one task with no shuffle.
+    for batch, tasks in enumerate([2, 1]):
+        assert merger.merge_tasks(3, 2) == tasks
         records = _history(rng, 2000, 300, ends)
         _apply(model, records)
         frame = spark.createDataFrame(_with_tags_and_headers(_rows(records))).repartition(3)
         result = merger.merge_frame(frame, batch, query_id="q")
         assert (result.records, result.fresh) == (2000, 2000)
-    assert result.metrics["buckets"] == 3
-    assert _table_state(path) == model
+        assert result.metrics["buckets"] == 3
+        assert _table_state(path) == model
+    for hint, tasks in ((1, 1), (TASK_BYTES + 1, 2), (10 * TASK_BYTES, 3)):  # a task per TASK_BYTES
+        hinted = CompactMerger(path, topic="t", incarnation=1, expected_batch_bytes=hint)
+        assert hinted.merge_tasks(3, 8) == tasks
     # tags and headers cross from the JVM as JSON text: they come back as they were sent
     stored = open_table(TableLocation.parse(path), None).to_pyarrow_dataset().to_table(use_threads=False)
     expected = _with_tags_and_headers(stored.select(["offset"]).append_column("key", stored.column("key")))

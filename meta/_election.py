@@ -7,8 +7,11 @@ The election (etcd's ``concurrency.Election`` pattern, without its library):
   there, bound to the lease. The put's revision is the key's create revision: with
   the lease id it is the :class:`~robustmq.meta._etcd_store.Fence` every write of
   this term compares, so a write can land only while this term's key is in etcd.
-- **Lead**: renew the lease every ``ttl_s / 3``. The term ends (``on_deposed``) when
-  etcd says the lease is gone, when no renewal succeeded for ``ttl_s`` (the lease may
+- **Lead**: renew the lease every ``ttl_s / 3`` and read the leader key back (a failed
+  renewal is tried again after 0.1 s). The term ends (``on_deposed``) when etcd says the
+  lease is gone, when the leader key no longer has this term's lease and create revision
+  (deleted by hand while the lease lived: another instance may lead and write), when no
+  renewal succeeded for ``ttl_s`` (the lease may
   have expired: the fence is lost at once, before etcd even says so), when a write
   found the fence gone or ended with an unknown outcome (:meth:`Fence.lose`), or on
   :meth:`LeaderElection.stop` (which revokes the lease: the others take over at once
@@ -21,21 +24,23 @@ A leader that was paused (SIGSTOP, a long GC, a VM migration) past its lease
 resumes believing it leads, until its next renewal or write: the renewal says the
 lease is gone, and any write it tries in between fails in etcd. It never writes
 after its lease expired. Callbacks run on the election thread, one at a time;
-``on_elected`` may take a while (it loads the whole state from etcd) and a failure
-in it ends the term.
+``on_elected`` may take a while (it loads the whole state from etcd, maybe for longer
+than the lease): a thread of its own renews the lease meanwhile, and a renewal that
+finds the term over loses the fence, which ``on_elected`` checks once loaded. A failure
+in it ends the term. The lease's clock (:func:`~robustmq.meta._etcd_store.lease_clock`)
+counts time the machine was suspended; every renewal counts from when it was *sent*.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from robustmq.errors import RobustMQError
 
 from ._etcd_client import EtcdClient, b64, unb64
-from ._etcd_store import Fence
+from ._etcd_store import Fence, lease_clock
 
 __all__ = ["DEFAULT_LEASE_TTL_S", "LeaderElection"]
 
@@ -44,6 +49,7 @@ __all__ = ["DEFAULT_LEASE_TTL_S", "LeaderElection"]
 # 0.5 s). On a 2-core machine at load average ~30 it cost one needless election in 900 s
 # (renewals late by 2 s; 3 s: none in 300 s): harmless, the fence, not the lease, keeps writes safe.
 DEFAULT_LEASE_TTL_S = 2
+_RETRY_PAUSE_S = 0.1  # after a failed renewal, before the next try
 logger = logging.getLogger("robustmq.meta")
 
 
@@ -91,7 +97,8 @@ class LeaderElection:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._fence: Fence | None = None
-        self._renewed = 0.0  # monotonic time the last successful renewal was sent
+        self._renewed = 0.0  # lease_clock() when the last successful renewal was sent
+        self._ending: tuple[str, bool] | None = None  # why the term ends, and whether to revoke
         self.leader = ""  # the leader's address as last seen ("" unknown); ours while we lead
         self.terms = 0  # terms this instance has led
         self._thread = threading.Thread(target=self._run, name="meta-election", daemon=True)
@@ -143,8 +150,10 @@ class LeaderElection:
         self._campaign()
 
     def _campaign(self) -> None:
+        # The lease runs from when etcd granted it, which is after this: the clock is read
+        # before the grant is sent, never after its answer came back (that may be late).
+        asked = lease_clock()
         lease = self._client.lease_grant(self.ttl_s)
-        granted = time.monotonic()
         key = b64(self._key)
         try:
             answer = self._client.txn(
@@ -163,9 +172,9 @@ class LeaderElection:
                     self.leader = unb64(kv.get("value")).decode("utf-8", errors="replace")
             return
         revision = int(answer["header"]["revision"])
-        fence = Fence(self._key, lease, revision, on_lost=self._lost, ttl_s=self.ttl_s, renewed=granted)
+        fence = Fence(self._key, lease, revision, on_lost=self._lost, ttl_s=self.ttl_s, renewed=asked)
         self._fence = fence
-        self._renewed = granted
+        self._renewed = asked
         self.leader = self.advertise
         self.terms += 1
         logger.info(
@@ -174,36 +183,75 @@ class LeaderElection:
             lease,
             revision,
         )
+        self._take_over(fence)
+
+    def _take_over(self, fence: Fence) -> None:
+        """``on_elected`` (here, on the election thread) while a thread of its own keeps the
+        lease renewed: loading the state may take longer than the lease. If a renewal finds the
+        term gone meanwhile, the fence is lost (``on_elected`` sees it) and the term ends next."""
+        loaded = threading.Event()
+
+        def keep_alive() -> None:
+            pause_s = self.ttl_s / 3 - (lease_clock() - fence.renewed)
+            while not loaded.wait(max(0.0, pause_s)) and not fence.lost.is_set():
+                pause_s = self._renew_once(fence)
+
+        keeper = threading.Thread(target=keep_alive, name="meta-election-keepalive", daemon=True)
+        keeper.start()
         try:
             self._on_elected(fence)
         except Exception as exc:
             logger.exception("taking over as the Meta Service leader failed")
-            fence.lose(f"taking over failed: {exc}")
-            self._end_term(f"taking over failed: {exc}", revoke=True)
+            self._lose(fence, f"taking over failed: {exc}", revoke=True)
+        finally:
+            loaded.set()
+            keeper.join()
 
     def _renew(self) -> None:
         fence = self._fence
         assert fence is not None
-        interval_s = self.ttl_s / 3
         if fence.lost.is_set():
-            self._end_term("a write found this term's fence gone", revoke=True)
+            reason, revoke = self._ending or ("a write found this term's fence gone", True)
+            self._ending = None
+            self._end_term(reason, revoke=revoke)
             return
-        sent = time.monotonic()
+        self._wake.wait(self._renew_once(fence))
+
+    def _renew_once(self, fence: Fence) -> float:
+        """Renew the lease and check that the leader key is still this term's (its lease and
+        create revision: the key may have been deleted, and another instance elected, while the
+        lease lives on); the seconds until the next renewal. If the term is over, the fence is
+        lost (:meth:`_lose`)."""
+        interval_s = self.ttl_s / 3
+        sent = lease_clock()
         try:
             ttl = self._client.lease_keepalive(fence.lease, timeout_s=interval_s)
+            kvs = self._client.range(self._key, timeout_s=interval_s).get("kvs") if ttl > 0 else None
         except RobustMQError as error:
-            if time.monotonic() - self._renewed >= self.ttl_s:
-                fence.lose(f"the lease was not renewed for {self.ttl_s} s ({error.message})")
-                self._end_term(f"the etcd lease could not be renewed ({error.message})", revoke=True)
-            else:
-                logger.warning("renewing the Meta Service leader lease failed: %s", error.message)
-            return
+            if lease_clock() - self._renewed >= self.ttl_s:
+                self._lose(fence, f"the etcd lease could not be renewed for {self.ttl_s} s ({error.message})")
+                return 0.0
+            logger.warning("renewing the Meta Service leader lease failed: %s", error.message)
+            return min(_RETRY_PAUSE_S, interval_s)  # not at once: a failure may come back fast
         if ttl <= 0:
-            fence.lose("the etcd lease expired")
-            self._end_term("the etcd lease expired (this process was paused or cut off)", revoke=False)
-            return
+            self._lose(fence, "the etcd lease expired (this process was paused or cut off)", revoke=False)
+            return 0.0
+        kv = (kvs or [{}])[0]
+        if (
+            int(kv.get("lease", 0)) != fence.lease
+            or int(kv.get("create_revision", 0)) != fence.create_revision
+        ):
+            holder = unb64(kv["value"]).decode("utf-8", errors="replace") if kv.get("value") else ""
+            self._lose(fence, f"the leader key is no longer this term's (held by {holder or 'nobody'})")
+            return 0.0
         self._renewed = fence.renewed = sent
-        self._wake.wait(max(0.0, interval_s - (time.monotonic() - sent)))
+        return max(0.0, interval_s - (lease_clock() - sent))
+
+    def _lose(self, fence: Fence, reason: str, *, revoke: bool = True) -> None:
+        """The term is over: lose its fence (writes are refused from now on); the election
+        thread ends it (``on_deposed``) with ``reason``."""
+        self._ending = (reason, revoke)
+        fence.lose(reason)
 
     def _lost(self, reason: str) -> None:
         """From a writer's thread: the fence is gone; the election thread ends the term now."""
@@ -215,6 +263,7 @@ class LeaderElection:
         assert fence is not None
         fence.lose(reason)
         self._fence = None
+        self._ending = None
         self.leader = ""
         self._wake.clear()
         logger.warning("this Meta Service (%s) no longer leads: %s", self.advertise, reason)

@@ -259,10 +259,23 @@ class EtcdClient:
         failure: list[dict[str, Any]] | None = None,
         *,
         timeout_s: float | None = None,
+        writes: bool = True,
     ) -> dict[str, Any]:
-        """One ``KV.Txn``; :class:`UnknownOutcome` if it was sent and its answer lost."""
+        """One ``KV.Txn``; :class:`UnknownOutcome` if it was sent and its answer lost, or if it
+        was sent again after a lost answer and then failed its compare (the first try may have
+        landed and changed what the compare saw: a fence's lease that expired in between).
+        ``writes`` False: a probe whose compare is never true (it changes nothing), sent again
+        like a read."""
         body = {"compare": compare, "success": success, "failure": failure or []}
-        return self.call("/v3/kv/txn", body, timeout_s=timeout_s, write=True)
+        answer, resent = self._call("/v3/kv/txn", body, timeout_s=timeout_s, write=writes)
+        if writes and resent and compare and not answer.get("succeeded"):
+            raise UnknownOutcome(
+                f"etcd ({', '.join(self.endpoints)}) failed the compare of a transaction sent again "
+                "after its first answer was lost: the first may have been applied",
+                endpoints=",".join(self.endpoints),
+                reason="compare failed on a resend",
+            )
+        return answer
 
     def lease_grant(self, ttl_s: int) -> int:
         answer = self.call("/v3/lease/grant", {"TTL": str(ttl_s)})
@@ -323,6 +336,13 @@ class EtcdClient:
         self, path: str, body: dict[str, Any], *, timeout_s: float | None = None, write: bool = False
     ) -> dict[str, Any]:
         """POST ``body`` to ``path`` on the first endpoint that answers, until the deadline."""
+        return self._call(path, body, timeout_s=timeout_s, write=write)[0]
+
+    def _call(
+        self, path: str, body: dict[str, Any], *, timeout_s: float | None, write: bool
+    ) -> tuple[dict[str, Any], bool]:
+        """:meth:`call`'s answer, and whether an earlier try of it may have reached etcd (a write
+        etcd then refuses, rather than its answer being lost, has an unknown outcome too)."""
         budget_s = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + budget_s
         payload = json.dumps(body).encode()
@@ -361,10 +381,9 @@ class EtcdClient:
                         reasons = "; ".join(f"{name}: {why}" for name, why in tls_failed.items())
                         raise EtcdError(f"cannot reach etcd over TLS ({reasons})", reason=reasons) from None
             else:
-                sent = True
                 if status == 200:
                     self._preferred = index
-                    return answer
+                    return answer, sent
                 code = int(answer.get("code", 0) or 0)
                 reason = str(answer.get("error") or answer.get("message") or f"HTTP {status}")
                 last = f"{endpoint.name}: {reason}"
@@ -378,7 +397,15 @@ class EtcdClient:
                             self._token = None
                     continue
                 if not (code in (_CODE_UNAVAILABLE, _CODE_DEADLINE) or _transient(reason) or status >= 500):
+                    if write and sent:
+                        raise UnknownOutcome(
+                            f"etcd refused {path} sent again after an earlier try may have been "
+                            f"applied: {reason}",
+                            endpoints=",".join(self.endpoints),
+                            reason=reason,
+                        )
                     raise EtcdError(f"etcd refused {path}: {reason}", grpc_code=code, reason=reason)
+                sent = True  # refused for a while ("request timed out"): it may still be applied
             time.sleep(min(backoff_s, max(0.0, deadline - time.monotonic())))
             backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
 

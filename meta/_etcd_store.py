@@ -43,7 +43,9 @@ memory, in one paged read, and every write of its that etcd accepted updates the
 Only the fenced leader writes, so the copy is what etcd holds, and the controller's reads
 (a ``GetShard`` reads a chain, the node leading it and the topic; a commit reads its
 topic) cost no round trip to etcd. The copy answers only while :meth:`Fence.current`: the
-lease's last confirmed renewal was sent less than its TTL ago. A leader paused or cut off
+lease's last confirmed renewal (which also found the leader key still this term's) was sent
+less than its TTL, less :data:`LEASE_MARGIN_S`, ago, on a clock that counts suspended time
+(:func:`lease_clock`). A leader paused or cut off
 for longer reads etcd again, as every read did before, so it never answers from a copy
 another leader may have moved past. Unmirrored keys are always read from etcd.
 
@@ -62,9 +64,13 @@ A write acknowledged by etcd is durable on a majority of its members. A write
 whose answer was lost (a member died, a timeout) is sent again, the same ``Txn``,
 until the write deadline: puts and deletes of fixed values are idempotent, and
 writes are serialised here, so no later write of ours can sit in between. If the
-deadline passes first the outcome is unknown: the write raises ``Unavailable``
-and the fence is lost, so the leader steps down and whoever leads next (maybe
-this process again) rebuilds its memory from etcd instead of trusting it.
+deadline passes first, or a try sent after one that may have landed fails (etcd
+refuses it, or its fence compare fails: the lease may have run out after the first
+try landed) the outcome is unknown: the write raises ``RequestTimeout`` (``outcome``
+``unknown``; never ``NotLeader``, which says nothing was written and which clients
+send to the next leader) and the fence is lost, so the leader steps down and whoever
+leads next (maybe this process again) rebuilds its memory from etcd instead of
+trusting it.
 
 Thread-safe: writes (and each group ``Txn``) are serialised by a lock; reads run in parallel.
 """
@@ -81,18 +87,28 @@ from typing import Any
 from urllib.parse import unquote
 
 from robustmq._metrics import Histogram, PerThread
-from robustmq.errors import EngineClosed, InvalidConfig, NotLeader, QuotaExceeded, RobustMQError, Unavailable
+from robustmq.errors import (
+    EngineClosed,
+    InvalidConfig,
+    NotLeader,
+    QuotaExceeded,
+    RequestTimeout,
+    RobustMQError,
+    Unavailable,
+)
 
 from ._etcd_client import EtcdClient, EtcdError, UnknownOutcome, b64, unb64
 from ._store import Pending
 
 __all__ = [
     "DEFAULT_ETCD_PREFIX",
+    "LEASE_MARGIN_S",
     "SCAN_PAGE_KEYS",
     "EtcdLimits",
     "EtcdMetaStore",
     "EtcdUrl",
     "Fence",
+    "lease_clock",
     "parse_etcd_url",
 ]
 
@@ -148,6 +164,17 @@ class EtcdLimits:
             raise InvalidConfig(f"etcd max_request_bytes must be 1 MiB..2 GiB, got {self.max_request_bytes}")
 
 
+def lease_clock() -> float:
+    """Seconds on a clock that, unlike ``time.monotonic``, keeps counting while the machine or
+    VM is suspended (Linux's ``CLOCK_BOOTTIME``): etcd's lease runs out meanwhile."""
+    return time.clock_gettime(_BOOTTIME)
+
+
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+# How much sooner than its TTL says a leader stops trusting its lease (and its mirror).
+LEASE_MARGIN_S = 0.25
+
+
 @dataclass(slots=True, eq=False)
 class Fence:
     """The leader's claim: its leader key's lease and create revision, compared by every write.
@@ -162,13 +189,15 @@ class Fence:
     on_lost: Callable[[str], None] | None = None
     lost: threading.Event = field(default_factory=threading.Event)
     ttl_s: float = 0.0  # the lease's TTL (0: never current: every read goes to etcd)
-    renewed: float = 0.0  # monotonic time the last renewal that etcd confirmed was sent
+    renewed: float = 0.0  # lease_clock() when the last renewal that etcd confirmed was sent
 
     def current(self) -> bool:
         """Whether the lease is certainly still ours: not lost, and its last confirmed renewal
-        was *sent* less than its TTL ago (etcd renewed it later than that, so it expires later
-        still). A process paused past its lease finds this false when it resumes."""
-        return not self.lost.is_set() and time.monotonic() - self.renewed < self.ttl_s
+        (or grant) was *sent* less than its TTL, less :data:`LEASE_MARGIN_S`, ago (etcd renewed
+        it later than that, so it expires later still; the margin covers etcd's clock running a
+        little faster than ours). The clock counts time suspended too: a process paused past
+        its lease finds this false when it resumes."""
+        return not self.lost.is_set() and lease_clock() - self.renewed < self.ttl_s - LEASE_MARGIN_S
 
     def compares(self) -> list[dict[str, Any]]:
         key = b64(self.leader_key)
@@ -385,12 +414,16 @@ class EtcdMetaStore:
                 answer = self._client.txn(compare, success, failure, timeout_s=self._write_timeout_s)
                 self.write_seconds.mine().observe(time.monotonic() - started)
             except UnknownOutcome as exc:
+                # Sent, and maybe applied: a caller must not take it for "nothing was written"
+                # (a client would send a call meant to run once again), and the mirror may miss
+                # it, so the term ends and the next one reads what etcd holds.
                 if fence is not None:
                     fence.lose(f"a write's outcome is unknown ({exc.message})")
-                raise Unavailable(
-                    f"meta store write outcome unknown: {exc.message}; this Meta Service steps down "
-                    "and the next leader reads what etcd holds",
+                raise RequestTimeout(
+                    f"meta store write outcome unknown (it may have been applied): {exc.message}; "
+                    "this Meta Service steps down and the next leader reads what etcd holds",
                     path=self.prefix,
+                    outcome="unknown",
                 ) from exc
             except EtcdError as exc:
                 raise Unavailable(
@@ -448,7 +481,7 @@ class EtcdMetaStore:
         span = {"key": b64(whole), "range_end": b64(end)}
         ops = [{"request_range": {**span, "limit": "1"}}, {"request_delete_range": span}]
         try:
-            self._client.txn([never], ops)
+            self._client.txn([never], ops, writes=False)
         except EtcdError as exc:
             reason = str(exc.fields.get("reason", ""))
             if "permission denied" not in reason and "user name is empty" not in reason:

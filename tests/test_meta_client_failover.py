@@ -21,7 +21,15 @@ import pytest
 from robustmq import _meta_addresses as meta_addresses
 from robustmq._meta_client import ERROR_METADATA_KEY, MetaClient
 from robustmq._wire import error_info
-from robustmq.errors import InvalidConfig, InvalidRequest, NotLeader, TopicNotFound, Unavailable
+from robustmq.errors import (
+    InvalidConfig,
+    InvalidRequest,
+    NotLeader,
+    RequestTimeout,
+    RobustMQError,
+    TopicNotFound,
+    Unavailable,
+)
 from robustmq.meta import MetaServer
 from tests.e2e._procs import free_port
 
@@ -31,9 +39,10 @@ class Follower:
     the first ``taking_over`` calls get what a just-elected leader answers while it loads its state
     (``Unavailable``, reason ``taking_over``)."""
 
-    def __init__(self, leader: str, *, taking_over: int = 0) -> None:
+    def __init__(self, leader: str, *, taking_over: int = 0, unknown_outcome: bool = False) -> None:
         self.leader = leader
         self.taking_over = taking_over
+        self.unknown_outcome = unknown_outcome
         self.calls: list[str] = []
         self._lock = threading.Lock()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -48,13 +57,17 @@ class Follower:
             with self._lock:
                 self.calls.append(method.rsplit("/", 1)[-1])
                 loading = len(self.calls) <= self.taking_over
-            error: Unavailable = NotLeader(
+            error: RobustMQError = NotLeader(
                 f"this Meta Service is not the leader; ask {self.leader or 'again'}", leader=self.leader
             )
+            status = grpc.StatusCode.UNAVAILABLE
             if loading:
                 error = Unavailable("this Meta Service was just elected: retry", reason="taking_over")
+            if self.unknown_outcome:  # what a leader answers when its etcd write may have landed
+                error = RequestTimeout("meta store write outcome unknown", outcome="unknown")
+                status = grpc.StatusCode.DEADLINE_EXCEEDED
             context.set_trailing_metadata(((ERROR_METADATA_KEY, error_info(error).SerializeToString()),))
-            context.abort(grpc.StatusCode.UNAVAILABLE, error.message)
+            context.abort(status, error.message)
 
         return grpc.unary_unary_rpc_method_handler(refuse)
 
@@ -123,6 +136,19 @@ def test_a_call_sent_at_most_once_is_sent_on_after_not_leader(live: MetaServer) 
         with pytest.raises(InvalidRequest, match="no storage node 'zz'"):  # the leader's answer
             client.remove_node("zz")
         assert follower.calls == ["RemoveNode"]
+
+
+def test_a_call_sent_at_most_once_whose_outcome_is_unknown_is_not_sent_again(live: MetaServer) -> None:
+    """A leader whose etcd write may have landed answers RequestTimeout (outcome unknown), not
+    NotLeader: the client must not send a call meant to run once to another instance."""
+    with (
+        Follower(leader=live.address, unknown_outcome=True) as leader,
+        MetaClient([leader.address, live.address], timeout_s=10) as client,
+    ):
+        with pytest.raises(RequestTimeout) as caught:
+            client.remove_node("zz")
+        assert caught.value.fields["outcome"] == "unknown"
+        assert leader.calls == ["RemoveNode"]
 
 
 def test_not_leader_naming_no_leader_moves_to_the_next_address(live: MetaServer) -> None:

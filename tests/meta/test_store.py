@@ -11,16 +11,17 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from robustmq.errors import EngineClosed, InvalidConfig, NotLeader, QuotaExceeded, Unavailable
+from robustmq.errors import EngineClosed, InvalidConfig, NotLeader, QuotaExceeded, RequestTimeout, Unavailable
 from robustmq.meta import MetaStore, RocksDBMetaStore
 from robustmq.meta import _keys as keys
 from robustmq.meta._controller import MetaController
 from robustmq.meta._election import LeaderElection
-from robustmq.meta._etcd_client import EtcdClient
-from robustmq.meta._etcd_store import EtcdLimits, EtcdMetaStore, Fence, parse_etcd_url
+from robustmq.meta._etcd_client import EtcdClient, _Lost, b64
+from robustmq.meta._etcd_store import EtcdLimits, EtcdMetaStore, Fence, lease_clock, parse_etcd_url
 from robustmq.meta._quotas import DEFAULT_QUOTAS, MetaQuotas
 from robustmq.meta._retention import RetentionWorker
 from robustmq.meta._store import WriteSet
@@ -441,6 +442,198 @@ def test_a_deposed_leaders_grouped_writes_all_fail_and_change_nothing(etcd_clien
         wait_until(deposed.is_set, 30)
     finally:
         election.stop()
+
+
+def test_a_new_leader_keeps_its_lease_while_it_loads_and_sees_its_term_end_meanwhile(
+    etcd_client: EtcdClient,
+) -> None:
+    """Taking over (loading the state) may last longer than the lease: the lease is renewed
+    meanwhile, and a renewal that finds the term gone loses the fence before the load ends."""
+    store = EtcdMetaStore(etcd_client, _prefix())
+    fences: list[Fence] = []
+    lost_when_loaded: list[bool] = []
+    loaded, deposed = threading.Event(), threading.Event()
+
+    def slow_load(fence: Fence) -> None:
+        fences.append(fence)
+        loaded.wait(30)
+        lost_when_loaded.append(fence.lost.is_set())
+
+    election = LeaderElection(
+        etcd_client,
+        store.leader_key,
+        "127.0.0.1:1",
+        on_elected=slow_load,
+        on_deposed=lambda reason: deposed.set(),
+        poll_s=0.05,
+    )
+    election.start()
+    try:
+        wait_until(lambda: fences, 30)
+        time.sleep(1.25 * election.ttl_s)  # still loading, longer than the lease
+        kvs = etcd_client.range(store.leader_key).get("kvs") or []
+        assert [int(kv["lease"]) for kv in kvs] == [fences[0].lease]  # renewed: the key is there
+        assert fences[0].current() and not fences[0].lost.is_set()
+        etcd_client.txn([], [{"request_delete_range": {"key": b64(store.leader_key)}}])
+        wait_until(fences[0].lost.is_set, 10)  # seen while still loading
+        assert not deposed.is_set()  # on_deposed waits for on_elected
+        loaded.set()
+        wait_until(deposed.is_set, 10)
+        assert lost_when_loaded[0]  # (it may be elected again: a second term, loaded at once)
+    finally:
+        loaded.set()
+        election.stop()
+
+
+def test_a_leader_whose_key_was_deleted_steps_down_and_reads_etcd(etcd_client: EtcdClient) -> None:
+    """The leader key deleted by hand while its lease lives (``etcdctl del``): another instance is
+    elected and writes; the old leader's next renewal finds the key not its own and ends its
+    term, so it never answers from a mirror the new leader moved past."""
+    store = EtcdMetaStore(etcd_client, _prefix())
+    first, first_fences, first_deposed = _elect(etcd_client, store.leader_key, "127.0.0.1:1")
+    first.start()
+    second = None
+    try:
+        wait_until(lambda: first_fences, 30)
+        old = store.fenced(first_fences[0])
+        old.write({b"topic": b"v1"})
+        etcd_client.txn([], [{"request_delete_range": {"key": b64(store.leader_key)}}])
+        second, second_fences, _ = _elect(etcd_client, store.leader_key, "127.0.0.1:2")
+        second.start()
+        wait_until(lambda: second_fences, 30)
+        store.fenced(second_fences[0]).write({b"topic": b"v2"})
+        wait_until(first_deposed.is_set, 10)
+        assert first_fences[0].lost.is_set() and not first_fences[0].current()
+        assert old.get(b"topic") == b"v2"  # etcd answers, not the old mirror
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+def test_a_lease_counts_from_when_its_grant_was_sent(etcd_client: EtcdClient) -> None:
+    """A grant whose answer comes back late: the lease is trusted from when it was asked for
+    (etcd started it before answering), not from when the answer arrived."""
+    asked: list[float] = []
+
+    class LateAnswers(EtcdClient):
+        def lease_grant(self, ttl_s: int) -> int:
+            asked.append(lease_clock())
+            lease = super().lease_grant(ttl_s)
+            time.sleep(0.5)  # the answer is late (a loaded host, a slow network)
+            return lease
+
+    late = LateAnswers(etcd_client.endpoints, timeout_s=10.0)
+    store = EtcdMetaStore(late, _prefix())
+    trusted_from: list[float] = []
+    election = LeaderElection(
+        late,
+        store.leader_key,
+        "127.0.0.1:1",
+        on_elected=lambda fence: trusted_from.append(fence.renewed),
+        on_deposed=lambda reason: None,
+        poll_s=0.05,
+    )
+    election.start()
+    try:
+        wait_until(lambda: trusted_from, 30)
+        assert trusted_from[0] <= asked[-1]
+    finally:
+        election.stop()
+        late.close()
+
+
+@pytest.mark.parametrize("second_try", ["compare fails", "etcd refuses"])
+def test_a_write_whose_first_try_may_have_landed_is_never_reported_as_not_written(
+    etcd_client: EtcdClient, second_try: str
+) -> None:
+    """A write's first try lands but its answer is lost; the lease runs out (or etcd refuses the
+    try sent again): the write may have been applied, so it is a RequestTimeout (outcome
+    unknown), never NotLeader ("nothing was written", which clients send to the next leader),
+    and the term ends (the mirror may miss the write)."""
+    store = EtcdMetaStore(etcd_client, _prefix())
+    election, fences, deposed = _elect(etcd_client, store.leader_key, "127.0.0.1:1")
+    election.start()
+    real_post = etcd_client._post
+    tries: list[str] = []
+    armed: list[bool] = []
+
+    def lossy_post(endpoint: Any, path: str, payload: bytes, timeout_s: float) -> Any:
+        if path != "/v3/kv/txn" or not armed:  # while it leads, the election sends no Txn
+            return real_post(endpoint, path, payload, timeout_s)
+        tries.append(path)
+        if len(tries) == 1:
+            real_post(endpoint, path, payload, timeout_s)  # applied...
+            if second_try == "compare fails":  # ...and before the try sent again, the lease is gone
+                etcd_client.lease_revoke(fences[0].lease)
+            raise _Lost("the answer was lost", True)
+        if second_try == "etcd refuses":
+            return 400, {"code": 3, "error": "etcdserver: refused for a reason"}, None
+        return real_post(endpoint, path, payload, timeout_s)
+
+    try:
+        wait_until(lambda: fences, 30)
+        leading = store.fenced(fences[0])
+        etcd_client._post = lossy_post  # type: ignore[method-assign]
+        armed.append(True)
+        with pytest.raises(RequestTimeout) as caught:
+            leading.write({b"topic": b"created"})
+        assert caught.value.fields["outcome"] == "unknown" and len(tries) == 2
+        assert store.get(b"topic") == b"created"  # it was applied
+        assert fences[0].lost.is_set()
+        wait_until(deposed.is_set, 10)
+    finally:
+        etcd_client._post = real_post  # type: ignore[method-assign]
+        election.stop()
+
+
+def test_the_access_check_whose_answer_was_lost_is_asked_again(etcd_client: EtcdClient) -> None:
+    """The start-up access check is a Txn that can write nothing: a lost answer is no unknown
+    outcome, and its compare (never true) failing on the try sent again is its normal answer."""
+    real_post = etcd_client._post
+    tries: list[str] = []
+
+    def lossy_post(endpoint: Any, path: str, payload: bytes, timeout_s: float) -> Any:
+        if path == "/v3/kv/txn" and not tries:
+            tries.append(path)
+            real_post(endpoint, path, payload, timeout_s)
+            raise _Lost("the answer was lost", True)
+        return real_post(endpoint, path, payload, timeout_s)
+
+    etcd_client._post = lossy_post  # type: ignore[method-assign]
+    try:
+        EtcdMetaStore(etcd_client, _prefix()).check_access()
+        assert tries
+    finally:
+        etcd_client._post = real_post  # type: ignore[method-assign]
+
+
+def test_a_renewal_that_fails_at_once_is_tried_again_after_a_pause(etcd_client: EtcdClient) -> None:
+    """etcd refusing renewals at once (no busy loop): tried every 0.1 s until the lease may have
+    run out, then the term ends."""
+    tries: list[float] = []
+
+    class Refusing(EtcdClient):
+        refuse = False
+
+        def lease_keepalive(self, lease: int, *, timeout_s: float | None = None) -> int:
+            if not self.refuse:
+                return super().lease_keepalive(lease, timeout_s=timeout_s)
+            tries.append(lease_clock())
+            raise Unavailable("etcd refuses at once")
+
+    refusing = Refusing(etcd_client.endpoints, timeout_s=10.0)
+    store = EtcdMetaStore(refusing, _prefix())
+    election, fences, deposed = _elect(refusing, store.leader_key, "127.0.0.1:1")
+    election.start()
+    try:
+        wait_until(lambda: fences, 30)
+        refusing.refuse = True
+        wait_until(deposed.is_set, 10)
+        assert 3 <= len(tries) <= election.ttl_s / 0.1 + 2
+    finally:
+        election.stop()
+        refusing.close()
 
 
 def test_parse_etcd_url() -> None:

@@ -42,6 +42,7 @@ def _delta_version(table: Path) -> int:
     return max(versions, default=-1)
 
 
+@pytest.mark.long  # three SIGKILLs of a Spark job over 200,000 records: make test-long
 def test_topic_to_delta_survives_sigkill_with_every_record_once(
     cluster: EmbeddedCluster, tmp_path: Path
 ) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e._cli import cli
+from tests.e2e._kafka_wire import kafka_request, read_answer
 from tests.e2e._procs import Cluster, ServerProcess, free_port
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -191,27 +192,10 @@ def test_kafka_python_produces_and_consumes(setup: Setup) -> None:
 # -- raw protocol: what a Kafka client library never sends -----------------------------------------
 
 
-def _request(api_key: int, version: int, correlation: int, body: bytes, flexible: bool = False) -> bytes:
-    client_id = b"test"
-    header = struct.pack(">hhih", api_key, version, correlation, len(client_id)) + client_id
-    if flexible:
-        header += b"\x00"
-    return struct.pack(">i", len(header) + len(body)) + header + body
 
 
-def _read_answer(sock: socket.socket) -> bytes:
-    size = struct.unpack(">i", _read_exact(sock, 4))[0]
-    return _read_exact(sock, size)
 
 
-def _read_exact(sock: socket.socket, count: int) -> bytes:
-    data = b""
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return data
 
 
 def _connect(setup: Setup) -> socket.socket:
@@ -222,21 +206,21 @@ def _connect(setup: Setup) -> socket.socket:
 def test_unsupported_versions_and_keys_are_answered_not_dropped(setup: Setup) -> None:
     with _connect(setup) as sock:
         # ApiVersions v9 (unknown to us): answered at v0 with UNSUPPORTED_VERSION and the table
-        sock.sendall(_request(18, 9, 7, b""))
-        answer = _read_answer(sock)
+        sock.sendall(kafka_request(18, 9, 7, b""))
+        answer = read_answer(sock)
         correlation, error, count = struct.unpack_from(">ihi", answer)
         assert (correlation, error) == (7, 35) and count >= 6
         keys = {struct.unpack_from(">hhh", answer, 10 + 6 * i)[0] for i in range(count)}
         assert {0, 1, 2, 3, 18, 19, 20, 22} <= keys
         # JoinGroup v9 (above the versions served): UNSUPPORTED_VERSION in its own (flexible) schema
-        sock.sendall(_request(11, 9, 8, b"\x00\x00" * 8))
-        correlation, _tags, _throttle, error = struct.unpack_from(">ibih", _read_answer(sock))
+        sock.sendall(kafka_request(11, 9, 8, b"\x00\x00" * 8))
+        correlation, _tags, _throttle, error = struct.unpack_from(">ibih", read_answer(sock))
         assert (correlation, error) == (8, 35)
         # a key no Kafka schema has: the error code alone, and the connection still serves
-        sock.sendall(_request(999, 0, 9, b""))
-        assert struct.unpack(">ih", _read_answer(sock)) == (9, 35)
-        sock.sendall(_request(18, 0, 10, b""))
-        assert struct.unpack_from(">ih", _read_answer(sock)) == (10, 0)
+        sock.sendall(kafka_request(999, 0, 9, b""))
+        assert struct.unpack(">ih", read_answer(sock)) == (9, 35)
+        sock.sendall(kafka_request(18, 0, 10, b""))
+        assert struct.unpack_from(">ih", read_answer(sock)) == (10, 0)
 
 
 def test_hostile_frames_close_only_that_connection(setup: Setup) -> None:
@@ -249,22 +233,22 @@ def test_hostile_frames_close_only_that_connection(setup: Setup) -> None:
         sock.sendall(struct.pack(">i", 2_000_000_000) + b"x" * 100)
         assert sock.recv(10) == b""
     # a negative length; a Metadata request whose body ends before its topics: closed
-    for frame in (struct.pack(">i", -5), _request(3, 1, 5, struct.pack(">i", 5))):
+    for frame in (struct.pack(">i", -5), kafka_request(3, 1, 5, struct.pack(">i", 5))):
         with _connect(setup) as sock:
             sock.sendall(frame)
             assert sock.recv(10) == b""
     # garbage in a well-sized frame reads as an unknown key: answered UNSUPPORTED_VERSION
     with _connect(setup) as sock:
         sock.sendall(struct.pack(">i", 12) + b"\xff" * 12)
-        assert struct.unpack(">ih", _read_answer(sock)) == (-1, 35)
+        assert struct.unpack(">ih", read_answer(sock)) == (-1, 35)
     # a Produce whose records are not a valid RecordBatch: an error for that partition
     with _connect(setup) as sock:
         topic = b"hostile"
         records = b"\x00" * 70
         body = struct.pack(">hhi", -1, 1, 30_000)  # transactional_id null, acks 1, timeout
         body += struct.pack(">ih", 1, len(topic)) + topic + struct.pack(">iii", 1, 0, len(records)) + records
-        sock.sendall(_request(0, 7, 11, body))
-        answer = _read_answer(sock)
+        sock.sendall(kafka_request(0, 7, 11, body))
+        answer = read_answer(sock)
         correlation = struct.unpack_from(">i", answer)[0]
         error = struct.unpack_from(">h", answer, 4 + 4 + 2 + len(topic) + 4 + 4)[0]
         assert correlation == 11 and error == 87  # INVALID_RECORD
@@ -272,7 +256,7 @@ def test_hostile_frames_close_only_that_connection(setup: Setup) -> None:
     with _connect(setup) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         for i in range(200):
-            sock.sendall(_request(3, 1, i, struct.pack(">i", -1)))
+            sock.sendall(kafka_request(3, 1, i, struct.pack(">i", -1)))
         bystander.produce("hostile", value=b"after")
         assert bystander.flush(30) == 0
     records = consume_all(setup.bootstrap, "hostile", 1, 2)
@@ -294,8 +278,8 @@ def test_a_resent_idempotent_batch_is_stored_once(setup: Setup) -> None:
 
     setup.create("resent", partitions=1)
     with _connect(setup) as sock:
-        sock.sendall(_request(22, 0, 1, struct.pack(">hi", -1, 60_000)))  # InitProducerId v0
-        _correlation, _throttle, error, producer_id, epoch = struct.unpack(">iihqh", _read_answer(sock))
+        sock.sendall(kafka_request(22, 0, 1, struct.pack(">hi", -1, 60_000)))  # InitProducerId v0
+        _correlation, _throttle, error, producer_id, epoch = struct.unpack(">iihqh", read_answer(sock))
         assert error == 0 and producer_id >= 0
         rows = pa.table(
             {
@@ -327,8 +311,8 @@ def test_a_resent_idempotent_batch_is_stored_once(setup: Setup) -> None:
         entity_writer(ProduceRequest)(out, request)
         offsets = []
         for correlation in (2, 3):
-            sock.sendall(_request(0, 7, correlation, out.getvalue()))
-            answer = _read_answer(sock)
+            sock.sendall(kafka_request(0, 7, correlation, out.getvalue()))
+            answer = read_answer(sock)
             position = 4 + 4 + 2 + len(b"resent") + 4 + 4
             error, base_offset = struct.unpack_from(">hq", answer, position)
             assert error == 0

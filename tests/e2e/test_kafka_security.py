@@ -24,7 +24,9 @@ import pytest
 
 from robustmq._proto import robustmq_pb2 as pb
 from tests.e2e._cli import CliCluster, cli_cluster
+from tests.e2e._kafka_wire import kafka_request, read_answer
 from tests.e2e._procs import ServerProcess, free_port, wait_until
+from tests.security._cluster import acl_binding
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition  # noqa: E402
@@ -58,15 +60,6 @@ class Setup:
         }
 
 
-def _acl(principal: str, resource_type: str, name: str, operation: str) -> pb.AclBinding:
-    return pb.AclBinding(
-        principal=principal,
-        resource_type=resource_type,
-        resource_name=name,
-        pattern="literal",
-        operation=operation,
-        permission="allow",
-    )
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +75,11 @@ def setup() -> Iterator[Setup]:
             for user, password in PASSWORDS.items():
                 client.meta.create_user(user, password)
             for acl in (
-                _acl("user:alice", "topic", ORDERS, "read"),
-                _acl("user:alice", "topic", ORDERS, "write"),
-                _acl("user:alice", "group", GROUP, "read"),
-                _acl("user:bob", "topic", SECRET, "describe"),
-                _acl("user:bob", "topic", ORDERS, "read"),
+                acl_binding("user:alice", "topic", ORDERS, "read"),
+                acl_binding("user:alice", "topic", ORDERS, "write"),
+                acl_binding("user:alice", "group", GROUP, "read"),
+                acl_binding("user:bob", "topic", SECRET, "describe"),
+                acl_binding("user:bob", "topic", ORDERS, "read"),
             ):
                 client.meta.create_acl(acl)
         setup = Setup(cluster, port, credentials)
@@ -242,7 +235,7 @@ def test_a_plaintext_client_against_the_tls_port_fails_cleanly(setup: Setup) -> 
     assert errors  # librdkafka reports the closed connection; nothing hangs
     # the raw view: a Kafka request in plaintext gets no Kafka answer, the connection just ends
     with socket.create_connection(("127.0.0.1", setup.port), timeout=10) as sock:
-        sock.sendall(_request(18, 0, 1, b""))
+        sock.sendall(kafka_request(18, 0, 1, b""))
         assert _read_to_end(sock)[:4] != struct.pack(">i", 6)  # not an ApiVersions answer
     assert _produce(setup, "alice", [b"still-serving"]) == [None]
 
@@ -253,11 +246,10 @@ def test_requests_before_authentication_close_the_connection(setup: Setup) -> No
         socket.create_connection(("127.0.0.1", setup.port), timeout=10) as raw,
         context.wrap_socket(raw, server_hostname="127.0.0.1") as sock,
     ):
-        sock.sendall(_request(18, 0, 1, b""))  # ApiVersions: answered
-        (size,) = struct.unpack(">i", _read_exact(sock, 4))
-        answer = _read_exact(sock, size)
+        sock.sendall(kafka_request(18, 0, 1, b""))  # ApiVersions: answered
+        answer = read_answer(sock)
         assert struct.unpack_from(">ih", answer) == (1, 0)
-        sock.sendall(_request(3, 1, 2, struct.pack(">i", -1)))  # Metadata (all topics): closed
+        sock.sendall(kafka_request(3, 1, 2, struct.pack(">i", -1)))  # Metadata (all topics): closed
         assert _read_to_end(sock) == b""
 
 
@@ -272,19 +264,8 @@ def _errors_of(kind: Any, config: dict, timeout_s: float = 10) -> list[Any]:
     return errors
 
 
-def _request(api_key: int, version: int, correlation: int, body: bytes) -> bytes:
-    header = struct.pack(">hhih", api_key, version, correlation, 4) + b"test"
-    return struct.pack(">i", len(header) + len(body)) + header + body
 
 
-def _read_exact(sock: socket.socket, count: int) -> bytes:
-    data = b""
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return data
 
 
 def _read_to_end(sock: socket.socket) -> bytes:
@@ -326,7 +307,7 @@ def test_a_removed_user_loses_its_connected_session(setup: Setup) -> None:
 
     with robustmq.connect(setup.cluster.meta, credentials=_admin(setup.credentials), timeout_s=20) as client:
         client.meta.create_user("dora", "dora-secret")
-        client.meta.create_acl(_acl("user:dora", "topic", ORDERS, "write"))
+        client.meta.create_acl(acl_binding("user:dora", "topic", ORDERS, "write"))
     producer = Producer(
         setup.config("dora", password="dora-secret", **{"enable.idempotence": False, "retries": 0})
     )

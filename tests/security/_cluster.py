@@ -14,6 +14,7 @@ from pathlib import Path
 from robustmq import Credentials
 from robustmq._client import Client
 from robustmq._meta_client import MetaClient
+from robustmq._proto import robustmq_pb2 as pb
 from robustmq.security._credentials import init_credentials
 from tests.e2e._procs import ROOT, ServerProcess, free_port
 
@@ -126,3 +127,17 @@ def secured_cluster(
                 os.kill(node.pid, signal.SIGCONT)
             node.stop()
         meta.stop()
+
+
+def acl_binding(
+    principal: str, resource_type: str, name: str, operation: str, permission: str = "allow"
+) -> pb.AclBinding:
+    """A literal ACL rule, as ``robustmq acl add`` makes one."""
+    return pb.AclBinding(
+        principal=principal,
+        resource_type=resource_type,
+        resource_name=name,
+        pattern="literal",
+        operation=operation,
+        permission=permission,
+    )

@@ -19,20 +19,7 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._records import build_records, encode_batch
 from robustmq.errors import AuthenticationFailed, AuthorizationFailed, RobustMQError
 from tests.e2e._procs import wait_until
-from tests.security._cluster import Secured, secured_cluster
-
-
-def _acl(
-    principal: str, resource_type: str, name: str, operation: str, permission: str = "allow"
-) -> pb.AclBinding:
-    return pb.AclBinding(
-        principal=principal,
-        resource_type=resource_type,
-        resource_name=name,
-        pattern="literal",
-        operation=operation,
-        permission=permission,
-    )
+from tests.security._cluster import Secured, acl_binding, secured_cluster
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +31,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
             for user in ("alice", "bob", "carol"):
                 admin.create_user(user, f"{user}-password")
             for operation in ("read", "write"):
-                admin.create_acl(_acl("user:alice", "topic", "orders", operation))
-            admin.create_acl(_acl("user:alice", "group", "billing", "read"))
-            admin.create_acl(_acl("user:carol", "topic", "orders", "write"))
-            admin.create_acl(_acl("user:bob", "topic", "orders", "read"))  # last: the one waited for
+                admin.create_acl(acl_binding("user:alice", "topic", "orders", operation))
+            admin.create_acl(acl_binding("user:alice", "group", "billing", "read"))
+            admin.create_acl(acl_binding("user:carol", "topic", "orders", "write"))
+            admin.create_acl(acl_binding("user:bob", "topic", "orders", "read"))  # last: the one waited for
         # ACL changes reach the storage nodes with their next heartbeat (within a second); a node
         # loads every ACL at once, so one that knows the last knows them all. Both leaders:
         with _user(secured, "bob") as bob:
@@ -106,11 +93,11 @@ def test_a_new_acl_reaches_the_nodes(cluster: Secured) -> None:
     with cluster.client("admin") as admin, _user(cluster, "carol") as carol:
         with pytest.raises(AuthorizationFailed):
             carol.read("audit", 0, 0)
-        admin.create_acl(_acl("user:carol", "topic", "audit", "read"))
+        admin.create_acl(acl_binding("user:carol", "topic", "audit", "read"))
         try:
             wait_until(lambda: _reads(carol, "audit"), timeout_s=15)
         finally:
-            admin.delete_acl(_acl("user:carol", "topic", "audit", "read"))
+            admin.delete_acl(acl_binding("user:carol", "topic", "audit", "read"))
         wait_until(lambda: not _reads(carol, "audit"), timeout_s=15)
 
 
@@ -149,7 +136,7 @@ def test_a_producer_id_is_bound_to_its_principal(cluster: Secured) -> None:
 def test_a_removed_user_is_refused_by_the_nodes(cluster: Secured) -> None:
     with cluster.client("admin") as admin:
         admin.create_user("dave", "dave-password")
-        admin.create_acl(_acl("user:dave", "topic", "orders", "read"))
+        admin.create_acl(acl_binding("user:dave", "topic", "orders", "read"))
         with cluster.connect(user="dave", password="dave-password", timeout_s=5) as dave:
             wait_until(lambda: _reads(dave, "orders"), timeout_s=15)
             admin.delete_user("dave")

@@ -396,10 +396,13 @@ class MetaClient:
         logged_in_again = False
         electing = False  # an instance answered NotLeader or taking_over: pauses stay short
         tried: set[str] = set()
+        last: RobustMQError | None = None  # the last failed attempt's error
         while True:
             address = self.addresses.current
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
+                if last is not None:  # a pause overran the time left: what the service last said
+                    raise self._final(last)
                 raise RequestTimeout(
                     f"meta service at {self._where()} did not answer within {self.timeout_s}s",
                     address=address,
@@ -415,6 +418,7 @@ class MetaClient:
                         f"meta service at {address} is unreachable (no connection within {_CONNECT_S}s)",
                         address=address,
                     )
+                    last = error
                     if self._pause_or_raise(error, tried, deadline, backoff_s, None, electing):
                         backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
                         tried.clear()
@@ -457,6 +461,7 @@ class MetaClient:
                     self.addresses.unreachable(address, time.monotonic())
                 if not (not_leader or loading or _should_retry(error, from_service, retry)):
                     raise self._final(error) from exc
+                last = error
                 if self._pause_or_raise(error, tried, deadline, backoff_s, exc, electing):
                     backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
                     tried.clear()

@@ -120,7 +120,7 @@ _BACKOFF_MAX_S = 1.0
 # followers answer at once, without etcd, and the new leader serves a moment after it is
 # elected, so asking again this often finds it this soon, at the price of cheap refusals.
 _ELECTION_PAUSE_S = 0.1
-PLACEMENT_WAIT_S = 5.0  # how long create_topic asks again while the service cannot place it yet
+PLACEMENT_WAIT_S = 10.0  # how long create_topic asks again while the service cannot place it yet
 _PLACEMENT_RETRY_S = 0.25
 _ATTEMPT_MIN_S = 0.05  # an attempt with less time left than this is not started
 _CONNECT_S = 1.0  # how long a call sent at most once waits for a connection before another address
@@ -667,10 +667,10 @@ class MetaClient:
             "unset"), with ``field`` naming it; the service checks every other limit.
         TopicAlreadyExists, Unavailable
             The name is taken; too few live storage nodes. A refusal the
-            service marks ``settling`` (nodes that have not beaten since a
-            Meta Service restart just now, a node that still owes the deletion
-            of a same-name topic's shard) is asked again for up to
-            :data:`PLACEMENT_WAIT_S` before it is raised.
+            service marks ``settling`` (a Meta Service that started seconds ago,
+            whose nodes may not have registered or beaten yet; a node that still
+            owes the deletion of a same-name topic's shard) is asked again for up
+            to :data:`PLACEMENT_WAIT_S` from the first such answer before it is raised.
         """
         for key, value in sorted(settings.items()):
             _check_setting(key, value)
@@ -685,15 +685,18 @@ class MetaClient:
             nonlocal attempts
             attempts += 1
 
-        placement_deadline = time.monotonic() + min(PLACEMENT_WAIT_S, self.timeout_s)
+        placement_deadline: float | None = None  # from the first "settling" answer
         try:
             while True:
                 try:
                     return self._call("CreateTopic", request, "idempotent", on_send=sending)
                 except Unavailable as error:
                     # The service's own "not placeable yet": it clears within a heartbeat or two.
-                    settling = error.fields.get("settling") is True
-                    if not settling or time.monotonic() + _PLACEMENT_RETRY_S >= placement_deadline:
+                    if error.fields.get("settling") is not True:
+                        raise
+                    if placement_deadline is None:
+                        placement_deadline = time.monotonic() + min(PLACEMENT_WAIT_S, self.timeout_s)
+                    if time.monotonic() + _PLACEMENT_RETRY_S >= placement_deadline:
                         raise
                     time.sleep(_PLACEMENT_RETRY_S)
         except TopicAlreadyExists:

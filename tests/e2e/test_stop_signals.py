@@ -70,9 +70,8 @@ def test_a_storage_node_and_the_meta_service_stop_on_a_sigterm_taken_by_a_worker
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the tgkill syscall number is x86-64's")
 def test_robustmq_server_stops_on_a_sigterm_taken_by_a_worker_thread(tmp_path: Path) -> None:
-    server = ServerProcess(
-        ["server", "--data-dir", str(tmp_path), "--meta-port", str(free_port()), "--node-port", str(free_port())]
-    ).start()
+    ports = ["--meta-port", str(free_port()), "--node-port", str(free_port())]
+    server = ServerProcess(["server", "--data-dir", str(tmp_path), *ports]).start()
     try:
         assert _stops_within(server, 10) < 10
         assert server.process is not None and server.process.returncode == 0

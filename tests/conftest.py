@@ -103,6 +103,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Spark defaults for every JVM a test starts, in-process or in a child (spark-conf/ says why).
+    os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).resolve().parent / "spark-conf"))
 
 
 @pytest.fixture(scope="session")

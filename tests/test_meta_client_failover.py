@@ -246,7 +246,8 @@ def test_while_an_election_is_on_the_client_asks_again_at_least_every_tenth_of_a
     with Follower(leader=dead) as one:
         client = MetaClient([one.address, dead], timeout_s=1.5)
         try:
-            with pytest.raises(Unavailable):
+            # On a loaded machine the last attempt may still be waiting for its answer at the deadline.
+            with pytest.raises((Unavailable, RequestTimeout)):
                 client.list_topics()
         finally:
             client.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,16 +14,25 @@ import pyarrow.compute as pc
 import pytest
 
 from robustmq.storage_node import RocksDBEngine, SegmentEngine, StorageAdapter
-from tests.e2e._procs import kill_at_random_moment
+from tests.e2e._fork_server import ForkServer
 
 ROUNDS = 20
 MAX_ROUNDS = 60  # on a loaded machine a child may be killed before it acknowledged anything
 
 
-def _run_child(kind: str, root: Path, round_number: int, rng: random.Random) -> list[str]:
-    module = "tests.storage_node._crash_writer"
-    args = [sys.executable, "-m", module, kind, str(root), str(round_number), str(rng.randrange(1 << 30))]
-    returncode, lines = kill_at_random_moment(args, rng, delay_s=(0.05, 0.6))
+@pytest.fixture(scope="module")
+def writers() -> Iterator[ForkServer]:
+    """Children forked from one process that imported the writer (its imports cost most of a round)."""
+    with ForkServer("tests.storage_node._crash_writer") as server:
+        yield server
+
+
+def _run_child(
+    writers: ForkServer, kind: str, root: Path, round_number: int, rng: random.Random
+) -> list[str]:
+    argv = [kind, str(root), str(round_number), str(rng.randrange(1 << 30))]
+    out = root.parent / f"child-{round_number}.out"
+    returncode, lines = writers.kill_at_random_moment(argv, out, rng, delay_s=(0.05, 0.6))
     assert returncode == -signal.SIGKILL
     return [line for line in lines if line.startswith("ack ")]
 
@@ -76,16 +85,18 @@ def _verify(engine: StorageAdapter, acked: list[tuple[str, int, int, str]]) -> i
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["segment", "rocksdb"])
-def test_sigkill_never_loses_an_acknowledged_batch(kind: str, tmp_path: Path) -> None:
+def test_sigkill_never_loses_an_acknowledged_batch(writers: ForkServer, kind: str, tmp_path: Path) -> None:
     rng = random.Random(20_261_122)
+    root = tmp_path / "data"
+    root.mkdir()
     acked: list[tuple[str, int, int, str]] = []
     previous_total = 0
     for round_number in range(MAX_ROUNDS):
-        lines = _run_child(kind, tmp_path, round_number, rng)
+        lines = _run_child(writers, kind, root, round_number, rng)
         for line in lines:
             _, shard, base, count, label = line.split()
             acked.append((shard, int(base), int(count), label))
-        engine = SegmentEngine(tmp_path) if kind == "segment" else RocksDBEngine(tmp_path)
+        engine = SegmentEngine(root) if kind == "segment" else RocksDBEngine(root)
         try:
             total = _verify(engine, acked)
         finally:
@@ -95,4 +106,4 @@ def test_sigkill_never_loses_an_acknowledged_batch(kind: str, tmp_path: Path) ->
         if round_number + 1 >= ROUNDS and len(acked) > ROUNDS:
             break
     assert len(acked) > ROUNDS, "the children acknowledged too little to test anything"
-    assert os.listdir(tmp_path)
+    assert os.listdir(root)

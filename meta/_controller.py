@@ -94,6 +94,9 @@ GROUP_PAGE_MAX = 10_000
 TOPIC_PAGE_DEFAULT = 1_000
 TOPIC_PAGE_MAX = 10_000
 HEARTBEAT_INTERVAL_MS = 1000
+# For this long after the Meta Service starts, too few live nodes to place a topic is "settling"
+# (clients ask again): nodes started with it (`robustmq cluster &`) may not have registered yet.
+NODE_START_GRACE_S = 10.0
 # Shard progress reports in one heartbeat: what a node sends at most (storage_node/node/_heartbeat.py).
 MAX_PROGRESS_PER_BEAT = 2_000
 # Sealed segments a GetShard by offset answers: the one holding the offset and the next ones, so
@@ -727,11 +730,20 @@ class MetaController(
         if len(live) >= needed:
             return
         silent = [node.node_id for node in self._nodes.all() if not self._liveness.has_beaten(node.node_id)]
+        uptime_s = self._liveness.uptime_s()
         if not silent:
+            if uptime_s <= NODE_START_GRACE_S:
+                raise Unavailable(
+                    f"need {needed} live storage nodes, have {len(live)}; the Meta Service started "
+                    f"{uptime_s:.1f} s ago and nodes starting with it may not have registered yet "
+                    "(retry in a few seconds)",
+                    needed=needed,
+                    live=len(live),
+                    settling=True,
+                )
             raise Unavailable(
                 f"need {needed} live storage nodes, have {len(live)}", needed=needed, live=len(live)
             )
-        uptime_s = self._liveness.uptime_s()
         advice = (
             "running nodes beat every second: retry in a few seconds"
             if uptime_s <= self._liveness.timeout_s

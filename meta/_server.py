@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from robustmq._metrics import MetricsServer
-from robustmq._ready import announce_ready
+from robustmq._ready import announce_ready, wait_for_stop
 from robustmq.errors import (
     InvalidConfig,
     ObjectStoreError,
@@ -653,8 +653,7 @@ def run_meta(
             return 2 if isinstance(exc, ObjectStoreError) else 1
         try:
             announce_ready()
-            while not stopping.wait(0.5):
-                pass
+            wait_for_stop(stopping)
         finally:
             server.stop(STOP_GRACE_S)
             if exporter is not None:

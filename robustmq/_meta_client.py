@@ -120,7 +120,7 @@ _BACKOFF_MAX_S = 1.0
 # followers answer at once, without etcd, and the new leader serves a moment after it is
 # elected, so asking again this often finds it this soon, at the price of cheap refusals.
 _ELECTION_PAUSE_S = 0.1
-PLACEMENT_WAIT_S = 5.0  # how long create_topic asks again while the service cannot place it yet
+PLACEMENT_WAIT_S = 10.0  # how long create_topic asks again while the service cannot place it yet
 _PLACEMENT_RETRY_S = 0.25
 _ATTEMPT_MIN_S = 0.05  # an attempt with less time left than this is not started
 _CONNECT_S = 1.0  # how long a call sent at most once waits for a connection before another address
@@ -396,10 +396,13 @@ class MetaClient:
         logged_in_again = False
         electing = False  # an instance answered NotLeader or taking_over: pauses stay short
         tried: set[str] = set()
+        last: RobustMQError | None = None  # the last failed attempt's error
         while True:
             address = self.addresses.current
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
+                if last is not None:  # a pause overran the time left: what the service last said
+                    raise self._final(last)
                 raise RequestTimeout(
                     f"meta service at {self._where()} did not answer within {self.timeout_s}s",
                     address=address,
@@ -415,6 +418,7 @@ class MetaClient:
                         f"meta service at {address} is unreachable (no connection within {_CONNECT_S}s)",
                         address=address,
                     )
+                    last = error
                     if self._pause_or_raise(error, tried, deadline, backoff_s, None, electing):
                         backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
                         tried.clear()
@@ -457,6 +461,7 @@ class MetaClient:
                     self.addresses.unreachable(address, time.monotonic())
                 if not (not_leader or loading or _should_retry(error, from_service, retry)):
                     raise self._final(error) from exc
+                last = error
                 if self._pause_or_raise(error, tried, deadline, backoff_s, exc, electing):
                     backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
                     tried.clear()
@@ -662,10 +667,10 @@ class MetaClient:
             "unset"), with ``field`` naming it; the service checks every other limit.
         TopicAlreadyExists, Unavailable
             The name is taken; too few live storage nodes. A refusal the
-            service marks ``settling`` (nodes that have not beaten since a
-            Meta Service restart just now, a node that still owes the deletion
-            of a same-name topic's shard) is asked again for up to
-            :data:`PLACEMENT_WAIT_S` before it is raised.
+            service marks ``settling`` (a Meta Service that started seconds ago,
+            whose nodes may not have registered or beaten yet; a node that still
+            owes the deletion of a same-name topic's shard) is asked again for up
+            to :data:`PLACEMENT_WAIT_S` from the first such answer before it is raised.
         """
         for key, value in sorted(settings.items()):
             _check_setting(key, value)
@@ -680,15 +685,18 @@ class MetaClient:
             nonlocal attempts
             attempts += 1
 
-        placement_deadline = time.monotonic() + min(PLACEMENT_WAIT_S, self.timeout_s)
+        placement_deadline: float | None = None  # from the first "settling" answer
         try:
             while True:
                 try:
                     return self._call("CreateTopic", request, "idempotent", on_send=sending)
                 except Unavailable as error:
                     # The service's own "not placeable yet": it clears within a heartbeat or two.
-                    settling = error.fields.get("settling") is True
-                    if not settling or time.monotonic() + _PLACEMENT_RETRY_S >= placement_deadline:
+                    if error.fields.get("settling") is not True:
+                        raise
+                    if placement_deadline is None:
+                        placement_deadline = time.monotonic() + min(PLACEMENT_WAIT_S, self.timeout_s)
+                    if time.monotonic() + _PLACEMENT_RETRY_S >= placement_deadline:
                         raise
                     time.sleep(_PLACEMENT_RETRY_S)
         except TopicAlreadyExists:

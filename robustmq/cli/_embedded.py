@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from robustmq._hosts import is_wildcard, join_host_port, reachable
-from robustmq._ready import announce_ready
+from robustmq._ready import announce_ready, wait_for_stop
 from robustmq.errors import ObjectStoreError, RobustMQError
 
 if TYPE_CHECKING:
@@ -288,7 +288,7 @@ def run_server(
     if credentials is not None:
         print(admin_exports(credentials, cluster.meta_address), flush=True)
     announce_ready()
-    stop.wait()
+    wait_for_stop(stop)
     if gateway is not None:
         gateway.stop()
     cluster.stop()

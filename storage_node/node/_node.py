@@ -111,7 +111,7 @@ from robustmq._metrics import MetricsServer
 from robustmq._node_client import NodeCaller
 from robustmq._node_protocol import MAX_HEADER_BYTES, error_response
 from robustmq._proto import robustmq_pb2 as pb
-from robustmq._ready import announce_ready
+from robustmq._ready import announce_ready, wait_for_stop
 from robustmq.errors import (
     AuthenticationFailed,
     Busy,
@@ -1226,7 +1226,7 @@ def run_storage_node(
         return 2 if isinstance(error, InvalidConfig) else 1
     tune_for_serving()
     announce_ready()
-    stop.wait()
+    wait_for_stop(stop)
     node.stop()
     if exporter is not None:
         exporter.close()

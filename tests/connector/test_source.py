@@ -379,7 +379,8 @@ def test_records_lost_to_retention_fail_or_are_skipped(spark, cluster, client, t
         ({"topic": "TOPIC", "startingOffsets": '{"t": {"x": 1}}'}, "option 'startingOffsets'"),
         ({"topic": "TOPIC", "maxRecordsPerTrigger": "many"}, "option 'maxRecordsPerTrigger'"),
         ({"topic": "TOPIC", "failOnDataLoss": "maybe"}, "option 'failOnDataLoss'"),
-        ({"topic": "TOPIC", "metaAddress": "127.0.0.1:1"}, "option 'metaAddress'"),
+        # Nothing listens there: refused until requestTimeoutS (default 30 s, shortened here).
+        ({"topic": "TOPIC", "metaAddress": "127.0.0.1:1", "requestTimeoutS": "2"}, "option 'metaAddress'"),
         ({}, "option 'topic'"),
     ],
 )

@@ -1,4 +1,4 @@
-"""A Meta Service proxy that loses or delays answers, for history runs and fault tests.
+"""A Meta Service proxy that loses or delays answers (or loses requests), for history runs and fault tests.
 
 :class:`MetaProxy` is a gRPC server (``grpc.server`` with one generic handler)
 that forwards every unary call, as raw bytes (``request_deserializer=None``,
@@ -20,6 +20,8 @@ whose seeded coin (``probability``) says yes acts on the call:
   for a call that took effect: a lost answer;
 - ``delay``: the answer is held for a delay drawn from ``delay_s`` after the
   request was applied (past the caller's deadline, the caller times out too).
+- ``lose``: the request **is not forwarded**: the call is held until the caller
+  gives up, as for ``drop``, but nothing was applied: a lost request.
 
 A rule with ``count`` acts on the next ``count`` calls it matches, then stops
 matching; without one it acts until :meth:`MetaProxy.clear`. ``clear`` heals:
@@ -81,7 +83,7 @@ _SKIPPED_METADATA = ("user-agent", "grpc-")  # set by each channel itself
 class Rule:
     """What to do to which calls; see the module docstring."""
 
-    action: str  # "drop" | "delay"
+    action: str  # "drop" | "delay" | "lose"
     methods: tuple[str, ...] = ()
     callers: tuple[str, ...] = ()
     probability: float = 1.0
@@ -89,8 +91,8 @@ class Rule:
     delay_s: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
-        if self.action not in ("drop", "delay"):
-            raise ValueError(f"a rule drops or delays, not {self.action!r}")
+        if self.action not in ("drop", "delay", "lose"):
+            raise ValueError(f"a rule drops, delays or loses, not {self.action!r}")
         if not 0.0 <= self.probability <= 1.0:
             raise ValueError(f"probability {self.probability} is not in [0, 1]")
 
@@ -117,10 +119,11 @@ class _Stats:
     calls: Counter[str] = field(default_factory=Counter)  # method -> calls forwarded
     dropped: Counter[str] = field(default_factory=Counter)  # "method caller" -> answers lost
     delayed: Counter[str] = field(default_factory=Counter)
+    lost: Counter[str] = field(default_factory=Counter)  # "method caller" -> requests never forwarded
     upstream_errors: Counter[str] = field(default_factory=Counter)  # "method STATUS"
 
     def view(self) -> dict[str, dict[str, int]]:
-        names = ("calls", "dropped", "delayed", "upstream_errors")
+        names = ("calls", "dropped", "delayed", "lost", "upstream_errors")
         return {name: dict(getattr(self, name)) for name in names}
 
 
@@ -206,9 +209,9 @@ class MetaProxy:
                 if armed.left is not None:
                     armed.left -= 1
                 key = f"{method} {caller}"
-                if armed.rule.action == "drop":
-                    self._stats.dropped[key] += 1
-                    return "drop", 0.0
+                if armed.rule.action in ("drop", "lose"):
+                    (self._stats.dropped if armed.rule.action == "drop" else self._stats.lost)[key] += 1
+                    return armed.rule.action, 0.0
                 self._stats.delayed[key] += 1
                 return "delay", self._rng.uniform(*armed.rule.delay_s)
         return None
@@ -225,6 +228,10 @@ class MetaProxy:
             for key, value in context.invocation_metadata()
             if not key.startswith(_SKIPPED_METADATA) and not key.startswith(":")
         ]
+        decision = self._decide(method, caller)
+        if decision is not None and decision[0] == "lose":
+            self._hold(context)
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"the test proxy lost the {method} request")
         call = self._channel.unary_unary(method_path, request_serializer=None, response_deserializer=None)
         with self._lock:
             self._stats.calls[method] += 1
@@ -236,7 +243,6 @@ class MetaProxy:
             failure = error
             with self._lock:
                 self._stats.upstream_errors[f"{method} {error.code().name}"] += 1
-        decision = self._decide(method, caller)
         if decision is not None and decision[0] == "drop":
             self._hold(context)
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"the test proxy lost the answer to {method}")
@@ -279,7 +285,7 @@ class _Handler(grpc.GenericRpcHandler):
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(description="a Meta Service proxy that loses or delays answers")
+    parser = argparse.ArgumentParser(description="a Meta Service proxy that loses or delays calls")
     parser.add_argument("--listen", required=True)
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--seed", type=int, default=0)

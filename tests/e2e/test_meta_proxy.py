@@ -1,7 +1,7 @@
 """The Meta Service answer-loss proxy (``tests/e2e/_meta_proxy.py``) on a real Meta Service.
 
 A dropped answer is a lost answer, not a refused request: the call took
-effect upstream while its caller timed out. Errors pass through typed, delays
+effect upstream while its caller timed out; a lost request never reached it. Errors pass through typed, delays
 hold the answer, a storage node registers and serves through the proxy, and
 the process form obeys its commands.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import robustmq
-from robustmq.errors import RequestTimeout, TopicAlreadyExists
+from robustmq.errors import RequestTimeout, TopicAlreadyExists, TopicNotFound
 from tests.e2e._meta_proxy import MetaProxy, ProxyProcess, Rule
 from tests.e2e._procs import NodeCluster, ServerProcess, free_port
 
@@ -41,6 +41,12 @@ def test_a_dropped_create_topic_answer_leaves_the_topic_created(tmp_path: Path) 
             # The rule acted once; a typed error of the service passes through with its fields.
             with pytest.raises(TopicAlreadyExists):
                 through.create_topic("lost_answer", 1)
+            # A lost request is held as long, but never reached the service.
+            proxy.set_rules([Rule("lose", methods=("CreateTopic",), count=1)])
+            with pytest.raises(RequestTimeout):
+                through.create_topic("lost_request", 1)
+            with pytest.raises(TopicNotFound):
+                direct.describe_topic("lost_request")
             proxy.set_rules([Rule("delay", methods=("ListTopics",), delay_s=(0.6, 0.6))])
             started = time.monotonic()
             assert through.list_topics() == ["lost_answer"]
@@ -51,6 +57,7 @@ def test_a_dropped_create_topic_answer_leaves_the_topic_created(tmp_path: Path) 
             assert time.monotonic() - started < 0.6  # healed
         assert stats["dropped"] == {"CreateTopic 127.0.0.1": 1}
         assert stats["delayed"] == {"ListTopics 127.0.0.1": 1}
+        assert stats["lost"] == {"CreateTopic 127.0.0.1": 1}
         assert stats["calls"]["CreateTopic"] == 2
     finally:
         proxy.stop()

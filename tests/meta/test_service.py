@@ -28,6 +28,7 @@ from robustmq.errors import (
     Unavailable,
 )
 from robustmq.meta import MetaServer
+from robustmq.meta import _controller as controller_module
 from robustmq.meta._controller import MetaController
 from robustmq.meta._nodes import MAX_DELETIONS_PER_BEAT
 from robustmq.meta._store import RocksDBMetaStore
@@ -221,7 +222,34 @@ def test_replication_needs_the_segment_engine_and_a_valid_min_insync(client: Met
     assert list(segment.isr) == list(segment.replicas) and len(segment.replicas) == 3
 
 
-def test_too_few_live_nodes(client: MetaClient) -> None:
+def test_a_topic_created_as_the_meta_service_starts_waits_for_the_nodes_starting_with_it(
+    meta: Meta,
+) -> None:
+    """`robustmq cluster --nodes 3 &` then `robustmq topic create` at once: the Meta Service
+    serves before its nodes registered; the create waits for them instead of failing."""
+    joined = threading.Timer(1.0, register, (MetaClient(meta.server.address, timeout_s=5.0), "n1"))
+    joined.start()
+    try:
+        assert meta.client.create_topic("t").name == "t"
+    finally:
+        joined.join()
+
+
+def test_too_few_nodes_just_after_the_start_is_refused_as_settling(tmp_path: Path) -> None:
+    started = Meta(tmp_path)
+    try:
+        client = MetaClient(started.server.address, timeout_s=1.0)
+        with pytest.raises(Unavailable) as caught:
+            client.create_topic("t")
+        client.close()
+        assert str(caught.value).startswith("need 1 live storage nodes, have 0; the Meta Service started")
+        assert caught.value.fields["settling"] is True
+    finally:
+        started.close()
+
+
+def test_too_few_live_nodes(client: MetaClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller_module, "NODE_START_GRACE_S", 0.0)  # long after the start
     with pytest.raises(Unavailable) as caught:
         client.create_topic("t")
     assert str(caught.value) == "need 1 live storage nodes, have 0"
@@ -288,7 +316,8 @@ def test_replicas_spread_over_partitions(client: MetaClient) -> None:
     ]
 
 
-def test_liveness_follows_heartbeats(tmp_path: Path) -> None:
+def test_liveness_follows_heartbeats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller_module, "NODE_START_GRACE_S", 0.0)  # refusals below come at once
     meta = Meta(tmp_path, node_timeout_ms=400)
     try:
         client = meta.client

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,7 +24,7 @@ from robustmq._records import build_records, encode_batch
 from robustmq.errors import CorruptRecordBatch, InvalidRequest, OffsetOutOfRange
 from robustmq.storage_node import FrameAppend, FrameAppendResult, SegmentEngine, ShardConfig
 from robustmq.storage_node.engine import _segment_state
-from tests.e2e._procs import kill_at_random_moment
+from tests.e2e._fork_server import ForkServer
 
 CONFIG = ShardConfig(segment_bytes_max=1 << 30, index_interval_records=10)
 SHARD = "t_0"
@@ -317,7 +317,16 @@ def test_truncating_and_appending_after_a_prepend(tmp_path: Path) -> None:
     leader.close()
 
 
-def test_a_kill_at_any_moment_leaves_the_segment_installed_whole_or_not_at_all(tmp_path: Path) -> None:
+@pytest.fixture
+def writers() -> Iterator[ForkServer]:
+    """Writer children forked from one process that imported them (imports cost most of a round)."""
+    with ForkServer("tests.storage_node._prepend_writer") as server:
+        yield server
+
+
+def test_a_kill_at_any_moment_leaves_the_segment_installed_whole_or_not_at_all(
+    tmp_path: Path, writers: ForkServer
+) -> None:
     """A child prepends segment 200..399 and drops it again, forever; SIGKILLed at random
     moments, the follower must reopen either starting at 400 or holding the whole segment,
     served and indexed as the leader serves it, and never with a staging file left."""
@@ -327,8 +336,9 @@ def test_a_kill_at_any_moment_leaves_the_segment_installed_whole_or_not_at_all(t
     rng = random.Random(19)
     installs = 0
     for round_number in range(6):
-        args = [sys.executable, "-m", "tests.storage_node._prepend_writer", str(tmp_path), str(round_number)]
-        code, lines = kill_at_random_moment(args, rng, delay_s=(0.05, 1.0))
+        out = tmp_path / f"child-{round_number}.out"
+        argv = [str(tmp_path), str(round_number)]
+        code, lines = writers.kill_at_random_moment(argv, out, rng, delay_s=(0.05, 1.0))
         assert code == -signal.SIGKILL
         installs += sum(1 for line in lines if line.startswith("installed"))
         leader = SegmentEngine(tmp_path / "leader", default_config=CONFIG)

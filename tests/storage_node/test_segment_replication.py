@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -30,7 +30,7 @@ from robustmq.errors import (
 )
 from robustmq.storage_node import FrameAppend, FrameAppendResult, SegmentEngine, ShardConfig
 from robustmq.storage_node.engine._index_store import IndexStore, sid_bytes
-from tests.e2e._procs import kill_at_random_moment
+from tests.e2e._fork_server import ForkServer
 
 SMALL = ShardConfig(segment_bytes_max=64 * 1024, index_interval_records=10)
 SHARD = "t_0"
@@ -299,7 +299,16 @@ def test_a_failed_cut_is_finished_by_the_next_open(tmp_path: Path) -> None:
     leader.close()
 
 
-def test_a_kill_at_any_moment_settles_to_an_acknowledged_state(tmp_path: Path) -> None:
+@pytest.fixture
+def writers() -> Iterator[ForkServer]:
+    """Writer children forked from one process that imported them (imports cost most of a round)."""
+    with ForkServer("tests.storage_node._replica_writer") as server:
+        yield server
+
+
+def test_a_kill_at_any_moment_settles_to_an_acknowledged_state(
+    tmp_path: Path, writers: ForkServer
+) -> None:
     """A child copies from leader ``a`` or ``b`` (equal below offset 300, different after it),
     cutting back to a random boundary at or below 300 whenever it is caught up and switching
     leader. SIGKILLed at random moments, the follower must reopen in the state after its last
@@ -314,8 +323,9 @@ def test_a_kill_at_any_moment_settles_to_an_acknowledged_state(tmp_path: Path) -
     rng = random.Random(8)
     cuts = 0
     for round_number in range(8):
-        args = [sys.executable, "-m", "tests.storage_node._replica_writer", str(tmp_path), str(round_number)]
-        code, lines = kill_at_random_moment(args, rng, delay_s=(0.05, 1.0))
+        out = tmp_path / f"child-{round_number}.out"
+        argv = [str(tmp_path), str(round_number)]
+        code, lines = writers.kill_at_random_moment(argv, out, rng, delay_s=(0.05, 1.0))
         assert code == -signal.SIGKILL
         acks = [line.split() for line in lines]
         cuts += sum(1 for ack in acks if ack[0] == "cut")

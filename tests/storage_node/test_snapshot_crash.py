@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import random
 import signal
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from robustmq.storage_node import RocksDBEngine, SegmentEngine
 from robustmq.storage_node.engine._producer_state import ProducerEntry
-from tests.e2e._procs import kill_at_random_moment
+from tests.e2e._fork_server import ForkServer
 from tests.storage_node._snapshot_writer import AS_OF, snapshot, store
 
 ROUNDS = 8
@@ -35,21 +35,32 @@ def _windows(engine: SegmentEngine | RocksDBEngine, shard: str) -> list[Window]:
         after = page.last_producer_id
 
 
+@pytest.fixture(scope="module")
+def writers() -> Iterator[ForkServer]:
+    """Children forked from one process that imported the writer (its imports cost most of a round)."""
+    with ForkServer("tests.storage_node._snapshot_writer") as server:
+        yield server
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["segment", "rocksdb"])
-def test_a_snapshot_killed_midway_is_awaited_again_and_completes_exactly(kind: str, tmp_path: Path) -> None:
+def test_a_snapshot_killed_midway_is_awaited_again_and_completes_exactly(
+    writers: ForkServer, kind: str, tmp_path: Path
+) -> None:
     rng = random.Random(19)
+    root = tmp_path / "data"
+    root.mkdir()
     print(f"seed 19, {ROUNDS} rounds, engine {kind}")
     done: set[str] = set()
     completed_here: dict[str, list[Window]] = {}  # shards this test completed, with what it stored
     interrupted = 0
-    for _ in range(ROUNDS):
-        args = [sys.executable, "-m", "tests.storage_node._snapshot_writer", kind, str(tmp_path)]
-        seed = str(rng.randrange(1 << 30))
-        returncode, lines = kill_at_random_moment([*args, seed], rng, delay_s=(0.02, 0.4))
+    for round_number in range(ROUNDS):
+        argv = [kind, str(root), str(rng.randrange(1 << 30))]
+        out = tmp_path / f"child-{round_number}.out"
+        returncode, lines = writers.kill_at_random_moment(argv, out, rng, delay_s=(0.02, 0.4))
         assert returncode == -signal.SIGKILL
         done |= {line.split()[1] for line in lines if line.startswith("done ")}
-        engine = SegmentEngine(tmp_path) if kind == "segment" else RocksDBEngine(tmp_path)
+        engine = SegmentEngine(root) if kind == "segment" else RocksDBEngine(root)
         try:
             for shard in engine.list_shards():
                 awaited = engine.producer_snapshot_awaited(shard)

@@ -25,6 +25,7 @@ from robustmq.streaming_jobs.tier_segments import parser, start_tiering
 from robustmq.streaming_jobs.topic_to_delta import options_table
 from robustmq.tier._store import ObjectStore, segment_key
 from tests._s3 import S3Server
+from tests.e2e._meta_proxy import MetaProxy, Rule
 from tests.e2e._procs import ROOT, free_port
 from tests.streaming_jobs._tiering import check_tiered, seal_segments, sealed_segments
 
@@ -181,6 +182,10 @@ def test_sigkill_mid_upload_and_restart_tier_each_segment_exactly_once(
     print(f"seed {seed} (rerun: replace randrange with this value)")
     rng = random.Random(seed)
     cluster = _s3_cluster(tmp_path / "cluster", s3_server, "killed")
+    # The killed jobs reach the Meta Service through a proxy: in the last round it loses their
+    # MarkTiered requests, so that kill surely lands between a put and its MarkTiered (the
+    # window a kill at a random moment finds only now and then).
+    proxy = MetaProxy("127.0.0.1:0", cluster.meta_address, seed=seed).start()
     s3 = s3_server.boto3_client()
     try:
         with (
@@ -189,34 +194,34 @@ def test_sigkill_mid_upload_and_restart_tier_each_segment_exactly_once(
         ):
             topic = "orders"
             client.create_topic(topic, partitions=2)
-            job = [*ROBUSTMQ, "tier", "--meta", cluster.meta_address, "--checkpoint", str(tmp_path / "ck")]
+            job = [*ROBUSTMQ, "tier", "--meta", proxy.address, "--checkpoint", str(tmp_path / "ck")]
             job += ["--trigger-seconds", "0", "--max-segments-per-trigger", "1"]
             scratch = tmp_path / "tmp"  # the jobs' temporary directory: what killed ones leave
             scratch.mkdir()
             env = {**os.environ, "TMPDIR": str(scratch)}
             unmarked = 0  # rounds killed between a put and its MarkTiered
-            round_ = 0
-            # At least 3 rounds; more (up to 6) until one kill lands between a put and its
-            # MarkTiered, which a loaded machine can make rarer: then kill with no delay.
-            while round_ < 3 or (not unmarked and round_ < 6):
+            rounds = 3
+            for round_ in range(rounds):
                 seal_segments(
                     client, topic, segments=2, records=2000, partitions=2, value_bytes=200, seed=round_
                 )
-                delay_s = rng.uniform(0, 0.1) if round_ < 2 or unmarked else 0.0
-                _, objects = _kill_after_a_new_object(job, s3, "killed", delay_s, env)
+                if round_ == rounds - 1:
+                    proxy.set_rules([Rule("lose", methods=("MarkTiered",))])
+                _, objects = _kill_after_a_new_object(job, s3, "killed", rng.uniform(0, 0.1), env)
+                proxy.clear()
                 tiered = sum(s.state == pb.TIERED for _, _, s in sealed_segments(meta, topic, 2))
                 unmarked += objects > tiered
                 print(f"round {round_}: {objects} objects, {tiered} segments tiered")
-                round_ += 1
             assert unmarked, "no round was killed between a put and its MarkTiered"
             final = _tier(
                 "--meta", cluster.meta_address, "--checkpoint", str(tmp_path / "ck"), "--once", env=env
             )
             assert final.returncode == 0, final.stderr[-3000:]
-            assert check_tiered(client, meta, topic, 2) == 4 * round_
+            assert check_tiered(client, meta, topic, 2) == 4 * rounds
             # Killed jobs' scratch files are swept by the next job, not left to fill the disk.
             assert sorted(p.name for p in scratch.glob("robustmq-tier-*")) == []
     finally:
+        proxy.stop()
         cluster.stop()
 
 

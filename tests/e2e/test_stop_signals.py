@@ -14,7 +14,6 @@ import ctypes
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,23 +48,17 @@ def _stops_within(server: ServerProcess, timeout_s: float) -> float:
     return time.monotonic() - started
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    running = Cluster(tmp_path).start()
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the tgkill syscall number is x86-64's")
 def test_a_storage_node_and_the_meta_service_stop_on_a_sigterm_taken_by_a_worker_thread(
-    cluster: Cluster,
+    tmp_path: Path,
 ) -> None:
-    assert _stops_within(cluster.node, 10) < 10
-    assert cluster.node.process is not None and cluster.node.process.returncode == 0
-    assert _stops_within(cluster.meta, 10) < 10
-    assert cluster.meta.process is not None and cluster.meta.process.returncode == 0
+    cluster = Cluster(tmp_path).start()
+    try:
+        for server in (cluster.node, cluster.meta):
+            assert _stops_within(server, 10) < 10
+            assert server.process is not None and server.process.returncode == 0
+    finally:
+        cluster.stop()
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the tgkill syscall number is x86-64's")

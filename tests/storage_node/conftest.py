@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.e2e._fork_server import ForkServer
 from tests.storage_node._led import Led, start_led
 from tests.storage_node._meta_network import Cluster, start_cluster
 
@@ -40,3 +41,11 @@ def lead(tmp_path: Path) -> Iterator[Callable[..., Led]]:
     yield make
     for led in started:
         led.stop()
+
+
+@pytest.fixture(scope="module")
+def writers(request: pytest.FixtureRequest) -> Iterator[ForkServer]:
+    """The module's ``WRITER`` (a writer child of a kill test) forked from one process that
+    imported it once: the imports cost most of each round (tests/e2e/_fork_server.py)."""
+    with ForkServer(request.module.WRITER) as server:
+        yield server

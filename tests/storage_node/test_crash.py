@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +17,7 @@ from tests.e2e._fork_server import ForkServer
 
 ROUNDS = 20
 MAX_ROUNDS = 60  # on a loaded machine a child may be killed before it acknowledged anything
-
-
-@pytest.fixture(scope="module")
-def writers() -> Iterator[ForkServer]:
-    """Children forked from one process that imported the writer (its imports cost most of a round)."""
-    with ForkServer("tests.storage_node._crash_writer") as server:
-        yield server
+WRITER = "tests.storage_node._crash_writer"  # forked by the `writers` fixture (conftest.py)
 
 
 def _run_child(

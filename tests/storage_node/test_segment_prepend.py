@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -31,6 +30,7 @@ SHARD = "t_0"
 PRODUCER = 7
 # Epoch 1 is offsets 0..199, epoch 2 200..399, epoch 3 400..599 (20-record batches of producer 7).
 EPOCHS = {1: (0, 200), 2: (200, 400), 3: (400, 600)}
+WRITER = "tests.storage_node._prepend_writer"  # forked by the `writers` fixture (conftest.py)
 
 
 def batch(start: int, count: int, epoch: int) -> pa.Buffer:
@@ -315,13 +315,6 @@ def test_truncating_and_appending_after_a_prepend(tmp_path: Path) -> None:
     assert follower.checksum(SHARD, 200, 400) == leader.checksum(SHARD, 200, 400)
     follower.close()
     leader.close()
-
-
-@pytest.fixture
-def writers() -> Iterator[ForkServer]:
-    """Writer children forked from one process that imported them (imports cost most of a round)."""
-    with ForkServer("tests.storage_node._prepend_writer") as server:
-        yield server
 
 
 def test_a_kill_at_any_moment_leaves_the_segment_installed_whole_or_not_at_all(

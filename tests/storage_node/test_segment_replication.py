@@ -12,7 +12,6 @@ import os
 import random
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -35,6 +34,7 @@ from tests.e2e._fork_server import ForkServer
 SMALL = ShardConfig(segment_bytes_max=64 * 1024, index_interval_records=10)
 SHARD = "t_0"
 SHARED_END = 300  # the crash test's two leaders agree below this offset
+WRITER = "tests.storage_node._replica_writer"  # forked by the `writers` fixture (conftest.py)
 
 
 def batch(start: int, count: int, label: bytes = b"v", size: int = 400) -> pa.Buffer:
@@ -297,13 +297,6 @@ def test_a_failed_cut_is_finished_by_the_next_open(tmp_path: Path) -> None:
     assert store.get_meta(b"X" + sid_bytes(store.load_shards()[0].sid)) is None
     store.close()
     leader.close()
-
-
-@pytest.fixture
-def writers() -> Iterator[ForkServer]:
-    """Writer children forked from one process that imported them (imports cost most of a round)."""
-    with ForkServer("tests.storage_node._replica_writer") as server:
-        yield server
 
 
 def test_a_kill_at_any_moment_settles_to_an_acknowledged_state(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from tests.storage_node._snapshot_writer import AS_OF, snapshot, store
 
 ROUNDS = 8
 Window = tuple[int, tuple[ProducerEntry, ...]]
+WRITER = "tests.storage_node._snapshot_writer"  # forked by the `writers` fixture (conftest.py)
 
 
 def _windows(engine: SegmentEngine | RocksDBEngine, shard: str) -> list[Window]:
@@ -33,13 +33,6 @@ def _windows(engine: SegmentEngine | RocksDBEngine, shard: str) -> list[Window]:
         if not page.more:
             return got
         after = page.last_producer_id
-
-
-@pytest.fixture(scope="module")
-def writers() -> Iterator[ForkServer]:
-    """Children forked from one process that imported the writer (its imports cost most of a round)."""
-    with ForkServer("tests.storage_node._snapshot_writer") as server:
-        yield server
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,20 +146,23 @@ def test_tier_once_with_nothing_sealed_says_so_and_starts_no_spark(tmp_path: Pat
     assert "Traceback" not in done.stderr and "SparkContext" not in done.stderr, done.stderr
 
 
-def _kill_after_a_new_object(
-    job: list[str], s3: Any, bucket: str, delay_s: float, env: dict[str, str]
-) -> tuple[int, int]:
-    """Run ``job`` until it put one more object than the bucket held, then SIGKILL it ``delay_s``
-    later (the put done, ``MarkTiered`` probably not yet). Returns the objects before and after."""
-    before = s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0)
+def _segment_objects(s3: Any, bucket: str) -> int:
+    """The segment objects in ``bucket`` (not the job's start-up probe of the store, an object put
+    and deleted at once: a kill on seeing it landed before any upload)."""
+    listed = s3.list_objects_v2(Bucket=bucket).get("Contents", [])
+    return sum(item["Key"].endswith(".parquet") for item in listed)
+
+
+def _kill_when(job: list[str], ready: Callable[[], bool], delay_s: float, env: dict[str, str]) -> None:
+    """Run ``job`` until ``ready()``, then SIGKILL it ``delay_s`` later."""
     child = subprocess.Popen(
         job, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
     )
     try:
         deadline = time.monotonic() + 180
-        while s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) <= before:
+        while not ready():
             assert child.poll() is None, child.communicate(timeout=30)[1][-3000:]
-            assert time.monotonic() < deadline, "the job put nothing within 180 s"
+            assert time.monotonic() < deadline, "the job did not get there within 180 s"
             time.sleep(0.02)
         time.sleep(delay_s)
         child.kill()
@@ -169,22 +172,29 @@ def _kill_after_a_new_object(
             child.kill()
             child.wait(timeout=30)
         child.stderr.close()  # type: ignore[union-attr]
-    return before, s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0)
 
 
 @pytest.mark.spark
 @pytest.mark.e2e
-@pytest.mark.slow  # four job processes, each starting a JVM: ~1 minute on a quiet machine
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "rounds",
+    [
+        1,  # the kill between a put and its MarkTiered, then a restart: two JVMs, ~35 s quiet
+        # two kills a moment after a put first (each job a JVM: ~70 s quiet): make test-long
+        pytest.param(3, marks=pytest.mark.long),
+    ],
+)
 def test_sigkill_mid_upload_and_restart_tier_each_segment_exactly_once(
-    s3_server: S3Server, s3_env: dict[str, str], tmp_path: Path
+    s3_server: S3Server, s3_env: dict[str, str], tmp_path: Path, rounds: int
 ) -> None:
     seed = random.randrange(1 << 30)
     print(f"seed {seed} (rerun: replace randrange with this value)")
     rng = random.Random(seed)
     cluster = _s3_cluster(tmp_path / "cluster", s3_server, "killed")
     # The killed jobs reach the Meta Service through a proxy: in the last round it loses their
-    # MarkTiered requests, so that kill surely lands between a put and its MarkTiered (the
-    # window a kill at a random moment finds only now and then).
+    # MarkTiered requests, so that kill surely lands between a put and its MarkTiered (a window
+    # a kill a moment after a put finds only now and then).
     proxy = MetaProxy("127.0.0.1:0", cluster.meta_address, seed=seed).start()
     s3 = s3_server.boto3_client()
     try:
@@ -200,15 +210,19 @@ def test_sigkill_mid_upload_and_restart_tier_each_segment_exactly_once(
             scratch.mkdir()
             env = {**os.environ, "TMPDIR": str(scratch)}
             unmarked = 0  # rounds killed between a put and its MarkTiered
-            rounds = 3
             for round_ in range(rounds):
                 seal_segments(
                     client, topic, segments=2, records=2000, partitions=2, value_bytes=200, seed=round_
                 )
-                if round_ == rounds - 1:
+                before = _segment_objects(s3, "killed")
+                if round_ < rounds - 1:  # killed a moment after it put a segment (marked or not)
+                    put = lambda before=before: _segment_objects(s3, "killed") > before  # noqa: E731
+                    _kill_when(job, put, rng.uniform(0, 0.1), env)
+                else:  # killed while its MarkTiered, after a put (or one found done), is lost
                     proxy.set_rules([Rule("lose", methods=("MarkTiered",))])
-                _, objects = _kill_after_a_new_object(job, s3, "killed", rng.uniform(0, 0.1), env)
-                proxy.clear()
+                    _kill_when(job, lambda: bool(proxy.stats()["lost"]), rng.uniform(0, 0.1), env)
+                    proxy.clear()
+                objects = _segment_objects(s3, "killed")
                 tiered = sum(s.state == pb.TIERED for _, _, s in sealed_segments(meta, topic, 2))
                 unmarked += objects > tiered
                 print(f"round {round_}: {objects} objects, {tiered} segments tiered")

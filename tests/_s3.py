@@ -1,4 +1,5 @@
-"""A real S3 API server (``moto_server``) on loopback, started and stopped by pid.
+"""A real S3 API server (``moto_server``, its conditional writes made atomic by
+``tests/_moto_atomic.py``) on loopback, started and stopped by pid.
 
 Shared by every test that needs S3 (the ``s3_server`` fixture in ``tests/conftest.py``
 wraps :func:`run_moto_server`).
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.e2e._procs import free_port
+from tests.e2e._procs import ROOT, free_port
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +66,12 @@ class S3Server:
 @contextmanager
 def run_moto_server(directory: Path) -> Iterator[S3Server]:
     """A ``moto_server`` on a free loopback port, its log in ``directory``; stopped by pid on exit."""
-    moto = Path(sys.executable).parent / "moto_server"
     port = free_port()
     log = directory / "moto.log"
     with open(log, "wb") as output:
         process = subprocess.Popen(
-            [str(moto), "-H", "127.0.0.1", "-p", str(port)],
+            [sys.executable, "-m", "tests._moto_atomic", "-H", "127.0.0.1", "-p", str(port)],
+            cwd=ROOT,
             stdout=output,
             stderr=subprocess.STDOUT,
             env={**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"},

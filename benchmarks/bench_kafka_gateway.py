@@ -16,7 +16,12 @@ each its own process, on loopback):
 - **Kafka client alone**: another confluent-kafka consumer first lets
   librdkafka fetch the whole topic into its own queue (the gateway then sits
   idle), then times ``consume()`` alone: the most a Python application that
-  takes one ``Message`` per record can read, whatever the broker.
+  takes one ``Message`` per record can read, whatever the broker;
+- **kcat** (when installed: ``scripts/install_peers``): the same librdkafka
+  with no Python in the way, so what the gateway itself sustains. ``kcat -P``
+  sends ``--records`` 100-byte records (printable, one per line: kcat splits
+  its input on newlines) with the producer's settings into a third topic;
+  ``kcat -C`` reads it from the start to the end, printing each offset.
 
 Ratios are Kafka / native. ``cpu_us_per_record`` splits each phase's CPU
 between this process (``client``: the Python loop and librdkafka's threads;
@@ -27,7 +32,9 @@ is steadier than wall time. The last line printed is one JSON object
 ``produce_ratio_to_native``, ``kafka_consume_records_per_s``,
 ``native_consume_records_per_s``, ``consume_ratio_to_native``,
 ``kafka_client_alone_consume_records_per_s``,
-``client_alone_ratio_to_native``, ``cpu_us_per_record``, ``load_average``);
+``client_alone_ratio_to_native``, ``kcat_produce_records_per_s``,
+``kcat_produce_ratio_to_native``, ``kcat_consume_records_per_s``,
+``kcat_consume_ratio_to_native``, ``cpu_us_per_record``, ``load_average``);
 a PNG goes to benchmarks/out/.
 
 Usage: ``python benchmarks/bench_kafka_gateway.py [--records N] [--quick]``
@@ -37,6 +44,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -182,6 +192,52 @@ def kafka_client_alone(bootstrap: str, topic: str, count: int, gateway_pid: int)
     return read / elapsed, per_record(cpu, read)
 
 
+KCAT_SETTINGS = (
+    "-X", "enable.idempotence=true", "-z", "lz4", "-X", "linger.ms=5", "-X", "batch.size=1000000",
+    "-X", "queue.buffering.max.messages=2000000", "-X", "queue.buffering.max.kbytes=1048576",
+)  # fmt: skip
+
+
+def kcat_run(
+    argv: list[str], pids: dict[str, int], timeout_s: float
+) -> tuple[float, bytes, dict[str, float]]:
+    """Run kcat to its end: seconds, its stdout, and CPU seconds by process (kcat's own as the
+    ``client``: the children this process reaped meanwhile, kcat alone)."""
+    meter = CpuMeter(pids)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, timeout=timeout_s, check=False)
+    elapsed = time.perf_counter() - start
+    cpu = meter.used()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu["client"] = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    if done.returncode != 0 or b"Delivery failed" in done.stderr:
+        raise RuntimeError(f"{argv[:2]} failed ({done.returncode}): {done.stderr[-500:]!r}")
+    return elapsed, done.stdout, cpu
+
+
+def kcat_produce(
+    bootstrap: str, topic: str, count: int, folder: Path, pids: dict[str, int]
+) -> tuple[float, dict]:
+    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", np.uint8)
+    rows = letters[np.random.default_rng(1).integers(0, len(letters), (count, VALUE_BYTES))]
+    lines = np.concatenate([rows, np.full((count, 1), ord("\n"), np.uint8)], axis=1)
+    data = folder / "kcat-input"
+    data.write_bytes(lines.tobytes())
+    argv = ["kcat", "-P", "-b", bootstrap, "-t", topic, *KCAT_SETTINGS, "-l", str(data)]
+    elapsed, _, cpu = kcat_run(argv, pids, 300)
+    return count / elapsed, per_record(cpu, count)
+
+
+def kcat_consume(bootstrap: str, topic: str, count: int, pids: dict[str, int]) -> tuple[float, dict]:
+    argv = ["kcat", "-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-e", "-q", "-f", "%o\n"]
+    elapsed, out, cpu = kcat_run(argv, pids, 300)
+    read = out.count(b"\n")
+    if read != count:
+        raise RuntimeError(f"kcat consume read {read} of {count}")
+    return count / elapsed, per_record(cpu, count)
+
+
 def native_consume(meta: str, topic: str, count: int, pids: dict[str, int]) -> tuple[float, dict]:
     import robustmq
 
@@ -241,11 +297,26 @@ def main() -> None:
         rate, cpu["kafka_client_alone"] = kafka_client_alone(bootstrap, "via-kafka", count + 1, gateway.pid)
         results["kafka_client_alone_consume_records_per_s"] = round(rate)
         results["client_alone_ratio_to_native"] = round(rate / results["native_consume_records_per_s"], 3)
+        if shutil.which("kcat") is None:
+            print(
+                "kcat is not installed (scripts/install_peers installs it): its phases are skipped",
+                flush=True,
+            )
+        else:
+            with robustmq.connect(cluster.meta_address) as client:
+                client.create_topic("via-kcat", PARTITIONS)
+            rate, cpu["kcat_produce"] = kcat_produce(bootstrap, "via-kcat", count, root, pids)
+            results["kcat_produce_records_per_s"] = round(rate)
+            results["kcat_produce_ratio_to_native"] = round(rate / results["native_produce_records_per_s"], 3)
+            rate, cpu["kcat_consume"] = kcat_consume(bootstrap, "via-kcat", count, pids)
+            results["kcat_consume_records_per_s"] = round(rate)
+            results["kcat_consume_ratio_to_native"] = round(rate / results["native_consume_records_per_s"], 3)
         results["cpu_us_per_record"] = cpu
         results["load_average"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]
     finally:
         gateway.stop()
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     bar_panels(
         OUT_DIR / "bench_kafka_gateway.png",
@@ -255,6 +326,7 @@ def main() -> None:
                 "produce",
                 {
                     "kafka (lz4, idempotent)": results["kafka_produce_records_per_s"],
+                    "kcat (same settings)": results.get("kcat_produce_records_per_s", 0),
                     "native send_batch": results["native_produce_records_per_s"],
                 },
                 "records/s",
@@ -264,6 +336,7 @@ def main() -> None:
                 {
                     "kafka assign()": results["kafka_consume_records_per_s"],
                     "kafka client alone": results["kafka_client_alone_consume_records_per_s"],
+                    "kcat": results.get("kcat_consume_records_per_s", 0),
                     "native consumer": results["native_consume_records_per_s"],
                 },
                 "records/s",

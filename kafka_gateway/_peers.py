@@ -4,10 +4,12 @@ Each gateway is given the others' advertised addresses (``--peers
 HOST:PORT,...``; the same list on every gateway, its own address may be in it).
 No Meta Service state is involved: a gateway probes each peer with a TCP
 connect every ``probe_interval_s`` (each probe bounded by ``probe_timeout_s``)
-and counts it live after a successful probe, dead after ``failures_to_die``
-failed ones in a row. A gateway is always live to itself. A peer starts live
-(so gateways started together agree at once) and is dropped at its first
-failed probes.
+and counts it live after a successful probe, dead once its latest probe failed
+and none has succeeded for ``dead_after_s``. Liveness is by time rather than
+by a count of failures, because on a loaded machine a probe of a live peer can
+time out twice in a row, and two gateways that disagree on liveness both
+accept a group. A gateway is always live to itself. A peer starts live (so
+gateways started together agree at once).
 
 Broker ids: without peers the gateway is broker 0 (:data:`SOLO_ID`); with
 peers every gateway's id is derived from its advertised ``host:port`` (CRC-32
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,8 +75,8 @@ class Peers:
         peers: Sequence[str] = (),
         *,
         probe_interval_s: float = 1.0,
-        probe_timeout_s: float = 1.0,
-        failures_to_die: int = 2,
+        probe_timeout_s: float = 2.0,
+        dead_after_s: float = 5.0,
     ) -> None:
         self._own_host, self._own_port = own
         own_address = join_host_port(*own)
@@ -91,13 +94,15 @@ class Peers:
         ids = [self.own.node_id] + [broker.node_id for broker in self._peers.values()]
         if len(set(ids)) != len(ids):
             raise ValueError("two gateway addresses map to one broker id; change a port")
-        self._failures = dict.fromkeys(addresses, 0)
-        self._interval, self._timeout, self._to_die = probe_interval_s, probe_timeout_s, failures_to_die
+        now = time.monotonic()
+        self._answered = dict.fromkeys(addresses, now)  # when each peer last answered a probe
+        self._dead: set[str] = set()
+        self._interval, self._timeout, self._dead_after = probe_interval_s, probe_timeout_s, dead_after_s
         self._task: asyncio.Task[None] | None = None
 
     def live(self) -> list[Broker]:
         """The live gateways, this one first."""
-        alive = [b for a, b in self._peers.items() if self._failures[a] < self._to_die]
+        alive = [b for a, b in self._peers.items() if a not in self._dead]
         return [self.own, *sorted(alive, key=lambda broker: broker.node_id)]
 
     def coordinator(self, group: str) -> Broker:
@@ -129,17 +134,22 @@ class Peers:
                 asyncio.open_connection(broker.host, broker.port), self._timeout
             )
         except (OSError, TimeoutError):
-            before = self._failures[address]
-            self._failures[address] = min(before + 1, self._to_die)
-            if before + 1 == self._to_die:
-                log.warning("gateway %s is not reachable: its groups move to the live gateways", address)
+            silent_s = time.monotonic() - self._answered[address]
+            if silent_s >= self._dead_after and address not in self._dead:
+                self._dead.add(address)
+                log.warning(
+                    "gateway %s has not answered for %.1f s: its groups move to the live gateways",
+                    address,
+                    silent_s,
+                )
             return
         writer.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(writer.wait_closed(), self._timeout)
-        if self._failures[address] >= self._to_die:
+        self._answered[address] = time.monotonic()
+        if address in self._dead:
+            self._dead.discard(address)
             log.info("gateway %s is reachable again", address)
-        self._failures[address] = 0
 
 
 def _host_port(address: str) -> tuple[str, int]:

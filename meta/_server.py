@@ -68,6 +68,7 @@ from robustmq.errors import (
     ObjectStoreError,
     ObjectStoreUnavailable,
     RobustMQError,
+    Unavailable,
 )
 from robustmq.security._credentials import TlsFiles
 from robustmq.tier._store import ObjectStore
@@ -99,11 +100,34 @@ DEFAULT_META_PORT = 7070
 # the client raises MessageTooLarge at once.
 MAX_REQUEST_BYTES = MetaLimits().request_bytes_max
 STOP_GRACE_S = 2.0
+# How long a Meta Service on etcd keeps asking an etcd that does not answer at start (services
+# on a machine come up in any order) before it gives up.
+ETCD_START_WAIT_S = 120.0
 
 logger = logging.getLogger("robustmq.meta")
 
 # The reason in gRPC's bind failure line: "... (Error in bind for address '...': Address already in use)".
 _BIND_REASON = re.compile(r"Error in bind for address '[^']*': ([^)]+)\)")
+
+
+def _check_etcd(store: EtcdMetaStore, wait_s: float) -> None:
+    """TLS, the login, the user's rights and etcd's limits: one clear error at start. Asked
+    again while etcd does not answer (``Unavailable``), for up to ``wait_s``; a refusal
+    (``InvalidConfig``) ends the start at once."""
+    deadline = time.monotonic() + wait_s
+    pause_s = 0.2
+    while True:
+        try:
+            store.check_access()
+            store.check_limits()
+            return
+        except Unavailable as exc:
+            left_s = deadline - time.monotonic()
+            if left_s <= pause_s:
+                raise
+            logger.warning("etcd does not answer yet (%s); asking again for up to %.0f s", exc, left_s)
+            time.sleep(pause_s)
+            pause_s = min(pause_s * 2, 5.0)
 
 
 def _join(host: str, port: int) -> str:
@@ -417,8 +441,7 @@ class MetaServer:
         )
         try:
             store = EtcdMetaStore(client, self._etcd_url.prefix, limits=options.limits)
-            store.check_access()  # TLS, the login and the user's rights: one clear error at start
-            store.check_limits()
+            _check_etcd(store, ETCD_START_WAIT_S)
             # Followers answer GetSecurityInfo too (every instance holds the service's identity).
             follower_auth = MetaAuth(
                 self._tls,

@@ -11,52 +11,23 @@ one JSON list of results.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
-from typing import NoReturn
 
 import robustmq.cli._main as cli_main
 import robustmq.streaming_jobs.compact_to_delta
 import robustmq.streaming_jobs.table_maintenance
 import robustmq.streaming_jobs.tier_segments
 import robustmq.streaming_jobs.topic_to_delta  # noqa: F401  (imported once, before the forks)
+from tests.e2e._procs import run_main_and_exit
 
 PARALLEL = 4
 CASE_TIMEOUT_S = 60.0
-
-
-def _child(arguments: list[str], folder: Path) -> NoReturn:
-    """In the forked child: wire the files to fds 0-2, run the command, exit as the interpreter
-    would after ``sys.exit(main())`` in ``python -m robustmq.cli``."""
-    for fd, name, mode in ((0, "stdin", os.O_RDONLY), (1, "stdout", os.O_WRONLY), (2, "stderr", os.O_WRONLY)):
-        opened = os.open(folder / name, mode)
-        os.dup2(opened, fd)
-        os.close(opened)
-    sys.argv = ["robustmq", *arguments]
-    code: object
-    try:
-        code = cli_main.main()
-    except SystemExit as stop:
-        code = stop.code
-    except BaseException:  # what the interpreter does with an uncaught exception
-        traceback.print_exc()
-        code = 1
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _fork(arguments: list[str], stdin: bytes, folder: Path) -> int:
@@ -69,9 +40,14 @@ def _fork(arguments: list[str], stdin: bytes, folder: Path) -> int:
     pid = os.fork()
     if pid == 0:
         try:
-            _child(arguments, folder)
+            files = {
+                0: (str(folder / "stdin"), os.O_RDONLY),
+                1: (str(folder / "stdout"), os.O_WRONLY),
+                2: (str(folder / "stderr"), os.O_WRONLY),
+            }
+            run_main_and_exit(cli_main.main, ["robustmq", *arguments], files)
         finally:
-            os._exit(70)  # only if _child itself failed
+            os._exit(70)  # only if run_main_and_exit itself failed
     return pid
 
 

@@ -21,11 +21,10 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any
 
-from tests.e2e._procs import READY_TIMEOUT_S, ROOT
+from tests.e2e._procs import ROOT, kill_once_ready, run_main_and_exit
 
 
 class ForkServer:
@@ -61,27 +60,14 @@ class ForkServer:
     def kill_at_random_moment(
         self, argv: list[str], out: Path, rng: random.Random, *, delay_s: tuple[float, float]
     ) -> tuple[int, list[str]]:
-        """As :func:`tests.e2e._procs.kill_at_random_moment`: run until it prints ``ready``, SIGKILL
-        it after a random delay in ``delay_s``; its exit code and the complete lines it printed
-        after ``ready`` (a line cut short by the kill was never fully reported)."""
+        """As :func:`tests.e2e._procs.kill_at_random_moment`, in a forked child."""
         pid = self.spawn(argv, out)
-        try:
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while not out.read_bytes().startswith(b"ready\n"):
-                if time.monotonic() > deadline or _ended(pid):
-                    err = Path(f"{out}.err").read_text(errors="replace")
-                    raise AssertionError(f"child did not start: {out.read_text()[-300:]!r} {err[-3000:]}")
-                time.sleep(0.005)
-            time.sleep(rng.uniform(*delay_s))
-        finally:
+
+        def kill() -> int:
             os.kill(pid, signal.SIGKILL)
-            code = self.wait(pid)
-        text = out.read_text(errors="replace")
-        if code != -signal.SIGKILL:
-            err = Path(f"{out}.err").read_text(errors="replace")
-            raise AssertionError(f"child ended with {code} before the kill: {err[-3000:]}")
-        lines = text.split("\n")[1:-1]  # after "ready"; the last piece has no newline (or is empty)
-        return code, lines
+            return self.wait(pid)
+
+        return kill_once_ready(out, rng, delay_s=delay_s, ended=lambda: _ended(pid), kill=kill)
 
     def close(self) -> None:
         assert self._process.stdin is not None
@@ -105,27 +91,6 @@ def _ended(pid: int) -> bool:
         return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
-def _child(main: Any, argv: list[str], out: str) -> NoReturn:
-    for fd, path in ((1, out), (2, f"{out}.err")):
-        opened = os.open(path, os.O_WRONLY)
-        os.dup2(opened, fd)
-        os.close(opened)
-    sys.argv = argv
-    code = 0
-    try:
-        main()
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 1
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def _serve(module: str, requests: IO[str], answers: IO[str]) -> None:
     main = importlib.import_module(module).main
     for line in requests:
@@ -141,9 +106,11 @@ def _serve(module: str, requests: IO[str], answers: IO[str]) -> None:
             pid = os.fork()
             if pid == 0:
                 try:
-                    _child(main, [module, *request["argv"]], request["out"])
+                    out = request["out"]
+                    files = {1: (out, os.O_WRONLY), 2: (f"{out}.err", os.O_WRONLY)}
+                    run_main_and_exit(main, [module, *request["argv"]], files)
                 finally:
-                    os._exit(70)  # only if _child itself failed
+                    os._exit(70)  # only if run_main_and_exit itself failed
             answer = {"pid": pid}
         answers.write(json.dumps(answer) + "\n")
         answers.flush()

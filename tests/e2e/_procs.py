@@ -6,6 +6,7 @@ started it (SIGTERM, then SIGKILL after a timeout), so no test leaves one behind
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
@@ -17,10 +18,11 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
@@ -306,38 +308,53 @@ def kill_at_random_moment(
     Returns its exit code and the complete lines it printed after ``ready``; a
     line cut short by the kill was never fully reported and is dropped.
     """
-    lines: queue.Queue[str | None] = queue.Queue()
-    with tempfile.TemporaryFile("w+") as errors:
-        child = subprocess.Popen(list(args), cwd=ROOT, stdout=subprocess.PIPE, stderr=errors, text=True)
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "out"
+        with open(out, "wb") as stdout, open(f"{out}.err", "wb") as stderr:
+            child = subprocess.Popen(list(args), cwd=ROOT, stdout=stdout, stderr=stderr)
 
-        def pump() -> None:
-            assert child.stdout is not None
-            for line in child.stdout:
-                lines.put(line)
-            lines.put(None)
+        def kill() -> int:
+            with suppress(ProcessLookupError):
+                child.send_signal(signal.SIGKILL)
+            return child.wait(timeout=30)
 
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        try:
-            try:
-                first = lines.get(timeout=ready_timeout_s)
-            except queue.Empty:
-                first = None
-            if first != "ready\n":
-                errors.seek(0)
-                raise AssertionError(f"child did not start: {first!r} {errors.read()[-3000:]}")
-            time.sleep(rng.uniform(*delay_s))
-            child.send_signal(signal.SIGKILL)
-            child.wait(timeout=30)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait(timeout=30)
-        reader.join(timeout=30)
-    output = []
-    while not lines.empty() and (line := lines.get_nowait()) is not None:
-        output.append(line)
-    return child.returncode, [line[:-1] for line in output if line.endswith("\n")]
+        def ended() -> bool:
+            return child.poll() is not None
+
+        return kill_once_ready(
+            out, rng, delay_s=delay_s, ended=ended, kill=kill, ready_timeout_s=ready_timeout_s
+        )
+
+
+def kill_once_ready(
+    out: Path,
+    rng: random.Random,
+    *,
+    delay_s: tuple[float, float],
+    ended: Callable[[], bool],
+    kill: Callable[[], int],
+    ready_timeout_s: float = READY_TIMEOUT_S,
+) -> tuple[int, list[str]]:
+    """For a child that writes its stdout to ``out`` and its stderr to ``out.err``: wait until it
+    printed ``ready`` (``ended()``: it exited), then ``kill()`` it (SIGKILL and its exit code)
+    after a random delay in ``delay_s``. Its exit code, which must be the SIGKILL's, and the
+    complete lines it printed after ``ready`` (a line cut short by the kill was never fully
+    reported)."""
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while not out.read_bytes().startswith(b"ready\n"):
+            if time.monotonic() > deadline or ended():
+                err = Path(f"{out}.err").read_text(errors="replace")
+                raise AssertionError(f"child did not start: {out.read_text()[-300:]!r} {err[-3000:]}")
+            time.sleep(0.005)
+        time.sleep(rng.uniform(*delay_s))
+    finally:
+        code = kill()
+    if code != -signal.SIGKILL:
+        err = Path(f"{out}.err").read_text(errors="replace")
+        raise AssertionError(f"child ended with {code} before the kill: {err[-3000:]}")
+    lines = out.read_text(errors="replace").split("\n")[1:-1]  # after "ready"; the last piece is cut or empty
+    return code, lines
 
 
 class NodeCluster:
@@ -439,3 +456,34 @@ class NodeCluster:
         for server in self.nodes:
             server.stop()
         self.meta.stop()
+
+
+def run_main_and_exit(
+    main: Callable[[], object], argv: list[str], files: dict[int, tuple[str, int]]
+) -> NoReturn:
+    """In a forked child: open ``files`` (descriptor -> path, ``os.open`` flags) onto the standard
+    descriptors, run ``main()`` with ``sys.argv = argv``, and exit as the interpreter would after
+    ``sys.exit(main())`` (an uncaught exception prints its traceback and exits 1; a non-integer
+    exit code is printed and exits 1; the exit functions run)."""
+    for fd, (path, flags) in files.items():
+        opened = os.open(path, flags)
+        os.dup2(opened, fd)
+        os.close(opened)
+    sys.argv = argv
+    code: object
+    try:
+        code = main()
+    except SystemExit as stop:
+        code = stop.code
+    except BaseException:  # what the interpreter does with an uncaught exception
+        traceback.print_exc()
+        code = 1
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

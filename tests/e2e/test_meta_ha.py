@@ -173,3 +173,38 @@ def test_the_meta_service_carries_on_when_the_etcd_leader_dies(tmp_path: Path) -
     finally:
         metas.stop()
         etcd.stop()
+
+
+def test_a_meta_service_started_before_etcd_waits_for_it(tmp_path: Path) -> None:
+    """Started with etcd down (a machine's services come up in any order), the Meta Service
+    keeps asking etcd and leads once etcd answers, instead of exiting at its first probe."""
+    etcd = EtcdCluster(tmp_path / "etcd")  # ports chosen, not started yet
+    metas = MetaSet(tmp_path, etcd.url("/late-etcd"), 1)
+    failures: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            metas.start()
+        except BaseException as error:  # checked below, on the test's thread
+            failures.append(error)
+
+    starter = threading.Thread(target=start)
+    try:
+        starter.start()
+        wait_until(lambda: any("etcd does not answer yet" in line for line in metas.metas[0].output), 30)
+        etcd.start()
+        starter.join(90)
+        assert not starter.is_alive() and not failures, failures
+        wait_for_leader(metas)
+        metas.start_node(0)
+        client = MetaClient(metas.address(0), timeout_s=30.0)
+        try:
+            client.create_topic("t", partitions=1)
+            client.commit_offsets("g", "t", {0: 3})
+            assert client.fetch_offsets("g", "t") == {0: 3}
+        finally:
+            client.close()
+    finally:
+        starter.join(90)
+        metas.stop()
+        etcd.stop()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -40,12 +39,11 @@ def _blocks_sigterm(pid: int, tid: int) -> bool:
     return bool(int(blocked, 16) & (1 << (signal.SIGTERM - 1)))
 
 
-def _stops_within(server: ServerProcess, timeout_s: float) -> float:
+def _stop_within(server: ServerProcess, timeout_s: float) -> None:
+    """SIGTERM taken by a worker thread; ``TimeoutExpired`` if it does not stop within ``timeout_s``."""
     assert server.process is not None
-    started = time.monotonic()
     _term_a_worker_thread(server.pid)
     server.process.wait(timeout=timeout_s)
-    return time.monotonic() - started
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the tgkill syscall number is x86-64's")
@@ -55,7 +53,7 @@ def test_a_storage_node_and_the_meta_service_stop_on_a_sigterm_taken_by_a_worker
     cluster = Cluster(tmp_path).start()
     try:
         for server in (cluster.node, cluster.meta):
-            assert _stops_within(server, 10) < 10
+            _stop_within(server, 10)
             assert server.process is not None and server.process.returncode == 0
     finally:
         cluster.stop()
@@ -66,7 +64,7 @@ def test_robustmq_server_stops_on_a_sigterm_taken_by_a_worker_thread(tmp_path: P
     ports = ["--meta-port", str(free_port()), "--node-port", str(free_port())]
     server = ServerProcess(["server", "--data-dir", str(tmp_path), *ports]).start()
     try:
-        assert _stops_within(server, 10) < 10
+        _stop_within(server, 10)
         assert server.process is not None and server.process.returncode == 0
     finally:
         server.stop()

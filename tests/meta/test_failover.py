@@ -85,6 +85,7 @@ def checksum(crc: int, size: int) -> Callable[[pb.NodeRequest], pb.NodeResponse]
 
 class Cluster:
     def __init__(self, root: Path, count: int) -> None:
+        self.root = root
         self.server = MetaServer(root, port=0, node_timeout_ms=NODE_TIMEOUT_MS).start()
         self.client = MetaClient(self.server.address, timeout_s=5.0)
         self.nodes = {f"n{i}": ScriptedNode(f"n{i}") for i in range(1, count + 1)}
@@ -100,6 +101,12 @@ class Cluster:
             while not self._stop.wait(0.1):
                 for node_id in sorted(self.beating):
                     client.heartbeat(node_id, "")
+
+    def restart_meta(self) -> None:
+        """Stop the Meta Service and start a new process's worth of it on the same store and port."""
+        port = int(self.server.address.rsplit(":", 1)[1])
+        self.server.stop(grace=0)
+        self.server = MetaServer(self.root, port=port, node_timeout_ms=NODE_TIMEOUT_MS).start()
 
     def close(self) -> None:
         self._stop.set()
@@ -380,6 +387,31 @@ def test_an_abandoned_failover_has_the_returning_leader_seal_the_fenced_epoch(cl
     asked = cluster.nodes[leader].bodies().count("seal")
     time.sleep(1.5)  # a round or two: the epoch is sealed, nothing more to ask
     assert cluster.nodes[leader].bodies().count("seal") == asked
+
+
+def test_an_abandoned_failover_is_finished_by_the_next_meta_service_process(cluster: Cluster) -> None:
+    """The fenced epoch outlives the process that fenced it: a Meta Service that restarts (or an
+    HA one that takes over) between the fences and the leader's return still has the epoch sealed.
+    Before, the fenced shards were known in memory only, and the followers stayed fenced, the
+    ISR the leader alone and ``acks=all`` refused, until something else sealed the epoch."""
+    client = cluster.client
+    incarnation = client.create_topic("t", replication_factor=3).incarnation
+    leader, first, second = client.get_shard("t_0").segments[0].replicas
+    client.update_isr("t_0", incarnation, 0, leader, [leader])  # the followers fell behind
+    for node_id in (first, second):
+        cluster.nodes[node_id].answers.update(fence=fenced_at(40), checksum=checksum(1, 2))
+    cluster.nodes[leader].answers["seal"] = sealed_ok
+    cluster.beating.discard(leader)
+    wait_for(lambda: all(cluster.nodes[n].bodies().count("fence") >= 1 for n in (first, second)))
+    cluster.restart_meta()
+    cluster.beating.add(leader)
+    wait_for(lambda: "seal" in cluster.nodes[leader].bodies(), timeout_s=15.0)
+    client.seal_segment("t_0", 0, 60, leader, incarnation, isr=[leader], crc32c=1, size_bytes=1)
+    asked = cluster.nodes[leader].bodies().count("seal")
+    time.sleep(1.5)  # the epoch is sealed: nothing more to ask, and nothing is left to remember
+    assert cluster.nodes[leader].bodies().count("seal") == asked
+    controller = cluster.server.controller
+    assert controller is not None and controller.fenced_epochs() == {}
 
 
 def test_a_node_repairing_sealed_segments_joins_the_next_epoch_through_the_one_sealed(tmp_path: Path) -> None:

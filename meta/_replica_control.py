@@ -23,6 +23,7 @@ from robustmq._proto import robustmq_pb2 as pb
 from robustmq._topics import shard_name
 from robustmq.errors import InvalidRequest, ShardNotFound, StaleEpoch, Unavailable
 
+from . import _keys as keys
 from ._chains import checked_isr, is_assigned, next_segment, reported_segment, sealed_segment
 from ._failover_rules import ChecksumTask, FailoverTask, IsrDecision, SealPoint, SealTarget, chain_unchanged
 from ._liveness import Liveness
@@ -575,31 +576,55 @@ class ReplicaControl:
             list(grown.isr),
         )
 
-    def seal_targets(self, fenced: Mapping[str, tuple[int, int]]) -> tuple[list[SealTarget], list[str]]:
-        """The active segments whose live leader the supervisor asks to seal, and the ``fenced``
-        shards that need nothing more.
+    def record_fence(self, shard: str, incarnation: int, epoch: int) -> None:
+        """Remember in the store, before a failover's first fence goes out, that ``shard``'s
+        followers are fenced from ``epoch``: the epoch must then be finished (sealed) whatever
+        happens to the failover or to this process (:meth:`seal_targets`). Kept until the
+        epoch is no longer active; a later fence of the shard replaces it."""
+        value = keys.encode_fenced(incarnation, epoch)
+        with self._locked():
+            if self._store.get(keys.fenced_key(shard)) == value:
+                return
+            ws = WriteSet()
+            ws.put(keys.fenced_key(shard), value)
+            ws.commit(self._store)
 
-        ``fenced`` maps each shard whose replicas a failover fenced to that
-        ``(incarnation, epoch)``. Targets, at most one per shard: a fenced
-        epoch that is still active with its leader alive again (its fenced
-        followers copy nothing more of it until it is sealed); a segment a
-        live draining node leads that another live, not draining ISR member
-        can take over; an active segment repair found under-replicated
-        (:meth:`repair`). The second list names the fenced shards whose epoch
-        is no longer active (sealed, or the topic is gone or re-created).
+    def fenced_epochs(self) -> dict[str, tuple[int, int]]:
+        """shard -> ``(incarnation, epoch)`` its followers were fenced from, not yet sealed."""
+        with self._locked():
+            return self._fenced_epochs()
+
+    def _fenced_epochs(self) -> dict[str, tuple[int, int]]:
+        found = {}
+        for key, value in self._store.scan(keys.FENCED):
+            shard, incarnation, epoch = keys.decode_fenced(key, value)
+            found[shard] = (incarnation, epoch)
+        return found
+
+    def seal_targets(self) -> list[SealTarget]:
+        """The active segments whose live leader the supervisor asks to seal.
+
+        Targets, at most one per shard: a fenced epoch (:meth:`record_fence`)
+        that is still active with its leader alive again (its fenced followers
+        copy nothing more of it until it is sealed); a segment a live draining
+        node leads that another live, not draining ISR member can take over; an
+        active segment repair found under-replicated (:meth:`repair`). Fenced
+        epochs that are no longer active (sealed, or the topic is gone or
+        re-created) are forgotten here.
         """
         with self._locked():
             nodes = {node.node_id: node for node in self._nodes.all()}
             alive = {node_id for node_id in nodes if self._liveness.is_alive(node_id)}
             targets: dict[str, SealTarget] = {}
-            settled = []
-            for shard, (incarnation, epoch) in fenced.items():
+            settled = WriteSet()
+            for shard, (incarnation, epoch) in self._fenced_epochs().items():
                 active = self._active_segment(shard, incarnation)
                 if active is None or active.epoch != epoch:
-                    settled.append(shard)
+                    settled.delete(keys.fenced_key(shard))
                 elif active.leader in alive:
                     reason = f"epoch {epoch}: its followers were fenced by a failover that did not finish"
                     targets[shard] = SealTarget(shard, nodes[active.leader].address, reason)
+            settled.commit(self._store)
             for shard, epoch in self._reseal.items():
                 active = self._active_segment(shard, None)
                 wanted = active is not None and active.epoch == epoch and active.leader in alive
@@ -618,7 +643,7 @@ class ReplicaControl:
                 for target in targets.values()
                 if (active := self._active_segment(target.shard, None)) is not None
             }
-        return list(targets.values()), settled
+        return list(targets.values())
 
     def _active_segment(self, shard: str, incarnation: int | None) -> pb.Segment | None:
         """The shard's active segment, if its topic exists (with ``incarnation``, None: any)."""

@@ -314,11 +314,10 @@ def test_repair_never_grows_an_active_segment_and_a_grown_one_keeps_its_quorum_r
             controller.heartbeat(node_id, f"tcp://127.0.0.1:{7000 + int(node_id[1])}", [], 0)
         assert controller.repair() == []
         assert list(controller.get_shard("t_0").segments[0].replicas) == [leader, dying, survivor]
-        targets, settled = controller.seal_targets({})
+        targets = controller.seal_targets()
         assert [(t.shard, t.address) for t in targets] == [
             ("t_0", f"tcp://127.0.0.1:{7000 + int(leader[1])}")
         ]
-        assert settled == []
         # A segment grown while active by an earlier version keeps the length it was placed on.
         ws = WriteSet()
         ws.put(placed_key("t", 0, 0), (3).to_bytes(4, "big"))
@@ -431,14 +430,14 @@ def test_a_node_repairing_sealed_segments_joins_the_next_epoch_through_the_one_s
         for node_id in (leader, survivor, "n4"):
             controller.heartbeat(node_id, addresses[node_id], [], 0)
         assert controller.repair() == ["t_0 epoch 0 + n4"]  # the sealed one; the active one is sealed
-        assert [(t.shard, t.address) for t in controller.seal_targets({})[0]] == [("t_0", addresses[leader])]
+        assert [(t.shard, t.address) for t in controller.seal_targets()] == [("t_0", addresses[leader])]
         # n4's last segment is epoch 0: it may not take epoch 2 alone (a gap), but it becomes a
         # replica of epoch 1 in the same write and copies it first.
         sealed, following = controller.seal_segment("t_0", 1, 20, leader, incarnation, isr=[leader, survivor])
         assert list(sealed.replicas) == [leader, dying, survivor, "n4"]
         assert sorted(following.replicas) == sorted([leader, survivor, "n4"]) and "n4" not in following.isr
         assert [s.epoch for s in controller.list_assignments("n4").shards[0].segments] == [0, 1, 2]
-        assert controller.seal_targets({})[0] == []
+        assert controller.seal_targets() == []
     finally:
         controller.close()
 

@@ -37,7 +37,7 @@ Its thread wakes every ``failover_check_ms`` (100 ms) and:
   so the epoch must be finished: its leader seals it through its normal path,
   and the followers copy its tail as followers of the next epoch. The fenced
   shards are recorded in the store before the first fence is sent
-  (:meth:`~robustmq.meta._controller.MetaController.record_fence`) and
+  (:meth:`~robustmq.meta._controller.MetaController.record_fences`) and
   forgotten once the chain shows the epoch no longer active, so the next
   process (a restart, or another instance taking over on etcd) finishes them.
 
@@ -94,7 +94,7 @@ MAX_RETRY_S = 5.0
 RESEAL_S = 5.0
 _FIRST_RETRY_S = 0.5
 _CHECKSUM_THREADS = 2  # checksums of segments sealed without one asked at once (their own pool)
-_MAX_REMEMBERED = 100_000  # shards with a back-off, a fence or a seal request, a bound on memory
+_MAX_REMEMBERED = 100_000  # shards with a back-off or a seal request, a bound on memory
 
 logger = logging.getLogger("robustmq.meta")
 
@@ -236,6 +236,7 @@ class ReplicaSupervisor:
         with self._shared_lock:
             for shard in [shard for shard in self._retry if shard not in wanted]:
                 del self._retry[shard]  # failed over, sealed by its leader, or back
+        chosen = []
         for task in tasks:
             with self._shared_lock:
                 not_before = self._retry.get(task.shard, (0.0, 0.0, ""))[0]
@@ -246,7 +247,19 @@ class ReplicaSupervisor:
                 ):
                     continue
                 self._in_hand.add(task.shard)
-            assert self._pool is not None
+            chosen.append(task)
+        if not chosen:
+            return
+        try:  # the round's fence records in one write, before any of its fences goes out
+            self._controller.record_fences([(t.shard, t.incarnation, t.epoch) for t in chosen])
+        except RobustMQError as exc:
+            with self._shared_lock:
+                self._in_hand.difference_update(task.shard for task in chosen)
+            for task in chosen:
+                self._back_off(task.shard, f"the fence could not be recorded ({exc})")
+            return
+        assert self._pool is not None
+        for task in chosen:
             self._pool.submit(self._fail_over_in_hand, task)
 
     def _fail_over_in_hand(self, task: FailoverTask) -> None:
@@ -274,8 +287,9 @@ class ReplicaSupervisor:
         """Fence, decide, checksum, decide, commit (see the module docstring); the new
         ``(sealed, next)`` or ``None`` if the shard waits or its chain changed meanwhile."""
         started = time.monotonic()
-        # From now on this epoch must be finished (module docstring), by this process or the next.
-        self._controller.record_fence(task.shard, task.incarnation, task.epoch)
+        # From now on this epoch must be finished (module docstring), by this process or the next
+        # (recorded already when the loop handed it over: then this reads and writes nothing).
+        self._controller.record_fences([(task.shard, task.incarnation, task.epoch)])
         fenced = self._ask(
             task.addresses,
             "fence",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._topics import shard_name
-from robustmq.errors import InvalidRequest, ShardNotFound, StaleEpoch, Unavailable
+from robustmq.errors import InvalidRequest, RobustMQError, ShardNotFound, StaleEpoch, Unavailable
 
 from . import _keys as keys
 from ._chains import checked_isr, is_assigned, next_segment, reported_segment, sealed_segment
@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 __all__ = ["MAX_EPOCH", "REPAIR_RESCAN_S", "ReplicaControl"]
 
 MAX_EPOCH = 2**32 - 1
+# Records of fenced epochs no longer active deleted per repair round: one store write, well
+# within the smallest etcd --max-txn-ops the Meta Service runs with (128).
+MAX_FENCES_FORGOTTEN_PER_ROUND = 64
 REPAIR_RESCAN_S = 30.0
 _MAX_CHECKSUMS_WANTED = 10_000
 
@@ -576,17 +579,19 @@ class ReplicaControl:
             list(grown.isr),
         )
 
-    def record_fence(self, shard: str, incarnation: int, epoch: int) -> None:
-        """Remember in the store, before a failover's first fence goes out, that ``shard``'s
-        followers are fenced from ``epoch``: the epoch must then be finished (sealed) whatever
-        happens to the failover or to this process (:meth:`seal_targets`). Kept until the
-        epoch is no longer active; a later fence of the shard replaces it."""
-        value = keys.encode_fenced(incarnation, epoch)
+    def record_fences(self, fences: Sequence[tuple[str, int, int]]) -> None:
+        """Remember in the store, before a failover's first fence goes out, that each
+        ``(shard, incarnation, epoch)``'s followers are fenced from that epoch: the epoch must
+        then be finished (sealed) whatever happens to the failover or to this process
+        (:meth:`seal_targets`). One write for all of them (nothing if each is recorded
+        already); kept until the epoch is no longer active; a later fence of a shard replaces
+        its record."""
         with self._locked():
-            if self._store.get(keys.fenced_key(shard)) == value:
-                return
             ws = WriteSet()
-            ws.put(keys.fenced_key(shard), value)
+            for shard, incarnation, epoch in fences:
+                value = keys.encode_fenced(incarnation, epoch)
+                if self._store.get(keys.fenced_key(shard)) != value:
+                    ws.put(keys.fenced_key(shard), value)
             ws.commit(self._store)
 
     def fenced_epochs(self) -> dict[str, tuple[int, int]]:
@@ -604,7 +609,7 @@ class ReplicaControl:
     def seal_targets(self) -> list[SealTarget]:
         """The active segments whose live leader the supervisor asks to seal.
 
-        Targets, at most one per shard: a fenced epoch (:meth:`record_fence`)
+        Targets, at most one per shard: a fenced epoch (:meth:`record_fences`)
         that is still active with its leader alive again (its fenced followers
         copy nothing more of it until it is sealed); a segment a live draining
         node leads that another live, not draining ISR member can take over; an
@@ -616,15 +621,14 @@ class ReplicaControl:
             nodes = {node.node_id: node for node in self._nodes.all()}
             alive = {node_id for node_id in nodes if self._liveness.is_alive(node_id)}
             targets: dict[str, SealTarget] = {}
-            settled = WriteSet()
+            settled = []
             for shard, (incarnation, epoch) in self._fenced_epochs().items():
                 active = self._active_segment(shard, incarnation)
                 if active is None or active.epoch != epoch:
-                    settled.delete(keys.fenced_key(shard))
+                    settled.append(shard)
                 elif active.leader in alive:
                     reason = f"epoch {epoch}: its followers were fenced by a failover that did not finish"
                     targets[shard] = SealTarget(shard, nodes[active.leader].address, reason)
-            settled.commit(self._store)
             for shard, epoch in self._reseal.items():
                 active = self._active_segment(shard, None)
                 wanted = active is not None and active.epoch == epoch and active.leader in alive
@@ -643,7 +647,20 @@ class ReplicaControl:
                 for target in targets.values()
                 if (active := self._active_segment(target.shard, None)) is not None
             }
+            self._forget_fences(settled[:MAX_FENCES_FORGOTTEN_PER_ROUND])
         return list(targets.values())
+
+    def _forget_fences(self, shards: list[str]) -> None:
+        """Delete the records of fenced epochs no longer active (a bounded batch: one store write
+        stays within etcd's operations per transaction; the rest go in the next rounds). A store
+        that refuses the write now only delays it: the targets stand. Under the lock."""
+        ws = WriteSet()
+        for shard in shards:
+            ws.delete(keys.fenced_key(shard))
+        try:
+            ws.commit(self._store)
+        except RobustMQError as exc:
+            logger.warning("could not forget %d settled fence records (next round): %s", len(shards), exc)
 
     def _active_segment(self, shard: str, incarnation: int | None) -> pb.Segment | None:
         """The shard's active segment, if its topic exists (with ``incarnation``, None: any)."""

@@ -463,3 +463,21 @@ def test_a_segment_sealed_without_a_checksum_gets_one_from_its_holder(cluster: C
     assert (sealed.crc32c, sealed.size_bytes) == (0xABC, 640)
     assert list(sealed.isr) == [leader, first]
     assert "checksum" in cluster.nodes[leader].bodies()
+
+
+def test_settled_fence_records_are_forgotten_a_bounded_batch_per_round(tmp_path: Path) -> None:
+    """Records of fenced epochs no longer active go in batches (one store write each, within
+    etcd's operations per transaction), never all at once: a node that led hundreds of shards
+    leaves hundreds of records once their failovers finish."""
+    from robustmq.meta._replica_control import MAX_FENCES_FORGOTTEN_PER_ROUND as batch
+
+    controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=60_000)
+    try:
+        count = 2 * batch + 10
+        controller.record_fences([(f"gone_{i}", 1, 0) for i in range(count)])  # no such topic
+        assert len(controller.fenced_epochs()) == count
+        for left in (count - batch, count - 2 * batch, 0):
+            assert controller.seal_targets() == []
+            assert len(controller.fenced_epochs()) == left
+    finally:
+        controller.close()

@@ -36,22 +36,23 @@ Its thread wakes every ``failover_check_ms`` (100 ms) and:
   fenced followers copy nothing more of that epoch until its seal is known,
   so the epoch must be finished: its leader seals it through its normal path,
   and the followers copy its tail as followers of the next epoch. The fenced
-  shards are remembered from the first fence sent until the chain shows the
-  epoch no longer active (in memory, at most :data:`_MAX_REMEMBERED`).
+  shards are recorded in the store before the first fence is sent
+  (:meth:`~robustmq.meta._controller.MetaController.record_fences`) and
+  forgotten once the chain shows the epoch no longer active, so the next
+  process (a restart, or another instance taking over on etcd) finishes them.
 
 ``nudge`` (called by ``DeleteTopic``, not by the loop) sends a ``status``
 request to each node a topic deletion waits for; a node beats when asked its
 status, so it learns of the deletion at once instead of at its next beat.
 
 Every failover is logged at INFO with shard, epoch, ``E``, the new leader and
-the time it took. Crash behaviour: nothing is kept here; a Meta Service that
-stops in the middle of a failover left at most fences on the nodes, and the
-next process fences again (fencing is idempotent) and decides afresh if the
-leader is still gone. If the leader is back by then, the new process does not
-know its followers were fenced: they stay fenced from that epoch until its
-next seal (by size, age, drain or an operator's ``robustmq segments seal``);
-meanwhile its ISR shrinks to the leader, ``acks=all`` is refused and
-``quorum`` writes time out (docs/replication.md, "Failover").
+the time it took. Crash behaviour: a Meta Service that stops in the middle of
+a failover left at most fences on the nodes and the fenced shard in the store;
+the next process fences again (fencing is idempotent) and decides afresh if
+the leader is still gone, or, if the leader is back, asks it to seal the
+fenced epoch as above. (Before the record was kept in the store, a restart
+in between left the followers fenced, the ISR the leader alone and
+``acks=all`` refused until something else sealed the epoch.)
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ MAX_RETRY_S = 5.0
 RESEAL_S = 5.0
 _FIRST_RETRY_S = 0.5
 _CHECKSUM_THREADS = 2  # checksums of segments sealed without one asked at once (their own pool)
-_MAX_REMEMBERED = 100_000  # shards with a back-off, a fence or a seal request, a bound on memory
+_MAX_REMEMBERED = 100_000  # shards with a back-off or a seal request, a bound on memory
 
 logger = logging.getLogger("robustmq.meta")
 
@@ -161,7 +162,6 @@ class ReplicaSupervisor:
         self._shared_lock = threading.Lock()
         self._in_hand: set[str] = set()  # shards a pool thread is failing over
         self._retry: dict[str, tuple[float, float, str]] = {}  # shard -> (not before, back-off s, reason)
-        self._fenced: dict[str, tuple[int, int]] = {}  # shard -> (incarnation, epoch) fenced, not sealed
         self._checksums_in_hand: set[tuple[str, int, int]] = set()  # checksums a pool thread asks for
         # Used by the loop thread only:
         self._resealed: dict[str, float] = {}  # shard -> when its leader was last asked to seal
@@ -236,6 +236,7 @@ class ReplicaSupervisor:
         with self._shared_lock:
             for shard in [shard for shard in self._retry if shard not in wanted]:
                 del self._retry[shard]  # failed over, sealed by its leader, or back
+        chosen = []
         for task in tasks:
             with self._shared_lock:
                 not_before = self._retry.get(task.shard, (0.0, 0.0, ""))[0]
@@ -246,7 +247,19 @@ class ReplicaSupervisor:
                 ):
                     continue
                 self._in_hand.add(task.shard)
-            assert self._pool is not None
+            chosen.append(task)
+        if not chosen:
+            return
+        try:  # the round's fence records in one write, before any of its fences goes out
+            self._controller.record_fences([(t.shard, t.incarnation, t.epoch) for t in chosen])
+        except RobustMQError as exc:
+            with self._shared_lock:
+                self._in_hand.difference_update(task.shard for task in chosen)
+            for task in chosen:
+                self._back_off(task.shard, f"the fence could not be recorded ({exc})")
+            return
+        assert self._pool is not None
+        for task in chosen:
             self._pool.submit(self._fail_over_in_hand, task)
 
     def _fail_over_in_hand(self, task: FailoverTask) -> None:
@@ -274,9 +287,9 @@ class ReplicaSupervisor:
         """Fence, decide, checksum, decide, commit (see the module docstring); the new
         ``(sealed, next)`` or ``None`` if the shard waits or its chain changed meanwhile."""
         started = time.monotonic()
-        with self._shared_lock:  # from now on this epoch must be finished (module docstring)
-            if len(self._fenced) < _MAX_REMEMBERED or task.shard in self._fenced:
-                self._fenced[task.shard] = (task.incarnation, task.epoch)
+        # From now on this epoch must be finished (module docstring), by this process or the next
+        # (recorded already when the loop handed it over: then this reads and writes nothing).
+        self._controller.record_fences([(task.shard, task.incarnation, task.epoch)])
         fenced = self._ask(
             task.addresses,
             "fence",
@@ -407,13 +420,7 @@ class ReplicaSupervisor:
         self._controller.repair()
         self._fill_checksums()
         now = time.monotonic()
-        with self._shared_lock:
-            fenced = dict(self._fenced)
-        targets, settled = self._controller.seal_targets(fenced)
-        with self._shared_lock:
-            for shard in settled:
-                if self._fenced.get(shard) == fenced[shard]:  # not fenced again at a newer epoch since
-                    del self._fenced[shard]
+        targets = self._controller.seal_targets()
         wanted = {target.shard for target in targets}
         for shard in [shard for shard in self._resealed if shard not in wanted]:
             del self._resealed[shard]

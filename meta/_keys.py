@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 
 __all__ = [
+    "FENCED",
     "FORMAT_VERSION",
     "GROUP",
     "HOLDER",
@@ -25,6 +26,7 @@ __all__ = [
     "TOPIC",
     "UNTIERED_INDEX",
     "VERSION_KEY",
+    "decode_fenced",
     "decode_group_key",
     "decode_holder_key",
     "decode_incarnation",
@@ -33,10 +35,12 @@ __all__ = [
     "decode_pending_key",
     "decode_progress",
     "decode_sealed_entry",
+    "encode_fenced",
     "encode_incarnation",
     "encode_offset_value",
     "encode_progress",
     "encode_sealed_entry",
+    "fenced_key",
     "group_key",
     "holder_key",
     "holders_prefix",
@@ -79,6 +83,9 @@ LAST_SEAL_KEY = b"Q"
 SEALED_INDEX = b"L"
 UNTIERED_INDEX = b"U"
 OBJECT_DELETION = b"X"
+# A shard whose followers a failover fenced, until its fenced epoch is no longer active (every
+# upper-case tag is taken: the security tables use the rest).
+FENCED = b"f"
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -170,6 +177,22 @@ def decode_holder_key(key: bytes) -> tuple[str, int, str, int]:
     node_id, position = _read_text(key, position + _U32.size)
     (incarnation,) = _U64.unpack_from(key, position)
     return topic, int(partition), node_id, int(incarnation)
+
+
+def fenced_key(shard: str) -> bytes:
+    return FENCED + text(shard)
+
+
+def encode_fenced(incarnation: int, epoch: int) -> bytes:
+    return _U64.pack(incarnation) + _U32.pack(epoch)
+
+
+def decode_fenced(key: bytes, value: bytes) -> tuple[str, int, int]:
+    """``(shard, incarnation, epoch)`` of a fenced-shard entry."""
+    shard, _ = _read_text(key, len(FENCED))
+    (incarnation,) = _U64.unpack_from(value, 0)
+    (epoch,) = _U32.unpack_from(value, _U64.size)
+    return shard, int(incarnation), int(epoch)
 
 
 def encode_incarnation(incarnation: int) -> bytes:

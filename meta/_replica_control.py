@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 
 from robustmq._proto import robustmq_pb2 as pb
 from robustmq._topics import shard_name
-from robustmq.errors import InvalidRequest, ShardNotFound, StaleEpoch, Unavailable
+from robustmq.errors import InvalidRequest, RobustMQError, ShardNotFound, StaleEpoch, Unavailable
 
+from . import _keys as keys
 from ._chains import checked_isr, is_assigned, next_segment, reported_segment, sealed_segment
 from ._failover_rules import ChecksumTask, FailoverTask, IsrDecision, SealPoint, SealTarget, chain_unchanged
 from ._liveness import Liveness
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
 __all__ = ["MAX_EPOCH", "REPAIR_RESCAN_S", "ReplicaControl"]
 
 MAX_EPOCH = 2**32 - 1
+# Records of fenced epochs no longer active deleted per repair round: one store write, well
+# within the smallest etcd --max-txn-ops the Meta Service runs with (128).
+MAX_FENCES_FORGOTTEN_PER_ROUND = 64
 REPAIR_RESCAN_S = 30.0
 _MAX_CHECKSUMS_WANTED = 10_000
 
@@ -575,25 +579,50 @@ class ReplicaControl:
             list(grown.isr),
         )
 
-    def seal_targets(self, fenced: Mapping[str, tuple[int, int]]) -> tuple[list[SealTarget], list[str]]:
-        """The active segments whose live leader the supervisor asks to seal, and the ``fenced``
-        shards that need nothing more.
+    def record_fences(self, fences: Sequence[tuple[str, int, int]]) -> None:
+        """Remember in the store, before a failover's first fence goes out, that each
+        ``(shard, incarnation, epoch)``'s followers are fenced from that epoch: the epoch must
+        then be finished (sealed) whatever happens to the failover or to this process
+        (:meth:`seal_targets`). One write for all of them (nothing if each is recorded
+        already); kept until the epoch is no longer active; a later fence of a shard replaces
+        its record."""
+        with self._locked():
+            ws = WriteSet()
+            for shard, incarnation, epoch in fences:
+                value = keys.encode_fenced(incarnation, epoch)
+                if self._store.get(keys.fenced_key(shard)) != value:
+                    ws.put(keys.fenced_key(shard), value)
+            ws.commit(self._store)
 
-        ``fenced`` maps each shard whose replicas a failover fenced to that
-        ``(incarnation, epoch)``. Targets, at most one per shard: a fenced
-        epoch that is still active with its leader alive again (its fenced
-        followers copy nothing more of it until it is sealed); a segment a
-        live draining node leads that another live, not draining ISR member
-        can take over; an active segment repair found under-replicated
-        (:meth:`repair`). The second list names the fenced shards whose epoch
-        is no longer active (sealed, or the topic is gone or re-created).
+    def fenced_epochs(self) -> dict[str, tuple[int, int]]:
+        """shard -> ``(incarnation, epoch)`` its followers were fenced from, not yet sealed."""
+        with self._locked():
+            return self._fenced_epochs()
+
+    def _fenced_epochs(self) -> dict[str, tuple[int, int]]:
+        found = {}
+        for key, value in self._store.scan(keys.FENCED):
+            shard, incarnation, epoch = keys.decode_fenced(key, value)
+            found[shard] = (incarnation, epoch)
+        return found
+
+    def seal_targets(self) -> list[SealTarget]:
+        """The active segments whose live leader the supervisor asks to seal.
+
+        Targets, at most one per shard: a fenced epoch (:meth:`record_fences`)
+        that is still active with its leader alive again (its fenced followers
+        copy nothing more of it until it is sealed); a segment a live draining
+        node leads that another live, not draining ISR member can take over; an
+        active segment repair found under-replicated (:meth:`repair`). Fenced
+        epochs that are no longer active (sealed, or the topic is gone or
+        re-created) are forgotten here.
         """
         with self._locked():
             nodes = {node.node_id: node for node in self._nodes.all()}
             alive = {node_id for node_id in nodes if self._liveness.is_alive(node_id)}
             targets: dict[str, SealTarget] = {}
             settled = []
-            for shard, (incarnation, epoch) in fenced.items():
+            for shard, (incarnation, epoch) in self._fenced_epochs().items():
                 active = self._active_segment(shard, incarnation)
                 if active is None or active.epoch != epoch:
                     settled.append(shard)
@@ -618,7 +647,20 @@ class ReplicaControl:
                 for target in targets.values()
                 if (active := self._active_segment(target.shard, None)) is not None
             }
-        return list(targets.values()), settled
+            self._forget_fences(settled[:MAX_FENCES_FORGOTTEN_PER_ROUND])
+        return list(targets.values())
+
+    def _forget_fences(self, shards: list[str]) -> None:
+        """Delete the records of fenced epochs no longer active (a bounded batch: one store write
+        stays within etcd's operations per transaction; the rest go in the next rounds). A store
+        that refuses the write now only delays it: the targets stand. Under the lock."""
+        ws = WriteSet()
+        for shard in shards:
+            ws.delete(keys.fenced_key(shard))
+        try:
+            ws.commit(self._store)
+        except RobustMQError as exc:
+            logger.warning("could not forget %d settled fence records (next round): %s", len(shards), exc)
 
     def _active_segment(self, shard: str, incarnation: int | None) -> pb.Segment | None:
         """The shard's active segment, if its topic exists (with ``incarnation``, None: any)."""

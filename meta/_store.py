@@ -38,6 +38,9 @@ so numbers sort in numeric order within a prefix::
     "U" be64(sealed_seq)                         the same, for the SEALED ones only (not yet tiered)
     "X" utf8(object URL)                         (empty): an object whose segment left its chain and
                                                  that is still to be deleted from the object store
+    "f" text(shard)                              be64(incarnation) be32(epoch): a failover fenced the
+                                                 shard's followers from that epoch; kept until the
+                                                 epoch is no longer active (meta/_failover.py)
     "W" text(user)                               be64(credential version) CreateUserRequest: a password
                                                  user's SCRAM salt, iterations, StoredKey, ServerKey
                                                  (:mod:`robustmq.meta._users`)

@@ -85,6 +85,7 @@ def checksum(crc: int, size: int) -> Callable[[pb.NodeRequest], pb.NodeResponse]
 
 class Cluster:
     def __init__(self, root: Path, count: int) -> None:
+        self.root = root
         self.server = MetaServer(root, port=0, node_timeout_ms=NODE_TIMEOUT_MS).start()
         self.client = MetaClient(self.server.address, timeout_s=5.0)
         self.nodes = {f"n{i}": ScriptedNode(f"n{i}") for i in range(1, count + 1)}
@@ -100,6 +101,12 @@ class Cluster:
             while not self._stop.wait(0.1):
                 for node_id in sorted(self.beating):
                     client.heartbeat(node_id, "")
+
+    def restart_meta(self) -> None:
+        """Stop the Meta Service and start a new process's worth of it on the same store and port."""
+        port = int(self.server.address.rsplit(":", 1)[1])
+        self.server.stop(grace=0)
+        self.server = MetaServer(self.root, port=port, node_timeout_ms=NODE_TIMEOUT_MS).start()
 
     def close(self) -> None:
         self._stop.set()
@@ -307,11 +314,10 @@ def test_repair_never_grows_an_active_segment_and_a_grown_one_keeps_its_quorum_r
             controller.heartbeat(node_id, f"tcp://127.0.0.1:{7000 + int(node_id[1])}", [], 0)
         assert controller.repair() == []
         assert list(controller.get_shard("t_0").segments[0].replicas) == [leader, dying, survivor]
-        targets, settled = controller.seal_targets({})
+        targets = controller.seal_targets()
         assert [(t.shard, t.address) for t in targets] == [
             ("t_0", f"tcp://127.0.0.1:{7000 + int(leader[1])}")
         ]
-        assert settled == []
         # A segment grown while active by an earlier version keeps the length it was placed on.
         ws = WriteSet()
         ws.put(placed_key("t", 0, 0), (3).to_bytes(4, "big"))
@@ -382,6 +388,31 @@ def test_an_abandoned_failover_has_the_returning_leader_seal_the_fenced_epoch(cl
     assert cluster.nodes[leader].bodies().count("seal") == asked
 
 
+def test_an_abandoned_failover_is_finished_by_the_next_meta_service_process(cluster: Cluster) -> None:
+    """The fenced epoch outlives the process that fenced it: a Meta Service that restarts (or an
+    HA one that takes over) between the fences and the leader's return still has the epoch sealed.
+    Before, the fenced shards were known in memory only, and the followers stayed fenced, the
+    ISR the leader alone and ``acks=all`` refused, until something else sealed the epoch."""
+    client = cluster.client
+    incarnation = client.create_topic("t", replication_factor=3).incarnation
+    leader, first, second = client.get_shard("t_0").segments[0].replicas
+    client.update_isr("t_0", incarnation, 0, leader, [leader])  # the followers fell behind
+    for node_id in (first, second):
+        cluster.nodes[node_id].answers.update(fence=fenced_at(40), checksum=checksum(1, 2))
+    cluster.nodes[leader].answers["seal"] = sealed_ok
+    cluster.beating.discard(leader)
+    wait_for(lambda: all(cluster.nodes[n].bodies().count("fence") >= 1 for n in (first, second)))
+    cluster.restart_meta()
+    cluster.beating.add(leader)
+    wait_for(lambda: "seal" in cluster.nodes[leader].bodies(), timeout_s=15.0)
+    client.seal_segment("t_0", 0, 60, leader, incarnation, isr=[leader], crc32c=1, size_bytes=1)
+    asked = cluster.nodes[leader].bodies().count("seal")
+    time.sleep(1.5)  # the epoch is sealed: nothing more to ask, and nothing is left to remember
+    assert cluster.nodes[leader].bodies().count("seal") == asked
+    controller = cluster.server.controller
+    assert controller is not None and controller.fenced_epochs() == {}
+
+
 def test_a_node_repairing_sealed_segments_joins_the_next_epoch_through_the_one_sealed(tmp_path: Path) -> None:
     controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=300)
     try:
@@ -399,14 +430,14 @@ def test_a_node_repairing_sealed_segments_joins_the_next_epoch_through_the_one_s
         for node_id in (leader, survivor, "n4"):
             controller.heartbeat(node_id, addresses[node_id], [], 0)
         assert controller.repair() == ["t_0 epoch 0 + n4"]  # the sealed one; the active one is sealed
-        assert [(t.shard, t.address) for t in controller.seal_targets({})[0]] == [("t_0", addresses[leader])]
+        assert [(t.shard, t.address) for t in controller.seal_targets()] == [("t_0", addresses[leader])]
         # n4's last segment is epoch 0: it may not take epoch 2 alone (a gap), but it becomes a
         # replica of epoch 1 in the same write and copies it first.
         sealed, following = controller.seal_segment("t_0", 1, 20, leader, incarnation, isr=[leader, survivor])
         assert list(sealed.replicas) == [leader, dying, survivor, "n4"]
         assert sorted(following.replicas) == sorted([leader, survivor, "n4"]) and "n4" not in following.isr
         assert [s.epoch for s in controller.list_assignments("n4").shards[0].segments] == [0, 1, 2]
-        assert controller.seal_targets({})[0] == []
+        assert controller.seal_targets() == []
     finally:
         controller.close()
 
@@ -432,3 +463,21 @@ def test_a_segment_sealed_without_a_checksum_gets_one_from_its_holder(cluster: C
     assert (sealed.crc32c, sealed.size_bytes) == (0xABC, 640)
     assert list(sealed.isr) == [leader, first]
     assert "checksum" in cluster.nodes[leader].bodies()
+
+
+def test_settled_fence_records_are_forgotten_a_bounded_batch_per_round(tmp_path: Path) -> None:
+    """Records of fenced epochs no longer active go in batches (one store write each, within
+    etcd's operations per transaction), never all at once: a node that led hundreds of shards
+    leaves hundreds of records once their failovers finish."""
+    from robustmq.meta._replica_control import MAX_FENCES_FORGOTTEN_PER_ROUND as batch
+
+    controller = MetaController(RocksDBMetaStore(tmp_path / "store"), node_timeout_ms=60_000)
+    try:
+        count = 2 * batch + 10
+        controller.record_fences([(f"gone_{i}", 1, 0) for i in range(count)])  # no such topic
+        assert len(controller.fenced_epochs()) == count
+        for left in (count - batch, count - 2 * batch, 0):
+            assert controller.seal_targets() == []
+            assert len(controller.fenced_epochs()) == left
+    finally:
+        controller.close()

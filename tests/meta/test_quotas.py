@@ -92,7 +92,7 @@ def test_seals_the_meta_service_asks_for_pass_the_segment_quota(tmp_path: Path) 
         with pytest.raises(QuotaExceeded):
             controller.seal_segment("t_0", 1, 20, following.leader, incarnation, isr=both, crc32c=1)
         controller.drain_node(following.leader)
-        assert [target.shard for target in controller.seal_targets({})[0]] == ["t_0"]
+        assert [target.shard for target in controller.seal_targets()] == ["t_0"]
         controller.seal_segment("t_0", 1, 20, following.leader, incarnation, isr=both, crc32c=1)
         assert len(controller.get_shard("t_0").segments) == 3
     finally:

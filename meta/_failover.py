@@ -50,9 +50,7 @@ the time it took. Crash behaviour: a Meta Service that stops in the middle of
 a failover left at most fences on the nodes and the fenced shard in the store;
 the next process fences again (fencing is idempotent) and decides afresh if
 the leader is still gone, or, if the leader is back, asks it to seal the
-fenced epoch as above. (Before the record was kept in the store, a restart
-in between left the followers fenced, the ISR the leader alone and
-``acks=all`` refused until something else sealed the epoch.)
+fenced epoch as above.
 """
 
 from __future__ import annotations
@@ -287,9 +285,8 @@ class ReplicaSupervisor:
         """Fence, decide, checksum, decide, commit (see the module docstring); the new
         ``(sealed, next)`` or ``None`` if the shard waits or its chain changed meanwhile."""
         started = time.monotonic()
-        # From now on this epoch must be finished (module docstring), by this process or the next
-        # (recorded already when the loop handed it over: then this reads and writes nothing).
-        self._controller.record_fences([(task.shard, task.incarnation, task.epoch)])
+        # The loop recorded this fence before handing the task over (_check_leaders): from now
+        # on the epoch must be finished, by this process or the next (module docstring).
         fenced = self._ask(
             task.addresses,
             "fence",
